@@ -1,0 +1,253 @@
+//! The engine's public vocabulary: how a pool is created and opened, and what it
+//! reports. Frontends (NBD, CLI) use only these types and `Pool`/`Volume`.
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// How to create a pool.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The pool's device (file or block device). Holds data, and metadata unless
+    /// `metadata_path` is given.
+    pub path: PathBuf,
+    /// Size for a file that does not exist yet (or is smaller). Ignored for block devices.
+    pub size_bytes: Option<u64>,
+    /// Separate metadata device: journal, block maps, slab tables, catalog.
+    pub metadata_path: Option<PathBuf>,
+    /// Size for a metadata file that does not exist yet (default: sized to fit).
+    pub metadata_size_bytes: Option<u64>,
+    /// Overwrite a device that holds a pool or data in its first MiB.
+    pub force: bool,
+    /// Allow volume sizes to sum past what the pool can store.
+    pub overcommit: bool,
+    /// Memory for the dedup index (bounds its window). Default: enough for the whole pool.
+    pub index_memory_bytes: Option<u64>,
+}
+
+/// How to open a pool.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Worker threads for hashing and compression; default: one per CPU.
+    pub threads: Option<usize>,
+}
+
+/// Operating mode, as vdostats reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Reads and writes.
+    Normal,
+    /// Writes refused after an I/O failure, until reopened.
+    ReadOnly,
+}
+
+/// What `pool create` made.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolInfo {
+    /// The pool path (data device).
+    pub path: String,
+    /// Separate metadata device, if any.
+    pub metadata_path: Option<String>,
+    /// Bytes of the data device.
+    pub data_device_bytes: u64,
+    /// Bytes of the metadata device (same as data when not separate).
+    pub metadata_device_bytes: u64,
+    /// Bytes of data the pool can store (its data region).
+    pub data_bytes: u64,
+    /// Bytes the metadata regions take.
+    pub metadata_bytes: u64,
+    /// Logical bytes volumes may add up to (= data_bytes unless overcommitted).
+    pub addressable_bytes: u64,
+    /// Sum of volume sizes.
+    pub allocated_bytes: u64,
+    /// Whether volume sizes may exceed what the pool stores.
+    pub overcommit: bool,
+    /// Data blocks held back for trim/delete on an overcommitted pool.
+    pub reserve_bytes: u64,
+    /// Slabs and their size.
+    pub slab_count: u32,
+    /// Data blocks per slab.
+    pub slab_blocks: u32,
+    /// Stored objects a slab can hold.
+    pub objects_per_slab: u32,
+    /// Journal ring size.
+    pub journal_bytes: u64,
+    /// Dedup index entries; each covers one distinct 4 KiB block.
+    pub index_entries: u64,
+    /// The window: bytes of distinct data the index can remember.
+    pub dedup_window_bytes: u64,
+    /// RAM the index takes.
+    pub index_memory_bytes: u64,
+    /// Worker threads.
+    pub threads: usize,
+    /// Operating mode.
+    pub mode: Mode,
+    /// Format version.
+    pub format_version: u32,
+}
+
+/// One volume as `volume list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeInfo {
+    /// Name.
+    pub name: String,
+    /// Unique id.
+    pub id: u64,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Logical blocks mapped to data (not zero, not unmapped), in bytes.
+    pub logical_used_bytes: u64,
+    /// Blocks written as zeros (stored as nothing), in bytes.
+    pub zero_bytes: u64,
+    /// Stored bytes that only this volume references (freed by deleting it).
+    pub exclusive_stored_bytes: u64,
+    /// Handles open (NBD connections).
+    pub users: u32,
+}
+
+/// A range of a volume, by what backs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Extent {
+    /// Length in bytes.
+    pub len_bytes: u64,
+    /// Backed by stored data.
+    pub data: bool,
+}
+
+/// One metadata region, as `list-metadata` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Region {
+    /// What it holds.
+    pub name: String,
+    /// `data` or `metadata`.
+    pub device: String,
+    /// The device's path.
+    pub path: String,
+    /// First 4 KiB block.
+    pub start_block: u64,
+    /// Blocks.
+    pub blocks: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Per-device I/O, counted at the storage layer.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DeviceIo {
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Flushes (fsync).
+    pub flushes: u64,
+}
+
+/// Counters of the write path, for a pool or one volume.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WriteCounters {
+    /// Bytes guests wrote (WRITE payloads).
+    pub guest_bytes_written: u64,
+    /// Bytes guests read.
+    pub guest_bytes_read: u64,
+    /// 4 KiB blocks written.
+    pub blocks_written: u64,
+    /// Blocks that were all zeros (stored as nothing).
+    pub zero_blocks_written: u64,
+    /// Blocks stored by reference to an existing object.
+    pub dedup_hits: u64,
+    /// Index advice confirmed by the stored fingerprint.
+    pub advice_valid: u64,
+    /// Index advice refused (fingerprint changed, or object freed or saturated).
+    pub advice_stale: u64,
+    /// New objects stored compressed.
+    pub compressed_writes: u64,
+    /// New objects stored whole.
+    pub uncompressed_writes: u64,
+    /// Bytes trimmed.
+    pub trimmed_bytes: u64,
+    /// Bytes set to zero by write-zeroes.
+    pub write_zeroes_bytes: u64,
+    /// Flushes asked for.
+    pub flushes: u64,
+}
+
+/// Pool statistics (what `stats --json` prints).
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStats {
+    /// The pool path.
+    pub path: String,
+    /// Operating mode.
+    pub mode: Mode,
+    /// Bytes the data region holds.
+    pub data_bytes: u64,
+    /// Data blocks in use (whole blocks plus packed blocks), in bytes.
+    pub data_used_bytes: u64,
+    /// Data bytes free.
+    pub data_free_bytes: u64,
+    /// Metadata region bytes.
+    pub metadata_bytes: u64,
+    /// Logical bytes mapped to data across all volumes.
+    pub logical_used_bytes: u64,
+    /// Blocks mapped to zero across all volumes, in bytes.
+    pub zero_bytes: u64,
+    /// 1 - data used / logical used, in percent (0 when nothing is used).
+    pub saving_percent: f64,
+    /// Live stored objects.
+    pub objects: u64,
+    /// Of those, compressed fragments.
+    pub compressed_fragments: u64,
+    /// Bytes of live compressed fragments.
+    pub compressed_bytes: u64,
+    /// Blocks holding packed fragments.
+    pub packed_blocks: u64,
+    /// Bytes in packed blocks held by no live fragment.
+    pub packing_waste_bytes: u64,
+    /// Whole (uncompressed) blocks stored.
+    pub whole_blocks: u64,
+    /// Sum over objects of (references - 1): blocks saved by dedup.
+    pub dedup_saved_blocks: u64,
+    /// Counters since the pool was opened.
+    pub counters: WriteCounters,
+    /// Data device I/O since open.
+    pub data_device: DeviceIo,
+    /// Metadata device I/O since open (same device when not separate).
+    pub metadata_device: DeviceIo,
+    /// Metadata bytes written, by region, since open.
+    pub metadata_written_by_region: Vec<(String, u64)>,
+    /// Checkpoints taken since open.
+    pub checkpoints: u64,
+    /// Journal commits since open (group commits).
+    pub journal_commits: u64,
+    /// Worker threads (and zones).
+    pub threads: usize,
+    /// Named limits and their values.
+    pub limits: Vec<(String, u64)>,
+    /// Per volume.
+    pub volumes: Vec<VolumeStats>,
+}
+
+/// Per-volume statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeStats {
+    /// Name.
+    pub name: String,
+    /// Size.
+    pub size_bytes: u64,
+    /// Logical bytes mapped to data.
+    pub logical_used_bytes: u64,
+    /// Bytes mapped to zero.
+    pub zero_bytes: u64,
+    /// Counters since open.
+    pub counters: WriteCounters,
+}
+
+/// Result of a consistency audit.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditReport {
+    /// Objects checked.
+    pub objects_checked: u64,
+    /// Map entries checked.
+    pub map_entries_checked: u64,
+    /// Every inconsistency found, one sentence each.
+    pub problems: Vec<String>,
+}

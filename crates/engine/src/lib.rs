@@ -1,0 +1,22 @@
+//! The fewerbytes pool engine.
+//!
+//! A pool stores the 4 KiB blocks of many volumes once each: zero blocks become a
+//! map entry, duplicates a reference, new blocks an LZ4 fragment packed byte by byte
+//! (or a whole block when compression saves less than an eighth). `Pool` owns the
+//! devices; `Volume` is a handle that frontends read and write through.
+//!
+//! **Architecture invariant:** the engine knows no protocol; NBD and the CLI reach
+//! it only through `Pool` and `Volume`.
+
+#![deny(missing_docs)]
+
+mod api;
+mod error;
+mod pool;
+mod volume;
+
+pub use api::*;
+pub use error::{EngineError, Result};
+pub use fewerbytes_format::BLOCK_BYTES;
+pub use pool::Pool;
+pub use volume::Volume;

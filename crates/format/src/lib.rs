@@ -1,0 +1,127 @@
+//! On-disk structures of a fewerbytes pool, as specified in `docs/format.md`.
+//!
+//! Every structure here is a pair: a Rust value and its fixed-width little-endian
+//! encoding. Decoding goes through checks in a fixed order (length, magic, version,
+//! checksum, pool nonce, own address) and returns a typed [`FormatError`] naming
+//! what failed; nothing decoded from a disk is trusted before that.
+//!
+//! **Architecture invariant:** `format` does no I/O.
+
+#![deny(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
+
+mod bytes;
+pub mod catalog;
+pub mod journal;
+pub mod location;
+pub mod page;
+pub mod superblock;
+
+pub use bytes::{Reader, Writer};
+
+/// Bytes in a block: the allocation unit of data and metadata, the guest's write size.
+pub const BLOCK_BYTES: usize = 4096;
+/// Bytes in a sector: the smallest write the format relies on being atomic.
+pub const SECTOR_BYTES: usize = 512;
+/// The format version this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    /// Fewer bytes than the structure needs.
+    #[error("{what}: truncated ({got} bytes, need {need})")]
+    Truncated {
+        /// The structure.
+        what: &'static str,
+        /// Bytes available.
+        got: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// The magic number is not this structure's.
+    #[error("{what}: bad magic {found:#x}")]
+    BadMagic {
+        /// The structure.
+        what: &'static str,
+        /// The magic found.
+        found: u64,
+    },
+    /// A version this code does not read.
+    #[error("{what}: unsupported version {found} (this build reads {supported})")]
+    BadVersion {
+        /// The structure.
+        what: &'static str,
+        /// Version found.
+        found: u32,
+        /// Version supported.
+        supported: u32,
+    },
+    /// The checksum does not match the content.
+    #[error("{what}: checksum mismatch (stored {expected:#010x}, computed {got:#010x})")]
+    ChecksumMismatch {
+        /// The structure.
+        what: &'static str,
+        /// Computed over the bytes.
+        got: u32,
+        /// Stored in the bytes.
+        expected: u32,
+    },
+    /// The block belongs to another pool.
+    #[error("{what}: belongs to another pool (nonce {found:#x}, expected {expected:#x})")]
+    WrongPool {
+        /// The structure.
+        what: &'static str,
+        /// Nonce found.
+        found: u64,
+        /// This pool's nonce.
+        expected: u64,
+    },
+    /// The block says it lives somewhere else (a misdirected or stale write).
+    #[error("{what}: names address {found}, read from {expected}")]
+    WrongAddress {
+        /// The structure.
+        what: &'static str,
+        /// Address recorded in the block.
+        found: u64,
+        /// Where it was read from.
+        expected: u64,
+    },
+    /// A field holds a value the format does not allow.
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// The structure.
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// crc32c of `bytes` with the 4 bytes at `crc_offset` taken as zero.
+pub fn checksum_with_hole(bytes: &[u8], crc_offset: usize) -> u32 {
+    let head = bytes.get(..crc_offset).unwrap_or(bytes);
+    let tail = bytes.get(crc_offset + 4..).unwrap_or(&[]);
+    let crc = crc32c::crc32c(head);
+    let crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc32c::crc32c_append(crc, tail)
+}
+
+/// Check the crc stored at `crc_offset` against the content.
+pub fn verify_checksum(what: &'static str, bytes: &[u8], crc_offset: usize) -> Result<(), FormatError> {
+    let mut r = Reader::new(what, bytes);
+    r.seek(crc_offset);
+    let expected = r.u32()?;
+    let got = checksum_with_hole(bytes, crc_offset);
+    if got != expected {
+        return Err(FormatError::ChecksumMismatch { what, got, expected });
+    }
+    Ok(())
+}
+
+/// Store the crc of `bytes` at `crc_offset`.
+pub fn seal_checksum(bytes: &mut [u8], crc_offset: usize) {
+    let crc = checksum_with_hole(bytes, crc_offset);
+    if let Some(dst) = bytes.get_mut(crc_offset..crc_offset + 4) {
+        dst.copy_from_slice(&crc.to_le_bytes());
+    }
+}
