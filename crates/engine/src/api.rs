@@ -1,7 +1,7 @@
 //! The engine's public vocabulary: how a pool is created and opened, and what it
 //! reports. Frontends (NBD, CLI) use only these types and `Pool`/`Volume`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// How to create a pool.
@@ -32,7 +32,7 @@ pub struct OpenOptions {
 }
 
 /// Operating mode, as vdostats reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Reads and writes.
@@ -42,7 +42,7 @@ pub enum Mode {
 }
 
 /// What `pool create` made.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolInfo {
     /// The pool path (data device).
     pub path: String,
@@ -87,7 +87,7 @@ pub struct PoolInfo {
 }
 
 /// One volume as `volume list` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VolumeInfo {
     /// Name.
     pub name: String,
@@ -106,7 +106,7 @@ pub struct VolumeInfo {
 }
 
 /// A range of a volume, by what backs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Extent {
     /// Length in bytes.
     pub len_bytes: u64,
@@ -115,7 +115,7 @@ pub struct Extent {
 }
 
 /// One metadata region, as `list-metadata` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Region {
     /// What it holds.
     pub name: String,
@@ -132,7 +132,7 @@ pub struct Region {
 }
 
 /// Per-device I/O, counted at the storage layer.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct DeviceIo {
     /// Bytes read.
     pub read_bytes: u64,
@@ -143,7 +143,7 @@ pub struct DeviceIo {
 }
 
 /// Counters of the write path, for a pool or one volume.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct WriteCounters {
     /// Bytes guests wrote (WRITE payloads).
     pub guest_bytes_written: u64,
@@ -172,7 +172,7 @@ pub struct WriteCounters {
 }
 
 /// Pool statistics (what `stats --json` prints).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolStats {
     /// The pool path.
     pub path: String,
@@ -227,7 +227,7 @@ pub struct PoolStats {
 }
 
 /// Per-volume statistics.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VolumeStats {
     /// Name.
     pub name: String,
@@ -242,7 +242,7 @@ pub struct VolumeStats {
 }
 
 /// Result of a consistency audit.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AuditReport {
     /// Objects checked.
     pub objects_checked: u64,
