@@ -1,0 +1,788 @@
+//! Real NBD clients against `fewerbytes serve`: nbdinfo, qemu-io, qemu-img, fio,
+//! nbdsh (libnbd's Python bindings), nbdfuse with a loop device and ext4, and
+//! nbd-client's kernel-style handshake.
+//!
+//! Each test starts its own server on its own pool, unix socket and TCP port in its
+//! own temporary directory, and stops it at the end. A missing client is a failure
+//! that names the package to install (`scripts/test.sh` installs them all).
+//! `FEWERBYTES_SOAK=1` makes the fio workloads larger.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+
+fn json(ran: &Ran) -> Value {
+    serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("output is not JSON ({e}):\n{}", ran.report()))
+}
+
+fn nbdinfo_json(uri: &str) -> Value {
+    json(&run_ok(tool("nbdinfo").args(["--json", uri])))
+}
+
+fn first_export(info: &Value) -> &Value {
+    &info["exports"][0]
+}
+
+/// The exports `nbdinfo --list --json` reports, by name.
+fn listed_exports(uri: &str) -> BTreeMap<String, Value> {
+    let info = json(&run_ok(tool("nbdinfo").args(["--list", "--json", uri])));
+    info["exports"]
+        .as_array()
+        .unwrap_or_else(|| panic!("nbdinfo --list --json has no exports array: {info}"))
+        .iter()
+        .map(|e| (e["export-name"].as_str().unwrap_or_default().to_string(), e.clone()))
+        .collect()
+}
+
+/// Extents from `nbdinfo --map --json` as (offset, length, type).
+fn map_extents(uri: &str) -> Vec<(u64, u64, u64)> {
+    let ran = run_ok(tool("nbdinfo").args(["--map", "--json", uri]));
+    json(&ran)
+        .as_array()
+        .unwrap_or_else(|| panic!("nbdinfo --map --json is not a list:\n{}", ran.report()))
+        .iter()
+        .map(|e| (e["offset"].as_u64().expect("offset"), e["length"].as_u64().expect("length"), e["type"].as_u64().expect("type")))
+        .collect()
+}
+
+/// The base:allocation type of every 4 KiB block in `[offset, offset+len)`, checked
+/// against `want(type)`.
+fn assert_map(extents: &[(u64, u64, u64)], offset: u64, len: u64, what: &str, want: impl Fn(u64) -> bool) {
+    let mut pos = offset;
+    while pos < offset + len {
+        let (start, length, kind) = *extents
+            .iter()
+            .find(|(s, l, _)| *s <= pos && pos < s + l)
+            .unwrap_or_else(|| panic!("no extent covers offset {pos} ({what}); map: {extents:?}"));
+        assert!(want(kind), "{what}: offset {pos} is in extent {start}+{length} of type {kind}; map: {extents:?}");
+        pos = start + length;
+    }
+}
+
+#[test]
+fn nbdinfo_sees_negotiated_export_and_lists_every_volume() {
+    let dir = TempDir::new("info");
+    let server = Server::start_new(dir.path(), &[("alpha", "64M"), ("beta", "96M"), ("gamma", "1G")], &["--default-volume", "beta"]);
+
+    for uri in [server.unix_uri("alpha"), server.tcp_uri("alpha")] {
+        let info = nbdinfo_json(&uri);
+        assert_eq!(info["protocol"], "newstyle-fixed", "{info}");
+        let e = first_export(&info);
+        assert_eq!(e["export-name"], "alpha", "{info}");
+        assert_eq!(e["export-size"].as_u64(), Some(64 * MIB), "{info}");
+        assert_eq!(e["block_size_minimum"].as_u64(), Some(512), "{info}");
+        assert_eq!(e["block_size_preferred"].as_u64(), Some(4096), "{info}");
+        assert_eq!(e["block_size_maximum"].as_u64(), Some(32 * MIB), "{info}");
+        for flag in ["can_multi_conn", "can_trim", "can_zero", "can_fua", "can_flush"] {
+            assert_eq!(e[flag], true, "{flag} not advertised: {info}");
+        }
+        assert_eq!(e["is_read_only"], false, "{info}");
+        let contexts = e["contexts"].as_array().unwrap_or_else(|| panic!("no meta contexts: {info}"));
+        assert!(contexts.iter().any(|c| c == "base:allocation"), "base:allocation missing: {info}");
+    }
+
+    // The empty export name is the default volume.
+    let default = nbdinfo_json(&server.unix_uri(""));
+    assert_eq!(first_export(&default)["export-size"].as_u64(), Some(96 * MIB), "{default}");
+
+    // Every volume is listed, over both transports, with its size.
+    for uri in [server.unix_uri(""), server.tcp_uri("")] {
+        let exports = listed_exports(&uri);
+        for (name, size) in [("alpha", 64 * MIB), ("beta", 96 * MIB), ("gamma", 1024 * MIB)] {
+            let e = exports.get(name).unwrap_or_else(|| panic!("`nbdinfo --list` on {uri} lacks {name}: {exports:?}"));
+            assert_eq!(e["export-size"].as_u64(), Some(size), "{name}: {e}");
+        }
+    }
+
+    // An unknown export is refused, not served.
+    let ran = run_with_limit(tool("nbdinfo").arg(server.unix_uri("no-such-volume")), CLIENT_LIMIT);
+    assert!(!ran.status.success(), "nbdinfo connected to a volume that does not exist:\n{}", ran.report());
+}
+
+/// (pattern byte, offset, length): odd offsets and sizes from 512 B to 8 MiB,
+/// including writes that overlap earlier ones.
+const PATTERN_WRITES: [(u8, u64, u64); 12] = [
+    (0x11, 0, 512),
+    (0x22, 512, 3 * 512),
+    (0x33, 7 * 512, 4096),
+    (0x44, 13 * 4096 + 1536, 8 * MIB),
+    (0x55, 40 * MIB + 512, 65 * KIB + 512),
+    (0x66, 41 * MIB - 512, 1536),
+    (0x77, 50 * MIB + 3 * 512, MIB + 3 * 512),
+    // Overlaps: inside 0x44's range, straddling its end, straddling 0x77's start.
+    (0x88, 2 * MIB + 512, 5 * 512),
+    (0x99, 13 * 4096 + 1536 + 8 * MIB - 2048, 4 * 4096 + 512),
+    (0xaa, 50 * MIB - 4096 + 512, 8192),
+    (0xbb, 0, 3 * 512),
+    (0xcc, 63 * MIB + 512, MIB - 512),
+];
+
+/// What the writes above leave at each byte, as runs of (offset, length, byte).
+fn expected_pattern_runs() -> Vec<(u64, u64, u8)> {
+    let mut boundaries: Vec<u64> = vec![0, 64 * MIB];
+    for (_, off, len) in PATTERN_WRITES {
+        boundaries.push(off);
+        boundaries.push(off + len);
+    }
+    boundaries.sort_unstable();
+    boundaries.dedup();
+    let mut runs = Vec::new();
+    for pair in boundaries.windows(2) {
+        let (start, end) = (pair[0], pair[1]);
+        let byte = PATTERN_WRITES
+            .iter()
+            .rev()
+            .find(|(_, off, len)| *off <= start && start < off + len)
+            .map_or(0, |(p, _, _)| *p);
+        runs.push((start, end - start, byte));
+    }
+    runs
+}
+
+#[test]
+fn qemu_io_patterns_at_odd_offsets_read_back() {
+    let dir = TempDir::new("qio");
+    let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    let uri = server.unix_uri("vol");
+
+    let writes: Vec<String> = PATTERN_WRITES.iter().map(|(p, off, len)| format!("write -P {p:#x} {off} {len}")).collect();
+    qemu_io(&uri, &writes);
+    let reads: Vec<String> = expected_pattern_runs()
+        .iter()
+        .flat_map(|(off, len, p)| {
+            // Whole run, plus its first and last 512 bytes on their own.
+            let mut v = vec![format!("read -P {p:#x} {off} {len}")];
+            if *len > 1024 {
+                v.push(format!("read -P {p:#x} {off} 512"));
+                v.push(format!("read -P {p:#x} {} 512", off + len - 512));
+            }
+            v
+        })
+        .collect();
+    // Read back on a new connection, over TCP as well as the unix socket.
+    qemu_io(&uri, &reads);
+    qemu_io(&server.tcp_uri("vol"), &reads);
+
+    // Byte-unaligned requests (qemu's block layer does the read-modify-write).
+    qemu_io(&uri, &["write -P 0xde 1000 3333".into(), "read -P 0xde 1000 3333".into(), "read -P 0xbb 0 1000".into()]);
+}
+
+fn fio_job(uri: &str, name: &str, extra: &[&str]) -> Ran {
+    let (jobs, size) = if soak() { (4, "256M") } else { (4, "32M") };
+    let mut cmd = tool("fio");
+    cmd.arg(format!("--name={name}"))
+        .arg("--ioengine=nbd")
+        .arg(format!("--uri={uri}"))
+        .args(["--rw=randwrite", "--bs=4k", "--iodepth=32", "--direct=1"])
+        .arg(format!("--numjobs={jobs}"))
+        .arg(format!("--size={size}"))
+        .arg(format!("--offset_increment={size}"))
+        .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_backlog=0"])
+        .args(["--group_reporting", "--output-format=normal"])
+        .args(extra);
+    let ran = run_with_limit(&mut cmd, Duration::from_secs(if soak() { 1800 } else { 600 }));
+    assert!(ran.status.success(), "fio failed:\n{}", ran.report());
+    assert!(!ran.all_output().contains("verify: bad"), "fio verify failed:\n{}", ran.report());
+    assert!(ran.all_output().contains("err= 0"), "fio reported errors:\n{}", ran.report());
+    ran
+}
+
+#[test]
+fn fio_randwrite_verifies_over_seed_mix() {
+    let dir = TempDir::new("fiomix");
+    let size = if soak() { "1G" } else { "128M" };
+    let server = Server::start_new(dir.path(), &[("vol", size)], &[]);
+    fio_job(
+        &server.unix_uri("vol"),
+        "seedmix",
+        &["--dedupe_percentage=75", "--buffer_compress_percentage=50", "--buffer_compress_chunk=512"],
+    );
+    // The same data read back on fresh connections after the writers left.
+    fio_job(
+        &server.tcp_uri("vol"),
+        "seedmix",
+        &["--dedupe_percentage=75", "--buffer_compress_percentage=50", "--buffer_compress_chunk=512", "--verify_only"],
+    );
+}
+
+#[test]
+fn fio_randwrite_verifies_over_random_data() {
+    let dir = TempDir::new("fiorand");
+    let size = if soak() { "1G" } else { "128M" };
+    let server = Server::start_new(dir.path(), &[("vol", size)], &[]);
+    fio_job(&server.tcp_uri("vol"), "random", &["--refill_buffers"]);
+}
+
+#[test]
+fn qemu_img_convert_round_trips_and_second_copy_dedups() {
+    let dir = TempDir::new("conv");
+    const BLOCKS: u64 = 16 * 1024; // 64 MiB
+    let image = mixed_image(BLOCKS, 0xC0FFEE);
+    let image_path = dir.join("mixed.img");
+    std::fs::write(&image_path, &image).expect("write image");
+    let image_bytes = BLOCKS * 4096;
+
+    let server = Server::start_new(dir.path(), &[("first", "64M"), ("second", "64M")], &[]);
+    let image_arg = image_path.to_str().expect("utf-8 path");
+
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &server.unix_uri("first")]));
+    let out_path = dir.join("out.img");
+    run_ok(tool("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &server.unix_uri("first"), out_path.to_str().expect("utf-8")]));
+    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, out_path.to_str().expect("utf-8")]));
+    // And straight from the export, without the intermediate file.
+    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, &server.tcp_uri("first")]));
+
+    let before = server.stats();
+    let used_before = before["data_used_bytes"].as_u64().unwrap_or_else(|| panic!("stats has no data_used_bytes: {before}"));
+    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &server.unix_uri("second")]));
+    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, &server.unix_uri("second")]));
+    let after = server.stats();
+    let used_after = after["data_used_bytes"].as_u64().expect("data_used_bytes");
+    let growth = used_after.saturating_sub(used_before);
+    assert!(
+        growth * 100 < image_bytes,
+        "the second copy of a {image_bytes}-byte image added {growth} data bytes (before {used_before}, after {used_after}); \
+         expected under 1%.\nstats after: {after}"
+    );
+    // The first copy stored something (the image is not all zeros or duplicates).
+    assert!(used_before > 0, "the first import stored no data: {before}");
+}
+
+#[test]
+fn block_status_shows_holes_after_trim_and_write_zeroes() {
+    let dir = TempDir::new("map");
+    let server = Server::start_new(dir.path(), &[("vol", "16M")], &[]);
+    let uri = server.unix_uri("vol");
+
+    qemu_io(&uri, &["write -P 0x5c 0 12M".into()]);
+    let extents = map_extents(&uri);
+    assert_map(&extents, 0, 12 * MIB, "written data", |t| t == 0);
+    assert_map(&extents, 12 * MIB, 4 * MIB, "never written", |t| t & 1 == 1);
+
+    qemu_io(
+        &uri,
+        &[
+            "discard 1M 2M".into(),      // NBD_CMD_TRIM
+            "write -z -u 4M 2M".into(),  // WRITE_ZEROES, hole allowed
+            "write -z 7M 1M".into(),     // WRITE_ZEROES with NO_HOLE
+            "discard 9M 4096".into(),    // one block
+        ],
+    );
+    let extents = map_extents(&uri);
+    assert_map(&extents, 0, MIB, "untouched data", |t| t == 0);
+    assert_map(&extents, MIB, 2 * MIB, "trimmed range", |t| t == 3);
+    assert_map(&extents, 3 * MIB, MIB, "untouched data", |t| t == 0);
+    assert_map(&extents, 4 * MIB, 2 * MIB, "write-zeroes (may unmap) range", |t| t == 3);
+    assert_map(&extents, 6 * MIB, MIB, "untouched data", |t| t == 0);
+    assert_map(&extents, 7 * MIB, MIB, "write-zeroes (no hole) range", |t| t & 2 == 2);
+    assert_map(&extents, 9 * MIB, 4096, "trimmed block", |t| t == 3);
+    assert_map(&extents, 9 * MIB + 4096, 3 * MIB - 4096, "untouched data", |t| t == 0);
+
+    qemu_io(
+        &uri,
+        &[
+            "read -P 0x5c 0 1M".into(),
+            "read -P 0 1M 2M".into(),
+            "read -P 0 4M 2M".into(),
+            "read -P 0 7M 1M".into(),
+            "read -P 0 9M 4096".into(),
+            "read -P 0x5c 8M 1M".into(),
+        ],
+    );
+    // qemu-img map (REQ_ONE on every block-status request) agrees.
+    let ran = run_ok(tool("qemu-img").args(["map", "--output=json", "-f", "raw", &uri]));
+    let map = json(&ran);
+    let trimmed = map
+        .as_array()
+        .expect("qemu-img map list")
+        .iter()
+        .find(|e| e["start"].as_u64() == Some(MIB))
+        .unwrap_or_else(|| panic!("qemu-img map has no extent starting at 1 MiB:\n{}", ran.report()));
+    assert_eq!(trimmed["zero"], true, "{trimmed}");
+    assert_eq!(trimmed["data"], false, "{trimmed}");
+}
+
+/// Everything mounted or attached for the ext4 test, undone in reverse on drop even
+/// when the test fails half way.
+struct FuseLoopStack {
+    fuse_dir: PathBuf,
+    mount_dir: PathBuf,
+    nbdfuse: Option<Child>,
+    loop_dev: Option<String>,
+    mounted: bool,
+}
+
+impl FuseLoopStack {
+    fn umount_fs(&mut self) {
+        if self.mounted {
+            let ran = run_with_limit(tool("umount").arg(&self.mount_dir), CLIENT_LIMIT);
+            if !ran.status.success() {
+                let _ = run_with_limit(tool("umount").arg("-l").arg(&self.mount_dir), CLIENT_LIMIT);
+            }
+            self.mounted = false;
+        }
+    }
+}
+
+impl Drop for FuseLoopStack {
+    fn drop(&mut self) {
+        self.umount_fs();
+        if let Some(dev) = self.loop_dev.take() {
+            let _ = run_with_limit(tool("losetup").args(["-d", &dev]), CLIENT_LIMIT);
+        }
+        if let Some(mut child) = self.nbdfuse.take() {
+            let ran = run_with_limit(tool("umount").arg(&self.fuse_dir), CLIENT_LIMIT);
+            if !ran.status.success() {
+                let _ = run_with_limit(tool("umount").arg("-l").arg(&self.fuse_dir), CLIENT_LIMIT);
+            }
+            for _ in 0..100 {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A tree of generated files: text, random, duplicates of each other, sparse-ish
+/// zeros, nested directories. Returns the relative path and content of each.
+fn generated_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut rng = Rng::new(0x00E7_4000);
+    let mut files = BTreeMap::new();
+    let file_count = if soak() { 2000 } else { 400 };
+    for i in 0..file_count {
+        let rel = PathBuf::from(format!("d{}/s{}/f{i:04}.bin", i % 7, i % 13));
+        let len = usize::try_from(match i % 5 {
+            0 => rng.below(4096),
+            1 => 4096 * (1 + rng.below(16)),
+            2 => rng.below(300_000),
+            3 => 1 + rng.below(64 * 1024),
+            _ => 512 * (1 + rng.below(1024)),
+        })
+        .expect("small length");
+        let content: Vec<u8> = match i % 4 {
+            0 => {
+                let mut v = vec![0u8; len];
+                rng.fill(&mut v);
+                v
+            }
+            1 => (0..len.div_ceil(4096)).flat_map(|b| compressible_block(i * 31 + b as u64)).take(len).collect(),
+            // Duplicates of an earlier file's start (dedup within the file system).
+            2 => files.values().next().map_or_else(|| vec![7u8; len], |v: &Vec<u8>| v.iter().copied().cycle().take(len).collect()),
+            _ => vec![0u8; len],
+        };
+        let path = root.join(&rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir in ext4");
+        std::fs::write(&path, &content).expect("write file in ext4");
+        files.insert(rel, content);
+    }
+    files
+}
+
+fn assert_tree(root: &Path, files: &BTreeMap<PathBuf, Vec<u8>>, when: &str) {
+    for (rel, content) in files {
+        let got = std::fs::read(root.join(rel)).unwrap_or_else(|e| panic!("{when}: cannot read {}: {e}", rel.display()));
+        assert!(got == *content, "{when}: {} differs ({} bytes read, {} expected)", rel.display(), got.len(), content.len());
+    }
+}
+
+#[test]
+fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
+    let dir = TempDir::new("ext4");
+    let server = Server::start_new(dir.path(), &[("fsvol", "512M")], &[]);
+    for t in ["nbdfuse", "losetup", "mkfs.ext4", "fsck.ext4", "fstrim", "mount", "umount"] {
+        require_tool(t);
+    }
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: nbdfuse needs FUSE");
+
+    let fuse_dir = dir.join("fuse");
+    let mount_dir = dir.join("mnt");
+    std::fs::create_dir_all(&fuse_dir).expect("mkdir fuse");
+    std::fs::create_dir_all(&mount_dir).expect("mkdir mnt");
+    let fuse_log = std::fs::File::create(dir.join("nbdfuse.log")).expect("nbdfuse log");
+    let nbdfuse = tool("nbdfuse")
+        .arg(fuse_dir.join("nbd"))
+        .arg(server.unix_uri("fsvol"))
+        .stdin(Stdio::null())
+        .stdout(fuse_log.try_clone().expect("log"))
+        .stderr(fuse_log)
+        .spawn()
+        .expect("start nbdfuse");
+    let mut stack = FuseLoopStack { fuse_dir: fuse_dir.clone(), mount_dir: mount_dir.clone(), nbdfuse: Some(nbdfuse), loop_dev: None, mounted: false };
+
+    let nbd_file = fuse_dir.join("nbd");
+    let mut waited = 0;
+    while std::fs::metadata(&nbd_file).map(|m| m.len()).unwrap_or(0) != 512 * MIB {
+        waited += 1;
+        assert!(
+            waited < 600,
+            "nbdfuse did not expose {} within 30 s; its log:\n{}",
+            nbd_file.display(),
+            std::fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let ran = run_ok(tool("losetup").args(["-f", "--show"]).arg(&nbd_file));
+    let dev = ran.stdout.trim().to_string();
+    assert!(dev.starts_with("/dev/loop"), "losetup printed no device:\n{}", ran.report());
+    stack.loop_dev = Some(dev.clone());
+
+    run_ok(tool("mkfs.ext4").args(["-q", "-F", "-L", "fewerbytes", &dev]));
+    run_ok(tool("mount").arg(&dev).arg(&mount_dir));
+    stack.mounted = true;
+    let files = generated_tree(&mount_dir);
+    // Files deleted before fstrim: their blocks are what trim gives back.
+    let scratch = mount_dir.join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir scratch");
+    let mut rng = Rng::new(42);
+    for i in 0..20 {
+        let mut v = vec![0u8; 1024 * 1024];
+        rng.fill(&mut v);
+        std::fs::write(scratch.join(format!("junk{i}")), &v).expect("write junk");
+    }
+    run_ok(tool("sync").arg("-f").arg(&mount_dir));
+    std::fs::remove_dir_all(&scratch).expect("rm scratch");
+    assert_tree(&mount_dir, &files, "before fstrim");
+    let ran = run_ok(tool("fstrim").arg("-v").arg(&mount_dir));
+    assert!(ran.stdout.contains("trimmed"), "fstrim said nothing trimmed:\n{}", ran.report());
+    stack.umount_fs();
+
+    let ran = run_with_limit(tool("fsck.ext4").args(["-n", "-f", &dev]), CLIENT_LIMIT);
+    assert!(ran.status.success(), "fsck.ext4 -n found problems after fstrim and umount:\n{}", ran.report());
+
+    run_ok(tool("mount").arg(&dev).arg(&mount_dir));
+    stack.mounted = true;
+    assert_tree(&mount_dir, &files, "after remount");
+    drop(stack);
+    assert!(!mount_dir.join("d0").exists(), "file system still mounted after cleanup");
+}
+
+#[test]
+fn nbd_client_completes_kernel_style_handshake() {
+    let dir = TempDir::new("nbdc");
+    let server = Server::start_new(dir.path(), &[("kvol", "64M")], &[]);
+    require_tool("nbd-client");
+    // No /dev/nbd0 here (no kernel NBD driver): nbd-client negotiates first, then fails
+    // to hand the socket to the kernel. What matters is that negotiation succeeded.
+    let ran = run_with_limit(tool("nbd-client").args(["-N", "kvol", "127.0.0.1", &server.port.to_string(), "/dev/nbd0"]), Duration::from_secs(60));
+    let out = ran.all_output();
+    assert!(out.contains("Negotiation: ..size = 64MB"), "nbd-client did not complete negotiation:\n{}", ran.report());
+    for bad in ["Server said", "not supported", "Received invalid", "closed connection", "Unknown error"] {
+        assert!(!out.contains(bad), "nbd-client reported a negotiation problem ({bad}):\n{}", ran.report());
+    }
+    // An unknown name is refused during negotiation, with the server's error.
+    let ran = run_with_limit(tool("nbd-client").args(["-N", "nope", "127.0.0.1", &server.port.to_string(), "/dev/nbd0"]), Duration::from_secs(60));
+    assert!(!ran.all_output().contains("size ="), "nbd-client negotiated an unknown export:\n{}", ran.report());
+    // The server survived both and still serves.
+    nbdinfo_json(&server.tcp_uri("kvol"));
+}
+
+/// A Python script run with Debian's python3 and libnbd's bindings.
+fn python_nbd(script: &str, args: &[&str]) -> Ran {
+    let python = system_python();
+    let mut cmd = Command::new(python);
+    cmd.arg("-c").arg(script).args(args);
+    let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
+    assert!(ran.status.success(), "libnbd script failed:\n{}", ran.report());
+    ran
+}
+
+const BAD_REQUESTS_PY: &str = r#"
+import errno, sys, nbd
+uri = sys.argv[1]
+def connect():
+    h = nbd.NBD()
+    h.set_strict_mode(0)   # send what the server must refuse
+    h.connect_uri(uri)
+    return h
+h = connect()
+size = h.get_size()
+h.pwrite(b"\xa5" * 4096, 0)
+failures = []
+def check(name, fn, allowed, may_disconnect=False):
+    global h
+    try:
+        fn()
+        failures.append(f"{name}: succeeded, expected {allowed}")
+    except nbd.Error as e:
+        code = errno.errorcode.get(e.errno, str(e.errno))
+        if code not in allowed:
+            if may_disconnect and not h.aio_is_ready():
+                print(f"{name}: server disconnected (allowed): {e.string}")
+                h = connect()
+                return
+            failures.append(f"{name}: got {code} ({e.string}), expected {allowed}")
+        else:
+            print(f"{name}: {code}")
+    # The connection must still work.
+    try:
+        if h.pread(4096, 0) != b"\xa5" * 4096:
+            failures.append(f"after {name}: read back wrong data")
+    except nbd.Error as e:
+        failures.append(f"after {name}: connection unusable: {e.string}")
+        h = connect()
+MiB = 1024 * 1024
+check("read past end", lambda: h.pread(4096, size), ["EINVAL"])
+check("read straddling end", lambda: h.pread(8192, size - 4096), ["EINVAL"])
+check("write past end", lambda: h.pwrite(b"x" * 4096, size), ["EINVAL", "ENOSPC"])
+check("write straddling end", lambda: h.pwrite(b"x" * 8192, size - 4096), ["EINVAL", "ENOSPC"])
+check("trim past end", lambda: h.trim(4096, size), ["EINVAL", "ENOSPC"])
+check("write-zeroes past end", lambda: h.zero(4096, size), ["EINVAL", "ENOSPC"])
+check("block-status past end", lambda: h.block_status(4096, size, lambda *a: 0), ["EINVAL"])
+check("read offset near 2^64", lambda: h.pread(4096, (1 << 64) - 4096), ["EINVAL"])
+check("unaligned read", lambda: h.pread(100, 1), ["EINVAL"])
+check("unaligned write", lambda: h.pwrite(b"y" * 100, 1), ["EINVAL"])
+check("unaligned trim", lambda: h.trim(100, 4097), ["EINVAL"])
+check("read longer than maximum", lambda: h.pread(33 * MiB, 0), ["EINVAL", "EOVERFLOW"])
+check("write longer than maximum", lambda: h.pwrite(b"z" * (33 * MiB), 0), ["EINVAL", "ENOSPC", "EOVERFLOW"], may_disconnect=True)
+# A good request at the very end still works, and the data written first is intact.
+h.pwrite(b"\x5a" * 4096, size - 4096)
+assert h.pread(4096, size - 4096) == b"\x5a" * 4096
+h.flush()
+h.shutdown()
+if failures:
+    print("FAILURES:\n" + "\n".join(failures))
+    sys.exit(1)
+print("all refused as expected")
+"#;
+
+#[test]
+fn nbdsh_bad_requests_get_errors_and_connection_survives() {
+    let dir = TempDir::new("bad");
+    let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    let ran = python_nbd(BAD_REQUESTS_PY, &[&server.unix_uri("vol")]);
+    assert!(ran.stdout.contains("all refused as expected"), "{}", ran.report());
+    // A good client afterwards.
+    qemu_io(&server.tcp_uri("vol"), &["read -P 0xa5 0 4096".into(), "write -P 0x12 8192 4096".into(), "read -P 0x12 8192 4096".into()]);
+}
+
+const READ_ONLY_PY: &str = r#"
+import errno, sys, nbd
+h = nbd.NBD()
+h.set_strict_mode(0)
+h.connect_uri(sys.argv[1])
+assert h.is_read_only(), "read-only flag not advertised"
+failures = []
+for name, fn in [("write", lambda: h.pwrite(b"x" * 4096, 0)),
+                 ("trim", lambda: h.trim(4096, 0)),
+                 ("write-zeroes", lambda: h.zero(4096, 0))]:
+    try:
+        fn()
+        failures.append(f"{name} succeeded on a read-only export")
+    except nbd.Error as e:
+        code = errno.errorcode.get(e.errno, str(e.errno))
+        if code != "EPERM":
+            failures.append(f"{name}: got {code} ({e.string}), expected EPERM")
+    if h.pread(4096, 0) != b"\x3c" * 4096:
+        failures.append(f"after {name}: data changed or connection lost")
+h.shutdown()
+if failures:
+    print("FAILURES:\n" + "\n".join(failures))
+    sys.exit(1)
+print("read-only ok")
+"#;
+
+#[test]
+fn read_only_serve_refuses_writes_with_eperm() {
+    let dir = TempDir::new("ro");
+    let mut server = Server::start_new(dir.path(), &[("vol", "16M")], &[]);
+    qemu_io(&server.unix_uri("vol"), &["write -P 0x3c 0 1M".into(), "flush".into()]);
+    let status = server.stop();
+    assert!(status.success(), "server exited with {status} after SIGTERM");
+    drop(server);
+    let pool = dir.join("test.pool");
+    let server = Server::start(dir.path(), &pool, &["--read-only"]);
+    let info = nbdinfo_json(&server.unix_uri("vol"));
+    assert_eq!(first_export(&info)["is_read_only"], true, "{info}");
+    let ran = python_nbd(READ_ONLY_PY, &[&server.unix_uri("vol")]);
+    assert!(ran.stdout.contains("read-only ok"), "{}", ran.report());
+}
+
+#[test]
+fn flushed_data_survives_sigterm_and_sigkill() {
+    let dir = TempDir::new("persist");
+    let mut server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    let uri = server.unix_uri("vol");
+
+    qemu_io(&uri, &["write -P 0x61 0 4M".into(), "write -P 0x62 10M 1536".into(), "write -z 1M 512K".into(), "flush".into()]);
+    let status = server.stop();
+    assert!(status.success(), "server exited with {status} after SIGTERM\n{}", server.log_text());
+    server.spawn();
+    qemu_io(&uri, &["read -P 0x61 0 1M".into(), "read -P 0 1M 512K".into(), "read -P 0x61 1536K 2560K".into(), "read -P 0x62 10M 1536".into()]);
+
+    // Flushed writes survive a SIGKILL; so does an acknowledged FUA write.
+    qemu_io(&uri, &["write -P 0x63 20M 8M".into(), "write -P 0x64 5M 4096".into(), "flush".into(), "write -f -P 0x65 40M 64K".into()]);
+    server.kill9();
+    server.spawn();
+    qemu_io(
+        &uri,
+        &[
+            "read -P 0x63 20M 8M".into(),
+            "read -P 0x64 5M 4096".into(),
+            "read -P 0x65 40M 64K".into(),
+            "read -P 0x61 0 1M".into(),
+            "read -P 0x62 10M 1536".into(),
+        ],
+    );
+    // The recovered pool is consistent.
+    let status = server.stop();
+    assert!(status.success(), "server exited with {status} after SIGTERM");
+    let ran = fewerbytes(&server.pool, &["check"]);
+    assert!(ran.status.success(), "`fewerbytes check` after a SIGKILL and recovery failed:\n{}", ran.report());
+}
+
+/// A client holding a connection open (libnbd in Python) until its stdin closes.
+struct HeldConnection {
+    child: Child,
+}
+
+impl HeldConnection {
+    fn open(uri: &str) -> HeldConnection {
+        let python = system_python();
+        let script = "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nprint('connected', h.get_size(), flush=True)\nsys.stdin.read()\n";
+        let mut child = Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .arg(uri)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start held connection");
+        let mut line = String::new();
+        use std::io::BufRead;
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout).read_line(&mut line).expect("read from held connection");
+        assert!(line.starts_with("connected"), "held connection to {uri} failed: {line:?}");
+        HeldConnection { child }
+    }
+}
+
+impl Drop for HeldConnection {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn volumes_created_cloned_deleted_while_serving_with_clients_connected() {
+    let dir = TempDir::new("live");
+    let server = Server::start_new(dir.path(), &[("base", "64M")], &[]);
+    qemu_io(&server.unix_uri("base"), &["write -P 0x42 0 2M".into()]);
+    let held = HeldConnection::open(&server.unix_uri("base"));
+
+    server.cli_ok(&["volume", "create", "fresh", "--size", "32M"]);
+    assert!(listed_exports(&server.unix_uri("")).contains_key("fresh"), "new volume not exported without a restart");
+    qemu_io(&server.tcp_uri("fresh"), &["write -P 0x43 4096 1M".into(), "read -P 0x43 4096 1M".into(), "read -P 0 0 4096".into()]);
+
+    server.cli_ok(&["volume", "clone", "base", "copy"]);
+    qemu_io(&server.unix_uri("copy"), &["read -P 0x42 0 2M".into(), "write -P 0x44 0 4096".into()]);
+    // Writing to the clone leaves its source alone.
+    qemu_io(&server.unix_uri("base"), &["read -P 0x42 0 2M".into()]);
+
+    let listed = server.cli_ok(&["volume", "list"]);
+    for name in ["base", "fresh", "copy"] {
+        assert!(listed.stdout.contains(name), "`volume list` lacks {name}:\n{}", listed.report());
+    }
+
+    // A volume with a connected client is not deleted without --force.
+    let refused = server.cli(&["volume", "delete", "base"]);
+    assert!(!refused.status.success(), "deleted a volume with a connected client without --force:\n{}", refused.report());
+    assert!(listed_exports(&server.unix_uri("")).contains_key("base"), "refused delete removed the volume anyway");
+    qemu_io(&server.unix_uri("base"), &["read -P 0x42 0 2M".into()]);
+
+    // Without clients, delete works and the export disappears.
+    server.cli_ok(&["volume", "delete", "copy"]);
+    let exports = listed_exports(&server.unix_uri(""));
+    assert!(!exports.contains_key("copy"), "deleted volume still exported: {exports:?}");
+    let ran = run_with_limit(tool("nbdinfo").arg(server.unix_uri("copy")), CLIENT_LIMIT);
+    assert!(!ran.status.success(), "connected to a deleted volume:\n{}", ran.report());
+
+    // --force deletes it with the client still connected; the server carries on.
+    server.cli_ok(&["volume", "delete", "base", "--force"]);
+    drop(held);
+    assert!(!listed_exports(&server.unix_uri("")).contains_key("base"), "force-deleted volume still exported");
+    qemu_io(&server.unix_uri("fresh"), &["read -P 0x43 4096 1M".into()]);
+}
+
+#[test]
+fn default_serve_creates_pool_and_serves_disk0() {
+    let dir = TempDir::new("dflt");
+    let port = free_port();
+    let log_path = dir.join("serve.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let mut child = Command::new(FEWERBYTES)
+        .current_dir(dir.path())
+        .env_remove("FEWERBYTES_POOL")
+        .arg("serve")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start fewerbytes serve");
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let socket = dir.join("fewerbytes.pool.sock");
+    let mut waited = 0;
+    while !(socket.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|s| greet_and_abort(s).is_ok())) {
+        waited += 1;
+        if let Some(status) = child.try_wait().expect("poll") {
+            panic!("default serve exited with {status}:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+        }
+        assert!(waited < 1200, "default serve did not listen within 60 s:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let reap = Reap(&mut child);
+    assert!(dir.join("fewerbytes.pool").exists(), "no ./fewerbytes.pool created");
+
+    let info = nbdinfo_json(&format!("nbd://127.0.0.1:{port}/disk0"));
+    assert_eq!(first_export(&info)["export-size"].as_u64(), Some(16 * 1024 * MIB), "{info}");
+    let default = nbdinfo_json(&format!("nbd+unix:///?socket={}", socket.display()));
+    assert_eq!(first_export(&default)["export-size"].as_u64(), Some(16 * 1024 * MIB), "{default}");
+    qemu_io(&format!("nbd://127.0.0.1:{port}/disk0"), &["write -P 0x77 1G 1M".into(), "read -P 0x77 1G 1M".into()]);
+
+    let printed = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(printed.contains("nbd://") || printed.contains("nbd+unix://"), "serve printed no NBD URI for the user:\n{printed}");
+
+    // SIGTERM: flush and exit 0.
+    let pid = libc::pid_t::try_from(reap.0.id()).expect("pid");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let mut status = None;
+    for _ in 0..1200 {
+        if let Some(s) = reap.0.try_wait().expect("poll") {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = status.unwrap_or_else(|| panic!("default serve did not exit within 60 s of SIGTERM"));
+    assert!(status.success(), "default serve exited with {status} after SIGTERM:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+    drop(reap);
+
+    // Serving again reuses the pool and its data.
+    let pool = dir.join("fewerbytes.pool");
+    let server = Server::start(dir.path(), &pool, &[]);
+    qemu_io(&server.unix_uri("disk0"), &["read -P 0x77 1G 1M".into()]);
+}
