@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The one test command: installs the NBD clients the tests drive (when missing and
+# when run as root on Debian), then runs every test of the workspace in release mode
+# and prints a summary.
+#
+#   scripts/test.sh                 # the default run (well under 20 minutes on 2 cores)
+#   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees
+#   scripts/test.sh -- nbdinfo      # extra arguments go to `cargo test` (here: a filter)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# Debian packages providing each client the tests run. A test whose client is
+# missing fails with a message naming the package; it is never skipped.
+PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount)
+TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount)
+
+have_tool() {
+    PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1
+}
+
+missing=()
+for t in "${TOOLS[@]}"; do
+    have_tool "$t" || missing+=("$t")
+done
+if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
+    missing+=("python3-libnbd")
+fi
+
+if ((${#missing[@]})); then
+    echo "test.sh: missing clients: ${missing[*]}"
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        echo "test.sh: installing ${PACKAGES[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
+    else
+        echo "test.sh: not root or not Debian: install ${PACKAGES[*]} yourself; the NBD client tests will fail without them" >&2
+    fi
+fi
+
+# Show which clients the tests will use.
+echo "test.sh: clients: $(nbdinfo --version 2>/dev/null | head -1), $(qemu-img --version | head -1), $(fio --version), $(nbd-client --version 2>&1 | head -1 || true)"
+
+log=$(mktemp -t fewerbytes-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+
+status=0
+start=$(date +%s)
+cargo test --workspace --release "$@" 2>&1 | tee "$log" || status=$?
+elapsed=$(( $(date +%s) - start ))
+
+# Summary over every test binary cargo ran.
+passed=0 failed=0 ignored=0
+while read -r p f i; do
+    passed=$((passed + p)); failed=$((failed + f)); ignored=$((ignored + i))
+done < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' "$log")
+
+echo
+echo "================ fewerbytes test summary (${elapsed}s) ================"
+grep -E '^     Running |^test result:' "$log" | sed 's/^     Running /  /' || true
+if grep -q '^failures:' "$log"; then
+    echo "failed tests:"
+    grep -E '^    [a-zA-Z0-9_:]+$' "$log" | sort -u | sed 's/^    /  - /' || true
+fi
+if [[ $status -ne 0 && $failed -eq 0 ]]; then
+    echo "cargo test exited with $status before all tests ran (build failure?)"
+    failed=$((failed + 1))
+fi
+echo "summary: $passed passed, $failed failed, $ignored skipped"
+exit "$status"
