@@ -20,7 +20,8 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 
 fn json(ran: &Ran) -> Value {
-    serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("output is not JSON ({e}):\n{}", ran.report()))
+    serde_json::from_str(&ran.stdout)
+        .unwrap_or_else(|e| panic!("output is not JSON ({e}):\n{}", ran.report()))
 }
 
 fn nbdinfo_json(uri: &str) -> Value {
@@ -38,7 +39,12 @@ fn listed_exports(uri: &str) -> BTreeMap<String, Value> {
         .as_array()
         .unwrap_or_else(|| panic!("nbdinfo --list --json has no exports array: {info}"))
         .iter()
-        .map(|e| (e["export-name"].as_str().unwrap_or_default().to_string(), e.clone()))
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap_or_default().to_string(),
+                e.clone(),
+            )
+        })
         .collect()
 }
 
@@ -49,20 +55,35 @@ fn map_extents(uri: &str) -> Vec<(u64, u64, u64)> {
         .as_array()
         .unwrap_or_else(|| panic!("nbdinfo --map --json is not a list:\n{}", ran.report()))
         .iter()
-        .map(|e| (e["offset"].as_u64().expect("offset"), e["length"].as_u64().expect("length"), e["type"].as_u64().expect("type")))
+        .map(|e| {
+            (
+                e["offset"].as_u64().expect("offset"),
+                e["length"].as_u64().expect("length"),
+                e["type"].as_u64().expect("type"),
+            )
+        })
         .collect()
 }
 
 /// The base:allocation type of every 4 KiB block in `[offset, offset+len)`, checked
 /// against `want(type)`.
-fn assert_map(extents: &[(u64, u64, u64)], offset: u64, len: u64, what: &str, want: impl Fn(u64) -> bool) {
+fn assert_map(
+    extents: &[(u64, u64, u64)],
+    offset: u64,
+    len: u64,
+    what: &str,
+    want: impl Fn(u64) -> bool,
+) {
     let mut pos = offset;
     while pos < offset + len {
         let (start, length, kind) = *extents
             .iter()
             .find(|(s, l, _)| *s <= pos && pos < s + l)
             .unwrap_or_else(|| panic!("no extent covers offset {pos} ({what}); map: {extents:?}"));
-        assert!(want(kind), "{what}: offset {pos} is in extent {start}+{length} of type {kind}; map: {extents:?}");
+        assert!(
+            want(kind),
+            "{what}: offset {pos} is in extent {start}+{length} of type {kind}; map: {extents:?}"
+        );
         pos = start + length;
     }
 }
@@ -70,7 +91,11 @@ fn assert_map(extents: &[(u64, u64, u64)], offset: u64, len: u64, what: &str, wa
 #[test]
 fn nbdinfo_sees_negotiated_export_and_lists_every_volume() {
     let dir = TempDir::new("info");
-    let server = Server::start_new(dir.path(), &[("alpha", "64M"), ("beta", "96M"), ("gamma", "1G")], &["--default-volume", "beta"]);
+    let server = Server::start_new(
+        dir.path(),
+        &[("alpha", "64M"), ("beta", "96M"), ("gamma", "1G")],
+        &["--default-volume", "beta"],
+    );
 
     for uri in [server.unix_uri("alpha"), server.tcp_uri("alpha")] {
         let info = nbdinfo_json(&uri);
@@ -81,30 +106,58 @@ fn nbdinfo_sees_negotiated_export_and_lists_every_volume() {
         assert_eq!(e["block_size_minimum"].as_u64(), Some(512), "{info}");
         assert_eq!(e["block_size_preferred"].as_u64(), Some(4096), "{info}");
         assert_eq!(e["block_size_maximum"].as_u64(), Some(32 * MIB), "{info}");
-        for flag in ["can_multi_conn", "can_trim", "can_zero", "can_fua", "can_flush"] {
+        for flag in [
+            "can_multi_conn",
+            "can_trim",
+            "can_zero",
+            "can_fua",
+            "can_flush",
+        ] {
             assert_eq!(e[flag], true, "{flag} not advertised: {info}");
         }
         assert_eq!(e["is_read_only"], false, "{info}");
-        let contexts = e["contexts"].as_array().unwrap_or_else(|| panic!("no meta contexts: {info}"));
-        assert!(contexts.iter().any(|c| c == "base:allocation"), "base:allocation missing: {info}");
+        let contexts = e["contexts"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no meta contexts: {info}"));
+        assert!(
+            contexts.iter().any(|c| c == "base:allocation"),
+            "base:allocation missing: {info}"
+        );
     }
 
     // The empty export name is the default volume.
     let default = nbdinfo_json(&server.unix_uri(""));
-    assert_eq!(first_export(&default)["export-size"].as_u64(), Some(96 * MIB), "{default}");
+    assert_eq!(
+        first_export(&default)["export-size"].as_u64(),
+        Some(96 * MIB),
+        "{default}"
+    );
 
     // Every volume is listed, over both transports, with its size.
     for uri in [server.unix_uri(""), server.tcp_uri("")] {
         let exports = listed_exports(&uri);
-        for (name, size) in [("alpha", 64 * MIB), ("beta", 96 * MIB), ("gamma", 1024 * MIB)] {
-            let e = exports.get(name).unwrap_or_else(|| panic!("`nbdinfo --list` on {uri} lacks {name}: {exports:?}"));
+        for (name, size) in [
+            ("alpha", 64 * MIB),
+            ("beta", 96 * MIB),
+            ("gamma", 1024 * MIB),
+        ] {
+            let e = exports
+                .get(name)
+                .unwrap_or_else(|| panic!("`nbdinfo --list` on {uri} lacks {name}: {exports:?}"));
             assert_eq!(e["export-size"].as_u64(), Some(size), "{name}: {e}");
         }
     }
 
     // An unknown export is refused, not served.
-    let ran = run_with_limit(tool("nbdinfo").arg(server.unix_uri("no-such-volume")), CLIENT_LIMIT);
-    assert!(!ran.status.success(), "nbdinfo connected to a volume that does not exist:\n{}", ran.report());
+    let ran = run_with_limit(
+        tool("nbdinfo").arg(server.unix_uri("no-such-volume")),
+        CLIENT_LIMIT,
+    );
+    assert!(
+        !ran.status.success(),
+        "nbdinfo connected to a volume that does not exist:\n{}",
+        ran.report()
+    );
 }
 
 /// (pattern byte, offset, length): odd offsets and sizes from 512 B to 8 MiB,
@@ -153,7 +206,10 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
     let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
     let uri = server.unix_uri("vol");
 
-    let writes: Vec<String> = PATTERN_WRITES.iter().map(|(p, off, len)| format!("write -P {p:#x} {off} {len}")).collect();
+    let writes: Vec<String> = PATTERN_WRITES
+        .iter()
+        .map(|(p, off, len)| format!("write -P {p:#x} {off} {len}"))
+        .collect();
     qemu_io(&uri, &writes);
     let reads: Vec<String> = expected_pattern_runs()
         .iter()
@@ -172,7 +228,14 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
     qemu_io(&server.tcp_uri("vol"), &reads);
 
     // Byte-unaligned requests (qemu's block layer does the read-modify-write).
-    qemu_io(&uri, &["write -P 0xde 1000 3333".into(), "read -P 0xde 1000 3333".into(), "read -P 0xbb 0 1000".into()]);
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0xde 1000 3333".into(),
+            "read -P 0xde 1000 3333".into(),
+            "read -P 0xbb 0 1000".into(),
+        ],
+    );
 }
 
 fn fio_job(uri: &str, name: &str, extra: &[&str]) -> Ran {
@@ -185,13 +248,29 @@ fn fio_job(uri: &str, name: &str, extra: &[&str]) -> Ran {
         .arg(format!("--numjobs={jobs}"))
         .arg(format!("--size={size}"))
         .arg(format!("--offset_increment={size}"))
-        .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_backlog=0"])
+        .args([
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_backlog=0",
+        ])
         .args(["--group_reporting", "--output-format=normal"])
         .args(extra);
-    let ran = run_with_limit(&mut cmd, Duration::from_secs(if soak() { 1800 } else { 600 }));
+    let ran = run_with_limit(
+        &mut cmd,
+        Duration::from_secs(if soak() { 1800 } else { 600 }),
+    );
     assert!(ran.status.success(), "fio failed:\n{}", ran.report());
-    assert!(!ran.all_output().contains("verify: bad"), "fio verify failed:\n{}", ran.report());
-    assert!(ran.all_output().contains("err= 0"), "fio reported errors:\n{}", ran.report());
+    assert!(
+        !ran.all_output().contains("verify: bad"),
+        "fio verify failed:\n{}",
+        ran.report()
+    );
+    assert!(
+        ran.all_output().contains("err= 0"),
+        "fio reported errors:\n{}",
+        ran.report()
+    );
     ran
 }
 
@@ -203,13 +282,22 @@ fn fio_randwrite_verifies_over_seed_mix() {
     fio_job(
         &server.unix_uri("vol"),
         "seedmix",
-        &["--dedupe_percentage=75", "--buffer_compress_percentage=50", "--buffer_compress_chunk=512"],
+        &[
+            "--dedupe_percentage=75",
+            "--buffer_compress_percentage=50",
+            "--buffer_compress_chunk=512",
+        ],
     );
     // The same data read back on fresh connections after the writers left.
     fio_job(
         &server.tcp_uri("vol"),
         "seedmix",
-        &["--dedupe_percentage=75", "--buffer_compress_percentage=50", "--buffer_compress_chunk=512", "--verify_only"],
+        &[
+            "--dedupe_percentage=75",
+            "--buffer_compress_percentage=50",
+            "--buffer_compress_chunk=512",
+            "--verify_only",
+        ],
     );
 }
 
@@ -233,17 +321,69 @@ fn qemu_img_convert_round_trips_and_second_copy_dedups() {
     let server = Server::start_new(dir.path(), &[("first", "64M"), ("second", "64M")], &[]);
     let image_arg = image_path.to_str().expect("utf-8 path");
 
-    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &server.unix_uri("first")]));
+    run_ok(tool("qemu-img").args([
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        image_arg,
+        &server.unix_uri("first"),
+    ]));
     let out_path = dir.join("out.img");
-    run_ok(tool("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &server.unix_uri("first"), out_path.to_str().expect("utf-8")]));
-    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, out_path.to_str().expect("utf-8")]));
+    run_ok(tool("qemu-img").args([
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        &server.unix_uri("first"),
+        out_path.to_str().expect("utf-8"),
+    ]));
+    run_ok(tool("qemu-img").args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        image_arg,
+        out_path.to_str().expect("utf-8"),
+    ]));
     // And straight from the export, without the intermediate file.
-    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, &server.tcp_uri("first")]));
+    run_ok(tool("qemu-img").args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        image_arg,
+        &server.tcp_uri("first"),
+    ]));
 
     let before = server.stats();
-    let used_before = before["data_used_bytes"].as_u64().unwrap_or_else(|| panic!("stats has no data_used_bytes: {before}"));
-    run_ok(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", image_arg, &server.unix_uri("second")]));
-    run_ok(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", image_arg, &server.unix_uri("second")]));
+    let used_before = before["data_used_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats has no data_used_bytes: {before}"));
+    run_ok(tool("qemu-img").args([
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        image_arg,
+        &server.unix_uri("second"),
+    ]));
+    run_ok(tool("qemu-img").args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        image_arg,
+        &server.unix_uri("second"),
+    ]));
     let after = server.stats();
     let used_after = after["data_used_bytes"].as_u64().expect("data_used_bytes");
     let growth = used_after.saturating_sub(used_before);
@@ -270,21 +410,39 @@ fn block_status_shows_holes_after_trim_and_write_zeroes() {
     qemu_io(
         &uri,
         &[
-            "discard 1M 2M".into(),      // NBD_CMD_TRIM
-            "write -z -u 4M 2M".into(),  // WRITE_ZEROES, hole allowed
-            "write -z 7M 1M".into(),     // WRITE_ZEROES with NO_HOLE
-            "discard 9M 4096".into(),    // one block
+            "discard 1M 2M".into(),     // NBD_CMD_TRIM
+            "write -z -u 4M 2M".into(), // WRITE_ZEROES, hole allowed
+            "write -z 7M 1M".into(),    // WRITE_ZEROES with NO_HOLE
+            "discard 9M 4096".into(),   // one block
         ],
     );
     let extents = map_extents(&uri);
     assert_map(&extents, 0, MIB, "untouched data", |t| t == 0);
     assert_map(&extents, MIB, 2 * MIB, "trimmed range", |t| t == 3);
     assert_map(&extents, 3 * MIB, MIB, "untouched data", |t| t == 0);
-    assert_map(&extents, 4 * MIB, 2 * MIB, "write-zeroes (may unmap) range", |t| t == 3);
+    assert_map(
+        &extents,
+        4 * MIB,
+        2 * MIB,
+        "write-zeroes (may unmap) range",
+        |t| t == 3,
+    );
     assert_map(&extents, 6 * MIB, MIB, "untouched data", |t| t == 0);
-    assert_map(&extents, 7 * MIB, MIB, "write-zeroes (no hole) range", |t| t & 2 == 2);
+    assert_map(
+        &extents,
+        7 * MIB,
+        MIB,
+        "write-zeroes (no hole) range",
+        |t| t & 2 == 2,
+    );
     assert_map(&extents, 9 * MIB, 4096, "trimmed block", |t| t == 3);
-    assert_map(&extents, 9 * MIB + 4096, 3 * MIB - 4096, "untouched data", |t| t == 0);
+    assert_map(
+        &extents,
+        9 * MIB + 4096,
+        3 * MIB - 4096,
+        "untouched data",
+        |t| t == 0,
+    );
 
     qemu_io(
         &uri,
@@ -305,7 +463,12 @@ fn block_status_shows_holes_after_trim_and_write_zeroes() {
         .expect("qemu-img map list")
         .iter()
         .find(|e| e["start"].as_u64() == Some(MIB))
-        .unwrap_or_else(|| panic!("qemu-img map has no extent starting at 1 MiB:\n{}", ran.report()));
+        .unwrap_or_else(|| {
+            panic!(
+                "qemu-img map has no extent starting at 1 MiB:\n{}",
+                ran.report()
+            )
+        });
     assert_eq!(trimmed["zero"], true, "{trimmed}");
     assert_eq!(trimmed["data"], false, "{trimmed}");
 }
@@ -377,9 +540,15 @@ fn generated_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
                 rng.fill(&mut v);
                 v
             }
-            1 => (0..len.div_ceil(4096)).flat_map(|b| compressible_block(i * 31 + b as u64)).take(len).collect(),
+            1 => (0..len.div_ceil(4096))
+                .flat_map(|b| compressible_block(i * 31 + b as u64))
+                .take(len)
+                .collect(),
             // Duplicates of an earlier file's start (dedup within the file system).
-            2 => files.values().next().map_or_else(|| vec![7u8; len], |v: &Vec<u8>| v.iter().copied().cycle().take(len).collect()),
+            2 => files.values().next().map_or_else(
+                || vec![7u8; len],
+                |v: &Vec<u8>| v.iter().copied().cycle().take(len).collect(),
+            ),
             _ => vec![0u8; len],
         };
         let path = root.join(&rel);
@@ -392,8 +561,15 @@ fn generated_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 
 fn assert_tree(root: &Path, files: &BTreeMap<PathBuf, Vec<u8>>, when: &str) {
     for (rel, content) in files {
-        let got = std::fs::read(root.join(rel)).unwrap_or_else(|e| panic!("{when}: cannot read {}: {e}", rel.display()));
-        assert!(got == *content, "{when}: {} differs ({} bytes read, {} expected)", rel.display(), got.len(), content.len());
+        let got = std::fs::read(root.join(rel))
+            .unwrap_or_else(|e| panic!("{when}: cannot read {}: {e}", rel.display()));
+        assert!(
+            got == *content,
+            "{when}: {} differs ({} bytes read, {} expected)",
+            rel.display(),
+            got.len(),
+            content.len()
+        );
     }
 }
 
@@ -401,10 +577,21 @@ fn assert_tree(root: &Path, files: &BTreeMap<PathBuf, Vec<u8>>, when: &str) {
 fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
     let dir = TempDir::new("ext4");
     let server = Server::start_new(dir.path(), &[("fsvol", "512M")], &[]);
-    for t in ["nbdfuse", "losetup", "mkfs.ext4", "fsck.ext4", "fstrim", "mount", "umount"] {
+    for t in [
+        "nbdfuse",
+        "losetup",
+        "mkfs.ext4",
+        "fsck.ext4",
+        "fstrim",
+        "mount",
+        "umount",
+    ] {
         require_tool(t);
     }
-    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: nbdfuse needs FUSE");
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: nbdfuse needs FUSE"
+    );
 
     let fuse_dir = dir.join("fuse");
     let mount_dir = dir.join("mnt");
@@ -419,7 +606,13 @@ fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
         .stderr(fuse_log)
         .spawn()
         .expect("start nbdfuse");
-    let mut stack = FuseLoopStack { fuse_dir: fuse_dir.clone(), mount_dir: mount_dir.clone(), nbdfuse: Some(nbdfuse), loop_dev: None, mounted: false };
+    let mut stack = FuseLoopStack {
+        fuse_dir: fuse_dir.clone(),
+        mount_dir: mount_dir.clone(),
+        nbdfuse: Some(nbdfuse),
+        loop_dev: None,
+        mounted: false,
+    };
 
     let nbd_file = fuse_dir.join("nbd");
     let mut waited = 0;
@@ -436,7 +629,11 @@ fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
 
     let ran = run_ok(tool("losetup").args(["-f", "--show"]).arg(&nbd_file));
     let dev = ran.stdout.trim().to_string();
-    assert!(dev.starts_with("/dev/loop"), "losetup printed no device:\n{}", ran.report());
+    assert!(
+        dev.starts_with("/dev/loop"),
+        "losetup printed no device:\n{}",
+        ran.report()
+    );
     stack.loop_dev = Some(dev.clone());
 
     run_ok(tool("mkfs.ext4").args(["-q", "-F", "-L", "fewerbytes", &dev]));
@@ -456,17 +653,28 @@ fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
     std::fs::remove_dir_all(&scratch).expect("rm scratch");
     assert_tree(&mount_dir, &files, "before fstrim");
     let ran = run_ok(tool("fstrim").arg("-v").arg(&mount_dir));
-    assert!(ran.stdout.contains("trimmed"), "fstrim said nothing trimmed:\n{}", ran.report());
+    assert!(
+        ran.stdout.contains("trimmed"),
+        "fstrim said nothing trimmed:\n{}",
+        ran.report()
+    );
     stack.umount_fs();
 
     let ran = run_with_limit(tool("fsck.ext4").args(["-n", "-f", &dev]), CLIENT_LIMIT);
-    assert!(ran.status.success(), "fsck.ext4 -n found problems after fstrim and umount:\n{}", ran.report());
+    assert!(
+        ran.status.success(),
+        "fsck.ext4 -n found problems after fstrim and umount:\n{}",
+        ran.report()
+    );
 
     run_ok(tool("mount").arg(&dev).arg(&mount_dir));
     stack.mounted = true;
     assert_tree(&mount_dir, &files, "after remount");
     drop(stack);
-    assert!(!mount_dir.join("d0").exists(), "file system still mounted after cleanup");
+    assert!(
+        !mount_dir.join("d0").exists(),
+        "file system still mounted after cleanup"
+    );
 }
 
 #[test]
@@ -476,15 +684,51 @@ fn nbd_client_completes_kernel_style_handshake() {
     require_tool("nbd-client");
     // No /dev/nbd0 here (no kernel NBD driver): nbd-client negotiates first, then fails
     // to hand the socket to the kernel. What matters is that negotiation succeeded.
-    let ran = run_with_limit(tool("nbd-client").args(["-N", "kvol", "127.0.0.1", &server.port.to_string(), "/dev/nbd0"]), Duration::from_secs(60));
+    let ran = run_with_limit(
+        tool("nbd-client").args([
+            "-N",
+            "kvol",
+            "127.0.0.1",
+            &server.port.to_string(),
+            "/dev/nbd0",
+        ]),
+        Duration::from_secs(60),
+    );
     let out = ran.all_output();
-    assert!(out.contains("Negotiation: ..size = 64MB"), "nbd-client did not complete negotiation:\n{}", ran.report());
-    for bad in ["Server said", "not supported", "Received invalid", "closed connection", "Unknown error"] {
-        assert!(!out.contains(bad), "nbd-client reported a negotiation problem ({bad}):\n{}", ran.report());
+    assert!(
+        out.contains("Negotiation: ..size = 64MB"),
+        "nbd-client did not complete negotiation:\n{}",
+        ran.report()
+    );
+    for bad in [
+        "Server said",
+        "not supported",
+        "Received invalid",
+        "closed connection",
+        "Unknown error",
+    ] {
+        assert!(
+            !out.contains(bad),
+            "nbd-client reported a negotiation problem ({bad}):\n{}",
+            ran.report()
+        );
     }
     // An unknown name is refused during negotiation, with the server's error.
-    let ran = run_with_limit(tool("nbd-client").args(["-N", "nope", "127.0.0.1", &server.port.to_string(), "/dev/nbd0"]), Duration::from_secs(60));
-    assert!(!ran.all_output().contains("size ="), "nbd-client negotiated an unknown export:\n{}", ran.report());
+    let ran = run_with_limit(
+        tool("nbd-client").args([
+            "-N",
+            "nope",
+            "127.0.0.1",
+            &server.port.to_string(),
+            "/dev/nbd0",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !ran.all_output().contains("size ="),
+        "nbd-client negotiated an unknown export:\n{}",
+        ran.report()
+    );
     // The server survived both and still serves.
     nbdinfo_json(&server.tcp_uri("kvol"));
 }
@@ -495,7 +739,11 @@ fn python_nbd(script: &str, args: &[&str]) -> Ran {
     let mut cmd = Command::new(python);
     cmd.arg("-c").arg(script).args(args);
     let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
-    assert!(ran.status.success(), "libnbd script failed:\n{}", ran.report());
+    assert!(
+        ran.status.success(),
+        "libnbd script failed:\n{}",
+        ran.report()
+    );
     ran
 }
 
@@ -563,9 +811,20 @@ fn nbdsh_bad_requests_get_errors_and_connection_survives() {
     let dir = TempDir::new("bad");
     let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
     let ran = python_nbd(BAD_REQUESTS_PY, &[&server.unix_uri("vol")]);
-    assert!(ran.stdout.contains("all refused as expected"), "{}", ran.report());
+    assert!(
+        ran.stdout.contains("all refused as expected"),
+        "{}",
+        ran.report()
+    );
     // A good client afterwards.
-    qemu_io(&server.tcp_uri("vol"), &["read -P 0xa5 0 4096".into(), "write -P 0x12 8192 4096".into(), "read -P 0x12 8192 4096".into()]);
+    qemu_io(
+        &server.tcp_uri("vol"),
+        &[
+            "read -P 0xa5 0 4096".into(),
+            "write -P 0x12 8192 4096".into(),
+            "read -P 0x12 8192 4096".into(),
+        ],
+    );
 }
 
 const READ_ONLY_PY: &str = r#"
@@ -598,9 +857,15 @@ print("read-only ok")
 fn read_only_serve_refuses_writes_with_eperm() {
     let dir = TempDir::new("ro");
     let mut server = Server::start_new(dir.path(), &[("vol", "16M")], &[]);
-    qemu_io(&server.unix_uri("vol"), &["write -P 0x3c 0 1M".into(), "flush".into()]);
+    qemu_io(
+        &server.unix_uri("vol"),
+        &["write -P 0x3c 0 1M".into(), "flush".into()],
+    );
     let status = server.stop();
-    assert!(status.success(), "server exited with {status} after SIGTERM");
+    assert!(
+        status.success(),
+        "server exited with {status} after SIGTERM"
+    );
     drop(server);
     let pool = dir.join("test.pool");
     let server = Server::start(dir.path(), &pool, &["--read-only"]);
@@ -616,14 +881,42 @@ fn flushed_data_survives_sigterm_and_sigkill() {
     let mut server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
     let uri = server.unix_uri("vol");
 
-    qemu_io(&uri, &["write -P 0x61 0 4M".into(), "write -P 0x62 10M 1536".into(), "write -z 1M 512K".into(), "flush".into()]);
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0x61 0 4M".into(),
+            "write -P 0x62 10M 1536".into(),
+            "write -z 1M 512K".into(),
+            "flush".into(),
+        ],
+    );
     let status = server.stop();
-    assert!(status.success(), "server exited with {status} after SIGTERM\n{}", server.log_text());
+    assert!(
+        status.success(),
+        "server exited with {status} after SIGTERM\n{}",
+        server.log_text()
+    );
     server.spawn();
-    qemu_io(&uri, &["read -P 0x61 0 1M".into(), "read -P 0 1M 512K".into(), "read -P 0x61 1536K 2560K".into(), "read -P 0x62 10M 1536".into()]);
+    qemu_io(
+        &uri,
+        &[
+            "read -P 0x61 0 1M".into(),
+            "read -P 0 1M 512K".into(),
+            "read -P 0x61 1536K 2560K".into(),
+            "read -P 0x62 10M 1536".into(),
+        ],
+    );
 
     // Flushed writes survive a SIGKILL; so does an acknowledged FUA write.
-    qemu_io(&uri, &["write -P 0x63 20M 8M".into(), "write -P 0x64 5M 4096".into(), "flush".into(), "write -f -P 0x65 40M 64K".into()]);
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0x63 20M 8M".into(),
+            "write -P 0x64 5M 4096".into(),
+            "flush".into(),
+            "write -f -P 0x65 40M 64K".into(),
+        ],
+    );
     server.kill9();
     server.spawn();
     qemu_io(
@@ -638,9 +931,16 @@ fn flushed_data_survives_sigterm_and_sigkill() {
     );
     // The recovered pool is consistent.
     let status = server.stop();
-    assert!(status.success(), "server exited with {status} after SIGTERM");
+    assert!(
+        status.success(),
+        "server exited with {status} after SIGTERM"
+    );
     let ran = fewerbytes(&server.pool, &["check"]);
-    assert!(ran.status.success(), "`fewerbytes check` after a SIGKILL and recovery failed:\n{}", ran.report());
+    assert!(
+        ran.status.success(),
+        "`fewerbytes check` after a SIGKILL and recovery failed:\n{}",
+        ran.report()
+    );
 }
 
 /// A client holding a connection open (libnbd in Python) until its stdin closes.
@@ -664,8 +964,13 @@ impl HeldConnection {
         let mut line = String::new();
         use std::io::BufRead;
         let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout).read_line(&mut line).expect("read from held connection");
-        assert!(line.starts_with("connected"), "held connection to {uri} failed: {line:?}");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read from held connection");
+        assert!(
+            line.starts_with("connected"),
+            "held connection to {uri} failed: {line:?}"
+        );
         HeldConnection { child }
     }
 }
@@ -686,36 +991,70 @@ fn volumes_created_cloned_deleted_while_serving_with_clients_connected() {
     let held = HeldConnection::open(&server.unix_uri("base"));
 
     server.cli_ok(&["volume", "create", "fresh", "--size", "32M"]);
-    assert!(listed_exports(&server.unix_uri("")).contains_key("fresh"), "new volume not exported without a restart");
-    qemu_io(&server.tcp_uri("fresh"), &["write -P 0x43 4096 1M".into(), "read -P 0x43 4096 1M".into(), "read -P 0 0 4096".into()]);
+    assert!(
+        listed_exports(&server.unix_uri("")).contains_key("fresh"),
+        "new volume not exported without a restart"
+    );
+    qemu_io(
+        &server.tcp_uri("fresh"),
+        &[
+            "write -P 0x43 4096 1M".into(),
+            "read -P 0x43 4096 1M".into(),
+            "read -P 0 0 4096".into(),
+        ],
+    );
 
     server.cli_ok(&["volume", "clone", "base", "copy"]);
-    qemu_io(&server.unix_uri("copy"), &["read -P 0x42 0 2M".into(), "write -P 0x44 0 4096".into()]);
+    qemu_io(
+        &server.unix_uri("copy"),
+        &["read -P 0x42 0 2M".into(), "write -P 0x44 0 4096".into()],
+    );
     // Writing to the clone leaves its source alone.
     qemu_io(&server.unix_uri("base"), &["read -P 0x42 0 2M".into()]);
 
     let listed = server.cli_ok(&["volume", "list"]);
     for name in ["base", "fresh", "copy"] {
-        assert!(listed.stdout.contains(name), "`volume list` lacks {name}:\n{}", listed.report());
+        assert!(
+            listed.stdout.contains(name),
+            "`volume list` lacks {name}:\n{}",
+            listed.report()
+        );
     }
 
     // A volume with a connected client is not deleted without --force.
     let refused = server.cli(&["volume", "delete", "base"]);
-    assert!(!refused.status.success(), "deleted a volume with a connected client without --force:\n{}", refused.report());
-    assert!(listed_exports(&server.unix_uri("")).contains_key("base"), "refused delete removed the volume anyway");
+    assert!(
+        !refused.status.success(),
+        "deleted a volume with a connected client without --force:\n{}",
+        refused.report()
+    );
+    assert!(
+        listed_exports(&server.unix_uri("")).contains_key("base"),
+        "refused delete removed the volume anyway"
+    );
     qemu_io(&server.unix_uri("base"), &["read -P 0x42 0 2M".into()]);
 
     // Without clients, delete works and the export disappears.
     server.cli_ok(&["volume", "delete", "copy"]);
     let exports = listed_exports(&server.unix_uri(""));
-    assert!(!exports.contains_key("copy"), "deleted volume still exported: {exports:?}");
+    assert!(
+        !exports.contains_key("copy"),
+        "deleted volume still exported: {exports:?}"
+    );
     let ran = run_with_limit(tool("nbdinfo").arg(server.unix_uri("copy")), CLIENT_LIMIT);
-    assert!(!ran.status.success(), "connected to a deleted volume:\n{}", ran.report());
+    assert!(
+        !ran.status.success(),
+        "connected to a deleted volume:\n{}",
+        ran.report()
+    );
 
     // --force deletes it with the client still connected; the server carries on.
     server.cli_ok(&["volume", "delete", "base", "--force"]);
     drop(held);
-    assert!(!listed_exports(&server.unix_uri("")).contains_key("base"), "force-deleted volume still exported");
+    assert!(
+        !listed_exports(&server.unix_uri("")).contains_key("base"),
+        "force-deleted volume still exported"
+    );
     qemu_io(&server.unix_uri("fresh"), &["read -P 0x43 4096 1M".into()]);
 }
 
@@ -745,25 +1084,52 @@ fn default_serve_creates_pool_and_serves_disk0() {
     }
     let socket = dir.join("fewerbytes.pool.sock");
     let mut waited = 0;
-    while !(socket.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok_and(|s| greet_and_abort(s).is_ok())) {
+    while !(socket.exists()
+        && std::net::TcpStream::connect(("127.0.0.1", port))
+            .is_ok_and(|s| greet_and_abort(s).is_ok()))
+    {
         waited += 1;
         if let Some(status) = child.try_wait().expect("poll") {
-            panic!("default serve exited with {status}:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+            panic!(
+                "default serve exited with {status}:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
         }
-        assert!(waited < 1200, "default serve did not listen within 60 s:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+        assert!(
+            waited < 1200,
+            "default serve did not listen within 60 s:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let reap = Reap(&mut child);
-    assert!(dir.join("fewerbytes.pool").exists(), "no ./fewerbytes.pool created");
+    assert!(
+        dir.join("fewerbytes.pool").exists(),
+        "no ./fewerbytes.pool created"
+    );
 
     let info = nbdinfo_json(&format!("nbd://127.0.0.1:{port}/disk0"));
-    assert_eq!(first_export(&info)["export-size"].as_u64(), Some(16 * 1024 * MIB), "{info}");
+    assert_eq!(
+        first_export(&info)["export-size"].as_u64(),
+        Some(16 * 1024 * MIB),
+        "{info}"
+    );
     let default = nbdinfo_json(&format!("nbd+unix:///?socket={}", socket.display()));
-    assert_eq!(first_export(&default)["export-size"].as_u64(), Some(16 * 1024 * MIB), "{default}");
-    qemu_io(&format!("nbd://127.0.0.1:{port}/disk0"), &["write -P 0x77 1G 1M".into(), "read -P 0x77 1G 1M".into()]);
+    assert_eq!(
+        first_export(&default)["export-size"].as_u64(),
+        Some(16 * 1024 * MIB),
+        "{default}"
+    );
+    qemu_io(
+        &format!("nbd://127.0.0.1:{port}/disk0"),
+        &["write -P 0x77 1G 1M".into(), "read -P 0x77 1G 1M".into()],
+    );
 
     let printed = std::fs::read_to_string(&log_path).unwrap_or_default();
-    assert!(printed.contains("nbd://") || printed.contains("nbd+unix://"), "serve printed no NBD URI for the user:\n{printed}");
+    assert!(
+        printed.contains("nbd://") || printed.contains("nbd+unix://"),
+        "serve printed no NBD URI for the user:\n{printed}"
+    );
 
     // SIGTERM: flush and exit 0.
     let pid = libc::pid_t::try_from(reap.0.id()).expect("pid");
@@ -777,8 +1143,13 @@ fn default_serve_creates_pool_and_serves_disk0() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let status = status.unwrap_or_else(|| panic!("default serve did not exit within 60 s of SIGTERM"));
-    assert!(status.success(), "default serve exited with {status} after SIGTERM:\n{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+    let status =
+        status.unwrap_or_else(|| panic!("default serve did not exit within 60 s of SIGTERM"));
+    assert!(
+        status.success(),
+        "default serve exited with {status} after SIGTERM:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
     drop(reap);
 
     // Serving again reuses the pool and its data.

@@ -5,7 +5,10 @@
 //! A missing client tool is a test failure naming the Debian package that provides
 //! it, never a silent skip: `scripts/test.sh` and `.ci/run` install every one.
 
-#![allow(dead_code, reason = "each test binary uses a different subset of the harness")]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of the harness"
+)]
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
@@ -55,7 +58,10 @@ fn package_of(tool: &str) -> &'static str {
 pub fn require_tool(tool: &str) -> PathBuf {
     if tool.starts_with('/') {
         let path = PathBuf::from(tool);
-        assert!(path.exists(), "required client `{tool}` is missing; run scripts/test.sh, which installs it");
+        assert!(
+            path.exists(),
+            "required client `{tool}` is missing; run scripts/test.sh, which installs it"
+        );
         return path;
     }
     let path_var = std::env::var_os("PATH").unwrap_or_default();
@@ -108,7 +114,8 @@ impl TempDir {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
         // Short names: a unix socket path must fit in 108 bytes.
-        let path = std::env::temp_dir().join(format!("fb-{label}-{}-{n}-{nanos:x}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("fb-{label}-{}-{n}-{nanos:x}", std::process::id()));
         std::fs::create_dir_all(&path).expect("create temp dir");
         TempDir { path }
     }
@@ -149,7 +156,10 @@ pub fn describe(cmd: &Command) -> String {
 
 fn shell_quote(arg: &OsStr) -> String {
     let s = arg.to_string_lossy();
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
         s.into_owned()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -212,11 +222,18 @@ pub fn run_with_limit(cmd: &mut Command, limit: Duration) -> Ran {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let stdout = String::from_utf8_lossy(&std::fs::read(&stdout_path).unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&std::fs::read(&stderr_path).unwrap_or_default()).into_owned();
+    let stdout =
+        String::from_utf8_lossy(&std::fs::read(&stdout_path).unwrap_or_default()).into_owned();
+    let stderr =
+        String::from_utf8_lossy(&std::fs::read(&stderr_path).unwrap_or_default()).into_owned();
     let _ = std::fs::remove_file(&stdout_path);
     let _ = std::fs::remove_file(&stderr_path);
-    Ran { status, stdout, stderr, command }
+    Ran {
+        status,
+        stdout,
+        stderr,
+        command,
+    }
 }
 
 static OUT_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -224,7 +241,11 @@ static OUT_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Runs `cmd` and fails the test, with everything it printed, unless it exits 0.
 pub fn run_ok(cmd: &mut Command) -> Ran {
     let ran = run_with_limit(cmd, CLIENT_LIMIT);
-    assert!(ran.status.success(), "a client step failed:\n{}", ran.report());
+    assert!(
+        ran.status.success(),
+        "a client step failed:\n{}",
+        ran.report()
+    );
     ran
 }
 
@@ -244,7 +265,9 @@ pub fn qemu_io(uri: &str, commands: &[String]) -> Ran {
     cmd.arg(uri);
     let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
     assert!(
-        ran.status.success() && !ran.all_output().contains("verification failed") && !ran.all_output().contains("failed:"),
+        ran.status.success()
+            && !ran.all_output().contains("verification failed")
+            && !ran.all_output().contains("failed:"),
         "qemu-io reported a failure:\n{}",
         ran.report()
     );
@@ -265,14 +288,21 @@ pub struct Server {
 /// Runs the `fewerbytes` CLI against `pool`; returns what it said, exit status included.
 pub fn fewerbytes(pool: &Path, args: &[&str]) -> Ran {
     let mut cmd = Command::new(FEWERBYTES);
-    cmd.env("FEWERBYTES_POOL", pool).arg("--pool").arg(pool).args(args);
+    cmd.env("FEWERBYTES_POOL", pool)
+        .arg("--pool")
+        .arg(pool)
+        .args(args);
     run_with_limit(&mut cmd, CLIENT_LIMIT)
 }
 
 /// Like [`fewerbytes`], failing the test on a non-zero exit.
 pub fn fewerbytes_ok(pool: &Path, args: &[&str]) -> Ran {
     let ran = fewerbytes(pool, args);
-    assert!(ran.status.success(), "fewerbytes CLI failed:\n{}", ran.report());
+    assert!(
+        ran.status.success(),
+        "fewerbytes CLI failed:\n{}",
+        ran.report()
+    );
     ran
 }
 
@@ -322,7 +352,10 @@ impl Server {
             .expect("open server log");
         let mut cmd = Command::new(FEWERBYTES);
         cmd.env("FEWERBYTES_POOL", &self.pool)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .arg("serve")
             .arg("--pool")
             .arg(&self.pool)
@@ -335,7 +368,9 @@ impl Server {
             .stdout(log.try_clone().expect("clone log handle"))
             .stderr(log);
         let command = describe(&cmd);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
         self.child = Some(child);
         self.wait_ready(&command);
     }
@@ -350,8 +385,12 @@ impl Server {
                     panic!("`{command}` exited with {status} before listening.\n--- server log ---\n{}", self.log_text());
                 }
             }
-            let unix_ok = UnixStream::connect(&self.socket).map(|s| greet_and_abort(s).is_ok()).unwrap_or(false);
-            let tcp_ok = TcpStream::connect(("127.0.0.1", self.port)).map(|s| greet_and_abort(s).is_ok()).unwrap_or(false);
+            let unix_ok = UnixStream::connect(&self.socket)
+                .map(|s| greet_and_abort(s).is_ok())
+                .unwrap_or(false);
+            let tcp_ok = TcpStream::connect(("127.0.0.1", self.port))
+                .map(|s| greet_and_abort(s).is_ok())
+                .unwrap_or(false);
             if unix_ok && tcp_ok {
                 return;
             }
@@ -390,14 +429,20 @@ impl Server {
     /// The CLI, failing the test on a non-zero exit.
     pub fn cli_ok(&self, args: &[&str]) -> Ran {
         let ran = self.cli(args);
-        assert!(ran.status.success(), "fewerbytes CLI failed while serving:\n{}\n--- server log ---\n{}", ran.report(), self.log_text());
+        assert!(
+            ran.status.success(),
+            "fewerbytes CLI failed while serving:\n{}\n--- server log ---\n{}",
+            ran.report(),
+            self.log_text()
+        );
         ran
     }
 
     /// `stats --json`, parsed.
     pub fn stats(&self) -> serde_json::Value {
         let ran = self.cli_ok(&["stats", "--json"]);
-        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("stats --json is not JSON ({e}):\n{}", ran.report()))
+        serde_json::from_str(&ran.stdout)
+            .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}):\n{}", ran.report()))
     }
 
     /// Sends a signal to the server.
@@ -468,8 +513,19 @@ impl Drop for Server {
         }
         if std::thread::panicking() {
             let log = self.log_text();
-            let tail: String = log.lines().rev().take(80).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-            eprintln!("--- server log ({}), last 80 lines ---\n{tail}", self.log.display());
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(80)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            eprintln!(
+                "--- server log ({}), last 80 lines ---\n{tail}",
+                self.log.display()
+            );
         }
     }
 }
@@ -501,7 +557,11 @@ pub struct Rng(u64);
 impl Rng {
     /// Seeded generator; a zero seed is replaced by a fixed odd constant.
     pub fn new(seed: u64) -> Rng {
-        Rng(if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed })
+        Rng(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
     }
 
     /// Next 64 random bits.
@@ -531,7 +591,18 @@ impl Rng {
 /// A 4 KiB block of text-like, compressible content, different for each `seed`.
 pub fn compressible_block(seed: u64) -> Vec<u8> {
     const WORDS: [&str; 12] = [
-        "block ", "volume ", "pool ", "dedup ", "journal ", "slab ", "fewerbytes ", "qemu ", "guest ", "flush ", "\n", "4096 ",
+        "block ",
+        "volume ",
+        "pool ",
+        "dedup ",
+        "journal ",
+        "slab ",
+        "fewerbytes ",
+        "qemu ",
+        "guest ",
+        "flush ",
+        "\n",
+        "4096 ",
     ];
     let mut rng = Rng::new(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
     let mut out = Vec::with_capacity(4096);
@@ -568,7 +639,8 @@ pub fn mixed_image(blocks: u64, seed: u64) -> Vec<u8> {
             match kind {
                 0 => image.extend_from_slice(&[0u8; 4096]),
                 1 => {
-                    let t = usize::try_from(rng.below(templates.len() as u64)).expect("small index");
+                    let t =
+                        usize::try_from(rng.below(templates.len() as u64)).expect("small index");
                     image.extend_from_slice(&templates[t]);
                 }
                 2 => image.extend_from_slice(&compressible_block(rng.next_u64())),
