@@ -1,1 +1,109 @@
-fn main() {}
+//! `fewerbytes`: create pools and volumes, move raw images in and out, read the
+//! statistics, and serve every volume over NBD.
+//!
+//! This file only parses the command line and reports errors; each command group
+//! lives in its own file (`cmd_pool`, `cmd_volume`, `transfer`, `cmd_stats`, `serve`),
+//! and management commands reach a pool through `control` (directly, or through the
+//! server that holds it).
+
+mod cmd_pool;
+mod cmd_stats;
+mod cmd_volume;
+mod control;
+mod nbd;
+mod output;
+mod serve;
+mod size;
+mod transfer;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The pool used when neither --pool nor FEWERBYTES_POOL names one.
+pub const DEFAULT_POOL_PATH: &str = "./fewerbytes.pool";
+
+/// A deduplicating, compressing block store for VM disks, served over NBD.
+#[derive(Parser)]
+#[command(name = "fewerbytes", version, propagate_version = true)]
+struct Cli {
+    /// The pool (a file or block device). Default: $FEWERBYTES_POOL, else
+    /// ./fewerbytes.pool.
+    #[arg(long, global = true, env = "FEWERBYTES_POOL", value_name = "PATH")]
+    pool: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool, or show its geometry.
+    #[command(subcommand)]
+    Pool(cmd_pool::PoolCommand),
+    /// Create, list, resize, clone, delete, import and export volumes.
+    #[command(subcommand)]
+    Volume(cmd_volume::VolumeCommand),
+    /// Space used and saved, like vdostats.
+    Stats(cmd_stats::StatsArgs),
+    /// Every metadata region: what, device, block range, size (like vdolistmetadata).
+    ListMetadata(cmd_stats::ListMetadataArgs),
+    /// Audit reference counts against every block map; exit 1 on any problem.
+    Check,
+    /// Serve every volume of the pool over NBD (unix socket and 127.0.0.1:10809).
+    Serve(serve::ServeArgs),
+}
+
+/// Which pool a command works on, and whether the user named it.
+#[derive(Clone)]
+pub struct PoolPath {
+    /// The path.
+    pub path: PathBuf,
+    /// Named by --pool or FEWERBYTES_POOL (not the built-in default).
+    pub explicit: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Serve(_));
+    init_logging(if serving { "info" } else { "warn" });
+    let pool = match cli.pool {
+        Some(path) => PoolPath {
+            path,
+            explicit: true,
+        },
+        None => PoolPath {
+            path: PathBuf::from(DEFAULT_POOL_PATH),
+            explicit: false,
+        },
+    };
+    match run(cli.command, &pool) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("fewerbytes: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
+    match command {
+        Command::Pool(command) => cmd_pool::run(command, &pool.path),
+        Command::Volume(command) => cmd_volume::run(command, &pool.path),
+        Command::Stats(args) => cmd_stats::stats(args, &pool.path),
+        Command::ListMetadata(args) => cmd_stats::list_metadata(args, &pool.path),
+        Command::Check => cmd_stats::check(&pool.path),
+        Command::Serve(args) => serve::run(args, pool),
+    }
+}
+
+/// Logs to stderr, filtered by FEWERBYTES_LOG (e.g. `debug`, `fewerbytes_nbd=trace`).
+fn init_logging(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FEWERBYTES_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,186 @@
+//! `pool create` and `pool info`: making a pool and showing what it can hold.
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use fewerbytes_engine::{CreateOptions, Mode, Pool, PoolInfo};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::control::{with_pool, Answer, Request};
+use crate::output::print_json;
+use crate::size::{format_size, parse_size_arg};
+
+/// `fewerbytes pool …`
+#[derive(Subcommand)]
+pub enum PoolCommand {
+    /// Format a file or block device as a new pool (PATH here, not --pool).
+    Create(CreateArgs),
+    /// Geometry, settings and what the pool can still address.
+    Info {
+        /// Print PoolInfo as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `pool create`.
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// The file or block device to format (a file is created, sparse, if missing).
+    path: PathBuf,
+    /// Size of the file to create or extend (512, 4K, 64M, 10G, 1T; binary units).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    size: Option<u64>,
+    /// A separate device for every metadata region; the pool device then holds only data.
+    #[arg(long, value_name = "PATH")]
+    metadata_device: Option<PathBuf>,
+    /// Size of the metadata file to create (default: sized to fit).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    metadata_size: Option<u64>,
+    /// Overwrite a device that already holds a pool or data in its first MiB.
+    #[arg(long)]
+    force: bool,
+    /// Let volume sizes add up to more than the pool can store (a reserve keeps trim and
+    /// delete working when it fills).
+    #[arg(long)]
+    overcommit: bool,
+    /// Memory for the dedup index; bounds how much distinct data it remembers
+    /// (default: enough for the whole pool).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    index_memory: Option<u64>,
+}
+
+/// Run a `pool` subcommand.
+pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
+    match command {
+        PoolCommand::Create(args) => create(args),
+        PoolCommand::Info { json } => info(pool_path, json),
+    }
+}
+
+fn create(args: CreateArgs) -> Result<ExitCode> {
+    if !args.path.exists() && args.size.is_none() {
+        bail!(
+            "{} does not exist; give --size to create it as a file (e.g. --size 16G)",
+            args.path.display()
+        );
+    }
+    let options = CreateOptions {
+        path: args.path.clone(),
+        size_bytes: args.size,
+        metadata_path: args.metadata_device.clone(),
+        metadata_size_bytes: args.metadata_size,
+        force: args.force,
+        overcommit: args.overcommit,
+        index_memory_bytes: args.index_memory,
+    };
+    let info = Pool::create(&options)
+        .with_context(|| format!("could not create a pool on {}", args.path.display()))?;
+    println!("{}", created_sentence(&info));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `pool create` prints, like lvcreate's "can address" line.
+pub fn created_sentence(info: &PoolInfo) -> String {
+    let devices = match &info.metadata_path {
+        None => format!(
+            "{} device, can address {} of volumes; metadata {}",
+            format_size(info.data_device_bytes),
+            format_size(info.addressable_bytes),
+            format_size(info.metadata_bytes)
+        ),
+        Some(metadata_path) => format!(
+            "{} data device, can address {} of volumes; metadata {} on {} ({} device)",
+            format_size(info.data_device_bytes),
+            format_size(info.addressable_bytes),
+            format_size(info.metadata_bytes),
+            metadata_path,
+            format_size(info.metadata_device_bytes)
+        ),
+    };
+    let overcommit = if info.overcommit {
+        format!(
+            "; overcommit allowed, {} reserved for trim and delete",
+            format_size(info.reserve_bytes)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "Pool {} created: {devices}; dedup window {} (index {} of memory){overcommit}.",
+        info.path,
+        format_size(info.dedup_window_bytes),
+        format_size(info.index_memory_bytes)
+    )
+}
+
+fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
+    let info = with_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
+        Answer::PoolInfo(info) => Ok(info),
+        other => bail!("unexpected answer to pool info: {other:?}"),
+    })?;
+    if json {
+        print_json(&info)?;
+    } else {
+        print_info(&info);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_info(info: &PoolInfo) {
+    let free_bytes = info.addressable_bytes.saturating_sub(info.allocated_bytes);
+    let lines: Vec<(&str, String)> = vec![
+        ("Pool", info.path.clone()),
+        ("Data device", format_size(info.data_device_bytes)),
+        (
+            "Metadata device",
+            match &info.metadata_path {
+                Some(path) => format!("{path} ({})", format_size(info.metadata_device_bytes)),
+                None => "the data device".to_string(),
+            },
+        ),
+        ("Data region", format_size(info.data_bytes)),
+        ("Metadata regions", format_size(info.metadata_bytes)),
+        ("Can address", format_size(info.addressable_bytes)),
+        ("Allocated to volumes", format_size(info.allocated_bytes)),
+        ("Still addressable", format_size(free_bytes)),
+        (
+            "Overcommit",
+            if info.overcommit {
+                format!("yes, reserve {}", format_size(info.reserve_bytes))
+            } else {
+                "no (thick on thick)".to_string()
+            },
+        ),
+        (
+            "Slabs",
+            format!(
+                "{} x {} blocks ({} objects each)",
+                info.slab_count, info.slab_blocks, info.objects_per_slab
+            ),
+        ),
+        ("Journal", format_size(info.journal_bytes)),
+        (
+            "Dedup window",
+            format!(
+                "{} ({} index entries, {} of memory)",
+                format_size(info.dedup_window_bytes),
+                info.index_entries,
+                format_size(info.index_memory_bytes)
+            ),
+        ),
+        ("Threads", info.threads.to_string()),
+        (
+            "Mode",
+            match info.mode {
+                Mode::Normal => "normal".to_string(),
+                Mode::ReadOnly => "read-only (reopen to clear)".to_string(),
+            },
+        ),
+        ("Format version", info.format_version.to_string()),
+    ];
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    for (key, value) in lines {
+        println!("{:<width$} {value}", format!("{key}:"));
+    }
+}

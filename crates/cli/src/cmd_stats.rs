@@ -1,0 +1,221 @@
+//! `stats`, `list-metadata` and `check`: what the pool holds, where its metadata
+//! lives, and whether its reference counts add up.
+
+use anyhow::{bail, Result};
+use fewerbytes_engine::{AuditReport, PoolStats, Region};
+use serde_json::Value;
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::control::{with_pool, Answer, Request};
+use crate::output::{percent_rounded_up, print_json, Align, Table};
+use crate::size::format_size;
+
+/// `stats`.
+#[derive(clap::Args)]
+pub struct StatsArgs {
+    /// Every counter: per volume, per device I/O, limits, metadata bytes by region.
+    #[arg(long, short)]
+    verbose: bool,
+    /// Print the statistics as JSON.
+    #[arg(long, conflicts_with = "verbose")]
+    json: bool,
+}
+
+/// `list-metadata`.
+#[derive(clap::Args)]
+pub struct ListMetadataArgs {
+    /// Print the regions as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Print the pool's statistics.
+pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
+    let stats = with_pool(pool_path, |pool| match pool.call(&Request::Stats)? {
+        Answer::Stats(stats) => Ok(stats),
+        other => bail!("unexpected answer to stats: {other:?}"),
+    })?;
+    if args.json {
+        print_json(&stats)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    summary_table(&stats).print();
+    if args.verbose {
+        println!();
+        for (key, value) in flatten(&serde_json::to_value(&*stats)?) {
+            println!("{key:<58} : {value}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The vdostats-like table: one row for the pool.
+pub fn summary_table(stats: &PoolStats) -> Table {
+    // As vdostats: the size is the whole pool, metadata included, so that
+    // Size = Used + Available and Use% says how close the pool is to full.
+    let size_bytes = stats.data_bytes + stats.metadata_bytes;
+    let used_bytes = stats.data_used_bytes + stats.metadata_bytes;
+    let saving = if stats.logical_used_bytes == 0 {
+        "N/A".to_string()
+    } else {
+        format!("{:.0}%", stats.saving_percent)
+    };
+    let mut table = Table::new(&[
+        ("Device", Align::Left),
+        ("Size", Align::Right),
+        ("Used", Align::Right),
+        ("Available", Align::Right),
+        ("Use%", Align::Right),
+        ("Space saving%", Align::Right),
+    ]);
+    table.row(vec![
+        stats.path.clone(),
+        format_size(size_bytes),
+        format_size(used_bytes),
+        format_size(stats.data_free_bytes),
+        format!("{}%", percent_rounded_up(used_bytes, size_bytes)),
+        saving,
+    ]);
+    table
+}
+
+/// Every leaf of the statistics as `path : value`, sorted by name within each level.
+/// Lists of `(name, value)` pairs become `list.name`, lists of objects with a `name`
+/// become `list[name].field`, and byte counts get a human-readable size beside them.
+pub fn flatten(value: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    flatten_into("", value, &mut out);
+    out
+}
+
+fn flatten_into(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
+    let join = |key: &str| {
+        if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        }
+    };
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                flatten_into(&join(key), child, out);
+            }
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                match item {
+                    Value::Array(pair) if pair.len() == 2 && pair[0].is_string() => {
+                        let name = pair[0].as_str().unwrap_or_default();
+                        flatten_into(&join(name), &pair[1], out);
+                    }
+                    Value::Object(map) if map.get("name").is_some_and(Value::is_string) => {
+                        let name = map["name"].as_str().unwrap_or_default();
+                        flatten_into(&format!("{prefix}[{name}]"), item, out);
+                    }
+                    other => flatten_into(&format!("{prefix}[{index}]"), other, out),
+                }
+            }
+        }
+        Value::Number(number) => {
+            let text = match (number.as_u64(), prefix.ends_with("bytes")) {
+                (Some(bytes), true) if bytes >= 1024 => format!("{bytes} ({})", format_size(bytes)),
+                (Some(n), _) => n.to_string(),
+                _ => match number.as_f64() {
+                    Some(f) => format!("{f:.2}"),
+                    None => number.to_string(),
+                },
+            };
+            out.push((prefix.to_string(), text));
+        }
+        Value::String(text) => out.push((prefix.to_string(), text.clone())),
+        Value::Bool(flag) => out.push((prefix.to_string(), flag.to_string())),
+        Value::Null => out.push((prefix.to_string(), "-".to_string())),
+    }
+}
+
+/// Print every metadata region.
+pub fn list_metadata(args: ListMetadataArgs, pool_path: &Path) -> Result<ExitCode> {
+    let regions = with_pool(pool_path, |pool| match pool.call(&Request::Regions)? {
+        Answer::Regions(regions) => Ok(regions),
+        other => bail!("unexpected answer to list-metadata: {other:?}"),
+    })?;
+    if args.json {
+        print_json(&regions)?;
+    } else {
+        region_table(&regions).print();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `list-metadata` table; block ranges are inclusive, in 4 KiB blocks.
+pub fn region_table(regions: &[Region]) -> Table {
+    let mut table = Table::new(&[
+        ("Region", Align::Left),
+        ("Device", Align::Left),
+        ("Path", Align::Left),
+        ("Blocks", Align::Right),
+        ("Size", Align::Right),
+    ]);
+    for region in regions {
+        let range = match region.blocks {
+            0 => "-".to_string(),
+            n => format!("{}-{}", region.start_block, region.start_block + n - 1),
+        };
+        table.row(vec![
+            region.name.clone(),
+            region.device.clone(),
+            region.path.clone(),
+            range,
+            format_size(region.bytes),
+        ]);
+    }
+    table
+}
+
+/// Audit the pool; exit 1 on any problem.
+pub fn check(pool_path: &Path) -> Result<ExitCode> {
+    let report: AuditReport = with_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
+        Answer::Audit(report) => Ok(report),
+        other => bail!("unexpected answer to check: {other:?}"),
+    })?;
+    println!(
+        "Checked {} stored objects and {} map entries.",
+        report.objects_checked, report.map_entries_checked
+    );
+    if report.problems.is_empty() {
+        println!("No problems found.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for problem in &report.problems {
+        println!("problem: {problem}");
+    }
+    eprintln!(
+        "fewerbytes: error: the audit found {} problem(s) in pool {}",
+        report.problems.len(),
+        pool_path.display()
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flatten_names_pairs_and_volumes() {
+        let value = serde_json::json!({
+            "data_used_bytes": 8192,
+            "limits": [["journal_entries_max", 4096]],
+            "volumes": [{"name": "vm1", "size_bytes": 4096}],
+            "saving_percent": 87.5,
+        });
+        let lines = flatten(&value);
+        assert!(lines.contains(&("data_used_bytes".into(), "8192 (8.00 KiB)".into())));
+        assert!(lines.contains(&("limits.journal_entries_max".into(), "4096".into())));
+        assert!(lines.contains(&("volumes[vm1].name".into(), "vm1".into())));
+        assert!(lines.contains(&("volumes[vm1].size_bytes".into(), "4096 (4.00 KiB)".into())));
+        assert!(lines.contains(&("saving_percent".into(), "87.50".into())));
+    }
+}

@@ -1,0 +1,538 @@
+//! The control socket: how commands reach a pool that `serve` holds.
+//!
+//! A pool is opened by one process at a time. While `fewerbytes serve` holds it, the
+//! server also listens on `<pool>.ctl` (a unix socket, mode 0600, peers must share its
+//! user id). Every management command first tries that socket: if a server answers,
+//! the request goes there as one JSON line and the reply comes back as one JSON line
+//! (`{"ok":true,"value":…}` or `{"ok":false,"error":"…"}`); if not, the command opens
+//! the pool itself. Both paths run the same [`execute`], so the output is the same.
+
+use anyhow::{anyhow, bail, Context, Result};
+use fewerbytes_engine::{
+    AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Region, VolumeInfo,
+};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Longest request line a server reads; requests are a name and a few numbers.
+const REQUEST_BYTES_MAX: u64 = 64 * 1024;
+/// Control connections served at once; more are refused. Management is interactive
+/// and rare, so a handful is plenty, and a limit keeps a misbehaving script from
+/// piling up threads.
+const CONTROL_CONNECTIONS_MAX: usize = 16;
+/// How long a server waits for a client's request line before giving up on it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the accept loop looks at its stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
+
+/// One management request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// `pool info`.
+    PoolInfo,
+    /// `volume list`.
+    ListVolumes,
+    /// `volume create`.
+    CreateVolume { name: String, size_bytes: u64 },
+    /// `volume resize`.
+    ResizeVolume {
+        name: String,
+        size_bytes: u64,
+        allow_shrink: bool,
+    },
+    /// `volume clone`.
+    CloneVolume { src: String, dst: String },
+    /// `volume delete`.
+    DeleteVolume { name: String, force: bool },
+    /// `stats`.
+    Stats,
+    /// `list-metadata`.
+    Regions,
+    /// `check`.
+    Audit,
+    /// Where the server serves NBD (answered by a server only, never locally).
+    Endpoints,
+}
+
+/// What a request returns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "kebab-case")]
+pub enum Answer {
+    /// Pool geometry and settings.
+    PoolInfo(PoolInfo),
+    /// Every volume.
+    Volumes(Vec<VolumeInfo>),
+    /// The volume just created, resized or cloned.
+    Volume(VolumeInfo),
+    /// Done, nothing to report (delete).
+    Done,
+    /// Statistics.
+    Stats(Box<PoolStats>),
+    /// Metadata regions.
+    Regions(Vec<Region>),
+    /// Audit result.
+    Audit(AuditReport),
+    /// Where the server serves NBD.
+    Endpoints(Endpoints),
+}
+
+/// Where a server listens for NBD clients.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Endpoints {
+    /// The unix socket, if any.
+    pub unix_socket: Option<PathBuf>,
+    /// The TCP address, if any.
+    pub tcp: Option<String>,
+}
+
+impl Endpoints {
+    /// The best URI for one export: the unix socket if there is one, else TCP.
+    pub fn uri(&self, export: &str) -> Option<String> {
+        match (&self.unix_socket, &self.tcp) {
+            (Some(socket), _) => Some(format!("nbd+unix:///{export}?socket={}", socket.display())),
+            (None, Some(addr)) => Some(format!("nbd://{addr}/{export}")),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The reply line.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// The answer, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Answer>,
+    /// One sentence, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Run a request on an open pool: the one place both paths go through.
+pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, EngineError> {
+    Ok(match request {
+        Request::PoolInfo => Answer::PoolInfo(pool.info()),
+        Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
+        Request::CreateVolume { name, size_bytes } => {
+            Answer::Volume(pool.create_volume(name, *size_bytes)?)
+        }
+        Request::ResizeVolume {
+            name,
+            size_bytes,
+            allow_shrink,
+        } => Answer::Volume(pool.resize_volume(name, *size_bytes, *allow_shrink)?),
+        Request::CloneVolume { src, dst } => Answer::Volume(pool.clone_volume(src, dst)?),
+        Request::DeleteVolume { name, force } => {
+            pool.delete_volume(name, *force)?;
+            Answer::Done
+        }
+        Request::Stats => Answer::Stats(Box::new(pool.stats())),
+        Request::Regions => Answer::Regions(pool.regions()),
+        Request::Audit => Answer::Audit(pool.audit()),
+        Request::Endpoints => {
+            return Err(EngineError::Refused(
+                "the pool is not being served, so it has no NBD endpoints".into(),
+            ))
+        }
+    })
+}
+
+/// `<pool>.ctl`, beside the pool.
+pub fn control_path(pool_path: &Path) -> PathBuf {
+    with_suffix(pool_path, ".ctl")
+}
+
+/// `path` with `suffix` appended to its last component (`a/b.pool` → `a/b.pool.ctl`).
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// A server found on the control socket.
+pub struct ControlClient {
+    path: PathBuf,
+}
+
+impl ControlClient {
+    /// Connect to `<pool>.ctl` if a server is there. A socket file that nobody answers
+    /// on is stale (a server that was killed): it is removed.
+    pub fn probe(pool_path: &Path) -> Result<Option<ControlClient>> {
+        let path = control_path(pool_path);
+        match UnixStream::connect(&path) {
+            Ok(_) => Ok(Some(ControlClient { path })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::info!("removing stale control socket {}", path.display());
+                remove_stale_socket(&path)?;
+                Ok(None)
+            }
+            Err(e) => Err(e)
+                .with_context(|| format!("could not reach the control socket {}", path.display())),
+        }
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Send one request and wait for its reply.
+    pub fn call(&self, request: &Request) -> Result<Answer> {
+        let mut stream = UnixStream::connect(&self.path)
+            .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
+        let mut line = serde_json::to_string(request)?;
+        line.push('\n');
+        stream
+            .write_all(line.as_bytes())
+            .context("could not send the request to the server")?;
+        let mut reader = BufReader::new(stream);
+        let mut reply_line = String::new();
+        reader
+            .read_line(&mut reply_line)
+            .context("could not read the server's reply")?;
+        if reply_line.is_empty() {
+            bail!(
+                "the server on {} closed the connection without answering",
+                self.path.display()
+            );
+        }
+        let reply: Reply = serde_json::from_str(&reply_line)
+            .context("the server's reply is not what this version of fewerbytes expects")?;
+        match (reply.ok, reply.value, reply.error) {
+            (true, Some(answer), _) => Ok(answer),
+            (false, _, Some(error)) => Err(anyhow!(error)),
+            _ => bail!("the server's reply has neither a value nor an error"),
+        }
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => {
+            Err(e).with_context(|| format!("could not remove stale socket {}", path.display()))
+        }
+    }
+}
+
+/// Either a server's control socket or a pool this process opened: what management
+/// commands talk to.
+pub enum PoolHandle {
+    /// A server holds the pool.
+    Served(ControlClient),
+    /// This process opened it; closed by [`with_pool`].
+    Local(Arc<Pool>),
+}
+
+impl PoolHandle {
+    /// Run one request.
+    pub fn call(&self, request: &Request) -> Result<Answer> {
+        match self {
+            PoolHandle::Served(client) => client.call(request),
+            PoolHandle::Local(pool) => Ok(execute(pool, request)?),
+        }
+    }
+}
+
+/// Reach the pool at `pool_path` (through its server if one runs, else by opening it),
+/// run `body`, and close the pool if this process opened it.
+pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T>) -> Result<T> {
+    if let Some(client) = ControlClient::probe(pool_path)? {
+        tracing::debug!("using the server on {}", client.path().display());
+        return body(&PoolHandle::Served(client));
+    }
+    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        body(&PoolHandle::Local(Arc::clone(pool)))
+    })
+}
+
+/// Open the pool in this process, run `body`, close the pool (final checkpoint) even
+/// when `body` failed; the first error wins.
+pub fn with_local_pool<T>(
+    pool_path: &Path,
+    options: &OpenOptions,
+    body: impl FnOnce(&Arc<Pool>) -> Result<T>,
+) -> Result<T> {
+    let pool = open_pool(pool_path, options)?;
+    let result = body(&pool);
+    let closed = pool
+        .close()
+        .with_context(|| format!("could not close pool {}", pool_path.display()));
+    match (result, closed) {
+        (Ok(value), Ok(())) => Ok(value),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+    }
+}
+
+/// Open a pool in this process, with a sentence that says which pool when it fails.
+pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
+    if !pool_path.exists() {
+        bail!(
+            "there is no pool at {} (create one with `fewerbytes pool create {} --size 16G`, \
+             or name another with --pool or FEWERBYTES_POOL)",
+            pool_path.display(),
+            pool_path.display()
+        );
+    }
+    Pool::open(pool_path, options)
+        .with_context(|| format!("could not open pool {}", pool_path.display()))
+}
+
+/// The server side: accepts control connections until stopped.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listen on `<pool>.ctl` and serve requests against `pool`.
+    pub fn start(pool_path: &Path, pool: Arc<Pool>, endpoints: Endpoints) -> Result<ControlServer> {
+        let path = control_path(pool_path);
+        if ControlClient::probe(pool_path)?.is_some() {
+            bail!(
+                "another server already answers on {}; stop it first",
+                path.display()
+            );
+        }
+        let listener = UnixListener::bind(&path)
+            .with_context(|| format!("could not listen on {}", path.display()))?;
+        // Root-only (or owner-only): the socket can delete volumes. The window between
+        // bind and chmod is closed by the peer-uid check in `serve_connection`.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("could not restrict {} to its owner", path.display()))?;
+        listener
+            .set_nonblocking(true)
+            .context("could not make the control socket non-blocking")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("control".into())
+                .spawn(move || accept_loop(listener, pool, endpoints, stop))
+                .context("could not start the control thread")?
+        };
+        Ok(ControlServer {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stop accepting, wait for the accept loop, remove the socket.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    pool: Arc<Pool>,
+    endpoints: Endpoints,
+    stop: Arc<AtomicBool>,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
+        };
+        if active.load(Ordering::SeqCst) >= CONTROL_CONNECTIONS_MAX {
+            let _ = refuse(
+                stream,
+                &format!("the server is busy ({CONTROL_CONNECTIONS_MAX} control requests at once); try again"),
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::SeqCst);
+        let pool = Arc::clone(&pool);
+        let endpoints = endpoints.clone();
+        let active_for_thread = Arc::clone(&active);
+        let spawned = std::thread::Builder::new()
+            .name("control-request".into())
+            .spawn(move || {
+                if let Err(e) = serve_connection(stream, &pool, &endpoints) {
+                    tracing::warn!("control request failed: {e:#}");
+                }
+                active_for_thread.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("could not start a control request thread: {e}");
+        }
+    }
+}
+
+fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
+    let reply = Reply {
+        ok: false,
+        value: None,
+        error: Some(error.to_string()),
+    };
+    let mut line = serde_json::to_string(&reply)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+fn serve_connection(stream: UnixStream, pool: &Pool, endpoints: &Endpoints) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    if let Some(uid) = peer_uid(&stream) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let own_uid = unsafe { libc::geteuid() };
+        if uid != own_uid && uid != 0 {
+            return refuse(
+                stream,
+                "permission denied: only the server's user may manage the pool",
+            );
+        }
+    }
+    let mut line = String::new();
+    BufReader::new((&stream).take(REQUEST_BYTES_MAX)).read_line(&mut line)?;
+    if line.trim().is_empty() {
+        // A probe (connect and close) or a client that gave up: nothing to answer.
+        return Ok(());
+    }
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Reply {
+            ok: false,
+            value: None,
+            error: Some(format!("the server could not understand the request: {e}")),
+        },
+        Ok(request) => {
+            tracing::info!("control request: {request:?}");
+            let answer = match request {
+                Request::Endpoints => Ok(Answer::Endpoints(endpoints.clone())),
+                other => execute(pool, &other),
+            };
+            match answer {
+                Ok(answer) => Reply {
+                    ok: true,
+                    value: Some(answer),
+                    error: None,
+                },
+                Err(e) => Reply {
+                    ok: false,
+                    value: None,
+                    error: Some(format!("{e}")),
+                },
+            }
+        }
+    };
+    let mut out = serde_json::to_string(&reply)?;
+    out.push('\n');
+    (&stream).write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// The user id of the process at the other end, from SO_PEERCRED.
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the fd is
+    // a live unix socket owned by `stream` for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_one_json_object_each() {
+        let line = serde_json::to_string(&Request::CreateVolume {
+            name: "vm1".into(),
+            size_bytes: 4096,
+        })
+        .unwrap();
+        assert_eq!(
+            line,
+            r#"{"op":"create-volume","name":"vm1","size_bytes":4096}"#
+        );
+        let back: Request = serde_json::from_str(&line).unwrap();
+        assert!(matches!(
+            back,
+            Request::CreateVolume {
+                size_bytes: 4096,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn error_replies_carry_one_sentence() {
+        let reply = Reply {
+            ok: false,
+            value: None,
+            error: Some("no volume named 'x' in this pool".into()),
+        };
+        let line = serde_json::to_string(&reply).unwrap();
+        assert_eq!(
+            line,
+            r#"{"ok":false,"error":"no volume named 'x' in this pool"}"#
+        );
+    }
+
+    #[test]
+    fn control_path_is_beside_the_pool() {
+        assert_eq!(
+            control_path(Path::new("/var/lib/vm.pool")),
+            PathBuf::from("/var/lib/vm.pool.ctl")
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! `serve`: every volume of a pool over NBD, plus the control socket that lets the
+//! other commands manage the pool while this process holds it.
+//!
+//! With no pool at the default path, a default one is made first (a sparse 16 GiB
+//! file with one volume, `disk0`), so one command gives a newcomer a served disk.
+//! SIGINT or SIGTERM stops accepting, closes connections, takes the final checkpoint
+//! and removes the sockets.
+
+use anyhow::{bail, Context, Result};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::control::{open_pool, with_suffix, ControlServer, Endpoints};
+use crate::nbd::{pool_exports, Server, ServerConfig};
+use crate::size::{format_size, round_down};
+use crate::PoolPath;
+
+/// Size of the pool file made when `serve` finds none at the default path: sparse, so
+/// it costs only what is written, and large enough for a real VM disk.
+const DEFAULT_POOL_BYTES: u64 = 16 << 30;
+/// The volume made in a default pool.
+const DEFAULT_VOLUME: &str = "disk0";
+/// Volume sizes of a default pool are whole MiB, which every client accepts.
+const DEFAULT_VOLUME_ALIGN_BYTES: u64 = 1 << 20;
+/// Where NBD clients connect unless told otherwise: loopback only; the standard port.
+const DEFAULT_TCP_ADDR: &str = "127.0.0.1:10809";
+
+/// `serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Unix socket to serve on [default: <pool>.sock beside the pool].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// TCP address to serve on; anything but loopback must be asked for here.
+    #[arg(long, value_name = "ADDR:PORT", default_value = DEFAULT_TCP_ADDR, conflicts_with = "no_tcp")]
+    listen: String,
+    /// Serve on the unix socket only.
+    #[arg(long)]
+    no_tcp: bool,
+    /// The volume the empty export name ("") opens [default: the only volume].
+    #[arg(long, value_name = "NAME")]
+    default_volume: Option<String>,
+    /// Refuse writes (clients get EPERM).
+    #[arg(long)]
+    read_only: bool,
+    /// Worker threads for hashing and compression [default: one per CPU].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+}
+
+/// Run the server until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
+    let path = &pool_path.path;
+    if !path.exists() && !pool_path.explicit {
+        create_default_pool(path)?;
+    }
+    let stop = signals::install().context("could not install the SIGINT/SIGTERM handlers")?;
+    let pool = open_pool(
+        path,
+        &OpenOptions {
+            threads: args.threads,
+        },
+    )?;
+    let served = start(&args, path, &pool);
+    let (server, control, socket) = match served {
+        Ok(parts) => parts,
+        Err(e) => {
+            if let Err(close_error) = pool.close() {
+                tracing::warn!("closing the pool after a failed start: {close_error:#}");
+            }
+            return Err(e);
+        }
+    };
+    stop.wait();
+    println!("Stopping: closing connections and taking the final checkpoint.");
+    control.stop();
+    server.shutdown();
+    drop(server);
+    let closed = pool
+        .close()
+        .with_context(|| format!("could not close pool {}", path.display()));
+    if let Some(socket) = socket {
+        let _ = std::fs::remove_file(socket);
+    }
+    closed?;
+    println!("Pool {} closed cleanly.", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Listen on every endpoint and print how to connect.
+fn start(
+    args: &ServeArgs,
+    pool_path: &Path,
+    pool: &Arc<Pool>,
+) -> Result<(Arc<Server>, ControlServer, Option<PathBuf>)> {
+    if let Some(name) = &args.default_volume {
+        if !pool.list_volumes().iter().any(|v| &v.name == name) {
+            bail!("--default-volume names '{name}', which is not a volume of this pool");
+        }
+    }
+    let config = ServerConfig {
+        read_only: args.read_only,
+        default_export: args.default_volume.clone(),
+        ..ServerConfig::default()
+    };
+    let exports = pool_exports(Arc::clone(pool), args.default_volume.clone());
+    let server = Server::new(config, exports);
+
+    let socket = std::path::absolute(
+        args.socket
+            .clone()
+            .unwrap_or_else(|| with_suffix(pool_path, ".sock")),
+    )
+    .context("could not resolve the socket path")?;
+    clear_stale_socket(&socket)?;
+    server
+        .listen_unix(&socket)
+        .with_context(|| format!("could not listen on {}", socket.display()))?;
+    let tcp = if args.no_tcp {
+        None
+    } else {
+        let addr = server
+            .listen_tcp(&args.listen)
+            .with_context(|| format!("could not listen on {}", args.listen))?;
+        Some(addr.to_string())
+    };
+    let endpoints = Endpoints {
+        unix_socket: Some(socket.clone()),
+        tcp: tcp.clone(),
+    };
+    let control = ControlServer::start(pool_path, Arc::clone(pool), endpoints)?;
+    print_banner(
+        pool_path,
+        pool,
+        args,
+        &socket,
+        tcp.as_deref(),
+        control.path(),
+    );
+    Ok((server, control, Some(socket)))
+}
+
+fn print_banner(
+    pool_path: &Path,
+    pool: &Pool,
+    args: &ServeArgs,
+    socket: &Path,
+    tcp: Option<&str>,
+    control: &Path,
+) {
+    let volumes = pool.list_volumes();
+    let mode = if args.read_only { " (read-only)" } else { "" };
+    println!("Serving pool {}{mode} over NBD:", pool_path.display());
+    println!("  unix socket {}", socket.display());
+    if let Some(addr) = tcp {
+        println!("  tcp {addr}");
+    }
+    println!(
+        "  control socket {} (fewerbytes volume/stats commands go through it)",
+        control.display()
+    );
+    if volumes.is_empty() {
+        println!("No volumes yet: `fewerbytes --pool {} volume create NAME --size 10G` adds one while this runs.", pool_path.display());
+    }
+    for volume in &volumes {
+        println!(
+            "Volume '{}' ({}):",
+            volume.name,
+            format_size(volume.size_bytes)
+        );
+        println!("  nbd+unix:///{}?socket={}", volume.name, socket.display());
+        if let Some(addr) = tcp {
+            println!("  nbd://{addr}/{}", volume.name);
+        }
+    }
+    let default = args
+        .default_volume
+        .clone()
+        .or_else(|| (volumes.len() == 1).then(|| volumes[0].name.clone()));
+    if let Some(name) = &default {
+        println!("The empty export name (\"\") opens '{name}'.");
+        let example = match tcp {
+            Some(addr) => format!("nbd://{addr}/{name}"),
+            None => format!("'nbd+unix:///{name}?socket={}'", socket.display()),
+        };
+        println!("Try: qemu-img info {example}");
+    }
+    println!("Stop with Ctrl-C (or SIGTERM): it flushes and closes the pool.");
+}
+
+/// Create the default pool and its one volume, sized to what the pool can address.
+fn create_default_pool(path: &Path) -> Result<()> {
+    let info = Pool::create(&CreateOptions {
+        path: path.to_path_buf(),
+        size_bytes: Some(DEFAULT_POOL_BYTES),
+        ..CreateOptions::default()
+    })
+    .with_context(|| format!("could not create the default pool {}", path.display()))?;
+    println!("No pool at {}: created one.", path.display());
+    println!("{}", crate::cmd_pool::created_sentence(&info));
+    let volume_bytes = round_down(info.addressable_bytes, DEFAULT_VOLUME_ALIGN_BYTES);
+    let pool = open_pool(path, &OpenOptions::default())?;
+    let created = pool.create_volume(DEFAULT_VOLUME, volume_bytes);
+    let closed = pool.close();
+    let volume = created.with_context(|| format!("could not create volume '{DEFAULT_VOLUME}'"))?;
+    closed.with_context(|| format!("could not close pool {}", path.display()))?;
+    println!(
+        "Volume '{}' created: {}.",
+        volume.name,
+        format_size(volume.size_bytes)
+    );
+    Ok(())
+}
+
+/// Remove a socket file nobody listens on; refuse one a live server answers on.
+fn clear_stale_socket(path: &Path) -> Result<()> {
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("could not inspect {}", path.display())),
+    };
+    if !metadata.file_type().is_socket() {
+        bail!(
+            "{} exists and is not a socket; choose another --socket",
+            path.display()
+        );
+    }
+    if UnixStream::connect(path).is_ok() {
+        bail!(
+            "another server already listens on {}; stop it or choose another --socket",
+            path.display()
+        );
+    }
+    std::fs::remove_file(path)
+        .with_context(|| format!("could not remove stale socket {}", path.display()))
+}
+
+/// SIGINT and SIGTERM, turned into a byte on a pipe the main thread waits on.
+mod signals {
+    use std::io;
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// The pipe's write end, for the handler (which may touch nothing but atomics
+    /// and async-signal-safe calls).
+    static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+    /// The read end of the self-pipe.
+    pub struct Stop {
+        read_fd: i32,
+    }
+
+    extern "C" fn on_signal(_signal: libc::c_int) {
+        let fd = WAKE_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            let byte = 1u8;
+            // SAFETY: write(2) is async-signal-safe; the buffer is one valid byte. A
+            // full pipe (signals faster than the reader) loses nothing that matters.
+            unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
+        }
+    }
+
+    /// Install the handlers.
+    pub fn install() -> io::Result<Stop> {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        WAKE_FD.store(fds[1], Ordering::SeqCst);
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: a zeroed sigaction is a valid starting point; the handler is an
+            // `extern "C" fn(c_int)` as sa_sigaction expects without SA_SIGINFO.
+            let rc = unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut())
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(Stop { read_fd: fds[0] })
+    }
+
+    impl Stop {
+        /// Block until SIGINT or SIGTERM arrives.
+        pub fn wait(&self) {
+            let mut byte = 0u8;
+            loop {
+                // SAFETY: reading one byte into a valid one-byte buffer from our own fd.
+                let n = unsafe { libc::read(self.read_fd, (&mut byte as *mut u8).cast(), 1) };
+                if n == 1 {
+                    return;
+                }
+                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // EOF or an error on our own pipe cannot happen while WAKE_FD is open;
+                // treat it as a stop rather than spin.
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! `volume import` and `volume export`: raw images in and out of a volume.
+//!
+//! Both split the image into 1 MiB chunks taken in turn by a few threads, so hashing
+//! and compression (done by the engine on the writer's thread and its workers) keep
+//! more than one core busy. Export is sparse: ranges the volume holds as holes
+//! (`Volume::extents`) are skipped, and the file is sized to the volume at the end.
+//! While a server holds the pool, both are refused in favour of NBD.
+
+use self::first_error::FirstError;
+use anyhow::{anyhow, bail, Context, Result};
+use fewerbytes_engine::{OpenOptions, Volume, BLOCK_BYTES};
+use std::fs::{File, OpenOptions as FileOpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::control::{with_local_pool, Answer, ControlClient, Request};
+use crate::output::Progress;
+use crate::size::{format_size, round_up};
+
+/// Threads moving chunks at once. Four keeps two cores busy while one thread waits
+/// on a read or a journal commit; more only adds memory (one chunk buffer each).
+const TRANSFER_THREADS: usize = 4;
+/// Bytes per chunk: large enough that per-request overhead vanishes, small enough
+/// that four buffers are nothing next to the engine's caches.
+const CHUNK_BYTES: u64 = 1 << 20;
+/// Volumes are addressed in 512-byte sectors; a partial last sector is zero-padded.
+const SECTOR_BYTES: u64 = 512;
+
+/// Which way bytes go, for the refusal sentence.
+#[derive(Clone, Copy)]
+enum Direction {
+    Import,
+    Export,
+}
+
+/// Import `file` into volume `name`, creating the volume if it does not exist.
+pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+    refuse_if_served(pool_path, name, file, Direction::Import)?;
+    let source = File::open(file).with_context(|| format!("could not open {}", file.display()))?;
+    let image_bytes =
+        device_len(&source).with_context(|| format!("could not size {}", file.display()))?;
+    if image_bytes == 0 {
+        bail!("{} is empty: there is nothing to import", file.display());
+    }
+    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        match pool.list_volumes().into_iter().find(|v| v.name == name) {
+            None => {
+                let size_bytes = round_up(image_bytes, BLOCK_BYTES as u64);
+                pool.create_volume(name, size_bytes)
+                    .with_context(|| format!("could not create volume '{name}' for the image"))?;
+                println!("Volume '{name}' created: {}.", format_size(size_bytes));
+            }
+            Some(volume) if volume.size_bytes < image_bytes => bail!(
+                "volume '{name}' ({} bytes) is smaller than {} ({} bytes); \
+                 resize it first with `fewerbytes volume resize {name} --size {}`",
+                volume.size_bytes,
+                file.display(),
+                image_bytes,
+                round_up(image_bytes, BLOCK_BYTES as u64)
+            ),
+            Some(_) => {}
+        }
+        let progress = Progress::new(image_bytes, &format!("import {name}"));
+        {
+            // The handle counts as a user of the volume: it lives only while writing.
+            let volume = pool.open_volume(name)?;
+            let next_chunk = AtomicU64::new(0);
+            let first_error = FirstError::default();
+            std::thread::scope(|scope| {
+                for _ in 0..TRANSFER_THREADS {
+                    scope.spawn(|| {
+                        let result = import_chunks(
+                            &source,
+                            &volume,
+                            image_bytes,
+                            &next_chunk,
+                            &first_error,
+                            &progress,
+                        );
+                        first_error.record(result);
+                    });
+                }
+            });
+            first_error.into_result()?;
+        }
+        pool.flush()
+            .context("could not flush the pool after the import")?;
+        progress.finish(
+            &format!("Imported {} into volume '{name}'", file.display()),
+            image_bytes,
+        );
+        Ok(())
+    })
+}
+
+fn import_chunks(
+    source: &File,
+    volume: &Volume,
+    image_bytes: u64,
+    next_chunk: &AtomicU64,
+    first_error: &FirstError,
+    progress: &Progress,
+) -> Result<()> {
+    let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+    while !first_error.is_set() {
+        let offset = next_chunk.fetch_add(1, Ordering::SeqCst) * CHUNK_BYTES;
+        if offset >= image_bytes {
+            return Ok(());
+        }
+        let len = CHUNK_BYTES.min(image_bytes - offset);
+        let padded = round_up(len, SECTOR_BYTES) as usize;
+        let chunk = &mut buffer[..padded];
+        source
+            .read_exact_at(&mut chunk[..len as usize], offset)
+            .with_context(|| format!("could not read the image at offset {offset}"))?;
+        chunk[len as usize..].fill(0);
+        volume.write(offset, chunk, false).with_context(|| {
+            format!(
+                "could not write volume '{}' at offset {offset}",
+                volume.name()
+            )
+        })?;
+        progress.advance(len);
+    }
+    Ok(())
+}
+
+/// Export volume `name` to `file` (replaced if it exists).
+pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+    refuse_if_served(pool_path, name, file, Direction::Export)?;
+    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        let volume = pool.open_volume(name)?;
+        let volume_bytes = volume.size_bytes();
+        let target = FileOpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(file)
+            .with_context(|| format!("could not open {} for writing", file.display()))?;
+        // A regular file can have holes: empty it, write only data, size it at the end.
+        // A block device cannot: its holes are written as zeros.
+        let sparse = target.metadata()?.file_type().is_file();
+        if sparse {
+            target
+                .set_len(0)
+                .with_context(|| format!("could not truncate {}", file.display()))?;
+        } else {
+            let device_bytes = device_len(&target)?;
+            if device_bytes < volume_bytes {
+                bail!(
+                    "{} ({device_bytes} bytes) is smaller than volume '{name}' ({volume_bytes} bytes)",
+                    file.display()
+                );
+            }
+        }
+        let progress = Progress::new(volume_bytes, &format!("export {name}"));
+        let next_chunk = AtomicU64::new(0);
+        let first_error = FirstError::default();
+        let stored = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..TRANSFER_THREADS {
+                scope.spawn(|| {
+                    let result = export_chunks(
+                        &volume,
+                        &target,
+                        volume_bytes,
+                        sparse,
+                        &next_chunk,
+                        &first_error,
+                        &progress,
+                        &stored,
+                    );
+                    first_error.record(result);
+                });
+            }
+        });
+        first_error.into_result()?;
+        if sparse {
+            target
+                .set_len(volume_bytes)
+                .with_context(|| format!("could not size {} to the volume", file.display()))?;
+        }
+        target
+            .sync_all()
+            .with_context(|| format!("could not sync {}", file.display()))?;
+        progress.finish(
+            &format!(
+                "Exported volume '{name}' to {} ({} of data, the rest holes)",
+                file.display(),
+                format_size(stored.load(Ordering::SeqCst))
+            ),
+            volume_bytes,
+        );
+        Ok(())
+    })
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one worker's shared state, passed by reference"
+)]
+fn export_chunks(
+    volume: &Volume,
+    target: &File,
+    volume_bytes: u64,
+    sparse: bool,
+    next_chunk: &AtomicU64,
+    first_error: &FirstError,
+    progress: &Progress,
+    stored: &AtomicU64,
+) -> Result<()> {
+    let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+    while !first_error.is_set() {
+        let chunk_offset = next_chunk.fetch_add(1, Ordering::SeqCst) * CHUNK_BYTES;
+        if chunk_offset >= volume_bytes {
+            return Ok(());
+        }
+        let chunk_len = CHUNK_BYTES.min(volume_bytes - chunk_offset);
+        let extents = volume.extents(chunk_offset, chunk_len).with_context(|| {
+            format!(
+                "could not map volume '{}' at offset {chunk_offset}",
+                volume.name()
+            )
+        })?;
+        let mut offset = chunk_offset;
+        let chunk_end = chunk_offset + chunk_len;
+        for extent in extents {
+            let len = extent.len_bytes.min(chunk_end - offset);
+            if extent.data {
+                copy_range(volume, target, offset, len, &mut buffer, chunk_offset)?;
+                stored.fetch_add(len, Ordering::SeqCst);
+            } else if !sparse {
+                let zeros = &mut buffer[..len as usize];
+                zeros.fill(0);
+                target.write_all_at(zeros, offset)?;
+            }
+            offset += len;
+            if offset >= chunk_end {
+                break;
+            }
+        }
+        if offset < chunk_end {
+            // The extents fell short of the range asked for: copy the rest as data
+            // rather than guess it is a hole.
+            copy_range(
+                volume,
+                target,
+                offset,
+                chunk_end - offset,
+                &mut buffer,
+                chunk_offset,
+            )?;
+        }
+        progress.advance(chunk_len);
+    }
+    Ok(())
+}
+
+/// Copy `[offset, offset + len)` of the volume to the same place in `target`, through
+/// `buffer` (one chunk, which the range lies within, starting at `chunk_offset`).
+fn copy_range(
+    volume: &Volume,
+    target: &File,
+    offset: u64,
+    len: u64,
+    buffer: &mut [u8],
+    chunk_offset: u64,
+) -> Result<()> {
+    let start = (offset - chunk_offset) as usize;
+    let slice = &mut buffer[start..start + len as usize];
+    volume.read(offset, slice).with_context(|| {
+        format!(
+            "could not read volume '{}' at offset {offset}",
+            volume.name()
+        )
+    })?;
+    target
+        .write_all_at(slice, offset)
+        .with_context(|| format!("could not write the image at offset {offset}"))?;
+    Ok(())
+}
+
+/// Bytes in a file or block device (a block device's metadata length is 0).
+fn device_len(file: &File) -> Result<u64> {
+    let metadata = file.metadata()?;
+    if metadata.file_type().is_file() {
+        return Ok(metadata.len());
+    }
+    let mut handle = file.try_clone()?;
+    Ok(handle.seek(SeekFrom::End(0))?)
+}
+
+fn refuse_if_served(pool_path: &Path, name: &str, file: &Path, direction: Direction) -> Result<()> {
+    let Some(client) = ControlClient::probe(pool_path)? else {
+        return Ok(());
+    };
+    let uri = match client.call(&Request::Endpoints) {
+        Ok(Answer::Endpoints(endpoints)) => endpoints.uri(name),
+        _ => None,
+    }
+    .unwrap_or_else(|| format!("nbd://127.0.0.1:10809/{name}"));
+    let (verb, command) = match direction {
+        Direction::Import => (
+            "import into",
+            format!(
+                "create the volume, then `qemu-img convert -n -O raw {} '{uri}'`",
+                file.display()
+            ),
+        ),
+        Direction::Export => (
+            "export from",
+            format!("`qemu-img convert -O raw '{uri}' {}`", file.display()),
+        ),
+    };
+    Err(anyhow!(
+        "pool {} is being served (control socket {}), so this command cannot {verb} it; \
+         use NBD instead: {command}",
+        pool_path.display(),
+        client.path().display()
+    ))
+}
+
+/// The first error any worker hit; the others stop at their next chunk.
+mod first_error {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// Shared between transfer workers.
+    #[derive(Default)]
+    pub struct FirstError {
+        set: AtomicBool,
+        error: Mutex<Option<anyhow::Error>>,
+    }
+
+    impl FirstError {
+        /// Whether some worker failed.
+        pub fn is_set(&self) -> bool {
+            self.set.load(Ordering::SeqCst)
+        }
+
+        /// Keep `result`'s error if it is the first.
+        pub fn record(&self, result: anyhow::Result<()>) {
+            if let Err(e) = result {
+                let mut slot = self
+                    .error
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+                self.set.store(true, Ordering::SeqCst);
+            }
+        }
+
+        /// The first error, if any.
+        pub fn into_result(self) -> anyhow::Result<()> {
+            match self
+                .error
+                .into_inner()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+            {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+    }
+}
