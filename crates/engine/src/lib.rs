@@ -11,12 +11,23 @@
 #![deny(missing_docs)]
 
 mod api;
+mod block_map;
+mod checkpoint;
+mod counters;
 mod error;
+pub mod geometry;
+mod index;
+mod journal;
+mod packer;
 mod pool;
+mod recovery;
+mod slab;
+mod stats;
 mod volume;
 
 pub use api::*;
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
+pub use fewerbytes_storage as storage;
 pub use pool::Pool;
 pub use volume::Volume;

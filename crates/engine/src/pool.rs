@@ -1,39 +1,836 @@
-//! The pool: its devices, its volumes, and the operations on them.
+//! The pool: its devices, its tables, the commit thread, and volume management.
+//!
+//! Concurrency: request threads hold the *gate* shared while they change state;
+//! a checkpoint snapshot and volume operations (create, delete, resize, clone)
+//! hold it exclusively for the moment they need an exact image. Below the gate,
+//! state is split by zone: block-map pages (logical), slabs and packers
+//! (physical), index shards (hash), each behind its own lock.
 
-use crate::{api::*, Result, Volume};
+use crate::block_map::VolumeState;
+use crate::counters::Counters;
+use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
+use crate::index::DedupIndex;
+use crate::journal::{read_journal, Journal, Work};
+use crate::packer::Packer;
+use crate::slab::Slab;
+use crate::{api::*, EngineError, Result, Volume};
+use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
+use fewerbytes_format::page::PageKind;
+use fewerbytes_format::superblock::{magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, SUPER_MAGIC};
+use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
+use fewerbytes_storage::{FileStorage, Storage, StorageError};
+use parking_lot::{Mutex, RwLock};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
-/// An open pool. Shared by `Arc`; closing happens when the last handle drops or at `close`.
-pub struct Pool {}
+pub(crate) use crate::checkpoint::PageStore;
+
+/// Lock stripes serializing writes to the same logical block (read-modify-write).
+pub const LBN_STRIPES: usize = 4096;
+/// Blocks per step of a large request: bounds the journal space one step reserves
+/// and how long it holds the gate.
+pub const BLOCKS_PER_STEP: u64 = 64;
+
+/// Metadata bytes written, by region.
+#[derive(Default)]
+pub(crate) struct RegionBytes {
+    pub super_bytes: AtomicU64,
+    pub journal_bytes: AtomicU64,
+    pub map_bytes: AtomicU64,
+    pub object_bytes: AtomicU64,
+    pub dir_bytes: AtomicU64,
+    pub catalog_bytes: AtomicU64,
+}
+
+impl RegionBytes {
+    pub fn count_page(&self, kind: PageKind) {
+        let c = match kind {
+            PageKind::Map => &self.map_bytes,
+            PageKind::Objects => &self.object_bytes,
+            PageKind::Directory => &self.dir_bytes,
+            PageKind::Catalog => &self.catalog_bytes,
+        };
+        c.fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
+    }
+}
+
+/// Everything the pool's threads share.
+pub(crate) struct Inner {
+    pub data: Arc<dyn Storage>,
+    pub meta: Arc<dyn Storage>,
+    pub separate_metadata: bool,
+    pub data_path: String,
+    pub meta_path: Option<String>,
+    pub nonce: u64,
+    pub key: [u8; 32],
+    pub data_offset_bytes: u64,
+    pub data_blocks: u64,
+    pub objects_per_slab: u32,
+    pub slab_count: u32,
+    pub journal_start_block: u64,
+    pub journal_sectors: u64,
+    pub pages_start_block: u64,
+    pub page_slots: u64,
+    pub overcommit: bool,
+    pub addressable_blocks: u64,
+    pub sb: Mutex<SuperBlock>,
+    pub gate: RwLock<()>,
+    pub volumes: RwLock<Vec<Option<Arc<VolumeState>>>>,
+    pub next_volume_id: AtomicU64,
+    pub slabs: Vec<Mutex<Slab>>,
+    pub packers: Vec<Mutex<Packer>>,
+    pub index: DedupIndex,
+    pub journal: Journal,
+    pub stripes: Vec<Mutex<()>>,
+    pub page_store: Mutex<PageStore>,
+    pub object_dir_slots: Mutex<Vec<u32>>,
+    pub slots_to_free: Mutex<Vec<u32>>,
+    pub checkpoint_lock: Mutex<()>,
+    pub commit_lock: Mutex<()>,
+    pub read_only: AtomicBool,
+    pub read_only_reason: Mutex<String>,
+    pub counters: Counters,
+    pub meta_written: RegionBytes,
+    pub checkpoints: AtomicU64,
+    pub commits: AtomicU64,
+    pub threads: usize,
+    pub closed: AtomicBool,
+}
+
+impl Inner {
+    pub fn slab(&self, s: u32) -> &Mutex<Slab> {
+        // Slab numbers come from our own allocations and validated records.
+        &self.slabs[s as usize % self.slabs.len()]
+    }
+    pub fn packer(&self, zone: usize) -> &Mutex<Packer> {
+        &self.packers[zone % self.packers.len()]
+    }
+    pub fn zone_count(&self) -> usize {
+        self.packers.len()
+    }
+    /// Slabs in the order zone `zone` tries them: its own first, then the rest.
+    pub fn slab_order(&self, zone: usize) -> impl Iterator<Item = u32> + '_ {
+        let zones = self.zone_count();
+        let n = self.slab_count as usize;
+        let own = (zone % zones..n).step_by(zones);
+        let rest = (0..n).filter(move |s| s % zones != zone % zones);
+        own.chain(rest).map(|s| s as u32)
+    }
+
+    /// Latch the pool read-only on an I/O failure.
+    pub fn check_io<T>(&self, r: std::result::Result<T, StorageError>) -> Result<T> {
+        r.map_err(|e| {
+            let err = EngineError::Io(e);
+            self.latch(&err);
+            err
+        })
+    }
+
+    pub fn latch(&self, err: &EngineError) {
+        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. }) && !self.read_only.swap(true, Ordering::SeqCst) {
+            let why = format!("latched read-only after: {err}");
+            tracing::error!("{why}");
+            *self.read_only_reason.lock() = why.clone();
+            self.journal.fail(why);
+        }
+    }
+
+    pub fn ensure_writable(&self) -> Result<()> {
+        if self.read_only.load(Ordering::Acquire) {
+            return Err(EngineError::ReadOnly(self.read_only_reason.lock().clone()));
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(EngineError::ReadOnly("the pool is closed".into()));
+        }
+        Ok(())
+    }
+
+    /// One group commit: data of the batch durable, then its journal sectors.
+    pub fn commit(&self) -> Result<()> {
+        let _c = self.commit_lock.lock();
+        let batch = self.journal.take_batch();
+        let result = (|| {
+            self.flush_packers()?;
+            let r = self.data.flush();
+            self.check_io(r)?;
+            if batch.bytes.is_empty() {
+                return Ok(0);
+            }
+            let r = self.journal.write_batch(self.meta.as_ref(), &batch);
+            let (sectors, bytes) = match r {
+                Ok(v) => v,
+                Err(e) => {
+                    self.latch(&e);
+                    return Err(e);
+                }
+            };
+            self.meta_written.journal_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if self.separate_metadata || sectors > 0 {
+                let r = self.meta.flush();
+                self.check_io(r)?;
+            }
+            Ok(sectors)
+        })();
+        match result {
+            Ok(sectors) => {
+                self.journal.batch_durable(&batch, sectors);
+                self.commits.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.latch(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn commit_loop(self: Arc<Self>) {
+        loop {
+            match self.journal.next_work() {
+                Work::Shutdown => return,
+                Work::Commit => {
+                    if self.commit().is_ok() && self.journal.wants_checkpoint() {
+                        self.journal.request_checkpoint();
+                    }
+                }
+                Work::Checkpoint => {
+                    if let Err(e) = self.checkpoint() {
+                        tracing::error!("checkpoint failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn volume_by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
+        self.volumes
+            .read()
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .cloned()
+            .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
+    }
+
+    pub fn allocated_blocks(&self) -> u64 {
+        self.volumes.read().iter().flatten().map(|v| v.size_blocks()).sum()
+    }
+
+    /// The exact reference counts every map implies, per object.
+    pub fn count_references(&self) -> std::collections::HashMap<u64, u64> {
+        let mut refs = std::collections::HashMap::new();
+        for vol in self.volumes.read().iter().flatten() {
+            vol.for_each_mapped(|_, e| {
+                if let Some(o) = e.object() {
+                    *refs.entry(o.0).or_insert(0) += 1;
+                }
+            });
+        }
+        refs
+    }
+}
+
+/// An open pool. Shared by `Arc`; the final checkpoint is taken by `close` or when
+/// the last handle drops.
+pub struct Pool {
+    pub(crate) inner: Arc<Inner>,
+    commit_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn random_u64() -> u64 {
+    rand::random::<u64>() | 1
+}
+
+fn first_mib_in_use(dev: &dyn Storage) -> Result<Option<String>> {
+    let len = dev.len_bytes().min(1 << 20) as usize;
+    let mut buf = vec![0u8; len];
+    dev.read_at(&mut buf, 0)?;
+    match magic_of(&buf) {
+        Some(SUPER_MAGIC) => return Ok(Some(format!("{} holds a fewerbytes pool", dev.name()))),
+        Some(DATA_LABEL_MAGIC) => return Ok(Some(format!("{} is the data device of a fewerbytes pool", dev.name()))),
+        _ => {}
+    }
+    if buf.iter().any(|b| *b != 0) {
+        return Ok(Some(format!("{} holds data in its first MiB", dev.name())));
+    }
+    Ok(None)
+}
+
+fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
+    let exists = path.exists();
+    match (exists, size) {
+        (true, _) => Ok(FileStorage::open(path)?),
+        (false, Some(s)) => Ok(FileStorage::create(path, s)?),
+        (false, None) => Err(EngineError::Refused(format!("{} does not exist; give --size to create it", path.display()))),
+    }
+}
 
 impl Pool {
     /// Format the device(s) as a new pool.
-    pub fn create(opts: &CreateOptions) -> Result<PoolInfo> { let _ = opts; todo!() }
+    pub fn create(opts: &CreateOptions) -> Result<PoolInfo> {
+        if let Some(size) = opts.size_bytes {
+            if size < crate::geometry::MIN_POOL_BYTES {
+                return Err(EngineError::Refused(format!(
+                    "a pool of {} is too small to be useful: the minimum is {}",
+                    human_bytes(size),
+                    human_bytes(crate::geometry::MIN_POOL_BYTES)
+                )));
+            }
+        }
+        let data = open_or_create(&opts.path, opts.size_bytes)?;
+        if opts.size_bytes.is_some_and(|s| data.len_bytes() < s) {
+            return Err(EngineError::Refused(format!("{} is smaller than the size asked for", opts.path.display())));
+        }
+        let meta = match &opts.metadata_path {
+            Some(p) => {
+                let data_blocks = data.len_bytes() / BLOCK_BYTES as u64;
+                let need = Geometry::metadata_blocks_needed(data_blocks, opts.overcommit) * BLOCK_BYTES as u64;
+                let size = opts.metadata_size_bytes.unwrap_or(need.div_ceil(1 << 20) << 20);
+                Some(open_or_create(p, Some(size))?)
+            }
+            None => None,
+        };
+        let data: Arc<dyn Storage> = Arc::new(data);
+        let meta: Option<Arc<dyn Storage>> = meta.map(|m| Arc::new(m) as Arc<dyn Storage>);
+        let meta_path = opts.metadata_path.as_ref().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string());
+        Self::format(data, meta, meta_path, opts)?;
+        let pool = Self::open(&opts.path, &OpenOptions::default())?;
+        let info = pool.info();
+        pool.close()?;
+        Ok(info)
+    }
+
+    /// Format devices already opened (files, or test devices).
+    pub fn format(data: Arc<dyn Storage>, meta: Option<Arc<dyn Storage>>, meta_path: Option<String>, opts: &CreateOptions) -> Result<()> {
+        if !opts.force {
+            for dev in std::iter::once(&data).chain(meta.iter()) {
+                if let Some(why) = first_mib_in_use(dev.as_ref())? {
+                    return Err(EngineError::Refused(format!("{why}; use --force to overwrite it")));
+                }
+            }
+        }
+        let data_blocks_dev = data.len_bytes() / BLOCK_BYTES as u64;
+        let meta_blocks_dev = meta.as_ref().map(|m| m.len_bytes() / BLOCK_BYTES as u64);
+        let geo = Geometry::compute(data_blocks_dev, meta_blocks_dev, opts.overcommit)?;
+        let nonce = random_u64();
+        let mut key = [0u8; 32];
+        for chunk in key.chunks_mut(8) {
+            chunk.copy_from_slice(&rand::random::<u64>().to_le_bytes());
+        }
+        let index_entries = match opts.index_memory_bytes {
+            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(1024),
+            None => geo.data_blocks,
+        };
+        let flags = if meta.is_some() { FLAG_SEPARATE_METADATA } else { 0 } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
+        let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
+        let sb = SuperBlock {
+            nonce,
+            generation: 0,
+            open_gen: 0,
+            flags,
+            fingerprint_key: key,
+            data_offset_bytes: geo.data_offset_bytes,
+            data_blocks: geo.data_blocks,
+            slab_blocks: SLAB_BLOCKS,
+            objects_per_slab: geo.objects_per_slab,
+            slab_count: geo.slab_count,
+            journal_start_block: geo.journal_start_block,
+            journal_sectors: geo.journal_blocks * (BLOCK_BYTES / fewerbytes_format::SECTOR_BYTES) as u64,
+            pages_start_block: geo.pages_start_block,
+            page_slots: geo.page_slots,
+            journal_replay_seq: 0,
+            catalog_bytes: 0,
+            metadata_device_bytes: meta_dev.len_bytes(),
+            data_device_bytes: data.len_bytes(),
+            reserve_blocks: 0,
+            index_entries,
+            created_unix: now_unix(),
+            catalog_slots: Vec::new(),
+        };
+        // Clear the first journal block and the first MiB of the data device's label area,
+        // so no stale sector of an earlier pool can be mistaken for ours (the nonce differs anyway).
+        let zeros = vec![0u8; 64 * BLOCK_BYTES];
+        let journal_bytes = (geo.journal_blocks * BLOCK_BYTES as u64).min(zeros.len() as u64) as usize;
+        meta_dev.write_at(zeros.get(..journal_bytes).unwrap_or(&[]), geo.journal_start_block * BLOCK_BYTES as u64)?;
+        if let (Some(_), Some(path)) = (&meta, &meta_path) {
+            let mut block = [0u8; BLOCK_BYTES];
+            DataLabel { nonce, metadata_path: path.clone() }.encode(&mut block);
+            data.write_at(&block, 0)?;
+            data.flush()?;
+        }
+        // Generation 0 names an empty catalog (no pages): the first open writes generation 1.
+        let mut block = [0u8; BLOCK_BYTES];
+        sb.encode(&mut block);
+        meta_dev.write_at(&block, 0)?;
+        let mut other = [0u8; BLOCK_BYTES];
+        other.fill(0);
+        meta_dev.write_at(&other, BLOCK_BYTES as u64)?;
+        meta_dev.flush()?;
+        Ok(())
+    }
+
     /// Open a pool (exclusive), replaying its journal.
-    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> { let _ = (path, opts); todo!() }
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        let data = FileStorage::open(path)?;
+        let mut block = vec![0u8; BLOCK_BYTES.min(data.len_bytes() as usize)];
+        data.read_at(&mut block, 0)?;
+        match magic_of(&block) {
+            Some(SUPER_MAGIC) => Self::open_devices(Arc::new(data), None, opts),
+            Some(DATA_LABEL_MAGIC) => {
+                let label = DataLabel::decode(&block).map_err(|e| EngineError::Corrupt {
+                    region: "data device label",
+                    block: 0,
+                    device: "data",
+                    reason: e.to_string(),
+                })?;
+                let meta = FileStorage::open(Path::new(&label.metadata_path))?;
+                let pool = Self::open_devices(Arc::new(data), Some((Arc::new(meta), label.metadata_path.clone())), opts)?;
+                if pool.inner.nonce != label.nonce {
+                    return Err(EngineError::Refused(format!(
+                        "{} belongs to another pool than the metadata device {}",
+                        path.display(),
+                        label.metadata_path
+                    )));
+                }
+                Ok(pool)
+            }
+            _ => Err(EngineError::Refused(format!("{} is not a fewerbytes pool (create one with `fewerbytes pool create`)", path.display()))),
+        }
+    }
+
+    fn read_super(meta: &dyn Storage) -> Result<SuperBlock> {
+        let mut best: Option<SuperBlock> = None;
+        let mut errors = Vec::new();
+        for copy in 0..2u64 {
+            let mut block = vec![0u8; BLOCK_BYTES];
+            meta.read_at(&mut block, copy * BLOCK_BYTES as u64)?;
+            match SuperBlock::decode(&block) {
+                Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => best = Some(sb),
+                Ok(_) => {}
+                Err(e) => errors.push(format!("copy {copy}: {e}")),
+            }
+        }
+        best.ok_or_else(|| EngineError::Corrupt { region: "super block", block: 0, device: "metadata", reason: errors.join("; ") })
+    }
+
+    /// Open a pool on devices already opened (files, or test devices).
+    pub fn open_devices(data: Arc<dyn Storage>, meta: Option<(Arc<dyn Storage>, String)>, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        let separate = meta.is_some();
+        let (meta_dev, meta_path) = match meta {
+            Some((m, p)) => (m, Some(p)),
+            None => (data.clone(), None),
+        };
+        let sb = Self::read_super(meta_dev.as_ref())?;
+        if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
+            return Err(EngineError::Refused("the pool's metadata layout does not match the devices given".into()));
+        }
+        let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).clamp(1, 64);
+        let zones = threads.min(sb.slab_count as usize).max(1);
+        let slabs = (0..sb.slab_count)
+            .map(|s| {
+                let first = u64::from(s) * u64::from(sb.slab_blocks);
+                let blocks = (sb.data_blocks - first).min(u64::from(sb.slab_blocks)) as u32;
+                Mutex::new(Slab::new(s, first, blocks, sb.objects_per_slab))
+            })
+            .collect();
+        let open_gen = sb.open_gen;
+        let inner = Arc::new(Inner {
+            data: data.clone(),
+            meta: meta_dev.clone(),
+            separate_metadata: separate,
+            data_path: data.name().to_string(),
+            meta_path,
+            nonce: sb.nonce,
+            key: sb.fingerprint_key,
+            data_offset_bytes: sb.data_offset_bytes,
+            data_blocks: sb.data_blocks,
+            objects_per_slab: sb.objects_per_slab,
+            slab_count: sb.slab_count,
+            journal_start_block: sb.journal_start_block,
+            journal_sectors: sb.journal_sectors,
+            pages_start_block: sb.pages_start_block,
+            page_slots: sb.page_slots,
+            overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
+            addressable_blocks: if sb.flags & FLAG_OVERCOMMIT != 0 {
+                sb.data_blocks * crate::geometry::OVERCOMMIT_FACTOR
+            } else {
+                sb.data_blocks
+            },
+            index: DedupIndex::new(sb.index_entries),
+            journal: Journal::new(sb.nonce, sb.journal_start_block, sb.journal_sectors, sb.journal_replay_seq, sb.journal_replay_seq, open_gen + 1),
+            sb: Mutex::new(sb.clone()),
+            gate: RwLock::new(()),
+            volumes: RwLock::new(Vec::new()),
+            next_volume_id: AtomicU64::new(1),
+            slabs,
+            packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
+            stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
+            page_store: Mutex::new(PageStore::new(sb.page_slots)),
+            object_dir_slots: Mutex::new(Vec::new()),
+            slots_to_free: Mutex::new(Vec::new()),
+            checkpoint_lock: Mutex::new(()),
+            commit_lock: Mutex::new(()),
+            read_only: AtomicBool::new(false),
+            read_only_reason: Mutex::new(String::new()),
+            counters: Counters::default(),
+            meta_written: RegionBytes::default(),
+            checkpoints: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            threads,
+            closed: AtomicBool::new(false),
+        });
+        inner.load(&sb)?;
+        let thread_inner = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("fewerbytes-commit".into())
+            .spawn(move || thread_inner.commit_loop())
+            .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
+        Ok(Arc::new(Pool { inner, commit_thread: Mutex::new(Some(handle)) }))
+    }
+
     /// Geometry and settings.
-    pub fn info(&self) -> PoolInfo { todo!() }
+    pub fn info(&self) -> PoolInfo {
+        let i = &self.inner;
+        let sb = i.sb.lock().clone();
+        let block = BLOCK_BYTES as u64;
+        PoolInfo {
+            path: i.data_path.clone(),
+            metadata_path: i.meta_path.clone(),
+            data_device_bytes: sb.data_device_bytes,
+            metadata_device_bytes: sb.metadata_device_bytes,
+            data_bytes: i.data_blocks * block,
+            metadata_bytes: (2 + sb.journal_sectors / 8 + sb.page_slots) * block,
+            addressable_bytes: i.addressable_blocks * block,
+            allocated_bytes: i.allocated_blocks() * block,
+            overcommit: i.overcommit,
+            reserve_bytes: sb.reserve_blocks * block,
+            slab_count: sb.slab_count,
+            slab_blocks: sb.slab_blocks,
+            objects_per_slab: sb.objects_per_slab,
+            journal_bytes: sb.journal_sectors * fewerbytes_format::SECTOR_BYTES as u64,
+            index_entries: i.index.capacity(),
+            dedup_window_bytes: i.index.capacity() * block,
+            index_memory_bytes: i.index.memory_bytes(),
+            threads: i.threads,
+            mode: self.mode(),
+            format_version: FORMAT_VERSION,
+        }
+    }
+
+    /// Normal or read-only.
+    pub fn mode(&self) -> Mode {
+        if self.inner.read_only.load(Ordering::Acquire) {
+            Mode::ReadOnly
+        } else {
+            Mode::Normal
+        }
+    }
+
+    fn volume_info(&self, v: &VolumeState) -> VolumeInfo {
+        let block = BLOCK_BYTES as u64;
+        let mut exclusive = 0u64;
+        let mut own: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        v.for_each_mapped(|_, e| {
+            if let Some(o) = e.object() {
+                *own.entry(o.0).or_insert(0) += 1;
+            }
+        });
+        for (o, n) in own {
+            let (s, i) = ((o / u64::from(self.inner.objects_per_slab)) as u32, (o % u64::from(self.inner.objects_per_slab)) as u32);
+            let rec = self.inner.slab(s).lock().rec(i);
+            if rec.refcount == n {
+                if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
+                    exclusive += loc.stored_bytes();
+                }
+            }
+        }
+        VolumeInfo {
+            name: v.name.clone(),
+            id: v.id,
+            size_bytes: v.size_blocks() * block,
+            logical_used_bytes: v.mapped.load(Ordering::Relaxed).max(0) as u64 * block,
+            zero_bytes: v.zeros.load(Ordering::Relaxed).max(0) as u64 * block,
+            exclusive_stored_bytes: exclusive,
+            users: v.users.load(Ordering::Relaxed),
+        }
+    }
+
     /// All volumes.
-    pub fn list_volumes(&self) -> Vec<VolumeInfo> { todo!() }
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        let vols: Vec<Arc<VolumeState>> = self.inner.volumes.read().iter().flatten().cloned().collect();
+        vols.iter().map(|v| self.volume_info(v)).collect()
+    }
+
+    fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
+        let i = &self.inner;
+        let allocated = i.allocated_blocks();
+        if allocated + extra_blocks > i.addressable_blocks {
+            let block = BLOCK_BYTES as u64;
+            return Err(EngineError::Refused(format!(
+                "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
+                human_bytes(extra_blocks * block),
+                human_bytes(i.addressable_blocks * block),
+                human_bytes(allocated * block),
+                human_bytes((i.addressable_blocks - allocated.min(i.addressable_blocks)) * block),
+                if i.overcommit { "" } else { "; create the pool with --overcommit to promise more than it stores" }
+            )));
+        }
+        Ok(())
+    }
+
+    fn size_blocks_of(size_bytes: u64) -> Result<u64> {
+        if size_bytes == 0 || size_bytes % BLOCK_BYTES as u64 != 0 {
+            return Err(EngineError::Refused(format!("a volume size must be a positive multiple of 4096 bytes, not {size_bytes}")));
+        }
+        Ok(size_bytes / BLOCK_BYTES as u64)
+    }
+
+    fn free_slot(vols: &[Option<Arc<VolumeState>>]) -> Result<u16> {
+        match vols.iter().position(Option::is_none) {
+            Some(s) => Ok(s as u16),
+            None if vols.len() < MAX_VOLUMES => Ok(vols.len() as u16),
+            None => Err(EngineError::Refused(format!("a pool holds at most {MAX_VOLUMES} volumes"))),
+        }
+    }
+
+    fn insert_volume(vols: &mut Vec<Option<Arc<VolumeState>>>, vol: Arc<VolumeState>) {
+        let slot = vol.slot as usize;
+        if vols.len() <= slot {
+            vols.resize(slot + 1, None);
+        }
+        if let Some(v) = vols.get_mut(slot) {
+            *v = Some(vol);
+        }
+    }
+
     /// Create a volume; refused past the pool's addressable size unless overcommitted.
-    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> { let _ = (name, size_bytes); todo!() }
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+        validate_name(name).map_err(EngineError::Refused)?;
+        let size_blocks = Self::size_blocks_of(size_bytes)?;
+        let i = &self.inner;
+        i.ensure_writable()?;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        if i.volume_by_name(name).is_ok() {
+            return Err(EngineError::VolumeExists(name.to_string()));
+        }
+        self.check_capacity(size_blocks, &format!("volume '{name}' of {}", human_bytes(size_bytes)))?;
+        let vol = {
+            let mut vols = i.volumes.write();
+            let slot = Self::free_slot(&vols)?;
+            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
+            let vol = Arc::new(VolumeState::new(slot, id, name.to_string(), size_blocks));
+            Self::insert_volume(&mut vols, vol.clone());
+            vol
+        };
+        i.checkpoint_locked(gate, true)?;
+        Ok(self.volume_info(&vol))
+    }
+
     /// Delete a volume; refused while handles are open unless `force`.
-    pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> { let _ = (name, force); todo!() }
+    pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
+        let i = &self.inner;
+        i.ensure_writable()?;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let vol = i.volume_by_name(name)?;
+        let users = vol.users.load(Ordering::Acquire);
+        if users > 0 && !force {
+            return Err(EngineError::VolumeInUse { name: name.to_string(), users });
+        }
+        vol.deleted.store(true, Ordering::Release);
+        let mut released = Vec::new();
+        vol.for_each_mapped(|_, e| released.extend(e.object()));
+        {
+            let mut free = i.slots_to_free.lock();
+            for page in vol.pages.read().iter() {
+                let slot = page.lock().slot;
+                if slot != 0 {
+                    free.push(slot);
+                }
+            }
+            free.extend(vol.dir_slots.lock().iter().copied().filter(|s| *s != 0));
+        }
+        if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
+            *v = None;
+        }
+        for o in released {
+            i.release_object(o);
+        }
+        i.checkpoint_locked(gate, true)
+    }
+
     /// Grow a volume (or shrink with `allow_shrink`).
-    pub fn resize_volume(&self, name: &str, size_bytes: u64, allow_shrink: bool) -> Result<VolumeInfo> { let _ = (name, size_bytes, allow_shrink); todo!() }
+    pub fn resize_volume(&self, name: &str, size_bytes: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        let size_blocks = Self::size_blocks_of(size_bytes)?;
+        let i = &self.inner;
+        i.ensure_writable()?;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let vol = i.volume_by_name(name)?;
+        let old = vol.size_blocks();
+        if size_blocks > old {
+            self.check_capacity(size_blocks - old, &format!("growing '{name}' to {}", human_bytes(size_bytes)))?;
+        } else if size_blocks < old {
+            if !allow_shrink {
+                return Err(EngineError::Refused(format!(
+                    "shrinking '{name}' from {} to {} discards its data past the new end; pass --shrink to do it",
+                    human_bytes(old * BLOCK_BYTES as u64),
+                    human_bytes(size_bytes)
+                )));
+            }
+            let mut released = Vec::new();
+            {
+                let pages = vol.pages.read();
+                for lbn in size_blocks..old {
+                    let p = (lbn / crate::block_map::ENTRIES_PER_PAGE) as usize;
+                    if let Some(page) = pages.get(p) {
+                        let mut page = page.lock();
+                        if page.entries.is_some() {
+                            let old_entry = page.set((lbn % crate::block_map::ENTRIES_PER_PAGE) as usize, fewerbytes_format::location::MapEntry::Unmapped);
+                            vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
+                            released.extend(old_entry.object());
+                        }
+                    }
+                }
+                let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
+                let mut free = i.slots_to_free.lock();
+                for page in pages.iter().skip(keep) {
+                    let slot = page.lock().slot;
+                    if slot != 0 {
+                        free.push(slot);
+                    }
+                }
+            }
+            for o in released {
+                i.release_object(o);
+            }
+        }
+        vol.set_size(size_blocks);
+        i.checkpoint_locked(gate, true)?;
+        Ok(self.volume_info(&vol))
+    }
+
     /// Clone a volume: shares every block by reference.
-    pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> { let _ = (src, dst); todo!() }
+    pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
+        validate_name(dst).map_err(EngineError::Refused)?;
+        let i = &self.inner;
+        i.ensure_writable()?;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let source = i.volume_by_name(src)?;
+        if i.volume_by_name(dst).is_ok() {
+            return Err(EngineError::VolumeExists(dst.to_string()));
+        }
+        let size_blocks = source.size_blocks();
+        self.check_capacity(size_blocks, &format!("clone '{dst}' of {}", human_bytes(size_blocks * BLOCK_BYTES as u64)))?;
+        let vol = {
+            let vols = i.volumes.write();
+            let slot = Self::free_slot(&vols)?;
+            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
+            Arc::new(VolumeState::new(slot, id, dst.to_string(), size_blocks))
+        };
+        let mut shared = Vec::new();
+        {
+            let from = source.pages.read();
+            let to = vol.pages.read();
+            for (p, q) in from.iter().zip(to.iter()) {
+                let p = p.lock();
+                if let Some(entries) = &p.entries {
+                    let mut q = q.lock();
+                    q.entries = Some(entries.clone());
+                    q.dirty = true;
+                    shared.extend(entries.iter().filter_map(|e| fewerbytes_format::location::MapEntry::decode(*e).object()));
+                }
+            }
+        }
+        vol.mapped.store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
+        vol.zeros.store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
+        for o in shared {
+            i.add_reference(o);
+        }
+        Self::insert_volume(&mut i.volumes.write(), vol.clone());
+        i.checkpoint_locked(gate, true)?;
+        Ok(self.volume_info(&vol))
+    }
+
     /// Open a handle on a volume.
-    pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> { let _ = name; todo!() }
+    pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
+        let vol = self.inner.volume_by_name(name)?;
+        Ok(Volume::new(self.clone(), vol))
+    }
+
     /// Make every acknowledged write durable.
-    pub fn flush(&self) -> Result<()> { todo!() }
-    /// Statistics.
-    pub fn stats(&self) -> PoolStats { todo!() }
-    /// Every metadata region.
-    pub fn regions(&self) -> Vec<Region> { todo!() }
-    /// Reference-count audit: references from all maps against stored counts.
-    pub fn audit(&self) -> AuditReport { todo!() }
-    /// Final checkpoint and release of the devices.
-    pub fn close(self: Arc<Self>) -> Result<()> { todo!() }
+    pub fn flush(&self) -> Result<()> {
+        let i = &self.inner;
+        crate::counters::add(&i.counters.flushes, 1);
+        let target = i.journal.appended();
+        if let Some(why) = i.journal.failure() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        i.journal.wait_durable(target)
+    }
+
+    /// Final checkpoint and release of the devices' commit thread.
+    pub fn close(self: Arc<Self>) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        let i = &self.inner;
+        if i.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let result = if i.read_only.load(Ordering::Acquire) { Ok(()) } else { i.checkpoint() };
+        i.journal.shutdown();
+        if let Some(h) = self.commit_thread.lock().take() {
+            let _ = h.join();
+        }
+        result
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!("closing the pool failed: {e}");
+        }
+    }
+}
+
+impl Inner {
+    /// Load the checkpoint, replay the journal, rebuild derived state, and write a
+    /// fresh checkpoint in the new open generation.
+    fn load(self: &Arc<Self>, sb: &SuperBlock) -> Result<()> {
+        if sb.generation > 0 {
+            let catalog = self.load_catalog()?;
+            self.load_objects(&catalog.object_dir_slots)?;
+            *self.object_dir_slots.lock() = catalog.object_dir_slots.clone();
+            self.next_volume_id.store(catalog.next_volume_id.max(1), Ordering::Relaxed);
+            let mut vols = self.volumes.write();
+            for record in &catalog.volumes {
+                if record.size_bytes % BLOCK_BYTES as u64 != 0 {
+                    return Err(EngineError::Corrupt { region: "catalog", block: 0, device: "metadata", reason: format!("volume '{}' size {} is not whole blocks", record.name, record.size_bytes) });
+                }
+                let vol = Arc::new(VolumeState::new(record.slot, record.id, record.name.clone(), record.size_bytes / BLOCK_BYTES as u64));
+                self.load_map(record, &vol)?;
+                Pool::insert_volume(&mut vols, vol);
+            }
+        }
+        let (records, _next) = read_journal(self.meta.as_ref(), self.nonce, self.journal_start_block, self.journal_sectors, sb.journal_replay_seq, sb.open_gen)?;
+        if sb.generation > 0 && !records.is_empty() {
+            tracing::info!("replaying {} journal records", records.len());
+            self.replay(&records)?;
+        }
+        self.rebuild()?;
+        // A fresh checkpoint in the new open generation retires the replayed journal.
+        self.sb.lock().open_gen = sb.open_gen + 1;
+        self.checkpoint()
+    }
 }

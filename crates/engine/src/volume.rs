@@ -1,26 +1,543 @@
-//! `Volume`: a handle on one volume, what frontends read and write through.
+//! `Volume`: a handle on one volume, and the read and write paths.
+//!
+//! The life of a 4 KiB write (ARCHITECTURE.md has the numbered version):
+//! zero check → keyed BLAKE3 → index advice checked against the stored
+//! fingerprint → reference to the existing object, or LZ4 and the packer (or a
+//! whole block) → journal record → block-map update → old reference dropped.
 
-use crate::{Extent, Result};
+use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
+use crate::counters::add;
+use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
+use crate::recovery::range_result;
+use crate::slab::{ObjRec, REFCOUNT_MAX};
+use crate::{EngineError, Extent, Result};
+use fewerbytes_format::journal::Record;
+use fewerbytes_format::location::{Location, MapEntry, ObjectId};
+use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-/// A handle on a volume. Cheap to clone; counts as one user while alive.
+/// A compressed form is kept only if it saves at least an eighth of the block.
+pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
+/// Journal bytes one block may need: a new object and a map change.
+const JOURNAL_BYTES_PER_BLOCK: u64 = 48 + 16;
+/// Journal bytes one page of a range operation needs.
+const JOURNAL_BYTES_PER_RANGE: u64 = 24;
+const BLOCK: u64 = BLOCK_BYTES as u64;
+
+thread_local! {
+    static ZONE: Cell<usize> = const { Cell::new(usize::MAX) };
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; lz4_flex::block::get_maximum_output_size(BLOCK_BYTES)]);
+}
+
+static NEXT_ZONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The zone (packer and preferred slabs) of the calling thread: threads spread
+/// over zones round-robin so their packers and slabs do not contend.
+fn my_zone(zones: usize) -> usize {
+    ZONE.with(|z| {
+        if z.get() == usize::MAX {
+            z.set(NEXT_ZONE.fetch_add(1, Ordering::Relaxed));
+        }
+        z.get() % zones
+    })
+}
+
+struct Handle {
+    pool: Arc<Pool>,
+    vol: Arc<VolumeState>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.vol.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A handle on a volume. Cheap to clone; counts as one user while any clone lives.
 #[derive(Clone)]
-pub struct Volume {}
+pub struct Volume {
+    h: Arc<Handle>,
+}
 
 impl Volume {
+    pub(crate) fn new(pool: Arc<Pool>, vol: Arc<VolumeState>) -> Self {
+        vol.users.fetch_add(1, Ordering::AcqRel);
+        Volume { h: Arc::new(Handle { pool, vol }) }
+    }
+
+    fn inner(&self) -> &Inner {
+        &self.h.pool.inner
+    }
+
     /// The volume's name.
-    pub fn name(&self) -> String { todo!() }
+    pub fn name(&self) -> String {
+        self.h.vol.name.clone()
+    }
+
     /// Current size in bytes (volumes can be resized while open).
-    pub fn size_bytes(&self) -> u64 { todo!() }
+    pub fn size_bytes(&self) -> u64 {
+        self.h.vol.size_blocks() * BLOCK
+    }
+
+    fn check(&self, op: &'static str, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        let vol = &self.h.vol;
+        if vol.deleted.load(Ordering::Acquire) {
+            return Err(EngineError::VolumeGone(vol.name.clone()));
+        }
+        if offset_bytes % SECTOR_BYTES as u64 != 0 || len_bytes % SECTOR_BYTES as u64 != 0 {
+            return Err(EngineError::Unaligned { op, offset_bytes, len_bytes });
+        }
+        let size_bytes = self.size_bytes();
+        if offset_bytes.checked_add(len_bytes).is_none_or(|end| end > size_bytes) {
+            return Err(EngineError::OutOfRange { volume: vol.name.clone(), op, offset_bytes, len_bytes, size_bytes });
+        }
+        Ok(())
+    }
+
     /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
-    pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> { let _ = (offset_bytes, buf); todo!() }
+    pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        self.check("read", offset_bytes, buf.len() as u64)?;
+        let inner = self.inner();
+        let _gate = inner.gate.read();
+        if self.h.vol.deleted.load(Ordering::Acquire) {
+            return Err(EngineError::VolumeGone(self.h.vol.name.clone()));
+        }
+        let mut block = [0u8; BLOCK_BYTES];
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let at = offset_bytes + pos as u64;
+            let lbn = at / BLOCK;
+            let within = (at % BLOCK) as usize;
+            let n = (BLOCK_BYTES - within).min(buf.len() - pos);
+            let out = buf.get_mut(pos..pos + n).unwrap_or(&mut []);
+            if within == 0 && n == BLOCK_BYTES {
+                inner.read_block(&self.h.vol, lbn, out)?;
+            } else {
+                inner.read_block(&self.h.vol, lbn, &mut block)?;
+                out.copy_from_slice(block.get(within..within + n).unwrap_or(&[]));
+            }
+            pos += n;
+        }
+        add(&inner.counters.guest_bytes_read, buf.len() as u64);
+        add(&self.h.vol.counters.guest_bytes_read, buf.len() as u64);
+        Ok(())
+    }
+
     /// Write `data` at `offset_bytes` (multiples of 512). With `fua`, durable on return.
-    pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> { let _ = (offset_bytes, data, fua); todo!() }
+    pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check("write", offset_bytes, data.len() as u64)?;
+        let inner = self.inner();
+        inner.ensure_writable()?;
+        let mut pos = 0usize;
+        let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
+        while pos < data.len() {
+            // One step: at most BLOCKS_PER_STEP blocks under one journal reservation.
+            let at = offset_bytes + pos as u64;
+            let step_end = ((at / BLOCK) * BLOCK + step_bytes as u64).min(offset_bytes + data.len() as u64);
+            let n = (step_end - at) as usize;
+            let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
+            inner.journal.reserve(reserve)?;
+            let result = self.write_step(at, data.get(pos..pos + n).unwrap_or(&[]));
+            inner.journal.unreserve(reserve);
+            result?;
+            pos += n;
+        }
+        add(&inner.counters.guest_bytes_written, data.len() as u64);
+        add(&self.h.vol.counters.guest_bytes_written, data.len() as u64);
+        if fua {
+            self.h.pool.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
+        let inner = self.inner();
+        let _gate = inner.gate.read();
+        let vol = &self.h.vol;
+        if vol.deleted.load(Ordering::Acquire) {
+            return Err(EngineError::VolumeGone(vol.name.clone()));
+        }
+        if offset_bytes + data.len() as u64 > vol.size_blocks() * BLOCK {
+            return Err(EngineError::OutOfRange { volume: vol.name.clone(), op: "write", offset_bytes, len_bytes: data.len() as u64, size_bytes: vol.size_blocks() * BLOCK });
+        }
+        let mut pos = 0usize;
+        let mut block = [0u8; BLOCK_BYTES];
+        while pos < data.len() {
+            let at = offset_bytes + pos as u64;
+            let lbn = at / BLOCK;
+            let within = (at % BLOCK) as usize;
+            let n = (BLOCK_BYTES - within).min(data.len() - pos);
+            let src = data.get(pos..pos + n).unwrap_or(&[]);
+            let stripe = inner.stripe(vol, lbn).lock();
+            if n == BLOCK_BYTES {
+                inner.write_block(vol, lbn, src)?;
+            } else {
+                // Read-modify-write of a partial block, under the block's stripe lock.
+                inner.read_block(vol, lbn, &mut block)?;
+                if let Some(dst) = block.get_mut(within..within + n) {
+                    dst.copy_from_slice(src);
+                }
+                inner.write_block(vol, lbn, &block)?;
+            }
+            drop(stripe);
+            pos += n;
+        }
+        Ok(())
+    }
+
     /// Make a range read as zeros, storing nothing.
-    pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> { let _ = (offset_bytes, len_bytes, fua); todo!() }
+    pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.range_op("write_zeroes", offset_bytes, len_bytes, MapEntry::Zero, fua)?;
+        add(&self.inner().counters.write_zeroes_bytes, len_bytes);
+        add(&self.h.vol.counters.write_zeroes_bytes, len_bytes);
+        Ok(())
+    }
+
     /// Discard a range: it reads as zeros and frees what only it held.
-    pub fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> { let _ = (offset_bytes, len_bytes, fua); todo!() }
+    pub fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.range_op("trim", offset_bytes, len_bytes, MapEntry::Unmapped, fua)?;
+        add(&self.inner().counters.trimmed_bytes, len_bytes);
+        add(&self.h.vol.counters.trimmed_bytes, len_bytes);
+        Ok(())
+    }
+
+    fn range_op(&self, op: &'static str, offset_bytes: u64, len_bytes: u64, entry: MapEntry, fua: bool) -> Result<()> {
+        self.check(op, offset_bytes, len_bytes)?;
+        let inner = self.inner();
+        inner.ensure_writable()?;
+        let end = offset_bytes + len_bytes;
+        let first_full = offset_bytes.div_ceil(BLOCK);
+        let last_full = end / BLOCK;
+        // Partial blocks at either end are zeroed through the write path.
+        let zeros = [0u8; BLOCK_BYTES];
+        if first_full > last_full {
+            return self.write(offset_bytes, zeros.get(..len_bytes as usize).unwrap_or(&[]), fua);
+        }
+        if offset_bytes < first_full * BLOCK {
+            self.write(offset_bytes, zeros.get(..(first_full * BLOCK - offset_bytes) as usize).unwrap_or(&[]), false)?;
+        }
+        if end > last_full * BLOCK {
+            self.write(last_full * BLOCK, zeros.get(..(end - last_full * BLOCK) as usize).unwrap_or(&[]), false)?;
+        }
+        let mut lbn = first_full;
+        while lbn < last_full {
+            let page_end = ((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE;
+            let step_end = page_end.min(last_full).min(lbn + ENTRIES_PER_PAGE * BLOCKS_PER_STEP);
+            inner.journal.reserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP)?;
+            let result = self.range_step(lbn, step_end, entry);
+            inner.journal.unreserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP);
+            lbn = result?;
+        }
+        if fua {
+            self.h.pool.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Apply a range operation to whole pages from `lbn` up to `end`, at most
+    /// `BLOCKS_PER_STEP` pages. Returns where it stopped.
+    fn range_step(&self, mut lbn: u64, end: u64, entry: MapEntry) -> Result<u64> {
+        let inner = self.inner();
+        let _gate = inner.gate.read();
+        let vol = &self.h.vol;
+        if vol.deleted.load(Ordering::Acquire) {
+            return Err(EngineError::VolumeGone(vol.name.clone()));
+        }
+        let end = end.min(vol.size_blocks());
+        let mut released = Vec::new();
+        let pages = vol.pages.read();
+        let mut steps = 0;
+        while lbn < end && steps < BLOCKS_PER_STEP {
+            let p = lbn / ENTRIES_PER_PAGE;
+            let page_end = ((p + 1) * ENTRIES_PER_PAGE).min(end);
+            if let Some(page) = pages.get(p as usize) {
+                let mut page = page.lock();
+                if page.entries.is_some() {
+                    let mut changed = false;
+                    for l in lbn..page_end {
+                        let i = (l % ENTRIES_PER_PAGE) as usize;
+                        let old = page.get(i);
+                        if let Some(new) = range_result(old, entry) {
+                            page.set(i, new);
+                            vol.account(old, new);
+                            released.extend(old.object());
+                            changed = true;
+                        }
+                    }
+                    if changed {
+                        inner.journal.append(&Record::RangeSet { volume: vol.slot, lbn, count: page_end - lbn, entry });
+                    }
+                }
+            }
+            lbn = page_end;
+            steps += 1;
+        }
+        drop(pages);
+        for o in released {
+            inner.release_object(o);
+        }
+        Ok(lbn)
+    }
+
     /// Make every acknowledged write (on any handle of the pool) durable.
-    pub fn flush(&self) -> Result<()> { todo!() }
+    pub fn flush(&self) -> Result<()> {
+        add(&self.h.vol.counters.flushes, 1);
+        self.h.pool.flush()
+    }
+
     /// What backs `[offset, offset+len)`: runs of data and of holes (zero/unmapped).
-    pub fn extents(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>> { let _ = (offset_bytes, len_bytes); todo!() }
+    pub fn extents(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>> {
+        self.check("block status", offset_bytes, len_bytes)?;
+        let vol = &self.h.vol;
+        let mut out: Vec<Extent> = Vec::new();
+        let end = offset_bytes + len_bytes;
+        let mut at = offset_bytes;
+        let pages = vol.pages.read();
+        while at < end {
+            let lbn = at / BLOCK;
+            let next = ((lbn + 1) * BLOCK).min(end);
+            let page = pages.get((lbn / ENTRIES_PER_PAGE) as usize);
+            let (data, run_end) = match page {
+                Some(p) => {
+                    let p = p.lock();
+                    if p.entries.is_none() {
+                        // A never-written page is one hole.
+                        (false, (((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE * BLOCK).min(end))
+                    } else {
+                        (p.get((lbn % ENTRIES_PER_PAGE) as usize).object().is_some(), next)
+                    }
+                }
+                None => (false, end),
+            };
+            let len = run_end - at;
+            match out.last_mut() {
+                Some(last) if last.data == data => last.len_bytes += len,
+                _ => out.push(Extent { len_bytes: len, data }),
+            }
+            at = run_end;
+        }
+        Ok(out)
+    }
+}
+
+fn is_zero(block: &[u8]) -> bool {
+    let (prefix, words, suffix) = unsafe {
+        // SAFETY: any byte pattern is a valid u64; align_to only reinterprets the aligned middle.
+        block.align_to::<u64>()
+    };
+    prefix.iter().all(|b| *b == 0) && words.iter().all(|w| *w == 0) && suffix.iter().all(|b| *b == 0)
+}
+
+impl Inner {
+    pub(crate) fn stripe(&self, vol: &VolumeState, lbn: u64) -> &parking_lot::Mutex<()> {
+        let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15))).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 40;
+        &self.stripes[h as usize % self.stripes.len()]
+    }
+
+    fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
+        *blake3::keyed_hash(&self.key, block).as_bytes()
+    }
+
+    /// Read one block into `out` (4096 bytes). Caller holds the gate.
+    pub(crate) fn read_block(&self, vol: &VolumeState, lbn: u64, out: &mut [u8]) -> Result<()> {
+        match vol.get(lbn) {
+            MapEntry::Unmapped | MapEntry::Zero => {
+                out.fill(0);
+                Ok(())
+            }
+            MapEntry::Object(o) => self.read_object(o, out),
+        }
+    }
+
+    fn corrupt_object(&self, o: ObjectId, reason: String) -> EngineError {
+        let (s, _) = self.split_object(o);
+        EngineError::Corrupt { region: "data", block: u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS), device: "data", reason: format!("object {}: {reason}", o.0) }
+    }
+
+    pub(crate) fn read_object(&self, o: ObjectId, out: &mut [u8]) -> Result<()> {
+        let (s, i) = self.split_object(o);
+        let (rec, open) = {
+            let slab = self.slab(s).lock();
+            let rec = slab.rec(i);
+            let loc = Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))?;
+            let (first, count) = loc.blocks();
+            let open: Vec<(u64, Option<usize>)> = (first..first + count).map(|b| (b, Inner::open_zone(&slab, (b - slab.first_pbn) as u32))).collect();
+            (rec, open)
+        };
+        if rec.refcount == 0 {
+            return Err(self.corrupt_object(o, "mapped but has no references".into()));
+        }
+        match Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))? {
+            Location::Block { pbn } => {
+                let r = self.data.read_at(out, self.data_offset_bytes + pbn * BLOCK);
+                self.check_io(r)
+            }
+            Location::Fragment { addr_bytes, len_bytes, .. } => {
+                let len = usize::from(len_bytes);
+                let mut packed = [0u8; BLOCK_BYTES];
+                let mut done = 0usize;
+                for (b, zone) in open {
+                    let block_start = b * BLOCK;
+                    let from = (addr_bytes + done as u64 - block_start) as usize;
+                    let n = (BLOCK_BYTES - from).min(len - done);
+                    let dst = packed.get_mut(done..done + n).unwrap_or(&mut []);
+                    let from_packer = zone.is_some_and(|z| self.read_open_block(z, s, (b - u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS)) as u32, from, dst));
+                    if !from_packer {
+                        let r = self.data.read_at(dst, self.data_offset_bytes + block_start + from as u64);
+                        self.check_io(r)?;
+                    }
+                    done += n;
+                }
+                let n = lz4_flex::block::decompress_into(packed.get(..len).unwrap_or(&[]), out)
+                    .map_err(|e| self.corrupt_object(o, format!("LZ4 fragment does not decode: {e}")))?;
+                if n != BLOCK_BYTES {
+                    return Err(self.corrupt_object(o, format!("fragment decodes to {n} bytes, not {BLOCK_BYTES}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Take a reference to `o` if it still holds `fp` and can take one more.
+    fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
+        if !self.valid_object(o) {
+            return false;
+        }
+        let (s, i) = self.split_object(o);
+        let mut slab = self.slab(s).lock();
+        let rec = slab.rec(i);
+        if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
+            return false;
+        }
+        if let Some(r) = slab.rec_mut(i) {
+            r.refcount += 1;
+        }
+        true
+    }
+
+    /// Add a reference (clones).
+    pub(crate) fn add_reference(&self, o: ObjectId) {
+        let (s, i) = self.split_object(o);
+        let mut slab = self.slab(s).lock();
+        if let Some(r) = slab.rec_mut(i) {
+            r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
+        }
+    }
+
+    /// Drop a reference; a freed object leaves the index.
+    pub(crate) fn release_object(&self, o: ObjectId) {
+        let (s, i) = self.split_object(o);
+        let freed = self.slab(s).lock().drop_ref(i);
+        if let Some(rec) = freed {
+            self.index.remove(&rec.fingerprint, o);
+        }
+    }
+
+    /// Store a new block (compressed or whole) with one reference; journals it.
+    fn store_new(&self, block: &[u8], fp: &[u8; 32]) -> Result<ObjectId> {
+        let zone = my_zone(self.zone_count());
+        let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
+            let mut scratch = scratch.borrow_mut();
+            let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
+            if n > COMPRESSED_BYTES_MAX {
+                return Ok(None);
+            }
+            match self.pack(zone, scratch.get(..n).unwrap_or(&[]), fp) {
+                Ok(v) => Ok(Some(v)),
+                Err(EngineError::NoSpace(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
+        let (object, location) = match compressed {
+            Some(v) => {
+                add(&self.counters.compressed_writes, 1);
+                v
+            }
+            None => {
+                let (object, pbn) = self.alloc_whole(zone, fp)?;
+                let r = self.data.write_at(block, self.data_offset_bytes + pbn * BLOCK);
+                if let Err(e) = self.check_io(r) {
+                    self.release_object(object);
+                    return Err(e);
+                }
+                add(&self.counters.uncompressed_writes, 1);
+                (object, Location::Block { pbn })
+            }
+        };
+        // Journalled before anyone can find it in the index, so a reference to it
+        // can never be durable before the object itself.
+        self.journal.append(&Record::NewObject { object: object.0, location: location.encode(), fingerprint: *fp });
+        self.index.insert(fp, object);
+        Ok(object)
+    }
+
+    fn alloc_whole(&self, zone: usize, fp: &[u8; 32]) -> Result<(ObjectId, u64)> {
+        for s in self.slab_order(zone) {
+            let mut slab = self.slab(s).lock();
+            if slab.free_blocks() == 0 || slab.free_objects() == 0 {
+                continue;
+            }
+            let (Some(b), Some(i)) = (slab.alloc_block(), slab.alloc_object()) else { continue };
+            slab.hold_block(b);
+            let pbn = slab.first_pbn + u64::from(b);
+            if let Some(r) = slab.rec_mut(i) {
+                *r = ObjRec { location: Location::Block { pbn }.encode(), refcount: 1, fingerprint: *fp };
+            }
+            return Ok((ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)), pbn));
+        }
+        Err(EngineError::NoSpace(format!("all {} data blocks are in use", self.data_blocks)))
+    }
+
+    /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
+    pub(crate) fn write_block(&self, vol: &VolumeState, lbn: u64, block: &[u8]) -> Result<()> {
+        add(&self.counters.blocks_written, 1);
+        add(&vol.counters.blocks_written, 1);
+        let entry = if is_zero(block) {
+            add(&self.counters.zero_blocks_written, 1);
+            add(&vol.counters.zero_blocks_written, 1);
+            MapEntry::Zero
+        } else {
+            let fp = self.fingerprint(block);
+            let (candidates, n) = self.index.lookup(&fp);
+            let mut found = None;
+            for o in candidates.iter().take(n).flatten() {
+                if self.take_advice(*o, &fp) {
+                    add(&self.counters.advice_valid, 1);
+                    found = Some(*o);
+                    break;
+                }
+                add(&self.counters.advice_stale, 1);
+            }
+            match found {
+                Some(o) => {
+                    add(&self.counters.dedup_hits, 1);
+                    add(&vol.counters.dedup_hits, 1);
+                    MapEntry::Object(o)
+                }
+                None => MapEntry::Object(self.store_new(block, &fp)?),
+            }
+        };
+        let old = {
+            let pages = vol.pages.read();
+            let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
+                drop(pages);
+                if let Some(o) = entry.object() {
+                    self.release_object(o);
+                }
+                return Err(EngineError::VolumeGone(vol.name.clone()));
+            };
+            let mut page = page.lock();
+            let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
+            // Appended under the page lock: journal order matches map order per block.
+            self.journal.append(&Record::MapSet { volume: vol.slot, lbn, entry });
+            old
+        };
+        vol.account(old, entry);
+        if let Some(o) = old.object() {
+            self.release_object(o);
+        }
+        Ok(())
+    }
 }

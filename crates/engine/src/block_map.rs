@@ -1,0 +1,144 @@
+//! Block maps: per volume, logical block → map entry, in pages of 504 entries.
+//!
+//! A page is allocated when first written, locked on its own (the logical zone's
+//! unit), marked dirty when changed and written back at checkpoints; the journal
+//! makes every change between checkpoints recoverable.
+
+use crate::counters::Counters;
+use fewerbytes_format::location::MapEntry;
+use fewerbytes_format::page::MAP_ENTRIES_PER_PAGE;
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+/// Entries per page, as a u64 for LBN arithmetic.
+pub const ENTRIES_PER_PAGE: u64 = MAP_ENTRIES_PER_PAGE as u64;
+
+/// One page of a block map.
+#[derive(Default)]
+pub struct MapPage {
+    /// Encoded entries; `None` while the page has never been written (all unmapped).
+    pub entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
+    /// Changed since the last checkpoint snapshot.
+    pub dirty: bool,
+    /// Page-store slot of its durable copy (0: none).
+    pub slot: u32,
+}
+
+impl MapPage {
+    /// Entry `i` of the page.
+    pub fn get(&self, i: usize) -> MapEntry {
+        MapEntry::decode(self.entries.as_ref().and_then(|e| e.get(i).copied()).unwrap_or(0))
+    }
+
+    /// Set entry `i`; returns the old entry.
+    pub fn set(&mut self, i: usize, entry: MapEntry) -> MapEntry {
+        let entries = self.entries.get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
+        let old = entries.get(i).copied().map(MapEntry::decode).unwrap_or(MapEntry::Unmapped);
+        if let Some(e) = entries.get_mut(i) {
+            *e = entry.encode();
+        }
+        self.dirty = true;
+        old
+    }
+}
+
+/// A volume's state in memory.
+pub struct VolumeState {
+    /// Slot in the catalog (names the volume in journal records).
+    pub slot: u16,
+    /// Unique id.
+    pub id: u64,
+    /// Name.
+    pub name: String,
+    /// Size in 4 KiB blocks.
+    pub size_blocks: AtomicU64,
+    /// Map pages (the vector is resized under the write lock).
+    pub pages: RwLock<Vec<Mutex<MapPage>>>,
+    /// Directory page slots of the durable map (checkpoint-owned).
+    pub dir_slots: Mutex<Vec<u32>>,
+    /// Open handles.
+    pub users: AtomicU32,
+    /// Set when deleted; handles fail from then on.
+    pub deleted: AtomicBool,
+    /// Entries mapped to objects.
+    pub mapped: AtomicI64,
+    /// Entries mapped to zero.
+    pub zeros: AtomicI64,
+    /// Counters since open.
+    pub counters: Counters,
+}
+
+impl VolumeState {
+    /// A volume with an empty map of `size_blocks`.
+    pub fn new(slot: u16, id: u64, name: String, size_blocks: u64) -> Self {
+        let pages = size_blocks.div_ceil(ENTRIES_PER_PAGE);
+        VolumeState {
+            slot,
+            id,
+            name,
+            size_blocks: AtomicU64::new(size_blocks),
+            pages: RwLock::new((0..pages).map(|_| Mutex::new(MapPage::default())).collect()),
+            dir_slots: Mutex::new(Vec::new()),
+            users: AtomicU32::new(0),
+            deleted: AtomicBool::new(false),
+            mapped: AtomicI64::new(0),
+            zeros: AtomicI64::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Size in blocks.
+    pub fn size_blocks(&self) -> u64 {
+        self.size_blocks.load(Ordering::Acquire)
+    }
+
+    /// The entry of `lbn`.
+    pub fn get(&self, lbn: u64) -> MapEntry {
+        let pages = self.pages.read();
+        match pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
+            Some(p) => p.lock().get((lbn % ENTRIES_PER_PAGE) as usize),
+            None => MapEntry::Unmapped,
+        }
+    }
+
+    /// Track mapped/zero counts for a change from `old` to `new`.
+    pub fn account(&self, old: MapEntry, new: MapEntry) {
+        let delta = |e: MapEntry| match e {
+            MapEntry::Object(_) => (1, 0),
+            MapEntry::Zero => (0, 1),
+            MapEntry::Unmapped => (0, 0),
+        };
+        let (om, oz) = delta(old);
+        let (nm, nz) = delta(new);
+        if nm != om {
+            self.mapped.fetch_add(nm - om, Ordering::Relaxed);
+        }
+        if nz != oz {
+            self.zeros.fetch_add(nz - oz, Ordering::Relaxed);
+        }
+    }
+
+    /// Visit every entry that is not unmapped: (lbn, entry).
+    pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
+        let pages = self.pages.read();
+        for (p, page) in pages.iter().enumerate() {
+            let page = page.lock();
+            if let Some(entries) = &page.entries {
+                for (i, raw) in entries.iter().enumerate() {
+                    if *raw != 0 {
+                        f(p as u64 * ENTRIES_PER_PAGE + i as u64, MapEntry::decode(*raw));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Grow or shrink the page vector to `size_blocks`; entries past the end must be
+    /// unmapped by the caller first.
+    pub fn set_size(&self, size_blocks: u64) {
+        let mut pages = self.pages.write();
+        let want = size_blocks.div_ceil(ENTRIES_PER_PAGE) as usize;
+        pages.resize_with(want, || Mutex::new(MapPage::default()));
+        self.size_blocks.store(size_blocks, Ordering::Release);
+    }
+}

@@ -1,0 +1,206 @@
+//! Pool geometry: where each region lives, computed once at creation from the
+//! device sizes and recorded in the super block.
+//!
+//! Metadata device: block 0 and 1 super block copies, then the journal ring, then
+//! the page store. Data device: the data region (after the metadata regions on a
+//! single device; after a one-block label on a separate data device), cut into slabs.
+
+use crate::{EngineError, Result};
+use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
+use fewerbytes_format::superblock::MAX_CATALOG_PAGES;
+use fewerbytes_format::BLOCK_BYTES;
+
+/// Data blocks per slab (32 MiB). A slab is the unit of physical allocation and
+/// owns its object table; it bounds the memory of one allocation bitmap.
+pub const SLAB_BLOCKS: u32 = 8192;
+/// Object slots per data block. Whole blocks use one each; compressed fragments
+/// (about 2 KiB on the seed's mix) fit two or more per block. At 3, objects run out
+/// only for data compressing better than 3:1, and then blocks are stored whole.
+pub const OBJECTS_PER_BLOCK: u32 = 3;
+/// Page-store slots per live page: copy-on-write checkpoints need a fresh slot for
+/// each dirty page, and a checkpoint is forced before dirty pages pass a fifth of the store.
+pub const PAGE_STORE_SLACK_NUM: u64 = 5;
+/// See [`PAGE_STORE_SLACK_NUM`].
+pub const PAGE_STORE_SLACK_DEN: u64 = 4;
+/// Logical space an overcommitted pool may promise, as a multiple of its data space.
+pub const OVERCOMMIT_FACTOR: u64 = 4;
+/// The smallest pool worth making.
+pub const MIN_POOL_BYTES: u64 = 64 << 20;
+/// Journal ring bounds (blocks).
+pub const JOURNAL_BLOCKS_MIN: u64 = 256;
+/// See [`JOURNAL_BLOCKS_MIN`].
+pub const JOURNAL_BLOCKS_MAX: u64 = 16384;
+/// Alignment of the data region on a single device (1 MiB).
+pub const DATA_ALIGN_BLOCKS: u64 = 256;
+
+/// Where everything is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// 4 KiB blocks in the data region.
+    pub data_blocks: u64,
+    /// Byte offset of the data region on the data device.
+    pub data_offset_bytes: u64,
+    /// Slabs.
+    pub slab_count: u32,
+    /// Objects per slab (a multiple of the records per page).
+    pub objects_per_slab: u32,
+    /// Journal ring position and size.
+    pub journal_start_block: u64,
+    /// Journal ring length in blocks.
+    pub journal_blocks: u64,
+    /// Page store position and size.
+    pub pages_start_block: u64,
+    /// Page store slots.
+    pub page_slots: u64,
+    /// Logical blocks volumes may add up to.
+    pub addressable_blocks: u64,
+}
+
+/// Objects per slab: enough for `OBJECTS_PER_BLOCK`, rounded up to whole pages.
+pub fn objects_per_slab() -> u32 {
+    let want = SLAB_BLOCKS * OBJECTS_PER_BLOCK;
+    want.div_ceil(OBJECTS_PER_PAGE as u32) * OBJECTS_PER_PAGE as u32
+}
+
+fn journal_blocks_for(data_blocks: u64) -> u64 {
+    (data_blocks / 64).clamp(JOURNAL_BLOCKS_MIN, JOURNAL_BLOCKS_MAX)
+}
+
+/// Page-store slots for a pool of `data_blocks` promising `addressable_blocks`.
+pub fn page_slots_for(data_blocks: u64, addressable_blocks: u64) -> u64 {
+    let slabs = data_blocks.div_ceil(u64::from(SLAB_BLOCKS));
+    let object_pages = slabs * u64::from(objects_per_slab()) / OBJECTS_PER_PAGE as u64;
+    // A volume's map pages round up per volume; allow one spare page per possible volume
+    // of the first few hundred.
+    let map_pages = addressable_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64) + 256;
+    let dir_pages = object_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64) + map_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64) + 256;
+    let live = object_pages + map_pages + dir_pages + MAX_CATALOG_PAGES as u64;
+    live * PAGE_STORE_SLACK_NUM / PAGE_STORE_SLACK_DEN + 64
+}
+
+impl Geometry {
+    /// Lay out a pool. `data_device_blocks` is the data device; `metadata_device_blocks`
+    /// is `None` when metadata shares it.
+    pub fn compute(data_device_blocks: u64, metadata_device_blocks: Option<u64>, overcommit: bool) -> Result<Self> {
+        let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
+        let journal_start_block = 2;
+        let geometry = match metadata_device_blocks {
+            None => {
+                // Data shrinks as metadata grows: iterate to a fixed point (it converges in a few steps).
+                let mut data_blocks = data_device_blocks;
+                let mut layout = None;
+                for _ in 0..8 {
+                    let journal_blocks = journal_blocks_for(data_blocks);
+                    let page_slots = page_slots_for(data_blocks, data_blocks * factor);
+                    let meta_end = journal_start_block + journal_blocks + page_slots;
+                    let data_start = meta_end.div_ceil(DATA_ALIGN_BLOCKS) * DATA_ALIGN_BLOCKS;
+                    let next = data_device_blocks.saturating_sub(data_start);
+                    layout = Some((journal_blocks, page_slots, data_start));
+                    if next == data_blocks {
+                        break;
+                    }
+                    data_blocks = next;
+                }
+                let (journal_blocks, page_slots, data_start) = layout.unwrap_or((0, 0, 0));
+                // Final check with the sizes actually laid out.
+                let data_blocks = data_device_blocks.saturating_sub(data_start);
+                if page_slots < page_slots_for(data_blocks, data_blocks * factor) {
+                    return Err(EngineError::Refused("internal sizing error: page store too small".into()));
+                }
+                Geometry {
+                    data_blocks,
+                    data_offset_bytes: data_start * BLOCK_BYTES as u64,
+                    slab_count: 0,
+                    objects_per_slab: objects_per_slab(),
+                    journal_start_block,
+                    journal_blocks,
+                    pages_start_block: journal_start_block + journal_blocks,
+                    page_slots,
+                    addressable_blocks: data_blocks * factor,
+                }
+            }
+            Some(meta_blocks) => {
+                let data_start = DATA_ALIGN_BLOCKS; // block 0 holds the label; data from 1 MiB
+                let data_blocks = data_device_blocks.saturating_sub(data_start);
+                let journal_blocks = journal_blocks_for(data_blocks);
+                let page_slots = page_slots_for(data_blocks, data_blocks * factor);
+                let need = journal_start_block + journal_blocks + page_slots;
+                if meta_blocks < need {
+                    return Err(EngineError::Refused(format!(
+                        "the metadata device holds {} but this pool needs at least {} of metadata",
+                        human_bytes(meta_blocks * BLOCK_BYTES as u64),
+                        human_bytes(need * BLOCK_BYTES as u64)
+                    )));
+                }
+                Geometry {
+                    data_blocks,
+                    data_offset_bytes: data_start * BLOCK_BYTES as u64,
+                    slab_count: 0,
+                    objects_per_slab: objects_per_slab(),
+                    journal_start_block,
+                    journal_blocks,
+                    pages_start_block: journal_start_block + journal_blocks,
+                    page_slots,
+                    addressable_blocks: data_blocks * factor,
+                }
+            }
+        };
+        let slab_count = geometry.data_blocks.div_ceil(u64::from(SLAB_BLOCKS));
+        if geometry.data_blocks < u64::from(SLAB_BLOCKS) || slab_count > u64::from(u32::MAX) {
+            return Err(EngineError::Refused(format!(
+                "the device is too small to be useful: a pool needs at least {}",
+                human_bytes(MIN_POOL_BYTES)
+            )));
+        }
+        if geometry.page_slots > u64::from(u32::MAX) {
+            return Err(EngineError::Refused("the device is too large for this format version".into()));
+        }
+        Ok(Geometry { slab_count: slab_count as u32, ..geometry })
+    }
+
+    /// Metadata blocks needed on a separate metadata device for this data device.
+    pub fn metadata_blocks_needed(data_device_blocks: u64, overcommit: bool) -> u64 {
+        let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
+        let data_blocks = data_device_blocks.saturating_sub(DATA_ALIGN_BLOCKS);
+        2 + journal_blocks_for(data_blocks) + page_slots_for(data_blocks, data_blocks * factor)
+    }
+}
+
+/// "1.50 GiB".
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS.get(unit).unwrap_or(&"B"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_device_layout_fits_and_does_not_overlap() {
+        for gib in [1u64, 16, 1024] {
+            let blocks = gib << 18;
+            let g = Geometry::compute(blocks, None, false).unwrap();
+            assert!(g.pages_start_block + g.page_slots <= g.data_offset_bytes / 4096);
+            assert_eq!(g.data_offset_bytes / 4096 + g.data_blocks, blocks);
+            // Metadata space stays a small share of the device.
+            assert!(g.data_blocks * 100 / blocks >= 94, "{gib} GiB: data {}%", g.data_blocks * 100 / blocks);
+        }
+    }
+
+    #[test]
+    fn too_small_is_refused_with_the_minimum() {
+        let err = Geometry::compute(1000, None, false).unwrap_err().to_string();
+        assert!(err.contains("64.00 MiB"), "{err}");
+    }
+}

@@ -1,0 +1,338 @@
+//! The recovery journal: mapping changes between checkpoints, committed in groups.
+//!
+//! Request threads append encoded records to an in-memory tail under one short
+//! lock (a memcpy). The commit thread takes the whole tail at once, makes the data
+//! it refers to durable, writes it as fresh 512-byte sectors of the ring and
+//! syncs: one journal write and two syncs for every request that arrived meanwhile
+//! (group commit). A flush waits until its record number is durable.
+//!
+//! Space: every request reserves the bytes it may append before entering the
+//! pool's gate, so a full ring makes requests wait for a checkpoint instead of
+//! deadlocking inside it.
+
+use crate::{EngineError, Result};
+use fewerbytes_format::journal::{decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES};
+use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
+use fewerbytes_storage::Storage;
+use parking_lot::{Condvar, Mutex};
+use std::time::Duration;
+
+/// Largest record, which bounds the space a sector may waste.
+pub const RECORD_BYTES_MAX: u64 = 48;
+/// Usable record bytes per sector in the worst case.
+const SECTOR_RECORD_BYTES_MIN: u64 = SECTOR_PAYLOAD_BYTES as u64 - (RECORD_BYTES_MAX - 1);
+/// Pending bytes that make the commit thread write without waiting for a flush:
+/// keeps the in-memory tail (and the work of one commit) bounded.
+pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
+/// Ring fill (percent) at which the commit thread takes a checkpoint.
+pub const CHECKPOINT_RING_PERCENT: u64 = 50;
+
+struct State {
+    pending: Vec<u8>,
+    appended: u64,
+    durable: u64,
+    requested: u64,
+    reserved_bytes: u64,
+    next_seq: u64,
+    replay_seq: u64,
+    open_gen: u32,
+    failed: Option<String>,
+    shutdown: bool,
+    checkpoint_requested: bool,
+}
+
+/// The journal's in-memory side and ring geometry.
+pub struct Journal {
+    state: Mutex<State>,
+    /// Signalled when durability advances, space frees up, or the journal fails.
+    progress: Condvar,
+    /// Wakes the commit thread.
+    wake: Condvar,
+    nonce: u64,
+    start_bytes: u64,
+    sectors: u64,
+}
+
+/// What one commit takes from the tail.
+pub struct Batch {
+    /// Encoded records.
+    pub bytes: Vec<u8>,
+    /// Record number this batch makes durable.
+    pub target: u64,
+    /// First sector sequence it is written at.
+    pub first_seq: u64,
+}
+
+/// What the commit thread should do next.
+pub enum Work {
+    /// Write the tail.
+    Commit,
+    /// Take a checkpoint.
+    Checkpoint,
+    /// Stop.
+    Shutdown,
+}
+
+fn record_len(tag: u8) -> usize {
+    match tag {
+        1 => 16,
+        2 => 24,
+        _ => 48,
+    }
+}
+
+impl Journal {
+    /// A journal over the ring at `start_block` of `sectors` sectors.
+    pub fn new(nonce: u64, start_block: u64, sectors: u64, replay_seq: u64, next_seq: u64, open_gen: u32) -> Self {
+        Journal {
+            state: Mutex::new(State {
+                pending: Vec::new(),
+                appended: 0,
+                durable: 0,
+                requested: 0,
+                reserved_bytes: 0,
+                next_seq,
+                replay_seq,
+                open_gen,
+                failed: None,
+                shutdown: false,
+                checkpoint_requested: false,
+            }),
+            progress: Condvar::new(),
+            wake: Condvar::new(),
+            nonce,
+            start_bytes: start_block * BLOCK_BYTES as u64,
+            sectors,
+        }
+    }
+
+    fn room_bytes(&self, s: &State) -> u64 {
+        let used = s.next_seq - s.replay_seq;
+        // Keep an eighth of the ring spare so a checkpoint's own commit always fits.
+        let usable = (self.sectors - self.sectors / 8).saturating_sub(used);
+        (usable * SECTOR_RECORD_BYTES_MIN).saturating_sub(s.pending.len() as u64 + s.reserved_bytes)
+    }
+
+    /// Reserve room for `bytes` of records, waiting for a checkpoint if the ring is full.
+    pub fn reserve(&self, bytes: u64) -> Result<()> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(why) = &s.failed {
+                return Err(EngineError::ReadOnly(why.clone()));
+            }
+            if self.room_bytes(&s) >= bytes {
+                s.reserved_bytes += bytes;
+                return Ok(());
+            }
+            if s.shutdown {
+                return Err(EngineError::ReadOnly("the pool is closing".into()));
+            }
+            s.checkpoint_requested = true;
+            self.wake.notify_one();
+            self.progress.wait_for(&mut s, Duration::from_millis(100));
+        }
+    }
+
+    /// Give back reserved bytes that were not used.
+    pub fn unreserve(&self, bytes: u64) {
+        let mut s = self.state.lock();
+        s.reserved_bytes = s.reserved_bytes.saturating_sub(bytes);
+    }
+
+    /// Append one record (its bytes come out of the caller's reservation). Returns its number.
+    pub fn append(&self, record: &Record) -> u64 {
+        let len = record.encoded_len();
+        let mut s = self.state.lock();
+        let at = s.pending.len();
+        s.pending.resize(at + len, 0);
+        if let Some(dst) = s.pending.get_mut(at..) {
+            record.encode(&mut Writer::new(dst));
+        }
+        s.reserved_bytes = s.reserved_bytes.saturating_sub(len as u64);
+        s.appended += 1;
+        if s.pending.len() as u64 >= COMMIT_BYTES_THRESHOLD {
+            self.wake.notify_one();
+        }
+        s.appended
+    }
+
+    /// The number of the last record appended.
+    pub fn appended(&self) -> u64 {
+        self.state.lock().appended
+    }
+
+    /// Wait until record `target` is durable.
+    pub fn wait_durable(&self, target: u64) -> Result<()> {
+        let mut s = self.state.lock();
+        if s.requested < target {
+            s.requested = target;
+            self.wake.notify_one();
+        }
+        loop {
+            if s.durable >= target {
+                return Ok(());
+            }
+            if let Some(why) = &s.failed {
+                return Err(EngineError::ReadOnly(why.clone()));
+            }
+            self.progress.wait(&mut s);
+        }
+    }
+
+    /// Commit thread: wait for something to do.
+    pub fn next_work(&self) -> Work {
+        let mut s = self.state.lock();
+        loop {
+            if s.shutdown {
+                return Work::Shutdown;
+            }
+            if s.failed.is_none() {
+                if s.checkpoint_requested {
+                    return Work::Checkpoint;
+                }
+                if s.requested > s.durable || s.pending.len() as u64 >= COMMIT_BYTES_THRESHOLD {
+                    return Work::Commit;
+                }
+            }
+            self.wake.wait_for(&mut s, Duration::from_secs(1));
+        }
+    }
+
+    /// Ask the commit thread for a checkpoint.
+    pub fn request_checkpoint(&self) {
+        let mut s = self.state.lock();
+        s.checkpoint_requested = true;
+        self.wake.notify_one();
+    }
+
+    /// Whether the ring is full enough for a checkpoint.
+    pub fn wants_checkpoint(&self) -> bool {
+        let s = self.state.lock();
+        (s.next_seq - s.replay_seq) * 100 >= self.sectors * CHECKPOINT_RING_PERCENT
+    }
+
+    /// Take the tail for a commit.
+    pub fn take_batch(&self) -> Batch {
+        let mut s = self.state.lock();
+        Batch { bytes: std::mem::take(&mut s.pending), target: s.appended, first_seq: s.next_seq }
+    }
+
+    /// Encode a batch into sectors and write them to the ring (no sync). Returns the
+    /// number of sectors written and the bytes.
+    pub fn write_batch(&self, meta: &dyn Storage, batch: &Batch) -> Result<(u64, u64)> {
+        let open_gen = self.state.lock().open_gen;
+        let mut sectors: Vec<u8> = Vec::new();
+        let mut seq = batch.first_seq;
+        let mut pos = 0usize;
+        let bytes = &batch.bytes;
+        while pos < bytes.len() {
+            let mut end = pos;
+            while let Some(tag) = bytes.get(end) {
+                let len = record_len(*tag);
+                if end + len - pos > SECTOR_PAYLOAD_BYTES {
+                    break;
+                }
+                end += len;
+            }
+            let header = SectorHeader { nonce: self.nonce, seq, open_gen, used: (end - pos) as u16 };
+            let mut sector = [0u8; SECTOR_BYTES];
+            encode_sector(&header, bytes.get(pos..end).unwrap_or(&[]), &mut sector);
+            sectors.extend_from_slice(&sector);
+            seq += 1;
+            pos = end;
+        }
+        let count = seq - batch.first_seq;
+        // Write in at most two runs (the ring may wrap).
+        let mut written = 0u64;
+        while written < count {
+            let at = (batch.first_seq + written) % self.sectors;
+            let run = (count - written).min(self.sectors - at);
+            let from = (written as usize) * SECTOR_BYTES;
+            let to = from + run as usize * SECTOR_BYTES;
+            meta.write_at(sectors.get(from..to).unwrap_or(&[]), self.start_bytes + at * SECTOR_BYTES as u64)?;
+            written += run;
+        }
+        Ok((count, sectors.len() as u64))
+    }
+
+    /// After the batch's sectors are durable.
+    pub fn batch_durable(&self, batch: &Batch, sectors: u64) {
+        let mut s = self.state.lock();
+        s.next_seq = batch.first_seq + sectors;
+        s.durable = s.durable.max(batch.target);
+        self.progress.notify_all();
+    }
+
+    /// A batch failed: everything not durable fails, and the journal stays failed.
+    pub fn fail(&self, why: String) {
+        let mut s = self.state.lock();
+        s.failed.get_or_insert(why);
+        self.progress.notify_all();
+    }
+
+    /// The failure, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.state.lock().failed.clone()
+    }
+
+    /// The next sector sequence (the replay point of a checkpoint taken now).
+    pub fn next_seq(&self) -> u64 {
+        self.state.lock().next_seq
+    }
+
+    /// A checkpoint made everything before `replay_seq` unnecessary.
+    pub fn checkpointed(&self, replay_seq: u64) {
+        let mut s = self.state.lock();
+        s.replay_seq = replay_seq;
+        s.checkpoint_requested = false;
+        self.progress.notify_all();
+    }
+
+    /// Stop the commit thread.
+    pub fn shutdown(&self) {
+        let mut s = self.state.lock();
+        s.shutdown = true;
+        self.wake.notify_all();
+        self.progress.notify_all();
+    }
+
+    /// Ring usage: (sectors used since the checkpoint, ring sectors).
+    pub fn usage(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.next_seq - s.replay_seq, self.sectors)
+    }
+}
+
+/// Read the records written since `replay_seq` in generation `open_gen`. The journal
+/// ends at the first sector that fails its checks or carries another sequence or
+/// generation (a torn or stale sector). Returns the records and the next sequence.
+pub fn read_journal(
+    meta: &dyn Storage,
+    nonce: u64,
+    start_block: u64,
+    sectors: u64,
+    replay_seq: u64,
+    open_gen: u32,
+) -> Result<(Vec<Record>, u64)> {
+    const CHUNK_SECTORS: u64 = 2048;
+    let start_bytes = start_block * BLOCK_BYTES as u64;
+    let mut records = Vec::new();
+    let mut seq = replay_seq;
+    let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
+    'outer: while seq - replay_seq < sectors {
+        let at = seq % sectors;
+        let run = CHUNK_SECTORS.min(sectors - at).min(sectors - (seq - replay_seq));
+        let chunk = buf.get_mut(..run as usize * SECTOR_BYTES).unwrap_or(&mut []);
+        meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
+        for sector in chunk.chunks(SECTOR_BYTES) {
+            match decode_sector(sector, nonce) {
+                Ok((h, recs)) if h.seq == seq && h.open_gen == open_gen => {
+                    records.extend(recs);
+                    seq += 1;
+                }
+                _ => break 'outer,
+            }
+        }
+    }
+    Ok((records, seq))
+}

@@ -1,0 +1,175 @@
+//! Recovery: replay the journal over the loaded checkpoint, then rebuild what is
+//! derived (allocation bitmaps, block holders, the dedup index, usage counts).
+//!
+//! The checkpoint is an exact image at the journal position it names, so records
+//! are applied in order, once. Reference-count changes commute; they are summed
+//! and applied at the end, where a negative or impossible count is corruption.
+
+use crate::block_map::ENTRIES_PER_PAGE;
+use crate::pool::Inner;
+use crate::{EngineError, Result};
+use fewerbytes_format::journal::Record;
+use fewerbytes_format::location::{Location, MapEntry, ObjectId};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+fn corrupt(reason: String) -> EngineError {
+    EngineError::Corrupt { region: "journal", block: 0, device: "metadata", reason }
+}
+
+impl Inner {
+    pub(crate) fn split_object(&self, o: ObjectId) -> (u32, u32) {
+        ((o.0 / u64::from(self.objects_per_slab)) as u32, (o.0 % u64::from(self.objects_per_slab)) as u32)
+    }
+
+    pub(crate) fn valid_object(&self, o: ObjectId) -> bool {
+        o.0 < u64::from(self.slab_count) * u64::from(self.objects_per_slab)
+    }
+
+    /// Whether a location lies in the data region and in the slab its object belongs to.
+    pub(crate) fn valid_location(&self, slab: u32, loc: Location) -> bool {
+        let (first, count) = loc.blocks();
+        let slab_first = u64::from(slab) * u64::from(crate::geometry::SLAB_BLOCKS);
+        let slab_end = (slab_first + u64::from(crate::geometry::SLAB_BLOCKS)).min(self.data_blocks);
+        first >= slab_first && first + count <= slab_end
+    }
+
+    /// Apply journal records in order.
+    pub(crate) fn replay(&self, records: &[Record]) -> Result<()> {
+        let mut deltas: HashMap<u64, i64> = HashMap::new();
+        let vols = self.volumes.read();
+        let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
+            if let Some(o) = new.object() {
+                *deltas.entry(o.0).or_insert(0) += 1;
+            }
+            if let Some(o) = old.object() {
+                *deltas.entry(o.0).or_insert(0) -= 1;
+            }
+        };
+        for (n, record) in records.iter().enumerate() {
+            match *record {
+                Record::NewObject { object, location, fingerprint } => {
+                    let o = ObjectId(object);
+                    let loc = Location::decode(location).map_err(|e| corrupt(format!("record {n}: {e}")))?;
+                    let (s, i) = self.split_object(o);
+                    if !self.valid_object(o) || !self.valid_location(s, loc) {
+                        return Err(corrupt(format!("record {n}: object {object} at {loc:?} is outside the pool")));
+                    }
+                    let mut slab = self.slab(s).lock();
+                    if let Some(rec) = slab.rec_mut(i) {
+                        rec.location = location;
+                        rec.fingerprint = fingerprint;
+                    }
+                }
+                Record::MapSet { volume, lbn, entry } => {
+                    let vol = vols.get(usize::from(volume)).and_then(|v| v.as_ref()).ok_or_else(|| corrupt(format!("record {n}: no volume in slot {volume}")))?;
+                    if lbn >= vol.size_blocks() || entry.object().is_some_and(|o| !self.valid_object(o)) {
+                        return Err(corrupt(format!("record {n}: block {lbn} of volume '{}' or its entry is out of range", vol.name)));
+                    }
+                    let pages = vol.pages.read();
+                    let mut page = pages.get((lbn / ENTRIES_PER_PAGE) as usize).ok_or_else(|| corrupt(format!("record {n}: no map page")))?.lock();
+                    let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
+                    change(&mut deltas, old, entry);
+                }
+                Record::RangeSet { volume, lbn, count, entry } => {
+                    let vol = vols.get(usize::from(volume)).and_then(|v| v.as_ref()).ok_or_else(|| corrupt(format!("record {n}: no volume in slot {volume}")))?;
+                    if lbn.checked_add(count).is_none_or(|end| end > vol.size_blocks()) {
+                        return Err(corrupt(format!("record {n}: range {lbn}+{count} past the end of volume '{}'", vol.name)));
+                    }
+                    let pages = vol.pages.read();
+                    for l in lbn..lbn + count {
+                        if let Some(page) = pages.get((l / ENTRIES_PER_PAGE) as usize) {
+                            let mut page = page.lock();
+                            if page.entries.is_none() {
+                                continue;
+                            }
+                            let i = (l % ENTRIES_PER_PAGE) as usize;
+                            let old = page.get(i);
+                            if let Some(new) = range_result(old, entry) {
+                                page.set(i, new);
+                                change(&mut deltas, old, new);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (o, d) in deltas {
+            if d == 0 {
+                continue;
+            }
+            let (s, i) = self.split_object(ObjectId(o));
+            let mut slab = self.slab(s).lock();
+            let Some(rec) = slab.rec_mut(i) else { return Err(corrupt(format!("object {o} outside its slab"))) };
+            let count = i64::from(rec.refcount) + d;
+            if count < 0 || count > i64::from(crate::slab::REFCOUNT_MAX) {
+                return Err(corrupt(format!("object {o} would have {count} references after replay")));
+            }
+            rec.refcount = count as u32;
+            if rec.refcount > 0 && rec.location == 0 && rec.fingerprint == [0; 32] {
+                return Err(corrupt(format!("object {o} is referenced but was never stored")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuild allocation state, the index and usage counts from the tables.
+    pub(crate) fn rebuild(&self) -> Result<()> {
+        for s in 0..self.slab_count {
+            let mut slab = self.slab(s).lock();
+            for (i, rec) in slab.rebuild() {
+                let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
+                    region: "slab object page",
+                    block: 0,
+                    device: "metadata",
+                    reason: format!("object {i} of slab {s}: {e}"),
+                })?;
+                if !self.valid_location(s, loc) {
+                    return Err(EngineError::Corrupt {
+                        region: "slab object page",
+                        block: 0,
+                        device: "metadata",
+                        reason: format!("object {i} of slab {s} lies outside its slab"),
+                    });
+                }
+                self.index.insert(&rec.fingerprint, ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)));
+            }
+        }
+        for vol in self.volumes.read().iter().flatten() {
+            let (mut mapped, mut zeros) = (0i64, 0i64);
+            let mut bad = None;
+            vol.for_each_mapped(|lbn, e| match e {
+                MapEntry::Object(o) => {
+                    mapped += 1;
+                    if !self.valid_object(o) {
+                        bad = Some(lbn);
+                    }
+                }
+                MapEntry::Zero => zeros += 1,
+                MapEntry::Unmapped => {}
+            });
+            if let Some(lbn) = bad {
+                return Err(EngineError::Corrupt {
+                    region: "block map page",
+                    block: 0,
+                    device: "metadata",
+                    reason: format!("block {lbn} of volume '{}' names an object outside the pool", vol.name),
+                });
+            }
+            vol.mapped.store(mapped, Ordering::Relaxed);
+            vol.zeros.store(zeros, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// What a range operation makes of an entry: trim unmaps everything; write-zeroes
+/// turns data and zero entries into zero and leaves unmapped ones unmapped (they
+/// read as zeros already). `None` means unchanged.
+pub(crate) fn range_result(old: MapEntry, op: MapEntry) -> Option<MapEntry> {
+    match (old, op) {
+        (MapEntry::Unmapped, _) => None,
+        (MapEntry::Zero, MapEntry::Zero) => None,
+        (_, new) => Some(new),
+    }
+}

@@ -1,0 +1,322 @@
+//! Slabs: the physical zone's unit. A slab owns a run of data blocks and a table of
+//! object records (location, reference count, fingerprint) for what is stored in
+//! them, plus the allocation state derived from that table.
+//!
+//! Freed objects and blocks are not reusable at once: they wait on a pending list
+//! until the next checkpoint makes the state that freed them durable. Until then a
+//! crash could bring back a mapping to them, so their bytes must stay intact.
+
+use fewerbytes_format::location::Location;
+use fewerbytes_format::page::OBJECTS_PER_PAGE;
+
+/// Largest reference count; a duplicate of an object at this count gets a new copy.
+pub const REFCOUNT_MAX: u32 = u32::MAX - 1;
+
+/// One object record in memory (the on-disk form is `format::page::ObjectRecord`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjRec {
+    /// Encoded location; 0 when free.
+    pub location: u64,
+    /// References from block maps.
+    pub refcount: u32,
+    /// Keyed BLAKE3-256 of the block.
+    pub fingerprint: [u8; 32],
+}
+
+/// A page of object records, the unit written at checkpoints.
+pub struct ObjPage {
+    /// The records.
+    pub recs: Box<[ObjRec; OBJECTS_PER_PAGE]>,
+    /// Changed since the last checkpoint snapshot.
+    pub dirty: bool,
+    /// Page-store slot of its durable copy (0: none).
+    pub slot: u32,
+}
+
+/// A fixed-size bitmap with a rotating search cursor.
+pub struct Bitmap {
+    words: Vec<u64>,
+    bits: u32,
+    cursor: u32,
+}
+
+impl Bitmap {
+    fn new(bits: u32) -> Self {
+        Bitmap { words: vec![0; bits.div_ceil(64) as usize], bits, cursor: 0 }
+    }
+    /// Whether bit `i` is set.
+    pub fn get(&self, i: u32) -> bool {
+        self.words.get((i / 64) as usize).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+    fn set(&mut self, i: u32, on: bool) {
+        if let Some(w) = self.words.get_mut((i / 64) as usize) {
+            if on {
+                *w |= 1 << (i % 64);
+            } else {
+                *w &= !(1 << (i % 64));
+            }
+        }
+    }
+    /// Find and set a clear bit, searching from the cursor.
+    fn take_free(&mut self) -> Option<u32> {
+        let words = self.words.len() as u32;
+        let start_word = self.cursor / 64;
+        for step in 0..=words {
+            let wi = (start_word + step) % words.max(1);
+            let word = *self.words.get(wi as usize)?;
+            if word == u64::MAX {
+                continue;
+            }
+            let bit = (!word).trailing_zeros();
+            let i = wi * 64 + bit;
+            if i >= self.bits {
+                continue;
+            }
+            self.set(i, true);
+            self.cursor = i;
+            return Some(i);
+        }
+        None
+    }
+}
+
+/// One slab.
+pub struct Slab {
+    /// Slab number.
+    pub index: u32,
+    /// First data block (data-region relative).
+    pub first_pbn: u64,
+    /// Data blocks in this slab (the last slab may be short).
+    pub blocks: u32,
+    /// Object pages, allocated when first used.
+    pub pages: Vec<Option<ObjPage>>,
+    objects_used: Bitmap,
+    objects_used_count: u32,
+    blocks_used: Bitmap,
+    blocks_used_count: u32,
+    /// Live holders per block: 1 for a whole-block object; one per fragment touching
+    /// it for a packed block, plus one while a packer has it open.
+    holders: Vec<u16>,
+    pending_objects: Vec<u32>,
+    pending_blocks: Vec<u32>,
+    /// Blocks open in a packer, and which zone's packer (for reads of unwritten bytes).
+    pub open_blocks: Vec<(u32, usize)>,
+}
+
+impl Slab {
+    /// An empty slab.
+    pub fn new(index: u32, first_pbn: u64, blocks: u32, objects: u32) -> Self {
+        Slab {
+            index,
+            first_pbn,
+            blocks,
+            pages: (0..objects as usize / OBJECTS_PER_PAGE).map(|_| None).collect(),
+            objects_used: Bitmap::new(objects),
+            objects_used_count: 0,
+            blocks_used: Bitmap::new(blocks),
+            blocks_used_count: 0,
+            holders: vec![0; blocks as usize],
+            pending_objects: Vec::new(),
+            pending_blocks: Vec::new(),
+            open_blocks: Vec::new(),
+        }
+    }
+
+    /// Object slots in this slab.
+    pub fn objects(&self) -> u32 {
+        (self.pages.len() * OBJECTS_PER_PAGE) as u32
+    }
+    /// Free (allocatable) objects.
+    pub fn free_objects(&self) -> u32 {
+        self.objects() - self.objects_used_count
+    }
+    /// Free (allocatable) blocks.
+    pub fn free_blocks(&self) -> u32 {
+        self.blocks - self.blocks_used_count
+    }
+    /// Blocks in use (including pending frees and open packer blocks).
+    pub fn used_blocks(&self) -> u32 {
+        self.blocks_used_count
+    }
+
+    /// The record of object `i` (a free record if its page was never used).
+    pub fn rec(&self, i: u32) -> ObjRec {
+        let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
+        match self.pages.get(p) {
+            Some(Some(page)) => page.recs.get(r).copied().unwrap_or_default(),
+            _ => ObjRec::default(),
+        }
+    }
+
+    /// Mutable record of object `i`; allocates its page and marks it dirty.
+    pub fn rec_mut(&mut self, i: u32) -> Option<&mut ObjRec> {
+        let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
+        let page = self.pages.get_mut(p)?;
+        let page = page.get_or_insert_with(|| ObjPage {
+            recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]),
+            dirty: false,
+            slot: 0,
+        });
+        page.dirty = true;
+        page.recs.get_mut(r)
+    }
+
+    /// Allocate an object slot.
+    pub fn alloc_object(&mut self) -> Option<u32> {
+        let i = self.objects_used.take_free()?;
+        self.objects_used_count += 1;
+        Some(i)
+    }
+
+    /// Allocate any free block.
+    pub fn alloc_block(&mut self) -> Option<u32> {
+        let b = self.blocks_used.take_free()?;
+        self.blocks_used_count += 1;
+        Some(b)
+    }
+
+    /// Allocate block `b` if it is free.
+    pub fn alloc_block_at(&mut self, b: u32) -> bool {
+        if b >= self.blocks || self.blocks_used.get(b) {
+            return false;
+        }
+        self.blocks_used.set(b, true);
+        self.blocks_used_count += 1;
+        true
+    }
+
+    /// Return an unused object slot that was allocated but never recorded.
+    pub fn unalloc_object(&mut self, i: u32) {
+        if self.objects_used.get(i) {
+            self.objects_used.set(i, false);
+            self.objects_used_count -= 1;
+        }
+    }
+
+    /// Add a holder to block `b`.
+    pub fn hold_block(&mut self, b: u32) {
+        if let Some(h) = self.holders.get_mut(b as usize) {
+            *h += 1;
+        }
+    }
+
+    /// Drop a holder of block `b`; at zero it becomes pending-free.
+    pub fn drop_block(&mut self, b: u32) {
+        if let Some(h) = self.holders.get_mut(b as usize) {
+            debug_assert!(*h > 0, "block {b} of slab {} dropped below zero holders", self.index);
+            *h = h.saturating_sub(1);
+            if *h == 0 {
+                self.pending_blocks.push(b);
+            }
+        }
+    }
+
+    /// Holders of block `b`.
+    pub fn holders(&self, b: u32) -> u16 {
+        self.holders.get(b as usize).copied().unwrap_or(0)
+    }
+
+    /// Drop one reference to object `i`. Returns the record if that freed it; then
+    /// its blocks lose their holder and the slot becomes pending-free.
+    pub fn drop_ref(&mut self, i: u32) -> Option<ObjRec> {
+        let first_pbn = self.first_pbn;
+        let rec = self.rec_mut(i)?;
+        debug_assert!(rec.refcount > 0, "object {i} dropped below zero references");
+        rec.refcount = rec.refcount.saturating_sub(1);
+        if rec.refcount > 0 {
+            return None;
+        }
+        let freed = *rec;
+        *rec = ObjRec::default();
+        self.pending_objects.push(i);
+        if let Ok(loc) = Location::decode(freed.location) {
+            let (first, count) = loc.blocks();
+            for b in first..first + count {
+                self.drop_block((b - first_pbn) as u32);
+            }
+        }
+        Some(freed)
+    }
+
+    /// Take the pending frees; they become allocatable after the next checkpoint.
+    pub fn take_pending(&mut self) -> (Vec<u32>, Vec<u32>) {
+        (std::mem::take(&mut self.pending_objects), std::mem::take(&mut self.pending_blocks))
+    }
+
+    /// Make pending frees allocatable (their freeing is durable now). A block that
+    /// gained a holder since (a packer reopened it) stays in use.
+    pub fn release(&mut self, objects: &[u32], blocks: &[u32]) {
+        for &i in objects {
+            if self.rec(i).refcount == 0 {
+                self.unalloc_object(i);
+            }
+        }
+        for &b in blocks {
+            if self.holders(b) == 0 && self.blocks_used.get(b) {
+                self.blocks_used.set(b, false);
+                self.blocks_used_count -= 1;
+            }
+        }
+    }
+
+    /// Rebuild allocation state from the records (after load and replay). Returns the
+    /// live records found, for the index, as (object index, record).
+    pub fn rebuild(&mut self) -> Vec<(u32, ObjRec)> {
+        let objects = self.objects();
+        self.objects_used = Bitmap::new(objects);
+        self.objects_used_count = 0;
+        self.blocks_used = Bitmap::new(self.blocks);
+        self.blocks_used_count = 0;
+        self.holders.iter_mut().for_each(|h| *h = 0);
+        self.pending_blocks.clear();
+        self.pending_objects.clear();
+        self.open_blocks.clear();
+        let mut live = Vec::new();
+        for i in 0..objects {
+            let rec = self.rec(i);
+            if rec.refcount == 0 {
+                if rec.location != 0 {
+                    // Stored but never mapped before a crash, or freed: clear it.
+                    if let Some(r) = self.rec_mut(i) {
+                        *r = ObjRec::default();
+                    }
+                }
+                continue;
+            }
+            self.objects_used.set(i, true);
+            self.objects_used_count += 1;
+            if let Ok(loc) = Location::decode(rec.location) {
+                let (first, count) = loc.blocks();
+                for b in first..first + count {
+                    let local = (b - self.first_pbn) as u32;
+                    if !self.blocks_used.get(local) {
+                        self.blocks_used.set(local, true);
+                        self.blocks_used_count += 1;
+                    }
+                    self.hold_block(local);
+                }
+            }
+            live.push((i, rec));
+        }
+        live
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_block_is_not_reused_before_release() {
+        let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32);
+        let b = slab.alloc_block().unwrap();
+        let o = slab.alloc_object().unwrap();
+        *slab.rec_mut(o).unwrap() = ObjRec { location: Location::Block { pbn: u64::from(b) }.encode(), refcount: 1, fingerprint: [1; 32] };
+        slab.hold_block(b);
+        assert!(slab.drop_ref(o).is_some());
+        assert!(!slab.alloc_block_at(b), "a pending-free block must stay allocated");
+        let (objs, blocks) = slab.take_pending();
+        slab.release(&objs, &blocks);
+        assert!(slab.alloc_block_at(b));
+    }
+}

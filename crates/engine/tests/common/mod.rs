@@ -1,0 +1,107 @@
+//! Shared helpers for engine tests: pools on in-memory fault-injecting devices, and
+//! block generators shaped like fio's buffers.
+
+#![allow(dead_code)]
+
+use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use rand::{rngs::StdRng, Rng, RngCore};
+use std::sync::Arc;
+
+pub const BLOCK: usize = 4096;
+
+/// A pool on an in-memory device.
+pub struct TestPool {
+    pub dev: Arc<FaultStorage>,
+    pub meta: Option<Arc<FaultStorage>>,
+    pub pool: Option<Arc<Pool>>,
+}
+
+pub fn create(bytes: u64, meta_bytes: Option<u64>) -> TestPool {
+    let dev = Arc::new(FaultStorage::new("data", bytes));
+    let meta = meta_bytes.map(|m| Arc::new(FaultStorage::new("meta", m)));
+    let opts = CreateOptions::default();
+    Pool::format(
+        dev.clone() as Arc<dyn Storage>,
+        meta.clone().map(|m| m as Arc<dyn Storage>),
+        meta.as_ref().map(|_| "meta".to_string()),
+        &opts,
+    )
+    .expect("format");
+    let mut t = TestPool { dev, meta, pool: None };
+    t.open();
+    t
+}
+
+impl TestPool {
+    pub fn open(&mut self) {
+        let meta = self.meta.clone().map(|m| (m as Arc<dyn Storage>, "meta".to_string()));
+        let pool = Pool::open_devices(self.dev.clone() as Arc<dyn Storage>, meta, &OpenOptions { threads: Some(2) }).expect("open");
+        self.pool = Some(pool);
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.pool.as_ref().expect("open pool")
+    }
+
+    /// Clean close and reopen.
+    pub fn reopen(&mut self) {
+        if let Some(p) = self.pool.take() {
+            p.close().expect("close");
+        }
+        self.open();
+    }
+
+    /// Crash: keep what `mode` keeps of the unflushed writes, reopen from that image.
+    pub fn crash(&mut self, mode: CrashMode) {
+        let image = self.dev.crash_image(mode);
+        let meta_image = self.meta.as_ref().map(|m| m.crash_image(mode));
+        // The old pool must not touch the new devices; it is simply abandoned.
+        if let Some(p) = self.pool.take() {
+            std::mem::forget(p);
+        }
+        self.dev = Arc::new(FaultStorage::from_image("data", image));
+        self.meta = meta_image.map(|i| Arc::new(FaultStorage::from_image("meta", i)));
+        self.open();
+    }
+}
+
+/// Fill `out` like fio's `buffer_compress_percentage=50`, `buffer_compress_chunk=512`:
+/// each 512-byte chunk is half random bytes, half zeros.
+pub fn compressible(rng: &mut StdRng, out: &mut [u8]) {
+    for chunk in out.chunks_mut(512) {
+        let half = chunk.len() / 2;
+        rng.fill_bytes(&mut chunk[..half]);
+        chunk[half..].fill(0);
+    }
+}
+
+/// A generator of the seed's mix: 75% duplicates of earlier unique blocks, the rest
+/// new blocks, 50% compressible.
+pub struct Mix {
+    rng: StdRng,
+    uniques: Vec<Vec<u8>>,
+}
+
+impl Mix {
+    pub fn new(seed: u64) -> Self {
+        Mix { rng: rand::SeedableRng::seed_from_u64(seed), uniques: Vec::new() }
+    }
+
+    pub fn next_block(&mut self) -> Vec<u8> {
+        if !self.uniques.is_empty() && self.rng.gen_range(0..100) < 75 {
+            let i = self.rng.gen_range(0..self.uniques.len());
+            return self.uniques[i].clone();
+        }
+        let mut b = vec![0u8; BLOCK];
+        compressible(&mut self.rng, &mut b);
+        // Keep a bounded set of uniques to duplicate from, as fio's dedupe pool does.
+        if self.uniques.len() < 4096 {
+            self.uniques.push(b.clone());
+        } else {
+            let i = self.rng.gen_range(0..self.uniques.len());
+            self.uniques[i] = b.clone();
+        }
+        b
+    }
+}

@@ -1,0 +1,66 @@
+//! Basic behaviour a user would notice: data reads back, zeros cost nothing,
+//! duplicates cost nothing, clones share, deletes free, reopen keeps everything.
+
+mod common;
+use common::*;
+use fewerbytes_engine::storage::CrashMode;
+
+#[test]
+fn written_data_reads_back_after_reopen_and_crash() {
+    let mut t = create(64 << 20, None);
+    t.pool().create_volume("a", 4 << 20).unwrap();
+    let vol = t.pool().open_volume("a").unwrap();
+    let mut mix = Mix::new(1);
+    let blocks: Vec<Vec<u8>> = (0..200).map(|_| mix.next_block()).collect();
+    for (i, b) in blocks.iter().enumerate() {
+        vol.write((i * BLOCK) as u64, b, false).unwrap();
+    }
+    // A partial write at an odd sector.
+    vol.write(512 * 3, &[0xab; 1024], false).unwrap();
+    let mut expect0 = blocks[0].clone();
+    expect0[1536..2560].fill(0xab);
+    vol.flush().unwrap();
+    drop(vol);
+    let check = |t: &TestPool| {
+        let vol = t.pool().open_volume("a").unwrap();
+        let mut buf = vec![0u8; BLOCK];
+        vol.read(0, &mut buf).unwrap();
+        assert_eq!(buf, expect0);
+        for (i, b) in blocks.iter().enumerate().skip(1) {
+            vol.read((i * BLOCK) as u64, &mut buf).unwrap();
+            assert_eq!(&buf, b, "block {i}");
+        }
+        let audit = t.pool().audit();
+        assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    };
+    check(&t);
+    t.reopen();
+    check(&t);
+    t.crash(CrashMode::DropAll);
+    check(&t);
+}
+
+#[test]
+fn zeros_and_duplicates_store_nothing_new() {
+    let t = create(64 << 20, None);
+    let p = t.pool();
+    p.create_volume("a", 8 << 20).unwrap();
+    let vol = p.open_volume("a").unwrap();
+    vol.write(0, &vec![0u8; 1 << 20], false).unwrap();
+    vol.flush().unwrap();
+    assert_eq!(p.stats().data_used_bytes, 0, "zero blocks must not be stored");
+    let mut block = vec![0u8; BLOCK];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut block);
+    vol.write(0, &block, false).unwrap();
+    let used = p.stats().data_used_bytes;
+    for i in 1..100u64 {
+        vol.write(i * BLOCK as u64, &block, false).unwrap();
+    }
+    assert_eq!(p.stats().data_used_bytes, used, "duplicates must not add data");
+    p.clone_volume("a", "b").unwrap();
+    assert_eq!(p.stats().data_used_bytes, used, "a clone must not add data");
+    drop(vol);
+    p.delete_volume("a", false).unwrap();
+    p.delete_volume("b", false).unwrap();
+    assert!(p.audit().problems.is_empty());
+}
