@@ -373,7 +373,8 @@ fn pool_create_says_what_it_can_address_and_refuses_to_overwrite() {
 
     let info = fb(&pool, &["pool", "info", "--json"]).ok().json();
     let addressable = u64_at(&info, "addressable_bytes");
-    assert!(addressable > 0 && addressable <= 1 << 30, "{info:#}");
+    assert!(addressable > 0, "{info:#}");
+    assert!(addressable <= 1 << 30, "{info:#}");
     let text = fb(&pool, &["pool", "info"]).ok().stdout();
     assert!(text.contains("Can address"), "{text}");
 
@@ -474,7 +475,8 @@ fn volumes_are_thick_unless_the_pool_overcommits() {
     ] {
         assert!(header.contains(column), "missing column {column}: {table}");
     }
-    assert!(table.contains("vm1") && table.contains("vm2"), "{table}");
+    assert!(table.contains("vm1"), "{table}");
+    assert!(table.contains("vm2"), "{table}");
 
     fb(&pool, &["volume", "delete", "vm2"]).ok();
     assert_eq!(volume_names(&pool), vec!["vm1".to_string()]);
@@ -588,7 +590,7 @@ fn seven_imports_of_one_image_store_it_once_and_export_it_unchanged() {
     assert!(verbose.contains("volumes[vol3]"), "{verbose}");
 
     for name in ["vol0", "vol6", "zeros"] {
-        let exported = dir.join(format!("{name}.out"));
+        let exported = dir.join(&format!("{name}.out"));
         fb(&pool, &["volume", "export", name, path_str(&exported)]).ok();
         let original = if name == "zeros" { &zeros } else { &image };
         assert_same_bytes(original, &exported);
@@ -817,9 +819,10 @@ fn a_served_pool_is_managed_through_its_control_socket() {
     let image = dir.join("image");
     std::fs::write(&image, vec![1u8; 8192]).expect("write");
     let refused = fb(&pool, &["volume", "import", "base", path_str(&image)]).error();
+    assert!(refused.contains("served"), "{refused}");
     assert!(
-        refused.contains("served") && refused.contains("qemu-img"),
-        "{refused}"
+        refused.contains("qemu-img"),
+        "the refusal says what to use: {refused}"
     );
 
     assert_eq!(server.stop(), Some(0), "{}", server.log_text());
@@ -903,9 +906,10 @@ fn serve_without_a_pool_creates_a_default_one_and_serves_disk0() {
         .as_u64()
         .expect("export-size");
     assert!(
-        size > 8 << 30 && size % MIB == 0,
+        size > 8 << 30,
         "disk0 should fill the 16 GiB pool: {info:#}"
     );
+    assert!(size.is_multiple_of(MIB), "disk0 is whole MiB: {info:#}");
     let sparse_bytes = std::fs::metadata(&server.pool).expect("pool");
     assert_eq!(
         sparse_bytes.len(),
