@@ -1064,7 +1064,7 @@ fn default_serve_creates_pool_and_serves_disk0() {
     let port = free_port();
     let log_path = dir.join("serve.log");
     let log = std::fs::File::create(&log_path).expect("log");
-    let mut child = Command::new(FEWERBYTES)
+    let mut child = Command::new(fewerbytes_bin())
         .current_dir(dir.path())
         .env_remove("FEWERBYTES_POOL")
         .arg("serve")

@@ -1,0 +1,37 @@
+//! The NBD protocol server of fewerbytes, implemented here (no NBD crate): fixed
+//! newstyle negotiation with structured replies, extended headers, `base:allocation`
+//! block status and multi-connection, over blocking sockets and threads.
+//!
+//! Files, one noun each: `protocol` (wire constants, headers, request
+//! validation), `negotiate` (handshake and options), `transmission` (request loop,
+//! workers, replies), `server` (listeners, connection registry, limits, shutdown),
+//! `export` (the traits a backend implements), `engine_export` (the adapter to the
+//! engine's volumes), `memory_export` (an in-memory backend for tests and examples).
+//!
+//! **Architecture invariant:** `nbd` knows nothing of dedup or of the engine's
+//! internals; it reaches storage only through [`Export`], and the engine only
+//! through `engine_export`.
+
+#![deny(missing_docs)]
+#![deny(clippy::unwrap_used)]
+
+mod engine_export;
+mod export;
+mod memory_export;
+mod negotiate;
+pub mod protocol;
+mod server;
+mod transmission;
+
+pub use engine_export::pool_exports;
+pub use export::{
+    Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM,
+    ESHUTDOWN,
+};
+pub use memory_export::{MemoryExport, MemoryExports, MEMORY_BLOCK_BYTES};
+pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MAX_BYTES};
+pub use server::{
+    Server, ServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
+    DEFAULT_MAX_INFLIGHT_TOTAL, INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT,
+    REPLY_WRITE_TIMEOUT, SHUTDOWN_GRACE, WORKERS_PER_CONNECTION_MAX,
+};

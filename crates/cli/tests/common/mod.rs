@@ -22,6 +22,12 @@ use std::time::{Duration, Instant};
 /// The binary under test.
 pub const FEWERBYTES: &str = env!("CARGO_BIN_EXE_fewerbytes");
 
+/// The binary the tests run: `FEWERBYTES_TEST_BIN` if set (an installed build, say),
+/// else the one cargo just built.
+pub fn fewerbytes_bin() -> PathBuf {
+    std::env::var_os("FEWERBYTES_TEST_BIN").map_or_else(|| PathBuf::from(FEWERBYTES), PathBuf::from)
+}
+
 /// Size of the pool file each test creates (sparse), big enough for every volume a
 /// test makes; the engine refuses volume sizes that add up past what it addresses.
 pub const POOL_SIZE: &str = "4G";
@@ -287,7 +293,7 @@ pub struct Server {
 
 /// Runs the `fewerbytes` CLI against `pool`; returns what it said, exit status included.
 pub fn fewerbytes(pool: &Path, args: &[&str]) -> Ran {
-    let mut cmd = Command::new(FEWERBYTES);
+    let mut cmd = Command::new(fewerbytes_bin());
     cmd.env("FEWERBYTES_POOL", pool)
         .arg("--pool")
         .arg(pool)
@@ -350,7 +356,7 @@ impl Server {
             .append(true)
             .open(&self.log)
             .expect("open server log");
-        let mut cmd = Command::new(FEWERBYTES);
+        let mut cmd = Command::new(fewerbytes_bin());
         cmd.env("FEWERBYTES_POOL", &self.pool)
             .env(
                 "RUST_LOG",
