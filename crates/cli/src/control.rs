@@ -30,8 +30,8 @@ const REQUEST_BYTES_MAX: u64 = 64 * 1024;
 const CONTROL_CONNECTIONS_MAX: usize = 16;
 /// How long a server waits for a client's request line before giving up on it.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often the accept loop looks at its stop flag.
-const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// One management request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -314,9 +314,6 @@ impl ControlServer {
         // bind and chmod is closed by the peer-uid check in `serve_connection`.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("could not restrict {} to its owner", path.display()))?;
-        listener
-            .set_nonblocking(true)
-            .context("could not make the control socket non-blocking")?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = Arc::clone(&stop);
@@ -344,6 +341,8 @@ impl ControlServer {
 
     fn stop_now(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop, blocked in accept(2), so it sees the flag.
+        let _ = UnixStream::connect(&self.path);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -367,16 +366,15 @@ fn accept_loop(
     while !stop.load(Ordering::SeqCst) {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_POLL);
-                continue;
-            }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
-                std::thread::sleep(ACCEPT_POLL);
+                std::thread::sleep(ACCEPT_RETRY);
                 continue;
             }
         };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
         if active.load(Ordering::SeqCst) >= CONTROL_CONNECTIONS_MAX {
             let _ = refuse(
                 stream,
@@ -416,7 +414,6 @@ fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
 }
 
 fn serve_connection(stream: UnixStream, pool: &Pool, endpoints: &Endpoints) -> Result<()> {
-    stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     if let Some(uid) = peer_uid(&stream) {
         // SAFETY: geteuid has no preconditions and cannot fail.
