@@ -1,0 +1,113 @@
+//! The adapter from the engine's `Pool` and `Volume` to [`ExportProvider`] and
+//! [`Export`]: each NBD connection opens its own `Volume` handle, and engine
+//! errors become NBD error values through `EngineError::errno`.
+
+use crate::export::{Export, ExportDesc, ExportProvider};
+use fewerbytes_engine::{EngineError, Pool, Volume};
+use std::sync::Arc;
+
+/// Serve a pool's volumes: adapter from fewerbytes_engine::{Pool, Volume}.
+///
+/// `default_export` names the volume the empty export name means; without it, a
+/// pool with exactly one volume serves that one, and any other pool has no default.
+pub fn pool_exports(pool: Arc<Pool>, default_export: Option<String>) -> Arc<dyn ExportProvider> {
+    Arc::new(PoolExports {
+        pool,
+        default_export,
+    })
+}
+
+struct PoolExports {
+    pool: Arc<Pool>,
+    default_export: Option<String>,
+}
+
+impl ExportProvider for PoolExports {
+    fn list(&self) -> Vec<ExportDesc> {
+        self.pool
+            .list_volumes()
+            .into_iter()
+            .map(|v| ExportDesc {
+                description: format!(
+                    "fewerbytes volume '{}', {} bytes, {} bytes mapped to data",
+                    v.name, v.size_bytes, v.logical_used_bytes
+                ),
+                name: v.name,
+                size_bytes: v.size_bytes,
+            })
+            .collect()
+    }
+
+    fn default_name(&self) -> Option<String> {
+        if let Some(name) = &self.default_export {
+            return Some(name.clone());
+        }
+        let volumes = self.pool.list_volumes();
+        match volumes.as_slice() {
+            [only] => Some(only.name.clone()),
+            _ => None,
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn Export>, String> {
+        match self.pool.open_volume(name) {
+            Ok(volume) => Ok(Arc::new(VolumeExport { volume })),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// One connection's handle on a volume.
+struct VolumeExport {
+    volume: Volume,
+}
+
+/// Log an engine error (its text is lost in the errno) and map it.
+fn errno(op: &'static str, e: EngineError) -> u32 {
+    let code = e.errno();
+    if code == crate::export::EIO {
+        tracing::warn!(op, error = %e, "engine request failed");
+    } else {
+        tracing::debug!(op, error = %e, "engine request refused");
+    }
+    code
+}
+
+impl Export for VolumeExport {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        self.volume.read(offset, buf).map_err(|e| errno("read", e))
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        self.volume
+            .write(offset, data, fua)
+            .map_err(|e| errno("write", e))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.volume
+            .write_zeroes(offset, len, fua)
+            .map_err(|e| errno("write zeroes", e))
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.volume
+            .trim(offset, len, fua)
+            .map_err(|e| errno("trim", e))
+    }
+
+    fn flush(&self) -> Result<(), u32> {
+        self.volume.flush().map_err(|e| errno("flush", e))
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, u32> {
+        self.volume
+            .extents(offset, len)
+            .map(|runs| runs.into_iter().map(|x| (x.len_bytes, x.data)).collect())
+            .map_err(|e| errno("extents", e))
+    }
+}

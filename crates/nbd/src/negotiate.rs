@@ -1,0 +1,528 @@
+//! The handshake: fixed newstyle negotiation, option by option, until the
+//! client picks an export (`NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`) or leaves.
+//!
+//! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS (refused: no TLS yet),
+//! INFO, GO, STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for
+//! `base:allocation`), EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP`
+//! and negotiation continues. Bytes that break the framing (wrong magic, unknown
+//! client flags, an option too large to be real) drop the connection.
+
+use crate::export::Export;
+use crate::protocol::*;
+use crate::server::{Server, Stream};
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+/// Largest option payload accepted. Strings are at most 4096 bytes by the spec;
+/// 64 KiB leaves room for a SET_META_CONTEXT with many queries. Larger is garbage
+/// or an attack, and the connection is dropped.
+pub const OPTION_DATA_MAX_BYTES: u32 = 64 << 10;
+/// Options one connection may send before it is dropped. Real clients send fewer
+/// than ten; the bound keeps a client from negotiating forever.
+pub const OPTIONS_PER_CONNECTION_MAX: usize = 1024;
+
+/// What negotiation agreed on: the connection's export and how to talk to it.
+pub(crate) struct Session {
+    /// The export opened for this connection.
+    pub(crate) export: Arc<dyn Export>,
+    /// Its canonical name.
+    pub(crate) name: String,
+    /// Structured replies / extended headers.
+    pub(crate) mode: ReplyMode,
+    /// `base:allocation` was selected for this export.
+    pub(crate) meta_context: bool,
+    /// Writes are refused.
+    pub(crate) read_only: bool,
+}
+
+/// Why negotiation ended without an export.
+#[derive(Debug, thiserror::Error)]
+pub enum NegotiationError {
+    /// The socket failed or closed.
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    /// Client flags with bits this server did not offer (the spec: drop the connection).
+    #[error("client flags {0:#x} include bits this server did not offer")]
+    UnknownClientFlags(u32),
+    /// An option that does not start with `IHAVEOPT`.
+    #[error("option magic {0:#018x} is not IHAVEOPT")]
+    BadOptionMagic(u64),
+    /// An option whose data is over [`OPTION_DATA_MAX_BYTES`].
+    #[error("option {option} carries {len} bytes, over the {max}-byte limit")]
+    OptionTooLarge {
+        /// Option code.
+        option: u32,
+        /// Its data length.
+        len: u32,
+        /// [`OPTION_DATA_MAX_BYTES`].
+        max: u32,
+    },
+    /// More than [`OPTIONS_PER_CONNECTION_MAX`] options.
+    #[error("more than {0} options")]
+    TooManyOptions(usize),
+    /// `NBD_OPT_EXPORT_NAME` after extended headers were agreed (the spec forbids it).
+    #[error("NBD_OPT_EXPORT_NAME after extended headers were negotiated")]
+    ExportNameAfterExtendedHeaders,
+    /// `NBD_OPT_EXPORT_NAME` for an export that cannot be served; the only answer is to hang up.
+    #[error("export '{name}' refused: {reason}")]
+    ExportRefused {
+        /// The name asked for.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Negotiation state that options change.
+#[derive(Default)]
+struct Agreed {
+    mode: ReplyMode,
+    /// Canonical name of the export `base:allocation` was selected for.
+    meta_context_export: Option<String>,
+}
+
+/// Run the handshake. `Ok(None)`: the client aborted.
+pub(crate) fn negotiate(
+    server: &Server,
+    reader: &mut impl Read,
+    stream: &Stream,
+) -> Result<Option<Session>, NegotiationError> {
+    let mut writer = stream;
+    let mut greeting = [0u8; 18];
+    greeting[0..8].copy_from_slice(&NBD_MAGIC.to_be_bytes());
+    greeting[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
+    greeting[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    writer.write_all(&greeting)?;
+
+    let client_flags = read_u32(reader)?;
+    if client_flags & !CLIENT_FLAGS_KNOWN != 0 {
+        return Err(NegotiationError::UnknownClientFlags(client_flags));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut agreed = Agreed::default();
+
+    for _ in 0..OPTIONS_PER_CONNECTION_MAX {
+        let mut head = [0u8; 16];
+        reader.read_exact(&mut head)?;
+        let mut r = WireReader::new(&head);
+        let (magic, option, len) = match (r.u64(), r.u32(), r.u32()) {
+            (Some(m), Some(o), Some(l)) => (m, o, l),
+            _ => return Err(NegotiationError::Io(io::ErrorKind::UnexpectedEof.into())),
+        };
+        if magic != IHAVEOPT {
+            return Err(NegotiationError::BadOptionMagic(magic));
+        }
+        if len > OPTION_DATA_MAX_BYTES {
+            return Err(NegotiationError::OptionTooLarge {
+                option,
+                len,
+                max: OPTION_DATA_MAX_BYTES,
+            });
+        }
+        let mut data = vec![0u8; len as usize];
+        reader.read_exact(&mut data)?;
+        let mut replies = Replies { writer, option };
+
+        if server.is_shutting_down() && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                return Err(NegotiationError::ExportRefused {
+                    name: String::from_utf8_lossy(&data).into_owned(),
+                    reason: "the server is shutting down".into(),
+                });
+            }
+            replies.error(REP_ERR_SHUTDOWN, "the server is shutting down")?;
+            continue;
+        }
+
+        match option {
+            OPT_EXPORT_NAME => {
+                return export_name(server, &agreed, &data, no_zeroes, writer).map(Some);
+            }
+            OPT_ABORT => {
+                // The client may already have gone; the spec says to tolerate that.
+                let _ = replies.send(REP_ACK, &[]);
+                return Ok(None);
+            }
+            OPT_LIST => list(server, &data, &mut replies)?,
+            OPT_STARTTLS => {
+                if data.is_empty() {
+                    replies.error(REP_ERR_POLICY, "TLS is not configured on this server")?;
+                } else {
+                    replies.error(REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")?;
+                }
+            }
+            OPT_INFO | OPT_GO => {
+                if let Some(session) = info_or_go(server, &agreed, &data, &mut replies)? {
+                    return Ok(Some(session));
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    replies.error(REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data")?;
+                } else if agreed.mode.extended {
+                    replies.error(
+                        REP_ERR_EXT_HEADER_REQD,
+                        "extended headers are already negotiated",
+                    )?;
+                } else {
+                    agreed.mode.structured = true;
+                    replies.send(REP_ACK, &[])?;
+                }
+            }
+            OPT_EXTENDED_HEADERS => {
+                if data.is_empty() {
+                    agreed.mode.extended = true;
+                    replies.send(REP_ACK, &[])?;
+                } else {
+                    replies.error(REP_ERR_INVALID, "NBD_OPT_EXTENDED_HEADERS takes no data")?;
+                }
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                meta_context(server, &mut agreed, &data, &mut replies)?;
+            }
+            _ => {
+                let text = format!("option {option} is not supported by this server");
+                replies.error(REP_ERR_UNSUP, &text)?;
+            }
+        }
+    }
+    Err(NegotiationError::TooManyOptions(OPTIONS_PER_CONNECTION_MAX))
+}
+
+/// Option replies for one option.
+struct Replies<'a> {
+    writer: &'a Stream,
+    option: u32,
+}
+
+impl Replies<'_> {
+    fn send(&mut self, kind: u32, data: &[u8]) -> io::Result<()> {
+        // Every reply this module builds is far below 4 GiB (names ≤ 64 KiB).
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(20 + data.len());
+        out.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
+        out.extend_from_slice(&self.option.to_be_bytes());
+        out.extend_from_slice(&kind.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(data);
+        let mut w = self.writer;
+        w.write_all(&out)
+    }
+
+    fn error(&mut self, kind: u32, message: &str) -> io::Result<()> {
+        tracing::debug!(option = self.option, kind, message, "NBD option refused");
+        self.send(kind, message.as_bytes())
+    }
+}
+
+fn read_u32(reader: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    reader.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// The canonical name for what the client asked: "" is the default export.
+fn resolve_name(server: &Server, name: &str) -> Result<String, String> {
+    if !name.is_empty() {
+        return Ok(name.to_string());
+    }
+    server
+        .config
+        .default_export
+        .clone()
+        .or_else(|| server.exports.default_name())
+        .ok_or_else(|| {
+            "no default export on this server: ask for an export by name (NBD_OPT_LIST lists them)"
+                .to_string()
+        })
+}
+
+fn open(server: &Server, name: &str) -> Result<(String, Arc<dyn Export>), String> {
+    let canonical = resolve_name(server, name)?;
+    let export = server.exports.open(&canonical)?;
+    Ok((canonical, export))
+}
+
+fn transmission_flags(read_only: bool, mode: ReplyMode) -> u16 {
+    // CAN_MULTI_CONN: the engine's flush makes every acknowledged write of every
+    // handle on the pool durable, and all handles see one store (no per-connection
+    // cache), which is what the flag promises.
+    let mut flags = TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_CAN_MULTI_CONN
+        | TFLAG_SEND_CACHE;
+    if read_only {
+        flags |= TFLAG_READ_ONLY;
+    } else {
+        // Zeroing is a block-map operation whatever its size: always fast.
+        flags |= TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+    }
+    if mode.chunked() {
+        flags |= TFLAG_SEND_DF;
+    }
+    flags
+}
+
+fn export_name(
+    server: &Server,
+    agreed: &Agreed,
+    data: &[u8],
+    no_zeroes: bool,
+    writer: &Stream,
+) -> Result<Session, NegotiationError> {
+    if agreed.mode.extended {
+        return Err(NegotiationError::ExportNameAfterExtendedHeaders);
+    }
+    let asked = String::from_utf8_lossy(data).into_owned();
+    let (name, export) =
+        open(server, &asked).map_err(|reason| NegotiationError::ExportRefused {
+            name: asked.clone(),
+            reason,
+        })?;
+    let read_only = server.config.read_only;
+    let mut out = Vec::with_capacity(10 + EXPORT_NAME_PADDING_BYTES);
+    out.extend_from_slice(&export.size_bytes().to_be_bytes());
+    out.extend_from_slice(&transmission_flags(read_only, agreed.mode).to_be_bytes());
+    if !no_zeroes {
+        out.resize(out.len() + EXPORT_NAME_PADDING_BYTES, 0);
+    }
+    let mut w = writer;
+    w.write_all(&out)?;
+    let meta_context = agreed.meta_context_export.as_deref() == Some(name.as_str());
+    Ok(Session {
+        export,
+        name,
+        mode: agreed.mode,
+        meta_context,
+        read_only,
+    })
+}
+
+fn list(server: &Server, data: &[u8], replies: &mut Replies<'_>) -> io::Result<()> {
+    if !data.is_empty() {
+        return replies.error(REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+    }
+    for desc in server.exports.list() {
+        let name_len = u32::try_from(desc.name.len()).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(4 + desc.name.len() + desc.description.len());
+        out.extend_from_slice(&name_len.to_be_bytes());
+        out.extend_from_slice(desc.name.as_bytes());
+        out.extend_from_slice(desc.description.as_bytes());
+        replies.send(REP_SERVER, &out)?;
+    }
+    replies.send(REP_ACK, &[])
+}
+
+/// Parse `NBD_OPT_INFO`/`NBD_OPT_GO` data: name, then the information requests.
+fn parse_info_request(data: &[u8]) -> Option<(&str, Vec<u16>)> {
+    let mut r = WireReader::new(data);
+    let name_len = usize::try_from(r.u32()?).ok()?;
+    let name = r.string(name_len)?;
+    let count = r.u16()?;
+    let mut requests = Vec::with_capacity(usize::from(count).min(r.remaining() / 2));
+    for _ in 0..count {
+        requests.push(r.u16()?);
+    }
+    if r.remaining() != 0 {
+        return None;
+    }
+    Some((name, requests))
+}
+
+fn info_or_go(
+    server: &Server,
+    agreed: &Agreed,
+    data: &[u8],
+    replies: &mut Replies<'_>,
+) -> Result<Option<Session>, NegotiationError> {
+    let go = replies.option == OPT_GO;
+    let Some((asked, requests)) = parse_info_request(data) else {
+        replies.error(REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data")?;
+        return Ok(None);
+    };
+    let (name, export) = match open(server, asked) {
+        Ok(opened) => opened,
+        Err(reason) => {
+            replies.error(REP_ERR_UNKNOWN, &reason)?;
+            return Ok(None);
+        }
+    };
+    let read_only = server.config.read_only;
+
+    let mut info = Vec::with_capacity(14);
+    info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+    info.extend_from_slice(&export.size_bytes().to_be_bytes());
+    info.extend_from_slice(&transmission_flags(read_only, agreed.mode).to_be_bytes());
+    replies.send(REP_INFO, &info)?;
+
+    // Sent whether asked or not: our minimum (512) is not the protocol's default (1).
+    info.clear();
+    info.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    info.extend_from_slice(&BLOCK_SIZE_MIN_BYTES.to_be_bytes());
+    info.extend_from_slice(&BLOCK_SIZE_PREFERRED_BYTES.to_be_bytes());
+    info.extend_from_slice(&PAYLOAD_MAX_BYTES.to_be_bytes());
+    replies.send(REP_INFO, &info)?;
+
+    if requests.contains(&INFO_NAME) || asked != name {
+        info.clear();
+        info.extend_from_slice(&INFO_NAME.to_be_bytes());
+        info.extend_from_slice(name.as_bytes());
+        replies.send(REP_INFO, &info)?;
+    }
+    if requests.contains(&INFO_DESCRIPTION) {
+        if let Some(desc) = server.exports.list().into_iter().find(|d| d.name == name) {
+            info.clear();
+            info.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
+            info.extend_from_slice(desc.description.as_bytes());
+            replies.send(REP_INFO, &info)?;
+        }
+    }
+    replies.send(REP_ACK, &[])?;
+    if !go {
+        return Ok(None);
+    }
+    let meta_context = agreed.meta_context_export.as_deref() == Some(name.as_str());
+    Ok(Some(Session {
+        export,
+        name,
+        mode: agreed.mode,
+        meta_context,
+        read_only,
+    }))
+}
+
+/// Parse LIST/SET_META_CONTEXT data: export name, then the queries.
+fn parse_meta_request(data: &[u8]) -> Option<(&str, Vec<&str>)> {
+    let mut r = WireReader::new(data);
+    let name_len = usize::try_from(r.u32()?).ok()?;
+    let name = r.string(name_len)?;
+    let count = r.u32()?;
+    // Each query takes at least 4 bytes: a count beyond that is malformed.
+    if usize::try_from(count).ok()? > r.remaining() / 4 {
+        return None;
+    }
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        let len = usize::try_from(r.u32()?).ok()?;
+        queries.push(r.string(len)?);
+    }
+    if r.remaining() != 0 {
+        return None;
+    }
+    Some((name, queries))
+}
+
+fn meta_context(
+    server: &Server,
+    agreed: &mut Agreed,
+    data: &[u8],
+    replies: &mut Replies<'_>,
+) -> io::Result<()> {
+    let set = replies.option == OPT_SET_META_CONTEXT;
+    if set {
+        // The spec: SET replaces the previous selection, even when it fails.
+        agreed.meta_context_export = None;
+    }
+    if !agreed.mode.chunked() {
+        return replies.error(
+            REP_ERR_INVALID,
+            "negotiate structured replies or extended headers before metadata contexts",
+        );
+    }
+    let Some((asked, queries)) = parse_meta_request(data) else {
+        return replies.error(REP_ERR_INVALID, "malformed metadata context request");
+    };
+    let name = match open(server, asked) {
+        Ok((name, _export)) => name,
+        Err(reason) => return replies.error(REP_ERR_UNKNOWN, &reason),
+    };
+    let matched = if set {
+        queries.contains(&META_CONTEXT_BASE_ALLOCATION)
+    } else {
+        queries.is_empty()
+            || queries
+                .iter()
+                .any(|q| *q == "base:" || *q == META_CONTEXT_BASE_ALLOCATION)
+    };
+    if matched {
+        // LIST answers with id 0 (the spec: reserved there); SET with the real id.
+        let id = if set {
+            META_CONTEXT_BASE_ALLOCATION_ID
+        } else {
+            0
+        };
+        let mut out = Vec::with_capacity(4 + META_CONTEXT_BASE_ALLOCATION.len());
+        out.extend_from_slice(&id.to_be_bytes());
+        out.extend_from_slice(META_CONTEXT_BASE_ALLOCATION.as_bytes());
+        replies.send(REP_META_CONTEXT, &out)?;
+        if set {
+            agreed.meta_context_export = Some(name);
+        }
+    }
+    replies.send(REP_ACK, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_request_parsing_is_checked() {
+        let mut ok = Vec::new();
+        ok.extend_from_slice(&3u32.to_be_bytes());
+        ok.extend_from_slice(b"abc");
+        ok.extend_from_slice(&2u16.to_be_bytes());
+        ok.extend_from_slice(&INFO_NAME.to_be_bytes());
+        ok.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        assert_eq!(
+            parse_info_request(&ok),
+            Some(("abc", vec![INFO_NAME, INFO_BLOCK_SIZE]))
+        );
+        // Name longer than the data, short request list, trailing bytes.
+        let mut long_name = ok.clone();
+        long_name[3] = 200;
+        assert_eq!(parse_info_request(&long_name), None);
+        assert_eq!(parse_info_request(&ok[..ok.len() - 1]), None);
+        let mut trailing = ok.clone();
+        trailing.push(0);
+        assert_eq!(parse_info_request(&trailing), None);
+        assert_eq!(parse_info_request(&[]), None);
+    }
+
+    #[test]
+    fn meta_request_parsing_is_checked() {
+        let mut ok = Vec::new();
+        ok.extend_from_slice(&0u32.to_be_bytes());
+        ok.extend_from_slice(&1u32.to_be_bytes());
+        ok.extend_from_slice(&15u32.to_be_bytes());
+        ok.extend_from_slice(b"base:allocation");
+        assert_eq!(parse_meta_request(&ok), Some(("", vec!["base:allocation"])));
+        let mut huge_count = ok.clone();
+        huge_count[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(parse_meta_request(&huge_count), None);
+        assert_eq!(parse_meta_request(&ok[..ok.len() - 1]), None);
+    }
+
+    #[test]
+    fn flags_follow_mode_and_read_only() {
+        let simple = transmission_flags(false, ReplyMode::default());
+        assert_eq!(simple & TFLAG_SEND_DF, 0);
+        assert_ne!(simple & TFLAG_SEND_TRIM, 0);
+        assert_ne!(simple & TFLAG_CAN_MULTI_CONN, 0);
+        let ro = transmission_flags(
+            true,
+            ReplyMode {
+                structured: true,
+                extended: false,
+            },
+        );
+        assert_ne!(ro & TFLAG_READ_ONLY, 0);
+        assert_ne!(ro & TFLAG_SEND_DF, 0);
+        assert_eq!(
+            ro & (TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO),
+            0
+        );
+        assert_eq!(ro & TFLAG_ROTATIONAL, 0);
+    }
+}

@@ -1,0 +1,538 @@
+//! The server: listeners (TCP and unix), the registry of live connections, the
+//! limits on connections and on requests in flight, and an orderly shutdown.
+//!
+//! Threads: one accept thread per listener; per connection, one thread that
+//! negotiates and then reads requests, plus up to
+//! [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand (see
+//! `transmission.rs`). Every thread ends when its connection or listener does,
+//! so threads, memory and file descriptors return to their baseline when
+//! clients leave.
+
+use crate::export::ExportProvider;
+use crate::{negotiate, transmission};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Default for [`ServerConfig::max_connections`]: a host runs tens of VMs with a few
+/// connections each (multi-conn); 512 leaves room while bounding threads and fds
+/// (each connection holds one socket and at most 1 + [`WORKERS_PER_CONNECTION_MAX`]
+/// threads).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default for [`ServerConfig::max_inflight_per_connection`]: QEMU and fio run queue
+/// depths up to 32 per connection and the kernel client up to 128 tags; 64 keeps a
+/// deep queue busy while bounding what one client can hold.
+pub const DEFAULT_MAX_INFLIGHT_PER_CONNECTION: usize = 64;
+/// Default for [`ServerConfig::max_inflight_total`]: 16 clients at full depth. The
+/// engine runs one worker per CPU, so more queued requests only add latency.
+pub const DEFAULT_MAX_INFLIGHT_TOTAL: usize = 1024;
+/// Bytes of read and write buffers in flight across the server. 256 MiB holds 8
+/// maximum-size (32 MiB) requests, or 65,536 4 KiB ones (more than the request
+/// limit), so it only binds for large requests, where 8 at once saturate a disk.
+pub const INFLIGHT_BUFFER_BYTES_MAX: u64 = 256 << 20;
+/// Worker threads per connection, started as requests arrive. Requests are short
+/// calls into the engine (which has its own CPU pool); 8 overlap enough I/O waits
+/// and flushes to keep a queue-depth-32 client busy.
+pub const WORKERS_PER_CONNECTION_MAX: usize = 8;
+/// A client that has not finished negotiating within this time is dropped, so idle
+/// sockets cannot hold connection slots forever.
+pub const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(120);
+/// A reply that cannot be written for this long means the client stopped reading;
+/// the connection is dropped so its workers and buffers are freed.
+pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long [`Server::shutdown`] lets in-flight requests finish before it drops the
+/// remaining connections outright.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Read buffer per connection: a few pipelined headers, or a 64 KiB write, per system call.
+pub const READ_BUFFER_BYTES: usize = 64 << 10;
+/// Stack of connection and worker threads; buffers live on the heap.
+pub const THREAD_STACK_BYTES: usize = 256 << 10;
+/// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
+const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+const _: () = assert!(INFLIGHT_BUFFER_BYTES_MAX >= crate::protocol::PAYLOAD_MAX_BYTES as u64);
+
+/// How a server behaves. `Default` gives the named limits above.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Serve every export read-only (`NBD_FLAG_READ_ONLY`; writes answer EPERM).
+    pub read_only: bool,
+    /// The export the empty name "" means; `None` asks the provider.
+    pub default_export: Option<String>,
+    /// Connections at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Requests in flight on one connection; at the limit the server stops reading it.
+    pub max_inflight_per_connection: usize,
+    /// Requests in flight across all connections; at the limit readers wait.
+    pub max_inflight_total: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            read_only: false,
+            default_export: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_inflight_per_connection: DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
+            max_inflight_total: DEFAULT_MAX_INFLIGHT_TOTAL,
+        }
+    }
+}
+
+/// A connected client socket, TCP or unix.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    /// TCP.
+    Tcp(TcpStream),
+    /// Unix domain.
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Errors only mean the socket is already gone.
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+        }
+    }
+
+    fn peer(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "tcp".into()),
+            Stream::Unix(_) => "unix".into(),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).read(buf),
+            Stream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+            Stream::Unix(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The read half a connection's `BufReader` owns.
+pub(crate) struct StreamReader(pub(crate) Arc<Stream>);
+
+impl Read for StreamReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+/// Requests and buffer bytes in flight across the server, with their limits.
+#[derive(Debug)]
+pub(crate) struct Inflight {
+    state: Mutex<InflightState>,
+    released: Condvar,
+    requests_max: usize,
+    bytes_max: u64,
+}
+
+#[derive(Debug, Default)]
+struct InflightState {
+    requests: usize,
+    bytes: u64,
+}
+
+impl Inflight {
+    fn new(requests_max: usize, bytes_max: u64) -> Inflight {
+        Inflight {
+            state: Mutex::new(InflightState::default()),
+            released: Condvar::new(),
+            requests_max,
+            bytes_max,
+        }
+    }
+
+    /// Wait for a request slot.
+    pub(crate) fn acquire_request(&self) {
+        let mut state = self.state.lock();
+        while state.requests >= self.requests_max {
+            self.released.wait(&mut state);
+        }
+        state.requests += 1;
+    }
+
+    /// Wait until `bytes` more buffer bytes fit (`bytes` ≤ the limit, checked at compile time).
+    pub(crate) fn acquire_bytes(&self, bytes: u64) {
+        let mut state = self.state.lock();
+        while state.bytes + bytes > self.bytes_max {
+            self.released.wait(&mut state);
+        }
+        state.bytes += bytes;
+    }
+
+    /// Give back one request slot and its bytes.
+    pub(crate) fn release(&self, bytes: u64) {
+        let mut state = self.state.lock();
+        debug_assert!(state.requests > 0);
+        debug_assert!(state.bytes >= bytes);
+        state.requests = state.requests.saturating_sub(1);
+        state.bytes = state.bytes.saturating_sub(bytes);
+        self.released.notify_all();
+    }
+
+    /// Requests in flight now.
+    pub(crate) fn requests(&self) -> usize {
+        self.state.lock().requests
+    }
+}
+
+enum ListenerSocket {
+    Tcp(Arc<TcpListener>),
+    Unix(Arc<UnixListener>),
+}
+
+struct Listener {
+    socket: ListenerSocket,
+    thread: Option<JoinHandle<()>>,
+    unix_path: Option<PathBuf>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    connections: HashMap<u64, Arc<Stream>>,
+}
+
+/// An NBD server: listeners, connections, limits.
+pub struct Server {
+    pub(crate) config: ServerConfig,
+    pub(crate) exports: Arc<dyn ExportProvider>,
+    pub(crate) inflight: Arc<Inflight>,
+    shutting_down: AtomicBool,
+    registry: Mutex<Registry>,
+    registry_empty: Condvar,
+    listeners: Mutex<Vec<Listener>>,
+}
+
+impl Server {
+    /// A server over `exports`. Limits of zero are raised to one.
+    pub fn new(config: ServerConfig, exports: Arc<dyn ExportProvider>) -> Arc<Server> {
+        let mut config = config;
+        config.max_connections = config.max_connections.max(1);
+        config.max_inflight_per_connection = config.max_inflight_per_connection.max(1);
+        config.max_inflight_total = config.max_inflight_total.max(1);
+        let inflight = Arc::new(Inflight::new(
+            config.max_inflight_total,
+            INFLIGHT_BUFFER_BYTES_MAX,
+        ));
+        Arc::new(Server {
+            config,
+            exports,
+            inflight,
+            shutting_down: AtomicBool::new(false),
+            registry: Mutex::new(Registry::default()),
+            registry_empty: Condvar::new(),
+            listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Listen on a unix socket (a stale socket file at `path` is removed first) and
+    /// accept connections on a new thread.
+    pub fn listen_unix(self: &Arc<Self>, path: &Path) -> io::Result<()> {
+        self.refuse_if_shutting_down()?;
+        remove_stale_socket(path)?;
+        let listener = Arc::new(UnixListener::bind(path)?);
+        let server = Arc::clone(self);
+        let accepting = Arc::clone(&listener);
+        let thread = std::thread::Builder::new()
+            .name("nbd-accept-unix".into())
+            .spawn(move || loop {
+                match accepting.accept() {
+                    Ok((stream, _)) => {
+                        if !server.admit(Stream::Unix(stream)) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if !server.accept_failed(&e) {
+                            return;
+                        }
+                    }
+                }
+            })?;
+        tracing::info!(path = %path.display(), "NBD server listening on unix socket");
+        self.listeners.lock().push(Listener {
+            socket: ListenerSocket::Unix(listener),
+            thread: Some(thread),
+            unix_path: Some(path.to_path_buf()),
+        });
+        Ok(())
+    }
+
+    /// Listen on a TCP address (`host:port`; port 0 picks one) and accept connections
+    /// on a new thread. Returns the bound address.
+    pub fn listen_tcp(self: &Arc<Self>, addr: &str) -> io::Result<SocketAddr> {
+        self.refuse_if_shutting_down()?;
+        let listener = Arc::new(TcpListener::bind(addr)?);
+        let local = listener.local_addr()?;
+        let server = Arc::clone(self);
+        let accepting = Arc::clone(&listener);
+        let thread = std::thread::Builder::new()
+            .name("nbd-accept-tcp".into())
+            .spawn(move || loop {
+                match accepting.accept() {
+                    Ok((stream, _)) => {
+                        // Replies are written whole; Nagle would only add latency.
+                        let _ = stream.set_nodelay(true);
+                        if !server.admit(Stream::Tcp(stream)) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if !server.accept_failed(&e) {
+                            return;
+                        }
+                    }
+                }
+            })?;
+        tracing::info!(%local, "NBD server listening on TCP");
+        self.listeners.lock().push(Listener {
+            socket: ListenerSocket::Tcp(listener),
+            thread: Some(thread),
+            unix_path: None,
+        });
+        Ok(local)
+    }
+
+    /// Stop accepting, let in-flight requests finish and their replies go out, close
+    /// every connection, and return when all connection threads have ended.
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let listeners: Vec<Listener> = std::mem::take(&mut *self.listeners.lock());
+        for listener in &listeners {
+            let fd = match &listener.socket {
+                ListenerSocket::Tcp(l) => l.as_raw_fd(),
+                ListenerSocket::Unix(l) => l.as_raw_fd(),
+            };
+            // SAFETY: `fd` belongs to a listener this struct still holds (so it is open);
+            // shutdown(2) on a listening socket only wakes the thread blocked in accept(2).
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+        for mut listener in listeners {
+            if let Some(thread) = listener.thread.take() {
+                let _ = thread.join();
+            }
+            if let Some(path) = &listener.unix_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        // No new connections now. Stop every reader; workers finish and reply.
+        let streams: Vec<Arc<Stream>> =
+            self.registry.lock().connections.values().cloned().collect();
+        for stream in &streams {
+            stream.shutdown(Shutdown::Read);
+        }
+        drop(streams);
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        let mut registry = self.registry.lock();
+        while !registry.connections.is_empty() {
+            if self
+                .registry_empty
+                .wait_until(&mut registry, deadline)
+                .timed_out()
+            {
+                tracing::warn!(
+                    connections = registry.connections.len(),
+                    "NBD shutdown grace period over; dropping remaining connections"
+                );
+                for stream in registry.connections.values() {
+                    stream.shutdown(Shutdown::Both);
+                }
+                while !registry.connections.is_empty() {
+                    self.registry_empty.wait(&mut registry);
+                }
+            }
+        }
+        tracing::info!("NBD server shut down");
+    }
+
+    /// Connections open now (negotiating or transmitting).
+    pub fn connections(&self) -> usize {
+        self.registry.lock().connections.len()
+    }
+
+    /// Requests in flight across all connections now.
+    pub fn inflight_requests(&self) -> usize {
+        self.inflight.requests()
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    fn refuse_if_shutting_down(&self) -> io::Result<()> {
+        if self.is_shutting_down() {
+            return Err(io::Error::other("the NBD server is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// An `accept` error: keep going (after a pause) unless shutting down.
+    fn accept_failed(&self, e: &io::Error) -> bool {
+        if self.is_shutting_down() {
+            return false;
+        }
+        tracing::warn!(error = %e, "NBD accept failed");
+        std::thread::sleep(ACCEPT_RETRY_DELAY);
+        true
+    }
+
+    /// Register a new connection and start its thread. Returns false when the
+    /// accept loop should end (shutdown).
+    fn admit(self: &Arc<Self>, stream: Stream) -> bool {
+        if self.is_shutting_down() {
+            return false;
+        }
+        let stream = Arc::new(stream);
+        let id = {
+            let mut registry = self.registry.lock();
+            if registry.connections.len() >= self.config.max_connections {
+                tracing::warn!(
+                    limit = self.config.max_connections,
+                    peer = %stream.peer(),
+                    "NBD connection refused: at the connection limit"
+                );
+                return true;
+            }
+            let id = registry.next_id;
+            registry.next_id += 1;
+            registry.connections.insert(id, Arc::clone(&stream));
+            id
+        };
+        let server = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(move || {
+                let guard = Registered { server, id };
+                serve_connection(&guard.server, id, stream);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "NBD connection dropped: cannot start its thread");
+            self.unregister(id);
+        }
+        true
+    }
+
+    fn unregister(&self, id: u64) {
+        let mut registry = self.registry.lock();
+        registry.connections.remove(&id);
+        if registry.connections.is_empty() {
+            self.registry_empty.notify_all();
+        }
+    }
+}
+
+/// Removes a connection from the registry when its thread ends, even by panic.
+struct Registered {
+    server: Arc<Server>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.server.unregister(self.id);
+    }
+}
+
+/// One connection from accept to close.
+fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
+    let peer = stream.peer();
+    tracing::debug!(id, %peer, "NBD connection opened");
+    if let Err(e) = stream
+        .set_read_timeout(Some(NEGOTIATION_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(REPLY_WRITE_TIMEOUT)))
+    {
+        tracing::debug!(id, error = %e, "NBD connection closed: socket setup failed");
+        return;
+    }
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, StreamReader(Arc::clone(&stream)));
+    match negotiate::negotiate(server, &mut reader, &stream) {
+        Ok(Some(session)) => {
+            if stream.set_read_timeout(None).is_err() {
+                return;
+            }
+            tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
+            transmission::serve(server, id, session, reader, Arc::clone(&stream));
+        }
+        Ok(None) => tracing::debug!(id, "NBD client ended negotiation"),
+        Err(e) => tracing::debug!(id, error = %e, "NBD negotiation ended"),
+    }
+    stream.shutdown(Shutdown::Both);
+    tracing::debug!(id, %peer, "NBD connection closed");
+}
+
+/// Remove a socket file left by an earlier server; refuse to remove anything else.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by a running server", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)
+        }
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,649 @@
+//! The transmission phase of one connection: a reader that parses requests and
+//! queues them, worker threads that run them against the export, and replies
+//! written as each request completes (out of order) under the connection's
+//! writer lock.
+//!
+//! Back-pressure: a request holds a [`Permit`] from the moment its header is read
+//! until its reply is written. The reader takes one per-connection slot, one
+//! server-wide slot and, for reads and writes, its buffer's bytes from the
+//! server-wide byte budget; at any limit it waits, and does not read the socket,
+//! until an earlier request completes. Nothing a client sends can grow the
+//! server's memory past those limits.
+
+use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
+use crate::negotiate::Session;
+use crate::protocol::*;
+use crate::server::{
+    Inflight, Server, Stream, StreamReader, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX,
+};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Size of the buffer a refused write's payload is read into and thrown away.
+const DISCARD_CHUNK_BYTES: usize = 64 << 10;
+
+/// One connection in transmission.
+struct Conn {
+    id: u64,
+    export: Arc<dyn Export>,
+    mode: ReplyMode,
+    writer: Mutex<ReplyWriter>,
+    queue: Mutex<Queue>,
+    /// Workers wait here for jobs.
+    job_ready: Condvar,
+    /// The reader waits here for a per-connection slot.
+    slot_free: Condvar,
+    inflight_max: usize,
+    server_inflight: Arc<Inflight>,
+}
+
+struct ReplyWriter {
+    stream: Arc<Stream>,
+    /// A write failed: the connection is being torn down, later replies are dropped.
+    failed: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Requests holding a per-connection slot (queued, running or replying).
+    inflight: usize,
+    /// Workers waiting for a job.
+    idle: usize,
+    /// The reader is done: workers exit once the queue is empty.
+    closed: bool,
+}
+
+struct Job {
+    header: RequestHeader,
+    command: Command,
+    payload: Vec<u8>,
+    permit: Permit,
+}
+
+/// A request's share of the limits, given back when its reply has been written.
+struct Permit {
+    conn: Arc<Conn>,
+    bytes: u64,
+}
+
+impl Permit {
+    /// Wait for a per-connection slot, then a server-wide one.
+    fn acquire(conn: &Arc<Conn>) -> Permit {
+        {
+            let mut queue = conn.queue.lock();
+            while queue.inflight >= conn.inflight_max {
+                conn.slot_free.wait(&mut queue);
+            }
+            queue.inflight += 1;
+        }
+        conn.server_inflight.acquire_request();
+        Permit {
+            conn: Arc::clone(conn),
+            bytes: 0,
+        }
+    }
+
+    /// Wait until `bytes` of buffer fit the server-wide budget.
+    fn add_bytes(&mut self, bytes: u64) {
+        self.conn.server_inflight.acquire_bytes(bytes);
+        self.bytes += bytes;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.conn.server_inflight.release(self.bytes);
+        let mut queue = self.conn.queue.lock();
+        queue.inflight = queue.inflight.saturating_sub(1);
+        self.conn.slot_free.notify_one();
+    }
+}
+
+/// Why the reader stopped.
+#[derive(Debug)]
+enum End {
+    /// `NBD_CMD_DISC`.
+    Disconnect,
+    /// The client closed the socket between requests (or the server shut it).
+    Closed,
+    /// The socket failed or closed mid-request.
+    Io(io::Error),
+    /// A request that cannot be answered (bad magic, huge payload).
+    Protocol(RequestError),
+    /// No worker could be started.
+    NoWorker(io::Error),
+}
+
+/// Serve requests until the client disconnects, then wait for every request in
+/// flight to be answered.
+pub(crate) fn serve(
+    server: &Arc<Server>,
+    id: u64,
+    session: Session,
+    mut reader: BufReader<StreamReader>,
+    stream: Arc<Stream>,
+) {
+    let conn = Arc::new(Conn {
+        id,
+        export: session.export,
+        mode: session.mode,
+        writer: Mutex::new(ReplyWriter {
+            stream,
+            failed: false,
+        }),
+        queue: Mutex::new(Queue::default()),
+        job_ready: Condvar::new(),
+        slot_free: Condvar::new(),
+        inflight_max: server.config.max_inflight_per_connection,
+        server_inflight: Arc::clone(&server.inflight),
+    });
+    let workers_max = WORKERS_PER_CONNECTION_MAX.min(server.config.max_inflight_per_connection);
+    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let ctx = RequestContext {
+        mode: session.mode,
+        size_bytes: 0,
+        read_only: session.read_only,
+        meta_context: session.meta_context,
+    };
+    let end = read_requests(&conn, &mut reader, ctx, &mut workers, workers_max);
+    match &end {
+        End::Disconnect => tracing::debug!(id, "NBD client disconnected"),
+        End::Closed => tracing::debug!(id, "NBD client closed the socket"),
+        End::Io(e) => tracing::info!(id, error = %e, "NBD connection dropped: socket"),
+        End::Protocol(e) => tracing::info!(id, error = %e, "NBD connection dropped: protocol"),
+        End::NoWorker(e) => tracing::warn!(id, error = %e, "NBD connection dropped: no worker"),
+    }
+    {
+        let mut queue = conn.queue.lock();
+        queue.closed = true;
+        conn.job_ready.notify_all();
+    }
+    for worker in workers {
+        let _ = worker.join();
+    }
+    // Jobs left only if no worker ever started; their permits go back here.
+    let orphans: Vec<Job> = conn.queue.lock().jobs.drain(..).collect();
+    drop(orphans);
+}
+
+fn read_requests(
+    conn: &Arc<Conn>,
+    reader: &mut BufReader<StreamReader>,
+    mut ctx: RequestContext,
+    workers: &mut Vec<JoinHandle<()>>,
+    workers_max: usize,
+) -> End {
+    let header_bytes = RequestHeader::wire_bytes(conn.mode);
+    let mut header_buf = [0u8; EXTENDED_REQUEST_BYTES];
+    let mut scratch = Vec::new();
+    loop {
+        let Some(wire) = header_buf.get_mut(..header_bytes) else {
+            return End::Protocol(RequestError::Truncated);
+        };
+        match read_exact_or_eof(reader, wire) {
+            Ok(true) => {}
+            Ok(false) => return End::Closed,
+            Err(e) => return End::Io(e),
+        }
+        let header = match RequestHeader::decode(wire, conn.mode) {
+            Ok(h) => h,
+            Err(e) => return End::Protocol(e),
+        };
+        let payload_bytes = header.payload_bytes(conn.mode);
+        if payload_bytes > DISCARD_PAYLOAD_MAX_BYTES {
+            return End::Protocol(RequestError::PayloadTooLarge {
+                len: payload_bytes,
+                max: DISCARD_PAYLOAD_MAX_BYTES,
+            });
+        }
+        let mut permit = Permit::acquire(conn);
+        ctx.size_bytes = conn.export.size_bytes();
+        let command = match validate(&header, &ctx) {
+            Ok(command) => command,
+            Err(e) => {
+                if let Err(io) = discard(reader, payload_bytes, &mut scratch) {
+                    return End::Io(io);
+                }
+                tracing::debug!(id = conn.id, error = %e, "NBD request refused");
+                conn.reply_error(&header, e.errno(), &e.to_string());
+                continue;
+            }
+        };
+        let payload = match command {
+            Command::Disconnect => return End::Disconnect,
+            Command::Read { len, .. } => {
+                permit.add_bytes(u64::from(len));
+                Vec::new()
+            }
+            Command::Write { len, .. } => {
+                permit.add_bytes(u64::from(len));
+                // `len` ≤ PAYLOAD_MAX_BYTES (validated), and equals the payload on the wire.
+                let mut data = vec![0u8; len as usize];
+                if let Err(e) = reader.read_exact(&mut data) {
+                    return End::Io(e);
+                }
+                data
+            }
+            _ => Vec::new(),
+        };
+        let job = Job {
+            header,
+            command,
+            payload,
+            permit,
+        };
+        let need_worker = {
+            let mut queue = conn.queue.lock();
+            queue.jobs.push_back(job);
+            conn.job_ready.notify_one();
+            queue.jobs.len() > queue.idle
+        };
+        if need_worker && workers.len() < workers_max {
+            let worker_conn = Arc::clone(conn);
+            let spawned = std::thread::Builder::new()
+                .name(format!("nbd-work-{}", conn.id))
+                .stack_size(THREAD_STACK_BYTES)
+                .spawn(move || work(&worker_conn));
+            match spawned {
+                Ok(handle) => workers.push(handle),
+                Err(e) if workers.is_empty() => return End::NoWorker(e),
+                Err(e) => tracing::warn!(error = %e, "NBD worker not started; using fewer"),
+            }
+        }
+    }
+}
+
+/// Fill `buf`; `Ok(false)` if the stream ended before its first byte.
+fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let Some(rest) = buf.get_mut(filled..) else {
+            break;
+        };
+        match reader.read(rest) {
+            Ok(0) if filled == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Read and throw away `len` bytes of a refused request's payload.
+fn discard(reader: &mut impl Read, len: u64, scratch: &mut Vec<u8>) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    scratch.resize(DISCARD_CHUNK_BYTES, 0);
+    let mut left = len;
+    while left > 0 {
+        let n = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(scratch.len());
+        let Some(chunk) = scratch.get_mut(..n) else {
+            break;
+        };
+        reader.read_exact(chunk)?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// A worker: run jobs until the reader closes the queue and it is empty.
+fn work(conn: &Arc<Conn>) {
+    loop {
+        let job = {
+            let mut queue = conn.queue.lock();
+            loop {
+                if let Some(job) = queue.jobs.pop_front() {
+                    break job;
+                }
+                if queue.closed {
+                    return;
+                }
+                queue.idle += 1;
+                conn.job_ready.wait(&mut queue);
+                queue.idle -= 1;
+            }
+        };
+        let Job {
+            header,
+            command,
+            payload,
+            permit,
+        } = job;
+        let ran = catch_unwind(AssertUnwindSafe(|| conn.run(&header, command, &payload)));
+        if ran.is_err() {
+            tracing::error!(id = conn.id, ?command, "NBD export panicked; answering EIO");
+            conn.reply_error(&header, EIO, "internal error in the server's export");
+        }
+        // The reply is out: give the slot and the buffer bytes back.
+        drop(payload);
+        drop(permit);
+    }
+}
+
+/// A short name for an NBD error value, for messages.
+fn errno_name(errno: u32) -> &'static str {
+    match errno {
+        EPERM => "operation not permitted",
+        EIO => "input/output error",
+        ENOMEM => "out of memory",
+        crate::export::EINVAL => "invalid argument",
+        ENOSPC => "no space left",
+        EOVERFLOW => "value too large",
+        ENOTSUP => "operation not supported",
+        ESHUTDOWN => "the export is shutting down",
+        _ => "error",
+    }
+}
+
+/// Clip and merge an export's runs to exactly `[offset, offset+len)`: a list of
+/// `(start, len, is_data)`. A short answer is padded with data (the safe claim).
+fn plan_runs(offset: u64, len: u64, runs: &[(u64, bool)]) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::with_capacity(runs.len().min(1024));
+    let end = offset.saturating_add(len);
+    let mut pos = offset;
+    let push =
+        |out: &mut Vec<(u64, u64, bool)>, start: u64, n: u64, data: bool| match out.last_mut() {
+            Some(last) if last.2 == data => last.1 += n,
+            _ => out.push((start, n, data)),
+        };
+    for &(run_len, data) in runs {
+        if pos >= end {
+            break;
+        }
+        let n = run_len.min(end - pos);
+        if n == 0 {
+            continue;
+        }
+        push(&mut out, pos, n, data);
+        pos += n;
+    }
+    if pos < end {
+        push(&mut out, pos, end - pos, true);
+    }
+    out
+}
+
+impl Conn {
+    /// Run one command and write its reply.
+    fn run(&self, h: &RequestHeader, command: Command, payload: &[u8]) {
+        match command {
+            Command::Read { offset, len, df } => self.read(h, offset, len, df),
+            Command::Write { offset, fua, .. } => {
+                let r = self.export.write(offset, payload, fua);
+                self.finish(h, "write", r);
+            }
+            Command::Flush => {
+                let r = self.export.flush();
+                self.finish(h, "flush", r);
+            }
+            Command::Trim { offset, len, fua } => {
+                let r = self.export.trim(offset, len, fua);
+                self.finish(h, "trim", r);
+            }
+            Command::WriteZeroes { offset, len, fua } => {
+                // NO_HOLE and FAST_ZERO need nothing: zeroing is a block-map update, always
+                // fast, and the pool is thick-provisioned, so a zeroed range stays writable.
+                let r = self.export.write_zeroes(offset, len, fua);
+                self.finish(h, "write zeroes", r);
+            }
+            Command::BlockStatus {
+                offset,
+                len,
+                req_one,
+            } => self.block_status(h, offset, len, req_one),
+            // A hint: the store has no cache to warm; success is what the spec allows.
+            Command::Cache => self.reply_ok(h),
+            // The reader handles DISC itself; it never reaches a worker.
+            Command::Disconnect => {}
+        }
+    }
+
+    fn finish(&self, h: &RequestHeader, op: &str, result: Result<(), u32>) {
+        match result {
+            Ok(()) => self.reply_ok(h),
+            Err(errno) => self.export_failed(h, op, errno),
+        }
+    }
+
+    fn export_failed(&self, h: &RequestHeader, op: &str, errno: u32) {
+        let message = format!(
+            "{op} of {} bytes at offset {} failed: {}",
+            h.length,
+            h.offset,
+            errno_name(errno)
+        );
+        if errno == EIO {
+            tracing::warn!(id = self.id, %message, "NBD request failed");
+        } else {
+            tracing::debug!(id = self.id, %message, "NBD request failed");
+        }
+        self.reply_error(h, errno, &message);
+    }
+
+    fn read(&self, h: &RequestHeader, offset: u64, len: u32, df: bool) {
+        // `len` ≤ PAYLOAD_MAX_BYTES, and its bytes are already counted in the budget.
+        let mut buf = vec![0u8; len as usize];
+        if !self.mode.chunked() {
+            match self.export.read(offset, &mut buf) {
+                Ok(()) => self.write_parts(&[&simple_reply(h.cookie, 0), &buf]),
+                Err(errno) => self.export_failed(h, "read", errno),
+            }
+            return;
+        }
+        let len64 = u64::from(len);
+        // Holes become OFFSET_HOLE chunks unless the client asked for one chunk (DF).
+        // The extents are advice: if they fail, everything is sent as data.
+        let runs = if df {
+            vec![(offset, len64, true)]
+        } else {
+            match self.export.extents(offset, len64) {
+                Ok(runs) => plan_runs(offset, len64, &runs),
+                Err(_) => vec![(offset, len64, true)],
+            }
+        };
+        if runs.iter().any(|r| r.2) {
+            if let Err(errno) = self.export.read(offset, &mut buf) {
+                return self.export_failed(h, "read", errno);
+            }
+        }
+        // Chunk headers (and their fixed fields) first, then slices that point into
+        // them and into `buf`.
+        let mut heads: Vec<u8> = Vec::with_capacity(runs.len() * (EXTENDED_REPLY_BYTES + 12));
+        let mut spans = Vec::with_capacity(runs.len());
+        let last = runs.len().saturating_sub(1);
+        for (i, &(start, n, data)) in runs.iter().enumerate() {
+            let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
+            let begin = heads.len();
+            if data {
+                let head = ChunkHeader::new(
+                    self.mode,
+                    flags,
+                    REPLY_TYPE_OFFSET_DATA,
+                    h.cookie,
+                    h.offset,
+                    8 + n,
+                );
+                heads.extend_from_slice(head.as_bytes());
+                heads.extend_from_slice(&start.to_be_bytes());
+            } else {
+                let head = ChunkHeader::new(
+                    self.mode,
+                    flags,
+                    REPLY_TYPE_OFFSET_HOLE,
+                    h.cookie,
+                    h.offset,
+                    12,
+                );
+                heads.extend_from_slice(head.as_bytes());
+                heads.extend_from_slice(&start.to_be_bytes());
+                // A run is within a read of ≤ 32 MiB.
+                heads.extend_from_slice(&(n as u32).to_be_bytes());
+            }
+            let data_range = data.then(|| {
+                let from = (start - offset) as usize;
+                from..from + n as usize
+            });
+            spans.push((begin..heads.len(), data_range));
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(spans.len() * 2);
+        for (head, data) in spans {
+            parts.push(heads.get(head).unwrap_or(&[]));
+            if let Some(range) = data {
+                parts.push(buf.get(range).unwrap_or(&[]));
+            }
+        }
+        self.write_parts(&parts);
+    }
+
+    fn block_status(&self, h: &RequestHeader, offset: u64, len: u64, req_one: bool) {
+        let query = len.min(BLOCK_STATUS_QUERY_MAX_BYTES);
+        let runs = match self.export.extents(offset, query) {
+            Ok(runs) => plan_runs(offset, query, &runs),
+            Err(errno) => return self.export_failed(h, "block status", errno),
+        };
+        let count = if req_one {
+            1
+        } else {
+            runs.len().min(BLOCK_STATUS_DESCRIPTORS_MAX)
+        };
+        let status = |data: bool| if data { 0 } else { STATE_HOLE | STATE_ZERO };
+        let mut payload;
+        if self.mode.extended {
+            payload = Vec::with_capacity(8 + 16 * count);
+            payload.extend_from_slice(&META_CONTEXT_BASE_ALLOCATION_ID.to_be_bytes());
+            payload.extend_from_slice(&(count as u32).to_be_bytes());
+            for &(_, n, data) in runs.iter().take(count) {
+                payload.extend_from_slice(&n.to_be_bytes());
+                payload.extend_from_slice(&u64::from(status(data)).to_be_bytes());
+            }
+        } else {
+            payload = Vec::with_capacity(4 + 8 * count);
+            payload.extend_from_slice(&META_CONTEXT_BASE_ALLOCATION_ID.to_be_bytes());
+            for &(_, n, data) in runs.iter().take(count) {
+                // Compact requests carry a 32-bit length, so every run fits.
+                let n32 = u32::try_from(n).unwrap_or(COMPACT_DESCRIPTOR_MAX_BYTES as u32);
+                payload.extend_from_slice(&n32.to_be_bytes());
+                payload.extend_from_slice(&status(data).to_be_bytes());
+            }
+        }
+        let kind = if self.mode.extended {
+            REPLY_TYPE_BLOCK_STATUS_EXT
+        } else {
+            REPLY_TYPE_BLOCK_STATUS
+        };
+        let head = ChunkHeader::new(
+            self.mode,
+            REPLY_FLAG_DONE,
+            kind,
+            h.cookie,
+            h.offset,
+            payload.len() as u64,
+        );
+        self.write_parts(&[head.as_bytes(), &payload]);
+    }
+
+    /// Success without payload: a simple reply, or a NONE chunk under extended headers
+    /// (which forbid simple replies).
+    fn reply_ok(&self, h: &RequestHeader) {
+        if self.mode.extended {
+            let head = ChunkHeader::new(
+                self.mode,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_NONE,
+                h.cookie,
+                h.offset,
+                0,
+            );
+            self.write_parts(&[head.as_bytes()]);
+        } else {
+            self.write_parts(&[&simple_reply(h.cookie, 0)]);
+        }
+    }
+
+    /// An error: an ERROR chunk carrying the message when replies are chunked,
+    /// else a simple reply with the error value (and never a payload).
+    fn reply_error(&self, h: &RequestHeader, errno: u32, message: &str) {
+        if self.mode.chunked() {
+            let payload = error_chunk_payload(errno, message);
+            let head = ChunkHeader::new(
+                self.mode,
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_ERROR,
+                h.cookie,
+                h.offset,
+                payload.len() as u64,
+            );
+            self.write_parts(&[head.as_bytes(), &payload]);
+        } else {
+            self.write_parts(&[&simple_reply(h.cookie, errno)]);
+        }
+    }
+
+    /// Write one whole reply under the writer lock. A failure tears the connection
+    /// down (the reader sees the socket close) and later replies are dropped.
+    fn write_parts(&self, parts: &[&[u8]]) {
+        let mut writer = self.writer.lock();
+        if writer.failed {
+            return;
+        }
+        if let Err(e) = write_all_parts(&writer.stream, parts) {
+            tracing::debug!(id = self.id, error = %e, "NBD reply not written; closing");
+            writer.failed = true;
+            writer.stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// `write_all` over several buffers with as few system calls as the kernel allows.
+fn write_all_parts(stream: &Stream, parts: &[&[u8]]) -> io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| IoSlice::new(p))
+        .collect();
+    let mut bufs: &mut [IoSlice<'_>] = &mut slices;
+    let mut w = stream;
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_runs;
+
+    #[test]
+    fn runs_are_clipped_merged_and_padded() {
+        // Export reports more than asked, with adjacent runs of one kind.
+        let runs = [(4096, true), (4096, true), (8192, false), (1 << 20, true)];
+        assert_eq!(
+            plan_runs(0, 12288 + 4096, &runs),
+            vec![(0, 8192, true), (8192, 8192, false)]
+        );
+        // Short answer: the rest is claimed as data.
+        assert_eq!(
+            plan_runs(512, 8192, &[(1024, false)]),
+            vec![(512, 1024, false), (1536, 7168, true)]
+        );
+        // Zero-length runs are skipped; empty answers become one data run.
+        assert_eq!(plan_runs(0, 512, &[(0, false)]), vec![(0, 512, true)]);
+        assert_eq!(plan_runs(0, 512, &[]), vec![(0, 512, true)]);
+    }
+}
