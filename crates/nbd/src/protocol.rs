@@ -309,9 +309,8 @@ impl RequestHeader {
         // A WRITE always carries its data. Under extended headers the spec says the
         // client MUST also set PAYLOAD_LEN on it, but QEMU 10's client does not, and
         // QEMU's own server reads the payload either way; so does this one.
-        if mode.extended && self.flags & CMD_FLAG_PAYLOAD_LEN != 0 {
-            self.length
-        } else if self.kind == CMD_WRITE {
+        let flagged = mode.extended && self.flags & CMD_FLAG_PAYLOAD_LEN != 0;
+        if flagged || self.kind == CMD_WRITE {
             self.length
         } else {
             0
