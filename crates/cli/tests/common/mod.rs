@@ -270,11 +270,16 @@ pub fn qemu_io(uri: &str, commands: &[String]) -> Ran {
     }
     cmd.arg(uri);
     let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
+    assert!(ran.status.success(), "qemu-io failed:\n{}", ran.report());
+    let out = ran.all_output();
     assert!(
-        ran.status.success()
-            && !ran.all_output().contains("verification failed")
-            && !ran.all_output().contains("failed:"),
-        "qemu-io reported a failure:\n{}",
+        !out.contains("verification failed"),
+        "qemu-io read back the wrong data:\n{}",
+        ran.report()
+    );
+    assert!(
+        !out.contains("failed:"),
+        "a qemu-io command failed:\n{}",
         ran.report()
     );
     ran
