@@ -120,6 +120,9 @@ impl Inner {
         if let Some(why) = self.journal.failure() {
             return Err(EngineError::ReadOnly(why));
         }
+        // No commit may be in flight while the replay point is chosen: its records are
+        // in the image, and replaying them again on top of it would count them twice.
+        let commit_guard = self.commit_lock.lock();
         let batch = self.journal.take_batch();
         let snapshot = match self.snapshot() {
             Ok(s) => s,
@@ -128,6 +131,7 @@ impl Inner {
                 return Err(e);
             }
         };
+        drop(commit_guard);
         let guard = if hold { Some(gate) } else { drop(gate); None };
         let result = self.write_snapshot(&snapshot);
         drop(guard);

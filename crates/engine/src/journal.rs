@@ -258,7 +258,8 @@ impl Journal {
     /// After the batch's sectors are durable.
     pub fn batch_durable(&self, batch: &Batch, sectors: u64) {
         let mut s = self.state.lock();
-        s.next_seq = batch.first_seq + sectors;
+        // A checkpoint's batch (no sectors) may complete after later commits.
+        s.next_seq = s.next_seq.max(batch.first_seq + sectors);
         s.durable = s.durable.max(batch.target);
         self.progress.notify_all();
     }
