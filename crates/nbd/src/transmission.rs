@@ -24,6 +24,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Granularity at which reads look for zero ranges to send as holes: the engine's
+/// block, so a hole chunk stands for whole unmapped or zero blocks.
+const HOLE_SCAN_BYTES: u64 = 4096;
+
 /// Size of the buffer a refused write's payload is read into and thrown away.
 const DISCARD_CHUNK_BYTES: usize = 64 << 10;
 
@@ -374,6 +378,29 @@ fn plan_runs(offset: u64, len: u64, runs: &[(u64, bool)]) -> Vec<(u64, u64, bool
     out
 }
 
+/// Split a read buffer into runs of data and of zeros, `(start, len, is_data)`, on
+/// [`HOLE_SCAN_BYTES`] boundaries of the export (edge pieces follow the request).
+fn zero_runs(offset: u64, buf: &[u8]) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::new();
+    let mut pos = 0usize;
+    while pos < buf.len() {
+        let absolute = offset + pos as u64;
+        let to_boundary = HOLE_SCAN_BYTES - (absolute % HOLE_SCAN_BYTES);
+        let n = usize::try_from(to_boundary)
+            .unwrap_or(usize::MAX)
+            .min(buf.len() - pos);
+        let data = buf
+            .get(pos..pos + n)
+            .is_some_and(|piece| piece.iter().any(|&b| b != 0));
+        match out.last_mut() {
+            Some(last) if last.2 == data => last.1 += n as u64,
+            _ => out.push((absolute, n as u64, data)),
+        }
+        pos += n;
+    }
+    out
+}
+
 impl Conn {
     /// Run one command and write its reply.
     fn run(&self, h: &RequestHeader, command: Command, payload: &[u8]) {
@@ -442,21 +469,18 @@ impl Conn {
             return;
         }
         let len64 = u64::from(len);
-        // Holes become OFFSET_HOLE chunks unless the client asked for one chunk (DF).
-        // The extents are advice: if they fail, everything is sent as data.
+        if let Err(errno) = self.export.read(offset, &mut buf) {
+            return self.export_failed(h, "read", errno);
+        }
+        // Ranges that read as zeros go out as OFFSET_HOLE chunks, unless the client
+        // asked for one chunk (DF). Every non-data extent (unmapped or zero block)
+        // reads as zeros, so scanning the buffer finds them all without a second call
+        // into the export per read, and always agrees with the data just read.
         let runs = if df {
             vec![(offset, len64, true)]
         } else {
-            match self.export.extents(offset, len64) {
-                Ok(runs) => plan_runs(offset, len64, &runs),
-                Err(_) => vec![(offset, len64, true)],
-            }
+            zero_runs(offset, &buf)
         };
-        if runs.iter().any(|r| r.2) {
-            if let Err(errno) = self.export.read(offset, &mut buf) {
-                return self.export_failed(h, "read", errno);
-            }
-        }
         // Chunk headers (and their fixed fields) first, then slices that point into
         // them and into `buf`.
         let mut heads: Vec<u8> = Vec::with_capacity(runs.len() * (EXTENDED_REPLY_BYTES + 12));
@@ -627,7 +651,21 @@ fn write_all_parts(stream: &Stream, parts: &[&[u8]]) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::plan_runs;
+    use super::{plan_runs, zero_runs};
+
+    #[test]
+    fn zero_runs_follow_4k_boundaries_of_the_export() {
+        let mut buf = vec![0u8; 3 * 4096];
+        buf[4096] = 1;
+        // The read starts 512 bytes into a block: edges are partial blocks.
+        assert_eq!(
+            zero_runs(512, &buf),
+            vec![(512, 3584, false), (4096, 4096, true), (8192, 4608, false)]
+        );
+        assert_eq!(zero_runs(0, &[0; 512]), vec![(0, 512, false)]);
+        assert_eq!(zero_runs(0, &[7; 8192]), vec![(0, 8192, true)]);
+        assert!(zero_runs(0, &[]).is_empty());
+    }
 
     #[test]
     fn runs_are_clipped_merged_and_padded() {
