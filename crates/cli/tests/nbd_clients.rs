@@ -238,27 +238,49 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
     );
 }
 
-/// fio's nbd engine, `jobs` writers each on its own region; run in `dir`, where fio
-/// leaves its verify state files.
-fn fio_job(dir: &Path, uri: &str, name: &str, extra: &[&str]) -> Ran {
-    let (jobs, size) = if soak() { (4, "256M") } else { (4, "32M") };
+/// Bytes each fio job writes (its own region of the volume).
+fn fio_job_bytes() -> u64 {
+    if soak() {
+        512 * MIB
+    } else {
+        64 * MIB
+    }
+}
+
+/// fio jobs, each a connection of its own.
+const FIO_JOBS: u64 = 4;
+
+/// fio's data mix from the seed: 75% of blocks duplicates, the rest half compressible
+/// in 512-byte chunks.
+const SEED_MIX: [&str; 3] = [
+    "--dedupe_percentage=75",
+    "--buffer_compress_percentage=50",
+    "--buffer_compress_chunk=512",
+];
+
+/// fio's nbd engine, 4 KiB random writes at queue depth 32, `FIO_JOBS` writers each on
+/// its own region; run in `dir`, where fio leaves its verify state files.
+fn fio_job(dir: &Path, uri: &str, name: &str, verify: bool, extra: &[&str]) -> Ran {
+    let size = format!("{}M", fio_job_bytes() / MIB);
     let mut cmd = tool("fio");
     cmd.current_dir(dir)
         .arg(format!("--name={name}"))
         .arg("--ioengine=nbd")
         .arg(format!("--uri={uri}"))
         .args(["--rw=randwrite", "--bs=4k", "--iodepth=32", "--direct=1"])
-        .arg(format!("--numjobs={jobs}"))
+        .arg(format!("--numjobs={FIO_JOBS}"))
         .arg(format!("--size={size}"))
         .arg(format!("--offset_increment={size}"))
-        .args([
+        .args(["--group_reporting", "--output-format=normal"])
+        .args(extra);
+    if verify {
+        cmd.args([
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
             "--verify_backlog=0",
-        ])
-        .args(["--group_reporting", "--output-format=normal"])
-        .args(extra);
+        ]);
+    }
     let ran = run_with_limit(
         &mut cmd,
         Duration::from_secs(if soak() { 1800 } else { 600 }),
@@ -277,45 +299,84 @@ fn fio_job(dir: &Path, uri: &str, name: &str, extra: &[&str]) -> Ran {
     ran
 }
 
+fn data_used_bytes(server: &Server) -> u64 {
+    let stats = server.stats();
+    stats["data_used_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats --json has no data_used_bytes: {stats}"))
+}
+
+fn volume_size() -> String {
+    format!("{}M", FIO_JOBS * fio_job_bytes() / MIB)
+}
+
 #[test]
 fn fio_randwrite_verifies_over_seed_mix() {
     let dir = TempDir::new("fiomix");
-    let size = if soak() { "1G" } else { "128M" };
-    let server = Server::start_new(dir.path(), &[("vol", size)], &[]);
+    let size = volume_size();
+    let server = Server::start_new(dir.path(), &[("plain", &size), ("vol", &size)], &[]);
+
+    // Without verify headers (which make every block unique), the seed's mix is what
+    // fewerbytes exists for: at most 15% of the guest's bytes stored as data.
+    let before = data_used_bytes(&server);
     fio_job(
         dir.path(),
-        &server.unix_uri("vol"),
+        &server.unix_uri("plain"),
         "seedmix",
-        &[
-            "--dedupe_percentage=75",
-            "--buffer_compress_percentage=50",
-            "--buffer_compress_chunk=512",
-        ],
+        false,
+        &SEED_MIX,
     );
-    // The same data read back on fresh connections after the writers left.
-    fio_job(
-        dir.path(),
-        &server.tcp_uri("vol"),
-        "seedmix",
-        &[
-            "--dedupe_percentage=75",
-            "--buffer_compress_percentage=50",
-            "--buffer_compress_chunk=512",
-            "--verify_only",
-        ],
+    let stored = data_used_bytes(&server) - before;
+    let written = FIO_JOBS * fio_job_bytes();
+    assert!(
+        stored * 100 <= written * 15,
+        "fio's 75% duplicate / 50% compressible mix stored {stored} data bytes for {written} written \
+         ({:.1}%, the target is at most 15%)",
+        stored as f64 * 100.0 / written as f64
     );
+
+    let mut args = SEED_MIX.to_vec();
+    fio_job(dir.path(), &server.unix_uri("vol"), "seedmix", true, &args);
+    // The same data read back on fresh connections (over TCP) after the writers left.
+    args.push("--verify_only");
+    fio_job(dir.path(), &server.tcp_uri("vol"), "seedmix", true, &args);
 }
 
 #[test]
 fn fio_randwrite_verifies_over_random_data() {
     let dir = TempDir::new("fiorand");
-    let size = if soak() { "1G" } else { "128M" };
-    let server = Server::start_new(dir.path(), &[("vol", size)], &[]);
+    let size = volume_size();
+    let server = Server::start_new(dir.path(), &[("plain", &size), ("vol", &size)], &[]);
+
+    // Random data does not shrink, and must not grow much either.
+    let before = data_used_bytes(&server);
+    fio_job(
+        dir.path(),
+        &server.tcp_uri("plain"),
+        "random",
+        false,
+        &["--refill_buffers"],
+    );
+    let stored = data_used_bytes(&server) - before;
+    let written = FIO_JOBS * fio_job_bytes();
+    assert!(
+        stored * 100 <= written * 102,
+        "random data stored {stored} data bytes for {written} written (over 102%)"
+    );
+
     fio_job(
         dir.path(),
         &server.tcp_uri("vol"),
         "random",
+        true,
         &["--refill_buffers"],
+    );
+    fio_job(
+        dir.path(),
+        &server.unix_uri("vol"),
+        "random",
+        true,
+        &["--refill_buffers", "--verify_only"],
     );
 }
 
@@ -328,7 +389,11 @@ fn qemu_img_convert_round_trips_and_second_copy_dedups() {
     std::fs::write(&image_path, &image).expect("write image");
     let image_bytes = BLOCKS * 4096;
 
-    let server = Server::start_new(dir.path(), &[("first", "64M"), ("second", "64M")], &[]);
+    let server = Server::start_new(
+        dir.path(),
+        &[("first", "64M"), ("second", "64M"), ("third", "64M")],
+        &[],
+    );
     let image_arg = image_path.to_str().expect("utf-8 path");
 
     run_ok(tool("qemu-img").args([
@@ -404,6 +469,19 @@ fn qemu_img_convert_round_trips_and_second_copy_dedups() {
     );
     // The first copy stored something (the image is not all zeros or duplicates).
     assert!(used_before > 0, "the first import stored no data: {before}");
+
+    // nbdcopy (several connections at once when the server allows multi-conn) in and out.
+    run_ok(tool("nbdcopy").args([image_arg, &server.unix_uri("third")]));
+    let copied_path = dir.join("copied.img");
+    run_ok(tool("nbdcopy").args([
+        &server.tcp_uri("third"),
+        copied_path.to_str().expect("utf-8"),
+    ]));
+    let copied = std::fs::read(&copied_path).expect("read nbdcopy output");
+    assert!(
+        copied == image,
+        "nbdcopy round trip through volume `third` changed the image"
+    );
 }
 
 #[test]
@@ -953,15 +1031,22 @@ fn flushed_data_survives_sigterm_and_sigkill() {
     );
 }
 
-/// A client holding a connection open (libnbd in Python) until its stdin closes.
+/// A libnbd Python script that connects, does its work, prints one line starting
+/// with `ready`, then holds its connections open until its stdin closes.
 struct HeldConnection {
     child: Child,
 }
 
 impl HeldConnection {
     fn open(uri: &str) -> HeldConnection {
+        HeldConnection::run(
+            "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nprint('ready', h.get_size(), flush=True)\nsys.stdin.read()\n",
+            uri,
+        )
+    }
+
+    fn run(script: &str, uri: &str) -> HeldConnection {
         let python = system_python();
-        let script = "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nprint('connected', h.get_size(), flush=True)\nsys.stdin.read()\n";
         let mut child = Command::new(python)
             .arg("-c")
             .arg(script)
@@ -978,11 +1063,44 @@ impl HeldConnection {
             .read_line(&mut line)
             .expect("read from held connection");
         assert!(
-            line.starts_with("connected"),
-            "held connection to {uri} failed: {line:?}"
+            line.starts_with("ready"),
+            "libnbd client on {uri} failed before it was ready: {line:?}"
         );
         HeldConnection { child }
     }
+}
+
+const MULTI_CONN_PY: &str = r#"
+import nbd, sys
+a = nbd.NBD(); a.connect_uri(sys.argv[1])
+b = nbd.NBD(); b.connect_uri(sys.argv[1])
+assert a.can_multi_conn(), "CAN_MULTI_CONN not advertised"
+a.pwrite(b"\x71" * 65536, 0)          # acknowledged on connection a, never flushed there
+a.pwrite(b"\x73" * 4096, 3 << 20, nbd.CMD_FLAG_FUA)  # FUA: durable on its own
+b.pwrite(b"\x72" * 4096, 1 << 20)
+b.flush()                               # must cover a's acknowledged write too
+print("ready", flush=True)
+sys.stdin.read()                        # keep both connections open: no DISC, no close-time flush
+"#;
+
+#[test]
+fn flush_on_one_connection_makes_every_connections_writes_durable() {
+    let dir = TempDir::new("mconn");
+    let mut server = Server::start_new(dir.path(), &[("vol", "16M")], &[]);
+    let uri = server.unix_uri("vol");
+    let clients = HeldConnection::run(MULTI_CONN_PY, &uri);
+    // Crash with the clients still connected.
+    server.kill9();
+    drop(clients);
+    server.spawn();
+    qemu_io(
+        &uri,
+        &[
+            "read -P 0x71 0 64K".into(),
+            "read -P 0x72 1M 4096".into(),
+            "read -P 0x73 3M 4096".into(),
+        ],
+    );
 }
 
 impl Drop for HeldConnection {
