@@ -27,13 +27,24 @@ pub struct MapPage {
 impl MapPage {
     /// Entry `i` of the page.
     pub fn get(&self, i: usize) -> MapEntry {
-        MapEntry::decode(self.entries.as_ref().and_then(|e| e.get(i).copied()).unwrap_or(0))
+        MapEntry::decode(
+            self.entries
+                .as_ref()
+                .and_then(|e| e.get(i).copied())
+                .unwrap_or(0),
+        )
     }
 
     /// Set entry `i`; returns the old entry.
     pub fn set(&mut self, i: usize, entry: MapEntry) -> MapEntry {
-        let entries = self.entries.get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
-        let old = entries.get(i).copied().map(MapEntry::decode).unwrap_or(MapEntry::Unmapped);
+        let entries = self
+            .entries
+            .get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
+        let old = entries
+            .get(i)
+            .copied()
+            .map(MapEntry::decode)
+            .unwrap_or(MapEntry::Unmapped);
         if let Some(e) = entries.get_mut(i) {
             *e = entry.encode();
         }
@@ -126,7 +137,10 @@ impl VolumeState {
             if let Some(entries) = &page.entries {
                 for (i, raw) in entries.iter().enumerate() {
                     if *raw != 0 {
-                        f(p as u64 * ENTRIES_PER_PAGE + i as u64, MapEntry::decode(*raw));
+                        f(
+                            p as u64 * ENTRIES_PER_PAGE + i as u64,
+                            MapEntry::decode(*raw),
+                        );
                     }
                 }
             }

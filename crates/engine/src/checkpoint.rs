@@ -13,7 +13,10 @@ use crate::pool::Inner;
 use crate::slab::ObjRec;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
-use fewerbytes_format::page::{decode_page, encode_page, ObjectRecord, PageHeader, PageKind, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, SLOTS_PER_DIR_PAGE};
+use fewerbytes_format::page::{
+    decode_page, encode_page, ObjectRecord, PageHeader, PageKind, OBJECTS_PER_PAGE,
+    PAGE_PAYLOAD_BYTES, SLOTS_PER_DIR_PAGE,
+};
 use fewerbytes_format::superblock::{SuperBlock, MAX_CATALOG_PAGES};
 use fewerbytes_format::{Reader, Writer, BLOCK_BYTES};
 use parking_lot::RwLockWriteGuard;
@@ -33,7 +36,12 @@ pub struct PageStore {
 impl PageStore {
     /// An empty store of `slots` (slot 0 is never used: 0 means "no page").
     pub fn new(slots: u64) -> Self {
-        let mut s = PageStore { words: vec![0; slots.div_ceil(64) as usize], slots, cursor: 1, used: 0 };
+        let mut s = PageStore {
+            words: vec![0; slots.div_ceil(64) as usize],
+            slots,
+            cursor: 1,
+            used: 0,
+        };
         s.mark(0);
         s
     }
@@ -48,7 +56,9 @@ impl PageStore {
     }
     /// Whether a slot is used.
     pub fn is_used(&self, slot: u64) -> bool {
-        self.words.get((slot / 64) as usize).is_some_and(|w| w & (1 << (slot % 64)) != 0)
+        self.words
+            .get((slot / 64) as usize)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
     }
     /// Free a slot.
     pub fn free(&mut self, slot: u64) {
@@ -66,7 +76,11 @@ impl PageStore {
     pub fn alloc(&mut self) -> Option<u32> {
         for _ in 0..self.slots {
             let s = self.cursor;
-            self.cursor = if self.cursor + 1 >= self.slots { 1 } else { self.cursor + 1 };
+            self.cursor = if self.cursor + 1 >= self.slots {
+                1
+            } else {
+                self.cursor + 1
+            };
             if !self.is_used(s) {
                 self.mark(s);
                 return u32::try_from(s).ok();
@@ -96,15 +110,25 @@ struct Snapshot {
 }
 
 impl Inner {
-    fn encode(&self, kind: PageKind, slot: u32, owner: u64, index: u64, count: u32, payload: &[u8], generation: u64) -> Encoded {
+    /// Encode a page whose header is `header` (its nonce is set here).
+    fn encode(&self, header: PageHeader, payload: &[u8]) -> Encoded {
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
-        let header = PageHeader { kind, count, nonce: self.nonce, slot: u64::from(slot), generation, owner, index };
+        let header = PageHeader {
+            nonce: self.nonce,
+            ..header
+        };
         encode_page(&header, payload, &mut bytes);
-        Encoded { slot, kind, bytes }
+        Encoded {
+            slot: header.slot as u32,
+            kind: header.kind,
+            bytes,
+        }
     }
 
     fn new_slot(&self, store: &mut PageStore) -> Result<u32> {
-        store.alloc().ok_or_else(|| EngineError::NoSpace("the metadata page store is full".into()))
+        store
+            .alloc()
+            .ok_or_else(|| EngineError::NoSpace("the metadata page store is full".into()))
     }
 
     /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
@@ -116,7 +140,11 @@ impl Inner {
 
     /// Take a checkpoint with the gate held; with `hold`, keep it until the super
     /// block is durable (volume operations, which are not journalled).
-    pub(crate) fn checkpoint_locked(&self, gate: RwLockWriteGuard<'_, ()>, hold: bool) -> Result<()> {
+    pub(crate) fn checkpoint_locked(
+        &self,
+        gate: RwLockWriteGuard<'_, ()>,
+        hold: bool,
+    ) -> Result<()> {
         if let Some(why) = self.journal.failure() {
             return Err(EngineError::ReadOnly(why));
         }
@@ -132,7 +160,12 @@ impl Inner {
             }
         };
         drop(commit_guard);
-        let guard = if hold { Some(gate) } else { drop(gate); None };
+        let guard = if hold {
+            Some(gate)
+        } else {
+            drop(gate);
+            None
+        };
         let result = self.write_snapshot(&snapshot);
         drop(guard);
         if let Err(e) = result {
@@ -150,7 +183,8 @@ impl Inner {
         }
         *self.sb.lock() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
-        self.journal.checkpointed(snapshot.superblock.journal_replay_seq);
+        self.journal
+            .checkpointed(snapshot.superblock.journal_replay_seq);
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -165,8 +199,10 @@ impl Inner {
 
         // Slab object pages.
         let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
-        let mut object_slots: Vec<u32> = Vec::with_capacity(self.slab_count as usize * pages_per_slab);
-        let mut object_dirty_dirs = vec![false; (self.slab_count as usize * pages_per_slab).div_ceil(SLOTS_PER_DIR_PAGE)];
+        let mut object_slots: Vec<u32> =
+            Vec::with_capacity(self.slab_count as usize * pages_per_slab);
+        let mut object_dirty_dirs =
+            vec![false; (self.slab_count as usize * pages_per_slab).div_ceil(SLOTS_PER_DIR_PAGE)];
         let mut pending = Vec::new();
         for s in 0..self.slab_count {
             let mut slab = self.slab(s).lock();
@@ -181,9 +217,25 @@ impl Inner {
                         let slot = self.new_slot(&mut store)?;
                         let mut w = Writer::new(&mut payload);
                         for r in page.recs.iter() {
-                            ObjectRecord { location: r.location, refcount: r.refcount, fingerprint: r.fingerprint }.encode(&mut w);
+                            ObjectRecord {
+                                location: r.location,
+                                refcount: r.refcount,
+                                fingerprint: r.fingerprint,
+                            }
+                            .encode(&mut w);
                         }
-                        pages.push(self.encode(PageKind::Objects, slot, u64::from(s), p as u64, OBJECTS_PER_PAGE as u32, &payload, generation));
+                        pages.push(self.encode(
+                            PageHeader {
+                                kind: PageKind::Objects,
+                                count: OBJECTS_PER_PAGE as u32,
+                                nonce: 0,
+                                slot: u64::from(slot),
+                                generation,
+                                owner: u64::from(s),
+                                index: p as u64,
+                            },
+                            &payload,
+                        ));
                         if page.slot != 0 {
                             old_slots.push(page.slot);
                         }
@@ -200,7 +252,16 @@ impl Inner {
             }
         }
         let mut object_dirs = self.object_dir_slots.lock();
-        self.write_dirs(&mut store, &mut pages, &mut old_slots, &mut object_dirs, &object_slots, &object_dirty_dirs, OBJECT_TABLE_OWNER, generation)?;
+        self.write_dirs(
+            &mut store,
+            &mut pages,
+            &mut old_slots,
+            &mut object_dirs,
+            &object_slots,
+            &object_dirty_dirs,
+            OBJECT_TABLE_OWNER,
+            generation,
+        )?;
 
         // Volumes.
         let volumes = self.volumes.read();
@@ -218,7 +279,18 @@ impl Inner {
                         Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                         None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                     }
-                    pages.push(self.encode(PageKind::Map, slot, vol.id, p as u64, ENTRIES_PER_PAGE as u32, &payload, generation));
+                    pages.push(self.encode(
+                        PageHeader {
+                            kind: PageKind::Map,
+                            count: ENTRIES_PER_PAGE as u32,
+                            nonce: 0,
+                            slot: u64::from(slot),
+                            generation,
+                            owner: vol.id,
+                            index: p as u64,
+                        },
+                        &payload,
+                    ));
                     if page.slot != 0 {
                         old_slots.push(page.slot);
                     }
@@ -231,7 +303,16 @@ impl Inner {
                 map_slots.push(page.slot);
             }
             let mut dirs = vol.dir_slots.lock();
-            self.write_dirs(&mut store, &mut pages, &mut old_slots, &mut dirs, &map_slots, &dirty_dirs, vol.id, generation)?;
+            self.write_dirs(
+                &mut store,
+                &mut pages,
+                &mut old_slots,
+                &mut dirs,
+                &map_slots,
+                &dirty_dirs,
+                vol.id,
+                generation,
+            )?;
             records.push(VolumeRecord {
                 slot: vol.slot,
                 id: vol.id,
@@ -251,11 +332,25 @@ impl Inner {
         let mut catalog_slots = Vec::new();
         for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
             let slot = self.new_slot(&mut store)?;
-            pages.push(self.encode(PageKind::Catalog, slot, 0, i as u64, chunk.len() as u32, chunk, generation));
+            pages.push(self.encode(
+                PageHeader {
+                    kind: PageKind::Catalog,
+                    count: chunk.len() as u32,
+                    nonce: 0,
+                    slot: u64::from(slot),
+                    generation,
+                    owner: 0,
+                    index: i as u64,
+                },
+                chunk,
+            ));
             catalog_slots.push(slot);
         }
         if catalog_slots.len() > MAX_CATALOG_PAGES {
-            return Err(EngineError::Refused(format!("the catalog needs {} pages (max {MAX_CATALOG_PAGES})", catalog_slots.len())));
+            return Err(EngineError::Refused(format!(
+                "the catalog needs {} pages (max {MAX_CATALOG_PAGES})",
+                catalog_slots.len()
+            )));
         }
         let mut sb = self.sb.lock().clone();
         old_slots.extend(sb.catalog_slots.iter().copied());
@@ -263,7 +358,12 @@ impl Inner {
         sb.catalog_slots = catalog_slots;
         sb.catalog_bytes = stream.len() as u32;
         sb.journal_replay_seq = self.journal.next_seq();
-        Ok(Snapshot { pages, old_slots, pending, superblock: sb })
+        Ok(Snapshot {
+            pages,
+            old_slots,
+            pending,
+            superblock: sb,
+        })
     }
 
     /// Rewrite the directory pages whose range of `slots` changed.
@@ -296,7 +396,18 @@ impl Inner {
             let mut w = Writer::new(&mut payload);
             chunk.iter().for_each(|s| w.u32(*s));
             let slot = self.new_slot(store)?;
-            pages.push(self.encode(PageKind::Directory, slot, owner, k as u64, chunk.len() as u32, &payload, generation));
+            pages.push(self.encode(
+                PageHeader {
+                    kind: PageKind::Directory,
+                    count: chunk.len() as u32,
+                    nonce: 0,
+                    slot: u64::from(slot),
+                    generation,
+                    owner,
+                    index: k as u64,
+                },
+                &payload,
+            ));
             if let Some(d) = dirs.get_mut(k) {
                 if *d != 0 {
                     old_slots.push(*d);
@@ -327,20 +438,38 @@ impl Inner {
         let copy = snap.superblock.generation % 2;
         let r = self.meta.write_at(&block, copy * BLOCK_BYTES as u64);
         self.check_io(r)?;
-        self.meta_written.super_bytes.fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
+        self.meta_written
+            .super_bytes
+            .fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
         let r = self.meta.flush();
         self.check_io(r)?;
         Ok(())
     }
 
-    fn read_page<'a>(&self, buf: &'a mut [u8; BLOCK_BYTES], kind: PageKind, slot: u32, owner: u64, index: u64) -> Result<(PageHeader, &'a [u8])> {
+    fn read_page<'a>(
+        &self,
+        buf: &'a mut [u8; BLOCK_BYTES],
+        kind: PageKind,
+        slot: u32,
+        owner: u64,
+        index: u64,
+    ) -> Result<(PageHeader, &'a [u8])> {
         let block = self.pages_start_block + u64::from(slot);
-        let corrupt = |reason: String| EngineError::Corrupt { region: kind.name(), block, device: "metadata", reason };
+        let corrupt = |reason: String| EngineError::Corrupt {
+            region: kind.name(),
+            block,
+            device: "metadata",
+            reason,
+        };
         if slot == 0 || u64::from(slot) >= self.page_slots {
-            return Err(corrupt(format!("page slot {slot} is outside the page store")));
+            return Err(corrupt(format!(
+                "page slot {slot} is outside the page store"
+            )));
         }
-        self.meta.read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
-        let (header, payload) = decode_page(&buf[..], kind, self.nonce, u64::from(slot)).map_err(|e| corrupt(e.to_string()))?;
+        self.meta
+            .read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
+        let (header, payload) = decode_page(&buf[..], kind, self.nonce, u64::from(slot))
+            .map_err(|e| corrupt(e.to_string()))?;
         if header.owner != owner || header.index != index {
             return Err(corrupt(format!(
                 "page names owner {} index {}, expected owner {owner} index {index}",
@@ -348,7 +477,10 @@ impl Inner {
             )));
         }
         if header.generation > self.sb.lock().generation {
-            return Err(corrupt(format!("page generation {} is newer than the super block's", header.generation)));
+            return Err(corrupt(format!(
+                "page generation {} is newer than the super block's",
+                header.generation
+            )));
         }
         self.page_store.lock().mark(u64::from(slot));
         Ok((header, payload))
@@ -379,7 +511,8 @@ impl Inner {
         let mut stream = Vec::with_capacity(sb.catalog_bytes as usize);
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (i, &slot) in sb.catalog_slots.iter().enumerate() {
-            let (header, payload) = self.read_page(&mut buf, PageKind::Catalog, slot, 0, i as u64)?;
+            let (header, payload) =
+                self.read_page(&mut buf, PageKind::Catalog, slot, 0, i as u64)?;
             stream.extend_from_slice(payload.get(..header.count as usize).unwrap_or(payload));
         }
         stream.truncate(sb.catalog_bytes as usize);
@@ -402,7 +535,8 @@ impl Inner {
                 continue;
             }
             let (s, p) = ((g / pages_per_slab) as u32, g % pages_per_slab);
-            let (_, payload) = self.read_page(&mut buf, PageKind::Objects, slot, u64::from(s), p as u64)?;
+            let (_, payload) =
+                self.read_page(&mut buf, PageKind::Objects, slot, u64::from(s), p as u64)?;
             let mut r = Reader::new("slab object page", payload);
             let mut slab = self.slab(s).lock();
             for i in 0..OBJECTS_PER_PAGE {
@@ -411,7 +545,11 @@ impl Inner {
                     continue;
                 }
                 if let Some(m) = slab.rec_mut((p * OBJECTS_PER_PAGE + i) as u32) {
-                    *m = ObjRec { location: rec.location, refcount: rec.refcount, fingerprint: rec.fingerprint };
+                    *m = ObjRec {
+                        location: rec.location,
+                        refcount: rec.refcount,
+                        fingerprint: rec.fingerprint,
+                    };
                 }
             }
             if let Some(Some(page)) = slab.pages.get_mut(p) {
@@ -419,7 +557,11 @@ impl Inner {
                 page.dirty = false;
             } else if let Some(page) = slab.pages.get_mut(p) {
                 // An all-free page: keep its slot so the next checkpoint can retire it.
-                let mut fresh = crate::slab::ObjPage { recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]), dirty: false, slot };
+                let mut fresh = crate::slab::ObjPage {
+                    recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]),
+                    dirty: false,
+                    slot,
+                };
                 fresh.dirty = false;
                 *page = Some(fresh);
             }
@@ -428,7 +570,11 @@ impl Inner {
     }
 
     /// Load one volume's block map.
-    pub(crate) fn load_map(&self, record: &VolumeRecord, vol: &crate::block_map::VolumeState) -> Result<()> {
+    pub(crate) fn load_map(
+        &self,
+        record: &VolumeRecord,
+        vol: &crate::block_map::VolumeState,
+    ) -> Result<()> {
         let pages_len = vol.pages.read().len();
         let slots = self.read_dirs(&record.map_dir_slots, record.id, pages_len)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
@@ -437,7 +583,8 @@ impl Inner {
             if slot == 0 {
                 continue;
             }
-            let (_, payload) = self.read_page(&mut buf, PageKind::Map, slot, record.id, p as u64)?;
+            let (_, payload) =
+                self.read_page(&mut buf, PageKind::Map, slot, record.id, p as u64)?;
             let mut r = Reader::new("block map page", payload);
             if let Some(page) = pages.get(p) {
                 let mut page = page.lock();

@@ -83,9 +83,9 @@ impl EngineError {
             EngineError::ReadOnly(_) => 1,        // EPERM
             EngineError::OutOfRange { .. } => 22, // EINVAL
             EngineError::Unaligned { .. } => 22,
-            EngineError::NoSpace(_) => 28,        // ENOSPC
-            EngineError::VolumeGone(_) => 108,    // ESHUTDOWN
-            _ => 5,                               // EIO
+            EngineError::NoSpace(_) => 28,     // ENOSPC
+            EngineError::VolumeGone(_) => 108, // ESHUTDOWN
+            _ => 5,                            // EIO
         }
     }
 }

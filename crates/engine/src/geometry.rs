@@ -73,7 +73,9 @@ pub fn page_slots_for(data_blocks: u64, addressable_blocks: u64) -> u64 {
     // A volume's map pages round up per volume; allow one spare page per possible volume
     // of the first few hundred.
     let map_pages = addressable_blocks.div_ceil(MAP_ENTRIES_PER_PAGE as u64) + 256;
-    let dir_pages = object_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64) + map_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64) + 256;
+    let dir_pages = object_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64)
+        + map_pages.div_ceil(SLOTS_PER_DIR_PAGE as u64)
+        + 256;
     let live = object_pages + map_pages + dir_pages + MAX_CATALOG_PAGES as u64;
     live * PAGE_STORE_SLACK_NUM / PAGE_STORE_SLACK_DEN + 64
 }
@@ -81,7 +83,11 @@ pub fn page_slots_for(data_blocks: u64, addressable_blocks: u64) -> u64 {
 impl Geometry {
     /// Lay out a pool. `data_device_blocks` is the data device; `metadata_device_blocks`
     /// is `None` when metadata shares it.
-    pub fn compute(data_device_blocks: u64, metadata_device_blocks: Option<u64>, overcommit: bool) -> Result<Self> {
+    pub fn compute(
+        data_device_blocks: u64,
+        metadata_device_blocks: Option<u64>,
+        overcommit: bool,
+    ) -> Result<Self> {
         let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
         let journal_start_block = 2;
         let geometry = match metadata_device_blocks {
@@ -105,7 +111,9 @@ impl Geometry {
                 // Final check with the sizes actually laid out.
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
                 if page_slots < page_slots_for(data_blocks, data_blocks * factor) {
-                    return Err(EngineError::Refused("internal sizing error: page store too small".into()));
+                    return Err(EngineError::Refused(
+                        "internal sizing error: page store too small".into(),
+                    ));
                 }
                 Geometry {
                     data_blocks,
@@ -153,9 +161,14 @@ impl Geometry {
             )));
         }
         if geometry.page_slots > u64::from(u32::MAX) {
-            return Err(EngineError::Refused("the device is too large for this format version".into()));
+            return Err(EngineError::Refused(
+                "the device is too large for this format version".into(),
+            ));
         }
-        Ok(Geometry { slab_count: slab_count as u32, ..geometry })
+        Ok(Geometry {
+            slab_count: slab_count as u32,
+            ..geometry
+        })
     }
 
     /// Metadata blocks needed on a separate metadata device for this data device.
@@ -194,13 +207,19 @@ mod tests {
             assert!(g.pages_start_block + g.page_slots <= g.data_offset_bytes / 4096);
             assert_eq!(g.data_offset_bytes / 4096 + g.data_blocks, blocks);
             // Metadata space stays a small share of the device.
-            assert!(g.data_blocks * 100 / blocks >= 94, "{gib} GiB: data {}%", g.data_blocks * 100 / blocks);
+            assert!(
+                g.data_blocks * 100 / blocks >= 94,
+                "{gib} GiB: data {}%",
+                g.data_blocks * 100 / blocks
+            );
         }
     }
 
     #[test]
     fn too_small_is_refused_with_the_minimum() {
-        let err = Geometry::compute(1000, None, false).unwrap_err().to_string();
+        let err = Geometry::compute(1000, None, false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("64.00 MiB"), "{err}");
     }
 }

@@ -47,9 +47,17 @@ impl DedupIndex {
         let buckets_total = (entries / BUCKET_ENTRIES as u64).max(INDEX_SHARDS as u64);
         let buckets_per_shard = buckets_total.div_ceil(INDEX_SHARDS as u64);
         let shards = (0..INDEX_SHARDS)
-            .map(|_| Mutex::new(Shard { buckets: vec![[Entry::default(); BUCKET_ENTRIES]; buckets_per_shard as usize], next_victim: 0 }))
+            .map(|_| {
+                Mutex::new(Shard {
+                    buckets: vec![[Entry::default(); BUCKET_ENTRIES]; buckets_per_shard as usize],
+                    next_victim: 0,
+                })
+            })
             .collect();
-        DedupIndex { shards, buckets_per_shard }
+        DedupIndex {
+            shards,
+            buckets_per_shard,
+        }
     }
 
     /// Entries the index holds at most.
@@ -92,14 +100,24 @@ impl DedupIndex {
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
         let tag = tag_of(fp);
         let (s, b) = self.place(tag);
-        let Some(shard) = self.shards.get(s) else { return };
+        let Some(shard) = self.shards.get(s) else {
+            return;
+        };
         let mut shard = shard.lock();
         let victim = shard.next_victim;
-        let Some(bucket) = shard.buckets.get_mut(b) else { return };
-        let pos = bucket.iter().position(|e| e.tag == tag && e.object == object.0).or_else(|| bucket.iter().position(|e| e.tag == 0));
+        let Some(bucket) = shard.buckets.get_mut(b) else {
+            return;
+        };
+        let pos = bucket
+            .iter()
+            .position(|e| e.tag == tag && e.object == object.0)
+            .or_else(|| bucket.iter().position(|e| e.tag == 0));
         let i = pos.unwrap_or(victim % BUCKET_ENTRIES);
         if let Some(e) = bucket.get_mut(i) {
-            *e = Entry { tag, object: object.0 };
+            *e = Entry {
+                tag,
+                object: object.0,
+            };
         }
         if pos.is_none() {
             shard.next_victim = shard.next_victim.wrapping_add(1);
@@ -110,10 +128,15 @@ impl DedupIndex {
     pub fn remove(&self, fp: &[u8; 32], object: ObjectId) {
         let tag = tag_of(fp);
         let (s, b) = self.place(tag);
-        let Some(shard) = self.shards.get(s) else { return };
+        let Some(shard) = self.shards.get(s) else {
+            return;
+        };
         let mut shard = shard.lock();
         if let Some(bucket) = shard.buckets.get_mut(b) {
-            for e in bucket.iter_mut().filter(|e| e.tag == tag && e.object == object.0) {
+            for e in bucket
+                .iter_mut()
+                .filter(|e| e.tag == tag && e.object == object.0)
+            {
                 *e = Entry::default();
             }
         }
@@ -144,7 +167,18 @@ mod tests {
             fp[..8].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
             idx.insert(&fp, ObjectId(i));
         }
-        let held: usize = idx.shards.iter().map(|s| s.lock().buckets.iter().flatten().filter(|e| e.tag != 0).count()).sum();
+        let held: usize = idx
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .buckets
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.tag != 0)
+                    .count()
+            })
+            .sum();
         assert!(held as u64 <= idx.capacity());
     }
 }

@@ -11,7 +11,9 @@
 //! deadlocking inside it.
 
 use crate::{EngineError, Result};
-use fewerbytes_format::journal::{decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES};
+use fewerbytes_format::journal::{
+    decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES,
+};
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 use parking_lot::{Condvar, Mutex};
@@ -83,7 +85,14 @@ fn record_len(tag: u8) -> usize {
 
 impl Journal {
     /// A journal over the ring at `start_block` of `sectors` sectors.
-    pub fn new(nonce: u64, start_block: u64, sectors: u64, replay_seq: u64, next_seq: u64, open_gen: u32) -> Self {
+    pub fn new(
+        nonce: u64,
+        start_block: u64,
+        sectors: u64,
+        replay_seq: u64,
+        next_seq: u64,
+        open_gen: u32,
+    ) -> Self {
         Journal {
             state: Mutex::new(State {
                 pending: Vec::new(),
@@ -214,7 +223,11 @@ impl Journal {
     /// Take the tail for a commit.
     pub fn take_batch(&self) -> Batch {
         let mut s = self.state.lock();
-        Batch { bytes: std::mem::take(&mut s.pending), target: s.appended, first_seq: s.next_seq }
+        Batch {
+            bytes: std::mem::take(&mut s.pending),
+            target: s.appended,
+            first_seq: s.next_seq,
+        }
     }
 
     /// Encode a batch into sectors and write them to the ring (no sync). Returns the
@@ -234,7 +247,12 @@ impl Journal {
                 }
                 end += len;
             }
-            let header = SectorHeader { nonce: self.nonce, seq, open_gen, used: (end - pos) as u16 };
+            let header = SectorHeader {
+                nonce: self.nonce,
+                seq,
+                open_gen,
+                used: (end - pos) as u16,
+            };
             let mut sector = [0u8; SECTOR_BYTES];
             encode_sector(&header, bytes.get(pos..end).unwrap_or(&[]), &mut sector);
             sectors.extend_from_slice(&sector);
@@ -249,7 +267,10 @@ impl Journal {
             let run = (count - written).min(self.sectors - at);
             let from = (written as usize) * SECTOR_BYTES;
             let to = from + run as usize * SECTOR_BYTES;
-            meta.write_at(sectors.get(from..to).unwrap_or(&[]), self.start_bytes + at * SECTOR_BYTES as u64)?;
+            meta.write_at(
+                sectors.get(from..to).unwrap_or(&[]),
+                self.start_bytes + at * SECTOR_BYTES as u64,
+            )?;
             written += run;
         }
         Ok((count, sectors.len() as u64))
@@ -322,8 +343,12 @@ pub fn read_journal(
     let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
     'outer: while seq - replay_seq < sectors {
         let at = seq % sectors;
-        let run = CHUNK_SECTORS.min(sectors - at).min(sectors - (seq - replay_seq));
-        let chunk = buf.get_mut(..run as usize * SECTOR_BYTES).unwrap_or(&mut []);
+        let run = CHUNK_SECTORS
+            .min(sectors - at)
+            .min(sectors - (seq - replay_seq));
+        let chunk = buf
+            .get_mut(..run as usize * SECTOR_BYTES)
+            .unwrap_or(&mut []);
         meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
         for sector in chunk.chunks(SECTOR_BYTES) {
             match decode_sector(sector, nonce) {

@@ -47,8 +47,12 @@ impl Inner {
         if to <= from {
             return Ok(());
         }
-        let offset = self.data_offset_bytes + self.pbn(open.slab, open.block) * BLOCK_BYTES as u64 + from as u64;
-        let result = self.data.write_at(open.buf.get(from..to).unwrap_or(&[]), offset);
+        let offset = self.data_offset_bytes
+            + self.pbn(open.slab, open.block) * BLOCK_BYTES as u64
+            + from as u64;
+        let result = self
+            .data
+            .write_at(open.buf.get(from..to).unwrap_or(&[]), offset);
         self.check_io(result)?;
         open.written = upto;
         Ok(())
@@ -59,7 +63,8 @@ impl Inner {
         let fill = open.fill;
         let written = self.write_open_block(&mut open, fill);
         let mut slab = self.slab(open.slab).lock();
-        slab.open_blocks.retain(|&(b, z)| !(b == open.block && z == zone));
+        slab.open_blocks
+            .retain(|&(b, z)| !(b == open.block && z == zone));
         slab.drop_block(open.block);
         written
     }
@@ -77,14 +82,25 @@ impl Inner {
             if let Some(block) = slab.alloc_block() {
                 slab.hold_block(block);
                 slab.open_blocks.push((block, zone));
-                return Ok(OpenBlock { slab: s, block, buf: Box::new([0; BLOCK_BYTES]), fill: 0, written: 0 });
+                return Ok(OpenBlock {
+                    slab: s,
+                    block,
+                    buf: Box::new([0; BLOCK_BYTES]),
+                    fill: 0,
+                    written: 0,
+                });
             }
         }
         Err(EngineError::NoSpace("no free data blocks left".into()))
     }
 
     /// Store a compressed fragment; returns its object (with one reference) and location.
-    pub(crate) fn pack(&self, zone: usize, bytes: &[u8], fingerprint: &[u8; 32]) -> Result<(ObjectId, Location)> {
+    pub(crate) fn pack(
+        &self,
+        zone: usize,
+        bytes: &[u8],
+        fingerprint: &[u8; 32],
+    ) -> Result<(ObjectId, Location)> {
         let len = bytes.len();
         debug_assert!(len > 0 && len < BLOCK_BYTES);
         let mut packer = self.packer(zone).lock();
@@ -108,12 +124,22 @@ impl Inner {
                 continue;
             }
             let addr_bytes = self.pbn(open.slab, open.block) * BLOCK_BYTES as u64 + start as u64;
-            let location = Location::Fragment { addr_bytes, len_bytes: len as u16, codec: Codec::Lz4 };
+            let location = Location::Fragment {
+                addr_bytes,
+                len_bytes: len as u16,
+                codec: Codec::Lz4,
+            };
             slab.hold_block(open.block);
             if let Some(rec) = slab.rec_mut(object) {
-                *rec = ObjRec { location: location.encode(), refcount: 1, fingerprint: *fingerprint };
+                *rec = ObjRec {
+                    location: location.encode(),
+                    refcount: 1,
+                    fingerprint: *fingerprint,
+                };
             }
-            let object_id = ObjectId(u64::from(open.slab) * u64::from(self.objects_per_slab) + u64::from(object));
+            let object_id = ObjectId(
+                u64::from(open.slab) * u64::from(self.objects_per_slab) + u64::from(object),
+            );
             let first = (BLOCK_BYTES - start).min(len);
             if let Some(dst) = open.buf.get_mut(start..start + first) {
                 dst.copy_from_slice(bytes.get(..first).unwrap_or(&[]));
@@ -132,7 +158,13 @@ impl Inner {
                 if let Some(dst) = buf.get_mut(..rest) {
                     dst.copy_from_slice(bytes.get(first..).unwrap_or(&[]));
                 }
-                packer.open = Some(OpenBlock { slab: slab_index, block: next, buf, fill: rest, written: 0 });
+                packer.open = Some(OpenBlock {
+                    slab: slab_index,
+                    block: next,
+                    buf,
+                    fill: rest,
+                    written: 0,
+                });
             } else if open.fill == BLOCK_BYTES {
                 drop(slab);
                 self.close_block(zone, open)?;
@@ -142,7 +174,9 @@ impl Inner {
             }
             return Ok((object_id, location));
         }
-        Err(EngineError::NoSpace("no room for a compressed fragment".into()))
+        Err(EngineError::NoSpace(
+            "no room for a compressed fragment".into(),
+        ))
     }
 
     /// Write the unwritten part of every open block (before a commit's data sync).
@@ -159,7 +193,14 @@ impl Inner {
 
     /// Copy bytes of block `(slab, block)` at `[from, to)` from an open packer block
     /// into `out`, if a packer still holds that block open. Returns whether it did.
-    pub(crate) fn read_open_block(&self, zone: usize, slab: u32, block: u32, from: usize, out: &mut [u8]) -> bool {
+    pub(crate) fn read_open_block(
+        &self,
+        zone: usize,
+        slab: u32,
+        block: u32,
+        from: usize,
+        out: &mut [u8],
+    ) -> bool {
         let packer = self.packer(zone).lock();
         match &packer.open {
             Some(open) if open.slab == slab && open.block == block => {
@@ -174,6 +215,9 @@ impl Inner {
 
     /// The zone whose packer has `(slab, block)` open, if any.
     pub(crate) fn open_zone(slab: &Slab, block: u32) -> Option<usize> {
-        slab.open_blocks.iter().find(|(b, _)| *b == block).map(|(_, z)| *z)
+        slab.open_blocks
+            .iter()
+            .find(|(b, _)| *b == block)
+            .map(|(_, z)| *z)
     }
 }

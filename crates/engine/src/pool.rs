@@ -16,7 +16,10 @@ use crate::slab::Slab;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
 use fewerbytes_format::page::PageKind;
-use fewerbytes_format::superblock::{magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, SUPER_MAGIC};
+use fewerbytes_format::superblock::{
+    magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA,
+    SUPER_MAGIC,
+};
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage, StorageError};
 use parking_lot::{Mutex, RwLock};
@@ -129,7 +132,9 @@ impl Inner {
     }
 
     pub fn latch(&self, err: &EngineError) {
-        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. }) && !self.read_only.swap(true, Ordering::SeqCst) {
+        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. })
+            && !self.read_only.swap(true, Ordering::SeqCst)
+        {
             let why = format!("latched read-only after: {err}");
             tracing::error!("{why}");
             *self.read_only_reason.lock() = why.clone();
@@ -166,7 +171,9 @@ impl Inner {
                     return Err(e);
                 }
             };
-            self.meta_written.journal_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.meta_written
+                .journal_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
             if self.separate_metadata || sectors > 0 {
                 let r = self.meta.flush();
                 self.check_io(r)?;
@@ -215,7 +222,12 @@ impl Inner {
     }
 
     pub fn allocated_blocks(&self) -> u64 {
-        self.volumes.read().iter().flatten().map(|v| v.size_blocks()).sum()
+        self.volumes
+            .read()
+            .iter()
+            .flatten()
+            .map(|v| v.size_blocks())
+            .sum()
     }
 
     /// The exact reference counts every map implies, per object.
@@ -240,7 +252,10 @@ pub struct Pool {
 }
 
 fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn random_u64() -> u64 {
@@ -253,7 +268,12 @@ fn first_mib_in_use(dev: &dyn Storage) -> Result<Option<String>> {
     dev.read_at(&mut buf, 0)?;
     match magic_of(&buf) {
         Some(SUPER_MAGIC) => return Ok(Some(format!("{} holds a fewerbytes pool", dev.name()))),
-        Some(DATA_LABEL_MAGIC) => return Ok(Some(format!("{} is the data device of a fewerbytes pool", dev.name()))),
+        Some(DATA_LABEL_MAGIC) => {
+            return Ok(Some(format!(
+                "{} is the data device of a fewerbytes pool",
+                dev.name()
+            )))
+        }
         _ => {}
     }
     if buf.iter().any(|b| *b != 0) {
@@ -267,7 +287,10 @@ fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
     match (exists, size) {
         (true, _) => Ok(FileStorage::open(path)?),
         (false, Some(s)) => Ok(FileStorage::create(path, s)?),
-        (false, None) => Err(EngineError::Refused(format!("{} does not exist; give --size to create it", path.display()))),
+        (false, None) => Err(EngineError::Refused(format!(
+            "{} does not exist; give --size to create it",
+            path.display()
+        ))),
     }
 }
 
@@ -285,20 +308,31 @@ impl Pool {
         }
         let data = open_or_create(&opts.path, opts.size_bytes)?;
         if opts.size_bytes.is_some_and(|s| data.len_bytes() < s) {
-            return Err(EngineError::Refused(format!("{} is smaller than the size asked for", opts.path.display())));
+            return Err(EngineError::Refused(format!(
+                "{} is smaller than the size asked for",
+                opts.path.display()
+            )));
         }
         let meta = match &opts.metadata_path {
             Some(p) => {
                 let data_blocks = data.len_bytes() / BLOCK_BYTES as u64;
-                let need = Geometry::metadata_blocks_needed(data_blocks, opts.overcommit) * BLOCK_BYTES as u64;
-                let size = opts.metadata_size_bytes.unwrap_or(need.div_ceil(1 << 20) << 20);
+                let need = Geometry::metadata_blocks_needed(data_blocks, opts.overcommit)
+                    * BLOCK_BYTES as u64;
+                let size = opts
+                    .metadata_size_bytes
+                    .unwrap_or(need.div_ceil(1 << 20) << 20);
                 Some(open_or_create(p, Some(size))?)
             }
             None => None,
         };
         let data: Arc<dyn Storage> = Arc::new(data);
         let meta: Option<Arc<dyn Storage>> = meta.map(|m| Arc::new(m) as Arc<dyn Storage>);
-        let meta_path = opts.metadata_path.as_ref().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()).display().to_string());
+        let meta_path = opts.metadata_path.as_ref().map(|p| {
+            std::fs::canonicalize(p)
+                .unwrap_or_else(|_| p.clone())
+                .display()
+                .to_string()
+        });
         Self::format(data, meta, meta_path, opts)?;
         let pool = Self::open(&opts.path, &OpenOptions::default())?;
         let info = pool.info();
@@ -307,11 +341,18 @@ impl Pool {
     }
 
     /// Format devices already opened (files, or test devices).
-    pub fn format(data: Arc<dyn Storage>, meta: Option<Arc<dyn Storage>>, meta_path: Option<String>, opts: &CreateOptions) -> Result<()> {
+    pub fn format(
+        data: Arc<dyn Storage>,
+        meta: Option<Arc<dyn Storage>>,
+        meta_path: Option<String>,
+        opts: &CreateOptions,
+    ) -> Result<()> {
         if !opts.force {
             for dev in std::iter::once(&data).chain(meta.iter()) {
                 if let Some(why) = first_mib_in_use(dev.as_ref())? {
-                    return Err(EngineError::Refused(format!("{why}; use --force to overwrite it")));
+                    return Err(EngineError::Refused(format!(
+                        "{why}; use --force to overwrite it"
+                    )));
                 }
             }
         }
@@ -327,7 +368,11 @@ impl Pool {
             Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(1024),
             None => geo.data_blocks,
         };
-        let flags = if meta.is_some() { FLAG_SEPARATE_METADATA } else { 0 } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
+        let flags = if meta.is_some() {
+            FLAG_SEPARATE_METADATA
+        } else {
+            0
+        } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
         let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
         let sb = SuperBlock {
             nonce,
@@ -341,7 +386,8 @@ impl Pool {
             objects_per_slab: geo.objects_per_slab,
             slab_count: geo.slab_count,
             journal_start_block: geo.journal_start_block,
-            journal_sectors: geo.journal_blocks * (BLOCK_BYTES / fewerbytes_format::SECTOR_BYTES) as u64,
+            journal_sectors: geo.journal_blocks
+                * (BLOCK_BYTES / fewerbytes_format::SECTOR_BYTES) as u64,
             pages_start_block: geo.pages_start_block,
             page_slots: geo.page_slots,
             journal_replay_seq: 0,
@@ -356,11 +402,19 @@ impl Pool {
         // Clear the first journal block and the first MiB of the data device's label area,
         // so no stale sector of an earlier pool can be mistaken for ours (the nonce differs anyway).
         let zeros = vec![0u8; 64 * BLOCK_BYTES];
-        let journal_bytes = (geo.journal_blocks * BLOCK_BYTES as u64).min(zeros.len() as u64) as usize;
-        meta_dev.write_at(zeros.get(..journal_bytes).unwrap_or(&[]), geo.journal_start_block * BLOCK_BYTES as u64)?;
+        let journal_bytes =
+            (geo.journal_blocks * BLOCK_BYTES as u64).min(zeros.len() as u64) as usize;
+        meta_dev.write_at(
+            zeros.get(..journal_bytes).unwrap_or(&[]),
+            geo.journal_start_block * BLOCK_BYTES as u64,
+        )?;
         if let (Some(_), Some(path)) = (&meta, &meta_path) {
             let mut block = [0u8; BLOCK_BYTES];
-            DataLabel { nonce, metadata_path: path.clone() }.encode(&mut block);
+            DataLabel {
+                nonce,
+                metadata_path: path.clone(),
+            }
+            .encode(&mut block);
             data.write_at(&block, 0)?;
             data.flush()?;
         }
@@ -390,7 +444,11 @@ impl Pool {
                     reason: e.to_string(),
                 })?;
                 let meta = FileStorage::open(Path::new(&label.metadata_path))?;
-                let pool = Self::open_devices(Arc::new(data), Some((Arc::new(meta), label.metadata_path.clone())), opts)?;
+                let pool = Self::open_devices(
+                    Arc::new(data),
+                    Some((Arc::new(meta), label.metadata_path.clone())),
+                    opts,
+                )?;
                 if pool.inner.nonce != label.nonce {
                     return Err(EngineError::Refused(format!(
                         "{} belongs to another pool than the metadata device {}",
@@ -400,7 +458,10 @@ impl Pool {
                 }
                 Ok(pool)
             }
-            _ => Err(EngineError::Refused(format!("{} is not a fewerbytes pool (create one with `fewerbytes pool create`)", path.display()))),
+            _ => Err(EngineError::Refused(format!(
+                "{} is not a fewerbytes pool (create one with `fewerbytes pool create`)",
+                path.display()
+            ))),
         }
     }
 
@@ -411,16 +472,27 @@ impl Pool {
             let mut block = vec![0u8; BLOCK_BYTES];
             meta.read_at(&mut block, copy * BLOCK_BYTES as u64)?;
             match SuperBlock::decode(&block) {
-                Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => best = Some(sb),
+                Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
+                    best = Some(sb)
+                }
                 Ok(_) => {}
                 Err(e) => errors.push(format!("copy {copy}: {e}")),
             }
         }
-        best.ok_or_else(|| EngineError::Corrupt { region: "super block", block: 0, device: "metadata", reason: errors.join("; ") })
+        best.ok_or_else(|| EngineError::Corrupt {
+            region: "super block",
+            block: 0,
+            device: "metadata",
+            reason: errors.join("; "),
+        })
     }
 
     /// Open a pool on devices already opened (files, or test devices).
-    pub fn open_devices(data: Arc<dyn Storage>, meta: Option<(Arc<dyn Storage>, String)>, opts: &OpenOptions) -> Result<Arc<Pool>> {
+    pub fn open_devices(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opts: &OpenOptions,
+    ) -> Result<Arc<Pool>> {
         let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
             Some((m, p)) => (m, Some(p)),
@@ -428,9 +500,18 @@ impl Pool {
         };
         let sb = Self::read_super(meta_dev.as_ref())?;
         if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
-            return Err(EngineError::Refused("the pool's metadata layout does not match the devices given".into()));
+            return Err(EngineError::Refused(
+                "the pool's metadata layout does not match the devices given".into(),
+            ));
         }
-        let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).clamp(1, 64);
+        let threads = opts
+            .threads
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
+            .clamp(1, 64);
         let zones = threads.min(sb.slab_count as usize).max(1);
         let slabs = (0..sb.slab_count)
             .map(|s| {
@@ -463,7 +544,14 @@ impl Pool {
                 sb.data_blocks
             },
             index: DedupIndex::new(sb.index_entries),
-            journal: Journal::new(sb.nonce, sb.journal_start_block, sb.journal_sectors, sb.journal_replay_seq, sb.journal_replay_seq, open_gen + 1),
+            journal: Journal::new(
+                sb.nonce,
+                sb.journal_start_block,
+                sb.journal_sectors,
+                sb.journal_replay_seq,
+                sb.journal_replay_seq,
+                open_gen + 1,
+            ),
             sb: Mutex::new(sb.clone()),
             gate: RwLock::new(()),
             volumes: RwLock::new(Vec::new()),
@@ -491,7 +579,10 @@ impl Pool {
             .name("fewerbytes-commit".into())
             .spawn(move || thread_inner.commit_loop())
             .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
-        Ok(Arc::new(Pool { inner, commit_thread: Mutex::new(Some(handle)) }))
+        Ok(Arc::new(Pool {
+            inner,
+            commit_thread: Mutex::new(Some(handle)),
+        }))
     }
 
     /// Geometry and settings.
@@ -542,7 +633,10 @@ impl Pool {
             }
         });
         for (o, n) in own {
-            let (s, i) = ((o / u64::from(self.inner.objects_per_slab)) as u32, (o % u64::from(self.inner.objects_per_slab)) as u32);
+            let (s, i) = (
+                (o / u64::from(self.inner.objects_per_slab)) as u32,
+                (o % u64::from(self.inner.objects_per_slab)) as u32,
+            );
             let rec = self.inner.slab(s).lock().rec(i);
             if rec.refcount == n {
                 if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
@@ -563,7 +657,14 @@ impl Pool {
 
     /// All volumes.
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let vols: Vec<Arc<VolumeState>> = self.inner.volumes.read().iter().flatten().cloned().collect();
+        let vols: Vec<Arc<VolumeState>> = self
+            .inner
+            .volumes
+            .read()
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
         vols.iter().map(|v| self.volume_info(v)).collect()
     }
 
@@ -585,8 +686,10 @@ impl Pool {
     }
 
     fn size_blocks_of(size_bytes: u64) -> Result<u64> {
-        if size_bytes == 0 || size_bytes % BLOCK_BYTES as u64 != 0 {
-            return Err(EngineError::Refused(format!("a volume size must be a positive multiple of 4096 bytes, not {size_bytes}")));
+        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+            return Err(EngineError::Refused(format!(
+                "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
+            )));
         }
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
@@ -595,7 +698,9 @@ impl Pool {
         match vols.iter().position(Option::is_none) {
             Some(s) => Ok(s as u16),
             None if vols.len() < MAX_VOLUMES => Ok(vols.len() as u16),
-            None => Err(EngineError::Refused(format!("a pool holds at most {MAX_VOLUMES} volumes"))),
+            None => Err(EngineError::Refused(format!(
+                "a pool holds at most {MAX_VOLUMES} volumes"
+            ))),
         }
     }
 
@@ -620,7 +725,10 @@ impl Pool {
         if i.volume_by_name(name).is_ok() {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
-        self.check_capacity(size_blocks, &format!("volume '{name}' of {}", human_bytes(size_bytes)))?;
+        self.check_capacity(
+            size_blocks,
+            &format!("volume '{name}' of {}", human_bytes(size_bytes)),
+        )?;
         let vol = {
             let mut vols = i.volumes.write();
             let slot = Self::free_slot(&vols)?;
@@ -642,7 +750,10 @@ impl Pool {
         let vol = i.volume_by_name(name)?;
         let users = vol.users.load(Ordering::Acquire);
         if users > 0 && !force {
-            return Err(EngineError::VolumeInUse { name: name.to_string(), users });
+            return Err(EngineError::VolumeInUse {
+                name: name.to_string(),
+                users,
+            });
         }
         vol.deleted.store(true, Ordering::Release);
         let mut released = Vec::new();
@@ -667,7 +778,12 @@ impl Pool {
     }
 
     /// Grow a volume (or shrink with `allow_shrink`).
-    pub fn resize_volume(&self, name: &str, size_bytes: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+    pub fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        allow_shrink: bool,
+    ) -> Result<VolumeInfo> {
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
         i.ensure_writable()?;
@@ -676,7 +792,10 @@ impl Pool {
         let vol = i.volume_by_name(name)?;
         let old = vol.size_blocks();
         if size_blocks > old {
-            self.check_capacity(size_blocks - old, &format!("growing '{name}' to {}", human_bytes(size_bytes)))?;
+            self.check_capacity(
+                size_blocks - old,
+                &format!("growing '{name}' to {}", human_bytes(size_bytes)),
+            )?;
         } else if size_blocks < old {
             if !allow_shrink {
                 return Err(EngineError::Refused(format!(
@@ -693,7 +812,10 @@ impl Pool {
                     if let Some(page) = pages.get(p) {
                         let mut page = page.lock();
                         if page.entries.is_some() {
-                            let old_entry = page.set((lbn % crate::block_map::ENTRIES_PER_PAGE) as usize, fewerbytes_format::location::MapEntry::Unmapped);
+                            let old_entry = page.set(
+                                (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
+                                fewerbytes_format::location::MapEntry::Unmapped,
+                            );
                             vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
                             released.extend(old_entry.object());
                         }
@@ -729,7 +851,13 @@ impl Pool {
             return Err(EngineError::VolumeExists(dst.to_string()));
         }
         let size_blocks = source.size_blocks();
-        self.check_capacity(size_blocks, &format!("clone '{dst}' of {}", human_bytes(size_blocks * BLOCK_BYTES as u64)))?;
+        self.check_capacity(
+            size_blocks,
+            &format!(
+                "clone '{dst}' of {}",
+                human_bytes(size_blocks * BLOCK_BYTES as u64)
+            ),
+        )?;
         let vol = {
             let vols = i.volumes.write();
             let slot = Self::free_slot(&vols)?;
@@ -746,12 +874,16 @@ impl Pool {
                     let mut q = q.lock();
                     q.entries = Some(entries.clone());
                     q.dirty = true;
-                    shared.extend(entries.iter().filter_map(|e| fewerbytes_format::location::MapEntry::decode(*e).object()));
+                    shared.extend(entries.iter().filter_map(|e| {
+                        fewerbytes_format::location::MapEntry::decode(*e).object()
+                    }));
                 }
             }
         }
-        vol.mapped.store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
-        vol.zeros.store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
+        vol.mapped
+            .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
+        vol.zeros
+            .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
         for o in shared {
             i.add_reference(o);
         }
@@ -787,7 +919,11 @@ impl Pool {
         if i.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = if i.read_only.load(Ordering::Acquire) { Ok(()) } else { i.checkpoint() };
+        let result = if i.read_only.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            i.checkpoint()
+        };
         i.journal.shutdown();
         if let Some(h) = self.commit_thread.lock().take() {
             let _ = h.join();
@@ -812,18 +948,39 @@ impl Inner {
             let catalog = self.load_catalog()?;
             self.load_objects(&catalog.object_dir_slots)?;
             *self.object_dir_slots.lock() = catalog.object_dir_slots.clone();
-            self.next_volume_id.store(catalog.next_volume_id.max(1), Ordering::Relaxed);
+            self.next_volume_id
+                .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
             let mut vols = self.volumes.write();
             for record in &catalog.volumes {
-                if record.size_bytes % BLOCK_BYTES as u64 != 0 {
-                    return Err(EngineError::Corrupt { region: "catalog", block: 0, device: "metadata", reason: format!("volume '{}' size {} is not whole blocks", record.name, record.size_bytes) });
+                if !record.size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+                    return Err(EngineError::Corrupt {
+                        region: "catalog",
+                        block: 0,
+                        device: "metadata",
+                        reason: format!(
+                            "volume '{}' size {} is not whole blocks",
+                            record.name, record.size_bytes
+                        ),
+                    });
                 }
-                let vol = Arc::new(VolumeState::new(record.slot, record.id, record.name.clone(), record.size_bytes / BLOCK_BYTES as u64));
+                let vol = Arc::new(VolumeState::new(
+                    record.slot,
+                    record.id,
+                    record.name.clone(),
+                    record.size_bytes / BLOCK_BYTES as u64,
+                ));
                 self.load_map(record, &vol)?;
                 Pool::insert_volume(&mut vols, vol);
             }
         }
-        let (records, _next) = read_journal(self.meta.as_ref(), self.nonce, self.journal_start_block, self.journal_sectors, sb.journal_replay_seq, sb.open_gen)?;
+        let (records, _next) = read_journal(
+            self.meta.as_ref(),
+            self.nonce,
+            self.journal_start_block,
+            self.journal_sectors,
+            sb.journal_replay_seq,
+            sb.open_gen,
+        )?;
         if sb.generation > 0 && !records.is_empty() {
             tracing::info!("replaying {} journal records", records.len());
             self.replay(&records)?;

@@ -14,12 +14,20 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 fn corrupt(reason: String) -> EngineError {
-    EngineError::Corrupt { region: "journal", block: 0, device: "metadata", reason }
+    EngineError::Corrupt {
+        region: "journal",
+        block: 0,
+        device: "metadata",
+        reason,
+    }
 }
 
 impl Inner {
     pub(crate) fn split_object(&self, o: ObjectId) -> (u32, u32) {
-        ((o.0 / u64::from(self.objects_per_slab)) as u32, (o.0 % u64::from(self.objects_per_slab)) as u32)
+        (
+            (o.0 / u64::from(self.objects_per_slab)) as u32,
+            (o.0 % u64::from(self.objects_per_slab)) as u32,
+        )
     }
 
     pub(crate) fn valid_object(&self, o: ObjectId) -> bool {
@@ -48,12 +56,19 @@ impl Inner {
         };
         for (n, record) in records.iter().enumerate() {
             match *record {
-                Record::NewObject { object, location, fingerprint } => {
+                Record::NewObject {
+                    object,
+                    location,
+                    fingerprint,
+                } => {
                     let o = ObjectId(object);
-                    let loc = Location::decode(location).map_err(|e| corrupt(format!("record {n}: {e}")))?;
+                    let loc = Location::decode(location)
+                        .map_err(|e| corrupt(format!("record {n}: {e}")))?;
                     let (s, i) = self.split_object(o);
                     if !self.valid_object(o) || !self.valid_location(s, loc) {
-                        return Err(corrupt(format!("record {n}: object {object} at {loc:?} is outside the pool")));
+                        return Err(corrupt(format!(
+                            "record {n}: object {object} at {loc:?} is outside the pool"
+                        )));
                     }
                     let mut slab = self.slab(s).lock();
                     if let Some(rec) = slab.rec_mut(i) {
@@ -62,19 +77,48 @@ impl Inner {
                     }
                 }
                 Record::MapSet { volume, lbn, entry } => {
-                    let vol = vols.get(usize::from(volume)).and_then(|v| v.as_ref()).ok_or_else(|| corrupt(format!("record {n}: no volume in slot {volume}")))?;
-                    if lbn >= vol.size_blocks() || entry.object().is_some_and(|o| !self.valid_object(o)) {
-                        return Err(corrupt(format!("record {n}: block {lbn} of volume '{}' or its entry is out of range", vol.name)));
+                    let vol = vols
+                        .get(usize::from(volume))
+                        .and_then(|v| v.as_ref())
+                        .ok_or_else(|| {
+                            corrupt(format!("record {n}: no volume in slot {volume}"))
+                        })?;
+                    if lbn >= vol.size_blocks()
+                        || entry.object().is_some_and(|o| !self.valid_object(o))
+                    {
+                        return Err(corrupt(format!(
+                            "record {n}: block {lbn} of volume '{}' or its entry is out of range",
+                            vol.name
+                        )));
                     }
                     let pages = vol.pages.read();
-                    let mut page = pages.get((lbn / ENTRIES_PER_PAGE) as usize).ok_or_else(|| corrupt(format!("record {n}: no map page")))?.lock();
+                    let mut page = pages
+                        .get((lbn / ENTRIES_PER_PAGE) as usize)
+                        .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
+                        .lock();
                     let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
                     change(&mut deltas, old, entry);
                 }
-                Record::RangeSet { volume, lbn, count, entry } => {
-                    let vol = vols.get(usize::from(volume)).and_then(|v| v.as_ref()).ok_or_else(|| corrupt(format!("record {n}: no volume in slot {volume}")))?;
-                    if lbn.checked_add(count).is_none_or(|end| end > vol.size_blocks()) {
-                        return Err(corrupt(format!("record {n}: range {lbn}+{count} past the end of volume '{}'", vol.name)));
+                Record::RangeSet {
+                    volume,
+                    lbn,
+                    count,
+                    entry,
+                } => {
+                    let vol = vols
+                        .get(usize::from(volume))
+                        .and_then(|v| v.as_ref())
+                        .ok_or_else(|| {
+                            corrupt(format!("record {n}: no volume in slot {volume}"))
+                        })?;
+                    if lbn
+                        .checked_add(count)
+                        .is_none_or(|end| end > vol.size_blocks())
+                    {
+                        return Err(corrupt(format!(
+                            "record {n}: range {lbn}+{count} past the end of volume '{}'",
+                            vol.name
+                        )));
                     }
                     let pages = vol.pages.read();
                     for l in lbn..lbn + count {
@@ -100,14 +144,20 @@ impl Inner {
             }
             let (s, i) = self.split_object(ObjectId(o));
             let mut slab = self.slab(s).lock();
-            let Some(rec) = slab.rec_mut(i) else { return Err(corrupt(format!("object {o} outside its slab"))) };
+            let Some(rec) = slab.rec_mut(i) else {
+                return Err(corrupt(format!("object {o} outside its slab")));
+            };
             let count = i64::from(rec.refcount) + d;
             if count < 0 || count > i64::from(crate::slab::REFCOUNT_MAX) {
-                return Err(corrupt(format!("object {o} would have {count} references after replay")));
+                return Err(corrupt(format!(
+                    "object {o} would have {count} references after replay"
+                )));
             }
             rec.refcount = count as u32;
             if rec.refcount > 0 && rec.location == 0 && rec.fingerprint == [0; 32] {
-                return Err(corrupt(format!("object {o} is referenced but was never stored")));
+                return Err(corrupt(format!(
+                    "object {o} is referenced but was never stored"
+                )));
             }
         }
         Ok(())
@@ -132,7 +182,10 @@ impl Inner {
                         reason: format!("object {i} of slab {s} lies outside its slab"),
                     });
                 }
-                self.index.insert(&rec.fingerprint, ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)));
+                self.index.insert(
+                    &rec.fingerprint,
+                    ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)),
+                );
             }
         }
         for vol in self.volumes.read().iter().flatten() {
@@ -153,7 +206,10 @@ impl Inner {
                     region: "block map page",
                     block: 0,
                     device: "metadata",
-                    reason: format!("block {lbn} of volume '{}' names an object outside the pool", vol.name),
+                    reason: format!(
+                        "block {lbn} of volume '{}' names an object outside the pool",
+                        vol.name
+                    ),
                 });
             }
             vol.mapped.store(mapped, Ordering::Relaxed);

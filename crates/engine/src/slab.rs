@@ -42,11 +42,17 @@ pub struct Bitmap {
 
 impl Bitmap {
     fn new(bits: u32) -> Self {
-        Bitmap { words: vec![0; bits.div_ceil(64) as usize], bits, cursor: 0 }
+        Bitmap {
+            words: vec![0; bits.div_ceil(64) as usize],
+            bits,
+            cursor: 0,
+        }
     }
     /// Whether bit `i` is set.
     pub fn get(&self, i: u32) -> bool {
-        self.words.get((i / 64) as usize).is_some_and(|w| w & (1 << (i % 64)) != 0)
+        self.words
+            .get((i / 64) as usize)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
     fn set(&mut self, i: u32, on: bool) {
         if let Some(w) = self.words.get_mut((i / 64) as usize) {
@@ -110,7 +116,9 @@ impl Slab {
             index,
             first_pbn,
             blocks,
-            pages: (0..objects as usize / OBJECTS_PER_PAGE).map(|_| None).collect(),
+            pages: (0..objects as usize / OBJECTS_PER_PAGE)
+                .map(|_| None)
+                .collect(),
             objects_used: Bitmap::new(objects),
             objects_used_count: 0,
             blocks_used: Bitmap::new(blocks),
@@ -203,7 +211,11 @@ impl Slab {
     /// Drop a holder of block `b`; at zero it becomes pending-free.
     pub fn drop_block(&mut self, b: u32) {
         if let Some(h) = self.holders.get_mut(b as usize) {
-            debug_assert!(*h > 0, "block {b} of slab {} dropped below zero holders", self.index);
+            debug_assert!(
+                *h > 0,
+                "block {b} of slab {} dropped below zero holders",
+                self.index
+            );
             *h = h.saturating_sub(1);
             if *h == 0 {
                 self.pending_blocks.push(b);
@@ -240,7 +252,10 @@ impl Slab {
 
     /// Take the pending frees; they become allocatable after the next checkpoint.
     pub fn take_pending(&mut self) -> (Vec<u32>, Vec<u32>) {
-        (std::mem::take(&mut self.pending_objects), std::mem::take(&mut self.pending_blocks))
+        (
+            std::mem::take(&mut self.pending_objects),
+            std::mem::take(&mut self.pending_blocks),
+        )
     }
 
     /// Make pending frees allocatable (their freeing is durable now). A block that
@@ -311,10 +326,17 @@ mod tests {
         let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32);
         let b = slab.alloc_block().unwrap();
         let o = slab.alloc_object().unwrap();
-        *slab.rec_mut(o).unwrap() = ObjRec { location: Location::Block { pbn: u64::from(b) }.encode(), refcount: 1, fingerprint: [1; 32] };
+        *slab.rec_mut(o).unwrap() = ObjRec {
+            location: Location::Block { pbn: u64::from(b) }.encode(),
+            refcount: 1,
+            fingerprint: [1; 32],
+        };
         slab.hold_block(b);
         assert!(slab.drop_ref(o).is_some());
-        assert!(!slab.alloc_block_at(b), "a pending-free block must stay allocated");
+        assert!(
+            !slab.alloc_block_at(b),
+            "a pending-free block must stay allocated"
+        );
         let (objs, blocks) = slab.take_pending();
         slab.release(&objs, &blocks);
         assert!(slab.alloc_block_at(b));

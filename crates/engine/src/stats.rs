@@ -10,14 +10,19 @@ use std::sync::atomic::Ordering::Relaxed;
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
 fn device_io(s: IoSnapshot) -> DeviceIo {
-    DeviceIo { read_bytes: s.read_bytes, write_bytes: s.write_bytes, flushes: s.flushes }
+    DeviceIo {
+        read_bytes: s.read_bytes,
+        write_bytes: s.write_bytes,
+        flushes: s.flushes,
+    }
 }
 
 impl Pool {
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
-        let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         for s in 0..i.slab_count {
             let slab = i.slab(s).lock();
             used_blocks += u64::from(slab.used_blocks());
@@ -80,7 +85,11 @@ impl Pool {
             dedup_saved_blocks: saved,
             counters: i.counters.snapshot(),
             data_device: device_io(i.data.counters().snapshot()),
-            metadata_device: if i.separate_metadata { device_io(i.meta.counters().snapshot()) } else { device_io(i.data.counters().snapshot()) },
+            metadata_device: if i.separate_metadata {
+                device_io(i.meta.counters().snapshot())
+            } else {
+                device_io(i.data.counters().snapshot())
+            },
             metadata_written_by_region: vec![
                 ("super block".into(), m.super_bytes.load(Relaxed)),
                 ("journal".into(), m.journal_bytes.load(Relaxed)),
@@ -95,10 +104,16 @@ impl Pool {
             limits: vec![
                 ("zones (packers)".into(), i.zone_count() as u64),
                 ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
-                ("blocks per request step".into(), crate::pool::BLOCKS_PER_STEP),
+                (
+                    "blocks per request step".into(),
+                    crate::pool::BLOCKS_PER_STEP,
+                ),
                 ("journal sectors".into(), journal_sectors),
                 ("journal sectors in use".into(), journal_used),
-                ("journal commit threshold bytes".into(), crate::journal::COMMIT_BYTES_THRESHOLD),
+                (
+                    "journal commit threshold bytes".into(),
+                    crate::journal::COMMIT_BYTES_THRESHOLD,
+                ),
                 ("index entries".into(), i.index.capacity()),
                 ("index memory bytes".into(), i.index.memory_bytes()),
                 ("page store slots".into(), i.page_slots),
@@ -112,7 +127,11 @@ impl Pool {
     pub fn regions(&self) -> Vec<Region> {
         let i = &self.inner;
         let sb = i.sb.lock().clone();
-        let meta_dev = if i.separate_metadata { "metadata" } else { "data" };
+        let meta_dev = if i.separate_metadata {
+            "metadata"
+        } else {
+            "data"
+        };
         let meta_path = i.meta_path.clone().unwrap_or_else(|| i.data_path.clone());
         let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
             name: name.into(),
@@ -125,13 +144,31 @@ impl Pool {
         let mut out = vec![
             region("super block (copy 0)", meta_dev, &meta_path, 0, 1),
             region("super block (copy 1)", meta_dev, &meta_path, 1, 1),
-            region("recovery journal", meta_dev, &meta_path, sb.journal_start_block, sb.journal_sectors / 8),
-            region("page store (block maps, slab object tables, directories, catalog)", meta_dev, &meta_path, sb.pages_start_block, sb.page_slots),
+            region(
+                "recovery journal",
+                meta_dev,
+                &meta_path,
+                sb.journal_start_block,
+                sb.journal_sectors / 8,
+            ),
+            region(
+                "page store (block maps, slab object tables, directories, catalog)",
+                meta_dev,
+                &meta_path,
+                sb.pages_start_block,
+                sb.page_slots,
+            ),
         ];
         if i.separate_metadata {
             out.push(region("data device label", "data", &i.data_path, 0, 1));
         }
-        out.push(region("data (slabs)", "data", &i.data_path, sb.data_offset_bytes / BLOCK, sb.data_blocks));
+        out.push(region(
+            "data (slabs)",
+            "data",
+            &i.data_path,
+            sb.data_offset_bytes / BLOCK,
+            sb.data_blocks,
+        ));
         out
     }
 
@@ -152,7 +189,10 @@ impl Pool {
                 let id = u64::from(s) * u64::from(i.objects_per_slab) + u64::from(idx);
                 let expected = refs.get(&id).copied().unwrap_or(0);
                 if u64::from(rec.refcount) != expected {
-                    problems.push(format!("object {id}: stored count {} but maps hold {expected} references", rec.refcount));
+                    problems.push(format!(
+                        "object {id}: stored count {} but maps hold {expected} references",
+                        rec.refcount
+                    ));
                 }
                 if rec.refcount == 0 {
                     continue;
@@ -171,10 +211,18 @@ impl Pool {
                 }
             }
             for (b, h) in holders.iter().enumerate() {
-                let open = slab.open_blocks.iter().filter(|(ob, _)| *ob as usize == b).count() as u32;
+                let open = slab
+                    .open_blocks
+                    .iter()
+                    .filter(|(ob, _)| *ob as usize == b)
+                    .count() as u32;
                 let stored = u32::from(slab.holders(b as u32));
                 if stored != h + open {
-                    problems.push(format!("block {} of slab {s}: {stored} holders recorded, {} found", b, h + open));
+                    problems.push(format!(
+                        "block {} of slab {s}: {stored} holders recorded, {} found",
+                        b,
+                        h + open
+                    ));
                 }
             }
         }
@@ -184,6 +232,10 @@ impl Pool {
                 problems.push(format!("a map references object {id}, outside the pool"));
             }
         }
-        AuditReport { objects_checked, map_entries_checked: map_entries, problems }
+        AuditReport {
+            objects_checked,
+            map_entries_checked: map_entries,
+            problems,
+        }
     }
 }

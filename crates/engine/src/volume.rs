@@ -64,7 +64,9 @@ pub struct Volume {
 impl Volume {
     pub(crate) fn new(pool: Arc<Pool>, vol: Arc<VolumeState>) -> Self {
         vol.users.fetch_add(1, Ordering::AcqRel);
-        Volume { h: Arc::new(Handle { pool, vol }) }
+        Volume {
+            h: Arc::new(Handle { pool, vol }),
+        }
     }
 
     fn inner(&self) -> &Inner {
@@ -86,12 +88,27 @@ impl Volume {
         if vol.deleted.load(Ordering::Acquire) {
             return Err(EngineError::VolumeGone(vol.name.clone()));
         }
-        if offset_bytes % SECTOR_BYTES as u64 != 0 || len_bytes % SECTOR_BYTES as u64 != 0 {
-            return Err(EngineError::Unaligned { op, offset_bytes, len_bytes });
+        if !offset_bytes.is_multiple_of(SECTOR_BYTES as u64)
+            || !len_bytes.is_multiple_of(SECTOR_BYTES as u64)
+        {
+            return Err(EngineError::Unaligned {
+                op,
+                offset_bytes,
+                len_bytes,
+            });
         }
         let size_bytes = self.size_bytes();
-        if offset_bytes.checked_add(len_bytes).is_none_or(|end| end > size_bytes) {
-            return Err(EngineError::OutOfRange { volume: vol.name.clone(), op, offset_bytes, len_bytes, size_bytes });
+        if offset_bytes
+            .checked_add(len_bytes)
+            .is_none_or(|end| end > size_bytes)
+        {
+            return Err(EngineError::OutOfRange {
+                volume: vol.name.clone(),
+                op,
+                offset_bytes,
+                len_bytes,
+                size_bytes,
+            });
         }
         Ok(())
     }
@@ -135,7 +152,8 @@ impl Volume {
         while pos < data.len() {
             // One step: at most BLOCKS_PER_STEP blocks under one journal reservation.
             let at = offset_bytes + pos as u64;
-            let step_end = ((at / BLOCK) * BLOCK + step_bytes as u64).min(offset_bytes + data.len() as u64);
+            let step_end =
+                ((at / BLOCK) * BLOCK + step_bytes as u64).min(offset_bytes + data.len() as u64);
             let n = (step_end - at) as usize;
             let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
             inner.journal.reserve(reserve)?;
@@ -160,7 +178,13 @@ impl Volume {
             return Err(EngineError::VolumeGone(vol.name.clone()));
         }
         if offset_bytes + data.len() as u64 > vol.size_blocks() * BLOCK {
-            return Err(EngineError::OutOfRange { volume: vol.name.clone(), op: "write", offset_bytes, len_bytes: data.len() as u64, size_bytes: vol.size_blocks() * BLOCK });
+            return Err(EngineError::OutOfRange {
+                volume: vol.name.clone(),
+                op: "write",
+                offset_bytes,
+                len_bytes: data.len() as u64,
+                size_bytes: vol.size_blocks() * BLOCK,
+            });
         }
         let mut pos = 0usize;
         let mut block = [0u8; BLOCK_BYTES];
@@ -203,7 +227,14 @@ impl Volume {
         Ok(())
     }
 
-    fn range_op(&self, op: &'static str, offset_bytes: u64, len_bytes: u64, entry: MapEntry, fua: bool) -> Result<()> {
+    fn range_op(
+        &self,
+        op: &'static str,
+        offset_bytes: u64,
+        len_bytes: u64,
+        entry: MapEntry,
+        fua: bool,
+    ) -> Result<()> {
         self.check(op, offset_bytes, len_bytes)?;
         let inner = self.inner();
         inner.ensure_writable()?;
@@ -213,21 +244,43 @@ impl Volume {
         // Partial blocks at either end are zeroed through the write path.
         let zeros = [0u8; BLOCK_BYTES];
         if first_full > last_full {
-            return self.write(offset_bytes, zeros.get(..len_bytes as usize).unwrap_or(&[]), fua);
+            return self.write(
+                offset_bytes,
+                zeros.get(..len_bytes as usize).unwrap_or(&[]),
+                fua,
+            );
         }
         if offset_bytes < first_full * BLOCK {
-            self.write(offset_bytes, zeros.get(..(first_full * BLOCK - offset_bytes) as usize).unwrap_or(&[]), false)?;
+            self.write(
+                offset_bytes,
+                zeros
+                    .get(..(first_full * BLOCK - offset_bytes) as usize)
+                    .unwrap_or(&[]),
+                false,
+            )?;
         }
         if end > last_full * BLOCK {
-            self.write(last_full * BLOCK, zeros.get(..(end - last_full * BLOCK) as usize).unwrap_or(&[]), false)?;
+            self.write(
+                last_full * BLOCK,
+                zeros
+                    .get(..(end - last_full * BLOCK) as usize)
+                    .unwrap_or(&[]),
+                false,
+            )?;
         }
         let mut lbn = first_full;
         while lbn < last_full {
             let page_end = ((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE;
-            let step_end = page_end.min(last_full).min(lbn + ENTRIES_PER_PAGE * BLOCKS_PER_STEP);
-            inner.journal.reserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP)?;
+            let step_end = page_end
+                .min(last_full)
+                .min(lbn + ENTRIES_PER_PAGE * BLOCKS_PER_STEP);
+            inner
+                .journal
+                .reserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP)?;
             let result = self.range_step(lbn, step_end, entry);
-            inner.journal.unreserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP);
+            inner
+                .journal
+                .unreserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP);
             lbn = result?;
         }
         if fua {
@@ -267,7 +320,12 @@ impl Volume {
                         }
                     }
                     if changed {
-                        inner.journal.append(&Record::RangeSet { volume: vol.slot, lbn, count: page_end - lbn, entry });
+                        inner.journal.append(&Record::RangeSet {
+                            volume: vol.slot,
+                            lbn,
+                            count: page_end - lbn,
+                            entry,
+                        });
                     }
                 }
             }
@@ -304,9 +362,15 @@ impl Volume {
                     let p = p.lock();
                     if p.entries.is_none() {
                         // A never-written page is one hole.
-                        (false, (((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE * BLOCK).min(end))
+                        (
+                            false,
+                            (((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE * BLOCK).min(end),
+                        )
                     } else {
-                        (p.get((lbn % ENTRIES_PER_PAGE) as usize).object().is_some(), next)
+                        (
+                            p.get((lbn % ENTRIES_PER_PAGE) as usize).object().is_some(),
+                            next,
+                        )
                     }
                 }
                 None => (false, end),
@@ -314,7 +378,10 @@ impl Volume {
             let len = run_end - at;
             match out.last_mut() {
                 Some(last) if last.data == data => last.len_bytes += len,
-                _ => out.push(Extent { len_bytes: len, data }),
+                _ => out.push(Extent {
+                    len_bytes: len,
+                    data,
+                }),
             }
             at = run_end;
         }
@@ -327,12 +394,16 @@ fn is_zero(block: &[u8]) -> bool {
         // SAFETY: any byte pattern is a valid u64; align_to only reinterprets the aligned middle.
         block.align_to::<u64>()
     };
-    prefix.iter().all(|b| *b == 0) && words.iter().all(|w| *w == 0) && suffix.iter().all(|b| *b == 0)
+    prefix.iter().all(|b| *b == 0)
+        && words.iter().all(|w| *w == 0)
+        && suffix.iter().all(|b| *b == 0)
 }
 
 impl Inner {
     pub(crate) fn stripe(&self, vol: &VolumeState, lbn: u64) -> &parking_lot::Mutex<()> {
-        let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15))).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 40;
+        let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .wrapping_mul(0xff51_afd7_ed55_8ccd)
+            >> 40;
         &self.stripes[h as usize % self.stripes.len()]
     }
 
@@ -353,7 +424,12 @@ impl Inner {
 
     fn corrupt_object(&self, o: ObjectId, reason: String) -> EngineError {
         let (s, _) = self.split_object(o);
-        EngineError::Corrupt { region: "data", block: u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS), device: "data", reason: format!("object {}: {reason}", o.0) }
+        EngineError::Corrupt {
+            region: "data",
+            block: u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS),
+            device: "data",
+            reason: format!("object {}: {reason}", o.0),
+        }
     }
 
     pub(crate) fn read_object(&self, o: ObjectId, out: &mut [u8]) -> Result<()> {
@@ -361,9 +437,12 @@ impl Inner {
         let (rec, open) = {
             let slab = self.slab(s).lock();
             let rec = slab.rec(i);
-            let loc = Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))?;
+            let loc = Location::decode(rec.location)
+                .map_err(|e| self.corrupt_object(o, e.to_string()))?;
             let (first, count) = loc.blocks();
-            let open: Vec<(u64, Option<usize>)> = (first..first + count).map(|b| (b, Inner::open_zone(&slab, (b - slab.first_pbn) as u32))).collect();
+            let open: Vec<(u64, Option<usize>)> = (first..first + count)
+                .map(|b| (b, Inner::open_zone(&slab, (b - slab.first_pbn) as u32)))
+                .collect();
             (rec, open)
         };
         if rec.refcount == 0 {
@@ -374,7 +453,11 @@ impl Inner {
                 let r = self.data.read_at(out, self.data_offset_bytes + pbn * BLOCK);
                 self.check_io(r)
             }
-            Location::Fragment { addr_bytes, len_bytes, .. } => {
+            Location::Fragment {
+                addr_bytes,
+                len_bytes,
+                ..
+            } => {
                 let len = usize::from(len_bytes);
                 let mut packed = [0u8; BLOCK_BYTES];
                 let mut done = 0usize;
@@ -383,17 +466,32 @@ impl Inner {
                     let from = (addr_bytes + done as u64 - block_start) as usize;
                     let n = (BLOCK_BYTES - from).min(len - done);
                     let dst = packed.get_mut(done..done + n).unwrap_or(&mut []);
-                    let from_packer = zone.is_some_and(|z| self.read_open_block(z, s, (b - u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS)) as u32, from, dst));
+                    let from_packer = zone.is_some_and(|z| {
+                        self.read_open_block(
+                            z,
+                            s,
+                            (b - u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS)) as u32,
+                            from,
+                            dst,
+                        )
+                    });
                     if !from_packer {
-                        let r = self.data.read_at(dst, self.data_offset_bytes + block_start + from as u64);
+                        let r = self
+                            .data
+                            .read_at(dst, self.data_offset_bytes + block_start + from as u64);
                         self.check_io(r)?;
                     }
                     done += n;
                 }
                 let n = lz4_flex::block::decompress_into(packed.get(..len).unwrap_or(&[]), out)
-                    .map_err(|e| self.corrupt_object(o, format!("LZ4 fragment does not decode: {e}")))?;
+                    .map_err(|e| {
+                        self.corrupt_object(o, format!("LZ4 fragment does not decode: {e}"))
+                    })?;
                 if n != BLOCK_BYTES {
-                    return Err(self.corrupt_object(o, format!("fragment decodes to {n} bytes, not {BLOCK_BYTES}")));
+                    return Err(self.corrupt_object(
+                        o,
+                        format!("fragment decodes to {n} bytes, not {BLOCK_BYTES}"),
+                    ));
                 }
                 Ok(())
             }
@@ -457,7 +555,9 @@ impl Inner {
             }
             None => {
                 let (object, pbn) = self.alloc_whole(zone, fp)?;
-                let r = self.data.write_at(block, self.data_offset_bytes + pbn * BLOCK);
+                let r = self
+                    .data
+                    .write_at(block, self.data_offset_bytes + pbn * BLOCK);
                 if let Err(e) = self.check_io(r) {
                     self.release_object(object);
                     return Err(e);
@@ -468,7 +568,11 @@ impl Inner {
         };
         // Journalled before anyone can find it in the index, so a reference to it
         // can never be durable before the object itself.
-        self.journal.append(&Record::NewObject { object: object.0, location: location.encode(), fingerprint: *fp });
+        self.journal.append(&Record::NewObject {
+            object: object.0,
+            location: location.encode(),
+            fingerprint: *fp,
+        });
         self.index.insert(fp, object);
         Ok(object)
     }
@@ -479,15 +583,27 @@ impl Inner {
             if slab.free_blocks() == 0 || slab.free_objects() == 0 {
                 continue;
             }
-            let (Some(b), Some(i)) = (slab.alloc_block(), slab.alloc_object()) else { continue };
+            let (Some(b), Some(i)) = (slab.alloc_block(), slab.alloc_object()) else {
+                continue;
+            };
             slab.hold_block(b);
             let pbn = slab.first_pbn + u64::from(b);
             if let Some(r) = slab.rec_mut(i) {
-                *r = ObjRec { location: Location::Block { pbn }.encode(), refcount: 1, fingerprint: *fp };
+                *r = ObjRec {
+                    location: Location::Block { pbn }.encode(),
+                    refcount: 1,
+                    fingerprint: *fp,
+                };
             }
-            return Ok((ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)), pbn));
+            return Ok((
+                ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)),
+                pbn,
+            ));
         }
-        Err(EngineError::NoSpace(format!("all {} data blocks are in use", self.data_blocks)))
+        Err(EngineError::NoSpace(format!(
+            "all {} data blocks are in use",
+            self.data_blocks
+        )))
     }
 
     /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
@@ -531,7 +647,11 @@ impl Inner {
             let mut page = page.lock();
             let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
             // Appended under the page lock: journal order matches map order per block.
-            self.journal.append(&Record::MapSet { volume: vol.slot, lbn, entry });
+            self.journal.append(&Record::MapSet {
+                volume: vol.slot,
+                lbn,
+                entry,
+            });
             old
         };
         vol.account(old, entry);

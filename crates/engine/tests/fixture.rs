@@ -36,12 +36,16 @@ fn make_fixture() {
     p.clone_volume("base", "clone").unwrap();
     let clone = p.open_volume("clone").unwrap();
     clone.trim(0, 64 * BLOCK as u64, false).unwrap();
-    clone.write(64 * BLOCK as u64, &[0x5a; BLOCK], false).unwrap();
+    clone
+        .write(64 * BLOCK as u64, &[0x5a; BLOCK], false)
+        .unwrap();
     clone.flush().unwrap(); // in the journal, not yet in a checkpoint
     drop(clone);
     drop(p);
     let image = t.dev.crash_image(CrashMode::DropAll);
-    t.pool.take().map(std::mem::forget);
+    if let Some(p) = t.pool.take() {
+        std::mem::forget(p);
+    }
     let mut out = Vec::new();
     for (i, block) in image.chunks(BLOCK).enumerate() {
         if block.iter().any(|b| *b != 0) {
@@ -61,7 +65,8 @@ fn format_v1_fixture_opens_and_reads_back() {
         image[at..at + BLOCK].copy_from_slice(&rec[8..]);
     }
     let dev = Arc::new(FaultStorage::from_image("fixture", image));
-    let pool = Pool::open_devices(dev as Arc<dyn Storage>, None, &OpenOptions::default()).expect("the v1 fixture opens");
+    let pool = Pool::open_devices(dev as Arc<dyn Storage>, None, &OpenOptions::default())
+        .expect("the v1 fixture opens");
     let names: Vec<String> = pool.list_volumes().into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["base", "clone"]);
     let expected = expected_blocks();

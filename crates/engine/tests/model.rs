@@ -25,12 +25,32 @@ enum Data {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { vol: u8, sector: u64, sectors: u64, data: Data },
-    Trim { vol: u8, sector: u64, sectors: u64 },
-    WriteZeroes { vol: u8, sector: u64, sectors: u64 },
-    Clone { src: u8, dst: u8 },
-    Delete { vol: u8 },
-    Create { vol: u8 },
+    Write {
+        vol: u8,
+        sector: u64,
+        sectors: u64,
+        data: Data,
+    },
+    Trim {
+        vol: u8,
+        sector: u64,
+        sectors: u64,
+    },
+    WriteZeroes {
+        vol: u8,
+        sector: u64,
+        sectors: u64,
+    },
+    Clone {
+        src: u8,
+        dst: u8,
+    },
+    Delete {
+        vol: u8,
+    },
+    Create {
+        vol: u8,
+    },
     Flush,
     Reopen,
     Crash,
@@ -38,7 +58,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let vol = 0u8..3;
-    let range = (0u64..VOL_BLOCKS * 8).prop_flat_map(|s| (Just(s), 1u64..=(VOL_BLOCKS * 8 - s).min(40)));
+    let range =
+        (0u64..VOL_BLOCKS * 8).prop_flat_map(|s| (Just(s), 1u64..=(VOL_BLOCKS * 8 - s).min(40)));
     let data = prop_oneof![
         Just(Data::Zero),
         (0u8..4).prop_map(Data::Dup),
@@ -63,8 +84,13 @@ fn bytes_of(data: &Data, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     match data {
         Data::Zero => {}
-        Data::Dup(k) => out.iter_mut().enumerate().for_each(|(i, b)| *b = (i / 512) as u8 ^ k.wrapping_mul(37)),
-        Data::Compressible(seed) => compressible(&mut rand::rngs::StdRng::seed_from_u64(*seed), &mut out),
+        Data::Dup(k) => out
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i / 512) as u8 ^ k.wrapping_mul(37)),
+        Data::Compressible(seed) => {
+            compressible(&mut rand::rngs::StdRng::seed_from_u64(*seed), &mut out)
+        }
         Data::Random(seed) => rand::rngs::StdRng::seed_from_u64(*seed).fill_bytes(&mut out),
     }
     out
@@ -106,28 +132,57 @@ fn name(v: u8) -> String {
 
 fn run(ops: Vec<Op>) {
     let mut t = create(64 << 20, None);
-    let mut model = Model { vols: BTreeMap::new(), maybe: BTreeMap::new() };
+    let mut model = Model {
+        vols: BTreeMap::new(),
+        maybe: BTreeMap::new(),
+    };
     for v in 0..2u8 {
-        t.pool().create_volume(&name(v), VOL_BLOCKS * BLOCK as u64).unwrap();
+        t.pool()
+            .create_volume(&name(v), VOL_BLOCKS * BLOCK as u64)
+            .unwrap();
         model.vols.insert(v, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
     }
     for op in ops {
         let p = t.pool().clone();
         match op {
-            Op::Write { vol, sector, sectors, data } if model.vols.contains_key(&vol) => {
+            Op::Write {
+                vol,
+                sector,
+                sectors,
+                data,
+            } if model.vols.contains_key(&vol) => {
                 let bytes = bytes_of(&data, (sectors * 512) as usize);
-                p.open_volume(&name(vol)).unwrap().write(sector * 512, &bytes, false).unwrap();
+                p.open_volume(&name(vol))
+                    .unwrap()
+                    .write(sector * 512, &bytes, false)
+                    .unwrap();
                 model.change(vol, sector, &bytes);
             }
-            Op::Trim { vol, sector, sectors } if model.vols.contains_key(&vol) => {
-                p.open_volume(&name(vol)).unwrap().trim(sector * 512, sectors * 512, false).unwrap();
+            Op::Trim {
+                vol,
+                sector,
+                sectors,
+            } if model.vols.contains_key(&vol) => {
+                p.open_volume(&name(vol))
+                    .unwrap()
+                    .trim(sector * 512, sectors * 512, false)
+                    .unwrap();
                 model.change(vol, sector, &vec![0; (sectors * 512) as usize]);
             }
-            Op::WriteZeroes { vol, sector, sectors } if model.vols.contains_key(&vol) => {
-                p.open_volume(&name(vol)).unwrap().write_zeroes(sector * 512, sectors * 512, false).unwrap();
+            Op::WriteZeroes {
+                vol,
+                sector,
+                sectors,
+            } if model.vols.contains_key(&vol) => {
+                p.open_volume(&name(vol))
+                    .unwrap()
+                    .write_zeroes(sector * 512, sectors * 512, false)
+                    .unwrap();
                 model.change(vol, sector, &vec![0; (sectors * 512) as usize]);
             }
-            Op::Clone { src, dst } if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) => {
+            Op::Clone { src, dst }
+                if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) =>
+            {
                 p.clone_volume(&name(src), &name(dst)).unwrap();
                 let copy = model.vols[&src].clone();
                 model.vols.insert(dst, copy);
@@ -139,8 +194,11 @@ fn run(ops: Vec<Op>) {
                 model.durable();
             }
             Op::Create { vol } if !model.vols.contains_key(&vol) => {
-                p.create_volume(&name(vol), VOL_BLOCKS * BLOCK as u64).unwrap();
-                model.vols.insert(vol, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
+                p.create_volume(&name(vol), VOL_BLOCKS * BLOCK as u64)
+                    .unwrap();
+                model
+                    .vols
+                    .insert(vol, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
                 model.durable();
             }
             Op::Flush => {
@@ -161,8 +219,16 @@ fn run(ops: Vec<Op>) {
                         continue;
                     }
                     let mut got = vec![0u8; BLOCK];
-                    t.pool().open_volume(&name(vol)).unwrap().read(b * BLOCK as u64, &mut got).unwrap();
-                    assert!(allowed.contains(&got), "volume {vol} block {b} after crash holds none of its {} possible contents", allowed.len());
+                    t.pool()
+                        .open_volume(&name(vol))
+                        .unwrap()
+                        .read(b * BLOCK as u64, &mut got)
+                        .unwrap();
+                    assert!(
+                        allowed.contains(&got),
+                        "volume {vol} block {b} after crash holds none of its {} possible contents",
+                        allowed.len()
+                    );
                     let at = (b as usize) * BLOCK;
                     model.vols.get_mut(&vol).unwrap()[at..at + BLOCK].copy_from_slice(&got);
                 }
@@ -173,9 +239,15 @@ fn run(ops: Vec<Op>) {
     let p = t.pool();
     for (vol, bytes) in &model.vols {
         let mut got = vec![0u8; bytes.len()];
-        p.open_volume(&name(*vol)).unwrap().read(0, &mut got).unwrap();
+        p.open_volume(&name(*vol))
+            .unwrap()
+            .read(0, &mut got)
+            .unwrap();
         for b in 0..VOL_BLOCKS as usize {
-            assert!(got[b * BLOCK..(b + 1) * BLOCK] == bytes[b * BLOCK..(b + 1) * BLOCK], "volume {vol} block {b} differs from the model");
+            assert!(
+                got[b * BLOCK..(b + 1) * BLOCK] == bytes[b * BLOCK..(b + 1) * BLOCK],
+                "volume {vol} block {b} differs from the model"
+            );
         }
     }
     let audit = p.audit();

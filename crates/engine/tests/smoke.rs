@@ -48,7 +48,11 @@ fn zeros_and_duplicates_store_nothing_new() {
     let vol = p.open_volume("a").unwrap();
     vol.write(0, &vec![0u8; 1 << 20], false).unwrap();
     vol.flush().unwrap();
-    assert_eq!(p.stats().data_used_bytes, 0, "zero blocks must not be stored");
+    assert_eq!(
+        p.stats().data_used_bytes,
+        0,
+        "zero blocks must not be stored"
+    );
     let mut block = vec![0u8; BLOCK];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut block);
     vol.write(0, &block, false).unwrap();
@@ -56,7 +60,11 @@ fn zeros_and_duplicates_store_nothing_new() {
     for i in 1..100u64 {
         vol.write(i * BLOCK as u64, &block, false).unwrap();
     }
-    assert_eq!(p.stats().data_used_bytes, used, "duplicates must not add data");
+    assert_eq!(
+        p.stats().data_used_bytes,
+        used,
+        "duplicates must not add data"
+    );
     p.clone_volume("a", "b").unwrap();
     assert_eq!(p.stats().data_used_bytes, used, "a clone must not add data");
     drop(vol);

@@ -22,7 +22,8 @@ fn seed_mix_reaches_the_drive_as_at_most_13_5_percent_data_and_2_percent_metadat
     let writes = 65_536u64;
     for n in 0..writes {
         let lbn = rng.gen_range(0..volume_bytes / BLOCK as u64);
-        vol.write(lbn * BLOCK as u64, &mix.next_block(), false).unwrap();
+        vol.write(lbn * BLOCK as u64, &mix.next_block(), false)
+            .unwrap();
         if n % 256 == 255 {
             vol.flush().unwrap();
         }
@@ -37,7 +38,19 @@ fn seed_mix_reaches_the_drive_as_at_most_13_5_percent_data_and_2_percent_metadat
     let guest = (writes * BLOCK as u64) as f64;
     let data = (t.dev.counters().snapshot().write_bytes - data_before) as f64;
     let meta = (t.meta.as_ref().unwrap().counters().snapshot().write_bytes - meta_before) as f64;
-    eprintln!("guest {guest} B, data {:.2}%, metadata {:.2}% (before close: {regions:?})", 100.0 * data / guest, 100.0 * meta / guest);
-    assert!(data / guest <= 0.135, "data is {:.2}% of guest bytes", 100.0 * data / guest);
-    assert!(meta / guest <= 0.02, "metadata is {:.2}% of guest bytes", 100.0 * meta / guest);
+    eprintln!(
+        "guest {guest} B, data {:.2}%, metadata {:.2}% (before close: {regions:?})",
+        100.0 * data / guest,
+        100.0 * meta / guest
+    );
+    assert!(
+        data / guest <= 0.135,
+        "data is {:.2}% of guest bytes",
+        100.0 * data / guest
+    );
+    assert!(
+        meta / guest <= 0.02,
+        "metadata is {:.2}% of guest bytes",
+        100.0 * meta / guest
+    );
 }

@@ -12,7 +12,11 @@ pub struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// A reader over `bytes`, naming `what` in errors.
     pub fn new(what: &'static str, bytes: &'a [u8]) -> Self {
-        Reader { what, bytes, pos: 0 }
+        Reader {
+            what,
+            bytes,
+            pos: 0,
+        }
     }
     /// Move to an absolute position.
     pub fn seek(&mut self, pos: usize) {
@@ -30,7 +34,11 @@ impl<'a> Reader<'a> {
                 self.pos += n;
                 Ok(s)
             }
-            None => Err(FormatError::Truncated { what: self.what, got: self.bytes.len(), need: self.pos.saturating_add(n) }),
+            None => Err(FormatError::Truncated {
+                what: self.what,
+                got: self.bytes.len(),
+                need: self.pos.saturating_add(n),
+            }),
         }
     }
     fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {

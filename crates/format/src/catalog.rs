@@ -39,10 +39,17 @@ pub struct Catalog {
 /// Check a volume name.
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
-        return Err(format!("a volume name must be 1 to {MAX_NAME_BYTES} bytes long"));
+        return Err(format!(
+            "a volume name must be 1 to {MAX_NAME_BYTES} bytes long"
+        ));
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '+')) {
-        return Err(format!("volume name '{name}' may use only letters, digits and - _ . : +"));
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '+'))
+    {
+        return Err(format!(
+            "volume name '{name}' may use only letters, digits and - _ . : +"
+        ));
     }
     Ok(())
 }
@@ -51,7 +58,11 @@ impl Catalog {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
         20 + 4 * self.object_dir_slots.len()
-            + self.volumes.iter().map(|v| 2 + 2 + v.name.len() + 8 + 8 + 4 + 4 * v.map_dir_slots.len()).sum::<usize>()
+            + self
+                .volumes
+                .iter()
+                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + 4 + 4 * v.map_dir_slots.len())
+                .sum::<usize>()
     }
 
     /// Encode into a byte stream.
@@ -85,16 +96,26 @@ impl Catalog {
         let mut r = Reader::new(what, bytes);
         let magic = r.u32()?;
         if magic != CATALOG_MAGIC {
-            return Err(FormatError::BadMagic { what, found: u64::from(magic) });
+            return Err(FormatError::BadMagic {
+                what,
+                found: u64::from(magic),
+            });
         }
         let volume_count = r.u32()? as usize;
         if volume_count > MAX_VOLUMES {
-            return Err(FormatError::Invalid { what, reason: format!("{volume_count} volumes (max {MAX_VOLUMES})") });
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!("{volume_count} volumes (max {MAX_VOLUMES})"),
+            });
         }
         let next_volume_id = r.u64()?;
         let object_dirs = r.u32()? as usize;
         if object_dirs * 4 > bytes.len() {
-            return Err(FormatError::Truncated { what, got: bytes.len(), need: object_dirs * 4 });
+            return Err(FormatError::Truncated {
+                what,
+                got: bytes.len(),
+                need: object_dirs * 4,
+            });
         }
         let mut object_dir_slots = Vec::with_capacity(object_dirs);
         for _ in 0..object_dirs {
@@ -105,27 +126,53 @@ impl Catalog {
             let slot = r.u16()?;
             let name_len = usize::from(r.u16()?);
             if name_len > MAX_NAME_BYTES {
-                return Err(FormatError::Invalid { what, reason: format!("volume name of {name_len} bytes") });
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("volume name of {name_len} bytes"),
+                });
             }
-            let name = String::from_utf8(r.take(name_len)?.to_vec())
-                .map_err(|_| FormatError::Invalid { what, reason: "volume name is not UTF-8".into() })?;
+            let name = String::from_utf8(r.take(name_len)?.to_vec()).map_err(|_| {
+                FormatError::Invalid {
+                    what,
+                    reason: "volume name is not UTF-8".into(),
+                }
+            })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
             let dirs = r.u32()? as usize;
             if dirs * 4 > bytes.len() {
-                return Err(FormatError::Truncated { what, got: bytes.len(), need: dirs * 4 });
+                return Err(FormatError::Truncated {
+                    what,
+                    got: bytes.len(),
+                    need: dirs * 4,
+                });
             }
             let mut map_dir_slots = Vec::with_capacity(dirs);
             for _ in 0..dirs {
                 map_dir_slots.push(r.u32()?);
             }
-            volumes.push(VolumeRecord { slot, id, name, size_bytes, map_dir_slots });
+            volumes.push(VolumeRecord {
+                slot,
+                id,
+                name,
+                size_bytes,
+                map_dir_slots,
+            });
         }
-        Ok(Catalog { next_volume_id, object_dir_slots, volumes })
+        Ok(Catalog {
+            next_volume_id,
+            object_dir_slots,
+            volumes,
+        })
     }
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "tests fail loudly by design"
+)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -135,7 +182,13 @@ mod tests {
         let c = Catalog {
             next_volume_id: 5,
             object_dir_slots: vec![1, 0, 9],
-            volumes: vec![VolumeRecord { slot: 2, id: 4, name: "vm-100-disk-0".into(), size_bytes: 1 << 30, map_dir_slots: vec![7] }],
+            volumes: vec![VolumeRecord {
+                slot: 2,
+                id: 4,
+                name: "vm-100-disk-0".into(),
+                size_bytes: 1 << 30,
+                map_dir_slots: vec![7],
+            }],
         };
         assert_eq!(Catalog::decode(&c.encode()).unwrap(), c);
     }

@@ -90,14 +90,23 @@ impl Record {
                 w.uint(lbn, 5);
                 w.u64(entry.encode());
             }
-            Record::RangeSet { volume, lbn, count, entry } => {
+            Record::RangeSet {
+                volume,
+                lbn,
+                count,
+                entry,
+            } => {
                 w.u8(TAG_RANGE_SET);
                 w.u16(volume);
                 w.uint(lbn, 5);
                 w.u64(count);
                 w.u64(entry.encode());
             }
-            Record::NewObject { object, location, fingerprint } => {
+            Record::NewObject {
+                object,
+                location,
+                fingerprint,
+            } => {
                 w.u8(TAG_NEW_OBJECT);
                 w.uint(object, 7);
                 w.u64(location);
@@ -122,17 +131,32 @@ impl Record {
                 let count = r.u64()?;
                 let entry = MapEntry::decode(r.u64()?);
                 if entry.object().is_some() {
-                    return Err(FormatError::Invalid { what: "journal record", reason: "range set to an object".into() });
+                    return Err(FormatError::Invalid {
+                        what: "journal record",
+                        reason: "range set to an object".into(),
+                    });
                 }
-                Ok(Record::RangeSet { volume, lbn, count, entry })
+                Ok(Record::RangeSet {
+                    volume,
+                    lbn,
+                    count,
+                    entry,
+                })
             }
             TAG_NEW_OBJECT => {
                 let object = r.uint(7)?;
                 let location = r.u64()?;
                 let fingerprint = r.bytes32()?;
-                Ok(Record::NewObject { object, location, fingerprint })
+                Ok(Record::NewObject {
+                    object,
+                    location,
+                    fingerprint,
+                })
             }
-            t => Err(FormatError::Invalid { what: "journal record", reason: format!("unknown tag {t}") }),
+            t => Err(FormatError::Invalid {
+                what: "journal record",
+                reason: format!("unknown tag {t}"),
+            }),
         }
     }
 }
@@ -158,25 +182,39 @@ pub fn encode_sector(header: &SectorHeader, records: &[u8], out: &mut [u8; SECTO
 pub fn decode_sector(bytes: &[u8], nonce: u64) -> Result<(SectorHeader, Vec<Record>), FormatError> {
     let what = "journal sector";
     if bytes.len() != SECTOR_BYTES {
-        return Err(FormatError::Truncated { what, got: bytes.len(), need: SECTOR_BYTES });
+        return Err(FormatError::Truncated {
+            what,
+            got: bytes.len(),
+            need: SECTOR_BYTES,
+        });
     }
     let mut r = Reader::new(what, bytes);
     let magic = r.u32()?;
     if magic != SECTOR_MAGIC {
-        return Err(FormatError::BadMagic { what, found: u64::from(magic) });
+        return Err(FormatError::BadMagic {
+            what,
+            found: u64::from(magic),
+        });
     }
     verify_checksum(what, bytes, CRC_OFFSET)?;
     r.u32()?;
     let found_nonce = r.u64()?;
     if found_nonce != nonce {
-        return Err(FormatError::WrongPool { what, found: found_nonce, expected: nonce });
+        return Err(FormatError::WrongPool {
+            what,
+            found: found_nonce,
+            expected: nonce,
+        });
     }
     let seq = r.u64()?;
     let open_gen = r.u32()?;
     let used = r.u16()?;
     r.u16()?;
     if usize::from(used) > SECTOR_PAYLOAD_BYTES {
-        return Err(FormatError::Invalid { what, reason: format!("{used} payload bytes used") });
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("{used} payload bytes used"),
+        });
     }
     let payload = r.take(usize::from(used))?;
     let mut records = Vec::new();
@@ -184,10 +222,23 @@ pub fn decode_sector(bytes: &[u8], nonce: u64) -> Result<(SectorHeader, Vec<Reco
     while pr.pos() < payload.len() {
         records.push(Record::decode(&mut pr)?);
     }
-    Ok((SectorHeader { nonce, seq, open_gen, used }, records))
+    Ok((
+        SectorHeader {
+            nonce,
+            seq,
+            open_gen,
+            used,
+        },
+        records,
+    ))
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "tests fail loudly by design"
+)]
 mod tests {
     use super::*;
     use crate::location::ObjectId;
@@ -196,16 +247,34 @@ mod tests {
     #[test]
     fn sector_round_trips() {
         let recs = [
-            Record::MapSet { volume: 3, lbn: MAX_LBN, entry: MapEntry::Object(ObjectId(12345)) },
-            Record::RangeSet { volume: 1, lbn: 7, count: 1 << 33, entry: MapEntry::Zero },
-            Record::NewObject { object: (1 << 56) - 1, location: 42, fingerprint: [9; 32] },
+            Record::MapSet {
+                volume: 3,
+                lbn: MAX_LBN,
+                entry: MapEntry::Object(ObjectId(12345)),
+            },
+            Record::RangeSet {
+                volume: 1,
+                lbn: 7,
+                count: 1 << 33,
+                entry: MapEntry::Zero,
+            },
+            Record::NewObject {
+                object: (1 << 56) - 1,
+                location: 42,
+                fingerprint: [9; 32],
+            },
         ];
         let mut payload = vec![0u8; recs.iter().map(Record::encoded_len).sum()];
         let mut w = Writer::new(&mut payload);
         for r in &recs {
             r.encode(&mut w);
         }
-        let header = SectorHeader { nonce: 5, seq: 99, open_gen: 2, used: payload.len() as u16 };
+        let header = SectorHeader {
+            nonce: 5,
+            seq: 99,
+            open_gen: 2,
+            used: payload.len() as u16,
+        };
         let mut sector = [0u8; SECTOR_BYTES];
         encode_sector(&header, &payload, &mut sector);
         let (h, decoded) = decode_sector(&sector, 5).unwrap();

@@ -107,13 +107,21 @@ pub fn checksum_with_hole(bytes: &[u8], crc_offset: usize) -> u32 {
 }
 
 /// Check the crc stored at `crc_offset` against the content.
-pub fn verify_checksum(what: &'static str, bytes: &[u8], crc_offset: usize) -> Result<(), FormatError> {
+pub fn verify_checksum(
+    what: &'static str,
+    bytes: &[u8],
+    crc_offset: usize,
+) -> Result<(), FormatError> {
     let mut r = Reader::new(what, bytes);
     r.seek(crc_offset);
     let expected = r.u32()?;
     let got = checksum_with_hole(bytes, crc_offset);
     if got != expected {
-        return Err(FormatError::ChecksumMismatch { what, got, expected });
+        return Err(FormatError::ChecksumMismatch {
+            what,
+            got,
+            expected,
+        });
     }
     Ok(())
 }

@@ -86,8 +86,15 @@ impl Location {
     pub fn encode(self) -> u64 {
         match self {
             Location::Block { pbn } => pbn & ADDR_MASK,
-            Location::Fragment { addr_bytes, len_bytes, codec } => {
-                FRAGMENT_BIT | ((codec as u64) << 60) | ((u64::from(len_bytes) & 0xfff) << 48) | (addr_bytes & ADDR_MASK)
+            Location::Fragment {
+                addr_bytes,
+                len_bytes,
+                codec,
+            } => {
+                FRAGMENT_BIT
+                    | ((codec as u64) << 60)
+                    | ((u64::from(len_bytes) & 0xfff) << 48)
+                    | (addr_bytes & ADDR_MASK)
             }
         }
     }
@@ -95,25 +102,44 @@ impl Location {
     pub fn decode(raw: u64) -> Result<Self, FormatError> {
         if raw & FRAGMENT_BIT == 0 {
             if raw & !ADDR_MASK != 0 {
-                return Err(FormatError::Invalid { what: "location", reason: format!("reserved bits set in {raw:#x}") });
+                return Err(FormatError::Invalid {
+                    what: "location",
+                    reason: format!("reserved bits set in {raw:#x}"),
+                });
             }
             return Ok(Location::Block { pbn: raw });
         }
         let codec = match (raw >> 60) & 0x7 {
             1 => Codec::Lz4,
-            c => return Err(FormatError::Invalid { what: "location", reason: format!("unknown codec {c}") }),
+            c => {
+                return Err(FormatError::Invalid {
+                    what: "location",
+                    reason: format!("unknown codec {c}"),
+                })
+            }
         };
         let len_bytes = ((raw >> 48) & 0xfff) as u16;
         if len_bytes == 0 {
-            return Err(FormatError::Invalid { what: "location", reason: "zero-length fragment".into() });
+            return Err(FormatError::Invalid {
+                what: "location",
+                reason: "zero-length fragment".into(),
+            });
         }
-        Ok(Location::Fragment { addr_bytes: raw & ADDR_MASK, len_bytes, codec })
+        Ok(Location::Fragment {
+            addr_bytes: raw & ADDR_MASK,
+            len_bytes,
+            codec,
+        })
     }
     /// The data blocks this location touches: first block and count (1 or 2).
     pub fn blocks(self) -> (u64, u64) {
         match self {
             Location::Block { pbn } => (pbn, 1),
-            Location::Fragment { addr_bytes, len_bytes, .. } => {
+            Location::Fragment {
+                addr_bytes,
+                len_bytes,
+                ..
+            } => {
                 let first = addr_bytes / crate::BLOCK_BYTES as u64;
                 let last = (addr_bytes + u64::from(len_bytes) - 1) / crate::BLOCK_BYTES as u64;
                 (first, last - first + 1)
@@ -130,6 +156,11 @@ impl Location {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "tests fail loudly by design"
+)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -154,9 +185,17 @@ mod tests {
 
     #[test]
     fn fragment_spanning_a_block_boundary_touches_two_blocks() {
-        let loc = Location::Fragment { addr_bytes: 4000, len_bytes: 200, codec: Codec::Lz4 };
+        let loc = Location::Fragment {
+            addr_bytes: 4000,
+            len_bytes: 200,
+            codec: Codec::Lz4,
+        };
         assert_eq!(loc.blocks(), (0, 2));
-        let loc = Location::Fragment { addr_bytes: 4096, len_bytes: 4095, codec: Codec::Lz4 };
+        let loc = Location::Fragment {
+            addr_bytes: 4096,
+            len_bytes: 4095,
+            codec: Codec::Lz4,
+        };
         assert_eq!(loc.blocks(), (1, 1));
     }
 }

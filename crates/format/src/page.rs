@@ -2,7 +2,9 @@
 //! pages, directory pages, catalog pages). Each names itself: pool nonce, its own
 //! slot, the checkpoint generation that wrote it, its kind, owner and index.
 
-use crate::{seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION};
+use crate::{
+    seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
+};
 
 /// "FBPG".
 pub const PAGE_MAGIC: u32 = 0x4750_4246;
@@ -20,8 +22,14 @@ pub const OBJECTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / OBJECT_RECORD_BYTES;
 pub const SLOTS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / 4;
 const CRC_OFFSET: usize = 4;
 
-const _: () = assert!(MAP_ENTRIES_PER_PAGE * 8 == PAGE_PAYLOAD_BYTES, "map entries fill the payload exactly");
-const _: () = assert!(OBJECTS_PER_PAGE * OBJECT_RECORD_BYTES == PAGE_PAYLOAD_BYTES, "object records fill the payload exactly");
+const _: () = assert!(
+    MAP_ENTRIES_PER_PAGE * 8 == PAGE_PAYLOAD_BYTES,
+    "map entries fill the payload exactly"
+);
+const _: () = assert!(
+    OBJECTS_PER_PAGE * OBJECT_RECORD_BYTES == PAGE_PAYLOAD_BYTES,
+    "object records fill the payload exactly"
+);
 
 /// What a page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,42 +107,80 @@ pub fn encode_page(header: &PageHeader, payload: &[u8], out: &mut [u8; BLOCK_BYT
 }
 
 /// Decode and verify a page read from `slot`, expecting `kind` and the pool's `nonce`.
-pub fn decode_page(bytes: &[u8], kind: PageKind, nonce: u64, slot: u64) -> Result<(PageHeader, &[u8]), FormatError> {
+pub fn decode_page(
+    bytes: &[u8],
+    kind: PageKind,
+    nonce: u64,
+    slot: u64,
+) -> Result<(PageHeader, &[u8]), FormatError> {
     let what = kind.name();
     if bytes.len() != BLOCK_BYTES {
-        return Err(FormatError::Truncated { what, got: bytes.len(), need: BLOCK_BYTES });
+        return Err(FormatError::Truncated {
+            what,
+            got: bytes.len(),
+            need: BLOCK_BYTES,
+        });
     }
     let mut r = Reader::new(what, bytes);
     let magic = r.u32()?;
     if magic != PAGE_MAGIC {
-        return Err(FormatError::BadMagic { what, found: u64::from(magic) });
+        return Err(FormatError::BadMagic {
+            what,
+            found: u64::from(magic),
+        });
     }
     verify_checksum(what, bytes, CRC_OFFSET)?;
     r.seek(8);
     let version = u32::from(r.u8()?);
     if version != FORMAT_VERSION {
-        return Err(FormatError::BadVersion { what, found: version, supported: FORMAT_VERSION });
+        return Err(FormatError::BadVersion {
+            what,
+            found: version,
+            supported: FORMAT_VERSION,
+        });
     }
     let found_kind = r.u8()?;
     if PageKind::from_u8(found_kind) != Some(kind) {
-        return Err(FormatError::Invalid { what, reason: format!("page kind {found_kind}, expected {}", kind as u8) });
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("page kind {found_kind}, expected {}", kind as u8),
+        });
     }
     r.u16()?;
     let count = r.u32()?;
     let found_nonce = r.u64()?;
     if found_nonce != nonce {
-        return Err(FormatError::WrongPool { what, found: found_nonce, expected: nonce });
+        return Err(FormatError::WrongPool {
+            what,
+            found: found_nonce,
+            expected: nonce,
+        });
     }
     let found_slot = r.u64()?;
     if found_slot != slot {
-        return Err(FormatError::WrongAddress { what, found: found_slot, expected: slot });
+        return Err(FormatError::WrongAddress {
+            what,
+            found: found_slot,
+            expected: slot,
+        });
     }
     let generation = r.u64()?;
     let owner = r.u64()?;
     let index = r.u64()?;
     r.seek(PAGE_HEADER_BYTES);
     let payload = r.take(PAGE_PAYLOAD_BYTES)?;
-    Ok((PageHeader { kind, count, nonce, slot, generation, owner, index }, payload))
+    Ok((
+        PageHeader {
+            kind,
+            count,
+            nonce,
+            slot,
+            generation,
+            owner,
+            index,
+        },
+        payload,
+    ))
 }
 
 /// One slab object record (48 bytes): where a stored block or fragment is, how many
@@ -164,16 +210,33 @@ impl ObjectRecord {
         let refcount = r.u32()?;
         r.u32()?;
         let fingerprint = r.bytes32()?;
-        Ok(ObjectRecord { location, refcount, fingerprint })
+        Ok(ObjectRecord {
+            location,
+            refcount,
+            fingerprint,
+        })
     }
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "tests fail loudly by design"
+)]
 mod tests {
     use super::*;
 
     fn header() -> PageHeader {
-        PageHeader { kind: PageKind::Map, count: 3, nonce: 77, slot: 9, generation: 4, owner: 1, index: 2 }
+        PageHeader {
+            kind: PageKind::Map,
+            count: 3,
+            nonce: 77,
+            slot: 9,
+            generation: 4,
+            owner: 1,
+            index: 2,
+        }
     }
 
     #[test]
@@ -186,7 +249,10 @@ mod tests {
         for bit in 0..(PAGE_HEADER_BYTES * 8) {
             let mut bad = page;
             bad[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_page(&bad, PageKind::Map, 77, 9).is_err(), "bit {bit} flip undetected");
+            assert!(
+                decode_page(&bad, PageKind::Map, 77, 9).is_err(),
+                "bit {bit} flip undetected"
+            );
         }
     }
 
@@ -194,7 +260,13 @@ mod tests {
     fn misplaced_page_is_refused() {
         let mut page = [0u8; BLOCK_BYTES];
         encode_page(&header(), &[], &mut page);
-        assert!(matches!(decode_page(&page, PageKind::Map, 77, 10), Err(FormatError::WrongAddress { .. })));
-        assert!(matches!(decode_page(&page, PageKind::Map, 78, 9), Err(FormatError::WrongPool { .. })));
+        assert!(matches!(
+            decode_page(&page, PageKind::Map, 77, 10),
+            Err(FormatError::WrongAddress { .. })
+        ));
+        assert!(matches!(
+            decode_page(&page, PageKind::Map, 78, 9),
+            Err(FormatError::WrongPool { .. })
+        ));
     }
 }

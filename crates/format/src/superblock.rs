@@ -5,7 +5,9 @@
 //! and takes the valid one with the highest generation, so a torn super-block
 //! write leaves the previous checkpoint in force.
 
-use crate::{seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION};
+use crate::{
+    seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
+};
 
 /// "fewrbyts" as a little-endian u64.
 pub const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"fewrbyts");
@@ -102,7 +104,10 @@ impl SuperBlock {
         w.u64(self.reserve_blocks);
         w.u64(self.index_entries);
         w.u64(self.created_unix);
-        debug_assert!(w.pos() <= 256, "super block fields overlap the catalog slots");
+        debug_assert!(
+            w.pos() <= 256,
+            "super block fields overlap the catalog slots"
+        );
         w.seek(256);
         for slot in &self.catalog_slots {
             w.u32(*slot);
@@ -114,7 +119,11 @@ impl SuperBlock {
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "super block";
         if bytes.len() != BLOCK_BYTES {
-            return Err(FormatError::Truncated { what, got: bytes.len(), need: BLOCK_BYTES });
+            return Err(FormatError::Truncated {
+                what,
+                got: bytes.len(),
+                need: BLOCK_BYTES,
+            });
         }
         let mut r = Reader::new(what, bytes);
         let magic = r.u64()?;
@@ -123,7 +132,11 @@ impl SuperBlock {
         }
         let version = r.u32()?;
         if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion { what, found: version, supported: FORMAT_VERSION });
+            return Err(FormatError::BadVersion {
+                what,
+                found: version,
+                supported: FORMAT_VERSION,
+            });
         }
         verify_checksum(what, bytes, CRC_OFFSET)?;
         r.u32()?;
@@ -151,13 +164,22 @@ impl SuperBlock {
         let index_entries = r.u64()?;
         let created_unix = r.u64()?;
         if catalog_pages > MAX_CATALOG_PAGES {
-            return Err(FormatError::Invalid { what, reason: format!("{catalog_pages} catalog pages (max {MAX_CATALOG_PAGES})") });
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!("{catalog_pages} catalog pages (max {MAX_CATALOG_PAGES})"),
+            });
         }
         if slab_blocks == 0 || objects_per_slab == 0 || journal_sectors == 0 {
-            return Err(FormatError::Invalid { what, reason: "zero-sized geometry".into() });
+            return Err(FormatError::Invalid {
+                what,
+                reason: "zero-sized geometry".into(),
+            });
         }
         if u64::from(slab_count) * u64::from(slab_blocks) < data_blocks {
-            return Err(FormatError::Invalid { what, reason: "slabs do not cover the data blocks".into() });
+            return Err(FormatError::Invalid {
+                what,
+                reason: "slabs do not cover the data blocks".into(),
+            });
         }
         r.seek(256);
         let mut catalog_slots = Vec::with_capacity(catalog_pages);
@@ -227,18 +249,31 @@ impl DataLabel {
         }
         let version = r.u32()?;
         if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion { what, found: version, supported: FORMAT_VERSION });
+            return Err(FormatError::BadVersion {
+                what,
+                found: version,
+                supported: FORMAT_VERSION,
+            });
         }
         verify_checksum(what, bytes, CRC_OFFSET)?;
         r.u32()?;
         let nonce = r.u64()?;
         let n = r.u32()? as usize;
         if n > MAX_PATH_BYTES {
-            return Err(FormatError::Invalid { what, reason: format!("path of {n} bytes") });
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!("path of {n} bytes"),
+            });
         }
-        let metadata_path = String::from_utf8(r.take(n)?.to_vec())
-            .map_err(|_| FormatError::Invalid { what, reason: "path is not UTF-8".into() })?;
-        Ok(DataLabel { nonce, metadata_path })
+        let metadata_path =
+            String::from_utf8(r.take(n)?.to_vec()).map_err(|_| FormatError::Invalid {
+                what,
+                reason: "path is not UTF-8".into(),
+            })?;
+        Ok(DataLabel {
+            nonce,
+            metadata_path,
+        })
     }
 }
 
@@ -248,6 +283,11 @@ pub fn magic_of(bytes: &[u8]) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    reason = "tests fail loudly by design"
+)]
 mod tests {
     use super::*;
 
@@ -286,13 +326,19 @@ mod tests {
         for byte in [0usize, 13, 20, 100, 257] {
             let mut bad = block;
             bad[byte] ^= 0x10;
-            assert!(SuperBlock::decode(&bad).is_err(), "flip at byte {byte} undetected");
+            assert!(
+                SuperBlock::decode(&bad).is_err(),
+                "flip at byte {byte} undetected"
+            );
         }
     }
 
     #[test]
     fn data_label_round_trips() {
-        let label = DataLabel { nonce: 9, metadata_path: "/tmp/m.pool".into() };
+        let label = DataLabel {
+            nonce: 9,
+            metadata_path: "/tmp/m.pool".into(),
+        };
         let mut block = [0u8; BLOCK_BYTES];
         label.encode(&mut block);
         assert_eq!(DataLabel::decode(&block).unwrap(), label);

@@ -124,7 +124,10 @@ impl FaultStorage {
 
     fn fail(&self, s: &mut State, op: IoOp) -> StorageError {
         s.failed = true;
-        StorageError::Injected { device: self.name.clone(), op }
+        StorageError::Injected {
+            device: self.name.clone(),
+            op,
+        }
     }
 }
 
@@ -137,7 +140,13 @@ fn apply(image: &mut [u8], off: u64, data: &[u8]) {
 
 impl Storage for FaultStorage {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(&self.name, IoOp::Read, offset_bytes, buf.len() as u64, self.len_bytes)?;
+        check_bounds(
+            &self.name,
+            IoOp::Read,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes,
+        )?;
         let mut s = self.state.lock();
         let index = s.reads_seen;
         s.reads_seen += 1;
@@ -153,7 +162,13 @@ impl Storage for FaultStorage {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, self.len_bytes)?;
+        check_bounds(
+            &self.name,
+            IoOp::Write,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes,
+        )?;
         let mut s = self.state.lock();
         let index = s.writes_seen;
         s.writes_seen += 1;
@@ -214,7 +229,10 @@ mod tests {
     #[test]
     fn injected_failure_latches() {
         let dev = FaultStorage::new("t", 4096);
-        dev.set_plan(FaultPlan { fail_write: Some(1), ..Default::default() });
+        dev.set_plan(FaultPlan {
+            fail_write: Some(1),
+            ..Default::default()
+        });
         dev.write_at(&[1; 512], 0).unwrap();
         assert!(dev.write_at(&[1; 512], 0).is_err());
         assert!(dev.flush().is_err(), "a failed device stays failed");

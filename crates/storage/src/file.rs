@@ -46,12 +46,26 @@ pub struct FileStorage {
 
 impl std::fmt::Debug for FileStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileStorage").field("name", &self.name).finish()
+        f.debug_struct("FileStorage")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
-fn io_err(name: &str, op: IoOp, offset_bytes: u64, len_bytes: u64, source: std::io::Error) -> StorageError {
-    StorageError::Io { device: name.to_string(), op, offset_bytes, len_bytes, source }
+fn io_err(
+    name: &str,
+    op: IoOp,
+    offset_bytes: u64,
+    len_bytes: u64,
+    source: std::io::Error,
+) -> StorageError {
+    StorageError::Io {
+        device: name.to_string(),
+        op,
+        offset_bytes,
+        len_bytes,
+        source,
+    }
 }
 
 impl FileStorage {
@@ -75,17 +89,33 @@ impl FileStorage {
             .truncate(false)
             .open(path)
             .map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
-        let meta = file.metadata().map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
         let is_block = meta.file_type().is_block_device();
-        let identity = if is_block { (u64::MAX, meta.rdev()) } else { (meta.dev(), meta.ino()) };
+        let identity = if is_block {
+            (u64::MAX, meta.rdev())
+        } else {
+            (meta.dev(), meta.ino())
+        };
         lock_exclusive(&file, &name, identity)?;
-        let mut storage = FileStorage { file, name, len_bytes: 0, identity, counters: IoCounters::default() };
+        let mut storage = FileStorage {
+            file,
+            name,
+            len_bytes: 0,
+            identity,
+            counters: IoCounters::default(),
+        };
         if let (Some(want), false) = (create_len, is_block) {
             if meta.len() < want {
-                storage.file.set_len(want).map_err(|e| io_err(&storage.name, IoOp::Open, 0, want, e))?;
+                storage
+                    .file
+                    .set_len(want)
+                    .map_err(|e| io_err(&storage.name, IoOp::Open, 0, want, e))?;
             }
         }
-        storage.len_bytes = device_len(&storage.file, is_block).map_err(|e| io_err(&storage.name, IoOp::Open, 0, 0, e))?;
+        storage.len_bytes = device_len(&storage.file, is_block)
+            .map_err(|e| io_err(&storage.name, IoOp::Open, 0, 0, e))?;
         Ok(storage)
     }
 }
@@ -110,7 +140,10 @@ fn lock_exclusive(file: &File, name: &str, identity: (u64, u64)) -> Result<(), S
         if !set.insert(identity) {
             return Err(StorageError::Locked {
                 device: name.to_string(),
-                holder: LockHolder { pid: Some(std::process::id()), command: Some("this process".into()) },
+                holder: LockHolder {
+                    pid: Some(std::process::id()),
+                    command: Some("this process".into()),
+                },
             });
         }
     }
@@ -129,14 +162,27 @@ fn lock_exclusive(file: &File, name: &str, identity: (u64, u64)) -> Result<(), S
     release_identity(identity);
     // SAFETY: F_GETLK fills the struct we own with the conflicting lock, if any.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
-    let pid = if rc == 0 && fl.l_type != libc::F_UNLCK as _ { Some(fl.l_pid as u32) } else { None };
+    let pid = if rc == 0 && fl.l_type != libc::F_UNLCK as _ {
+        Some(fl.l_pid as u32)
+    } else {
+        None
+    };
     if pid.is_none() && !matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) {
         return Err(io_err(name, IoOp::Open, 0, 0, err));
     }
-    let command = pid.and_then(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok()).map(|raw| {
-        raw.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>().join(" ")
-    });
-    Err(StorageError::Locked { device: name.to_string(), holder: LockHolder { pid, command } })
+    let command = pid
+        .and_then(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+    Err(StorageError::Locked {
+        device: name.to_string(),
+        holder: LockHolder { pid, command },
+    })
 }
 
 fn release_identity(identity: (u64, u64)) {
@@ -153,7 +199,13 @@ impl Drop for FileStorage {
 
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(&self.name, IoOp::Read, offset_bytes, buf.len() as u64, self.len_bytes)?;
+        check_bounds(
+            &self.name,
+            IoOp::Read,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes,
+        )?;
         self.file
             .read_exact_at(buf, offset_bytes)
             .map_err(|e| io_err(&self.name, IoOp::Read, offset_bytes, buf.len() as u64, e))?;
@@ -162,7 +214,13 @@ impl Storage for FileStorage {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, self.len_bytes)?;
+        check_bounds(
+            &self.name,
+            IoOp::Write,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes,
+        )?;
         self.file
             .write_all_at(buf, offset_bytes)
             .map_err(|e| io_err(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, e))?;
@@ -171,7 +229,9 @@ impl Storage for FileStorage {
     }
 
     fn flush(&self) -> Result<(), StorageError> {
-        self.file.sync_data().map_err(|e| io_err(&self.name, IoOp::Flush, 0, 0, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| io_err(&self.name, IoOp::Flush, 0, 0, e))?;
         self.counters.count_flush();
         Ok(())
     }

@@ -28,15 +28,27 @@ pub fn create(bytes: u64, meta_bytes: Option<u64>) -> TestPool {
         &opts,
     )
     .expect("format");
-    let mut t = TestPool { dev, meta, pool: None };
+    let mut t = TestPool {
+        dev,
+        meta,
+        pool: None,
+    };
     t.open();
     t
 }
 
 impl TestPool {
     pub fn open(&mut self) {
-        let meta = self.meta.clone().map(|m| (m as Arc<dyn Storage>, "meta".to_string()));
-        let pool = Pool::open_devices(self.dev.clone() as Arc<dyn Storage>, meta, &OpenOptions { threads: Some(2) }).expect("open");
+        let meta = self
+            .meta
+            .clone()
+            .map(|m| (m as Arc<dyn Storage>, "meta".to_string()));
+        let pool = Pool::open_devices(
+            self.dev.clone() as Arc<dyn Storage>,
+            meta,
+            &OpenOptions { threads: Some(2) },
+        )
+        .expect("open");
         self.pool = Some(pool);
     }
 
@@ -85,7 +97,10 @@ pub struct Mix {
 
 impl Mix {
     pub fn new(seed: u64) -> Self {
-        Mix { rng: rand::SeedableRng::seed_from_u64(seed), uniques: Vec::new() }
+        Mix {
+            rng: rand::SeedableRng::seed_from_u64(seed),
+            uniques: Vec::new(),
+        }
     }
 
     pub fn next_block(&mut self) -> Vec<u8> {
