@@ -1036,4 +1036,72 @@ mod tests {
         assert_eq!(p.len(), 6 + n);
         assert!(std::str::from_utf8(&p[6..]).is_ok());
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn mode_strategy() -> impl Strategy<Value = ReplyMode> {
+            (any::<bool>(), any::<bool>()).prop_map(|(structured, extended)| ReplyMode {
+                structured,
+                extended,
+            })
+        }
+
+        proptest! {
+            /// Any bytes: decoding never panics, and a header decodes only with the magic
+            /// of the connection's mode.
+            #[test]
+            fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..40), mode in mode_strategy()) {
+                if let Ok(h) = RequestHeader::decode(&bytes, mode) {
+                    let want = if mode.extended { EXTENDED_REQUEST_MAGIC } else { REQUEST_MAGIC };
+                    prop_assert_eq!(&bytes[0..4], &want.to_be_bytes()[..]);
+                    if !mode.extended {
+                        prop_assert!(h.length <= u64::from(u32::MAX));
+                    }
+                }
+            }
+
+            /// Whatever the header, an accepted command lies inside the export, is
+            /// aligned, and a read or write fits the maximum payload; every refusal is
+            /// answerable (none drops the connection).
+            #[test]
+            fn accepted_commands_are_in_bounds(
+                flags in any::<u16>(),
+                kind in 0u16..10,
+                offset in prop_oneof![any::<u64>(), (0u64..4096).prop_map(|x| x * 512)],
+                length in prop_oneof![any::<u64>(), (0u64..4096).prop_map(|x| x * 512)],
+                size_bytes in prop_oneof![Just(0u64), Just(1u64 << 20), any::<u64>()],
+                read_only in any::<bool>(),
+                meta_context in any::<bool>(),
+                mode in mode_strategy(),
+            ) {
+                let length = if mode.extended { length } else { length & u64::from(u32::MAX) };
+                let header = RequestHeader { flags, kind, cookie: 1, offset, length };
+                let ctx = RequestContext { mode, size_bytes, read_only, meta_context };
+                match validate(&header, &ctx) {
+                    Ok(Command::Read { offset, len, .. }) | Ok(Command::Write { offset, len, .. }) => {
+                        prop_assert!(len > 0 && len <= PAYLOAD_MAX_BYTES);
+                        prop_assert!(offset % 512 == 0 && len % 512 == 0);
+                        prop_assert!(offset.checked_add(u64::from(len)).is_some_and(|e| e <= size_bytes));
+                    }
+                    Ok(Command::Trim { offset, len, .. })
+                    | Ok(Command::WriteZeroes { offset, len, .. })
+                    | Ok(Command::BlockStatus { offset, len, .. }) => {
+                        prop_assert!(len > 0 && offset % 512 == 0 && len % 512 == 0);
+                        prop_assert!(offset.checked_add(len).is_some_and(|e| e <= size_bytes));
+                    }
+                    Ok(_) => {}
+                    Err(e) => prop_assert!(!e.drops_connection()),
+                }
+                if read_only {
+                    let writes = matches!(
+                        validate(&header, &ctx),
+                        Ok(Command::Write { .. }) | Ok(Command::Trim { .. }) | Ok(Command::WriteZeroes { .. })
+                    );
+                    prop_assert!(!writes);
+                }
+            }
+        }
+    }
 }
