@@ -10,12 +10,21 @@ use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let path = PathBuf::from(args.get(1).cloned().unwrap_or_else(|| "/var/tmp/writebench.pool".into()));
+    let path = PathBuf::from(
+        args.get(1)
+            .cloned()
+            .unwrap_or_else(|| "/var/tmp/writebench.pool".into()),
+    );
     let threads: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let writes: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(65536);
     let _ = std::fs::remove_file(&path);
     let volume_bytes: u64 = 2 << 30;
-    Pool::create(&CreateOptions { path: path.clone(), size_bytes: Some(4 << 30), ..Default::default() }).expect("create");
+    Pool::create(&CreateOptions {
+        path: path.clone(),
+        size_bytes: Some(4 << 30),
+        ..Default::default()
+    })
+    .expect("create");
     let pool = Pool::open(&path, &OpenOptions::default()).expect("open");
     pool.create_volume("v", volume_bytes).expect("volume");
     // Pre-generate the uniques so generation is not measured.
@@ -46,7 +55,8 @@ fn main() {
                         }
                         vol.write(lbn * 4096, &fresh, false).unwrap();
                     } else {
-                        vol.write(lbn * 4096, &uniques[rng.gen_range(0..uniques.len())], false).unwrap();
+                        vol.write(lbn * 4096, &uniques[rng.gen_range(0..uniques.len())], false)
+                            .unwrap();
                     }
                 }
             });

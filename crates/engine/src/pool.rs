@@ -658,7 +658,13 @@ impl Pool {
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        self.inner.volumes.read().iter().flatten().map(|v| (v.name.clone(), v.size_blocks() * BLOCK_BYTES as u64)).collect()
+        self.inner
+            .volumes
+            .read()
+            .iter()
+            .flatten()
+            .map(|v| (v.name.clone(), v.size_blocks() * BLOCK_BYTES as u64))
+            .collect()
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
