@@ -24,16 +24,15 @@ struct PoolExports {
 
 impl ExportProvider for PoolExports {
     fn list(&self) -> Vec<ExportDesc> {
+        // `volume_sizes`, not `list_volumes`: the latter walks every block map, and
+        // clients list exports on every connection (`nbdinfo --list`, INFO).
         self.pool
-            .list_volumes()
+            .volume_sizes()
             .into_iter()
-            .map(|v| ExportDesc {
-                description: format!(
-                    "fewerbytes volume '{}', {} bytes, {} bytes mapped to data",
-                    v.name, v.size_bytes, v.logical_used_bytes
-                ),
-                name: v.name,
-                size_bytes: v.size_bytes,
+            .map(|(name, size_bytes)| ExportDesc {
+                description: format!("fewerbytes volume '{name}', {size_bytes} bytes"),
+                name,
+                size_bytes,
             })
             .collect()
     }
@@ -42,9 +41,8 @@ impl ExportProvider for PoolExports {
         if let Some(name) = &self.default_export {
             return Some(name.clone());
         }
-        let volumes = self.pool.list_volumes();
-        match volumes.as_slice() {
-            [only] => Some(only.name.clone()),
+        match self.pool.volume_sizes().as_slice() {
+            [(only, _)] => Some(only.clone()),
             _ => None,
         }
     }

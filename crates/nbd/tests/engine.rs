@@ -1,0 +1,119 @@
+//! The server over a real pool: `pool_exports` lists and opens volumes, and
+//! reads, writes, zeroing, trim, flush and block status reach the engine.
+
+mod common;
+
+use common::{chunk_error, Client};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_nbd::protocol::*;
+use fewerbytes_nbd::{pool_exports, Server, ServerConfig, EINVAL, ESHUTDOWN};
+use std::path::PathBuf;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "fewerbytes-nbd-{tag}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn serves_pool_volumes() {
+    let dir = TempDir::new("engine");
+    let path = dir.0.join("test.pool");
+    Pool::create(&CreateOptions {
+        path: path.clone(),
+        size_bytes: Some(256 << 20),
+        ..CreateOptions::default()
+    })
+    .expect("create pool");
+    let pool = Pool::open(&path, &OpenOptions::default()).expect("open pool");
+    pool.create_volume("vm1", 16 << 20).expect("create vm1");
+
+    let server = Server::new(ServerConfig::default(), pool_exports(pool.clone(), None));
+    let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
+
+    // The only volume is the default export; LIST names it.
+    let mut c = Client::connect(addr);
+    c.handshake();
+    c.send_option(OPT_LIST, &[]);
+    let (kind, data) = c.option_reply(OPT_LIST);
+    assert_eq!(kind, REP_SERVER);
+    assert_eq!(&data[4..7], b"vm1");
+    assert_eq!(c.option_reply(OPT_LIST).0, REP_ACK);
+    c.option_ack(OPT_STRUCTURED_REPLY);
+    let (ctx, kind) = c.meta_context(OPT_SET_META_CONTEXT, "", &["base:allocation"]);
+    assert_eq!((ctx.len(), kind), (1, REP_ACK));
+    let info = c.go("", &[INFO_BLOCK_SIZE]).expect("GO default");
+    assert_eq!(info.size_and_flags().0, 16 << 20);
+    assert_eq!(info.info(INFO_NAME), Some(&b"vm1"[..]));
+
+    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8 + 1).collect();
+    c.send_request(CMD_FLAG_FUA, CMD_WRITE, 1, 1 << 20, 65536, &data);
+    assert_eq!(c.simple_reply(), (0, 1));
+    c.send_request(0, CMD_FLUSH, 2, 0, 0, &[]);
+    assert_eq!(c.simple_reply(), (0, 2));
+    c.send_request(CMD_FLAG_DF, CMD_READ, 3, 1 << 20, 65536, &[]);
+    let chunks = c.chunks();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(&chunks[0].payload[8..], &data[..]);
+    c.send_request(0, CMD_TRIM, 4, 1 << 20, 4096, &[]);
+    assert_eq!(c.simple_reply(), (0, 4));
+    c.send_request(
+        CMD_FLAG_FAST_ZERO,
+        CMD_WRITE_ZEROES,
+        5,
+        (1 << 20) + 8192,
+        4096,
+        &[],
+    );
+    assert_eq!(c.simple_reply(), (0, 5));
+    c.send_request(0, CMD_BLOCK_STATUS, 6, 1 << 20, 65536, &[]);
+    let p = c.chunks().remove(0).payload;
+    let descs: Vec<(u32, u32)> = p[4..]
+        .chunks(8)
+        .map(|d| {
+            (
+                u32::from_be_bytes(d[0..4].try_into().unwrap()),
+                u32::from_be_bytes(d[4..8].try_into().unwrap()),
+            )
+        })
+        .collect();
+    let hz = STATE_HOLE | STATE_ZERO;
+    assert_eq!(
+        descs,
+        vec![(4096, hz), (4096, 0), (4096, hz), (65536 - 12288, 0)]
+    );
+    // A read past the end is refused by the server before the engine sees it.
+    c.send_request(0, CMD_READ, 7, 16 << 20, 4096, &[]);
+    assert_eq!(chunk_error(&c.chunks()[0]), EINVAL);
+
+    // A volume deleted under a connected client: requests fail with ESHUTDOWN.
+    pool.delete_volume("vm1", true).expect("force delete");
+    c.send_request(0, CMD_READ, 8, 0, 4096, &[]);
+    let err = chunk_error(&c.chunks()[0]);
+    assert!(err == ESHUTDOWN || err == EINVAL, "got {err}");
+    c.disconnect();
+
+    // An unknown name is refused.
+    let mut c = Client::connect(addr);
+    c.handshake();
+    assert_eq!(
+        c.go("vm1", &[]).expect_err("deleted volume").0,
+        REP_ERR_UNKNOWN
+    );
+    server.shutdown();
+    pool.close().expect("close pool");
+}
