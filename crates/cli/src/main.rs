@@ -10,7 +10,6 @@ mod cmd_pool;
 mod cmd_stats;
 mod cmd_volume;
 mod control;
-mod nbd;
 mod output;
 mod serve;
 mod size;

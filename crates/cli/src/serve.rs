@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::control::{open_pool, with_suffix, ControlServer, Endpoints};
-use crate::nbd::{pool_exports, Server, ServerConfig};
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
+use fewerbytes_nbd::{pool_exports, Server, ServerConfig};
 
 /// Size of the pool file made when `serve` finds none at the default path: sparse, so
 /// it costs only what is written, and large enough for a real VM disk.
