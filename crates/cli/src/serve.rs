@@ -182,8 +182,14 @@ fn print_banner(
         .default_volume
         .clone()
         .or_else(|| (volumes.len() == 1).then(|| volumes[0].name.clone()));
-    if let Some(name) = &default {
-        println!("The empty export name (\"\") opens '{name}'.");
+    match &default {
+        Some(name) => println!("The empty export name (\"\") opens '{name}'."),
+        None if volumes.len() > 1 => {
+            println!("The empty export name (\"\") opens nothing: name one with --default-volume.")
+        }
+        None => {}
+    }
+    if let Some(name) = default.as_ref().or(volumes.first().map(|v| &v.name)) {
         let example = match tcp {
             Some(addr) => format!("nbd://{addr}/{name}"),
             None => format!("'nbd+unix:///{name}?socket={}'", socket.display()),

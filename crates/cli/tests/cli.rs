@@ -635,7 +635,7 @@ fn list_metadata_names_every_region_and_its_device() {
         .iter()
         .map(|r| r["name"].as_str().unwrap_or_default().to_lowercase())
         .collect();
-    for wanted in ["super", "journal"] {
+    for wanted in ["super", "journal", "page store"] {
         assert!(
             names.iter().any(|n| n.contains(wanted)),
             "no {wanted} region: {names:?}"
