@@ -225,6 +225,25 @@ impl Inflight {
     pub(crate) fn requests(&self) -> usize {
         self.state.lock().requests
     }
+
+    /// Requests and buffer bytes in flight now.
+    fn snapshot(&self) -> (usize, u64) {
+        let state = self.state.lock();
+        (state.requests, state.bytes)
+    }
+}
+
+/// What the server holds now, and its limits (for `stats`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections open (negotiating or transmitting).
+    pub connections: usize,
+    /// Requests read and not yet answered, across connections.
+    pub inflight_requests: usize,
+    /// Bytes of read and write buffers those requests hold.
+    pub inflight_buffer_bytes: u64,
+    /// Every named limit and its value.
+    pub limits: Vec<(String, u64)>,
 }
 
 enum ListenerSocket {
@@ -325,6 +344,7 @@ impl Server {
                     Ok((stream, _)) => {
                         // Replies are written whole; Nagle would only add latency.
                         let _ = stream.set_nodelay(true);
+                        set_keepalive(&stream);
                         if !server.admit(Stream::Tcp(stream)) {
                             return;
                         }
@@ -407,6 +427,38 @@ impl Server {
     /// Requests in flight across all connections now.
     pub fn inflight_requests(&self) -> usize {
         self.inflight.requests()
+    }
+
+    /// Connections, requests and buffer bytes in flight, and the limits on them.
+    pub fn stats(&self) -> ServerStats {
+        let (inflight_requests, inflight_buffer_bytes) = self.inflight.snapshot();
+        let c = &self.config;
+        let limits = [
+            ("max_connections", c.max_connections as u64),
+            (
+                "max_inflight_per_connection",
+                c.max_inflight_per_connection as u64,
+            ),
+            ("max_inflight_total", c.max_inflight_total as u64),
+            ("inflight_buffer_bytes_max", INFLIGHT_BUFFER_BYTES_MAX),
+            (
+                "workers_per_connection_max",
+                WORKERS_PER_CONNECTION_MAX as u64,
+            ),
+            (
+                "payload_max_bytes",
+                u64::from(crate::protocol::PAYLOAD_MAX_BYTES),
+            ),
+        ];
+        ServerStats {
+            connections: self.connections(),
+            inflight_requests,
+            inflight_buffer_bytes,
+            limits: limits
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        }
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -513,6 +565,42 @@ fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
     }
     stream.shutdown(Shutdown::Both);
     tracing::debug!(id, %peer, "NBD connection closed");
+}
+
+/// Seconds of silence before TCP keepalive probes start, the gap between probes, and
+/// how many unanswered probes close the socket: a client host that vanished without
+/// closing its connections is noticed within about two minutes, so its connection
+/// slots and volume handles (which block `volume delete`) are released.
+const KEEPALIVE_IDLE_S: libc::c_int = 60;
+const KEEPALIVE_INTERVAL_S: libc::c_int = 10;
+const KEEPALIVE_PROBES: libc::c_int = 6;
+
+/// Turn on TCP keepalive with the timings above (best effort: a failure only means
+/// a dead peer is noticed later).
+fn set_keepalive(stream: &TcpStream) {
+    let fd = stream.as_raw_fd();
+    let options = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES),
+    ];
+    for (level, name, value) in options {
+        // SAFETY: `fd` is an open TCP socket owned by `stream` for the whole call;
+        // the option value is a c_int that lives across the call, with its size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "TCP keepalive option not set");
+        }
+    }
 }
 
 /// Remove a socket file left by an earlier server; refuse to remove anything else.

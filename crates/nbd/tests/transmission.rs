@@ -399,7 +399,13 @@ fn per_connection_limit_stops_reading_until_a_request_completes() {
     gate.wait_for_waiting(4);
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(gate.waiting(), 4, "more than the limit reached the export");
-    assert_eq!(t.server.inflight_requests(), 4);
+    let stats = t.server.stats();
+    assert_eq!(stats.inflight_requests, 4);
+    assert_eq!(stats.inflight_buffer_bytes, 4 * 512);
+    assert_eq!(stats.connections, 1);
+    assert!(stats
+        .limits
+        .contains(&("max_inflight_per_connection".to_string(), 4)));
     gate.open_gate();
     let mut seen = HashSet::new();
     for _ in 0..10 {
