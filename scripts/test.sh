@@ -47,7 +47,8 @@ trap 'rm -f "$log"' EXIT
 
 status=0
 start=$(date +%s)
-cargo test --workspace --release "$@" 2>&1 | tee "$log" || status=$?
+# --no-fail-fast: one failing test binary must not hide the results of the others.
+cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 elapsed=$(( $(date +%s) - start ))
 
 # Summary over every test binary cargo ran.
@@ -58,7 +59,14 @@ done < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) faile
 
 echo
 echo "================ fewerbytes test summary (${elapsed}s) ================"
-grep -E '^     Running |^test result:' "$log" | sed 's/^     Running /  /' || true
+# One line per test binary: which one, and what it reported.
+awk '/^ *Running /{
+         bin=$0; sub(/^.*deps\//, "", bin); sub(/-[0-9a-f]+\)$/, "", bin)
+         what=$0; sub(/^ *Running /, "", what); sub(/ \(.*$/, "", what)
+         name=bin ": " what}
+     /^ *Doc-tests /{name=$0; sub(/^ *Doc-tests /, "doc-tests ", name)}
+     /^test result:/{r=$0; sub(/^test result: /, "", r); sub(/; [0-9]+ measured.*finished in/, ", in", r)
+         printf "  %-52s %s\n", name, r}' "$log"
 if grep -q '^failures:' "$log"; then
     echo "failed tests:"
     grep -E '^    [a-zA-Z0-9_:]+$' "$log" | sort -u | sed 's/^    /  - /' || true
