@@ -102,27 +102,11 @@ pub(crate) fn negotiate(
     let mut agreed = Agreed::default();
 
     for _ in 0..OPTIONS_PER_CONNECTION_MAX {
-        let mut head = [0u8; 16];
-        reader.read_exact(&mut head)?;
-        let mut r = WireReader::new(&head);
-        let (magic, option, len) = match (r.u64(), r.u32(), r.u32()) {
-            (Some(m), Some(o), Some(l)) => (m, o, l),
-            _ => return Err(NegotiationError::Io(io::ErrorKind::UnexpectedEof.into())),
+        let (option, data) = read_option(reader)?;
+        let mut replies = Replies {
+            writer: stream,
+            option,
         };
-        if magic != IHAVEOPT {
-            return Err(NegotiationError::BadOptionMagic(magic));
-        }
-        if len > OPTION_DATA_MAX_BYTES {
-            return Err(NegotiationError::OptionTooLarge {
-                option,
-                len,
-                max: OPTION_DATA_MAX_BYTES,
-            });
-        }
-        let mut data = vec![0u8; len as usize];
-        reader.read_exact(&mut data)?;
-        let mut replies = Replies { writer, option };
-
         if server.is_shutting_down() && option != OPT_ABORT {
             if option == OPT_EXPORT_NAME {
                 return Err(NegotiationError::ExportRefused {
@@ -133,60 +117,83 @@ pub(crate) fn negotiate(
             replies.error(REP_ERR_SHUTDOWN, "the server is shutting down")?;
             continue;
         }
-
         match option {
             OPT_EXPORT_NAME => {
-                return export_name(server, &agreed, &data, no_zeroes, writer).map(Some);
+                return export_name(server, &agreed, &data, no_zeroes, stream).map(Some);
             }
             OPT_ABORT => {
                 // The client may already have gone; the spec says to tolerate that.
                 let _ = replies.send(REP_ACK, &[]);
                 return Ok(None);
             }
-            OPT_LIST => list(server, &data, &mut replies)?,
-            OPT_STARTTLS => {
-                if data.is_empty() {
-                    replies.error(REP_ERR_POLICY, "TLS is not configured on this server")?;
-                } else {
-                    replies.error(REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")?;
-                }
-            }
             OPT_INFO | OPT_GO => {
                 if let Some(session) = info_or_go(server, &agreed, &data, &mut replies)? {
                     return Ok(Some(session));
                 }
             }
-            OPT_STRUCTURED_REPLY => {
-                if !data.is_empty() {
-                    replies.error(REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data")?;
-                } else if agreed.mode.extended {
-                    replies.error(
-                        REP_ERR_EXT_HEADER_REQD,
-                        "extended headers are already negotiated",
-                    )?;
-                } else {
-                    agreed.mode.structured = true;
-                    replies.send(REP_ACK, &[])?;
-                }
-            }
-            OPT_EXTENDED_HEADERS => {
-                if data.is_empty() {
-                    agreed.mode.extended = true;
-                    replies.send(REP_ACK, &[])?;
-                } else {
-                    replies.error(REP_ERR_INVALID, "NBD_OPT_EXTENDED_HEADERS takes no data")?;
-                }
-            }
-            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                meta_context(server, &mut agreed, &data, &mut replies)?;
-            }
-            _ => {
-                let text = format!("option {option} is not supported by this server");
-                replies.error(REP_ERR_UNSUP, &text)?;
-            }
+            _ => answer_option(server, &mut agreed, &data, &mut replies)?,
         }
     }
     Err(NegotiationError::TooManyOptions(OPTIONS_PER_CONNECTION_MAX))
+}
+
+/// Read one option: its header (checked) and its data.
+fn read_option(reader: &mut impl Read) -> Result<(u32, Vec<u8>), NegotiationError> {
+    let mut head = [0u8; 16];
+    reader.read_exact(&mut head)?;
+    let mut r = WireReader::new(&head);
+    let (magic, option, len) = match (r.u64(), r.u32(), r.u32()) {
+        (Some(m), Some(o), Some(l)) => (m, o, l),
+        _ => return Err(NegotiationError::Io(io::ErrorKind::UnexpectedEof.into())),
+    };
+    if magic != IHAVEOPT {
+        return Err(NegotiationError::BadOptionMagic(magic));
+    }
+    if len > OPTION_DATA_MAX_BYTES {
+        return Err(NegotiationError::OptionTooLarge {
+            option,
+            len,
+            max: OPTION_DATA_MAX_BYTES,
+        });
+    }
+    let mut data = vec![0u8; len as usize];
+    reader.read_exact(&mut data)?;
+    Ok((option, data))
+}
+
+/// Answer an option that does not end negotiation.
+fn answer_option(
+    server: &Server,
+    agreed: &mut Agreed,
+    data: &[u8],
+    replies: &mut Replies<'_>,
+) -> io::Result<()> {
+    match replies.option {
+        OPT_LIST => list(server, data, replies),
+        OPT_STARTTLS if data.is_empty() => {
+            replies.error(REP_ERR_POLICY, "TLS is not configured on this server")
+        }
+        OPT_STRUCTURED_REPLY if data.is_empty() && agreed.mode.extended => replies.error(
+            REP_ERR_EXT_HEADER_REQD,
+            "extended headers are already negotiated",
+        ),
+        OPT_STRUCTURED_REPLY if data.is_empty() => {
+            agreed.mode.structured = true;
+            replies.send(REP_ACK, &[])
+        }
+        OPT_EXTENDED_HEADERS if data.is_empty() => {
+            agreed.mode.extended = true;
+            replies.send(REP_ACK, &[])
+        }
+        OPT_STARTTLS | OPT_STRUCTURED_REPLY | OPT_EXTENDED_HEADERS => {
+            replies.error(REP_ERR_INVALID, "this option takes no data")
+        }
+        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => meta_context(server, agreed, data, replies),
+        option => {
+            let text = format!("option {option} is not supported by this server");
+            replies.error(REP_ERR_UNSUP, &text)
+        }
+    }
 }
 
 /// Option replies for one option.
