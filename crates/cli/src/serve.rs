@@ -196,7 +196,7 @@ fn print_banner(
         };
         println!("Try: qemu-img info {example}");
     }
-    println!("Stop with Ctrl-C (or SIGTERM): it flushes and closes the pool.");
+    println!("Stop with Ctrl-C (or SIGTERM): it flushes and closes the pool; a second Ctrl-C exits at once.");
 }
 
 /// Create the default pool and its one volume, sized to what the pool can address.
@@ -249,11 +249,15 @@ fn clear_stale_socket(path: &Path) -> Result<()> {
 /// SIGINT and SIGTERM, turned into a byte on a pipe the main thread waits on.
 mod signals {
     use std::io;
-    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
     /// The pipe's write end, for the handler (which may touch nothing but atomics
     /// and async-signal-safe calls).
     static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+    /// Signals received; the second one exits at once.
+    static RECEIVED: AtomicU32 = AtomicU32::new(0);
+    /// Exit code of a second Ctrl-C: 128 + SIGINT, as a shell reports it.
+    const FORCED_EXIT_CODE: i32 = 130;
 
     /// The read end of the self-pipe.
     pub struct Stop {
@@ -261,6 +265,12 @@ mod signals {
     }
 
     extern "C" fn on_signal(_signal: libc::c_int) {
+        if RECEIVED.fetch_add(1, Ordering::SeqCst) >= 1 {
+            // A second signal while the clean stop is under way: the user wants out now.
+            // Nothing acknowledged is lost: flushed writes are in the journal.
+            // SAFETY: _exit(2) is async-signal-safe and takes no pointers.
+            unsafe { libc::_exit(FORCED_EXIT_CODE) };
+        }
         let fd = WAKE_FD.load(Ordering::SeqCst);
         if fd >= 0 {
             let byte = 1u8;
