@@ -533,3 +533,61 @@ fn unix_socket_replaces_a_stale_socket_and_is_removed_at_shutdown() {
     assert!(!path.exists(), "socket file left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An export that panics on reads at one offset, as an unfinished backend might.
+struct PanickyExport(Arc<fewerbytes_nbd::MemoryExport>);
+
+impl Export for PanickyExport {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        assert_ne!(offset, 4096, "deliberate panic in a test export");
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        self.0.write(offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.0.write_zeroes(offset, len, fua)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.0.trim(offset, len, fua)
+    }
+    fn flush(&self) -> Result<(), u32> {
+        Err(fewerbytes_nbd::EIO)
+    }
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, u32> {
+        self.0.extents(offset, len)
+    }
+}
+
+struct PanickyProvider(Arc<PanickyExport>);
+
+impl fewerbytes_nbd::ExportProvider for PanickyProvider {
+    fn list(&self) -> Vec<fewerbytes_nbd::ExportDesc> {
+        Vec::new()
+    }
+    fn default_name(&self) -> Option<String> {
+        Some("p".into())
+    }
+    fn open(&self, _name: &str) -> Result<Arc<dyn Export>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+#[test]
+fn export_failures_and_panics_become_error_replies() {
+    let inner = Arc::new(fewerbytes_nbd::MemoryExport::new(EXPORT_BYTES));
+    let provider = Arc::new(PanickyProvider(Arc::new(PanickyExport(Arc::clone(&inner)))));
+    let t = TestServer::with_provider(ServerConfig::default(), provider, Arc::clone(&inner), inner);
+    let mut c = simple_client(&t, "");
+    c.send_request(0, CMD_READ, 1, 4096, 512, &[]);
+    assert_eq!(c.simple_reply(), (fewerbytes_nbd::EIO, 1));
+    c.send_request(0, CMD_FLUSH, 2, 0, 0, &[]);
+    assert_eq!(c.simple_reply(), (fewerbytes_nbd::EIO, 2));
+    c.send_request(0, CMD_READ, 3, 0, 512, &[]);
+    assert_eq!(c.simple_reply(), (0, 3));
+    c.read_bytes(512);
+    c.disconnect();
+}
