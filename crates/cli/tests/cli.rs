@@ -584,6 +584,16 @@ fn seven_imports_of_one_image_store_it_once_and_export_it_unchanged() {
         fb(&pool, &["volume", "export", name, path_str(&exported)]).ok();
         let original = if name == "zeros" { &zeros } else { &image };
         assert_same_bytes(original, &exported);
+        if name == "zeros" {
+            // Export is sparse: a GiB of holes takes (almost) no disk.
+            let allocated_bytes = std::os::unix::fs::MetadataExt::blocks(
+                &std::fs::metadata(&exported).expect("stat"),
+            ) * 512;
+            assert!(
+                allocated_bytes < MIB,
+                "exporting a volume of zeros allocated {allocated_bytes} bytes on disk"
+            );
+        }
         let _ = std::fs::remove_file(&exported);
     }
 
