@@ -242,25 +242,39 @@ fn read_requests(
             payload,
             permit,
         };
-        let need_worker = {
-            let mut queue = conn.queue.lock();
-            queue.jobs.push_back(job);
-            conn.job_ready.notify_one();
-            queue.jobs.len() > queue.idle
-        };
-        if need_worker && workers.len() < workers_max {
-            let worker_conn = Arc::clone(conn);
-            let spawned = std::thread::Builder::new()
-                .name(format!("nbd-work-{}", conn.id))
-                .stack_size(THREAD_STACK_BYTES)
-                .spawn(move || work(&worker_conn));
-            match spawned {
-                Ok(handle) => workers.push(handle),
-                Err(e) if workers.is_empty() => return End::NoWorker(e),
-                Err(e) => tracing::warn!(error = %e, "NBD worker not started; using fewer"),
-            }
+        if let Err(e) = enqueue(conn, job, workers, workers_max) {
+            return End::NoWorker(e);
         }
     }
+}
+
+/// Queue a job, and start a worker for it if every worker is busy and the
+/// connection has fewer than `workers_max`. Fails only if no worker can run at all.
+fn enqueue(
+    conn: &Arc<Conn>,
+    job: Job,
+    workers: &mut Vec<JoinHandle<()>>,
+    workers_max: usize,
+) -> io::Result<()> {
+    let need_worker = {
+        let mut queue = conn.queue.lock();
+        queue.jobs.push_back(job);
+        conn.job_ready.notify_one();
+        queue.jobs.len() > queue.idle
+    };
+    if need_worker && workers.len() < workers_max {
+        let worker_conn = Arc::clone(conn);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-work-{}", conn.id))
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(move || work(&worker_conn));
+        match spawned {
+            Ok(handle) => workers.push(handle),
+            Err(e) if workers.is_empty() => return Err(e),
+            Err(e) => tracing::warn!(error = %e, "NBD worker not started; using fewer"),
+        }
+    }
+    Ok(())
 }
 
 /// Fill `buf`; `Ok(false)` if the stream ended before its first byte.
