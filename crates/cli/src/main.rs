@@ -52,6 +52,10 @@ enum Command {
     /// Audit reference counts against every block map; exit 1 on any problem.
     Check,
     /// Serve every volume of the pool over NBD (unix socket and 127.0.0.1:10809).
+    ///
+    /// With no pool at the default path (no --pool, no FEWERBYTES_POOL), first creates
+    /// one: a sparse 16 GiB file with one volume, disk0. While serving, the volume,
+    /// stats, list-metadata and check commands work through <pool>.ctl.
     Serve(serve::ServeArgs),
 }
 
