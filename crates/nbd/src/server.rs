@@ -45,6 +45,11 @@ pub const WORKERS_PER_CONNECTION_MAX: usize = 8;
 /// A client that has not finished negotiating within this time is dropped, so idle
 /// sockets cannot hold connection slots forever.
 pub const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(120);
+/// A write payload must arrive within this time of its header (32 MiB at 280 KB/s),
+/// else the connection is dropped: a client trickling payloads would otherwise hold
+/// its share of [`INFLIGHT_BUFFER_BYTES_MAX`] forever. Also the socket's read timeout
+/// in transmission, where an idle client between requests is simply waited for.
+pub const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// A reply that cannot be written for this long means the client stopped reading;
 /// the connection is dropped so its workers and buffers are freed.
 pub const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -159,12 +164,35 @@ impl Write for &Stream {
     }
 }
 
-/// The read half a connection's `BufReader` owns.
-pub(crate) struct StreamReader(pub(crate) Arc<Stream>);
+/// The read half a connection's `BufReader` owns. With a deadline set, a read after
+/// it fails with `TimedOut`: negotiation and each write payload must arrive within
+/// their time, however slowly the bytes trickle in.
+pub(crate) struct StreamReader {
+    stream: Arc<Stream>,
+    deadline: Option<Instant>,
+}
+
+impl StreamReader {
+    /// Reads fail after `timeout` from now (`None`: no deadline).
+    pub(crate) fn set_deadline(&mut self, timeout: Option<Duration>) {
+        self.deadline = timeout.map(|t| Instant::now() + t);
+    }
+
+    /// Whether a deadline is set.
+    pub(crate) fn has_deadline(&self) -> bool {
+        self.deadline.is_some()
+    }
+}
 
 impl Read for StreamReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self.0).read(buf)
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client did not send in time",
+            ));
+        }
+        (&*self.stream).read(buf)
     }
 }
 
@@ -551,10 +579,16 @@ fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
         tracing::debug!(id, error = %e, "NBD connection closed: socket setup failed");
         return;
     }
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, StreamReader(Arc::clone(&stream)));
+    let mut inner = StreamReader {
+        stream: Arc::clone(&stream),
+        deadline: None,
+    };
+    inner.set_deadline(Some(NEGOTIATION_TIMEOUT));
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, inner);
     match negotiate::negotiate(server, &mut reader, &stream) {
         Ok(Some(session)) => {
-            if stream.set_read_timeout(None).is_err() {
+            reader.get_mut().set_deadline(None);
+            if stream.set_read_timeout(Some(PAYLOAD_TIMEOUT)).is_err() {
                 return;
             }
             tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
@@ -622,5 +656,41 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fail_after_the_deadline() {
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        (&b).write_all(b"abcd").expect("write");
+        let mut reader = StreamReader {
+            stream: Arc::new(Stream::Unix(a)),
+            deadline: None,
+        };
+        let mut buf = [0u8; 2];
+        reader.read_exact(&mut buf).expect("no deadline");
+        reader.set_deadline(Some(Duration::ZERO));
+        assert!(reader.has_deadline());
+        let err = reader.read_exact(&mut buf).expect_err("past the deadline");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        reader.set_deadline(None);
+        reader.read_exact(&mut buf).expect("deadline cleared");
+        assert_eq!(&buf, b"cd");
+    }
+
+    #[test]
+    fn stale_socket_files_are_removed_but_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("fewerbytes-nbd-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, b"data").expect("file");
+        assert!(remove_stale_socket(&file).is_err());
+        assert!(file.exists());
+        assert!(remove_stale_socket(&dir.join("absent")).is_ok());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

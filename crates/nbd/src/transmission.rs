@@ -14,7 +14,8 @@ use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHU
 use crate::negotiate::Session;
 use crate::protocol::*;
 use crate::server::{
-    Inflight, Server, Stream, StreamReader, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX,
+    Inflight, Server, Stream, StreamReader, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES,
+    WORKERS_PER_CONNECTION_MAX,
 };
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -211,7 +212,10 @@ fn read_requests(
         let command = match validate(&header, &ctx) {
             Ok(command) => command,
             Err(e) => {
-                if let Err(io) = discard(reader, payload_bytes, &mut scratch) {
+                reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
+                let discarded = discard(reader, payload_bytes, &mut scratch);
+                reader.get_mut().set_deadline(None);
+                if let Err(io) = discarded {
                     return End::Io(io);
                 }
                 tracing::debug!(id = conn.id, error = %e, "NBD request refused");
@@ -229,7 +233,10 @@ fn read_requests(
                 permit.add_bytes(u64::from(len));
                 // `len` ≤ PAYLOAD_MAX_BYTES (validated), and equals the payload on the wire.
                 let mut data = vec![0u8; len as usize];
-                if let Err(e) = reader.read_exact(&mut data) {
+                reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
+                let read = reader.read_exact(&mut data);
+                reader.get_mut().set_deadline(None);
+                if let Err(e) = read {
                     return End::Io(e);
                 }
                 data
@@ -277,8 +284,10 @@ fn enqueue(
     Ok(())
 }
 
-/// Fill `buf`; `Ok(false)` if the stream ended before its first byte.
-fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+/// Fill `buf` with a request header; `Ok(false)` if the stream ended before its first
+/// byte. The socket's read timeout only wakes the reader: a client may stay idle
+/// between (or within) headers as long as it likes.
+fn read_exact_or_eof(reader: &mut BufReader<StreamReader>, buf: &mut [u8]) -> io::Result<bool> {
     let mut filled = 0;
     while filled < buf.len() {
         let Some(rest) = buf.get_mut(filled..) else {
@@ -289,6 +298,11 @@ fn read_exact_or_eof(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<bool>
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) && !reader.get_ref().has_deadline() => {}
             Err(e) => return Err(e),
         }
     }
