@@ -924,3 +924,18 @@ fn serve_without_a_pool_creates_a_default_one_and_serves_disk0() {
     };
     assert!(status.success(), "{}", server.log_text());
 }
+
+#[test]
+fn the_pool_can_be_named_by_environment() {
+    let dir = TempDir::new("env");
+    let pool = create_pool(&dir, &["--size", "256M"]);
+    fb(&pool, &["volume", "create", "envvol", "--size", "8M"]).ok();
+    let mut cmd = Command::new(FEWERBYTES);
+    cmd.env("FEWERBYTES_POOL", &pool)
+        .env_remove("FEWERBYTES_LOG")
+        .current_dir(&dir.0)
+        .args(["volume", "list"])
+        .stdin(Stdio::null());
+    let listed = run(cmd).ok();
+    assert!(listed.stdout().contains("envvol"), "{}", listed.report());
+}
