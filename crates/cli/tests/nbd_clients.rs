@@ -238,6 +238,131 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
     );
 }
 
+/// A seeded random mix of writes (pattern and zero), trims and write-zeroes over a
+/// 64 MiB volume, checked against a model of what each 512-byte sector holds.
+/// `FEWERBYTES_TEST_SEED=N` replays a run; the seed is printed on failure.
+#[test]
+fn qemu_io_random_operations_match_a_model() {
+    const SECTOR: u64 = 512;
+    const VOLUME: u64 = 64 * MIB;
+    let seed = std::env::var("FEWERBYTES_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("qemu_io_random_operations_match_a_model: FEWERBYTES_TEST_SEED={seed}");
+    let rounds = if soak() { 10 } else { 3 };
+    let ops_per_round = 150;
+
+    let dir = TempDir::new("model");
+    let mut server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    let uri = server.unix_uri("vol");
+    let mut rng = Rng::new(seed);
+    // The byte every sector holds (all bytes of a sector are equal in this test).
+    let mut model = vec![0u8; usize::try_from(VOLUME / SECTOR).expect("small")];
+
+    for round in 0..rounds {
+        let mut commands = Vec::new();
+        for _ in 0..ops_per_round {
+            // Lengths from one sector to 8 MiB, mostly small.
+            let max_sectors = match rng.below(10) {
+                0 => 8 * MIB / SECTOR,
+                1..=3 => 256,
+                _ => 16,
+            };
+            let len_sectors = 1 + rng.below(max_sectors);
+            let start_sector = rng.below(VOLUME / SECTOR - len_sectors + 1);
+            let (off, len) = (start_sector * SECTOR, len_sectors * SECTOR);
+            let range = usize::try_from(start_sector).expect("small")
+                ..usize::try_from(start_sector + len_sectors).expect("small");
+            match rng.below(10) {
+                0 => {
+                    commands.push(format!("discard {off} {len}"));
+                    model[range].fill(0);
+                }
+                1 => {
+                    commands.push(format!("write -z -u {off} {len}"));
+                    model[range].fill(0);
+                }
+                2 => {
+                    commands.push(format!("write -z {off} {len}"));
+                    model[range].fill(0);
+                }
+                3 => {
+                    // A FUA write.
+                    let byte = 1 + u8::try_from(rng.below(255)).expect("byte");
+                    commands.push(format!("write -f -P {byte:#x} {off} {len}"));
+                    model[range].fill(byte);
+                }
+                _ => {
+                    // Few distinct patterns: plenty of duplicate blocks for dedup.
+                    let byte = 1 + u8::try_from(rng.below(12)).expect("byte");
+                    commands.push(format!("write -P {byte:#x} {off} {len}"));
+                    model[range].fill(byte);
+                }
+            }
+        }
+        commands.push("flush".into());
+        qemu_io(&uri, &commands);
+
+        // Read the whole volume back, run by run of equal sectors.
+        let mut reads = Vec::new();
+        let mut start = 0usize;
+        while start < model.len() {
+            let mut end = start + 1;
+            while end < model.len() && model[end] == model[start] && end - start < 16 * 1024 {
+                end += 1;
+            }
+            reads.push(format!(
+                "read -P {:#x} {} {}",
+                model[start],
+                start as u64 * SECTOR,
+                (end - start) as u64 * SECTOR
+            ));
+            start = end;
+        }
+        let ran = run_with_limit(
+            tool("qemu-io")
+                .args(["-f", "raw"])
+                .args(reads.iter().flat_map(|r| ["-c", r.as_str()]))
+                .arg(&uri),
+            CLIENT_LIMIT,
+        );
+        let out = ran.all_output();
+        let failed_lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("failed"))
+            .take(20)
+            .collect();
+        assert!(
+            failed_lines.is_empty(),
+            "round {round}: volume differs from the model (replay with FEWERBYTES_TEST_SEED={seed}):\n{}",
+            failed_lines.join("\n")
+        );
+        assert!(
+            ran.status.success(),
+            "round {round}: qemu-io failed reading back (FEWERBYTES_TEST_SEED={seed}):\n{}",
+            ran.report()
+        );
+        // Every other round, a crash: flushed data must survive it.
+        if round % 2 == 1 {
+            server.kill9();
+            server.spawn();
+        }
+    }
+    server.stop();
+    let ran = fewerbytes(&server.pool, &["check"]);
+    assert!(
+        ran.status.success(),
+        "`fewerbytes check` after the random run (FEWERBYTES_TEST_SEED={seed}) failed:\n{}",
+        ran.report()
+    );
+}
+
 /// Bytes each fio job writes (its own region of the volume).
 fn fio_job_bytes() -> u64 {
     if soak() {
