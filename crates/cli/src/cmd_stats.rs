@@ -40,7 +40,7 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         print_json(&stats)?;
         return Ok(ExitCode::SUCCESS);
     }
-    summary_table(&stats).print();
+    summary_table(&stats.pool).print();
     if args.verbose {
         println!();
         for (key, value) in flatten(&serde_json::to_value(&*stats)?) {

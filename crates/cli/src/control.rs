@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
     AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Region, VolumeInfo,
 };
+use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -76,13 +77,56 @@ pub enum Answer {
     /// Done, nothing to report (delete).
     Done,
     /// Statistics.
-    Stats(Box<PoolStats>),
+    Stats(Box<StatsReport>),
     /// Metadata regions.
     Regions(Vec<Region>),
     /// Audit result.
     Audit(AuditReport),
     /// Where the server serves NBD.
     Endpoints(Endpoints),
+}
+
+/// What `stats` reports: the pool's statistics and, when served, the NBD server's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// The engine's statistics (its fields at the top level of `stats --json`).
+    #[serde(flatten)]
+    pub pool: PoolStats,
+    /// Connections, requests in flight and limits of the NBD server holding the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbd_server: Option<NbdServerStats>,
+}
+
+/// The NBD server's gauges and limits (`fewerbytes_nbd::ServerStats`, serializable).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NbdServerStats {
+    /// Connections open.
+    pub connections: u64,
+    /// Requests read and not yet answered.
+    pub inflight_requests: u64,
+    /// Bytes of buffers those requests hold.
+    pub inflight_buffer_bytes: u64,
+    /// Every named limit and its value.
+    pub limits: Vec<(String, u64)>,
+}
+
+impl From<ServerStats> for NbdServerStats {
+    fn from(stats: ServerStats) -> NbdServerStats {
+        NbdServerStats {
+            connections: stats.connections as u64,
+            inflight_requests: stats.inflight_requests as u64,
+            inflight_buffer_bytes: stats.inflight_buffer_bytes,
+            limits: stats.limits,
+        }
+    }
+}
+
+/// What a serving process adds to the control socket's answers.
+pub struct Served {
+    /// Where clients connect.
+    pub endpoints: Endpoints,
+    /// The NBD server, for its statistics.
+    pub server: Arc<Server>,
 }
 
 /// Where a server listens for NBD clients.
@@ -136,7 +180,10 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             pool.delete_volume(name, *force)?;
             Answer::Done
         }
-        Request::Stats => Answer::Stats(Box::new(pool.stats())),
+        Request::Stats => Answer::Stats(Box::new(StatsReport {
+            pool: pool.stats(),
+            nbd_server: None,
+        })),
         Request::Regions => Answer::Regions(pool.regions()),
         Request::Audit => Answer::Audit(pool.audit()),
         Request::Endpoints => {
@@ -300,7 +347,7 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Listen on `<pool>.ctl` and serve requests against `pool`.
-    pub fn start(pool_path: &Path, pool: Arc<Pool>, endpoints: Endpoints) -> Result<ControlServer> {
+    pub fn start(pool_path: &Path, pool: Arc<Pool>, served: Arc<Served>) -> Result<ControlServer> {
         let path = control_path(pool_path);
         if ControlClient::probe(pool_path)?.is_some() {
             bail!(
@@ -319,7 +366,7 @@ impl ControlServer {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("control".into())
-                .spawn(move || accept_loop(listener, pool, endpoints, stop))
+                .spawn(move || accept_loop(listener, pool, served, stop))
                 .context("could not start the control thread")?
         };
         Ok(ControlServer {
@@ -359,7 +406,7 @@ impl Drop for ControlServer {
 fn accept_loop(
     listener: UnixListener,
     pool: Arc<Pool>,
-    endpoints: Endpoints,
+    served: Arc<Served>,
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
@@ -384,12 +431,12 @@ fn accept_loop(
         }
         active.fetch_add(1, Ordering::SeqCst);
         let pool = Arc::clone(&pool);
-        let endpoints = endpoints.clone();
+        let served = Arc::clone(&served);
         let active_for_thread = Arc::clone(&active);
         let spawned = std::thread::Builder::new()
             .name("control-request".into())
             .spawn(move || {
-                if let Err(e) = serve_connection(stream, &pool, &endpoints) {
+                if let Err(e) = serve_connection(stream, &pool, &served) {
                     tracing::warn!("control request failed: {e:#}");
                 }
                 active_for_thread.fetch_sub(1, Ordering::SeqCst);
@@ -413,7 +460,7 @@ fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
     Ok(())
 }
 
-fn serve_connection(stream: UnixStream, pool: &Pool, endpoints: &Endpoints) -> Result<()> {
+fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<()> {
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     if let Some(uid) = peer_uid(&stream) {
         // SAFETY: geteuid has no preconditions and cannot fail.
@@ -440,7 +487,11 @@ fn serve_connection(stream: UnixStream, pool: &Pool, endpoints: &Endpoints) -> R
         Ok(request) => {
             tracing::info!("control request: {request:?}");
             let answer = match request {
-                Request::Endpoints => Ok(Answer::Endpoints(endpoints.clone())),
+                Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
+                Request::Stats => Ok(Answer::Stats(Box::new(StatsReport {
+                    pool: pool.stats(),
+                    nbd_server: Some(served.server.stats().into()),
+                }))),
                 other => execute(pool, &other),
             };
             match answer {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::control::{open_pool, with_suffix, ControlServer, Endpoints};
+use crate::control::{open_pool, with_suffix, ControlServer, Endpoints, Served};
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
 use fewerbytes_nbd::{pool_exports, Server, ServerConfig};
@@ -133,7 +133,11 @@ fn start(
         unix_socket: Some(socket.clone()),
         tcp: tcp.clone(),
     };
-    let control = ControlServer::start(pool_path, Arc::clone(pool), endpoints)?;
+    let served = Arc::new(Served {
+        endpoints,
+        server: Arc::clone(&server),
+    });
+    let control = ControlServer::start(pool_path, Arc::clone(pool), served)?;
     print_banner(
         pool_path,
         pool,

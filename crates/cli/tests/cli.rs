@@ -806,6 +806,14 @@ fn a_served_pool_is_managed_through_its_control_socket() {
         Some(2),
         "{stats:#}"
     );
+    // Served, the stats carry the NBD server's gauges and named limits too.
+    assert!(stats["nbd_server"]["connections"].is_u64(), "{stats:#}");
+    let limits = stats["nbd_server"]["limits"]
+        .as_array()
+        .expect("nbd_server.limits");
+    assert!(!limits.is_empty(), "{stats:#}");
+    let verbose = fb(&pool, &["stats", "--verbose"]).ok().stdout();
+    assert!(verbose.contains("nbd_server.limits."), "{verbose}");
     fb(&pool, &["list-metadata"]).ok();
     fb(&pool, &["check"]).ok();
     fb(&pool, &["pool", "info"]).ok();
