@@ -942,6 +942,13 @@ fn nbd_client_completes_kernel_style_handshake() {
         "nbd-client negotiated an unknown export:\n{}",
         ran.report()
     );
+    // The server saw the negotiation through to transmission on `kvol`.
+    let log = server.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NBD transmission") && l.contains("kvol")),
+        "the server log shows no connection to kvol reaching transmission:\n{log}"
+    );
     // The server survived both and still serves.
     nbdinfo_json(&server.tcp_uri("kvol"));
 }

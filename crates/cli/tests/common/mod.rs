@@ -363,10 +363,14 @@ impl Server {
             .expect("open server log");
         let mut cmd = Command::new(fewerbytes_bin());
         cmd.env("FEWERBYTES_POOL", &self.pool)
+            // Connections and negotiation outcomes are logged at debug: the
+            // kernel-handshake test reads them, and a failing test shows them.
             .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                "FEWERBYTES_LOG",
+                std::env::var("FEWERBYTES_LOG")
+                    .unwrap_or_else(|_| "info,fewerbytes_nbd=debug".into()),
             )
+            .env("NO_COLOR", "1")
             .arg("serve")
             .arg("--pool")
             .arg(&self.pool)
@@ -417,9 +421,9 @@ impl Server {
         }
     }
 
-    /// The server's output so far.
+    /// The server's output so far, without terminal colour codes.
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
     /// `nbd+unix:///NAME?socket=PATH`.
@@ -665,4 +669,23 @@ pub fn mixed_image(blocks: u64, seed: u64) -> Vec<u8> {
         lbn += run;
     }
     image
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... letter`).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
