@@ -327,6 +327,8 @@ impl Server {
     /// Listen on a unix socket (a stale socket file at `path` is removed first) and
     /// accept connections on a new thread.
     pub fn listen_unix(self: &Arc<Self>, path: &Path) -> io::Result<()> {
+        // Held until the listener is registered, so a concurrent shutdown sees it.
+        let mut listeners = self.listeners.lock();
         self.refuse_if_shutting_down()?;
         remove_stale_socket(path)?;
         let listener = Arc::new(UnixListener::bind(path)?);
@@ -349,7 +351,7 @@ impl Server {
                 }
             })?;
         tracing::info!(path = %path.display(), "NBD server listening on unix socket");
-        self.listeners.lock().push(Listener {
+        listeners.push(Listener {
             socket: ListenerSocket::Unix(listener),
             thread: Some(thread),
             unix_path: Some(path.to_path_buf()),
@@ -360,6 +362,7 @@ impl Server {
     /// Listen on a TCP address (`host:port`; port 0 picks one) and accept connections
     /// on a new thread. Returns the bound address.
     pub fn listen_tcp(self: &Arc<Self>, addr: &str) -> io::Result<SocketAddr> {
+        let mut listeners = self.listeners.lock();
         self.refuse_if_shutting_down()?;
         let listener = Arc::new(TcpListener::bind(addr)?);
         let local = listener.local_addr()?;
@@ -385,7 +388,7 @@ impl Server {
                 }
             })?;
         tracing::info!(%local, "NBD server listening on TCP");
-        self.listeners.lock().push(Listener {
+        listeners.push(Listener {
             socket: ListenerSocket::Tcp(listener),
             thread: Some(thread),
             unix_path: None,
@@ -396,8 +399,11 @@ impl Server {
     /// Stop accepting, let in-flight requests finish and their replies go out, close
     /// every connection, and return when all connection threads have ended.
     pub fn shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let listeners: Vec<Listener> = std::mem::take(&mut *self.listeners.lock());
+        let listeners: Vec<Listener> = {
+            let mut listeners = self.listeners.lock();
+            self.shutting_down.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *listeners)
+        };
         for listener in &listeners {
             let fd = match &listener.socket {
                 ListenerSocket::Tcp(l) => l.as_raw_fd(),
