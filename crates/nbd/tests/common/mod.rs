@@ -304,6 +304,40 @@ impl Client {
     /// One structured (or extended, per `self.extended`) chunk.
     pub fn chunk(&mut self) -> Chunk {
         let magic = self.u32();
+        self.chunk_after_magic(magic)
+    }
+
+    /// Under structured replies the server may answer a command without payload
+    /// with a simple reply: read whichever comes. A simple reply is returned as a
+    /// NONE chunk (or an ERROR chunk carrying its error value).
+    pub fn reply_as_chunk(&mut self) -> Chunk {
+        let magic = self.u32();
+        if magic != SIMPLE_REPLY_MAGIC {
+            return self.chunk_after_magic(magic);
+        }
+        let error = self.u32();
+        let cookie = self.u64();
+        if error == 0 {
+            return Chunk {
+                flags: REPLY_FLAG_DONE,
+                kind: REPLY_TYPE_NONE,
+                cookie,
+                offset: 0,
+                payload: Vec::new(),
+            };
+        }
+        let mut payload = error.to_be_bytes().to_vec();
+        payload.extend_from_slice(&[0, 0]);
+        Chunk {
+            flags: REPLY_FLAG_DONE,
+            kind: REPLY_TYPE_ERROR,
+            cookie,
+            offset: 0,
+            payload,
+        }
+    }
+
+    fn chunk_after_magic(&mut self, magic: u32) -> Chunk {
         let flags = self.u16();
         let kind = self.u16();
         let cookie = self.u64();
