@@ -10,6 +10,7 @@ mod cmd_pool;
 mod cmd_stats;
 mod cmd_volume;
 mod control;
+mod control_server;
 mod output;
 mod serve;
 mod size;

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::control::{open_pool, with_suffix, ControlServer, Endpoints, Served};
+use crate::control::{open_pool, with_suffix, Endpoints, Served};
+use crate::control_server::ControlServer;
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
 use fewerbytes_nbd::{pool_exports, Server, ServerConfig};

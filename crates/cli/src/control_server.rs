@@ -1,0 +1,228 @@
+//! The server side of the control socket: `serve` accepts management requests on
+//! `<pool>.ctl` and runs them against the pool it holds (see `control` for the
+//! protocol and the client side).
+
+use anyhow::{bail, Context, Result};
+use fewerbytes_engine::Pool;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::control::{
+    control_path, execute, Answer, ControlClient, Reply, Request, Served, StatsReport,
+};
+
+/// Longest request line a server reads; requests are a name and a few numbers.
+const REQUEST_BYTES_MAX: u64 = 64 * 1024;
+/// Control connections served at once; more are refused. Management is interactive
+/// and rare, so a handful is plenty, and a limit keeps a misbehaving script from
+/// piling up threads.
+const CONTROL_CONNECTIONS_MAX: usize = 16;
+/// How long a server waits for a client's request line before giving up on it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (e.g. out of file descriptors) before trying again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// The server side: accepts control connections until stopped.
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listen on `<pool>.ctl` and serve requests against `pool`.
+    pub fn start(pool_path: &Path, pool: Arc<Pool>, served: Arc<Served>) -> Result<ControlServer> {
+        let path = control_path(pool_path);
+        if ControlClient::probe(pool_path)?.is_some() {
+            bail!(
+                "another server already answers on {}; stop it first",
+                path.display()
+            );
+        }
+        let listener = UnixListener::bind(&path)
+            .with_context(|| format!("could not listen on {}", path.display()))?;
+        // Root-only (or owner-only): the socket can delete volumes. The window between
+        // bind and chmod is closed by the peer-uid check in `serve_connection`.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("could not restrict {} to its owner", path.display()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("control".into())
+                .spawn(move || accept_loop(listener, pool, served, stop))
+                .context("could not start the control thread")?
+        };
+        Ok(ControlServer {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stop accepting, wait for the accept loop, remove the socket.
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop, blocked in accept(2), so it sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    pool: Arc<Pool>,
+    served: Arc<Served>,
+    stop: Arc<AtomicBool>,
+) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                std::thread::sleep(ACCEPT_RETRY);
+                continue;
+            }
+        };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if active.load(Ordering::SeqCst) >= CONTROL_CONNECTIONS_MAX {
+            let _ = refuse(
+                stream,
+                &format!("the server is busy ({CONTROL_CONNECTIONS_MAX} control requests at once); try again"),
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::SeqCst);
+        let pool = Arc::clone(&pool);
+        let served = Arc::clone(&served);
+        let active_for_thread = Arc::clone(&active);
+        let spawned = std::thread::Builder::new()
+            .name("control-request".into())
+            .spawn(move || {
+                if let Err(e) = serve_connection(stream, &pool, &served) {
+                    tracing::warn!("control request failed: {e:#}");
+                }
+                active_for_thread.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("could not start a control request thread: {e}");
+        }
+    }
+}
+
+fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
+    let reply = Reply {
+        ok: false,
+        value: None,
+        error: Some(error.to_string()),
+    };
+    let mut line = serde_json::to_string(&reply)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<()> {
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    if let Some(uid) = peer_uid(&stream) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let own_uid = unsafe { libc::geteuid() };
+        if uid != own_uid && uid != 0 {
+            return refuse(
+                stream,
+                "permission denied: only the server's user may manage the pool",
+            );
+        }
+    }
+    let mut line = String::new();
+    BufReader::new((&stream).take(REQUEST_BYTES_MAX)).read_line(&mut line)?;
+    if line.trim().is_empty() {
+        // A probe (connect and close) or a client that gave up: nothing to answer.
+        return Ok(());
+    }
+    let reply = match serde_json::from_str::<Request>(&line) {
+        Err(e) => Reply {
+            ok: false,
+            value: None,
+            error: Some(format!("the server could not understand the request: {e}")),
+        },
+        Ok(request) => {
+            tracing::info!("control request: {request:?}");
+            let answer = match request {
+                Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
+                Request::Stats => Ok(Answer::Stats(Box::new(StatsReport {
+                    pool: pool.stats(),
+                    nbd_server: Some(served.server.stats().into()),
+                }))),
+                other => execute(pool, &other),
+            };
+            match answer {
+                Ok(answer) => Reply {
+                    ok: true,
+                    value: Some(answer),
+                    error: None,
+                },
+                Err(e) => Reply {
+                    ok: false,
+                    value: None,
+                    error: Some(format!("{e}")),
+                },
+            }
+        }
+    };
+    let mut out = serde_json::to_string(&reply)?;
+    out.push('\n');
+    (&stream).write_all(out.as_bytes())?;
+    Ok(())
+}
+
+/// The user id of the process at the other end, from SO_PEERCRED.
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the fd is
+    // a live unix socket owned by `stream` for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
