@@ -156,7 +156,7 @@ pub fn free_port() -> u16 {
 /// A command line as a person would type it, for failure messages.
 pub fn describe(cmd: &Command) -> String {
     let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
-    parts.extend(cmd.get_args().map(|a| shell_quote(a)));
+    parts.extend(cmd.get_args().map(shell_quote));
     parts.join(" ")
 }
 
