@@ -29,8 +29,15 @@ pub fn fewerbytes_bin() -> PathBuf {
 }
 
 /// Size of the pool file each test creates (sparse), big enough for every volume a
-/// test makes; the engine refuses volume sizes that add up past what it addresses.
-pub const POOL_SIZE: &str = "4G";
+/// test makes (the engine refuses volume sizes that add up past what it addresses);
+/// the soak runs' larger volumes need a larger pool.
+pub fn pool_size() -> &'static str {
+    if soak() {
+        "12G"
+    } else {
+        "4G"
+    }
+}
 
 /// How long a server may take to start listening.
 const SERVER_START_LIMIT: Duration = Duration::from_secs(60);
@@ -322,7 +329,7 @@ pub fn fewerbytes_ok(pool: &Path, args: &[&str]) -> Ran {
 pub fn create_pool(dir: &Path, volumes: &[(&str, &str)]) -> PathBuf {
     let pool = dir.join("test.pool");
     let pool_str = pool.to_str().expect("utf-8 temp path");
-    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", POOL_SIZE]);
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", pool_size()]);
     for (name, size) in volumes {
         fewerbytes_ok(&pool, &["volume", "create", name, "--size", size]);
     }
