@@ -39,20 +39,20 @@ random=(--refill_buffers --randrepeat=0)
 run_fio() {
     local uri=$1 name=$2 rw=$3 bs=$4 depth=$5 jobs=$6
     shift 6
-    local start end out
+    local start end
     start=$(date +%s.%N)
-    out=$(fio --name="$name" --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$depth" \
+    fio --name="$name" --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$depth" \
         --numjobs="$jobs" --size="$JOB_SIZE" --offset_increment="$JOB_SIZE" --time_based --runtime="$RUNTIME" \
-        --end_fsync=1 --group_reporting --output-format=json "$@")
+        --end_fsync=1 --group_reporting --output-format=json "$@" >"$dir/fio.json"
     end=$(date +%s.%N)
-    python3 - "$start" "$end" <<<"$out" <<'EOF'
+    python3 -c '
 import json, sys
 start, end = float(sys.argv[1]), float(sys.argv[2])
-j = json.load(sys.stdin)["jobs"][0]
+text = open(sys.argv[3]).read()  # fio prints "connected" lines before the JSON
+j = json.loads(text[text.index("{"):])["jobs"][0]
 io = j["write"]["io_bytes"] + j["read"]["io_bytes"]
 lat = j["read"]["clat_ns"]["mean"] / 1000 if j["read"]["io_bytes"] else 0
-print(f"{io / (end - start) / 2**20:.1f} {io} {lat:.1f}")
-EOF
+print(f"{io / (end - start) / 2**20:.1f} {io} {lat:.1f}")' "$start" "$end" "$dir/fio.json"
 }
 
 fb_device_bytes() {
