@@ -489,17 +489,13 @@ impl Conn {
     fn read(&self, h: &RequestHeader, offset: u64, len: u32, df: bool) {
         // `len` ≤ PAYLOAD_MAX_BYTES, and its bytes are already counted in the budget.
         let mut buf = vec![0u8; len as usize];
-        if !self.mode.chunked() {
-            match self.export.read(offset, &mut buf) {
-                Ok(()) => self.write_parts(&[&simple_reply(h.cookie, 0), &buf]),
-                Err(errno) => self.export_failed(h, "read", errno),
-            }
-            return;
-        }
-        let len64 = u64::from(len);
         if let Err(errno) = self.export.read(offset, &mut buf) {
             return self.export_failed(h, "read", errno);
         }
+        if !self.mode.chunked() {
+            return self.write_parts(&[&simple_reply(h.cookie, 0), &buf]);
+        }
+        let len64 = u64::from(len);
         // Ranges that read as zeros go out as OFFSET_HOLE chunks, unless the client
         // asked for one chunk (DF). Every non-data extent (unmapped or zero block)
         // reads as zeros, so scanning the buffer finds them all without a second call
