@@ -23,6 +23,8 @@ pub mod protocol;
 mod server;
 mod transmission;
 
+pub use transmission::WORKER_IDLE_TIMEOUT;
+
 pub use engine_export::pool_exports;
 pub use export::{
     Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM,

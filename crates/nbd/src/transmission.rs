@@ -25,6 +25,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// A worker idle this long exits; the next burst of requests starts workers again
+/// (a thread start costs tens of microseconds). Idle connections, the usual case for
+/// VM disks, then hold one thread each instead of a full set of workers.
+pub const WORKER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Granularity at which reads look for zero ranges to send as holes: the engine's
 /// block, so a hole chunk stands for whole unmapped or zero blocks.
 const HOLE_SCAN_BYTES: u64 = 4096;
@@ -60,6 +65,8 @@ struct Queue {
     inflight: usize,
     /// Workers waiting for a job.
     idle: usize,
+    /// Workers alive (started and not retired).
+    workers: usize,
     /// The reader is done: workers exit once the queue is empty.
     closed: bool,
 }
@@ -267,18 +274,35 @@ fn enqueue(
         let mut queue = conn.queue.lock();
         queue.jobs.push_back(job);
         conn.job_ready.notify_one();
-        queue.jobs.len() > queue.idle
+        let need = queue.jobs.len() > queue.idle && queue.workers < workers_max;
+        if need {
+            queue.workers += 1;
+        }
+        need
     };
-    if need_worker && workers.len() < workers_max {
-        let worker_conn = Arc::clone(conn);
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-work-{}", conn.id))
-            .stack_size(THREAD_STACK_BYTES)
-            .spawn(move || work(&worker_conn));
-        match spawned {
-            Ok(handle) => workers.push(handle),
-            Err(e) if workers.is_empty() => return Err(e),
-            Err(e) => tracing::warn!(error = %e, "NBD worker not started; using fewer"),
+    if !need_worker {
+        return Ok(());
+    }
+    // Join workers that retired, so their threads are released.
+    let (retired, alive): (Vec<_>, Vec<_>) = workers.drain(..).partition(|w| w.is_finished());
+    *workers = alive;
+    for worker in retired {
+        let _ = worker.join();
+    }
+    let worker_conn = Arc::clone(conn);
+    let spawned = std::thread::Builder::new()
+        .name(format!("nbd-work-{}", conn.id))
+        .stack_size(THREAD_STACK_BYTES)
+        .spawn(move || work(&worker_conn));
+    match spawned {
+        Ok(handle) => workers.push(handle),
+        Err(e) => {
+            let mut queue = conn.queue.lock();
+            queue.workers -= 1;
+            if queue.workers == 0 {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "NBD worker not started; using fewer");
         }
     }
     Ok(())
@@ -339,11 +363,20 @@ fn work(conn: &Arc<Conn>) {
                     break job;
                 }
                 if queue.closed {
+                    queue.workers -= 1;
                     return;
                 }
                 queue.idle += 1;
-                conn.job_ready.wait(&mut queue);
+                let idle_too_long = conn
+                    .job_ready
+                    .wait_for(&mut queue, WORKER_IDLE_TIMEOUT)
+                    .timed_out();
                 queue.idle -= 1;
+                if idle_too_long && queue.jobs.is_empty() && !queue.closed {
+                    // Retire: an idle connection keeps only its reader thread.
+                    queue.workers -= 1;
+                    return;
+                }
             }
         };
         let Job {

@@ -1,0 +1,54 @@
+//! Worker threads of an idle connection retire after `WORKER_IDLE_TIMEOUT`, and
+//! come back when requests do. Alone in its binary: it counts this process's threads.
+
+mod common;
+
+use common::*;
+use fewerbytes_nbd::protocol::*;
+use fewerbytes_nbd::WORKER_IDLE_TIMEOUT;
+use std::time::Duration;
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .count()
+}
+
+#[test]
+fn idle_workers_retire_and_return() {
+    let t = TestServer::start();
+    let mut c = t.connect();
+    c.handshake();
+    c.go("a", &[]).expect("GO");
+    let before_burst = threads();
+    // A pipelined burst starts several workers.
+    for round in 0..2u64 {
+        for i in 0..32u64 {
+            c.send_request(0, CMD_WRITE, i, i * 4096, 4096, &[round as u8 + 1; 4096]);
+        }
+        for _ in 0..32 {
+            assert_eq!(c.simple_reply().0, 0);
+        }
+        assert!(threads() > before_burst, "no worker started");
+        std::thread::sleep(WORKER_IDLE_TIMEOUT + Duration::from_secs(1));
+        // Every worker retired; the connection keeps only its reader.
+        let mut settled = false;
+        for _ in 0..200 {
+            if threads() <= before_burst {
+                settled = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            settled,
+            "{} threads, {before_burst} before the burst",
+            threads()
+        );
+    }
+    // And the connection still works.
+    c.send_request(0, CMD_READ, 99, 0, 4096, &[]);
+    assert_eq!(c.simple_reply(), (0, 99));
+    assert_eq!(c.read_bytes(4096), vec![2; 4096]);
+    c.disconnect();
+}
