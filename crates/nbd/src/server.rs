@@ -3,8 +3,8 @@
 //!
 //! Threads: one accept thread per listener; per connection, one thread that
 //! negotiates and then reads requests, plus up to
-//! [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand (see
-//! `transmission.rs`). Every thread ends when its connection or listener does,
+//! [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand and retired
+//! after [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`). Every thread ends when its connection or listener does,
 //! so threads, memory and file descriptors return to their baseline when
 //! clients leave.
 
