@@ -23,8 +23,6 @@ pub mod protocol;
 mod server;
 mod transmission;
 
-pub use transmission::WORKER_IDLE_TIMEOUT;
-
 pub use engine_export::pool_exports;
 pub use export::{
     Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM,
@@ -38,3 +36,4 @@ pub use server::{
     NEGOTIATION_TIMEOUT, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT, SHUTDOWN_GRACE,
     WORKERS_PER_CONNECTION_MAX,
 };
+pub use transmission::WORKER_IDLE_TIMEOUT;
