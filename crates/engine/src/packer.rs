@@ -28,11 +28,33 @@ pub struct OpenBlock {
     pub written: usize,
 }
 
-/// One zone's packer.
+/// Whole blocks a zone gathers into one write: random data costs one system call
+/// per run instead of one per block.
+pub const RUN_BLOCKS: u32 = 16;
+
+/// A run of consecutive blocks a zone fills with whole (uncompressed) blocks.
+pub struct OpenRun {
+    /// Slab it is in.
+    pub slab: u32,
+    /// First block of the run within the slab.
+    pub first: u32,
+    /// Blocks allocated to the run (consecutive).
+    pub len: u32,
+    /// Blocks filled so far.
+    pub filled: u32,
+    /// Blocks already written to the device.
+    pub written: u32,
+    /// The run's bytes.
+    pub buf: Vec<u8>,
+}
+
+/// One zone's packer: an open block for fragments and an open run for whole blocks.
 #[derive(Default)]
 pub struct Packer {
     /// The open block, if any.
     pub open: Option<OpenBlock>,
+    /// The open run of whole blocks, if any.
+    pub run: Option<OpenRun>,
 }
 
 impl Inner {
@@ -179,7 +201,7 @@ impl Inner {
         ))
     }
 
-    /// Write the unwritten part of every open block (before a commit's data sync).
+    /// Write the unwritten part of every open block and run (before a commit's data sync).
     pub(crate) fn flush_packers(&self) -> Result<()> {
         for zone in 0..self.zone_count() {
             let mut packer = self.packer(zone).lock();
@@ -187,8 +209,127 @@ impl Inner {
                 let fill = open.fill;
                 self.write_open_block(open, fill)?;
             }
+            if let Some(run) = packer.run.as_mut() {
+                self.write_run(run)?;
+            }
         }
         Ok(())
+    }
+
+    fn write_run(&self, run: &mut OpenRun) -> Result<()> {
+        if run.written == run.filled {
+            return Ok(());
+        }
+        let from = run.written as usize * BLOCK_BYTES;
+        let to = run.filled as usize * BLOCK_BYTES;
+        let offset = self.data_offset_bytes
+            + self.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
+        let r = self
+            .data
+            .write_at(run.buf.get(from..to).unwrap_or(&[]), offset);
+        self.check_io(r)?;
+        run.written = run.filled;
+        Ok(())
+    }
+
+    /// Close a run: write what is unwritten, drop the zone's hold on every block of it
+    /// (blocks never filled become free again at the next checkpoint).
+    fn close_run(&self, zone: usize, mut run: OpenRun) -> Result<()> {
+        let written = self.write_run(&mut run);
+        let mut slab = self.slab(run.slab).lock();
+        for b in run.first..run.first + run.len {
+            if let Some(i) = slab
+                .open_blocks
+                .iter()
+                .position(|&(ob, z)| ob == b && z == zone)
+            {
+                slab.open_blocks.swap_remove(i);
+            }
+            slab.drop_block(b);
+        }
+        written
+    }
+
+    /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
+    fn open_run(&self, zone: usize) -> Result<OpenRun> {
+        for s in self.slab_order(zone) {
+            let mut slab = self.slab(s).lock();
+            if slab.free_objects() == 0 {
+                continue;
+            }
+            let Some(first) = slab.alloc_block() else {
+                continue;
+            };
+            let mut len = 1;
+            while len < RUN_BLOCKS && slab.alloc_block_at(first + len) {
+                len += 1;
+            }
+            for b in first..first + len {
+                slab.hold_block(b);
+                slab.open_blocks.push((b, zone));
+            }
+            return Ok(OpenRun {
+                slab: s,
+                first,
+                len,
+                filled: 0,
+                written: 0,
+                buf: vec![0u8; len as usize * BLOCK_BYTES],
+            });
+        }
+        Err(EngineError::NoSpace(format!(
+            "all {} data blocks are in use",
+            self.data_blocks
+        )))
+    }
+
+    /// Store a whole block in the zone's run; returns its object (one reference) and
+    /// data block number. The bytes reach the device when the run fills or at commit.
+    pub(crate) fn store_whole(
+        &self,
+        zone: usize,
+        block: &[u8],
+        fingerprint: &[u8; 32],
+    ) -> Result<(ObjectId, u64)> {
+        let mut packer = self.packer(zone).lock();
+        for _attempt in 0..4 {
+            let mut run = match packer.run.take() {
+                Some(r) => r,
+                None => self.open_run(zone)?,
+            };
+            let mut slab = self.slab(run.slab).lock();
+            let Some(object) = slab.alloc_object() else {
+                drop(slab);
+                self.close_run(zone, run)?;
+                continue;
+            };
+            let b = run.first + run.filled;
+            let pbn = self.pbn(run.slab, b);
+            slab.hold_block(b);
+            if let Some(rec) = slab.rec_mut(object) {
+                *rec = ObjRec {
+                    location: Location::Block { pbn }.encode(),
+                    refcount: 1,
+                    fingerprint: *fingerprint,
+                };
+            }
+            drop(slab);
+            let at = run.filled as usize * BLOCK_BYTES;
+            if let Some(dst) = run.buf.get_mut(at..at + BLOCK_BYTES) {
+                dst.copy_from_slice(block);
+            }
+            run.filled += 1;
+            let object_id = ObjectId(
+                u64::from(run.slab) * u64::from(self.objects_per_slab) + u64::from(object),
+            );
+            if run.filled == run.len {
+                self.close_run(zone, run)?;
+            } else {
+                packer.run = Some(run);
+            }
+            return Ok((object_id, pbn));
+        }
+        Err(EngineError::NoSpace("no room for a whole block".into()))
     }
 
     /// Copy bytes of block `(slab, block)` at `[from, to)` from an open packer block
@@ -202,15 +343,24 @@ impl Inner {
         out: &mut [u8],
     ) -> bool {
         let packer = self.packer(zone).lock();
-        match &packer.open {
-            Some(open) if open.slab == slab && open.block == block => {
+        if let Some(open) = &packer.open {
+            if open.slab == slab && open.block == block {
                 if let Some(src) = open.buf.get(from..from + out.len()) {
                     out.copy_from_slice(src);
                 }
-                true
+                return true;
             }
-            _ => false,
         }
+        if let Some(run) = &packer.run {
+            if run.slab == slab && block >= run.first && block < run.first + run.filled {
+                let at = (block - run.first) as usize * BLOCK_BYTES + from;
+                if let Some(src) = run.buf.get(at..at + out.len()) {
+                    out.copy_from_slice(src);
+                }
+                return true;
+            }
+        }
+        false
     }
 
     /// The zone whose packer has `(slab, block)` open, if any.

@@ -465,8 +465,15 @@ impl Inner {
         out: &mut [u8],
     ) -> Result<()> {
         let s = self.split_object(o).0;
+        let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
         match Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))? {
             Location::Block { pbn } => {
+                let zone = open.first().and_then(|(_, z)| *z);
+                if zone
+                    .is_some_and(|z| self.read_open_block(z, s, (pbn - slab_first) as u32, 0, out))
+                {
+                    return Ok(());
+                }
                 let r = self.data.read_at(out, self.data_offset_bytes + pbn * BLOCK);
                 self.check_io(r)
             }
@@ -571,14 +578,7 @@ impl Inner {
                 v
             }
             None => {
-                let (object, pbn) = self.alloc_whole(zone, fp)?;
-                let r = self
-                    .data
-                    .write_at(block, self.data_offset_bytes + pbn * BLOCK);
-                if let Err(e) = self.check_io(r) {
-                    self.release_object(object);
-                    return Err(e);
-                }
+                let (object, pbn) = self.store_whole(zone, block, fp)?;
                 add(&self.counters.uncompressed_writes, 1);
                 (object, Location::Block { pbn })
             }
@@ -592,35 +592,6 @@ impl Inner {
         });
         self.index.insert(fp, object);
         Ok(object)
-    }
-
-    fn alloc_whole(&self, zone: usize, fp: &[u8; 32]) -> Result<(ObjectId, u64)> {
-        for s in self.slab_order(zone) {
-            let mut slab = self.slab(s).lock();
-            if slab.free_blocks() == 0 || slab.free_objects() == 0 {
-                continue;
-            }
-            let (Some(b), Some(i)) = (slab.alloc_block(), slab.alloc_object()) else {
-                continue;
-            };
-            slab.hold_block(b);
-            let pbn = slab.first_pbn + u64::from(b);
-            if let Some(r) = slab.rec_mut(i) {
-                *r = ObjRec {
-                    location: Location::Block { pbn }.encode(),
-                    refcount: 1,
-                    fingerprint: *fp,
-                };
-            }
-            return Ok((
-                ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)),
-                pbn,
-            ));
-        }
-        Err(EngineError::NoSpace(format!(
-            "all {} data blocks are in use",
-            self.data_blocks
-        )))
     }
 
     /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
