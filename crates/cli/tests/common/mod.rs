@@ -397,7 +397,7 @@ impl Server {
         self.wait_ready(&command);
     }
 
-    /// Waits until both listeners answer an NBD greeting.
+    /// Waits until both listeners answer an NBD greeting and the control socket exists.
     fn wait_ready(&mut self, command: &str) {
         let started = Instant::now();
         loop {
@@ -413,7 +413,12 @@ impl Server {
             let tcp_ok = TcpStream::connect(("127.0.0.1", self.port))
                 .map(|s| greet_and_abort(s).is_ok())
                 .unwrap_or(false);
-            if unix_ok && tcp_ok {
+            // The control socket too: the tests manage volumes while serving.
+            let mut control = self.pool.clone().into_os_string();
+            control.push(".ctl");
+            // Connecting, not just existing: a SIGKILLed server leaves a stale file.
+            let control_ok = UnixStream::connect(Path::new(&control)).is_ok();
+            if unix_ok && tcp_ok && control_ok {
                 return;
             }
             if started.elapsed() > SERVER_START_LIMIT {
