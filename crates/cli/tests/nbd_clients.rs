@@ -963,6 +963,13 @@ fn nbd_client_completes_kernel_style_handshake() {
         "nbd-client negotiated an unknown export:\n{}",
         ran.report()
     );
+    // Where a kernel NBD driver does exist, nbd-client has attached the device: detach it.
+    if Path::new("/dev/nbd0").exists() {
+        let _ = run_with_limit(
+            tool("nbd-client").args(["-d", "/dev/nbd0"]),
+            Duration::from_secs(60),
+        );
+    }
     // The server saw the negotiation through to transmission on `kvol`.
     let log = server.log_text();
     assert!(
@@ -1138,6 +1145,16 @@ fn flushed_data_survives_sigterm_and_sigkill() {
         server.log_text()
     );
     server.spawn();
+    // Ctrl-C (SIGINT) is a clean stop too.
+    qemu_io(&uri, &["write -P 0x66 12M 64K".into()]);
+    let status = server.stop_with(libc::SIGINT);
+    assert!(
+        status.success(),
+        "server exited with {status} after SIGINT\n{}",
+        server.log_text()
+    );
+    server.spawn();
+    qemu_io(&uri, &["read -P 0x66 12M 64K".into()]);
     qemu_io(
         &uri,
         &[

@@ -483,13 +483,22 @@ impl Server {
 
     /// SIGTERM, then waits for the exit (SIGKILL past the limit); returns the status.
     pub fn stop(&mut self) -> ExitStatus {
-        self.signal(libc::SIGTERM);
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Sends `sig` (SIGTERM or SIGINT), then waits for the exit (SIGKILL past the
+    /// limit); returns the status.
+    pub fn stop_with(&mut self, sig: libc::c_int) -> ExitStatus {
+        self.signal(sig);
         let status = self.wait_exit(SERVER_STOP_LIMIT);
         status.unwrap_or_else(|| {
             let mut child = self.child.take().expect("server running");
             let _ = child.kill();
             let _ = child.wait();
-            panic!("server did not exit within {SERVER_STOP_LIMIT:?} of SIGTERM.\n--- server log ---\n{}", self.log_text())
+            panic!(
+                "server did not exit within {SERVER_STOP_LIMIT:?} of signal {sig}.\n--- server log ---\n{}",
+                self.log_text()
+            )
         })
     }
 
