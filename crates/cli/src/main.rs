@@ -72,6 +72,15 @@ pub struct PoolPath {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_));
+    if !serving {
+        // `fewerbytes stats | head` should end quietly when head does, like any Unix
+        // tool. The server keeps Rust's default (SIGPIPE ignored): a client that goes
+        // away must cost an EPIPE on its socket, not the process.
+        // SAFETY: setting a signal disposition to SIG_DFL before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     init_logging(if serving { "info" } else { "warn" });
     let pool = match cli.pool {
         Some(path) => PoolPath {

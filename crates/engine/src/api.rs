@@ -182,8 +182,10 @@ pub struct PoolStats {
     pub data_bytes: u64,
     /// Data blocks in use (whole blocks plus packed blocks), in bytes.
     pub data_used_bytes: u64,
-    /// Data bytes free.
+    /// Data bytes free for new data now.
     pub data_free_bytes: u64,
+    /// Data bytes freed (by trims, overwrites) that become free at the next checkpoint.
+    pub data_freeing_bytes: u64,
     /// Metadata region bytes.
     pub metadata_bytes: u64,
     /// Logical bytes mapped to data across all volumes.

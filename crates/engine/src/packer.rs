@@ -113,6 +113,7 @@ impl Inner {
                 });
             }
         }
+        self.journal.request_checkpoint();
         Err(EngineError::NoSpace("no free data blocks left".into()))
     }
 
@@ -277,6 +278,8 @@ impl Inner {
                 buf: vec![0u8; len as usize * BLOCK_BYTES],
             });
         }
+        // Space freed since the last checkpoint is not reusable before it: ask for one.
+        self.journal.request_checkpoint();
         Err(EngineError::NoSpace(format!(
             "all {} data blocks are in use",
             self.data_blocks

@@ -147,6 +147,11 @@ impl Slab {
         self.blocks_used_count
     }
 
+    /// Blocks freed but not reusable until the next checkpoint.
+    pub fn pending_blocks(&self) -> u32 {
+        self.pending_blocks.len() as u32
+    }
+
     /// The record of object `i` (a free record if its page was never used).
     pub fn rec(&self, i: u32) -> ObjRec {
         let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);

@@ -21,11 +21,15 @@ impl Pool {
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
+        let mut pending_blocks = 0u64;
         let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) =
             (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         for s in 0..i.slab_count {
             let slab = i.slab(s).lock();
-            used_blocks += u64::from(slab.used_blocks());
+            // Blocks freed since the last checkpoint stay allocated until it (their
+            // bytes may still be named by a durable mapping) but are no longer used.
+            used_blocks += u64::from(slab.used_blocks() - slab.pending_blocks());
+            pending_blocks += u64::from(slab.pending_blocks());
             for page in slab.pages.iter().flatten() {
                 for rec in page.recs.iter().filter(|r| r.refcount > 0) {
                     objects += 1;
@@ -71,7 +75,9 @@ impl Pool {
             mode: self.mode(),
             data_bytes: i.data_blocks * BLOCK,
             data_used_bytes,
-            data_free_bytes: (i.data_blocks - used_blocks.min(i.data_blocks)) * BLOCK,
+            data_free_bytes: (i.data_blocks - (used_blocks + pending_blocks).min(i.data_blocks))
+                * BLOCK,
+            data_freeing_bytes: pending_blocks * BLOCK,
             metadata_bytes: info.metadata_bytes,
             logical_used_bytes,
             zero_bytes,

@@ -138,3 +138,87 @@ fn corruption_anywhere_is_detected_or_harmless() {
     assert!(at_open > 0, "no metadata corruption was detected");
     assert!(at_read > 0, "the corrupted data block was not detected");
 }
+
+/// A full pool refuses new data with NoSpace (ENOSPC over NBD), keeps everything it
+/// acknowledged, still accepts duplicates and trims, and after a trim takes new data
+/// again (the trimmed blocks return at the next checkpoint, which the refusal asks for).
+#[test]
+fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
+    use fewerbytes_engine::storage::Storage;
+    use std::sync::Arc;
+    let dev = Arc::new(fewerbytes_engine::storage::FaultStorage::new(
+        "data",
+        64 << 20,
+    ));
+    let opts = fewerbytes_engine::CreateOptions {
+        overcommit: true,
+        ..Default::default()
+    };
+    fewerbytes_engine::Pool::format(dev.clone() as Arc<dyn Storage>, None, None, &opts).unwrap();
+    let pool = fewerbytes_engine::Pool::open_devices(
+        dev as Arc<dyn Storage>,
+        None,
+        &fewerbytes_engine::OpenOptions { threads: Some(1) },
+    )
+    .unwrap();
+    let data_blocks = pool.info().data_bytes / BLOCK as u64;
+    pool.create_volume("big", 2 * data_blocks * BLOCK as u64)
+        .unwrap();
+    let vol = pool.open_volume("big").unwrap();
+    let block_of = |i: u64| {
+        let mut b = vec![0u8; BLOCK];
+        rand::RngCore::fill_bytes(
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(i),
+            &mut b,
+        );
+        b
+    };
+    let mut written = 0u64;
+    let err = loop {
+        match vol.write(written * BLOCK as u64, &block_of(written), false) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            written <= data_blocks,
+            "more blocks stored than the pool holds"
+        );
+    };
+    assert!(
+        matches!(err, EngineError::NoSpace(_)),
+        "a full pool must say so, got {err}"
+    );
+    assert_eq!(err.errno(), 28, "NBD clients see ENOSPC");
+    assert!(
+        written > data_blocks * 9 / 10,
+        "only {written} of {data_blocks} blocks stored before the pool was full"
+    );
+    vol.flush().unwrap();
+    // A duplicate still fits: it stores nothing.
+    vol.write((written + 1) * BLOCK as u64, &block_of(0), false)
+        .unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for i in (0..written).step_by(97) {
+        vol.read(i * BLOCK as u64, &mut buf).unwrap();
+        assert!(
+            buf == block_of(i),
+            "block {i} changed after the pool filled"
+        );
+    }
+    vol.trim(0, (written / 2) * BLOCK as u64, false).unwrap();
+    let mut accepted = false;
+    for attempt in 0..50 {
+        match vol.write(written * BLOCK as u64, &block_of(1_000_000), false) {
+            Ok(()) => {
+                accepted = true;
+                break;
+            }
+            Err(EngineError::NoSpace(_)) => {
+                std::thread::sleep(std::time::Duration::from_millis(20 * (attempt + 1)))
+            }
+            Err(e) => panic!("unexpected error after trim: {e}"),
+        }
+    }
+    assert!(accepted, "trimmed space never came back");
+    assert!(pool.audit().problems.is_empty());
+}
