@@ -9,84 +9,17 @@
 
 mod common;
 
+use common::data::*;
+use common::fuse_loop::FuseLoopStack;
+use common::libnbd::*;
+use common::nbdinfo::*;
 use common::*;
-use serde_json::Value;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-fn json(ran: &Ran) -> Value {
-    serde_json::from_str(&ran.stdout)
-        .unwrap_or_else(|e| panic!("output is not JSON ({e}):\n{}", ran.report()))
-}
-
-fn nbdinfo_json(uri: &str) -> Value {
-    json(&run_ok(tool("nbdinfo").args(["--json", uri])))
-}
-
-fn first_export(info: &Value) -> &Value {
-    &info["exports"][0]
-}
-
-/// The exports `nbdinfo --list --json` reports, by name.
-fn listed_exports(uri: &str) -> BTreeMap<String, Value> {
-    let info = json(&run_ok(tool("nbdinfo").args(["--list", "--json", uri])));
-    info["exports"]
-        .as_array()
-        .unwrap_or_else(|| panic!("nbdinfo --list --json has no exports array: {info}"))
-        .iter()
-        .map(|e| {
-            (
-                e["export-name"].as_str().unwrap_or_default().to_string(),
-                e.clone(),
-            )
-        })
-        .collect()
-}
-
-/// Extents from `nbdinfo --map --json` as (offset, length, type).
-fn map_extents(uri: &str) -> Vec<(u64, u64, u64)> {
-    let ran = run_ok(tool("nbdinfo").args(["--map", "--json", uri]));
-    json(&ran)
-        .as_array()
-        .unwrap_or_else(|| panic!("nbdinfo --map --json is not a list:\n{}", ran.report()))
-        .iter()
-        .map(|e| {
-            (
-                e["offset"].as_u64().expect("offset"),
-                e["length"].as_u64().expect("length"),
-                e["type"].as_u64().expect("type"),
-            )
-        })
-        .collect()
-}
-
-/// The base:allocation type of every 4 KiB block in `[offset, offset+len)`, checked
-/// against `want(type)`.
-fn assert_map(
-    extents: &[(u64, u64, u64)],
-    offset: u64,
-    len: u64,
-    what: &str,
-    want: impl Fn(u64) -> bool,
-) {
-    let mut pos = offset;
-    while pos < offset + len {
-        let (start, length, kind) = *extents
-            .iter()
-            .find(|(s, l, _)| *s <= pos && pos < s + l)
-            .unwrap_or_else(|| panic!("no extent covers offset {pos} ({what}); map: {extents:?}"));
-        assert!(
-            want(kind),
-            "{what}: offset {pos} is in extent {start}+{length} of type {kind}; map: {extents:?}"
-        );
-        pos = start + length;
-    }
-}
 
 #[test]
 fn nbdinfo_sees_negotiated_export_and_lists_every_volume() {
@@ -707,106 +640,6 @@ fn block_status_shows_holes_after_trim_and_write_zeroes() {
     assert_eq!(trimmed["data"], false, "{trimmed}");
 }
 
-/// Everything mounted or attached for the ext4 test, undone in reverse on drop even
-/// when the test fails half way.
-struct FuseLoopStack {
-    fuse_dir: PathBuf,
-    mount_dir: PathBuf,
-    nbdfuse: Option<Child>,
-    loop_dev: Option<String>,
-    mounted: bool,
-}
-
-impl FuseLoopStack {
-    fn umount_fs(&mut self) {
-        if self.mounted {
-            let ran = run_with_limit(tool("umount").arg(&self.mount_dir), CLIENT_LIMIT);
-            if !ran.status.success() {
-                let _ = run_with_limit(tool("umount").arg("-l").arg(&self.mount_dir), CLIENT_LIMIT);
-            }
-            self.mounted = false;
-        }
-    }
-}
-
-impl Drop for FuseLoopStack {
-    fn drop(&mut self) {
-        self.umount_fs();
-        if let Some(dev) = self.loop_dev.take() {
-            let _ = run_with_limit(tool("losetup").args(["-d", &dev]), CLIENT_LIMIT);
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            let ran = run_with_limit(tool("umount").arg(&self.fuse_dir), CLIENT_LIMIT);
-            if !ran.status.success() {
-                let _ = run_with_limit(tool("umount").arg("-l").arg(&self.fuse_dir), CLIENT_LIMIT);
-            }
-            for _ in 0..100 {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// A tree of generated files: text, random, duplicates of each other, sparse-ish
-/// zeros, nested directories. Returns the relative path and content of each.
-fn generated_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut rng = Rng::new(0x00E7_4000);
-    let mut files = BTreeMap::new();
-    let file_count = if soak() { 2000 } else { 400 };
-    for i in 0..file_count {
-        let rel = PathBuf::from(format!("d{}/s{}/f{i:04}.bin", i % 7, i % 13));
-        let len = usize::try_from(match i % 5 {
-            0 => rng.below(4096),
-            1 => 4096 * (1 + rng.below(16)),
-            2 => rng.below(300_000),
-            3 => 1 + rng.below(64 * 1024),
-            _ => 512 * (1 + rng.below(1024)),
-        })
-        .expect("small length");
-        let content: Vec<u8> = match i % 4 {
-            0 => {
-                let mut v = vec![0u8; len];
-                rng.fill(&mut v);
-                v
-            }
-            1 => (0..len.div_ceil(4096))
-                .flat_map(|b| compressible_block(i * 31 + b as u64))
-                .take(len)
-                .collect(),
-            // Duplicates of an earlier file's start (dedup within the file system).
-            2 => files.values().next().map_or_else(
-                || vec![7u8; len],
-                |v: &Vec<u8>| v.iter().copied().cycle().take(len).collect(),
-            ),
-            _ => vec![0u8; len],
-        };
-        let path = root.join(&rel);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir in ext4");
-        std::fs::write(&path, &content).expect("write file in ext4");
-        files.insert(rel, content);
-    }
-    files
-}
-
-fn assert_tree(root: &Path, files: &BTreeMap<PathBuf, Vec<u8>>, when: &str) {
-    for (rel, content) in files {
-        let got = std::fs::read(root.join(rel))
-            .unwrap_or_else(|e| panic!("{when}: cannot read {}: {e}", rel.display()));
-        assert!(
-            got == *content,
-            "{when}: {} differs ({} bytes read, {} expected)",
-            rel.display(),
-            got.len(),
-            content.len()
-        );
-    }
-}
-
 #[test]
 fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
     let dir = TempDir::new("ext4");
@@ -981,79 +814,6 @@ fn nbd_client_completes_kernel_style_handshake() {
     nbdinfo_json(&server.tcp_uri("kvol"));
 }
 
-/// A Python script run with Debian's python3 and libnbd's bindings.
-fn python_nbd(script: &str, args: &[&str]) -> Ran {
-    let python = system_python();
-    let mut cmd = Command::new(python);
-    cmd.arg("-c").arg(script).args(args);
-    let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
-    assert!(
-        ran.status.success(),
-        "libnbd script failed:\n{}",
-        ran.report()
-    );
-    ran
-}
-
-const BAD_REQUESTS_PY: &str = r#"
-import errno, sys, nbd
-uri = sys.argv[1]
-def connect():
-    h = nbd.NBD()
-    h.set_strict_mode(0)   # send what the server must refuse
-    h.connect_uri(uri)
-    return h
-h = connect()
-size = h.get_size()
-h.pwrite(b"\xa5" * 4096, 0)
-failures = []
-def check(name, fn, allowed, may_disconnect=False):
-    global h
-    try:
-        fn()
-        failures.append(f"{name}: succeeded, expected {allowed}")
-    except nbd.Error as e:
-        code = errno.errorcode.get(e.errno, str(e.errno))
-        if code not in allowed:
-            if may_disconnect and not h.aio_is_ready():
-                print(f"{name}: server disconnected (allowed): {e.string}")
-                h = connect()
-                return
-            failures.append(f"{name}: got {code} ({e.string}), expected {allowed}")
-        else:
-            print(f"{name}: {code}")
-    # The connection must still work.
-    try:
-        if h.pread(4096, 0) != b"\xa5" * 4096:
-            failures.append(f"after {name}: read back wrong data")
-    except nbd.Error as e:
-        failures.append(f"after {name}: connection unusable: {e.string}")
-        h = connect()
-MiB = 1024 * 1024
-check("read past end", lambda: h.pread(4096, size), ["EINVAL"])
-check("read straddling end", lambda: h.pread(8192, size - 4096), ["EINVAL"])
-check("write past end", lambda: h.pwrite(b"x" * 4096, size), ["EINVAL", "ENOSPC"])
-check("write straddling end", lambda: h.pwrite(b"x" * 8192, size - 4096), ["EINVAL", "ENOSPC"])
-check("trim past end", lambda: h.trim(4096, size), ["EINVAL", "ENOSPC"])
-check("write-zeroes past end", lambda: h.zero(4096, size), ["EINVAL", "ENOSPC"])
-check("block-status past end", lambda: h.block_status(4096, size, lambda *a: 0), ["EINVAL"])
-check("read offset near 2^64", lambda: h.pread(4096, (1 << 64) - 4096), ["EINVAL"])
-check("unaligned read", lambda: h.pread(100, 1), ["EINVAL"])
-check("unaligned write", lambda: h.pwrite(b"y" * 100, 1), ["EINVAL"])
-check("unaligned trim", lambda: h.trim(100, 4097), ["EINVAL"])
-check("read longer than maximum", lambda: h.pread(33 * MiB, 0), ["EINVAL", "EOVERFLOW"])
-check("write longer than maximum", lambda: h.pwrite(b"z" * (33 * MiB), 0), ["EINVAL", "ENOSPC", "EOVERFLOW"], may_disconnect=True)
-# A good request at the very end still works, and the data written first is intact.
-h.pwrite(b"\x5a" * 4096, size - 4096)
-assert h.pread(4096, size - 4096) == b"\x5a" * 4096
-h.flush()
-h.shutdown()
-if failures:
-    print("FAILURES:\n" + "\n".join(failures))
-    sys.exit(1)
-print("all refused as expected")
-"#;
-
 #[test]
 fn nbdsh_bad_requests_get_errors_and_connection_survives() {
     let dir = TempDir::new("bad");
@@ -1074,32 +834,6 @@ fn nbdsh_bad_requests_get_errors_and_connection_survives() {
         ],
     );
 }
-
-const READ_ONLY_PY: &str = r#"
-import errno, sys, nbd
-h = nbd.NBD()
-h.set_strict_mode(0)
-h.connect_uri(sys.argv[1])
-assert h.is_read_only(), "read-only flag not advertised"
-failures = []
-for name, fn in [("write", lambda: h.pwrite(b"x" * 4096, 0)),
-                 ("trim", lambda: h.trim(4096, 0)),
-                 ("write-zeroes", lambda: h.zero(4096, 0))]:
-    try:
-        fn()
-        failures.append(f"{name} succeeded on a read-only export")
-    except nbd.Error as e:
-        code = errno.errorcode.get(e.errno, str(e.errno))
-        if code != "EPERM":
-            failures.append(f"{name}: got {code} ({e.string}), expected EPERM")
-    if h.pread(4096, 0) != b"\x3c" * 4096:
-        failures.append(f"after {name}: data changed or connection lost")
-h.shutdown()
-if failures:
-    print("FAILURES:\n" + "\n".join(failures))
-    sys.exit(1)
-print("read-only ok")
-"#;
 
 #[test]
 fn read_only_serve_refuses_writes_with_eperm() {
@@ -1201,58 +935,6 @@ fn flushed_data_survives_sigterm_and_sigkill() {
     );
 }
 
-/// A libnbd Python script that connects, does its work, prints one line starting
-/// with `ready`, then holds its connections open until its stdin closes.
-struct HeldConnection {
-    child: Child,
-}
-
-impl HeldConnection {
-    fn open(uri: &str) -> HeldConnection {
-        HeldConnection::run(
-            "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nprint('ready', h.get_size(), flush=True)\nsys.stdin.read()\n",
-            uri,
-        )
-    }
-
-    fn run(script: &str, uri: &str) -> HeldConnection {
-        let python = system_python();
-        let mut child = Command::new(python)
-            .arg("-c")
-            .arg(script)
-            .arg(uri)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start held connection");
-        let mut line = String::new();
-        use std::io::BufRead;
-        let stdout = child.stdout.take().expect("stdout");
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read from held connection");
-        assert!(
-            line.starts_with("ready"),
-            "libnbd client on {uri} failed before it was ready: {line:?}"
-        );
-        HeldConnection { child }
-    }
-}
-
-const MULTI_CONN_PY: &str = r#"
-import nbd, sys
-a = nbd.NBD(); a.connect_uri(sys.argv[1])
-b = nbd.NBD(); b.connect_uri(sys.argv[1])
-assert a.can_multi_conn(), "CAN_MULTI_CONN not advertised"
-a.pwrite(b"\x71" * 65536, 0)          # acknowledged on connection a, never flushed there
-a.pwrite(b"\x73" * 4096, 3 << 20, nbd.CMD_FLAG_FUA)  # FUA: durable on its own
-b.pwrite(b"\x72" * 4096, 1 << 20)
-b.flush()                               # must cover a's acknowledged write too
-print("ready", flush=True)
-sys.stdin.read()                        # keep both connections open: no DISC, no close-time flush
-"#;
-
 #[test]
 fn flush_on_one_connection_makes_every_connections_writes_durable() {
     let dir = TempDir::new("mconn");
@@ -1271,14 +953,6 @@ fn flush_on_one_connection_makes_every_connections_writes_durable() {
             "read -P 0x73 3M 4096".into(),
         ],
     );
-}
-
-impl Drop for HeldConnection {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

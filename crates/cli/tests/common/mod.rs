@@ -10,6 +10,11 @@
     reason = "each test binary uses a different subset of the harness"
 )]
 
+pub mod data;
+pub mod fuse_loop;
+pub mod libnbd;
+pub mod nbdinfo;
+
 use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -94,22 +99,6 @@ pub fn require_tool(tool: &str) -> PathBuf {
          run scripts/test.sh, which installs every client the NBD tests use",
         package_of(tool)
     );
-}
-
-/// Debian's own python3, which has libnbd's `nbd` module (a pyenv python may not).
-pub fn system_python() -> PathBuf {
-    let python = require_tool("/usr/bin/python3");
-    let out = Command::new(&python)
-        .args(["-c", "import nbd"])
-        .output()
-        .expect("run /usr/bin/python3");
-    assert!(
-        out.status.success(),
-        "/usr/bin/python3 cannot import libnbd's `nbd` module (Debian package python3-libnbd); \
-         run scripts/test.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    python
 }
 
 /// A directory removed when dropped.
@@ -585,111 +574,6 @@ pub fn greet_and_abort<S: Read + Write>(mut stream: S) -> std::io::Result<()> {
     let mut reply = [0u8; 20];
     let _ = stream.read(&mut reply);
     Ok(())
-}
-
-/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded generator; a zero seed is replaced by a fixed odd constant.
-    pub fn new(seed: u64) -> Rng {
-        Rng(if seed == 0 {
-            0x9E37_79B9_7F4A_7C15
-        } else {
-            seed
-        })
-    }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Fills `buf` with random bytes.
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-
-    /// A value in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// A 4 KiB block of text-like, compressible content, different for each `seed`.
-pub fn compressible_block(seed: u64) -> Vec<u8> {
-    const WORDS: [&str; 12] = [
-        "block ",
-        "volume ",
-        "pool ",
-        "dedup ",
-        "journal ",
-        "slab ",
-        "fewerbytes ",
-        "qemu ",
-        "guest ",
-        "flush ",
-        "\n",
-        "4096 ",
-    ];
-    let mut rng = Rng::new(seed.wrapping_mul(2_654_435_761).wrapping_add(1));
-    let mut out = Vec::with_capacity(4096);
-    out.extend_from_slice(format!("seed {seed:016x} ").as_bytes());
-    while out.len() < 4096 {
-        let word = WORDS[usize::try_from(rng.below(WORDS.len() as u64)).expect("small index")];
-        out.extend_from_slice(word.as_bytes());
-    }
-    out.truncate(4096);
-    out
-}
-
-/// A raw image of `blocks` 4 KiB blocks mixing zeros, duplicates of a few template
-/// blocks, compressible text and random data, in runs so that both large and small
-/// extents of each kind occur.
-pub fn mixed_image(blocks: u64, seed: u64) -> Vec<u8> {
-    let mut rng = Rng::new(seed);
-    let mut templates = Vec::new();
-    for t in 0..8 {
-        let mut block = vec![0u8; 4096];
-        if t % 2 == 0 {
-            rng.fill(&mut block);
-        } else {
-            block = compressible_block(seed ^ (1000 + t));
-        }
-        templates.push(block);
-    }
-    let mut image = Vec::with_capacity(usize::try_from(blocks * 4096).expect("image fits memory"));
-    let mut lbn = 0;
-    while lbn < blocks {
-        let run = (1 + rng.below(64)).min(blocks - lbn);
-        let kind = rng.below(4);
-        for _ in 0..run {
-            match kind {
-                0 => image.extend_from_slice(&[0u8; 4096]),
-                1 => {
-                    let t =
-                        usize::try_from(rng.below(templates.len() as u64)).expect("small index");
-                    image.extend_from_slice(&templates[t]);
-                }
-                2 => image.extend_from_slice(&compressible_block(rng.next_u64())),
-                _ => {
-                    let mut block = vec![0u8; 4096];
-                    rng.fill(&mut block);
-                    image.extend_from_slice(&block);
-                }
-            }
-        }
-        lbn += run;
-    }
-    image
 }
 
 /// `text` without ANSI escape sequences (`ESC [ ... letter`).
