@@ -115,17 +115,14 @@ impl Geometry {
                         "internal sizing error: page store too small".into(),
                     ));
                 }
-                Geometry {
+                Geometry::laid_out(
                     data_blocks,
-                    data_offset_bytes: data_start * BLOCK_BYTES as u64,
-                    slab_count: 0,
-                    objects_per_slab: objects_per_slab(),
+                    data_start,
                     journal_start_block,
                     journal_blocks,
-                    pages_start_block: journal_start_block + journal_blocks,
                     page_slots,
-                    addressable_blocks: data_blocks * factor,
-                }
+                    factor,
+                )
             }
             Some(meta_blocks) => {
                 let data_start = DATA_ALIGN_BLOCKS; // block 0 holds the label; data from 1 MiB
@@ -140,17 +137,14 @@ impl Geometry {
                         human_bytes(need * BLOCK_BYTES as u64)
                     )));
                 }
-                Geometry {
+                Geometry::laid_out(
                     data_blocks,
-                    data_offset_bytes: data_start * BLOCK_BYTES as u64,
-                    slab_count: 0,
-                    objects_per_slab: objects_per_slab(),
+                    data_start,
                     journal_start_block,
                     journal_blocks,
-                    pages_start_block: journal_start_block + journal_blocks,
                     page_slots,
-                    addressable_blocks: data_blocks * factor,
-                }
+                    factor,
+                )
             }
         };
         let slab_count = geometry.data_blocks.div_ceil(u64::from(SLAB_BLOCKS));
@@ -169,6 +163,28 @@ impl Geometry {
             slab_count: slab_count as u32,
             ..geometry
         })
+    }
+
+    /// The geometry of regions placed at these blocks (slab count filled in by `compute`).
+    fn laid_out(
+        data_blocks: u64,
+        data_start: u64,
+        journal_start_block: u64,
+        journal_blocks: u64,
+        page_slots: u64,
+        factor: u64,
+    ) -> Self {
+        Geometry {
+            data_blocks,
+            data_offset_bytes: data_start * BLOCK_BYTES as u64,
+            slab_count: 0,
+            objects_per_slab: objects_per_slab(),
+            journal_start_block,
+            journal_blocks,
+            pages_start_block: journal_start_block + journal_blocks,
+            page_slots,
+            addressable_blocks: data_blocks * factor,
+        }
     }
 
     /// Metadata blocks needed on a separate metadata device for this data device.

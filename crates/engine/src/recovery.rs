@@ -77,12 +77,7 @@ impl Inner {
                     }
                 }
                 Record::MapSet { volume, lbn, entry } => {
-                    let vol = vols
-                        .get(usize::from(volume))
-                        .and_then(|v| v.as_ref())
-                        .ok_or_else(|| {
-                            corrupt(format!("record {n}: no volume in slot {volume}"))
-                        })?;
+                    let vol = volume_in(&vols, volume, n)?;
                     if lbn >= vol.size_blocks()
                         || entry.object().is_some_and(|o| !self.valid_object(o))
                     {
@@ -105,12 +100,7 @@ impl Inner {
                     count,
                     entry,
                 } => {
-                    let vol = vols
-                        .get(usize::from(volume))
-                        .and_then(|v| v.as_ref())
-                        .ok_or_else(|| {
-                            corrupt(format!("record {n}: no volume in slot {volume}"))
-                        })?;
+                    let vol = volume_in(&vols, volume, n)?;
                     if lbn
                         .checked_add(count)
                         .is_none_or(|end| end > vol.size_blocks())
@@ -217,6 +207,17 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// The volume a record names by slot.
+fn volume_in(
+    vols: &[Option<std::sync::Arc<crate::block_map::VolumeState>>],
+    slot: u16,
+    record: usize,
+) -> Result<&crate::block_map::VolumeState> {
+    vols.get(usize::from(slot))
+        .and_then(|v| v.as_deref())
+        .ok_or_else(|| corrupt(format!("record {record}: no volume in slot {slot}")))
 }
 
 /// What a range operation makes of an entry: trim unmaps everything; write-zeroes

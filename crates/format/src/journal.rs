@@ -4,7 +4,7 @@
 //! acknowledged.
 
 use crate::location::MapEntry;
-use crate::{seal_checksum, verify_checksum, FormatError, Reader, Writer, SECTOR_BYTES};
+use crate::{check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, SECTOR_BYTES};
 
 /// "FBJS".
 pub const SECTOR_MAGIC: u32 = 0x534a_4246;
@@ -181,31 +181,8 @@ pub fn encode_sector(header: &SectorHeader, records: &[u8], out: &mut [u8; SECTO
 /// Decode a sector; returns its header and records.
 pub fn decode_sector(bytes: &[u8], nonce: u64) -> Result<(SectorHeader, Vec<Record>), FormatError> {
     let what = "journal sector";
-    if bytes.len() != SECTOR_BYTES {
-        return Err(FormatError::Truncated {
-            what,
-            got: bytes.len(),
-            need: SECTOR_BYTES,
-        });
-    }
-    let mut r = Reader::new(what, bytes);
-    let magic = r.u32()?;
-    if magic != SECTOR_MAGIC {
-        return Err(FormatError::BadMagic {
-            what,
-            found: u64::from(magic),
-        });
-    }
-    verify_checksum(what, bytes, CRC_OFFSET)?;
-    r.u32()?;
-    let found_nonce = r.u64()?;
-    if found_nonce != nonce {
-        return Err(FormatError::WrongPool {
-            what,
-            found: found_nonce,
-            expected: nonce,
-        });
-    }
+    let mut r = open_block(what, bytes, SECTOR_BYTES, SECTOR_MAGIC)?;
+    check_nonce(what, r.u64()?, nonce)?;
     let seq = r.u64()?;
     let open_gen = r.u32()?;
     let used = r.u16()?;

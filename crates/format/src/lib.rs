@@ -133,3 +133,43 @@ pub fn seal_checksum(bytes: &mut [u8], crc_offset: usize) {
         dst.copy_from_slice(&crc.to_le_bytes());
     }
 }
+
+/// Start decoding a block that begins with a u32 magic followed by its u32 crc:
+/// check its length, magic and checksum, and return a reader just past the crc.
+pub fn open_block<'a>(
+    what: &'static str,
+    bytes: &'a [u8],
+    len: usize,
+    magic: u32,
+) -> Result<Reader<'a>, FormatError> {
+    if bytes.len() != len {
+        return Err(FormatError::Truncated {
+            what,
+            got: bytes.len(),
+            need: len,
+        });
+    }
+    let mut r = Reader::new(what, bytes);
+    let found = r.u32()?;
+    if found != magic {
+        return Err(FormatError::BadMagic {
+            what,
+            found: u64::from(found),
+        });
+    }
+    verify_checksum(what, bytes, 4)?;
+    r.u32()?;
+    Ok(r)
+}
+
+/// A block of another pool is refused.
+pub fn check_nonce(what: &'static str, found: u64, expected: u64) -> Result<(), FormatError> {
+    if found != expected {
+        return Err(FormatError::WrongPool {
+            what,
+            found,
+            expected,
+        });
+    }
+    Ok(())
+}

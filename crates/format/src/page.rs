@@ -3,7 +3,8 @@
 //! slot, the checkpoint generation that wrote it, its kind, owner and index.
 
 use crate::{
-    seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
+    check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, BLOCK_BYTES,
+    FORMAT_VERSION,
 };
 
 /// "FBPG".
@@ -114,22 +115,7 @@ pub fn decode_page(
     slot: u64,
 ) -> Result<(PageHeader, &[u8]), FormatError> {
     let what = kind.name();
-    if bytes.len() != BLOCK_BYTES {
-        return Err(FormatError::Truncated {
-            what,
-            got: bytes.len(),
-            need: BLOCK_BYTES,
-        });
-    }
-    let mut r = Reader::new(what, bytes);
-    let magic = r.u32()?;
-    if magic != PAGE_MAGIC {
-        return Err(FormatError::BadMagic {
-            what,
-            found: u64::from(magic),
-        });
-    }
-    verify_checksum(what, bytes, CRC_OFFSET)?;
+    let mut r = open_block(what, bytes, BLOCK_BYTES, PAGE_MAGIC)?;
     r.seek(8);
     let version = u32::from(r.u8()?);
     if version != FORMAT_VERSION {
@@ -148,14 +134,7 @@ pub fn decode_page(
     }
     r.u16()?;
     let count = r.u32()?;
-    let found_nonce = r.u64()?;
-    if found_nonce != nonce {
-        return Err(FormatError::WrongPool {
-            what,
-            found: found_nonce,
-            expected: nonce,
-        });
-    }
+    check_nonce(what, r.u64()?, nonce)?;
     let found_slot = r.u64()?;
     if found_slot != slot {
         return Err(FormatError::WrongAddress {
