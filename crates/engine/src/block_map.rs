@@ -35,8 +35,8 @@ impl MapPage {
         )
     }
 
-    /// Set entry `i`; returns the old entry.
-    pub fn set(&mut self, i: usize, entry: MapEntry) -> MapEntry {
+    /// Set entry `i`; returns the old entry. A page that turns dirty counts in `dirty_pages`.
+    pub fn set(&mut self, i: usize, entry: MapEntry, dirty_pages: &AtomicU64) -> MapEntry {
         let entries = self
             .entries
             .get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
@@ -48,7 +48,10 @@ impl MapPage {
         if let Some(e) = entries.get_mut(i) {
             *e = entry.encode();
         }
-        self.dirty = true;
+        if !self.dirty {
+            self.dirty = true;
+            dirty_pages.fetch_add(1, Ordering::Relaxed);
+        }
         old
     }
 }

@@ -126,9 +126,12 @@ impl Inner {
     }
 
     fn new_slot(&self, store: &mut PageStore) -> Result<u32> {
-        store
-            .alloc()
-            .ok_or_else(|| EngineError::NoSpace("the metadata page store is full".into()))
+        // Sizing and the dirty-page trigger keep this from happening; if it does, the
+        // checkpoint cannot complete, and the pool must stop taking writes rather
+        // than retry forever.
+        store.alloc().ok_or_else(|| {
+            EngineError::NoSpace("the metadata page store has no free slot for a checkpoint".into())
+        })
     }
 
     /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
@@ -155,7 +158,9 @@ impl Inner {
         let snapshot = match self.snapshot() {
             Ok(s) => s,
             Err(e) => {
-                self.latch(&e);
+                // A checkpoint that cannot be taken cannot be retried into success:
+                // stop taking writes (journal space would never come back).
+                self.latch_with(format!("latched read-only: a checkpoint failed: {e}"));
                 return Err(e);
             }
         };
@@ -192,6 +197,8 @@ impl Inner {
     /// Encode every dirty page into fresh slots. Runs with the gate held.
     fn snapshot(&self) -> Result<Snapshot> {
         let generation = self.sb.lock().generation + 1;
+        // Every page dirty now is written by this snapshot.
+        self.dirty_pages.store(0, Ordering::Relaxed);
         let mut store = self.page_store.lock();
         let mut pages = Vec::new();
         let mut old_slots = std::mem::take(&mut *self.slots_to_free.lock());

@@ -100,6 +100,10 @@ pub(crate) struct Inner {
     pub commits: AtomicU64,
     pub threads: usize,
     pub closed: AtomicBool,
+    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
+    /// page-store slot at the next checkpoint, so their number is bounded (see
+    /// `wants_checkpoint`).
+    pub dirty_pages: Arc<AtomicU64>,
 }
 
 impl Inner {
@@ -132,10 +136,14 @@ impl Inner {
     }
 
     pub fn latch(&self, err: &EngineError) {
-        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. })
-            && !self.read_only.swap(true, Ordering::SeqCst)
-        {
-            let why = format!("latched read-only after: {err}");
+        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. }) {
+            self.latch_with(format!("latched read-only after: {err}"));
+        }
+    }
+
+    /// Latch the pool read-only for `why` (the first reason wins).
+    pub fn latch_with(&self, why: String) {
+        if !self.read_only.swap(true, Ordering::SeqCst) {
             tracing::error!("{why}");
             *self.read_only_reason.lock() = why.clone();
             self.journal.fail(why);
@@ -198,7 +206,9 @@ impl Inner {
             match self.journal.next_work() {
                 Work::Shutdown => return,
                 Work::Commit => {
-                    if self.commit().is_ok() && self.journal.wants_checkpoint() {
+                    if self.commit().is_ok()
+                        && (self.journal.wants_checkpoint() || self.page_store_pressed())
+                    {
                         self.journal.request_checkpoint();
                     }
                 }
@@ -209,6 +219,15 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Whether dirty pages would soon need more fresh slots than the page store has
+    /// free: a checkpoint then, well before a snapshot could run out of slots.
+    pub fn page_store_pressed(&self) -> bool {
+        let free = self
+            .page_slots
+            .saturating_sub(self.page_store.lock().used());
+        self.dirty_pages.load(Ordering::Relaxed) * 2 > free
     }
 
     pub fn volume_by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
@@ -513,11 +532,18 @@ impl Pool {
             })
             .clamp(1, 64);
         let zones = threads.min(sb.slab_count as usize).max(1);
+        let dirty_pages = Arc::new(AtomicU64::new(0));
         let slabs = (0..sb.slab_count)
             .map(|s| {
                 let first = u64::from(s) * u64::from(sb.slab_blocks);
                 let blocks = (sb.data_blocks - first).min(u64::from(sb.slab_blocks)) as u32;
-                Mutex::new(Slab::new(s, first, blocks, sb.objects_per_slab))
+                Mutex::new(Slab::new(
+                    s,
+                    first,
+                    blocks,
+                    sb.objects_per_slab,
+                    dirty_pages.clone(),
+                ))
             })
             .collect();
         let open_gen = sb.open_gen;
@@ -572,6 +598,7 @@ impl Pool {
             commits: AtomicU64::new(0),
             threads,
             closed: AtomicBool::new(false),
+            dirty_pages,
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -827,6 +854,7 @@ impl Pool {
                             let old_entry = page.set(
                                 (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
                                 fewerbytes_format::location::MapEntry::Unmapped,
+                                &i.dirty_pages,
                             );
                             vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
                             released.extend(old_entry.object());
@@ -886,6 +914,7 @@ impl Pool {
                     let mut q = q.lock();
                     q.entries = Some(entries.clone());
                     q.dirty = true;
+                    i.dirty_pages.fetch_add(1, Ordering::Relaxed);
                     shared.extend(entries.iter().filter_map(|e| {
                         fewerbytes_format::location::MapEntry::decode(*e).object()
                     }));

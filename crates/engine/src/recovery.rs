@@ -91,7 +91,7 @@ impl Inner {
                         .get((lbn / ENTRIES_PER_PAGE) as usize)
                         .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
                         .lock();
-                    let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
+                    let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry, &self.dirty_pages);
                     change(&mut deltas, old, entry);
                 }
                 Record::RangeSet {
@@ -120,7 +120,7 @@ impl Inner {
                             let i = (l % ENTRIES_PER_PAGE) as usize;
                             let old = page.get(i);
                             if let Some(new) = range_result(old, entry) {
-                                page.set(i, new);
+                                page.set(i, new, &self.dirty_pages);
                                 change(&mut deltas, old, new);
                             }
                         }

@@ -107,11 +107,19 @@ pub struct Slab {
     pending_blocks: Vec<u32>,
     /// Blocks open in a packer, and which zone's packer (for reads of unwritten bytes).
     pub open_blocks: Vec<(u32, usize)>,
+    /// Pages of the pool turned dirty since the last checkpoint (shared pool-wide).
+    dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Slab {
     /// An empty slab.
-    pub fn new(index: u32, first_pbn: u64, blocks: u32, objects: u32) -> Self {
+    pub fn new(
+        index: u32,
+        first_pbn: u64,
+        blocks: u32,
+        objects: u32,
+        dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
         Slab {
             index,
             first_pbn,
@@ -127,6 +135,7 @@ impl Slab {
             pending_objects: Vec::new(),
             pending_blocks: Vec::new(),
             open_blocks: Vec::new(),
+            dirty_pages,
         }
     }
 
@@ -170,7 +179,11 @@ impl Slab {
             dirty: false,
             slot: 0,
         });
-        page.dirty = true;
+        if !page.dirty {
+            page.dirty = true;
+            self.dirty_pages
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         page.recs.get_mut(r)
     }
 
@@ -328,7 +341,7 @@ mod tests {
 
     #[test]
     fn freed_block_is_not_reused_before_release() {
-        let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32);
+        let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
         let b = slab.alloc_block().unwrap();
         let o = slab.alloc_object().unwrap();
         *slab.rec_mut(o).unwrap() = ObjRec {

@@ -313,7 +313,7 @@ impl Volume {
                         let i = (l % ENTRIES_PER_PAGE) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new);
+                            page.set(i, new, &inner.dirty_pages);
                             vol.account(old, new);
                             released.extend(old.object());
                             changed = true;
@@ -633,7 +633,7 @@ impl Inner {
                 return Err(EngineError::VolumeGone(vol.name.clone()));
             };
             let mut page = page.lock();
-            let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry);
+            let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry, &self.dirty_pages);
             // Appended under the page lock: journal order matches map order per block.
             self.journal.append(&Record::MapSet {
                 volume: vol.slot,
