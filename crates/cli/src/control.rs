@@ -286,8 +286,41 @@ pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T
         tracing::debug!("using the server on {}", client.path().display());
         return body(&PoolHandle::Served(client));
     }
-    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+    let pool = match open_pool(pool_path, &OpenOptions::default()) {
+        Ok(pool) => pool,
+        Err(e) if is_locked(&e) => {
+            // A server that is starting holds the pool before its control socket
+            // listens: wait for the socket rather than fail.
+            for _ in 0..CONTROL_WAIT_STEPS {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if let Some(client) = ControlClient::probe(pool_path)? {
+                    return body(&PoolHandle::Served(client));
+                }
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    run_and_close(pool_path, pool, |pool| {
         body(&PoolHandle::Local(Arc::clone(pool)))
+    })
+}
+
+/// How long (in 100 ms steps) a command waits for a starting server's control socket.
+const CONTROL_WAIT_STEPS: u32 = 50;
+
+/// Whether `e` says another process (or this one) holds the pool's lock.
+fn is_locked(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<EngineError>(),
+            Some(EngineError::Io(
+                fewerbytes_engine::storage::StorageError::Locked { .. }
+            ))
+        ) || matches!(
+            cause.downcast_ref::<fewerbytes_engine::storage::StorageError>(),
+            Some(fewerbytes_engine::storage::StorageError::Locked { .. })
+        )
     })
 }
 
@@ -299,6 +332,15 @@ pub fn with_local_pool<T>(
     body: impl FnOnce(&Arc<Pool>) -> Result<T>,
 ) -> Result<T> {
     let pool = open_pool(pool_path, options)?;
+    run_and_close(pool_path, pool, body)
+}
+
+/// Run `body` on an open pool, then close it; the first error wins.
+fn run_and_close<T>(
+    pool_path: &Path,
+    pool: Arc<Pool>,
+    body: impl FnOnce(&Arc<Pool>) -> Result<T>,
+) -> Result<T> {
     let result = body(&pool);
     let closed = pool
         .close()
