@@ -206,6 +206,8 @@ pub struct PoolStats {
     pub packing_waste_bytes: u64,
     /// Whole (uncompressed) blocks stored.
     pub whole_blocks: u64,
+    /// Packed blocks emptied by compaction (live fragments moved out) since open.
+    pub compacted_blocks: u64,
     /// Sum over objects of (references - 1): blocks saved by dedup.
     pub dedup_saved_blocks: u64,
     /// Counters since the pool was opened.

@@ -13,6 +13,7 @@
 mod api;
 mod block_map;
 mod checkpoint;
+mod compact;
 mod counters;
 mod error;
 pub mod geometry;

@@ -104,6 +104,10 @@ pub(crate) struct Inner {
     /// page-store slot at the next checkpoint, so their number is bounded (see
     /// `wants_checkpoint`).
     pub dirty_pages: Arc<AtomicU64>,
+    /// Fragments freed since the compactor last looked.
+    pub fragment_frees: AtomicU64,
+    /// Packed blocks emptied by compaction since open.
+    pub compacted_blocks: AtomicU64,
 }
 
 impl Inner {
@@ -268,6 +272,7 @@ impl Inner {
 pub struct Pool {
     pub(crate) inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
+    compact_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn now_unix() -> u64 {
@@ -599,6 +604,8 @@ impl Pool {
             threads,
             closed: AtomicBool::new(false),
             dirty_pages,
+            fragment_frees: AtomicU64::new(0),
+            compacted_blocks: AtomicU64::new(0),
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -606,9 +613,17 @@ impl Pool {
             .name("fewerbytes-commit".into())
             .spawn(move || thread_inner.commit_loop())
             .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
+        let compact_inner = inner.clone();
+        let compactor = std::thread::Builder::new()
+            .name("fewerbytes-compact".into())
+            .spawn(move || compact_inner.compact_loop())
+            .map_err(|e| {
+                EngineError::Refused(format!("cannot start the compaction thread: {e}"))
+            })?;
         Ok(Arc::new(Pool {
             inner,
             commit_thread: Mutex::new(Some(handle)),
+            compact_thread: Mutex::new(Some(compactor)),
         }))
     }
 
@@ -939,6 +954,12 @@ impl Pool {
         Ok(Volume::new(self.clone(), vol))
     }
 
+    /// Run a compaction round over every slab now (the pool also runs one in the
+    /// background after fragments are freed). Returns the packed blocks emptied.
+    pub fn compact(&self) -> Result<u64> {
+        self.inner.compact_all()
+    }
+
     /// Make every acknowledged write durable.
     pub fn flush(&self) -> Result<()> {
         let i = &self.inner;
@@ -959,6 +980,9 @@ impl Pool {
         let i = &self.inner;
         if i.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        if let Some(h) = self.compact_thread.lock().take() {
+            let _ = h.join();
         }
         let result = if i.read_only.load(Ordering::Acquire) {
             Ok(())

@@ -88,6 +88,7 @@ impl Pool {
             packed_blocks,
             packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
             whole_blocks: whole,
+            compacted_blocks: i.compacted_blocks.load(Relaxed),
             dedup_saved_blocks: saved,
             counters: i.counters.snapshot(),
             data_device: device_io(i.data.counters().snapshot()),

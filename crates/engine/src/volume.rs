@@ -554,6 +554,10 @@ impl Inner {
         let freed = self.slab(s).lock().drop_ref(i);
         if let Some(rec) = freed {
             self.index.remove(&rec.fingerprint, o);
+            if rec.location & (1 << 63) != 0 {
+                // A dead fragment may leave its packed block mostly empty.
+                self.fragment_frees.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The engine against a trivial model (volume → bytes), over random writes of
 //! duplicate, zero, compressible and random data, partial 512-byte writes, trims,
-//! write-zeroes, clones, deletes, flushes, clean reopens and crashes that drop
-//! every unflushed write. Each case ends with a reference-count audit.
+//! write-zeroes, clones, deletes, flushes, compaction, clean reopens and crashes
+//! that drop every unflushed write. Each case ends with a reference-count audit.
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -52,6 +52,7 @@ enum Op {
         vol: u8,
     },
     Flush,
+    Compact,
     Reopen,
     Crash,
 }
@@ -74,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => vol.clone().prop_map(|vol| Op::Delete { vol }),
         1 => vol.prop_map(|vol| Op::Create { vol }),
         3 => Just(Op::Flush),
+        1 => Just(Op::Compact),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
     ]
@@ -204,6 +206,10 @@ fn run(ops: Vec<Op>) {
             Op::Flush => {
                 p.flush().unwrap();
                 model.durable();
+            }
+            Op::Compact => {
+                // Moves live fragments; must change no byte and survive a later crash.
+                p.compact().unwrap();
             }
             Op::Reopen => {
                 drop(p);
