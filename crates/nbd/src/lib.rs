@@ -20,6 +20,7 @@ mod export;
 mod memory_export;
 mod negotiate;
 pub mod protocol;
+mod reply;
 mod server;
 mod transmission;
 

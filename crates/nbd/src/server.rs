@@ -38,9 +38,10 @@ pub const DEFAULT_MAX_INFLIGHT_TOTAL: usize = 1024;
 /// maximum-size (32 MiB) requests, or 65,536 4 KiB ones (more than the request
 /// limit), so it only binds for large requests, where 8 at once saturate a disk.
 pub const INFLIGHT_BUFFER_BYTES_MAX: u64 = 256 << 20;
-/// Worker threads per connection, started as requests arrive. Requests are short
-/// calls into the engine (which has its own CPU pool); 8 overlap enough I/O waits
-/// and flushes to keep a queue-depth-32 client busy.
+/// Worker threads per connection at most, started as requests arrive. Only one per
+/// CPU runs quick requests at once (see `workers_running_max` in [`Server::stats`]);
+/// the rest serve requests that wait on the disk (flushes and FUA writes waiting for
+/// a group commit), so 8 overlap enough of those to keep a queue-depth-32 client busy.
 pub const WORKERS_PER_CONNECTION_MAX: usize = 8;
 /// A client that has not finished negotiating within this time is dropped, so idle
 /// sockets cannot hold connection slots forever.
@@ -221,6 +222,26 @@ impl Inflight {
         }
     }
 
+    /// Take a request slot if one is free now.
+    pub(crate) fn try_acquire_request(&self) -> bool {
+        let mut state = self.state.lock();
+        if state.requests >= self.requests_max {
+            return false;
+        }
+        state.requests += 1;
+        true
+    }
+
+    /// Take `bytes` more buffer bytes if they fit now.
+    pub(crate) fn try_acquire_bytes(&self, bytes: u64) -> bool {
+        let mut state = self.state.lock();
+        if state.bytes + bytes > self.bytes_max {
+            return false;
+        }
+        state.bytes += bytes;
+        true
+    }
+
     /// Wait for a request slot.
     pub(crate) fn acquire_request(&self) {
         let mut state = self.state.lock();
@@ -296,6 +317,8 @@ pub struct Server {
     pub(crate) config: ServerConfig,
     pub(crate) exports: Arc<dyn ExportProvider>,
     pub(crate) inflight: Arc<Inflight>,
+    /// Workers per connection running quick requests at once: one per CPU.
+    pub(crate) workers_running_max: usize,
     shutting_down: AtomicBool,
     registry: Mutex<Registry>,
     registry_empty: Condvar,
@@ -317,6 +340,7 @@ impl Server {
             config,
             exports,
             inflight,
+            workers_running_max: workers_running_max(),
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
             registry_empty: Condvar::new(),
@@ -479,6 +503,7 @@ impl Server {
                 "workers_per_connection_max",
                 WORKERS_PER_CONNECTION_MAX as u64,
             ),
+            ("workers_running_max", self.workers_running_max as u64),
             (
                 "payload_max_bytes",
                 u64::from(crate::protocol::PAYLOAD_MAX_BYTES),
@@ -560,6 +585,15 @@ impl Server {
             self.registry_empty.notify_all();
         }
     }
+}
+
+/// Workers of one connection that run quick requests at once: the CPUs this process
+/// may use (more only take turns on them, and each costs wakeups), at most
+/// [`WORKERS_PER_CONNECTION_MAX`].
+fn workers_running_max() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, WORKERS_PER_CONNECTION_MAX)
 }
 
 /// Removes a connection from the registry when its thread ends, even by panic.

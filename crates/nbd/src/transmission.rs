@@ -1,26 +1,32 @@
 //! The transmission phase of one connection: a reader that parses requests and
-//! queues them, worker threads that run them against the export, and replies
-//! written as each request completes (out of order) under the connection's
-//! writer lock.
+//! hands them to worker threads in batches, workers that run them against the
+//! export, and replies queued as each request completes (out of order) and written
+//! in batches (see `reply.rs`).
 //!
 //! Back-pressure: a request holds a [`Permit`] from the moment its header is read
 //! until its reply is written. The reader takes one per-connection slot, one
 //! server-wide slot and, for reads and writes, its buffer's bytes from the
-//! server-wide byte budget; at any limit it waits, and does not read the socket,
-//! until an earlier request completes. Nothing a client sends can grow the
-//! server's memory past those limits.
+//! server-wide byte budget; at any limit it hands over the requests it holds and
+//! waits, and does not read the socket, until an earlier request completes. Nothing
+//! a client sends can grow the server's memory past those limits.
+//!
+//! Handoffs: every request read from the socket buffer in one go is queued with one
+//! lock and one wakeup per worker needed; a lone small write with nothing queued is
+//! run by the reader itself (no wakeup at all); workers wake only while fewer than
+//! one per CPU are running, and a worker that has more queued work leaves its
+//! replies for one batched write. Requests that may wait for the disk (reads, block
+//! status, and flushes and FUA writes, which wait for a group commit) never run on
+//! the reader and each get a worker of their own, so a connection's other requests
+//! never queue behind them.
 
 use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
 use crate::negotiate::Session;
 use crate::protocol::*;
-use crate::server::{
-    Inflight, Server, Stream, StreamReader, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES,
-    WORKERS_PER_CONNECTION_MAX,
-};
-use parking_lot::{Condvar, Mutex};
+use crate::reply::{Replies, Reply};
+use crate::server::{Inflight, Server, Stream, StreamReader, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::io::{self, BufReader, IoSlice, Read, Write};
-use std::net::Shutdown;
+use std::io::{self, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -37,12 +43,24 @@ const HOLE_SCAN_BYTES: u64 = 4096;
 /// Size of the buffer a refused write's payload is read into and thrown away.
 const DISCARD_CHUNK_BYTES: usize = 64 << 10;
 
+/// Requests the reader parses before handing them to workers even if more are in
+/// its buffer: workers start on a deep queue while the reader still parses.
+const READ_BATCH_MAX: usize = 16;
+
+/// A write up to this size (without FUA) is quick: a few microseconds of copying
+/// and hashing (see `Job::quick`).
+const QUICK_REQUEST_BYTES_MAX: u32 = 64 << 10;
+
+/// Replies a worker leaves queued while it runs further quick requests, before it
+/// writes them: bounds the delay one reply can see to that many quick requests.
+const REPLIES_DEFERRED_MAX: usize = 8;
+
 /// One connection in transmission.
 struct Conn {
     id: u64,
     export: Arc<dyn Export>,
     mode: ReplyMode,
-    writer: Mutex<ReplyWriter>,
+    replies: Replies,
     queue: Mutex<Queue>,
     /// Workers wait here for jobs.
     job_ready: Condvar,
@@ -50,12 +68,11 @@ struct Conn {
     slot_free: Condvar,
     inflight_max: usize,
     server_inflight: Arc<Inflight>,
-}
-
-struct ReplyWriter {
-    stream: Arc<Stream>,
-    /// A write failed: the connection is being torn down, later replies are dropped.
-    failed: bool,
+    /// Workers the reader keeps running quick jobs at once (one per CPU): more
+    /// only take turns on the CPUs and cost wakeups.
+    workers_running_max: usize,
+    /// Threads at most (running, waiting on the disk, or idle).
+    workers_max: usize,
 }
 
 #[derive(Default)]
@@ -65,6 +82,10 @@ struct Queue {
     inflight: usize,
     /// Workers waiting for a job.
     idle: usize,
+    /// Jobs in `jobs` that may wait for the disk.
+    queued_may_wait: usize,
+    /// Workers running a job that may wait for the disk.
+    running_may_wait: usize,
     /// Workers alive (started and not retired).
     workers: usize,
     /// The reader is done: workers exit once the queue is empty.
@@ -78,8 +99,36 @@ struct Job {
     permit: Permit,
 }
 
+impl Job {
+    /// May wait for the disk: a flush or FUA request waits for a group commit
+    /// (milliseconds), a read or block status may read from the disk. Such a job
+    /// never runs on the reader, and its worker does not count as running: each gets
+    /// a worker of its own (up to [`crate::WORKERS_PER_CONNECTION_MAX`]), so one
+    /// connection's other requests never wait behind it.
+    fn may_wait(&self) -> bool {
+        match self.command {
+            Command::Flush | Command::Read { .. } | Command::BlockStatus { .. } => true,
+            Command::Write { fua, .. }
+            | Command::Trim { fua, .. }
+            | Command::WriteZeroes { fua, .. } => fua,
+            Command::Cache | Command::Disconnect => false,
+        }
+    }
+
+    /// A few microseconds of CPU: a small write without FUA (it lands in the page
+    /// cache), or a cache hint. The reader runs a lone quick job itself, and a
+    /// worker may leave replies queued while it runs one.
+    fn quick(&self) -> bool {
+        match self.command {
+            Command::Write { len, fua, .. } => !fua && len <= QUICK_REQUEST_BYTES_MAX,
+            Command::Cache => true,
+            _ => false,
+        }
+    }
+}
+
 /// A request's share of the limits, given back when its reply has been written.
-struct Permit {
+pub(crate) struct Permit {
     conn: Arc<Conn>,
     bytes: u64,
 }
@@ -101,10 +150,40 @@ impl Permit {
         }
     }
 
+    /// A per-connection and a server-wide slot if both are free now.
+    fn try_acquire(conn: &Arc<Conn>) -> Option<Permit> {
+        {
+            let mut queue = conn.queue.lock();
+            if queue.inflight >= conn.inflight_max {
+                return None;
+            }
+            queue.inflight += 1;
+        }
+        if !conn.server_inflight.try_acquire_request() {
+            let mut queue = conn.queue.lock();
+            queue.inflight -= 1;
+            conn.slot_free.notify_one();
+            return None;
+        }
+        Some(Permit {
+            conn: Arc::clone(conn),
+            bytes: 0,
+        })
+    }
+
     /// Wait until `bytes` of buffer fit the server-wide budget.
     fn add_bytes(&mut self, bytes: u64) {
         self.conn.server_inflight.acquire_bytes(bytes);
         self.bytes += bytes;
+    }
+
+    /// Take `bytes` of the budget if they fit now.
+    fn try_add_bytes(&mut self, bytes: u64) -> bool {
+        let fit = self.conn.server_inflight.try_acquire_bytes(bytes);
+        if fit {
+            self.bytes += bytes;
+        }
+        fit
     }
 }
 
@@ -145,25 +224,31 @@ pub(crate) fn serve(
         id,
         export: session.export,
         mode: session.mode,
-        writer: Mutex::new(ReplyWriter {
-            stream,
-            failed: false,
-        }),
+        replies: Replies::new(id, stream),
         queue: Mutex::new(Queue::default()),
         job_ready: Condvar::new(),
         slot_free: Condvar::new(),
         inflight_max: server.config.max_inflight_per_connection,
         server_inflight: Arc::clone(&server.inflight),
+        workers_running_max: server.workers_running_max,
+        workers_max: crate::server::WORKERS_PER_CONNECTION_MAX
+            .min(server.config.max_inflight_per_connection),
     });
-    let workers_max = WORKERS_PER_CONNECTION_MAX.min(server.config.max_inflight_per_connection);
-    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let mut workers = Workers {
+        handles: Vec::new(),
+    };
     let ctx = RequestContext {
         mode: session.mode,
         size_bytes: 0,
         read_only: session.read_only,
         meta_context: session.meta_context,
     };
-    let end = read_requests(&conn, &mut reader, ctx, &mut workers, workers_max);
+    let mut batch = Vec::with_capacity(READ_BATCH_MAX);
+    let mut end = read_requests(&conn, &mut reader, ctx, &mut workers, &mut batch);
+    // Requests read before the end are still answered (DISC asks for that).
+    if let Err(e) = workers.dispatch(&conn, &mut batch) {
+        end = End::NoWorker(e);
+    }
     match &end {
         End::Disconnect => tracing::debug!(id, "NBD client disconnected"),
         End::Closed => tracing::debug!(id, "NBD client closed the socket"),
@@ -176,25 +261,36 @@ pub(crate) fn serve(
         queue.closed = true;
         conn.job_ready.notify_all();
     }
-    for worker in workers {
+    for worker in workers.handles {
         let _ = worker.join();
     }
     // Jobs left only if no worker ever started; their permits go back here.
     let orphans: Vec<Job> = conn.queue.lock().jobs.drain(..).collect();
+    drop(batch);
     drop(orphans);
+    // Every worker wrote its replies before it exited; this writes (or, on a failed
+    // socket, drops) anything left, so no permit outlives the connection.
+    conn.replies.flush();
 }
 
+/// Read requests into `batch`, handing it to workers before any read that may wait
+/// on the socket and before waiting for a limit (the batch's permits count towards it).
 fn read_requests(
     conn: &Arc<Conn>,
     reader: &mut BufReader<StreamReader>,
     mut ctx: RequestContext,
-    workers: &mut Vec<JoinHandle<()>>,
-    workers_max: usize,
+    workers: &mut Workers,
+    batch: &mut Vec<Job>,
 ) -> End {
     let header_bytes = RequestHeader::wire_bytes(conn.mode);
     let mut header_buf = [0u8; EXTENDED_REQUEST_BYTES];
     let mut scratch = Vec::new();
     loop {
+        if batch.len() >= READ_BATCH_MAX || reader.buffer().len() < header_bytes {
+            if let Err(e) = workers.dispatch(conn, batch) {
+                return End::NoWorker(e);
+            }
+        }
         let Some(wire) = header_buf.get_mut(..header_bytes) else {
             return End::Protocol(RequestError::Truncated);
         };
@@ -214,11 +310,22 @@ fn read_requests(
                 max: DISCARD_PAYLOAD_MAX_BYTES,
             });
         }
-        let mut permit = Permit::acquire(conn);
+        let mut permit = match Permit::try_acquire(conn) {
+            Some(permit) => permit,
+            None => {
+                if let Err(e) = workers.dispatch(conn, batch) {
+                    return End::NoWorker(e);
+                }
+                Permit::acquire(conn)
+            }
+        };
         ctx.size_bytes = conn.export.size_bytes();
         let command = match validate(&header, &ctx) {
             Ok(command) => command,
             Err(e) => {
+                if let Err(e) = workers.dispatch(conn, batch) {
+                    return End::NoWorker(e);
+                }
                 reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
                 let discarded = discard(reader, payload_bytes, &mut scratch);
                 reader.get_mut().set_deadline(None);
@@ -226,20 +333,33 @@ fn read_requests(
                     return End::Io(io);
                 }
                 tracing::debug!(id = conn.id, error = %e, "NBD request refused");
-                conn.reply_error(&header, e.errno(), &e.to_string());
+                let mut reply = conn.error_reply(&header, e.errno(), &e.to_string());
+                reply.hold(permit);
+                conn.replies.send(reply);
                 continue;
             }
         };
-        let payload = match command {
+        let buffer_bytes = match command {
             Command::Disconnect => return End::Disconnect,
-            Command::Read { len, .. } => {
-                permit.add_bytes(u64::from(len));
-                Vec::new()
+            Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
+            _ => 0,
+        };
+        if buffer_bytes > 0 && !permit.try_add_bytes(buffer_bytes) {
+            if let Err(e) = workers.dispatch(conn, batch) {
+                return End::NoWorker(e);
             }
+            permit.add_bytes(buffer_bytes);
+        }
+        let payload = match command {
             Command::Write { len, .. } => {
-                permit.add_bytes(u64::from(len));
                 // `len` ≤ PAYLOAD_MAX_BYTES (validated), and equals the payload on the wire.
-                let mut data = vec![0u8; len as usize];
+                let len = len as usize;
+                if reader.buffer().len() < len {
+                    if let Err(e) = workers.dispatch(conn, batch) {
+                        return End::NoWorker(e);
+                    }
+                }
+                let mut data = vec![0u8; len];
                 reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
                 let read = reader.read_exact(&mut data);
                 reader.get_mut().set_deadline(None);
@@ -250,62 +370,92 @@ fn read_requests(
             }
             _ => Vec::new(),
         };
-        let job = Job {
+        batch.push(Job {
             header,
             command,
             payload,
             permit,
-        };
-        if let Err(e) = enqueue(conn, job, workers, workers_max) {
-            return End::NoWorker(e);
-        }
+        });
     }
 }
 
-/// Queue a job, and start a worker for it if every worker is busy and the
-/// connection has fewer than `workers_max`. Fails only if no worker can run at all.
-fn enqueue(
-    conn: &Arc<Conn>,
-    job: Job,
-    workers: &mut Vec<JoinHandle<()>>,
-    workers_max: usize,
-) -> io::Result<()> {
-    let need_worker = {
+/// The worker threads of one connection, as the reader sees them.
+struct Workers {
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Hand `batch` over (leaving it empty): a lone small write with nothing queued
+    /// runs here, on the reader; otherwise the jobs are queued with one lock and
+    /// workers are woken, or started, until one per CPU is running. Fails only if no
+    /// worker can run at all.
+    fn dispatch(&mut self, conn: &Arc<Conn>, batch: &mut Vec<Job>) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let mut queue = conn.queue.lock();
-        queue.jobs.push_back(job);
-        conn.job_ready.notify_one();
-        let need = queue.jobs.len() > queue.idle && queue.workers < workers_max;
-        if need {
-            queue.workers += 1;
-        }
-        need
-    };
-    if !need_worker {
-        return Ok(());
-    }
-    // Join workers that retired, so their threads are released.
-    let (retired, alive): (Vec<_>, Vec<_>) = workers.drain(..).partition(|w| w.is_finished());
-    *workers = alive;
-    for worker in retired {
-        let _ = worker.join();
-    }
-    let worker_conn = Arc::clone(conn);
-    let spawned = std::thread::Builder::new()
-        .name(format!("nbd-work-{}", conn.id))
-        .stack_size(THREAD_STACK_BYTES)
-        .spawn(move || work(&worker_conn));
-    match spawned {
-        Ok(handle) => workers.push(handle),
-        Err(e) => {
-            let mut queue = conn.queue.lock();
-            queue.workers -= 1;
-            if queue.workers == 0 {
-                return Err(e);
+        if batch.len() == 1 && queue.jobs.is_empty() && batch.iter().all(Job::quick) {
+            drop(queue);
+            for job in batch.drain(..) {
+                conn.execute(job);
             }
-            tracing::warn!(error = %e, "NBD worker not started; using fewer");
+            conn.replies.flush();
+            return Ok(());
         }
+        for job in batch.drain(..) {
+            queue.queued_may_wait += usize::from(job.may_wait());
+            queue.jobs.push_back(job);
+        }
+        // A job that may wait gets a worker of its own; the others share one running
+        // worker per CPU.
+        let running = queue
+            .workers
+            .saturating_sub(queue.idle + queue.running_may_wait);
+        let queued_cpu = queue.jobs.len() - queue.queued_may_wait;
+        let wake = queue.queued_may_wait
+            + queued_cpu
+                .min(conn.workers_running_max)
+                .saturating_sub(running);
+        let woken = wake.min(queue.idle);
+        for _ in 0..woken {
+            conn.job_ready.notify_one();
+        }
+        let start = (wake - woken).min(conn.workers_max.saturating_sub(queue.workers));
+        queue.workers += start;
+        drop(queue);
+        for _ in 0..start {
+            self.start(conn)?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Start one worker (already counted in `Queue::workers`).
+    fn start(&mut self, conn: &Arc<Conn>) -> io::Result<()> {
+        // Join workers that retired, so their threads are released.
+        let (retired, alive): (Vec<_>, Vec<_>) =
+            self.handles.drain(..).partition(|w| w.is_finished());
+        self.handles = alive;
+        for worker in retired {
+            let _ = worker.join();
+        }
+        let worker_conn = Arc::clone(conn);
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-work-{}", conn.id))
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(move || work(&worker_conn));
+        match spawned {
+            Ok(handle) => self.handles.push(handle),
+            Err(e) => {
+                let mut queue = conn.queue.lock();
+                queue.workers -= 1;
+                if queue.workers == 0 {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "NBD worker not started; using fewer");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Fill `buf` with a request header; `Ok(false)` if the stream ended before its first
@@ -353,46 +503,57 @@ fn discard(reader: &mut impl Read, len: u64, scratch: &mut Vec<u8>) -> io::Resul
     Ok(())
 }
 
-/// A worker: run jobs until the reader closes the queue and it is empty.
+/// A worker: run jobs until the reader closes the queue and it is empty. Replies of
+/// quick jobs stay queued while more quick jobs are waiting (up to
+/// [`REPLIES_DEFERRED_MAX`]), and are written before the worker waits or blocks.
 fn work(conn: &Arc<Conn>) {
+    let mut deferred = 0usize;
+    let mut queue = conn.queue.lock();
     loop {
-        let job = {
-            let mut queue = conn.queue.lock();
-            loop {
-                if let Some(job) = queue.jobs.pop_front() {
-                    break job;
-                }
-                if queue.closed {
-                    queue.workers -= 1;
-                    return;
-                }
-                queue.idle += 1;
-                let idle_too_long = conn
-                    .job_ready
-                    .wait_for(&mut queue, WORKER_IDLE_TIMEOUT)
-                    .timed_out();
-                queue.idle -= 1;
-                if idle_too_long && queue.jobs.is_empty() && !queue.closed {
-                    // Retire: an idle connection keeps only its reader thread.
-                    queue.workers -= 1;
-                    return;
-                }
+        let Some(job) = queue.jobs.pop_front() else {
+            if deferred > 0 {
+                deferred = 0;
+                MutexGuard::unlocked(&mut queue, || conn.replies.flush());
+                continue;
             }
+            if queue.closed {
+                queue.workers -= 1;
+                return;
+            }
+            queue.idle += 1;
+            let idle_too_long = conn
+                .job_ready
+                .wait_for(&mut queue, WORKER_IDLE_TIMEOUT)
+                .timed_out();
+            queue.idle -= 1;
+            if idle_too_long && queue.jobs.is_empty() && !queue.closed {
+                // Retire: an idle connection keeps only its reader thread.
+                queue.workers -= 1;
+                return;
+            }
+            continue;
         };
-        let Job {
-            header,
-            command,
-            payload,
-            permit,
-        } = job;
-        let ran = catch_unwind(AssertUnwindSafe(|| conn.run(&header, command, &payload)));
-        if ran.is_err() {
-            tracing::error!(id = conn.id, ?command, "NBD export panicked; answering EIO");
-            conn.reply_error(&header, EIO, "internal error in the server's export");
+        let may_wait = job.may_wait();
+        if may_wait {
+            queue.queued_may_wait -= 1;
+            queue.running_may_wait += 1;
         }
-        // The reply is out: give the slot and the buffer bytes back.
-        drop(payload);
-        drop(permit);
+        let flush_first = deferred >= REPLIES_DEFERRED_MAX || !job.quick();
+        MutexGuard::unlocked(&mut queue, || {
+            if flush_first && deferred > 0 {
+                conn.replies.flush();
+                deferred = 0;
+            }
+            conn.execute(job);
+            deferred += 1;
+            if may_wait {
+                conn.replies.flush();
+                deferred = 0;
+            }
+        });
+        if may_wait {
+            queue.running_may_wait -= 1;
+        }
     }
 }
 
@@ -463,27 +624,46 @@ fn zero_runs(offset: u64, buf: &[u8]) -> Vec<(u64, u64, bool)> {
 }
 
 impl Conn {
-    /// Run one command and write its reply.
-    fn run(&self, h: &RequestHeader, command: Command, payload: &[u8]) {
+    /// Run a job and queue its reply, which holds the job's permit until written.
+    fn execute(&self, job: Job) {
+        let Job {
+            header,
+            command,
+            payload,
+            permit,
+        } = job;
+        let ran = catch_unwind(AssertUnwindSafe(|| self.run(&header, command, &payload)));
+        // The write data is in the export now; its bytes stay counted until the reply is out.
+        drop(payload);
+        let mut reply = ran.unwrap_or_else(|_| {
+            tracing::error!(id = self.id, ?command, "NBD export panicked; answering EIO");
+            self.error_reply(&header, EIO, "internal error in the server's export")
+        });
+        reply.hold(permit);
+        self.replies.push(reply);
+    }
+
+    /// Run one command; its reply.
+    fn run(&self, h: &RequestHeader, command: Command, payload: &[u8]) -> Reply {
         match command {
             Command::Read { offset, len, df } => self.read(h, offset, len, df),
             Command::Write { offset, fua, .. } => {
                 let r = self.export.write(offset, payload, fua);
-                self.finish(h, "write", r);
+                self.finish(h, "write", r)
             }
             Command::Flush => {
                 let r = self.export.flush();
-                self.finish(h, "flush", r);
+                self.finish(h, "flush", r)
             }
             Command::Trim { offset, len, fua } => {
                 let r = self.export.trim(offset, len, fua);
-                self.finish(h, "trim", r);
+                self.finish(h, "trim", r)
             }
             Command::WriteZeroes { offset, len, fua } => {
                 // NO_HOLE and FAST_ZERO need nothing: zeroing is a block-map update, always
                 // fast, and the pool is thick-provisioned, so a zeroed range stays writable.
                 let r = self.export.write_zeroes(offset, len, fua);
-                self.finish(h, "write zeroes", r);
+                self.finish(h, "write zeroes", r)
             }
             Command::BlockStatus {
                 offset,
@@ -491,20 +671,20 @@ impl Conn {
                 req_one,
             } => self.block_status(h, offset, len, req_one),
             // A hint: the store has no cache to warm; success is what the spec allows.
-            Command::Cache => self.reply_ok(h),
-            // The reader handles DISC itself; it never reaches a worker.
-            Command::Disconnect => {}
+            Command::Cache => self.ok_reply(h),
+            // The reader handles DISC itself; it never reaches a worker. Nothing to send.
+            Command::Disconnect => Reply::with_capacity(0, 0),
         }
     }
 
-    fn finish(&self, h: &RequestHeader, op: &str, result: Result<(), u32>) {
+    fn finish(&self, h: &RequestHeader, op: &str, result: Result<(), u32>) -> Reply {
         match result {
-            Ok(()) => self.reply_ok(h),
+            Ok(()) => self.ok_reply(h),
             Err(errno) => self.export_failed(h, op, errno),
         }
     }
 
-    fn export_failed(&self, h: &RequestHeader, op: &str, errno: u32) {
+    fn export_failed(&self, h: &RequestHeader, op: &str, errno: u32) -> Reply {
         let message = format!(
             "{op} of {} bytes at offset {} failed: {}",
             h.length,
@@ -516,17 +696,20 @@ impl Conn {
         } else {
             tracing::debug!(id = self.id, %message, "NBD request failed");
         }
-        self.reply_error(h, errno, &message);
+        self.error_reply(h, errno, &message)
     }
 
-    fn read(&self, h: &RequestHeader, offset: u64, len: u32, df: bool) {
+    fn read(&self, h: &RequestHeader, offset: u64, len: u32, df: bool) -> Reply {
         // `len` ≤ PAYLOAD_MAX_BYTES, and its bytes are already counted in the budget.
         let mut buf = vec![0u8; len as usize];
         if let Err(errno) = self.export.read(offset, &mut buf) {
             return self.export_failed(h, "read", errno);
         }
         if !self.mode.chunked() {
-            return self.write_parts(&[&simple_reply(h.cookie, 0), &buf]);
+            let mut reply = Reply::simple(h.cookie, 0);
+            reply.set_data(buf);
+            reply.push_data(0..len as usize);
+            return reply;
         }
         let len64 = u64::from(len);
         // Ranges that read as zeros go out as OFFSET_HOLE chunks, unless the client
@@ -538,14 +721,12 @@ impl Conn {
         } else {
             zero_runs(offset, &buf)
         };
-        // Chunk headers (and their fixed fields) first, then slices that point into
-        // them and into `buf`.
-        let mut heads: Vec<u8> = Vec::with_capacity(runs.len() * (EXTENDED_REPLY_BYTES + 12));
-        let mut spans = Vec::with_capacity(runs.len());
+        let mut reply =
+            Reply::with_capacity(runs.len() * 2, runs.len() * (EXTENDED_REPLY_BYTES + 12));
+        reply.set_data(buf);
         let last = runs.len().saturating_sub(1);
         for (i, &(start, n, data)) in runs.iter().enumerate() {
             let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
-            let begin = heads.len();
             if data {
                 let head = ChunkHeader::new(
                     self.mode,
@@ -555,8 +736,10 @@ impl Conn {
                     h.offset,
                     8 + n,
                 );
-                heads.extend_from_slice(head.as_bytes());
-                heads.extend_from_slice(&start.to_be_bytes());
+                reply.push_head(head.as_bytes());
+                reply.push_head(&start.to_be_bytes());
+                let from = (start - offset) as usize;
+                reply.push_data(from..from + n as usize);
             } else {
                 let head = ChunkHeader::new(
                     self.mode,
@@ -566,28 +749,16 @@ impl Conn {
                     h.offset,
                     12,
                 );
-                heads.extend_from_slice(head.as_bytes());
-                heads.extend_from_slice(&start.to_be_bytes());
+                reply.push_head(head.as_bytes());
+                reply.push_head(&start.to_be_bytes());
                 // A run is within a read of ≤ 32 MiB.
-                heads.extend_from_slice(&(n as u32).to_be_bytes());
-            }
-            let data_range = data.then(|| {
-                let from = (start - offset) as usize;
-                from..from + n as usize
-            });
-            spans.push((begin..heads.len(), data_range));
-        }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(spans.len() * 2);
-        for (head, data) in spans {
-            parts.push(heads.get(head).unwrap_or(&[]));
-            if let Some(range) = data {
-                parts.push(buf.get(range).unwrap_or(&[]));
+                reply.push_head(&(n as u32).to_be_bytes());
             }
         }
-        self.write_parts(&parts);
+        reply
     }
 
-    fn block_status(&self, h: &RequestHeader, offset: u64, len: u64, req_one: bool) {
+    fn block_status(&self, h: &RequestHeader, offset: u64, len: u64, req_one: bool) -> Reply {
         let query = len.min(BLOCK_STATUS_QUERY_MAX_BYTES);
         let runs = match self.export.extents(offset, query) {
             Ok(runs) => plan_runs(offset, query, &runs),
@@ -631,79 +802,48 @@ impl Conn {
             h.offset,
             payload.len() as u64,
         );
-        self.write_parts(&[head.as_bytes(), &payload]);
+        let payload_bytes = payload.len();
+        let mut reply = Reply::with_capacity(2, head.as_bytes().len());
+        reply.push_head(head.as_bytes());
+        reply.set_data(payload);
+        reply.push_data(0..payload_bytes);
+        reply
     }
 
     /// Success without payload: a simple reply, or a NONE chunk under extended headers
     /// (which forbid simple replies).
-    fn reply_ok(&self, h: &RequestHeader) {
+    fn ok_reply(&self, h: &RequestHeader) -> Reply {
         if self.mode.extended {
-            let head = ChunkHeader::new(
+            Reply::chunk(
                 self.mode,
                 REPLY_FLAG_DONE,
                 REPLY_TYPE_NONE,
                 h.cookie,
                 h.offset,
-                0,
-            );
-            self.write_parts(&[head.as_bytes()]);
+                &[],
+            )
         } else {
-            self.write_parts(&[&simple_reply(h.cookie, 0)]);
+            Reply::simple(h.cookie, 0)
         }
     }
 
     /// An error: an ERROR chunk carrying the message when replies are chunked,
     /// else a simple reply with the error value (and never a payload).
-    fn reply_error(&self, h: &RequestHeader, errno: u32, message: &str) {
+    fn error_reply(&self, h: &RequestHeader, errno: u32, message: &str) -> Reply {
         if self.mode.chunked() {
             let payload = error_chunk_payload(errno, message);
-            let head = ChunkHeader::new(
+            Reply::chunk(
                 self.mode,
                 REPLY_FLAG_DONE,
                 REPLY_TYPE_ERROR,
                 h.cookie,
                 h.offset,
-                payload.len() as u64,
-            );
-            self.write_parts(&[head.as_bytes(), &payload]);
+                &payload,
+            )
         } else {
-            self.write_parts(&[&simple_reply(h.cookie, errno)]);
+            Reply::simple(h.cookie, errno)
         }
     }
-
-    /// Write one whole reply under the writer lock. A failure tears the connection
-    /// down (the reader sees the socket close) and later replies are dropped.
-    fn write_parts(&self, parts: &[&[u8]]) {
-        let mut writer = self.writer.lock();
-        if writer.failed {
-            return;
-        }
-        if let Err(e) = write_all_parts(&writer.stream, parts) {
-            tracing::debug!(id = self.id, error = %e, "NBD reply not written; closing");
-            writer.failed = true;
-            writer.stream.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-/// `write_all` over several buffers with as few system calls as the kernel allows.
-fn write_all_parts(stream: &Stream, parts: &[&[u8]]) -> io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = parts
-        .iter()
-        .filter(|p| !p.is_empty())
-        .map(|p| IoSlice::new(p))
-        .collect();
-    let mut bufs: &mut [IoSlice<'_>] = &mut slices;
-    let mut w = stream;
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
