@@ -1,0 +1,273 @@
+//! Compaction: packed blocks whose fragments have mostly died are emptied by moving
+//! their live fragments into fresh blocks of the same slab, so overwritten
+//! compressed data does not hold on to space (packing waste) for ever.
+//!
+//! A moved fragment keeps its object (and every reference to it); only the object's
+//! location changes, journalled as a `NewObject` record with the new location. The
+//! new block is written before any record points at it, and the old blocks become
+//! pending-free like any freed block, reusable only after the next checkpoint, so a
+//! crash finds either location intact.
+
+use crate::pool::Inner;
+use crate::Result;
+use fewerbytes_format::journal::Record;
+use fewerbytes_format::location::{Codec, Location};
+use fewerbytes_format::BLOCK_BYTES;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How often the compactor looks for freed fragments.
+pub const COMPACT_INTERVAL: Duration = Duration::from_millis(500);
+const COMPACT_SLEEP_STEP: Duration = Duration::from_millis(10);
+
+/// A packed block is compacted when less than this share of it is live (percent):
+/// rewriting up to three quarters of a block to reclaim the rest bounds the waste
+/// left in steady state to about a quarter of the packed bytes.
+pub const COMPACT_LIVE_PERCENT_MAX: u64 = 75;
+/// Victim blocks chosen per round (per slab).
+pub const COMPACT_BLOCKS_PER_ROUND: usize = 64;
+/// Fragments moved per round at most: bounds the time a round holds the gate
+/// shared and the journal space it reserves (one 48-byte record each).
+pub const COMPACT_FRAGMENTS_PER_ROUND: usize = 256;
+
+struct Victim {
+    object: u32,
+    location: Location,
+}
+
+impl Inner {
+    /// One compaction round over slab `s`: returns the number of blocks emptied.
+    pub(crate) fn compact_slab(&self, s: u32) -> Result<u64> {
+        // Journal space for the worst case: every fragment of every victim moves.
+        let reserve = (COMPACT_FRAGMENTS_PER_ROUND * 48) as u64;
+        self.journal.reserve(reserve)?;
+        let result = self.compact_slab_reserved(s);
+        self.journal.unreserve(reserve);
+        result
+    }
+
+    fn compact_slab_reserved(&self, s: u32) -> Result<u64> {
+        self.ensure_writable()?;
+        let _gate = self.gate.read();
+        let victims = self.find_victims(s);
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        // Read every victim fragment's bytes (victim blocks are closed, so on the device).
+        let mut moved: Vec<(Victim, Vec<u8>)> = Vec::with_capacity(victims.len());
+        for v in victims {
+            if let Location::Fragment {
+                addr_bytes,
+                len_bytes,
+                ..
+            } = v.location
+            {
+                let mut bytes = vec![0u8; usize::from(len_bytes)];
+                let r = self
+                    .data
+                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes);
+                self.check_io(r)?;
+                moved.push((v, bytes));
+            }
+        }
+        // Pack them byte-contiguously into runs of consecutive fresh blocks of the same
+        // slab (a fragment may span blocks of a run, as the packer's do).
+        let mut emptied_before = 0u64;
+        let mut i = 0;
+        while i < moved.len() {
+            let remaining: usize = moved
+                .get(i..)
+                .unwrap_or(&[])
+                .iter()
+                .map(|(_, b)| b.len())
+                .sum();
+            let want = remaining.div_ceil(BLOCK_BYTES) as u32;
+            let (first_block, run_len) = {
+                let mut slab = self.slab(s).lock();
+                let Some(first) = slab.alloc_block() else {
+                    break;
+                };
+                let mut len = 1;
+                while len < want && slab.alloc_block_at(first + len) {
+                    len += 1;
+                }
+                for b in first..first + len {
+                    slab.hold_block(b); // the compactor's hold until records point here
+                }
+                (first, len)
+            };
+            let capacity = run_len as usize * BLOCK_BYTES;
+            let mut buf = vec![0u8; capacity];
+            let mut fill = 0usize;
+            let start = i;
+            while let Some((_, bytes)) = moved.get(i) {
+                if fill + bytes.len() > capacity {
+                    break;
+                }
+                if let Some(dst) = buf.get_mut(fill..fill + bytes.len()) {
+                    dst.copy_from_slice(bytes);
+                }
+                fill += bytes.len();
+                i += 1;
+            }
+            let run_pbn = self.pbn(s, first_block);
+            let r = self
+                .data
+                .write_at(&buf, self.data_offset_bytes + run_pbn * BLOCK_BYTES as u64);
+            if let Err(e) = self.check_io(r) {
+                let mut slab = self.slab(s).lock();
+                for b in first_block..first_block + run_len {
+                    slab.drop_block(b);
+                }
+                return Err(e);
+            }
+            let mut slab = self.slab(s).lock();
+            let slab_first = slab.first_pbn;
+            let mut at = 0u64;
+            for (v, bytes) in moved.get(start..i).unwrap_or(&[]) {
+                let new = Location::Fragment {
+                    addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
+                    len_bytes: bytes.len() as u16,
+                    codec: Codec::Lz4,
+                };
+                at += bytes.len() as u64;
+                let rec = slab.rec(v.object);
+                // The object may have been freed or moved since it was chosen.
+                if rec.refcount == 0 || rec.location != v.location.encode() {
+                    continue;
+                }
+                let (new_first, new_count) = new.blocks();
+                for b in new_first..new_first + new_count {
+                    slab.hold_block((b - slab_first) as u32);
+                }
+                if let Some(r) = slab.rec_mut(v.object) {
+                    r.location = new.encode();
+                }
+                let (first, count) = v.location.blocks();
+                for b in first..first + count {
+                    let local = (b - slab_first) as u32;
+                    let before = slab.holders(local);
+                    slab.drop_block(local);
+                    if before == 1 {
+                        emptied_before += 1;
+                    }
+                }
+                // Under the slab lock: a free of this object cannot come between the
+                // move and its record.
+                self.journal.append(&Record::NewObject {
+                    object: u64::from(s) * u64::from(self.objects_per_slab) + u64::from(v.object),
+                    location: new.encode(),
+                    fingerprint: rec.fingerprint,
+                });
+            }
+            for b in first_block..first_block + run_len {
+                slab.drop_block(b);
+            }
+        }
+        self.compacted_blocks
+            .fetch_add(emptied_before, Ordering::Relaxed);
+        Ok(emptied_before)
+    }
+
+    /// Fragments touching closed packed blocks of slab `s` that are less than
+    /// `COMPACT_LIVE_PERCENT_MAX` live, up to `COMPACT_BLOCKS_PER_ROUND` blocks.
+    fn find_victims(&self, s: u32) -> Vec<Victim> {
+        let slab = self.slab(s).lock();
+        let mut live: HashMap<u32, (u64, bool)> = HashMap::new(); // block → (live bytes, holds a whole block)
+        let mut fragments: Vec<Victim> = Vec::new();
+        for i in 0..slab.objects() {
+            let rec = slab.rec(i);
+            if rec.refcount == 0 {
+                continue;
+            }
+            let Ok(loc) = Location::decode(rec.location) else {
+                continue;
+            };
+            let (first, count) = loc.blocks();
+            for b in first..first + count {
+                let e = live
+                    .entry((b - slab.first_pbn) as u32)
+                    .or_insert((0, false));
+                match loc {
+                    Location::Block { .. } => e.1 = true,
+                    Location::Fragment {
+                        addr_bytes,
+                        len_bytes,
+                        ..
+                    } => {
+                        let start = addr_bytes.max(b * BLOCK_BYTES as u64);
+                        let end =
+                            (addr_bytes + u64::from(len_bytes)).min((b + 1) * BLOCK_BYTES as u64);
+                        e.0 += end - start;
+                    }
+                }
+            }
+            if matches!(loc, Location::Fragment { .. }) {
+                fragments.push(Victim {
+                    object: i,
+                    location: loc,
+                });
+            }
+        }
+        let is_victim = |b: u32| {
+            live.get(&b).is_some_and(|&(bytes, whole)| {
+                !whole
+                    && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
+                    && !slab.open_blocks.iter().any(|(ob, _)| *ob == b)
+            })
+        };
+        let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
+        chosen.sort_unstable();
+        chosen.truncate(COMPACT_BLOCKS_PER_ROUND);
+        let chosen: std::collections::HashSet<u32> = chosen.into_iter().collect();
+        // Every fragment touching a victim moves, so victims end up empty (a fragment
+        // that also touches another block just leaves it).
+        fragments.retain(|v| {
+            let (first, count) = v.location.blocks();
+            (first..first + count).any(|b| chosen.contains(&((b - slab.first_pbn) as u32)))
+        });
+        fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
+        fragments
+    }
+
+    /// Compact every slab once; returns the blocks emptied.
+    pub(crate) fn compact_all(&self) -> Result<u64> {
+        let mut total = 0;
+        for s in 0..self.slab_count {
+            if self.closed.load(Ordering::Acquire) {
+                break;
+            }
+            total += self.compact_slab(s)?;
+        }
+        Ok(total)
+    }
+
+    /// The compactor thread: after fragments were freed, a round over every slab.
+    pub(crate) fn compact_loop(&self) {
+        // A round empties a bounded number of blocks per slab: while rounds still
+        // find work, the next one follows without waiting for new frees.
+        let mut more = false;
+        while !self.closed.load(Ordering::Acquire) {
+            // Sleep in short steps so closing the pool never waits a whole interval.
+            let mut slept = Duration::ZERO;
+            while slept < COMPACT_INTERVAL && !self.closed.load(Ordering::Acquire) {
+                std::thread::sleep(COMPACT_SLEEP_STEP);
+                slept += COMPACT_SLEEP_STEP;
+            }
+            if self.closed.load(Ordering::Acquire) {
+                break;
+            }
+            if self.fragment_frees.swap(0, Ordering::AcqRel) == 0 && !more {
+                continue;
+            }
+            match self.compact_all() {
+                Ok(emptied) => more = emptied > 0,
+                Err(e) => {
+                    tracing::debug!("compaction stopped: {e}");
+                    more = false;
+                }
+            }
+        }
+    }
+}
