@@ -4,7 +4,7 @@
 //!
 //! Files, one noun each: `protocol` (wire constants, headers, request
 //! validation), `negotiate` (handshake and options), `transmission` (request loop,
-//! workers, replies), `server` (listeners, connection registry, limits, shutdown),
+//! workers), `reply` (replies built whole and written in batches), `server` (listeners, connection registry, limits, shutdown),
 //! `export` (the traits a backend implements), `engine_export` (the adapter to the
 //! engine's volumes), `memory_export` (an in-memory backend for tests and examples).
 //!

@@ -2,11 +2,12 @@
 //! limits on connections and on requests in flight, and an orderly shutdown.
 //!
 //! Threads: one accept thread per listener; per connection, one thread that
-//! negotiates and then reads requests, plus up to
-//! [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand and retired
-//! after [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`). Every thread ends when its connection or listener does,
-//! so threads, memory and file descriptors return to their baseline when
-//! clients leave.
+//! negotiates and then reads requests (and runs a lone small write itself), plus up
+//! to [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand, of which one
+//! per CPU runs quick requests at once, and retired after
+//! [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`). Every thread ends
+//! when its connection or listener does, so threads, memory and file descriptors
+//! return to their baseline when clients leave.
 
 use crate::export::ExportProvider;
 use crate::{negotiate, transmission};

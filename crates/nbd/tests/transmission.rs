@@ -591,3 +591,92 @@ fn export_failures_and_panics_become_error_replies() {
     c.read_bytes(512);
     c.disconnect();
 }
+
+/// The wire bytes of a compact request, so a test can send many in one system call
+/// (and the server finds them all in one read).
+fn request_bytes(
+    flags: u16,
+    kind: u16,
+    cookie: u64,
+    offset: u64,
+    payload: &[u8],
+    len: u32,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(28 + payload.len());
+    b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    b.extend_from_slice(&flags.to_be_bytes());
+    b.extend_from_slice(&kind.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&offset.to_be_bytes());
+    b.extend_from_slice(&len.to_be_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+/// The reader parses every request already in its buffer before handing them to
+/// workers, and each holds a permit; at a limit it must hand its batch over before
+/// it waits, or the connection would wait for itself. A burst far past both limits,
+/// with flushes and FUA writes in it, is answered whole.
+#[test]
+fn a_burst_past_the_limits_is_answered_whole() {
+    let config = ServerConfig {
+        max_inflight_per_connection: 3,
+        max_inflight_total: 5,
+        ..ServerConfig::default()
+    };
+    let t = TestServer::with_config(config);
+    let mut c = simple_client(&t, "a");
+    let mut burst = Vec::new();
+    for i in 0..200u64 {
+        let data = pattern(i as u8, 4096);
+        let request = match i % 25 {
+            0 => request_bytes(0, CMD_FLUSH, i, 0, &[], 0),
+            1 => request_bytes(CMD_FLAG_FUA, CMD_WRITE, i, i * 4096, &data, 4096),
+            _ => request_bytes(0, CMD_WRITE, i, i * 4096, &data, 4096),
+        };
+        burst.extend_from_slice(&request);
+    }
+    c.send(&burst);
+    let mut seen = HashSet::new();
+    for _ in 0..200 {
+        let (error, cookie) = c.simple_reply();
+        assert_eq!(error, 0, "request {cookie}");
+        assert!(seen.insert(cookie), "cookie {cookie} answered twice");
+    }
+    for i in (0..200u64).filter(|i| i % 25 != 0) {
+        assert_eq!(
+            t.a.contents((i * 4096) as usize, 4096),
+            pattern(i as u8, 4096),
+            "block {i}"
+        );
+    }
+    c.disconnect();
+    t.wait_idle();
+    assert_eq!(t.server.inflight_requests(), 0);
+}
+
+/// A lone small write may run on the connection's reader thread, a read never does:
+/// while a read waits (for the disk, here a gate), writes on the same connection,
+/// with and without FUA, are still read and answered.
+#[test]
+fn writes_are_answered_while_a_read_waits() {
+    const GATED: u64 = 1 << 20;
+    let (t, gate) = gated_server(ServerConfig::default(), GATED);
+    let mut c = simple_client(&t, "g");
+    c.send_request(0, CMD_READ, 1, GATED, 512, &[]);
+    gate.wait_for_waiting(1);
+    c.send_request(0, CMD_WRITE, 2, 0, 4096, &pattern(2, 4096));
+    assert_eq!(c.simple_reply(), (0, 2));
+    c.send_request(CMD_FLAG_FUA, CMD_WRITE, 3, 4096, 4096, &pattern(3, 4096));
+    assert_eq!(c.simple_reply(), (0, 3));
+    c.send_request(0, CMD_READ, 4, 0, 8192, &[]);
+    assert_eq!(c.simple_reply(), (0, 4));
+    let mut both = pattern(2, 4096);
+    both.extend_from_slice(&pattern(3, 4096));
+    assert_eq!(c.read_bytes(8192), both);
+    gate.open_gate();
+    assert_eq!(c.simple_reply(), (0, 1));
+    c.read_bytes(512);
+    c.disconnect();
+    t.wait_idle();
+}
