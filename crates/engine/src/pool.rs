@@ -309,8 +309,10 @@ fn first_mib_in_use(dev: &dyn Storage) -> Result<Option<String>> {
 fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
     let exists = path.exists();
     match (exists, size) {
-        (true, _) => Ok(FileStorage::open(path)?),
-        (false, Some(s)) => Ok(FileStorage::create(path, s)?),
+        // A regular file is grown to the size asked for (sparse); a block device is
+        // taken as it is and checked by the caller.
+        (_, Some(s)) => Ok(FileStorage::create(path, s)?),
+        (true, None) => Ok(FileStorage::open(path)?),
         (false, None) => Err(EngineError::Refused(format!(
             "{} does not exist; give --size to create it",
             path.display()
@@ -333,8 +335,10 @@ impl Pool {
         let data = open_or_create(&opts.path, opts.size_bytes)?;
         if opts.size_bytes.is_some_and(|s| data.len_bytes() < s) {
             return Err(EngineError::Refused(format!(
-                "{} is smaller than the size asked for",
-                opts.path.display()
+                "{} holds {}, less than the {} asked for",
+                opts.path.display(),
+                human_bytes(data.len_bytes()),
+                human_bytes(opts.size_bytes.unwrap_or(0))
             )));
         }
         let meta = match &opts.metadata_path {
