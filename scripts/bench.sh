@@ -100,7 +100,7 @@ workloads=("4k randwrite QD32x$JOBS, 75% dup / 50% compressible|randwrite|4k|32|
            "128k write QD8, 75% dup / 50% compressible|write|128k|8|1|mix"
            "4k randread QD1|randread|4k|1|1|random")
 
-for server in qemu-nbd nbdkit fewerbytes; do
+for server in ${SERVERS:-qemu-nbd nbdkit fewerbytes}; do
     for w in "${workloads[@]}"; do
         IFS='|' read -r label rw bs depth jobs data <<<"$w"
         case $server in

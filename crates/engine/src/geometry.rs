@@ -63,7 +63,7 @@ pub fn objects_per_slab() -> u32 {
 }
 
 fn journal_blocks_for(data_blocks: u64) -> u64 {
-    (data_blocks / 256).clamp(JOURNAL_BLOCKS_MIN, JOURNAL_BLOCKS_MAX)
+    (data_blocks / 128).clamp(JOURNAL_BLOCKS_MIN, JOURNAL_BLOCKS_MAX)
 }
 
 /// Page-store slots for a pool of `data_blocks` promising `addressable_blocks`.
