@@ -35,6 +35,9 @@ struct State {
     durable: u64,
     requested: u64,
     reserved_bytes: u64,
+    /// Bytes taken by a commit or checkpoint and not yet durable: not in `pending`
+    /// and not yet in `next_seq`, but about to use ring space.
+    inflight_bytes: u64,
     next_seq: u64,
     replay_seq: u64,
     open_gen: u32,
@@ -100,6 +103,7 @@ impl Journal {
                 durable: 0,
                 requested: 0,
                 reserved_bytes: 0,
+                inflight_bytes: 0,
                 next_seq,
                 replay_seq,
                 open_gen,
@@ -119,7 +123,8 @@ impl Journal {
         let used = s.next_seq - s.replay_seq;
         // Keep an eighth of the ring spare so a checkpoint's own commit always fits.
         let usable = (self.sectors - self.sectors / 8).saturating_sub(used);
-        (usable * SECTOR_RECORD_BYTES_MIN).saturating_sub(s.pending.len() as u64 + s.reserved_bytes)
+        (usable * SECTOR_RECORD_BYTES_MIN)
+            .saturating_sub(s.pending.len() as u64 + s.reserved_bytes + s.inflight_bytes)
     }
 
     /// Reserve room for `bytes` of records, waiting for a checkpoint if the ring is full.
@@ -142,13 +147,15 @@ impl Journal {
         }
     }
 
-    /// Give back reserved bytes that were not used.
+    /// End a reservation. Records appended under it are counted as pending from the
+    /// moment they are appended (counted twice until here, which only errs on the
+    /// safe side), so the whole reservation is given back.
     pub fn unreserve(&self, bytes: u64) {
         let mut s = self.state.lock();
         s.reserved_bytes = s.reserved_bytes.saturating_sub(bytes);
     }
 
-    /// Append one record (its bytes come out of the caller's reservation). Returns its number.
+    /// Append one record; the caller holds a reservation covering it. Returns its number.
     pub fn append(&self, record: &Record) -> u64 {
         let len = record.encoded_len();
         let mut s = self.state.lock();
@@ -157,7 +164,6 @@ impl Journal {
         if let Some(dst) = s.pending.get_mut(at..) {
             record.encode(&mut Writer::new(dst));
         }
-        s.reserved_bytes = s.reserved_bytes.saturating_sub(len as u64);
         s.appended += 1;
         if s.pending.len() as u64 >= COMMIT_BYTES_THRESHOLD {
             self.wake.notify_one();
@@ -223,8 +229,10 @@ impl Journal {
     /// Take the tail for a commit.
     pub fn take_batch(&self) -> Batch {
         let mut s = self.state.lock();
+        let bytes = std::mem::take(&mut s.pending);
+        s.inflight_bytes += bytes.len() as u64;
         Batch {
-            bytes: std::mem::take(&mut s.pending),
+            bytes,
             target: s.appended,
             first_seq: s.next_seq,
         }
@@ -281,6 +289,7 @@ impl Journal {
         let mut s = self.state.lock();
         // A checkpoint's batch (no sectors) may complete after later commits.
         s.next_seq = s.next_seq.max(batch.first_seq + sectors);
+        s.inflight_bytes = s.inflight_bytes.saturating_sub(batch.bytes.len() as u64);
         s.durable = s.durable.max(batch.target);
         self.progress.notify_all();
     }
@@ -361,4 +370,45 @@ pub fn read_journal(
         }
     }
     Ok((records, seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fewerbytes_format::location::MapEntry;
+
+    fn record() -> Record {
+        Record::MapSet {
+            volume: 0,
+            lbn: 1,
+            entry: MapEntry::Zero,
+        }
+    }
+
+    // Regression: appends used to consume the reservation and `unreserve` then took
+    // it again, so the journal under-counted what others had reserved and could
+    // promise ring space that was not there.
+    #[test]
+    fn reservations_are_returned_exactly_once() {
+        let j = Journal::new(1, 2, 64, 0, 0, 1);
+        let empty = j.room_bytes(&j.state.lock());
+        j.reserve(160).unwrap();
+        j.reserve(160).unwrap();
+        for _ in 0..10 {
+            j.append(&record());
+        }
+        j.unreserve(160);
+        // The second reservation is still held; the appended records are pending.
+        assert_eq!(j.room_bytes(&j.state.lock()), empty - 160 - 160);
+        j.unreserve(160);
+        let batch = j.take_batch();
+        assert_eq!(
+            j.room_bytes(&j.state.lock()),
+            empty - 160,
+            "a batch in flight still takes ring space"
+        );
+        j.batch_durable(&batch, 1);
+        j.checkpointed(1);
+        assert_eq!(j.room_bytes(&j.state.lock()), empty);
+    }
 }
