@@ -118,28 +118,7 @@ impl SuperBlock {
     /// Decode and verify one copy read from block `block`.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "super block";
-        if bytes.len() != BLOCK_BYTES {
-            return Err(FormatError::Truncated {
-                what,
-                got: bytes.len(),
-                need: BLOCK_BYTES,
-            });
-        }
-        let mut r = Reader::new(what, bytes);
-        let magic = r.u64()?;
-        if magic != SUPER_MAGIC {
-            return Err(FormatError::BadMagic { what, found: magic });
-        }
-        let version = r.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion {
-                what,
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        verify_checksum(what, bytes, CRC_OFFSET)?;
-        r.u32()?;
+        let mut r = open_header(what, bytes, SUPER_MAGIC)?;
         let nonce = r.u64()?;
         let generation = r.u64()?;
         let open_gen = r.u32()?;
@@ -242,21 +221,7 @@ impl DataLabel {
     /// Decode and verify.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "data device label";
-        let mut r = Reader::new(what, bytes);
-        let magic = r.u64()?;
-        if magic != DATA_LABEL_MAGIC {
-            return Err(FormatError::BadMagic { what, found: magic });
-        }
-        let version = r.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion {
-                what,
-                found: version,
-                supported: FORMAT_VERSION,
-            });
-        }
-        verify_checksum(what, bytes, CRC_OFFSET)?;
-        r.u32()?;
+        let mut r = open_header(what, bytes, DATA_LABEL_MAGIC)?;
         let nonce = r.u64()?;
         let n = r.u32()? as usize;
         if n > MAX_PATH_BYTES {
@@ -275,6 +240,38 @@ impl DataLabel {
             metadata_path,
         })
     }
+}
+
+/// Check the header both block-0 structures share (u64 magic, u32 version, u32 crc
+/// over the block) and return a reader just past it.
+fn open_header<'a>(
+    what: &'static str,
+    bytes: &'a [u8],
+    magic: u64,
+) -> Result<Reader<'a>, FormatError> {
+    if bytes.len() != BLOCK_BYTES {
+        return Err(FormatError::Truncated {
+            what,
+            got: bytes.len(),
+            need: BLOCK_BYTES,
+        });
+    }
+    let mut r = Reader::new(what, bytes);
+    let found = r.u64()?;
+    if found != magic {
+        return Err(FormatError::BadMagic { what, found });
+    }
+    let version = r.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::BadVersion {
+            what,
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    verify_checksum(what, bytes, CRC_OFFSET)?;
+    r.u32()?;
+    Ok(r)
 }
 
 /// What block 0 of a device holds, as far as a quick look tells.
