@@ -222,10 +222,14 @@ impl Inner {
         chosen.truncate(COMPACT_BLOCKS_PER_ROUND);
         let chosen: std::collections::HashSet<u32> = chosen.into_iter().collect();
         // Every fragment touching a victim moves, so victims end up empty (a fragment
-        // that also touches another block just leaves it).
+        // that also touches another closed block just leaves it).
+        // A fragment reaching into a block a packer still has open is left alone: its
+        // bytes there are only in memory.
         fragments.retain(|v| {
             let (first, count) = v.location.blocks();
-            (first..first + count).any(|b| chosen.contains(&((b - slab.first_pbn) as u32)))
+            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn) as u32);
+            let touches_victim = blocks.clone().any(|b| chosen.contains(&b));
+            touches_victim && !blocks.any(|b| slab.open_blocks.iter().any(|(ob, _)| *ob == b))
         });
         fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
         fragments

@@ -24,6 +24,21 @@ pub const PAGE_STORE_SLACK_NUM: u64 = 5;
 pub const PAGE_STORE_SLACK_DEN: u64 = 4;
 /// Logical space an overcommitted pool may promise, as a multiple of its data space.
 pub const OVERCOMMIT_FACTOR: u64 = 4;
+/// Data blocks held back from what volumes may address, per 100 data blocks: a write
+/// stores its new block before the old one is freed, and freed blocks return only at
+/// the next checkpoint, so overwriting a full thick pool needs room for the writes in
+/// flight and the zones' open runs.
+pub const RESERVE_PERCENT: u64 = 1;
+/// The reserve's floor (2 MiB).
+pub const RESERVE_BLOCKS_MIN: u64 = 512;
+
+/// Blocks held back in a pool of `data_blocks`.
+pub fn reserve_blocks_for(data_blocks: u64) -> u64 {
+    (data_blocks * RESERVE_PERCENT / 100)
+        .max(RESERVE_BLOCKS_MIN)
+        .min(data_blocks / 4)
+}
+
 /// The smallest pool worth making.
 pub const MIN_POOL_BYTES: u64 = 64 << 20;
 /// Journal ring bounds (blocks).

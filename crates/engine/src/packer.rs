@@ -202,6 +202,21 @@ impl Inner {
         ))
     }
 
+    /// Close every zone's open block and run, so their unused blocks become
+    /// pending-free (reusable after the next checkpoint): a full pool's last resort.
+    pub(crate) fn release_open_space(&self) -> Result<()> {
+        for zone in 0..self.zone_count() {
+            let mut packer = self.packer(zone).lock();
+            if let Some(run) = packer.run.take() {
+                self.close_run(zone, run)?;
+            }
+            if let Some(open) = packer.open.take() {
+                self.close_block(zone, open)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Write the unwritten part of every open block and run (before a commit's data sync).
     pub(crate) fn flush_packers(&self) -> Result<()> {
         for zone in 0..self.zone_count() {

@@ -422,7 +422,7 @@ impl Pool {
             catalog_bytes: 0,
             metadata_device_bytes: meta_dev.len_bytes(),
             data_device_bytes: data.len_bytes(),
-            reserve_blocks: 0,
+            reserve_blocks: crate::geometry::reserve_blocks_for(geo.data_blocks),
             index_entries,
             created_unix: now_unix(),
             catalog_slots: Vec::new(),
@@ -573,10 +573,13 @@ impl Pool {
             pages_start_block: sb.pages_start_block,
             page_slots: sb.page_slots,
             overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
+            // The reserve stays out of what volumes may address: overwriting a full
+            // thick pool stores the new copy before the old one is freed.
             addressable_blocks: if sb.flags & FLAG_OVERCOMMIT != 0 {
-                sb.data_blocks * crate::geometry::OVERCOMMIT_FACTOR
+                sb.data_blocks.saturating_sub(sb.reserve_blocks)
+                    * crate::geometry::OVERCOMMIT_FACTOR
             } else {
-                sb.data_blocks
+                sb.data_blocks.saturating_sub(sb.reserve_blocks)
             },
             index: DedupIndex::new(sb.index_entries),
             journal: Journal::new(

@@ -157,7 +157,18 @@ impl Volume {
             let n = (step_end - at) as usize;
             let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
             inner.journal.reserve(reserve)?;
-            let result = self.write_step(at, data.get(pos..pos + n).unwrap_or(&[]));
+            let chunk = data.get(pos..pos + n).unwrap_or(&[]);
+            let result = match self.write_step(at, chunk) {
+                // Space freed since the last checkpoint (overwrites, trims) is not
+                // reusable before it, and other zones may hold unfilled runs: give
+                // those back, take a checkpoint outside the gate, and try once more.
+                // This keeps a thick pool from refusing a guest's overwrite.
+                Err(EngineError::NoSpace(_)) => inner
+                    .release_open_space()
+                    .and_then(|()| inner.checkpoint())
+                    .and_then(|()| self.write_step(at, chunk)),
+                other => other,
+            };
             inner.journal.unreserve(reserve);
             result?;
             pos += n;
