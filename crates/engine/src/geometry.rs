@@ -107,29 +107,27 @@ impl Geometry {
         let journal_start_block = 2;
         let geometry = match metadata_device_blocks {
             None => {
-                // Data shrinks as metadata grows: iterate to a fixed point (it converges in a few steps).
-                let mut data_blocks = data_device_blocks;
-                let mut layout = None;
-                for _ in 0..8 {
+                // Data shrinks as metadata grows. Size the metadata for the whole
+                // device first (an upper bound, since every size grows with the data),
+                // then once more for the data that leaves; keep the second layout only
+                // if its regions still cover the data it leaves, else the first.
+                let layout = |data_blocks: u64| {
                     let journal_blocks = journal_blocks_for(data_blocks);
                     let page_slots = page_slots_for(data_blocks, data_blocks * factor);
                     let meta_end = journal_start_block + journal_blocks + page_slots;
                     let data_start = meta_end.div_ceil(DATA_ALIGN_BLOCKS) * DATA_ALIGN_BLOCKS;
-                    let next = data_device_blocks.saturating_sub(data_start);
-                    layout = Some((journal_blocks, page_slots, data_start));
-                    if next == data_blocks {
-                        break;
-                    }
-                    data_blocks = next;
-                }
-                let (journal_blocks, page_slots, data_start) = layout.unwrap_or((0, 0, 0));
-                // Final check with the sizes actually laid out.
+                    (journal_blocks, page_slots, data_start)
+                };
+                let first = layout(data_device_blocks);
+                let second = layout(data_device_blocks.saturating_sub(first.2));
+                let covers = |(journal_blocks, page_slots, data_start): (u64, u64, u64)| {
+                    let data_blocks = data_device_blocks.saturating_sub(data_start);
+                    page_slots >= page_slots_for(data_blocks, data_blocks * factor)
+                        && journal_blocks >= journal_blocks_for(data_blocks)
+                };
+                let (journal_blocks, page_slots, data_start) =
+                    if covers(second) { second } else { first };
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
-                if page_slots < page_slots_for(data_blocks, data_blocks * factor) {
-                    return Err(EngineError::Refused(
-                        "internal sizing error: page store too small".into(),
-                    ));
-                }
                 Geometry::laid_out(
                     data_blocks,
                     data_start,
@@ -243,6 +241,21 @@ mod tests {
                 "{gib} GiB: data {}%",
                 g.data_blocks * 100 / blocks
             );
+        }
+    }
+
+    // Regression: an iteration to a fixed point could end on a layout whose page
+    // store was too small for the data it left (seen at 1 GiB with --overcommit).
+    #[test]
+    fn every_size_lays_out_with_and_without_overcommit() {
+        for mib in (64u64..4096).step_by(61).chain([1024, 16384, 1 << 20]) {
+            for overcommit in [false, true] {
+                let blocks = mib << 8;
+                let g = Geometry::compute(blocks, None, overcommit)
+                    .unwrap_or_else(|e| panic!("{mib} MiB, overcommit {overcommit}: {e}"));
+                assert!(g.page_slots >= page_slots_for(g.data_blocks, g.addressable_blocks));
+                assert_eq!(g.data_offset_bytes / 4096 + g.data_blocks, blocks);
+            }
         }
     }
 
