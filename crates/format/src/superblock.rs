@@ -148,7 +148,12 @@ impl SuperBlock {
                 reason: format!("{catalog_pages} catalog pages (max {MAX_CATALOG_PAGES})"),
             });
         }
-        if slab_blocks == 0 || objects_per_slab == 0 || journal_sectors == 0 {
+        if slab_blocks == 0
+            || objects_per_slab == 0
+            || journal_sectors == 0
+            || slab_count == 0
+            || data_blocks == 0
+        {
             return Err(FormatError::Invalid {
                 what,
                 reason: "zero-sized geometry".into(),
