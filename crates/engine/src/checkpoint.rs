@@ -109,31 +109,93 @@ struct Snapshot {
     superblock: SuperBlock,
 }
 
-impl Inner {
-    /// Encode a page whose header is `header` (its nonce is set here).
-    fn encode(&self, header: PageHeader, payload: &[u8]) -> Encoded {
-        let mut bytes = Box::new([0u8; BLOCK_BYTES]);
-        let header = PageHeader {
-            nonce: self.nonce,
-            ..header
-        };
-        encode_page(&header, payload, &mut bytes);
-        Encoded {
-            slot: header.slot as u32,
-            kind: header.kind,
-            bytes,
-        }
-    }
+/// The pages a snapshot writes: each goes to a fresh slot, and the slot it replaces
+/// is retired once the snapshot is durable.
+struct Writeback<'a> {
+    store: parking_lot::MutexGuard<'a, PageStore>,
+    pages: Vec<Encoded>,
+    old_slots: Vec<u32>,
+    nonce: u64,
+    generation: u64,
+}
 
-    fn new_slot(&self, store: &mut PageStore) -> Result<u32> {
-        // Sizing and the dirty-page trigger keep this from happening; if it does, the
-        // checkpoint cannot complete, and the pool must stop taking writes rather
-        // than retry forever.
-        store.alloc().ok_or_else(|| {
+impl Writeback<'_> {
+    /// Encode one page into a fresh slot, retiring `current` (0: none). Returns the slot.
+    fn place(
+        &mut self,
+        kind: PageKind,
+        owner: u64,
+        index: u64,
+        count: u32,
+        payload: &[u8],
+        current: u32,
+    ) -> Result<u32> {
+        // Sizing and the dirty-page trigger keep the store from running out; if it
+        // does, the checkpoint cannot complete, and the pool must stop taking writes
+        // rather than retry forever.
+        let slot = self.store.alloc().ok_or_else(|| {
             EngineError::NoSpace("the metadata page store has no free slot for a checkpoint".into())
-        })
+        })?;
+        let header = PageHeader {
+            kind,
+            count,
+            nonce: self.nonce,
+            slot: u64::from(slot),
+            generation: self.generation,
+            owner,
+            index,
+        };
+        let mut bytes = Box::new([0u8; BLOCK_BYTES]);
+        encode_page(&header, payload, &mut bytes);
+        self.pages.push(Encoded { slot, kind, bytes });
+        if current != 0 {
+            self.old_slots.push(current);
+        }
+        Ok(slot)
     }
 
+    /// Rewrite the directory pages of a table whose range of `slots` changed
+    /// (`dirty[k]`: a page under directory page `k` moved), or that were never written.
+    fn write_dirs(
+        &mut self,
+        dirs: &mut Vec<u32>,
+        slots: &[u32],
+        dirty: &[bool],
+        owner: u64,
+    ) -> Result<()> {
+        let want = slots.len().div_ceil(SLOTS_PER_DIR_PAGE);
+        while dirs.len() > want {
+            if let Some(s) = dirs.pop() {
+                self.old_slots.push(s);
+            }
+        }
+        dirs.resize(want, 0);
+        let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
+        for (k, chunk) in slots.chunks(SLOTS_PER_DIR_PAGE).enumerate() {
+            let Some(current) = dirs.get_mut(k) else {
+                continue;
+            };
+            let unwritten = *current == 0 && chunk.iter().any(|s| *s != 0);
+            if !dirty.get(k).copied().unwrap_or(false) && !unwritten {
+                continue;
+            }
+            payload.fill(0);
+            let mut w = Writer::new(&mut payload);
+            chunk.iter().for_each(|s| w.u32(*s));
+            *current = self.place(
+                PageKind::Directory,
+                owner,
+                k as u64,
+                chunk.len() as u32,
+                &payload,
+                *current,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
     /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
     pub(crate) fn checkpoint(&self) -> Result<()> {
         let _ck = self.checkpoint_lock.lock();
@@ -199,9 +261,13 @@ impl Inner {
         let generation = self.sb.lock().generation + 1;
         // Every page dirty now is written by this snapshot.
         self.dirty_pages.store(0, Ordering::Relaxed);
-        let mut store = self.page_store.lock();
-        let mut pages = Vec::new();
-        let mut old_slots = std::mem::take(&mut *self.slots_to_free.lock());
+        let mut wb = Writeback {
+            store: self.page_store.lock(),
+            pages: Vec::new(),
+            old_slots: std::mem::take(&mut *self.slots_to_free.lock()),
+            nonce: self.nonce,
+            generation,
+        };
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
 
         // Slab object pages.
@@ -218,56 +284,44 @@ impl Inner {
                 pending.push((s, objects, blocks));
             }
             for (p, page) in slab.pages.iter_mut().enumerate() {
-                let global = s as usize * pages_per_slab + p;
-                match page {
-                    Some(page) if page.dirty => {
-                        let slot = self.new_slot(&mut store)?;
-                        let mut w = Writer::new(&mut payload);
-                        for r in page.recs.iter() {
-                            ObjectRecord {
-                                location: r.location,
-                                refcount: r.refcount,
-                                fingerprint: r.fingerprint,
-                            }
-                            .encode(&mut w);
+                let Some(page) = page else {
+                    object_slots.push(0);
+                    continue;
+                };
+                if page.dirty {
+                    let mut w = Writer::new(&mut payload);
+                    for r in page.recs.iter() {
+                        ObjectRecord {
+                            location: r.location,
+                            refcount: r.refcount,
+                            fingerprint: r.fingerprint,
                         }
-                        pages.push(self.encode(
-                            PageHeader {
-                                kind: PageKind::Objects,
-                                count: OBJECTS_PER_PAGE as u32,
-                                nonce: 0,
-                                slot: u64::from(slot),
-                                generation,
-                                owner: u64::from(s),
-                                index: p as u64,
-                            },
-                            &payload,
-                        ));
-                        if page.slot != 0 {
-                            old_slots.push(page.slot);
-                        }
-                        page.slot = slot;
-                        page.dirty = false;
-                        if let Some(d) = object_dirty_dirs.get_mut(global / SLOTS_PER_DIR_PAGE) {
-                            *d = true;
-                        }
-                        object_slots.push(slot);
+                        .encode(&mut w);
                     }
-                    Some(page) => object_slots.push(page.slot),
-                    None => object_slots.push(0),
+                    page.slot = wb.place(
+                        PageKind::Objects,
+                        u64::from(s),
+                        p as u64,
+                        OBJECTS_PER_PAGE as u32,
+                        &payload,
+                        page.slot,
+                    )?;
+                    page.dirty = false;
+                    if let Some(d) = object_dirty_dirs
+                        .get_mut((s as usize * pages_per_slab + p) / SLOTS_PER_DIR_PAGE)
+                    {
+                        *d = true;
+                    }
                 }
+                object_slots.push(page.slot);
             }
         }
         let mut object_dirs = self.object_dir_slots.lock();
-        self.write_dirs(
-            &mut store,
-            &mut pages,
-            &mut old_slots,
+        wb.write_dirs(
             &mut object_dirs,
             &object_slots,
             &object_dirty_dirs,
             OBJECT_TABLE_OWNER,
-            generation,
         )?;
 
         // Volumes.
@@ -280,28 +334,19 @@ impl Inner {
             for (p, page) in map.iter().enumerate() {
                 let mut page = page.lock();
                 if page.dirty {
-                    let slot = self.new_slot(&mut store)?;
                     let mut w = Writer::new(&mut payload);
                     match &page.entries {
                         Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                         None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                     }
-                    pages.push(self.encode(
-                        PageHeader {
-                            kind: PageKind::Map,
-                            count: ENTRIES_PER_PAGE as u32,
-                            nonce: 0,
-                            slot: u64::from(slot),
-                            generation,
-                            owner: vol.id,
-                            index: p as u64,
-                        },
+                    page.slot = wb.place(
+                        PageKind::Map,
+                        vol.id,
+                        p as u64,
+                        ENTRIES_PER_PAGE as u32,
                         &payload,
-                    ));
-                    if page.slot != 0 {
-                        old_slots.push(page.slot);
-                    }
-                    page.slot = slot;
+                        page.slot,
+                    )?;
                     page.dirty = false;
                     if let Some(d) = dirty_dirs.get_mut(p / SLOTS_PER_DIR_PAGE) {
                         *d = true;
@@ -310,16 +355,7 @@ impl Inner {
                 map_slots.push(page.slot);
             }
             let mut dirs = vol.dir_slots.lock();
-            self.write_dirs(
-                &mut store,
-                &mut pages,
-                &mut old_slots,
-                &mut dirs,
-                &map_slots,
-                &dirty_dirs,
-                vol.id,
-                generation,
-            )?;
+            wb.write_dirs(&mut dirs, &map_slots, &dirty_dirs, vol.id)?;
             records.push(VolumeRecord {
                 slot: vol.slot,
                 id: vol.id,
@@ -336,93 +372,43 @@ impl Inner {
             volumes: records,
         };
         let stream = catalog.encode();
-        let mut catalog_slots = Vec::new();
-        for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
-            let slot = self.new_slot(&mut store)?;
-            pages.push(self.encode(
-                PageHeader {
-                    kind: PageKind::Catalog,
-                    count: chunk.len() as u32,
-                    nonce: 0,
-                    slot: u64::from(slot),
-                    generation,
-                    owner: 0,
-                    index: i as u64,
-                },
-                chunk,
-            ));
-            catalog_slots.push(slot);
-        }
-        if catalog_slots.len() > MAX_CATALOG_PAGES {
+        let mut sb = self.sb.lock().clone();
+        let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
+        if chunks > MAX_CATALOG_PAGES {
             return Err(EngineError::Refused(format!(
-                "the catalog needs {} pages (max {MAX_CATALOG_PAGES})",
-                catalog_slots.len()
+                "the catalog needs {chunks} pages (max {MAX_CATALOG_PAGES})"
             )));
         }
-        let mut sb = self.sb.lock().clone();
-        old_slots.extend(sb.catalog_slots.iter().copied());
+        let mut catalog_slots = Vec::with_capacity(chunks);
+        for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
+            let old = sb.catalog_slots.get(i).copied().unwrap_or(0);
+            catalog_slots.push(wb.place(
+                PageKind::Catalog,
+                0,
+                i as u64,
+                chunk.len() as u32,
+                chunk,
+                old,
+            )?);
+        }
+        // Old catalog pages beyond the new catalog's length retire too.
+        wb.old_slots.extend(
+            sb.catalog_slots
+                .iter()
+                .skip(chunks)
+                .copied()
+                .filter(|s| *s != 0),
+        );
         sb.generation = generation;
         sb.catalog_slots = catalog_slots;
         sb.catalog_bytes = stream.len() as u32;
         sb.journal_replay_seq = self.journal.next_seq();
         Ok(Snapshot {
-            pages,
-            old_slots,
+            pages: wb.pages,
+            old_slots: wb.old_slots,
             pending,
             superblock: sb,
         })
-    }
-
-    /// Rewrite the directory pages whose range of `slots` changed.
-    #[allow(clippy::too_many_arguments)]
-    fn write_dirs(
-        &self,
-        store: &mut PageStore,
-        pages: &mut Vec<Encoded>,
-        old_slots: &mut Vec<u32>,
-        dirs: &mut Vec<u32>,
-        slots: &[u32],
-        dirty: &[bool],
-        owner: u64,
-        generation: u64,
-    ) -> Result<()> {
-        let want = slots.len().div_ceil(SLOTS_PER_DIR_PAGE);
-        while dirs.len() > want {
-            if let Some(s) = dirs.pop() {
-                old_slots.push(s);
-            }
-        }
-        dirs.resize(want, 0);
-        let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-        for (k, chunk) in slots.chunks(SLOTS_PER_DIR_PAGE).enumerate() {
-            let unwritten = dirs.get(k) == Some(&0) && chunk.iter().any(|s| *s != 0);
-            if !dirty.get(k).copied().unwrap_or(false) && !unwritten {
-                continue;
-            }
-            payload.fill(0);
-            let mut w = Writer::new(&mut payload);
-            chunk.iter().for_each(|s| w.u32(*s));
-            let slot = self.new_slot(store)?;
-            pages.push(self.encode(
-                PageHeader {
-                    kind: PageKind::Directory,
-                    count: chunk.len() as u32,
-                    nonce: 0,
-                    slot: u64::from(slot),
-                    generation,
-                    owner,
-                    index: k as u64,
-                },
-                &payload,
-            ));
-            if let Some(d) = dirs.get_mut(k) {
-                if *d != 0 {
-                    old_slots.push(*d);
-                }
-                *d = slot;
-            }
-        }
-        Ok(())
     }
 
     fn write_snapshot(&self, snap: &Snapshot) -> Result<()> {
