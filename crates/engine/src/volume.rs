@@ -451,9 +451,11 @@ impl Inner {
             let loc = Location::decode(rec.location)
                 .map_err(|e| self.corrupt_object(o, e.to_string()))?;
             let (first, count) = loc.blocks();
-            let open: Vec<(u64, Option<usize>)> = (first..first + count)
-                .map(|b| (b, Inner::open_zone(&slab, (b - slab.first_pbn) as u32)))
-                .collect();
+            // A location touches at most two blocks: no allocation on the read path.
+            let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
+            for (b, zone) in open.iter_mut().take(count as usize) {
+                *zone = Inner::open_zone(&slab, (*b - slab.first_pbn) as u32);
+            }
             (rec, open)
         };
         if rec.refcount == 0 {
@@ -472,12 +474,15 @@ impl Inner {
         &self,
         o: ObjectId,
         rec: &ObjRec,
-        open: Vec<(u64, Option<usize>)>,
+        open: [(u64, Option<usize>); 2],
         out: &mut [u8],
     ) -> Result<()> {
         let s = self.split_object(o).0;
         let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
-        match Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))? {
+        let location =
+            Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))?;
+        let (_, blocks) = location.blocks();
+        match location {
             Location::Block { pbn } => {
                 let zone = open.first().and_then(|(_, z)| *z);
                 if zone
@@ -496,19 +501,15 @@ impl Inner {
                 let len = usize::from(len_bytes);
                 let mut packed = [0u8; BLOCK_BYTES];
                 let mut done = 0usize;
-                for (b, zone) in open {
+                // Bytes past the first block are always within `len`, so at most
+                // `blocks` (1 or 2) entries of `open` are used.
+                for (b, zone) in open.into_iter().take(blocks as usize) {
                     let block_start = b * BLOCK;
                     let from = (addr_bytes + done as u64 - block_start) as usize;
                     let n = (BLOCK_BYTES - from).min(len - done);
                     let dst = packed.get_mut(done..done + n).unwrap_or(&mut []);
                     let from_packer = zone.is_some_and(|z| {
-                        self.read_open_block(
-                            z,
-                            s,
-                            (b - u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS)) as u32,
-                            from,
-                            dst,
-                        )
+                        self.read_open_block(z, s, (b - slab_first) as u32, from, dst)
                     });
                     if !from_packer {
                         let r = self
