@@ -117,11 +117,6 @@ impl FaultStorage {
         image
     }
 
-    /// The number of writes made since the last flush.
-    pub fn unflushed_writes(&self) -> usize {
-        self.state.lock().unflushed.len()
-    }
-
     fn fail(&self, s: &mut State, op: IoOp) -> StorageError {
         s.failed = true;
         StorageError::Injected {
