@@ -202,6 +202,15 @@ impl Inner {
         ))
     }
 
+    /// Whether a write that found no free block may succeed after another checkpoint:
+    /// some slab has a free block (and object), or blocks waiting to become free.
+    pub(crate) fn space_to_retry(&self) -> bool {
+        (0..self.slab_count).any(|s| {
+            let slab = self.slab(s).lock();
+            (slab.free_blocks() > 0 && slab.free_objects() > 0) || slab.pending_blocks() > 0
+        })
+    }
+
     /// Close every zone's open block and run, so their unused blocks become
     /// pending-free (reusable after the next checkpoint): a full pool's last resort.
     pub(crate) fn release_open_space(&self) -> Result<()> {

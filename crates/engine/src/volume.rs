@@ -158,17 +158,7 @@ impl Volume {
             let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
             inner.journal.reserve(reserve)?;
             let chunk = data.get(pos..pos + n).unwrap_or(&[]);
-            let result = match self.write_step(at, chunk) {
-                // Space freed since the last checkpoint (overwrites, trims) is not
-                // reusable before it, and other zones may hold unfilled runs: give
-                // those back, take a checkpoint outside the gate, and try once more.
-                // This keeps a thick pool from refusing a guest's overwrite.
-                Err(EngineError::NoSpace(_)) => inner
-                    .release_open_space()
-                    .and_then(|()| inner.checkpoint())
-                    .and_then(|()| self.write_step(at, chunk)),
-                other => other,
-            };
+            let result = self.write_step_reclaiming(at, chunk);
             inner.journal.unreserve(reserve);
             result?;
             pos += n;
@@ -179,6 +169,29 @@ impl Volume {
             self.h.pool.flush()?;
         }
         Ok(())
+    }
+
+    /// One write step; when no block is free, reclaim space and try again.
+    ///
+    /// Space freed since the last checkpoint (overwrites, trims) is not reusable
+    /// before it, and other zones may hold unfilled runs: give those back, take a
+    /// checkpoint outside the gate, and try again while a block is free or waits to be.
+    /// Other writers may take the reclaimed blocks first (they are making progress, so
+    /// this ends); the pool is full when, after a checkpoint, no block is either. This keeps a thick pool from refusing a guest's overwrite.
+    fn write_step_reclaiming(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
+        let inner = self.inner();
+        loop {
+            match self.write_step(offset_bytes, data) {
+                Err(EngineError::NoSpace(why)) => {
+                    inner.release_open_space()?;
+                    inner.checkpoint()?;
+                    if !inner.space_to_retry() {
+                        return Err(EngineError::NoSpace(why));
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 
     fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
