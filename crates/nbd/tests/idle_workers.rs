@@ -21,10 +21,18 @@ fn idle_workers_retire_and_return() {
     c.handshake();
     c.go("a", &[]).expect("GO");
     let before_burst = threads();
-    // A pipelined burst starts several workers.
+    // A pipelined burst starts workers. FUA writes are never run on the reader
+    // thread (plain small writes may be, when they arrive one at a time).
     for round in 0..2u64 {
         for i in 0..32u64 {
-            c.send_request(0, CMD_WRITE, i, i * 4096, 4096, &[round as u8 + 1; 4096]);
+            c.send_request(
+                CMD_FLAG_FUA,
+                CMD_WRITE,
+                i,
+                i * 4096,
+                4096,
+                &[round as u8 + 1; 4096],
+            );
         }
         for _ in 0..32 {
             assert_eq!(c.simple_reply().0, 0);

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Metadata operations at size (DESIGN.md §4): delete of a 32 GiB volume and trim of
+# 15 GiB, each under one second, and clones that add no data.
+#
+#   scripts/bench-metadata.sh               # a 32 GiB volume
+#   VOLUME_GIB=8 scripts/bench-metadata.sh  # smaller
+#   BENCH_DIR=/mnt/disk scripts/bench-metadata.sh
+#
+# The volume is filled over NBD with fio's seed mix (75% duplicate, 50% compressible,
+# so every block is mapped and ~13% of it stored), with a running server; then, through
+# the server's control socket and over NBD, each operation is timed from the command's
+# start to its exit. Delete and clone are checkpointed before they return (durable);
+# trim is timed to the end of a following flush.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VOLUME_GIB=${VOLUME_GIB:-32}
+TRIM_GIB=${TRIM_GIB:-15}
+BENCH_DIR=${BENCH_DIR:-/var/tmp}
+
+cargo build --release -q
+FB=$PWD/target/release/fewerbytes
+dir=$(mktemp -d "$BENCH_DIR/fewerbytes-bench-md.XXXXXX")
+server_pid=
+cleanup() {
+    [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+pool=$dir/pool
+sock=$dir/nbd.sock
+"$FB" pool create "$pool" --size "$((VOLUME_GIB * 2 + 8))G" >/dev/null
+"$FB" --pool "$pool" volume create big --size "${VOLUME_GIB}G" >/dev/null
+${SERVE_WRAPPER:-} "$FB" --pool "$pool" serve --socket "$sock" --no-tcp >"$dir/serve.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 50); do [[ -S $sock ]] && break; sleep 0.1; done
+
+seconds() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$@"; }
+now() { date +%s.%N; }
+
+t0=$(now)
+fio --name=fill --ioengine=nbd --uri="nbd+unix:///big?socket=$sock" --rw=write --bs=1M --iodepth=8 \
+    --size="${VOLUME_GIB}G" --dedupe_percentage=75 --buffer_compress_percentage=50 \
+    --buffer_compress_chunk=512 --refill_buffers --end_fsync=1 >/dev/null
+t1=$(now)
+echo "fill ${VOLUME_GIB} GiB (seed mix, 1M writes QD8): $(seconds "$t0" "$t1") s"
+
+t0=$(now); "$FB" --pool "$pool" volume clone big big-clone >/dev/null; t1=$(now)
+echo "clone of the ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s"
+
+t0=$(now)
+# libnbd's Python module is installed for the system's python3.
+"$(command -v -p python3)" - "nbd+unix:///big-clone?socket=$sock" "$TRIM_GIB" <<'EOF'
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+step = 2**31  # below the 32-bit length limit of compact request headers
+for off in range(0, int(sys.argv[2]) * 2**30, step):
+    h.trim(step, off)
+h.flush()
+h.shutdown()
+EOF
+t1=$(now)
+echo "trim of $TRIM_GIB GiB of the clone, then flush (libnbd, 2 GiB requests): $(seconds "$t0" "$t1") s"
+
+t0=$(now); "$FB" --pool "$pool" volume delete big >/dev/null; t1=$(now)
+echo "delete of the ${VOLUME_GIB} GiB volume (its clone holds every block): $(seconds "$t0" "$t1") s"
+
+t0=$(now); "$FB" --pool "$pool" volume delete big-clone >/dev/null; t1=$(now)
+echo "delete of the clone (frees $(( VOLUME_GIB - TRIM_GIB )) GiB of mappings and the stored data): $(seconds "$t0" "$t1") s"
+
+"$FB" --pool "$pool" stats
+echo "($(nproc) CPUs, pool file in $BENCH_DIR)"
