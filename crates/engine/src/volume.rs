@@ -587,7 +587,13 @@ impl Inner {
     }
 
     /// Store a new block (compressed or whole) with one reference; journals it.
-    fn store_new(&self, block: &[u8], fp: &[u8; 32]) -> Result<ObjectId> {
+    /// Counted in the pool's and the writing volume's counters.
+    fn store_new(
+        &self,
+        block: &[u8],
+        fp: &[u8; 32],
+        vol_counters: &crate::counters::Counters,
+    ) -> Result<ObjectId> {
         let zone = my_zone(self.zone_count());
         let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
             let mut scratch = scratch.borrow_mut();
@@ -604,11 +610,13 @@ impl Inner {
         let (object, location) = match compressed {
             Some(v) => {
                 add(&self.counters.compressed_writes, 1);
+                add(&vol_counters.compressed_writes, 1);
                 v
             }
             None => {
                 let (object, pbn) = self.store_whole(zone, block, fp)?;
                 add(&self.counters.uncompressed_writes, 1);
+                add(&vol_counters.uncompressed_writes, 1);
                 (object, Location::Block { pbn })
             }
         };
@@ -638,10 +646,12 @@ impl Inner {
             for o in candidates.iter().take(n).flatten() {
                 if self.take_advice(*o, &fp) {
                     add(&self.counters.advice_valid, 1);
+                    add(&vol.counters.advice_valid, 1);
                     found = Some(*o);
                     break;
                 }
                 add(&self.counters.advice_stale, 1);
+                add(&vol.counters.advice_stale, 1);
             }
             match found {
                 Some(o) => {
@@ -649,7 +659,7 @@ impl Inner {
                     add(&vol.counters.dedup_hits, 1);
                     MapEntry::Object(o)
                 }
-                None => MapEntry::Object(self.store_new(block, &fp)?),
+                None => MapEntry::Object(self.store_new(block, &fp, &vol.counters)?),
             }
         };
         let old = {

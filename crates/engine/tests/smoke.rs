@@ -65,6 +65,66 @@ fn zeros_and_duplicates_store_nothing_new() {
         used,
         "duplicates must not add data"
     );
+    // Compressible blocks, and random ones, stored through the same volume.
+    for i in 100..120u64 {
+        let text = format!("block {i} of a compressible run ").repeat(150);
+        vol.write(i * BLOCK as u64, &text.as_bytes()[..BLOCK], false)
+            .unwrap();
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut block);
+        vol.write((i + 100) * BLOCK as u64, &block, false).unwrap();
+    }
+    // One volume did every write: its counters are the pool's.
+    let stats = p.stats();
+    let (pool_counters, vol_counters) = (stats.counters, stats.volumes[0].counters);
+    assert!(pool_counters.compressed_writes >= 20 && pool_counters.uncompressed_writes >= 21);
+    for (what, pool_n, vol_n) in [
+        (
+            "blocks written",
+            pool_counters.blocks_written,
+            vol_counters.blocks_written,
+        ),
+        (
+            "zero blocks",
+            pool_counters.zero_blocks_written,
+            vol_counters.zero_blocks_written,
+        ),
+        (
+            "dedup hits",
+            pool_counters.dedup_hits,
+            vol_counters.dedup_hits,
+        ),
+        (
+            "advice valid",
+            pool_counters.advice_valid,
+            vol_counters.advice_valid,
+        ),
+        (
+            "advice stale",
+            pool_counters.advice_stale,
+            vol_counters.advice_stale,
+        ),
+        (
+            "compressed",
+            pool_counters.compressed_writes,
+            vol_counters.compressed_writes,
+        ),
+        (
+            "uncompressed",
+            pool_counters.uncompressed_writes,
+            vol_counters.uncompressed_writes,
+        ),
+        (
+            "guest bytes",
+            pool_counters.guest_bytes_written,
+            vol_counters.guest_bytes_written,
+        ),
+    ] {
+        assert_eq!(
+            pool_n, vol_n,
+            "{what}: the pool counted {pool_n}, the volume {vol_n}"
+        );
+    }
+    let used = p.stats().data_used_bytes;
     p.clone_volume("a", "b").unwrap();
     assert_eq!(p.stats().data_used_bytes, used, "a clone must not add data");
     drop(vol);
