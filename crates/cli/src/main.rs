@@ -95,10 +95,27 @@ fn main() -> ExitCode {
     match run(cli.command, &pool) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("fewerbytes: error: {error:#}");
+            eprintln!("fewerbytes: error: {}", one_sentence(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes joined by ": ", leaving out a cause whose text the message
+/// before it already ends with (errors that print their source, then also return it).
+fn one_sentence(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {

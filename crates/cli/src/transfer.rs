@@ -305,13 +305,16 @@ fn refuse_if_served(pool_path: &Path, name: &str, file: &Path, direction: Direct
         Direction::Import => (
             "import into",
             format!(
-                "create the volume, then `qemu-img convert -n -O raw {} '{uri}'`",
+                "create the volume, then `qemu-img convert -n -f raw -O raw {} '{uri}'`",
                 file.display()
             ),
         ),
         Direction::Export => (
             "export from",
-            format!("`qemu-img convert -O raw '{uri}' {}`", file.display()),
+            format!(
+                "`qemu-img convert -f raw -O raw '{uri}' {}`",
+                file.display()
+            ),
         ),
     };
     Err(anyhow!(

@@ -420,6 +420,20 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1_with_one_sentence() {
     let missing = fb(&pool, &["volume", "list"]).error();
     assert!(missing.contains("no pool at"), "{missing}");
     assert!(missing.contains(path_str(&pool)), "{missing}");
+
+    // The OS's reason is given once, after what could not be done.
+    let nested = dir.join("no-such-folder").join("pool");
+    let no_folder = fb(
+        &pool,
+        &["pool", "create", path_str(&nested), "--size", "1G"],
+    )
+    .error();
+    assert!(no_folder.contains("could not open"), "{no_folder}");
+    assert_eq!(
+        no_folder.matches("No such file or directory").count(),
+        1,
+        "{no_folder}"
+    );
 }
 
 // ---------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ impl std::fmt::Display for IoOp {
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// The operating system reported an error.
-    #[error("{op} of {len_bytes} bytes at offset {offset_bytes} on {device} failed: {source}")]
+    #[error("{}", io_message(device, *op, *offset_bytes, *len_bytes, source))]
     Io {
         /// The device's name (its path).
         device: String,
@@ -93,6 +93,22 @@ pub enum StorageError {
         /// What failed.
         op: IoOp,
     },
+}
+
+fn io_message(
+    device: &str,
+    op: IoOp,
+    offset_bytes: u64,
+    len_bytes: u64,
+    source: &std::io::Error,
+) -> String {
+    match op {
+        IoOp::Open if len_bytes == 0 => format!("could not open {device}: {source}"),
+        IoOp::Open => format!("could not size {device} to {len_bytes} bytes: {source}"),
+        _ => format!(
+            "{op} of {len_bytes} bytes at offset {offset_bytes} on {device} failed: {source}"
+        ),
+    }
 }
 
 /// Bytes and operations that crossed a device, counted at the storage layer.
