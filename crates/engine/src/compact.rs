@@ -19,7 +19,6 @@ use std::time::Duration;
 
 /// How often the compactor looks for freed fragments.
 pub const COMPACT_INTERVAL: Duration = Duration::from_millis(500);
-const COMPACT_SLEEP_STEP: Duration = Duration::from_millis(10);
 
 /// A packed block is compacted when less than this share of it is live (percent):
 /// rewriting up to three quarters of a block to reclaim the rest bounds the waste
@@ -253,11 +252,13 @@ impl Inner {
         // find work, the next one follows without waiting for new frees.
         let mut more = false;
         while !self.closed.load(Ordering::Acquire) {
-            // Sleep in short steps so closing the pool never waits a whole interval.
-            let mut slept = Duration::ZERO;
-            while slept < COMPACT_INTERVAL && !self.closed.load(Ordering::Acquire) {
-                std::thread::sleep(COMPACT_SLEEP_STEP);
-                slept += COMPACT_SLEEP_STEP;
+            {
+                // Closing the pool wakes this wait (it checks `closed` under the lock).
+                let (lock, wake) = &self.compactor_wake;
+                let mut guard = lock.lock();
+                if !self.closed.load(Ordering::Acquire) {
+                    wake.wait_for(&mut guard, COMPACT_INTERVAL);
+                }
             }
             if self.closed.load(Ordering::Acquire) {
                 break;

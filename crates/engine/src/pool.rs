@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     pub commits: AtomicU64,
     pub threads: usize,
     pub closed: AtomicBool,
+    /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
+    pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
     /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
     /// page-store slot at the next checkpoint, so their number is bounded (see
     /// `wants_checkpoint`).
@@ -610,6 +612,7 @@ impl Pool {
             commits: AtomicU64::new(0),
             threads,
             closed: AtomicBool::new(false),
+            compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
             dirty_pages,
             fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
@@ -987,6 +990,10 @@ impl Pool {
         let i = &self.inner;
         if i.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        {
+            let _guard = i.compactor_wake.0.lock();
+            i.compactor_wake.1.notify_all();
         }
         if let Some(h) = self.compact_thread.lock().take() {
             let _ = h.join();

@@ -80,6 +80,11 @@ impl Export for VolumeExport {
         self.volume.read(offset, buf).map_err(|e| errno("read", e))
     }
 
+    fn read_cached(&self, offset: u64, buf: &mut [u8]) -> bool {
+        // An error here is reported by the ordinary read that follows.
+        self.volume.read_cached(offset, buf).unwrap_or(false)
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
         self.volume
             .write(offset, data, fua)

@@ -32,6 +32,15 @@ pub trait Export: Send + Sync {
     fn size_bytes(&self) -> u64;
     /// Fill `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
+    /// Fill `buf` from `offset` only if that needs no wait (for a disk, a lock held
+    /// across I/O, ...): `true` when done. `false`: nothing was done (`buf` is
+    /// unspecified) and [`Export::read`] will be called on a worker thread, which
+    /// also reports any error. The server calls this on the thread that received the
+    /// request, saving the hand-over to a worker. The default never reads here.
+    fn read_cached(&self, offset: u64, buf: &mut [u8]) -> bool {
+        let _ = (offset, buf);
+        false
+    }
     /// Write `data` at `offset`; with `fua`, durable before returning.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32>;
     /// Make `[offset, offset+len)` read as zeros.

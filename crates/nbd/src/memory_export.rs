@@ -106,6 +106,11 @@ impl Export for MemoryExport {
         Ok(())
     }
 
+    /// Memory never waits for a disk; a write in progress holds the lock only briefly.
+    fn read_cached(&self, offset: u64, buf: &mut [u8]) -> bool {
+        self.read(offset, buf).is_ok()
+    }
+
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), u32> {
         let mut state = self.state.write();
         let range = Self::range(&state, offset, data.len() as u64).ok_or(ENOSPC)?;

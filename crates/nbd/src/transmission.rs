@@ -28,6 +28,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{self, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -67,6 +68,9 @@ struct Conn {
     /// The reader waits here for a per-connection slot.
     slot_free: Condvar,
     inflight_max: usize,
+    /// `Queue::inflight`, readable without the lock (the reader polls only while
+    /// it is zero: with requests in flight, the CPUs are better left to workers).
+    inflight_now: Arc<AtomicUsize>,
     server_inflight: Arc<Inflight>,
     /// Workers the reader keeps running quick jobs at once (one per CPU): more
     /// only take turns on the CPUs and cost wakeups.
@@ -142,6 +146,7 @@ impl Permit {
                 conn.slot_free.wait(&mut queue);
             }
             queue.inflight += 1;
+            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
         }
         conn.server_inflight.acquire_request();
         Permit {
@@ -158,10 +163,12 @@ impl Permit {
                 return None;
             }
             queue.inflight += 1;
+            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
         }
         if !conn.server_inflight.try_acquire_request() {
             let mut queue = conn.queue.lock();
             queue.inflight -= 1;
+            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
             conn.slot_free.notify_one();
             return None;
         }
@@ -192,6 +199,9 @@ impl Drop for Permit {
         self.conn.server_inflight.release(self.bytes);
         let mut queue = self.conn.queue.lock();
         queue.inflight = queue.inflight.saturating_sub(1);
+        self.conn
+            .inflight_now
+            .store(queue.inflight, Ordering::Relaxed);
         self.conn.slot_free.notify_one();
     }
 }
@@ -229,6 +239,7 @@ pub(crate) fn serve(
         job_ready: Condvar::new(),
         slot_free: Condvar::new(),
         inflight_max: server.config.max_inflight_per_connection,
+        inflight_now: Arc::new(AtomicUsize::new(0)),
         server_inflight: Arc::clone(&server.inflight),
         workers_running_max: server.workers_running_max,
         workers_max: crate::server::WORKERS_PER_CONNECTION_MAX
@@ -243,6 +254,9 @@ pub(crate) fn serve(
         read_only: session.read_only,
         meta_context: session.meta_context,
     };
+    reader
+        .get_mut()
+        .set_spin(server.config.read_spin, Arc::clone(&conn.inflight_now));
     let mut batch = Vec::with_capacity(READ_BATCH_MAX);
     let mut end = read_requests(&conn, &mut reader, ctx, &mut workers, &mut batch);
     // Requests read before the end are still answered (DISC asks for that).
@@ -394,13 +408,25 @@ impl Workers {
             return Ok(());
         }
         let mut queue = conn.queue.lock();
-        if batch.len() == 1 && queue.jobs.is_empty() && batch.iter().all(Job::quick) {
-            drop(queue);
-            for job in batch.drain(..) {
-                conn.execute(job);
+        if batch.len() == 1 && queue.jobs.is_empty() {
+            if batch.iter().all(Job::quick) {
+                drop(queue);
+                for job in batch.drain(..) {
+                    conn.execute(job);
+                }
+                conn.replies.flush();
+                return Ok(());
             }
-            conn.replies.flush();
-            return Ok(());
+            if let Some(job) = batch.pop_if(|job| matches!(job.command, Command::Read { .. })) {
+                // A lone read whose bytes are at hand is answered here (queue depth 1
+                // reads: no hand-over to a worker and back). Others go to a worker.
+                drop(queue);
+                match conn.try_read_here(job) {
+                    Ok(()) => return Ok(()),
+                    Err(job) => batch.push(job),
+                }
+                queue = conn.queue.lock();
+            }
         }
         for job in batch.drain(..) {
             queue.queued_may_wait += usize::from(job.may_wait());
@@ -705,6 +731,36 @@ impl Conn {
         if let Err(errno) = self.export.read(offset, &mut buf) {
             return self.export_failed(h, "read", errno);
         }
+        self.read_reply(h, offset, buf, df)
+    }
+
+    /// Run a lone small read here, on the reader, if the export has its bytes at hand
+    /// (see [`Export::read_cached`]); otherwise give the job back for a worker.
+    fn try_read_here(&self, job: Job) -> std::result::Result<(), Job> {
+        let Command::Read { offset, len, df } = job.command else {
+            return Err(job);
+        };
+        if len > QUICK_REQUEST_BYTES_MAX {
+            return Err(job);
+        }
+        let mut buf = vec![0u8; len as usize];
+        let done = catch_unwind(AssertUnwindSafe(|| {
+            self.export.read_cached(offset, &mut buf)
+        }))
+        .unwrap_or(false);
+        if !done {
+            return Err(job);
+        }
+        let mut reply = self.read_reply(&job.header, offset, buf, df);
+        reply.hold(job.permit);
+        self.replies.push(reply);
+        self.replies.flush();
+        Ok(())
+    }
+
+    /// The reply to a read whose bytes are in `buf`.
+    fn read_reply(&self, h: &RequestHeader, offset: u64, buf: Vec<u8>, df: bool) -> Reply {
+        let len = buf.len() as u32;
         if !self.mode.chunked() {
             let mut reply = Reply::simple(h.cookie, 0);
             reply.set_data(buf);

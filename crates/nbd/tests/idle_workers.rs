@@ -1,5 +1,6 @@
-//! Worker threads of an idle connection retire after `WORKER_IDLE_TIMEOUT`, and
-//! come back when requests do. Alone in its binary: it counts this process's threads.
+//! Reads at queue depth 1 of bytes at hand need no worker thread; worker threads of
+//! an idle connection retire after `WORKER_IDLE_TIMEOUT`, and come back when requests
+//! do. Alone in its binary: it counts this process's threads.
 
 mod common;
 
@@ -21,6 +22,17 @@ fn idle_workers_retire_and_return() {
     c.handshake();
     c.go("a", &[]).expect("GO");
     let before_burst = threads();
+    // Reads one at a time, of bytes at hand, are answered by the reader itself.
+    for i in 0..50u64 {
+        c.send_request(0, CMD_READ, i, (i % 8) * 4096, 4096, &[]);
+        assert_eq!(c.simple_reply(), (0, i));
+        c.read_bytes(4096);
+    }
+    assert_eq!(
+        threads(),
+        before_burst,
+        "queue-depth-1 reads of memory started worker threads"
+    );
     // A pipelined burst starts workers. FUA writes are never run on the reader
     // thread (plain small writes may be, when they arrive one at a time).
     for round in 0..2u64 {

@@ -42,6 +42,8 @@ pub struct FileStorage {
     len_bytes: u64,
     identity: (u64, u64),
     counters: IoCounters,
+    /// Whether the kernel takes `RWF_NOWAIT` reads on this file (cleared if refused).
+    nowait: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for FileStorage {
@@ -105,6 +107,7 @@ impl FileStorage {
             len_bytes: 0,
             identity,
             counters: IoCounters::default(),
+            nowait: std::sync::atomic::AtomicBool::new(true),
         };
         if let (Some(want), false) = (create_len, is_block) {
             if meta.len() < want {
@@ -213,6 +216,48 @@ impl Storage for FileStorage {
         Ok(())
     }
 
+    /// `preadv2(RWF_NOWAIT)`: the kernel reads only from the page cache, and says
+    /// `EAGAIN` rather than wait for the device. Any refusal or short read is "would
+    /// wait": the caller then reads the ordinary way, which reports real errors.
+    fn read_at_cached(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, StorageError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        check_bounds(
+            &self.name,
+            IoOp::Read,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes,
+        )?;
+        if !self.nowait.load(Relaxed) {
+            return Ok(false);
+        }
+        let Ok(offset) = libc::off_t::try_from(offset_bytes) else {
+            return Ok(false);
+        };
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `iov` describes `buf`, which is valid for writes of its length and
+        // outlives the call; the descriptor is owned by `self.file`.
+        let n = unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
+        if n < 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if matches!(
+                errno,
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) | Some(libc::ENOSYS)
+            ) {
+                self.nowait.store(false, Relaxed);
+            }
+            return Ok(false);
+        }
+        if n as usize != buf.len() {
+            return Ok(false);
+        }
+        self.counters.count_read(buf.len());
+        Ok(true)
+    }
+
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
         check_bounds(
             &self.name,
@@ -246,5 +291,49 @@ impl Storage for FileStorage {
 
     fn counters(&self) -> &IoCounters {
         &self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::io::AsRawFd;
+
+    /// A read that would wait for the disk is refused by `read_at_cached`, and the same
+    /// bytes are read from the page cache once an ordinary read brought them in.
+    #[test]
+    fn cached_reads_come_only_from_the_page_cache() {
+        // Under the build's target folder: on a disk (a tmpfs /tmp never evicts).
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target")
+            .join(format!("fewerbytes-storage-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("dev");
+        let dev = FileStorage::create(&path, 1 << 20).expect("create");
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+        dev.write_at(&data, 0).expect("write");
+        dev.flush().expect("flush");
+        // Clean pages (after the fsync) leave the cache on request.
+        // SAFETY: a valid descriptor; the call only advises the kernel.
+        let rc =
+            unsafe { libc::posix_fadvise(dev.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0, "posix_fadvise");
+        let mut buf = vec![0u8; 8192];
+        assert!(
+            !dev.read_at_cached(&mut buf, 65536).expect("cached read"),
+            "bytes that are only on the disk were read without waiting"
+        );
+        dev.read_at(&mut buf, 65536).expect("read");
+        let mut again = vec![0u8; 8192];
+        assert!(
+            dev.read_at_cached(&mut again, 65536).expect("cached read"),
+            "bytes just read are in the page cache"
+        );
+        assert!(
+            again == data[65536..65536 + 8192],
+            "cached read returned other bytes"
+        );
+        drop(dev);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

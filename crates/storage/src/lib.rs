@@ -176,6 +176,13 @@ impl IoCounters {
 pub trait Storage: Send + Sync {
     /// Read exactly `buf.len()` bytes at `offset_bytes`.
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError>;
+    /// Read like [`Storage::read_at`], but only if that needs no wait for the device
+    /// (the bytes are cached): `Ok(true)` when read, `Ok(false)` when it would wait
+    /// (nothing counted, `buf` unspecified). A device that cannot tell says `false`.
+    fn read_at_cached(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, StorageError> {
+        let _ = (buf, offset_bytes);
+        Ok(false)
+    }
     /// Write all of `buf` at `offset_bytes`.
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError>;
     /// Make every write that returned before this call durable.
