@@ -1,7 +1,8 @@
 //! The engine against a trivial model (volume → bytes), over random writes of
 //! duplicate, zero, compressible and random data, partial 512-byte writes, trims,
 //! write-zeroes, clones, deletes, flushes, compaction, clean reopens and crashes
-//! that drop every unflushed write. Each case ends with a reference-count audit.
+//! that keep none, all or a random subset of the unflushed writes (some torn at
+//! 512-byte boundaries). Each case ends with a reference-count audit.
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -61,7 +62,9 @@ enum Op {
     Flush,
     Compact,
     Reopen,
-    Crash,
+    /// A process or power crash: the device keeps none, all, or (seeded) a random
+    /// subset of its unflushed writes, some of them torn at 512-byte boundaries.
+    Crash(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -85,7 +88,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Flush),
         1 => Just(Op::Compact),
         1 => Just(Op::Reopen),
-        1 => Just(Op::Crash),
+        1 => any::<u64>().prop_map(Op::Crash),
     ]
 }
 
@@ -243,9 +246,13 @@ fn run(ops: Vec<Op>) {
                 t.reopen();
                 model.durable();
             }
-            Op::Crash => {
+            Op::Crash(seed) => {
                 drop(p);
-                t.crash(CrashMode::DropAll);
+                t.crash(match seed % 3 {
+                    0 => CrashMode::DropAll,
+                    1 => CrashMode::KeepAll,
+                    _ => CrashMode::Random(seed),
+                });
                 // Each block: the flushed content or a later one; adopt what is there.
                 for ((vol, b), allowed) in std::mem::take(&mut model.maybe) {
                     if !model.vols.contains_key(&vol) {
