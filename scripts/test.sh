@@ -4,7 +4,7 @@
 # and prints a summary.
 #
 #   scripts/test.sh                 # the default run (well under 20 minutes on 2 cores)
-#   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees
+#   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees, 2,048 model cases
 #   scripts/test.sh -- nbdinfo      # extra arguments go to `cargo test` (here: a filter)
 set -euo pipefail
 

@@ -295,7 +295,11 @@ fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    // 128 cases by default (about 45 s); `FEWERBYTES_SOAK=1` runs 2,048.
+    #![proptest_config(ProptestConfig {
+        cases: if std::env::var("FEWERBYTES_SOAK").is_ok_and(|v| v == "1") { 2048 } else { 128 },
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops);
