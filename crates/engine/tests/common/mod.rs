@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
+use fewerbytes_engine::storage::{CrashMode, FaultPlan, FaultStorage, Storage};
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
 use rand::{rngs::StdRng, Rng, RngCore};
 use std::sync::Arc;
@@ -68,10 +68,17 @@ impl TestPool {
     pub fn crash(&mut self, mode: CrashMode) {
         let image = self.dev.crash_image(mode);
         let meta_image = self.meta.as_ref().map(|m| m.crash_image(mode));
-        // The old pool must not touch the new devices; it is simply abandoned.
-        if let Some(p) = self.pool.take() {
-            std::mem::forget(p);
+        // The old pool keeps its own (old) devices. Fail every write and flush on
+        // them, so closing it does nothing a crash would not, and free it (abandoned
+        // pools held gigabytes across a property test's cases).
+        for dev in std::iter::once(&self.dev).chain(self.meta.as_ref()) {
+            dev.set_plan(FaultPlan {
+                fail_write: Some(0),
+                fail_flush: Some(0),
+                ..FaultPlan::default()
+            });
         }
+        drop(self.pool.take());
         self.dev = Arc::new(FaultStorage::from_image("data", image));
         self.meta = meta_image.map(|i| Arc::new(FaultStorage::from_image("meta", i)));
         self.open();
