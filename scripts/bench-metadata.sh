@@ -49,6 +49,10 @@ echo "fill ${VOLUME_GIB} GiB (seed mix, 1M writes QD8): $(seconds "$t0" "$t1") s
 t0=$(now); "$FB" --pool "$pool" volume clone big big-clone >/dev/null; t1=$(now)
 echo "clone of the ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s"
 
+# The reference-count audit pauses the pool's I/O while it runs.
+t0=$(now); "$FB" --pool "$pool" check >/dev/null; t1=$(now)
+echo "check (audit of both volumes' maps against every count): $(seconds "$t0" "$t1") s"
+
 t0=$(now)
 # libnbd's Python module is installed for the system's python3.
 "$(command -v -p python3)" - "nbd+unix:///big-clone?socket=$sock" "$TRIM_GIB" <<'EOF'

@@ -254,19 +254,6 @@ impl Inner {
             .map(|v| v.size_blocks())
             .sum()
     }
-
-    /// The exact reference counts every map implies, per object.
-    pub fn count_references(&self) -> std::collections::HashMap<u64, u64> {
-        let mut refs = std::collections::HashMap::new();
-        for vol in self.volumes.read().iter().flatten() {
-            vol.for_each_mapped(|_, e| {
-                if let Some(o) = e.object() {
-                    *refs.entry(o.0).or_insert(0) += 1;
-                }
-            });
-        }
-        refs
-    }
 }
 
 /// An open pool. Shared by `Arc`; the final checkpoint is taken by `close` or when

@@ -181,31 +181,109 @@ impl Pool {
 
     /// Reference-count audit: references from all maps against stored counts, and
     /// block holders against live objects.
+    ///
+    /// Writes pause only while the state is copied (the referenced object ids, each
+    /// slab's live records and block holders); the comparison runs after.
     pub fn audit(&self) -> AuditReport {
         let i = &self.inner;
-        let _gate = i.gate.write();
-        let refs = i.count_references();
+        let snapshot = {
+            let _gate = i.gate.write();
+            AuditSnapshot::take(i)
+        };
+        snapshot.check(i.slab_count, u64::from(i.objects_per_slab))
+    }
+}
+
+/// What the audit compares, copied while writes are paused.
+struct AuditSnapshot {
+    /// Object ids referenced by block maps, one entry per reference.
+    refs: Vec<u64>,
+    slabs: Vec<SlabSnapshot>,
+}
+
+struct SlabSnapshot {
+    first_pbn: u64,
+    /// Records in use: (object index, encoded location, reference count).
+    records: Vec<(u32, u64, u32)>,
+    /// Holders recorded per block.
+    holders: Vec<u16>,
+    /// Blocks open in a packer (each open block holds itself once per entry).
+    open_blocks: Vec<u32>,
+}
+
+impl AuditSnapshot {
+    fn take(i: &crate::pool::Inner) -> AuditSnapshot {
+        let mut refs = Vec::new();
+        for vol in i.volumes.read().iter().flatten() {
+            vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
+        }
+        let slabs = (0..i.slab_count)
+            .map(|s| {
+                let slab = i.slab(s).lock();
+                let records = (0..slab.objects())
+                    .filter_map(|idx| {
+                        let rec = slab.rec(idx);
+                        (rec.refcount != 0 || rec.location != 0).then_some((
+                            idx,
+                            rec.location,
+                            rec.refcount,
+                        ))
+                    })
+                    .collect();
+                SlabSnapshot {
+                    first_pbn: slab.first_pbn,
+                    records,
+                    holders: (0..slab.blocks).map(|b| slab.holders(b)).collect(),
+                    open_blocks: slab.open_blocks.iter().map(|(b, _)| *b).collect(),
+                }
+            })
+            .collect();
+        AuditSnapshot { refs, slabs }
+    }
+
+    fn check(mut self, slab_count: u32, objects_per_slab: u64) -> AuditReport {
         let mut problems = Vec::new();
-        let map_entries: u64 = refs.values().sum();
+        let map_entries = self.refs.len() as u64;
+        self.refs.sort_unstable();
+        // References per object id, in id order: (id, count).
+        let mut counts = self
+            .refs
+            .chunk_by(|a, b| a == b)
+            .map(|run| (run.first().copied().unwrap_or(0), run.len() as u64))
+            .peekable();
         let mut objects_checked = 0u64;
-        for s in 0..i.slab_count {
-            let slab = i.slab(s).lock();
-            let mut holders = vec![0u32; slab.blocks as usize];
-            for idx in 0..slab.objects() {
-                let rec = slab.rec(idx);
-                let id = u64::from(s) * u64::from(i.objects_per_slab) + u64::from(idx);
-                let expected = refs.get(&id).copied().unwrap_or(0);
-                if u64::from(rec.refcount) != expected {
+        for (s, slab) in self.slabs.iter().enumerate() {
+            let base = s as u64 * objects_per_slab;
+            let mut holders = vec![0u32; slab.holders.len()];
+            for &(idx, location, refcount) in &slab.records {
+                let id = base + u64::from(idx);
+                // References to objects below this one have no record: free objects.
+                while let Some(&(rid, n)) = counts.peek() {
+                    if rid >= id {
+                        break;
+                    }
                     problems.push(format!(
-                        "object {id}: stored count {} but maps hold {expected} references",
-                        rec.refcount
+                        "maps hold {n} references to object {rid}, which is free"
+                    ));
+                    counts.next();
+                }
+                let expected = match counts.peek() {
+                    Some(&(rid, n)) if rid == id => {
+                        counts.next();
+                        n
+                    }
+                    _ => 0,
+                };
+                if u64::from(refcount) != expected {
+                    problems.push(format!(
+                        "object {id}: stored count {refcount} but maps hold {expected} references"
                     ));
                 }
-                if rec.refcount == 0 {
+                if refcount == 0 {
                     continue;
                 }
                 objects_checked += 1;
-                match Location::decode(rec.location) {
+                match Location::decode(location) {
                     Ok(loc) => {
                         let (first, count) = loc.blocks();
                         for b in first..first + count {
@@ -217,32 +295,117 @@ impl Pool {
                     Err(e) => problems.push(format!("object {id}: {e}")),
                 }
             }
-            for (b, h) in holders.iter().enumerate() {
-                let open = slab
-                    .open_blocks
-                    .iter()
-                    .filter(|(ob, _)| *ob as usize == b)
-                    .count() as u32;
-                let stored = u32::from(slab.holders(b as u32));
-                if stored != h + open {
+            for &b in &slab.open_blocks {
+                if let Some(h) = holders.get_mut(b as usize) {
+                    *h += 1;
+                }
+            }
+            for (b, (&stored, &found)) in slab.holders.iter().zip(holders.iter()).enumerate() {
+                if u32::from(stored) != found {
                     problems.push(format!(
-                        "block {} of slab {s}: {stored} holders recorded, {} found",
-                        b,
-                        h + open
+                        "block {b} of slab {s}: {stored} holders recorded, {found} found"
                     ));
                 }
             }
-        }
-        for id in refs.keys() {
-            let (s, _) = i.split_object(fewerbytes_format::location::ObjectId(*id));
-            if s >= i.slab_count {
-                problems.push(format!("a map references object {id}, outside the pool"));
+            // References to free objects at the end of this slab.
+            let next_base = base + objects_per_slab;
+            while let Some(&(rid, n)) = counts.peek() {
+                if rid >= next_base {
+                    break;
+                }
+                problems.push(format!(
+                    "maps hold {n} references to object {rid}, which is free"
+                ));
+                counts.next();
             }
+        }
+        for (rid, _) in counts {
+            problems.push(format!(
+                "a map references object {rid}, outside the pool's {slab_count} slabs"
+            ));
         }
         AuditReport {
             objects_checked,
             map_entries_checked: map_entries,
             problems,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One slab of 4 blocks and 8 object slots: object 0 is block 0 (2 references),
+    /// object 1 is block 1 (1 reference).
+    fn consistent() -> AuditSnapshot {
+        AuditSnapshot {
+            refs: vec![1, 0, 0],
+            slabs: vec![SlabSnapshot {
+                first_pbn: 0,
+                records: vec![
+                    (0, Location::Block { pbn: 0 }.encode(), 2),
+                    (1, Location::Block { pbn: 1 }.encode(), 1),
+                ],
+                holders: vec![1, 1, 0, 1],
+                open_blocks: vec![3],
+            }],
+        }
+    }
+
+    fn problems(snapshot: AuditSnapshot) -> Vec<String> {
+        let report = snapshot.check(1, 8);
+        report.problems
+    }
+
+    #[test]
+    fn a_consistent_pool_has_no_problems() {
+        let report = consistent().check(1, 8);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_eq!((report.objects_checked, report.map_entries_checked), (2, 3));
+    }
+
+    #[test]
+    fn every_kind_of_damage_is_reported() {
+        let mut wrong_count = consistent();
+        wrong_count.refs.pop();
+        let p = problems(wrong_count);
+        assert!(
+            p.iter()
+                .any(|m| m.contains("object 0: stored count 2 but maps hold 1")),
+            "{p:?}"
+        );
+
+        let mut to_free = consistent();
+        to_free.refs.push(5);
+        let p = problems(to_free);
+        assert!(
+            p.iter()
+                .any(|m| m.contains("1 references to object 5, which is free")),
+            "{p:?}"
+        );
+
+        let mut outside = consistent();
+        outside.refs.push(99);
+        let p = problems(outside);
+        assert!(p.iter().any(|m| m.contains("object 99, outside")), "{p:?}");
+
+        let mut holder = consistent();
+        if let Some(s) = holder.slabs.first_mut() {
+            s.holders[2] = 1;
+        }
+        let p = problems(holder);
+        assert!(
+            p.iter()
+                .any(|m| m.contains("block 2 of slab 0: 1 holders recorded, 0 found")),
+            "{p:?}"
+        );
+
+        let mut open = consistent();
+        if let Some(s) = open.slabs.first_mut() {
+            s.open_blocks.clear();
+        }
+        let p = problems(open);
+        assert!(p.iter().any(|m| m.contains("block 3 of slab 0")), "{p:?}");
     }
 }
