@@ -88,6 +88,8 @@ struct Queue {
     idle: usize,
     /// Jobs in `jobs` that may wait for the disk.
     queued_may_wait: usize,
+    /// Jobs in `jobs` that are large writes (see [`Job::heavy`]).
+    queued_heavy: usize,
     /// Workers running a job that may wait for the disk.
     running_may_wait: usize,
     /// Workers alive (started and not retired).
@@ -117,6 +119,12 @@ impl Job {
             | Command::WriteZeroes { fua, .. } => fua,
             Command::Cache | Command::Disconnect => false,
         }
+    }
+
+    /// Tens of microseconds of CPU or more: a write larger than a quick one (hashing
+    /// and compressing 4 KiB takes a few microseconds), without FUA.
+    fn heavy(&self) -> bool {
+        matches!(self.command, Command::Write { len, fua: false, .. } if len > QUICK_REQUEST_BYTES_MAX)
     }
 
     /// A few microseconds of CPU: a small write without FUA (it lands in the page
@@ -430,18 +438,25 @@ impl Workers {
         }
         for job in batch.drain(..) {
             queue.queued_may_wait += usize::from(job.may_wait());
+            queue.queued_heavy += usize::from(job.heavy());
             queue.jobs.push_back(job);
         }
         // A job that may wait gets a worker of its own; the others share one running
-        // worker per CPU.
+        // worker per CPU. Small jobs wake another worker only when more are queued
+        // than are running (a running worker takes the next one, and its replies go
+        // out together); a queued large write gets an idle CPU at once.
         let running = queue
             .workers
             .saturating_sub(queue.idle + queue.running_may_wait);
         let queued_cpu = queue.jobs.len() - queue.queued_may_wait;
-        let wake = queue.queued_may_wait
-            + queued_cpu
+        let wake_cpu = if queue.queued_heavy > 0 {
+            queued_cpu.min(conn.workers_running_max.saturating_sub(running))
+        } else {
+            queued_cpu
                 .min(conn.workers_running_max)
-                .saturating_sub(running);
+                .saturating_sub(running)
+        };
+        let wake = queue.queued_may_wait + wake_cpu;
         let woken = wake.min(queue.idle);
         for _ in 0..woken {
             conn.job_ready.notify_one();
@@ -563,6 +578,9 @@ fn work(conn: &Arc<Conn>) {
         if may_wait {
             queue.queued_may_wait -= 1;
             queue.running_may_wait += 1;
+        }
+        if job.heavy() {
+            queue.queued_heavy -= 1;
         }
         let flush_first = deferred >= REPLIES_DEFERRED_MAX || !job.quick();
         MutexGuard::unlocked(&mut queue, || {

@@ -384,6 +384,32 @@ fn pipelined_requests_complete_out_of_order() {
     c.disconnect();
 }
 
+/// Large writes are CPU work (hashing a 128 KiB write takes tens of microseconds): one
+/// waiting for a worker gets an idle CPU's worker at once, not only after the running
+/// one finishes.
+#[test]
+fn large_writes_run_on_workers_side_by_side() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("one CPU: the server runs one worker at a time; nothing to check");
+        return;
+    }
+    const GATED: u64 = 1 << 20;
+    let (t, gate) = gated_server(ServerConfig::default(), u64::MAX);
+    *gate.gated_write_offset.lock() = Some(GATED);
+    let mut c = simple_client(&t, "g");
+    let big = 128 << 10;
+    c.send_request(0, CMD_WRITE, 1, GATED, big, &pattern(1, big as usize));
+    gate.wait_for_waiting(1);
+    c.send_request(0, CMD_WRITE, 2, GATED, big, &pattern(2, big as usize));
+    // Both reach the export while the gate is shut: two workers run at once.
+    gate.wait_for_waiting(2);
+    gate.open_gate();
+    let mut cookies = [c.simple_reply(), c.simple_reply()];
+    cookies.sort();
+    assert_eq!(cookies, [(0, 1), (0, 2)]);
+    c.disconnect();
+}
+
 #[test]
 fn per_connection_limit_stops_reading_until_a_request_completes() {
     const GATED: u64 = 0;

@@ -391,6 +391,8 @@ pub struct GatedExport {
     pub open: Mutex<bool>,
     pub opened: Condvar,
     pub waiting: Mutex<usize>,
+    /// Writes at this offset wait at the gate too (none unless set).
+    pub gated_write_offset: Mutex<Option<u64>>,
 }
 
 impl GatedExport {
@@ -401,6 +403,7 @@ impl GatedExport {
             open: Mutex::new(false),
             opened: Condvar::new(),
             waiting: Mutex::new(0),
+            gated_write_offset: Mutex::new(None),
         })
     }
 
@@ -409,7 +412,18 @@ impl GatedExport {
         self.opened.notify_all();
     }
 
-    /// Reads waiting at the gate now.
+    /// Block until the gate opens (counted in `waiting`).
+    fn wait_at_gate(&self) {
+        *self.waiting.lock() += 1;
+        let mut open = self.open.lock();
+        while !*open {
+            self.opened.wait(&mut open);
+        }
+        drop(open);
+        *self.waiting.lock() -= 1;
+    }
+
+    /// Requests waiting at the gate now.
     pub fn waiting(&self) -> usize {
         *self.waiting.lock()
     }
@@ -422,7 +436,7 @@ impl GatedExport {
             std::thread::sleep(Duration::from_millis(5));
         }
         panic!(
-            "only {} reads reached the gate, expected {n}",
+            "only {} requests reached the gate, expected {n}",
             self.waiting()
         );
     }
@@ -434,17 +448,14 @@ impl Export for GatedExport {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
         if offset == self.gated_offset {
-            *self.waiting.lock() += 1;
-            let mut open = self.open.lock();
-            while !*open {
-                self.opened.wait(&mut open);
-            }
-            drop(open);
-            *self.waiting.lock() -= 1;
+            self.wait_at_gate();
         }
         self.inner.read(offset, buf)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        if *self.gated_write_offset.lock() == Some(offset) {
+            self.wait_at_gate();
+        }
         self.inner.write(offset, data, fua)
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
