@@ -201,7 +201,8 @@ impl Volume {
     /// before it, and other zones may hold unfilled runs: give those back, take a
     /// checkpoint outside the gate, and try again while a block is free or waits to be.
     /// Other writers may take the reclaimed blocks first (they are making progress, so
-    /// this ends); the pool is full when, after a checkpoint, no block is either. This keeps a thick pool from refusing a guest's overwrite.
+    /// this ends); the pool is full when, after a checkpoint, no block is either. This
+    /// keeps a thick pool from refusing a guest's overwrite.
     fn write_step_reclaiming(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
         loop {

@@ -814,7 +814,7 @@ mod tests {
         let (a, b) = UnixStream::pair().expect("socket pair");
         let mut reader = StreamReader::new(Arc::new(Stream::Unix(a)));
         let inflight = Arc::new(AtomicUsize::new(0));
-        reader.set_spin(Duration::from_micros(200), Arc::clone(&inflight));
+        reader.set_spin(Duration::from_millis(5), Arc::clone(&inflight));
         assert!(reader.may_spin(), "a new connection polls");
         let mut buf = [0u8; 4];
         // Bytes already there: a short gap, polling goes on.
@@ -827,13 +827,13 @@ mod tests {
         inflight.store(0, Ordering::Relaxed);
         // A long gap: the next read sleeps at once.
         let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(100));
             (&b).write_all(b"efgh").expect("write");
             b
         });
         reader.read_exact(&mut buf).expect("read");
         assert_eq!(&buf, b"efgh");
-        assert!(!reader.may_spin(), "a 20 ms gap must stop the polling");
+        assert!(!reader.may_spin(), "a 100 ms gap must stop the polling");
         let b = writer.join().expect("writer");
         // And a short one starts it again.
         (&b).write_all(b"ijkl").expect("write");
