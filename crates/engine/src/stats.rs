@@ -287,9 +287,16 @@ impl AuditSnapshot {
                     Ok(loc) => {
                         let (first, count) = loc.blocks();
                         for b in first..first + count {
-                            if let Some(h) = holders.get_mut((b - slab.first_pbn) as usize) {
-                                *h += 1;
-                            }
+                            // A location outside its own slab is damage.
+                            let Some(h) = b
+                                .checked_sub(slab.first_pbn)
+                                .and_then(|i| holders.get_mut(i as usize))
+                            else {
+                                problems
+                                    .push(format!("object {id}: block {b} is outside its slab"));
+                                continue;
+                            };
+                            *h += 1;
                         }
                     }
                     Err(e) => problems.push(format!("object {id}: {e}")),
@@ -398,6 +405,17 @@ mod tests {
         assert!(
             p.iter()
                 .any(|m| m.contains("block 2 of slab 0: 1 holders recorded, 0 found")),
+            "{p:?}"
+        );
+
+        let mut astray = consistent();
+        if let Some(s) = astray.slabs.first_mut() {
+            s.records[1].1 = Location::Block { pbn: 100 }.encode();
+        }
+        let p = problems(astray);
+        assert!(
+            p.iter()
+                .any(|m| m.contains("object 1: block 100 is outside its slab")),
             "{p:?}"
         );
 
