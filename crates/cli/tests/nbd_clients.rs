@@ -817,7 +817,8 @@ fn nbd_client_completes_kernel_style_handshake() {
 #[test]
 fn nbdsh_bad_requests_get_errors_and_connection_survives() {
     let dir = TempDir::new("bad");
-    let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    // Without polling between requests (every other test serves with the default).
+    let server = Server::start_new(dir.path(), &[("vol", "64M")], &["--poll-us", "0"]);
     let ran = python_nbd(BAD_REQUESTS_PY, &[&server.unix_uri("vol")]);
     assert!(
         ran.stdout.contains("all refused as expected"),
