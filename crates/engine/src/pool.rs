@@ -822,9 +822,7 @@ impl Pool {
         if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
             *v = None;
         }
-        for o in released {
-            i.release_object(o);
-        }
+        i.release_objects(&released);
         i.checkpoint_locked(gate, true)
     }
 
@@ -882,9 +880,7 @@ impl Pool {
                     }
                 }
             }
-            for o in released {
-                i.release_object(o);
-            }
+            i.release_objects(&released);
         }
         vol.set_size(size_blocks);
         i.checkpoint_locked(gate, true)?;
@@ -937,9 +933,7 @@ impl Pool {
             .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
         vol.zeros
             .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
-        for o in shared {
-            i.add_reference(o);
-        }
+        i.add_references(&shared);
         Self::insert_volume(&mut i.volumes.write(), vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))

@@ -382,9 +382,7 @@ impl Volume {
             steps += 1;
         }
         drop(pages);
-        for o in released {
-            inner.release_object(o);
-        }
+        inner.release_objects(&released);
         Ok(lbn)
     }
 
@@ -619,12 +617,60 @@ impl Inner {
         true
     }
 
-    /// Add a reference (clones).
-    pub(crate) fn add_reference(&self, o: ObjectId) {
-        let (s, i) = self.split_object(o);
-        let mut slab = self.slab(s).lock();
-        if let Some(r) = slab.rec_mut(i) {
-            r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
+    /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
+    pub(crate) fn add_references(&self, objects: &[ObjectId]) {
+        for (s, indexes) in self.by_slab(objects).iter().enumerate() {
+            if indexes.is_empty() {
+                continue;
+            }
+            let mut slab = self.slab(s as u32).lock();
+            for &i in indexes {
+                if let Some(r) = slab.rec_mut(i) {
+                    r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
+                }
+            }
+        }
+    }
+
+    /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
+    /// lock once; freed objects leave the index.
+    pub(crate) fn release_objects(&self, objects: &[ObjectId]) {
+        for (s, indexes) in self.by_slab(objects).iter().enumerate() {
+            if indexes.is_empty() {
+                continue;
+            }
+            let freed: Vec<(u32, ObjRec)> = {
+                let mut slab = self.slab(s as u32).lock();
+                indexes
+                    .iter()
+                    .filter_map(|&i| slab.drop_ref(i).map(|rec| (i, rec)))
+                    .collect()
+            };
+            for (i, rec) in freed {
+                let o = ObjectId(s as u64 * u64::from(self.objects_per_slab) + u64::from(i));
+                self.forget_freed(o, &rec);
+            }
+        }
+    }
+
+    /// Object indexes grouped by slab (in the order given).
+    fn by_slab(&self, objects: &[ObjectId]) -> Vec<Vec<u32>> {
+        let mut groups = vec![Vec::new(); self.slab_count as usize];
+        for &o in objects {
+            let (s, i) = self.split_object(o);
+            if let Some(g) = groups.get_mut(s as usize) {
+                g.push(i);
+            }
+        }
+        groups
+    }
+
+    /// What follows an object's last reference going: it leaves the index, and a
+    /// dead fragment may leave its packed block mostly empty (the compactor's cue).
+    fn forget_freed(&self, o: ObjectId, rec: &ObjRec) {
+        self.index.remove(&rec.fingerprint, o);
+        if rec.location & (1 << 63) != 0 {
+            self.fragment_frees.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -633,11 +679,7 @@ impl Inner {
         let (s, i) = self.split_object(o);
         let freed = self.slab(s).lock().drop_ref(i);
         if let Some(rec) = freed {
-            self.index.remove(&rec.fingerprint, o);
-            if rec.location & (1 << 63) != 0 {
-                // A dead fragment may leave its packed block mostly empty.
-                self.fragment_frees.fetch_add(1, Ordering::Relaxed);
-            }
+            self.forget_freed(o, &rec);
         }
     }
 
