@@ -205,12 +205,15 @@ impl Volume {
     /// keeps a thick pool from refusing a guest's overwrite.
     fn write_step_reclaiming(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
+        let mut rounds = 0;
         loop {
             match self.write_step(offset_bytes, data) {
                 Err(EngineError::NoSpace(why)) => {
                     inner.release_open_space()?;
                     inner.checkpoint()?;
-                    if !inner.space_to_retry() {
+                    rounds += 1;
+                    // The bound only guards against a livelock nobody has seen.
+                    if rounds >= RECLAIM_ROUNDS_MAX || !inner.space_to_retry() {
                         return Err(EngineError::NoSpace(why));
                     }
                 }
@@ -435,6 +438,9 @@ impl Volume {
         Ok(out)
     }
 }
+
+/// Checkpoints one write takes at most to reclaim space before it reports a full pool.
+const RECLAIM_ROUNDS_MAX: u32 = 64;
 
 /// Whether a read may wait for the disk (or a checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
