@@ -71,6 +71,11 @@ fn io_err(
 }
 
 impl FileStorage {
+    /// Whether `[offset, offset+len)` lies inside the device.
+    fn check_bounds(&self, op: IoOp, offset_bytes: u64, len: usize) -> Result<(), StorageError> {
+        check_bounds(&self.name, op, offset_bytes, len as u64, self.len_bytes)
+    }
+
     /// Open an existing file or block device, read-write, and lock it exclusively.
     pub fn open(path: &Path) -> Result<Self, StorageError> {
         Self::open_inner(path, None)
@@ -202,13 +207,7 @@ impl Drop for FileStorage {
 
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(
-            &self.name,
-            IoOp::Read,
-            offset_bytes,
-            buf.len() as u64,
-            self.len_bytes,
-        )?;
+        self.check_bounds(IoOp::Read, offset_bytes, buf.len())?;
         self.file
             .read_exact_at(buf, offset_bytes)
             .map_err(|e| io_err(&self.name, IoOp::Read, offset_bytes, buf.len() as u64, e))?;
@@ -221,13 +220,7 @@ impl Storage for FileStorage {
     /// wait": the caller then reads the ordinary way, which reports real errors.
     fn read_at_cached(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, StorageError> {
         use std::sync::atomic::Ordering::Relaxed;
-        check_bounds(
-            &self.name,
-            IoOp::Read,
-            offset_bytes,
-            buf.len() as u64,
-            self.len_bytes,
-        )?;
+        self.check_bounds(IoOp::Read, offset_bytes, buf.len())?;
         if !self.nowait.load(Relaxed) {
             return Ok(false);
         }
@@ -259,13 +252,7 @@ impl Storage for FileStorage {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(
-            &self.name,
-            IoOp::Write,
-            offset_bytes,
-            buf.len() as u64,
-            self.len_bytes,
-        )?;
+        self.check_bounds(IoOp::Write, offset_bytes, buf.len())?;
         self.file
             .write_all_at(buf, offset_bytes)
             .map_err(|e| io_err(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, e))?;
