@@ -120,17 +120,24 @@ impl DedupIndex {
         (out, n)
     }
 
+    /// The entry `fp` → `object` would be, its shard (locked) and its bucket index;
+    /// `None` for an object id too large for an entry.
+    fn locate(
+        &self,
+        fp: &[u8; 32],
+        object: ObjectId,
+    ) -> Option<(Entry, parking_lot::MutexGuard<'_, Shard>, usize)> {
+        let (key, tag) = key_of(fp);
+        let entry = Entry::new(tag, object)?;
+        let (s, b) = self.place(key);
+        Some((entry, self.shards.get(s)?.lock(), b))
+    }
+
     /// Remember that `fp` is stored as `object`.
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
-        let (key, tag) = key_of(fp);
-        let Some(entry) = Entry::new(tag, object) else {
+        let Some((entry, mut shard, b)) = self.locate(fp, object) else {
             return;
         };
-        let (s, b) = self.place(key);
-        let Some(shard) = self.shards.get(s) else {
-            return;
-        };
-        let mut shard = shard.lock();
         let victim = shard.next_victim;
         let Some(bucket) = shard.buckets.get_mut(b) else {
             return;
@@ -150,15 +157,9 @@ impl DedupIndex {
 
     /// Forget `object` under `fp` (it was freed).
     pub fn remove(&self, fp: &[u8; 32], object: ObjectId) {
-        let (key, tag) = key_of(fp);
-        let Some(entry) = Entry::new(tag, object) else {
+        let Some((entry, mut shard, b)) = self.locate(fp, object) else {
             return;
         };
-        let (s, b) = self.place(key);
-        let Some(shard) = self.shards.get(s) else {
-            return;
-        };
-        let mut shard = shard.lock();
         if let Some(bucket) = shard.buckets.get_mut(b) {
             for e in bucket.iter_mut().filter(|e| **e == entry) {
                 *e = Entry::default();

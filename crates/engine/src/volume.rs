@@ -625,12 +625,9 @@ impl Inner {
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
     pub(crate) fn add_references(&self, objects: &[ObjectId]) {
-        for (s, indexes) in self.by_slab(objects).iter().enumerate() {
-            if indexes.is_empty() {
-                continue;
-            }
-            let mut slab = self.slab(s as u32).lock();
-            for &i in indexes {
+        for (s, indexes) in self.by_slab(objects) {
+            let mut slab = self.slab(s).lock();
+            for i in indexes {
                 if let Some(r) = slab.rec_mut(i) {
                     r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
                 }
@@ -641,26 +638,38 @@ impl Inner {
     /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
     /// lock once; freed objects leave the index.
     pub(crate) fn release_objects(&self, objects: &[ObjectId]) {
-        for (s, indexes) in self.by_slab(objects).iter().enumerate() {
-            if indexes.is_empty() {
-                continue;
-            }
+        for (s, indexes) in self.by_slab(objects) {
             let freed: Vec<(u32, ObjRec)> = {
-                let mut slab = self.slab(s as u32).lock();
+                let mut slab = self.slab(s).lock();
                 indexes
-                    .iter()
-                    .filter_map(|&i| slab.drop_ref(i).map(|rec| (i, rec)))
+                    .into_iter()
+                    .filter_map(|i| slab.drop_ref(i).map(|rec| (i, rec)))
                     .collect()
             };
             for (i, rec) in freed {
-                let o = ObjectId(s as u64 * u64::from(self.objects_per_slab) + u64::from(i));
+                let o = ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i));
                 self.forget_freed(o, &rec);
             }
         }
     }
 
-    /// Object indexes grouped by slab (in the order given).
-    fn by_slab(&self, objects: &[ObjectId]) -> Vec<Vec<u32>> {
+    /// Object indexes grouped by slab: (slab, its indexes), only slabs with some.
+    /// Reference changes commute, so the order within a slab does not matter. Many
+    /// objects (a delete) go into one bucket per slab; few (a small trim) are sorted,
+    /// so their cost never grows with the pool's slab count.
+    fn by_slab(&self, objects: &[ObjectId]) -> Vec<(u32, Vec<u32>)> {
+        if objects.len() < self.slab_count as usize {
+            let mut pairs: Vec<(u32, u32)> =
+                objects.iter().map(|&o| self.split_object(o)).collect();
+            pairs.sort_unstable();
+            return pairs
+                .chunk_by(|a, b| a.0 == b.0)
+                .map(|run| {
+                    let slab = run.first().map_or(0, |p| p.0);
+                    (slab, run.iter().map(|p| p.1).collect())
+                })
+                .collect();
+        }
         let mut groups = vec![Vec::new(); self.slab_count as usize];
         for &o in objects {
             let (s, i) = self.split_object(o);
@@ -668,7 +677,10 @@ impl Inner {
                 g.push(i);
             }
         }
-        groups
+        (0..self.slab_count)
+            .zip(groups)
+            .filter(|(_, g)| !g.is_empty())
+            .collect()
     }
 
     /// What follows an object's last reference going: it leaves the index, and a
