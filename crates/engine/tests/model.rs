@@ -194,23 +194,21 @@ fn run(ops: Vec<Op>) {
                 vol,
                 sector,
                 sectors,
-            } if model.vols.contains_key(&vol) => {
-                p.open_volume(&name(vol))
-                    .unwrap()
-                    .trim(sector * 512, sectors * 512, false)
-                    .unwrap();
-                model.change(vol, sector, &vec![0; (sectors * 512) as usize]);
             }
-            Op::WriteZeroes {
+            | Op::WriteZeroes {
                 vol,
                 sector,
                 sectors,
             } if model.vols.contains_key(&vol) => {
-                p.open_volume(&name(vol))
-                    .unwrap()
-                    .write_zeroes(sector * 512, sectors * 512, false)
-                    .unwrap();
-                model.change(vol, sector, &vec![0; (sectors * 512) as usize]);
+                let v = p.open_volume(&name(vol)).unwrap();
+                let (at, len) = (sector * 512, sectors * 512);
+                match op {
+                    Op::Trim { .. } => v.trim(at, len, false),
+                    _ => v.write_zeroes(at, len, false),
+                }
+                .unwrap();
+                // Both read as zeros afterwards.
+                model.change(vol, sector, &vec![0; len as usize]);
             }
             Op::Clone { src, dst }
                 if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) =>
