@@ -1,8 +1,9 @@
 //! The control socket: how commands reach a pool that `serve` holds.
 //!
 //! A pool is opened by one process at a time. While `fewerbytes serve` holds it, the
-//! server also listens on `<pool>.ctl` (a unix socket, mode 0600, peers must share its
-//! user id). Every management command first tries that socket: if a server answers,
+//! server also listens on its control socket: `<pool>.ctl` unless `--control-socket`
+//! (or `FEWERBYTES_CONTROL_SOCKET`) names another path, as the systemd unit does with
+//! `/run/fewerbytes/NAME.ctl` (a unix socket, mode 0600, peers must share its user id). Every management command first tries that socket: if a server answers,
 //! the request goes there as one JSON line and the reply comes back as one JSON line
 //! (`{"ok":true,"value":…}` or `{"ok":false,"error":"…"}`); if not, the command opens
 //! the pool itself. Both paths run the same [`execute`], so the output is the same.
@@ -18,7 +19,7 @@ use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One management request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -180,9 +181,25 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
     })
 }
 
-/// `<pool>.ctl`, beside the pool.
+/// The control socket named by `--control-socket` or `FEWERBYTES_CONTROL_SOCKET`, set
+/// once by `main` before any command runs. Process-wide rather than an argument because
+/// every command and the server reach it through [`control_path`], and both sides must
+/// agree on it.
+static CONTROL_SOCKET: OnceLock<PathBuf> = OnceLock::new();
+
+/// Make `path` the control socket of this process's pool (server and client side).
+pub fn set_control_socket(path: PathBuf) {
+    // Set once, from the command line, before anything reads it.
+    let _ = CONTROL_SOCKET.set(path);
+}
+
+/// The control socket: the one named by `--control-socket`, else `<pool>.ctl` beside
+/// the pool.
 pub fn control_path(pool_path: &Path) -> PathBuf {
-    with_suffix(pool_path, ".ctl")
+    match CONTROL_SOCKET.get() {
+        Some(path) => path.clone(),
+        None => with_suffix(pool_path, ".ctl"),
+    }
 }
 
 /// `path` with `suffix` appended to its last component (`a/b.pool` → `a/b.pool.ctl`).
@@ -198,7 +215,7 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// Connect to `<pool>.ctl` if a server is there. A socket file that nobody answers
+    /// Connect to the control socket if a server is there. A socket file that nobody answers
     /// on is stale (a server that was killed): it is removed.
     pub fn probe(pool_path: &Path) -> Result<Option<ControlClient>> {
         let path = control_path(pool_path);
@@ -297,7 +314,12 @@ pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T
                     return body(&PoolHandle::Served(client));
                 }
             }
-            return Err(e);
+            return Err(e.context(format!(
+                "no server answers on {} (a server started with --control-socket, as the \
+                 fewerbytes@ service is with /run/fewerbytes/NAME.ctl, answers only there: \
+                 pass the same --control-socket or FEWERBYTES_CONTROL_SOCKET)",
+                control_path(pool_path).display()
+            )));
         }
         Err(e) => return Err(e),
     };

@@ -1,11 +1,16 @@
 //! The server side of the control socket: `serve` accepts management requests on
-//! `<pool>.ctl` and runs them against the pool it holds (see `control` for the
-//! protocol and the client side).
+//! `<pool>.ctl` (or `--control-socket`) and runs them against the pool it holds (see
+//! `control` for the protocol and the client side).
+//!
+//! Stopping never goes through the socket's path: the accept loop is woken by
+//! shutdown(2) on the listening descriptor, so a socket file that a tmp cleaner or an
+//! admin deleted (or replaced) cannot keep `serve` from stopping.
 
 use anyhow::{bail, Context, Result};
 use fewerbytes_engine::Pool;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,12 +36,16 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// The server side: accepts control connections until stopped.
 pub struct ControlServer {
     path: PathBuf,
+    /// Device and inode of the socket file this server bound: on stop the file at
+    /// `path` is removed only if it is still this one (not another server's).
+    file_id: Option<(u64, u64)>,
+    listener: Arc<UnixListener>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ControlServer {
-    /// Listen on `<pool>.ctl` and serve requests against `pool`.
+    /// Listen on the pool's control socket and serve requests against `pool`.
     pub fn start(pool_path: &Path, pool: Arc<Pool>, served: Arc<Served>) -> Result<ControlServer> {
         let path = control_path(pool_path);
         if ControlClient::probe(pool_path)?.is_some() {
@@ -45,22 +54,28 @@ impl ControlServer {
                 path.display()
             );
         }
-        let listener = UnixListener::bind(&path)
-            .with_context(|| format!("could not listen on {}", path.display()))?;
+        let listener = Arc::new(
+            UnixListener::bind(&path)
+                .with_context(|| format!("could not listen on {}", path.display()))?,
+        );
         // Root-only (or owner-only): the socket can delete volumes. The window between
         // bind and chmod is closed by the peer-uid check in `serve_connection`.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("could not restrict {} to its owner", path.display()))?;
+        let file_id = file_id(&path);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = Arc::clone(&stop);
+            let listener = Arc::clone(&listener);
             std::thread::Builder::new()
                 .name("control".into())
-                .spawn(move || accept_loop(listener, pool, served, stop))
+                .spawn(move || accept_loop(&listener, pool, served, stop))
                 .context("could not start the control thread")?
         };
         Ok(ControlServer {
             path,
+            file_id,
+            listener,
             stop,
             thread: Some(thread),
         })
@@ -77,13 +92,22 @@ impl ControlServer {
     }
 
     fn stop_now(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop, blocked in accept(2), so it sees the flag.
-        let _ = UnixStream::connect(&self.path);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        // Wake the accept loop, blocked in accept(2): on a listening unix socket,
+        // shutdown(2) makes accept return EINVAL, now and on every later call. The
+        // flag is set first, so the loop ends instead of retrying.
+        // SAFETY: the descriptor belongs to `self.listener`, which is alive (and so
+        // open) for the whole call; shutdown(2) takes no pointers.
+        unsafe {
+            libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR);
         }
-        let _ = std::fs::remove_file(&self.path);
+        let _ = thread.join();
+        if self.file_id.is_some() && file_id(&self.path) == self.file_id {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -93,8 +117,15 @@ impl Drop for ControlServer {
     }
 }
 
+/// Device and inode of the file at `path`, if there is one.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|metadata| (metadata.dev(), metadata.ino()))
+}
+
 fn accept_loop(
-    listener: UnixListener,
+    listener: &UnixListener,
     pool: Arc<Pool>,
     served: Arc<Served>,
     stop: Arc<AtomicBool>,
@@ -103,6 +134,7 @@ fn accept_loop(
     while !stop.load(Ordering::SeqCst) {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
+            Err(_) if stop.load(Ordering::SeqCst) => break,
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
                 std::thread::sleep(ACCEPT_RETRY);
@@ -206,7 +238,6 @@ fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<
 
 /// The user id of the process at the other end, from SO_PEERCRED.
 fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,

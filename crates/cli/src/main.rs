@@ -11,6 +11,8 @@ mod cmd_stats;
 mod cmd_volume;
 mod control;
 mod control_server;
+mod logging;
+mod notify;
 mod output;
 mod serve;
 mod size;
@@ -18,7 +20,6 @@ mod transfer;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -33,6 +34,23 @@ struct Cli {
     /// ./fewerbytes.pool.
     #[arg(long, global = true, env = "FEWERBYTES_POOL", value_name = "PATH")]
     pool: Option<PathBuf>,
+
+    /// The control socket of a served pool [default: <pool>.ctl beside the pool]. The
+    /// systemd unit serves with /run/fewerbytes/NAME.ctl: commands for that pool need
+    /// the same path here (or in FEWERBYTES_CONTROL_SOCKET).
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_CONTROL_SOCKET",
+        value_name = "PATH"
+    )]
+    control_socket: Option<PathBuf>,
+
+    /// Least severe log level written to stderr [default: $FEWERBYTES_LOG, else
+    /// $RUST_LOG, else info for serve and warn otherwise]; this flag wins over both
+    /// variables.
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<logging::LogLevel>,
 
     #[command(subcommand)]
     command: Command,
@@ -56,7 +74,9 @@ enum Command {
     ///
     /// With no pool at the default path (no --pool, no FEWERBYTES_POOL), first creates
     /// one: a sparse 16 GiB file with one volume, disk0. While serving, the volume,
-    /// stats, list-metadata and check commands work through <pool>.ctl.
+    /// stats, list-metadata and check commands work through <pool>.ctl (or
+    /// --control-socket). Under a service manager ($NOTIFY_SOCKET set) it reports
+    /// READY=1 once every socket accepts and STOPPING=1 when a stop begins.
     Serve(serve::ServeArgs),
 }
 
@@ -81,7 +101,10 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    init_logging(if serving { "info" } else { "warn" });
+    logging::init(cli.log_level, if serving { "info" } else { "warn" });
+    if let Some(path) = cli.control_socket {
+        control::set_control_socket(path);
+    }
     let pool = match cli.pool {
         Some(path) => PoolPath {
             path,
@@ -127,15 +150,4 @@ fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
         Command::Check => cmd_stats::check(&pool.path),
         Command::Serve(args) => serve::run(args, pool),
     }
-}
-
-/// Logs to stderr, filtered by FEWERBYTES_LOG (e.g. `debug`, `fewerbytes_nbd=trace`).
-fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FEWERBYTES_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }

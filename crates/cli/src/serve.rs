@@ -4,7 +4,11 @@
 //! With no pool at the default path, a default one is made first (a sparse 16 GiB
 //! file with one volume, `disk0`), so one command gives a newcomer a served disk.
 //! SIGINT or SIGTERM stops accepting, closes connections, takes the final checkpoint
-//! and removes the sockets.
+//! and removes the sockets; a second signal exits at once. The stop never goes through
+//! a socket's path (a signal writes to a pipe the main thread reads, and the accept
+//! loops are woken by shutdown(2) on their listening descriptors), so it works even
+//! when the socket files were deleted. Under a service manager, `READY=1` is sent once
+//! every socket accepts and `STOPPING=1` when the stop begins (see `notify`).
 
 use anyhow::{bail, Context, Result};
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
@@ -17,6 +21,7 @@ use std::sync::Arc;
 
 use crate::control::{open_pool, with_suffix, Endpoints, Served};
 use crate::control_server::ControlServer;
+use crate::notify::Notifier;
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
 use fewerbytes_nbd::{pool_exports, Server, ServerConfig};
@@ -38,7 +43,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// TCP address to serve on; anything but loopback must be asked for here.
-    #[arg(long, value_name = "ADDR:PORT", default_value = DEFAULT_TCP_ADDR, conflicts_with = "no_tcp")]
+    #[arg(long, value_name = "ADDR:PORT", env = "FEWERBYTES_LISTEN", default_value = DEFAULT_TCP_ADDR, conflicts_with = "no_tcp")]
     listen: String,
     /// Serve on the unix socket only.
     #[arg(long)]
@@ -61,6 +66,8 @@ pub struct ServeArgs {
 
 /// Run the server until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
+    // First: it changes the environment, which must happen before any thread starts.
+    let notifier = Notifier::from_env();
     let path = &pool_path.path;
     if !path.exists() && !pool_path.explicit {
         create_default_pool(path)?;
@@ -73,7 +80,12 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         },
     )?;
     let served = start(&args, path, &pool);
-    let (server, control, socket) = match served {
+    let Started {
+        server,
+        control,
+        socket,
+        tcp,
+    } = match served {
         Ok(parts) => parts,
         Err(e) => {
             if let Err(close_error) = pool.close() {
@@ -82,28 +94,52 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
             return Err(e);
         }
     };
-    stop.wait();
+    if notifier.is_active() {
+        notifier.ready(&ready_status(path, &pool, &socket, tcp.as_deref()));
+    }
+    let signal = stop.wait();
+    tracing::info!("{signal} received: stopping");
     println!("Stopping: closing connections and taking the final checkpoint.");
+    notifier.stopping("Stopping: closing connections and taking the final checkpoint");
     control.stop();
     server.shutdown();
     drop(server);
     let closed = pool
         .close()
         .with_context(|| format!("could not close pool {}", path.display()));
-    if let Some(socket) = socket {
-        let _ = std::fs::remove_file(socket);
-    }
+    // The NBD server removed its socket file (if it was still its own).
     closed?;
     println!("Pool {} closed cleanly.", path.display());
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `systemctl status` shows while serving: the pool, its volumes, the endpoints.
+fn ready_status(pool_path: &Path, pool: &Pool, socket: &Path, tcp: Option<&str>) -> String {
+    let volumes = pool.list_volumes().len();
+    let mut status = format!(
+        "Serving {volumes} volume{} of {} on {}",
+        if volumes == 1 { "" } else { "s" },
+        pool_path.display(),
+        socket.display()
+    );
+    if let Some(addr) = tcp {
+        status.push_str(&format!(" and tcp {addr}"));
+    }
+    status
+}
+
+/// What `start` leaves running.
+struct Started {
+    server: Arc<Server>,
+    control: ControlServer,
+    /// The unix socket, absolute.
+    socket: PathBuf,
+    /// The TCP address bound, unless `--no-tcp`.
+    tcp: Option<String>,
+}
+
 /// Listen on every endpoint and print how to connect.
-fn start(
-    args: &ServeArgs,
-    pool_path: &Path,
-    pool: &Arc<Pool>,
-) -> Result<(Arc<Server>, ControlServer, Option<PathBuf>)> {
+fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started> {
     if let Some(name) = &args.default_volume {
         if !pool.list_volumes().iter().any(|v| &v.name == name) {
             bail!("--default-volume names '{name}', which is not a volume of this pool");
@@ -153,7 +189,12 @@ fn start(
         tcp.as_deref(),
         control.path(),
     );
-    Ok((server, control, Some(socket)))
+    Ok(Started {
+        server,
+        control,
+        socket,
+        tcp,
+    })
 }
 
 fn print_banner(
@@ -267,24 +308,26 @@ mod signals {
     static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
     /// Signals received; the second one exits at once.
     static RECEIVED: AtomicU32 = AtomicU32::new(0);
-    /// Exit code of a second Ctrl-C: 128 + SIGINT, as a shell reports it.
-    const FORCED_EXIT_CODE: i32 = 130;
+    /// Exit code of a second signal: 128 + its number, as a shell reports a death by
+    /// that signal (130 for SIGINT, 143 for SIGTERM).
+    const FORCED_EXIT_CODE_BASE: i32 = 128;
 
     /// The read end of the self-pipe.
     pub struct Stop {
         read_fd: i32,
     }
 
-    extern "C" fn on_signal(_signal: libc::c_int) {
+    extern "C" fn on_signal(signal: libc::c_int) {
         if RECEIVED.fetch_add(1, Ordering::SeqCst) >= 1 {
             // A second signal while the clean stop is under way: the user wants out now.
             // Nothing acknowledged is lost: flushed writes are in the journal.
             // SAFETY: _exit(2) is async-signal-safe and takes no pointers.
-            unsafe { libc::_exit(FORCED_EXIT_CODE) };
+            unsafe { libc::_exit(FORCED_EXIT_CODE_BASE + signal) };
         }
         let fd = WAKE_FD.load(Ordering::SeqCst);
         if fd >= 0 {
-            let byte = 1u8;
+            // The signal number fits a byte (SIGINT 2, SIGTERM 15).
+            let byte = signal as u8;
             // SAFETY: write(2) is async-signal-safe; the buffer is one valid byte. A
             // full pipe (signals faster than the reader) loses nothing that matters.
             unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
@@ -317,21 +360,25 @@ mod signals {
     }
 
     impl Stop {
-        /// Block until SIGINT or SIGTERM arrives.
-        pub fn wait(&self) {
+        /// Block until SIGINT or SIGTERM arrives; returns its name.
+        pub fn wait(&self) -> &'static str {
             let mut byte = 0u8;
             loop {
                 // SAFETY: reading one byte into a valid one-byte buffer from our own fd.
                 let n = unsafe { libc::read(self.read_fd, (&mut byte as *mut u8).cast(), 1) };
                 if n == 1 {
-                    return;
+                    return match i32::from(byte) {
+                        libc::SIGINT => "SIGINT",
+                        libc::SIGTERM => "SIGTERM",
+                        _ => "a signal",
+                    };
                 }
                 if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 // EOF or an error on our own pipe cannot happen while WAKE_FD is open;
                 // treat it as a stop rather than spin.
-                return;
+                return "a stop";
             }
         }
     }

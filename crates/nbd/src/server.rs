@@ -395,7 +395,10 @@ enum ListenerSocket {
 struct Listener {
     socket: ListenerSocket,
     thread: Option<JoinHandle<()>>,
-    unix_path: Option<PathBuf>,
+    /// A unix listener's path and the device and inode of the socket file bound there:
+    /// shutdown removes the file only if it is still this one, never another server's
+    /// that took the path after ours was deleted.
+    unix_path: Option<(PathBuf, Option<(u64, u64)>)>,
 }
 
 #[derive(Default)]
@@ -470,7 +473,7 @@ impl Server {
         listeners.push(Listener {
             socket: ListenerSocket::Unix(listener),
             thread: Some(thread),
-            unix_path: Some(path.to_path_buf()),
+            unix_path: Some((path.to_path_buf(), file_id(path))),
         });
         Ok(())
     }
@@ -535,8 +538,10 @@ impl Server {
             if let Some(thread) = listener.thread.take() {
                 let _ = thread.join();
             }
-            if let Some(path) = &listener.unix_path {
-                let _ = std::fs::remove_file(path);
+            if let Some((path, bound_id)) = &listener.unix_path {
+                if bound_id.is_some() && file_id(path) == *bound_id {
+                    let _ = std::fs::remove_file(path);
+                }
             }
         }
         // No new connections now. Stop every reader; workers finish and reply.
@@ -764,6 +769,14 @@ fn set_keepalive(stream: &TcpStream) {
             tracing::debug!(error = %io::Error::last_os_error(), "TCP keepalive option not set");
         }
     }
+}
+
+/// Device and inode of the file at `path`, if there is one.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|metadata| (metadata.dev(), metadata.ino()))
 }
 
 /// Remove a socket file left by an earlier server; refuse to remove anything else.

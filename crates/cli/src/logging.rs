@@ -1,0 +1,152 @@
+//! Logs: what is logged (the level filter) and how it looks on stderr.
+//!
+//! The filter is, first found wins: `--log-level LEVEL`; `$FEWERBYTES_LOG`, then
+//! `$RUST_LOG` (both take `tracing` directives such as `info,fewerbytes_nbd=debug`);
+//! else `info` for `serve` and `warn` for the other commands. The flag wins because it
+//! is the most specific thing a person typed; the variables allow per-crate levels.
+//!
+//! Logs always go to stderr, which a service manager hands to its journal. Under
+//! systemd (`$JOURNAL_STREAM` names the very file stderr is) each line starts with the
+//! syslog priority systemd reads (`<3>` error, `<4>` warning, `<6>` info, `<7>` debug
+//! and trace; see `SyslogLevelPrefix=` in systemd.exec(5)) and carries no timestamp and
+//! no colour: the journal stamps and colours lines itself.
+
+use std::fmt;
+use std::io::IsTerminal;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::EnvFilter;
+
+/// `--log-level`: the least severe level logged.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LogLevel {
+    /// Failures only.
+    Error,
+    /// Failures and what a person should look at.
+    Warn,
+    /// What the server does: listening, connections refused, stopping.
+    Info,
+    /// Each connection, negotiation and control request.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// Install the logger for this process.
+pub fn init(level: Option<LogLevel>, default_level: &str) {
+    let filter = match level {
+        Some(level) => EnvFilter::new(level.directive()),
+        None => EnvFilter::try_from_env("FEWERBYTES_LOG")
+            .or_else(|_| EnvFilter::try_from_env("RUST_LOG"))
+            .unwrap_or_else(|_| EnvFilter::new(default_level)),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if stderr_is_journal() {
+        let format = tracing_subscriber::fmt::format()
+            .without_time()
+            .with_ansi(false);
+        builder
+            .with_ansi(false)
+            .event_format(SyslogPrefix(format))
+            .init();
+    } else {
+        builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init();
+    }
+}
+
+/// Whether stderr is connected to the journal: systemd sets `$JOURNAL_STREAM` to the
+/// device and inode of the stream it gave the service, and a process whose stderr is
+/// something else (redirected by a script the service runs) must not take it.
+fn stderr_is_journal() -> bool {
+    let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(stderr) = std::io::stderr().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let Ok(metadata) = std::fs::File::from(stderr).metadata() else {
+        return false;
+    };
+    journal_stream_is(&value.to_string_lossy(), metadata.dev(), metadata.ino())
+}
+
+/// `$JOURNAL_STREAM` is `DEVICE:INODE`, both decimal.
+fn journal_stream_is(value: &str, dev: u64, ino: u64) -> bool {
+    let Some((dev_text, ino_text)) = value.split_once(':') else {
+        return false;
+    };
+    dev_text.parse::<u64>() == Ok(dev) && ino_text.parse::<u64>() == Ok(ino)
+}
+
+/// The syslog priority systemd understands at the start of a line.
+fn syslog_priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// An event format with `<N>` (the syslog priority) in front.
+struct SyslogPrefix<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for SyslogPrefix<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "<{}>", syslog_priority(*event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_is_recognised_by_device_and_inode_only() {
+        assert!(journal_stream_is("8:1234", 8, 1234));
+        assert!(!journal_stream_is("8:1234", 8, 1235));
+        assert!(!journal_stream_is("9:1234", 8, 1234));
+        assert!(!journal_stream_is("", 8, 1234));
+        assert!(!journal_stream_is("8-1234", 8, 1234));
+    }
+
+    #[test]
+    fn priorities_are_syslogs() {
+        assert_eq!(syslog_priority(Level::ERROR), 3);
+        assert_eq!(syslog_priority(Level::WARN), 4);
+        assert_eq!(syslog_priority(Level::INFO), 6);
+        assert_eq!(syslog_priority(Level::DEBUG), 7);
+        assert_eq!(syslog_priority(Level::TRACE), 7);
+    }
+}
