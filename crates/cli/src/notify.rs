@@ -69,7 +69,7 @@ impl Notifier {
             .and_then(|socket| socket.send_to_addr(message.as_bytes(), addr));
         match sent {
             Ok(_) => {
-                tracing::debug!(socket = %text, message = message.trim_end(), "notified the service manager")
+                tracing::debug!(socket = %text, message = ?message.trim_end(), "notified the service manager")
             }
             Err(e) => tracing::warn!("could not notify the service manager on {text}: {e}"),
         }
