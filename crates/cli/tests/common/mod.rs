@@ -68,6 +68,7 @@ fn package_of(tool: &str) -> &'static str {
         "mkfs.ext4" | "fsck.ext4" => "e2fsprogs",
         "losetup" | "fstrim" => "util-linux",
         "mount" | "umount" => "mount",
+        "systemd-analyze" => "systemd",
         _ => "(unknown package)",
     }
 }
