@@ -116,6 +116,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
 /// What `systemctl status` shows while serving: the pool, its volumes, the endpoints.
 fn ready_status(pool_path: &Path, pool: &Pool, socket: &Path, tcp: Option<&str>) -> String {
     let volumes = pool.list_volumes().len();
+    let pool_path = std::path::absolute(pool_path).unwrap_or_else(|_| pool_path.to_path_buf());
     let mut status = format!(
         "Serving {volumes} volume{} of {} on {}",
         if volumes == 1 { "" } else { "s" },
