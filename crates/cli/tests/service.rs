@@ -423,6 +423,39 @@ fn sigterm_stops_cleanly_after_both_socket_files_were_deleted() {
     qemu_io(&again.unix_uri("vm1"), &["read -P 0x3c 0 2M".into()]);
 }
 
+/// A stop removes its own socket files only: after they were deleted and another
+/// server took the same paths, stopping the first must not take the second's away.
+#[test]
+fn a_stop_leaves_alone_socket_files_another_server_took_over() {
+    let dir = TempDir::new("takeover");
+    let first_pool = create_pool(dir.path(), &[("vm1", "16M")]);
+    let mut first = Serve::spawn(dir.path(), &first_pool, free_port(), &[], &[], "first");
+    first.wait_listening();
+    std::fs::remove_file(&first.socket).expect("delete the NBD socket file");
+    std::fs::remove_file(&first.control).expect("delete the control socket file");
+
+    let second_dir = TempDir::new("takeover2");
+    let second_pool = create_pool(second_dir.path(), &[("other", "16M")]);
+    // The same socket paths (in `dir`), another pool and port.
+    let mut second = Serve::spawn(dir.path(), &second_pool, free_port(), &[], &[], "second");
+    second.wait_listening();
+
+    first.signal(libc::SIGTERM);
+    let exit = first.wait_exit(STOP_LIMIT, "SIGTERM");
+    assert_eq!(exit.code(), Some(0), "{}", first.logs());
+    assert!(
+        nbd_greets_on_unix(&second.socket),
+        "stopping the first server removed the second's NBD socket {}",
+        second.socket.display()
+    );
+    let listed = second.cli(&["volume", "list"]);
+    assert!(
+        listed.status.success() && listed.stdout.contains("other"),
+        "stopping the first server removed the second's control socket:\n{}",
+        listed.report()
+    );
+}
+
 /// A client that asks for 32 MiB and reads only the reply's header: its reply cannot
 /// be written, so a clean stop waits for it (up to the server's grace period).
 fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
