@@ -46,11 +46,32 @@ impl Serve {
         extra: &[&str],
         label: &str,
     ) -> Serve {
+        Serve::spawn_under(&[], dir, pool, port, env, extra, label)
+    }
+
+    /// Like [`Serve::spawn`], run through `wrapper` (a program and its arguments that
+    /// end by exec'ing the command line after them), so the process is still serve.
+    fn spawn_under(
+        wrapper: &[&str],
+        dir: &Path,
+        pool: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        extra: &[&str],
+        label: &str,
+    ) -> Serve {
         let socket = dir.join("nbd.sock");
         let control = dir.join("ctl.sock");
         let stdout = dir.join(format!("{label}.out"));
         let stderr = dir.join(format!("{label}.err"));
-        let mut cmd = Command::new(common::fewerbytes_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(common::fewerbytes_bin());
+                cmd
+            }
+            None => Command::new(common::fewerbytes_bin()),
+        };
         cmd.env_remove("FEWERBYTES_LOG")
             .env_remove("RUST_LOG")
             .env_remove("NOTIFY_SOCKET")
@@ -736,6 +757,62 @@ fn the_control_socket_can_live_apart_from_the_pool() {
         "the error names --control-socket:\n{}",
         lost.report()
     );
+}
+
+/// What the unit's sandbox takes away, approximated without systemd: a mount namespace
+/// where everything but the test's directory (pool and sockets) is read-only, like
+/// `ProtectSystem=strict` with the state and runtime directories writable, and no
+/// capability at all with no_new_privs, like `CapabilityBoundingSet=` (empty) and
+/// `NoNewPrivileges=yes`. The server must serve, take volume commands and stop clean.
+#[test]
+fn serve_needs_no_capability_and_writes_only_its_own_directory() {
+    let dir = TempDir::new("sandbox");
+    let pool = create_pool(dir.path(), &[("vm1", "16M")]);
+    let unshare = common::require_tool("unshare");
+    let setpriv = common::require_tool("setpriv");
+    let script = format!(
+        r#"set -e
+mount --bind "$0" "$0"
+mount -o remount,bind,ro /
+parent=$(findmnt -n -o TARGET --target "$(dirname "$0")")
+[ "$parent" = / ] || mount -o remount,bind,ro "$parent"
+if touch "$(dirname "$0")/fb-sandbox-probe" 2>/dev/null; then
+    echo "the sandbox leaves $(dirname "$0") writable" >&2; exit 97
+fi
+exec {setpriv} --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@""#,
+        setpriv = setpriv.display()
+    );
+    let dir_text = dir.path().to_str().expect("utf-8").to_string();
+    let wrapper = [
+        unshare.to_str().expect("utf-8"),
+        "--mount",
+        "sh",
+        "-c",
+        &script,
+        &dir_text,
+    ];
+    let mut serve = Serve::spawn_under(&wrapper, dir.path(), &pool, free_port(), &[], &[], "serve");
+    serve.wait_listening();
+    let caps = std::fs::read_to_string(format!("/proc/{}/status", serve.pid())).expect("status");
+    assert!(
+        caps.lines().any(|l| l == "CapEff:\t0000000000000000"),
+        "the server runs without capabilities:\n{caps}"
+    );
+    qemu_io(&serve.unix_uri("vm1"), &["write -P 0x66 0 4M".into()]);
+    let cloned = serve.cli(&["volume", "clone", "vm1", "vm2"]);
+    assert!(
+        cloned.status.success(),
+        "{}\n{}",
+        cloned.report(),
+        serve.logs()
+    );
+    serve.signal(libc::SIGTERM);
+    let exit = serve.wait_exit(STOP_LIMIT, "SIGTERM");
+    assert_eq!(exit.code(), Some(0), "{}", serve.logs());
+    assert_pool_reopens_clean(&pool);
+    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
+    again.wait_listening();
+    qemu_io(&again.unix_uri("vm2"), &["read -P 0x66 0 4M".into()]);
 }
 
 /// The unit as shipped, checked by systemd's own parser.

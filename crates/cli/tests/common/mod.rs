@@ -66,7 +66,7 @@ fn package_of(tool: &str) -> &'static str {
         "fio" => "fio",
         "qemu-img" | "qemu-io" | "qemu-nbd" => "qemu-utils",
         "mkfs.ext4" | "fsck.ext4" => "e2fsprogs",
-        "losetup" | "fstrim" => "util-linux",
+        "losetup" | "fstrim" | "unshare" | "setpriv" => "util-linux",
         "mount" | "umount" => "mount",
         "systemd-analyze" => "systemd",
         _ => "(unknown package)",
