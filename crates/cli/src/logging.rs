@@ -15,6 +15,7 @@ use std::fmt;
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -48,6 +49,20 @@ impl LogLevel {
     }
 }
 
+/// Whether stderr is the journal's stream, decided once by [`init`].
+static TO_JOURNAL: AtomicBool = AtomicBool::new(false);
+
+/// What starts a line written to stderr outside `tracing` that reports an error (the
+/// command's final error): the journal's priority for errors, `<3>`, when stderr goes
+/// there, else nothing.
+pub fn error_line_prefix() -> &'static str {
+    if TO_JOURNAL.load(Ordering::Relaxed) {
+        "<3>"
+    } else {
+        ""
+    }
+}
+
 /// Install the logger for this process.
 pub fn init(level: Option<LogLevel>, default_level: &str) {
     let filter = match level {
@@ -60,6 +75,7 @@ pub fn init(level: Option<LogLevel>, default_level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     if stderr_is_journal() {
+        TO_JOURNAL.store(true, Ordering::Relaxed);
         let format = tracing_subscriber::fmt::format()
             .without_time()
             .with_ansi(false);

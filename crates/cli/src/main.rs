@@ -118,7 +118,11 @@ fn main() -> ExitCode {
     match run(cli.command, &pool) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("fewerbytes: error: {}", one_sentence(&error));
+            eprintln!(
+                "{}fewerbytes: error: {}",
+                logging::error_line_prefix(),
+                one_sentence(&error)
+            );
             ExitCode::FAILURE
         }
     }

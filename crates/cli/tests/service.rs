@@ -718,6 +718,28 @@ fn under_the_journal_lines_carry_a_syslog_priority_and_no_timestamp() {
             .any(|l| l.starts_with("<6>") && l.contains("INFO")),
         "{stderr}"
     );
+
+    // A failed start's one-sentence error is an error in the journal too.
+    let failed_path = dir.join("failed.err");
+    let failed_file = std::fs::File::create(&failed_path).expect("create");
+    let meta = failed_file.metadata().expect("stat");
+    let status = Command::new(common::fewerbytes_bin())
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .arg("--pool")
+        .arg(dir.join("missing.pool"))
+        .arg("serve")
+        .arg("--no-tcp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(failed_file)
+        .status()
+        .expect("run serve");
+    assert_eq!(status.code(), Some(1));
+    let failed = std::fs::read_to_string(&failed_path).expect("read");
+    assert!(
+        failed.starts_with("<3>fewerbytes: error: there is no pool"),
+        "the final error carries priority 3 (error): {failed:?}"
+    );
 }
 
 #[test]
