@@ -837,6 +837,145 @@ exec {setpriv} --bounding-set=-all --inh-caps=-all --no-new-privs -- "$@""#,
     qemu_io(&again.unix_uri("vm2"), &["read -P 0x66 0 4M".into()]);
 }
 
+/// `KEY=value` lines of an EnvironmentFile, comments and blank lines left out.
+fn environment_file(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The unit's `ExecStart=` as systemd expands it for instance `vms`: `%i` replaced,
+/// `$VAR` (unbraced) split into words, with `/run/fewerbytes` moved to `run_dir` and the
+/// binary to the one under test.
+fn exec_start(unit_text: &str, run_dir: &Path, env: &[(String, String)]) -> Vec<String> {
+    let line = unit_text
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("the unit has ExecStart=");
+    let bin = common::fewerbytes_bin();
+    let line = line
+        .replace("%i", "vms")
+        .replace("/run/fewerbytes", run_dir.to_str().expect("utf-8"))
+        .replace("/usr/local/bin/fewerbytes", bin.to_str().expect("utf-8"));
+    let mut words = Vec::new();
+    for word in line.split_whitespace() {
+        match word.strip_prefix('$') {
+            Some(name) => {
+                let value = env
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                words.extend(value.split_whitespace().map(str::to_string));
+            }
+            None => words.push(word.to_string()),
+        }
+    }
+    words
+}
+
+/// The unit's command line and the example config, as systemd would combine them
+/// (EXAMPLE.conf with its pool, address and extra options filled in): ready, serving,
+/// reachable by the commands through the control socket, stopped clean.
+#[test]
+fn the_units_command_line_with_the_example_config_serves_the_pool() {
+    let dir = TempDir::new("unitrun");
+    let pool = create_pool(dir.path(), &[("vm1", "16M"), ("vm2", "16M")]);
+    let run_dir = dir.join("run");
+    std::fs::create_dir(&run_dir).expect("mkdir run");
+    let unit_text =
+        std::fs::read_to_string(repo_root().join("packaging/systemd/fewerbytes@.service"))
+            .expect("read the unit");
+    let example = std::fs::read_to_string(repo_root().join("packaging/systemd/EXAMPLE.conf"))
+        .expect("read the example config");
+    let port = free_port();
+    // Environment= of the unit first, then the file, which overrides it.
+    let mut env: Vec<(String, String)> = unit_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Environment="))
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|a| a.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (key, value) in environment_file(&example) {
+        let value = match key.as_str() {
+            "FEWERBYTES_POOL" => pool.to_str().expect("utf-8").to_string(),
+            "FEWERBYTES_LISTEN" => format!("127.0.0.1:{port}"),
+            "FEWERBYTES_SERVE_ARGS" => "--default-volume vm2 --log-level debug".to_string(),
+            _ => value,
+        };
+        env.push((key, value));
+    }
+    for key in [
+        "FEWERBYTES_POOL",
+        "FEWERBYTES_LISTEN",
+        "FEWERBYTES_SERVE_ARGS",
+    ] {
+        assert!(env.iter().any(|(k, _)| k == key), "EXAMPLE.conf sets {key}");
+    }
+    let words = exec_start(&unit_text, &run_dir, &env);
+    let manager = Manager::at_path(dir.path());
+    let stdout = dir.join("unit.out");
+    let stderr = dir.join("unit.err");
+    let child = Command::new(&words[0])
+        .args(&words[1..])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("NOTIFY_SOCKET", &manager.address)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).expect("create"))
+        .stderr(std::fs::File::create(&stderr).expect("create"))
+        .spawn()
+        .expect("start the unit's command");
+    let mut serve = Serve {
+        pool: pool.clone(),
+        socket: run_dir.join("vms.sock"),
+        control: run_dir.join("vms.ctl"),
+        port,
+        stdout,
+        stderr,
+        child: Some(child),
+    };
+    let ready = manager.receive(READY_LIMIT, &mut serve, "READY=1");
+    assert!(ready.contains("READY=1"), "got {ready:?}");
+    assert!(
+        nbd_greets_on_unix(&serve.socket) && nbd_greets_on_tcp(port),
+        "the unit's sockets: {} and 127.0.0.1:{port}\n{}",
+        serve.socket.display(),
+        serve.logs()
+    );
+    // The empty export name is the --default-volume from FEWERBYTES_SERVE_ARGS.
+    qemu_io(
+        &format!("nbd+unix:///?socket={}", serve.socket.display()),
+        &["write -P 0x21 0 1M".into()],
+    );
+    qemu_io(&serve.tcp_uri("vm2"), &["read -P 0x21 0 1M".into()]);
+    let listed = serve.cli(&["volume", "list"]);
+    assert!(
+        listed.status.success() && listed.stdout.contains("vm2"),
+        "{}",
+        listed.report()
+    );
+    assert!(
+        lines_at(&serve.stderr_text(), "DEBUG") > 0,
+        "--log-level debug from FEWERBYTES_SERVE_ARGS:\n{}",
+        serve.logs()
+    );
+    serve.signal(libc::SIGTERM);
+    manager.receive(STOP_LIMIT, &mut serve, "STOPPING=1");
+    let exit = serve.wait_exit(STOP_LIMIT, "SIGTERM");
+    assert_eq!(exit.code(), Some(0), "{}", serve.logs());
+    assert!(
+        !serve.socket.exists() && !serve.control.exists(),
+        "the clean stop removed /run/fewerbytes/vms.sock and vms.ctl"
+    );
+}
+
 /// The unit as shipped, checked by systemd's own parser.
 #[test]
 fn the_systemd_unit_passes_systemd_analyze_verify() {
