@@ -16,9 +16,11 @@
 # Type=notify start and STATUS=; both sockets in /run/fewerbytes, root-only; an NBD
 # greeting on TCP; commands through --control-socket, and the hint without it; no
 # capability, no_new_privs, a seccomp filter; a SIGKILL restarted by Restart=on-failure,
-# the stale control socket cleared; a config naming a missing pool failing with a
-# priority-3 (error) journal line; systemctl stop giving Result=success, the sockets
-# removed, and `fewerbytes check` clean.
+# the stale control socket cleared; a second instance serving a pool on a block device
+# (/dev/vdb), whose stop leaves the first one's sockets; a pool on a loop device refused
+# by the device policy; a config naming a missing pool failing with a priority-3 (error)
+# journal line; systemctl stop giving Result=success, the sockets removed, and
+# `fewerbytes check` clean.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +39,7 @@ if [[ -z ${FEWERBYTES_BIN:-} ]]; then
 fi
 
 cp --sparse=always "$root_img" "$WORK/root.img"
+truncate -s 1G "$WORK/device.img"    # the guest's /dev/vdb: a pool on a block device
 loop=$(losetup -f --show "$WORK/root.img")
 cleanup() {
     mountpoint -q "$WORK/mnt" && umount "$WORK/mnt"
@@ -84,6 +87,25 @@ for _ in $(seq 60); do
 done
 say "after SIGKILL: is-active=$(systemctl is-active fewerbytes@vms) $(systemctl show -p NRestarts fewerbytes@vms)"
 FEWERBYTES_CONTROL_SOCKET=$ctl $fb --pool $pool volume list | sed 's/^/FBCHECK list: /'
+# A second instance on a block device (/dev/vdb, a virtio disk: DeviceAllow=block-virtblk),
+# beside the first; stopping it must leave the first one's sockets in /run/fewerbytes.
+$fb pool create /dev/vdb >/dev/null
+$fb --pool /dev/vdb volume create d0 --size 64M >/dev/null
+printf 'FEWERBYTES_POOL=/dev/vdb\nFEWERBYTES_LISTEN=127.0.0.1:10811\n' >/etc/fewerbytes/dev.conf
+say "device start rc=$(systemctl start fewerbytes@dev; echo $?)"
+say "device clone rc=$($fb --pool /dev/vdb --control-socket /run/fewerbytes/dev.ctl volume clone d0 d1 >/dev/null; echo $?)"
+say "device stop rc=$(systemctl stop fewerbytes@dev; echo $?) $(systemctl show -p Result fewerbytes@dev)"
+say "first instance after the second stopped: $(ls /run/fewerbytes | tr '\n' ' ')list rc=$(FEWERBYTES_CONTROL_SOCKET=$ctl $fb --pool $pool volume list >/dev/null; echo $?)"
+# The device policy in force: a pool on a loop device (not a kind the unit allows) is
+# refused by the kernel when the service opens it.
+truncate -s 256M /var/tmp/loop-pool.img
+loopdev=$(losetup -f --show /var/tmp/loop-pool.img)
+$fb pool create "$loopdev" >/dev/null
+printf 'FEWERBYTES_POOL=%s\nFEWERBYTES_LISTEN=127.0.0.1:10812\n' "$loopdev" >/etc/fewerbytes/loop.conf
+say "loop start rc=$(systemctl start fewerbytes@loop 2>/dev/null; echo $?)"
+systemctl stop fewerbytes@loop
+journalctl -u fewerbytes@loop -t fewerbytes -p err --no-pager -o cat | head -1 | sed 's/^/FBCHECK loop journal err: /'
+losetup -d "$loopdev"
 printf 'FEWERBYTES_POOL=/var/lib/fewerbytes/missing.pool\nFEWERBYTES_LISTEN=127.0.0.1:10810\n' >/etc/fewerbytes/bad.conf
 say "bad start rc=$(systemctl start fewerbytes@bad 2>/dev/null; echo $?)"
 systemctl stop fewerbytes@bad
@@ -118,7 +140,8 @@ timeout --kill-after=10 900 "$QEMU" -accel "$ACCEL" -cpu max -m 768 -smp 1 -node
     -serial "file:$WORK/console.log" \
     -kernel "$WORK/vmlinuz" -initrd "$WORK/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 panic=-1" \
-    -drive "file=$WORK/root.img,format=raw,if=virtio"
+    -drive "file=$WORK/root.img,format=raw,if=virtio" \
+    -drive "file=$WORK/device.img,format=raw,if=virtio"
 
 loop=$(losetup -f --show "$WORK/root.img")
 mount -o ro "$loop" "$WORK/mnt"
@@ -144,6 +167,12 @@ expect "FBCHECK proc: NoNewPrivs:1"
 expect "FBCHECK proc: Seccomp:2"
 expect "FBCHECK after SIGKILL: is-active=active NRestarts=1"
 expect "FBCHECK list: vm1"
+expect "FBCHECK device start rc=0"
+expect "FBCHECK device clone rc=0"
+expect "FBCHECK device stop rc=0 Result=success"
+expect "FBCHECK first instance after the second stopped: vms.ctl vms.sock list rc=0"
+expect "FBCHECK loop start rc=1"
+expect "Operation not permitted"
 expect "FBCHECK bad start rc=1"
 expect "FBCHECK bad journal err: fewerbytes: error: there is no pool at /var/lib/fewerbytes/missing.pool"
 expect "FBCHECK stop rc=0"
