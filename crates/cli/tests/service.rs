@@ -401,13 +401,23 @@ fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_d
     );
 }
 
-/// Regression: with `<pool>.ctl` deleted (a tmp cleaner, an admin), SIGTERM left serve
-/// running forever, because its control thread was woken by connecting to that path.
+/// Regression: with `<pool>.ctl` deleted (a tmp cleaner, an admin), SIGTERM or SIGINT
+/// left serve running forever, because its control thread was woken by connecting to
+/// that path.
 #[test]
 fn sigterm_stops_cleanly_after_both_socket_files_were_deleted() {
+    stop_cleanly_after_both_socket_files_were_deleted(libc::SIGTERM, "SIGTERM");
+}
+
+#[test]
+fn sigint_stops_cleanly_after_both_socket_files_were_deleted() {
+    stop_cleanly_after_both_socket_files_were_deleted(libc::SIGINT, "SIGINT");
+}
+
+fn stop_cleanly_after_both_socket_files_were_deleted(signal: libc::c_int, name: &str) {
     let dir = TempDir::new("deleted");
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
-    let manager = Manager::abstract_named("deleted");
+    let manager = Manager::abstract_named(&format!("deleted-{signal}"));
     let port = free_port();
     let mut serve = Serve::spawn(
         dir.path(),
@@ -422,10 +432,10 @@ fn sigterm_stops_cleanly_after_both_socket_files_were_deleted() {
 
     std::fs::remove_file(&serve.socket).expect("delete the NBD socket file");
     std::fs::remove_file(&serve.control).expect("delete the control socket file");
-    serve.signal(libc::SIGTERM);
+    serve.signal(signal);
     let stopping = manager.receive(STOP_LIMIT, &mut serve, "STOPPING=1");
     assert!(stopping.contains("STOPPING=1"), "got {stopping:?}");
-    let exit = serve.wait_exit(STOP_LIMIT, "SIGTERM with the socket files deleted");
+    let exit = serve.wait_exit(STOP_LIMIT, &format!("{name} with the socket files deleted"));
     assert_eq!(
         exit.code(),
         Some(0),
