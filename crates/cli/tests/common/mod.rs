@@ -14,6 +14,7 @@ pub mod data;
 pub mod fuse_loop;
 pub mod libnbd;
 pub mod nbdinfo;
+pub mod service;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
