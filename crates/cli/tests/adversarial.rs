@@ -146,3 +146,56 @@ fn a_loop_device_over_a_served_pool_file_is_refused_and_the_pool_stays_intact() 
         check.report()
     );
 }
+
+#[test]
+fn commands_for_a_new_pool_at_a_served_pool_s_old_path_reach_the_new_pool() {
+    // Bug: after the served pool file was renamed and a new pool made at its old
+    // path, commands for the new pool went through the old `<pool>.ctl` to the
+    // served one: `volume delete` deleted a volume of the pool being served.
+    let dir = TempDir::new("rename");
+    let pool = create_pool(dir.path(), &[("served", "8M")]);
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    let renamed = dir.join("renamed.pool");
+    std::fs::rename(&pool, &renamed).expect("rename the served pool");
+    fewerbytes_ok(
+        &pool,
+        &["pool", "create", path_str(&pool), "--size", "256M"],
+    );
+    fewerbytes_ok(&pool, &["volume", "create", "fresh", "--size", "4M"]);
+    assert_eq!(
+        volume_names(&pool),
+        vec!["fresh".to_string()],
+        "`volume list` for the new pool listed another pool's volumes"
+    );
+    let refused = fewerbytes_err(&pool, &["volume", "delete", "served"]);
+    assert!(
+        refused.contains("served"),
+        "deleting a volume the new pool lacks must fail naming it: {refused}"
+    );
+
+    // A request that names another file is refused by the server itself, whatever
+    // client sent it.
+    let mut control = std::os::unix::net::UnixStream::connect(dir.join("test.pool.ctl"))
+        .expect("the served pool's control socket");
+    std::io::Write::write_all(
+        &mut control,
+        b"{\"pool\":{\"dev\":1,\"ino\":2},\"op\":\"delete-volume\",\"name\":\"served\",\"force\":true}\n",
+    )
+    .expect("send");
+    let mut reply = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(control), &mut reply).expect("reply");
+    let reply: serde_json::Value = serde_json::from_str(&reply).expect("json reply");
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert_eq!(reply["wrong_pool"], true, "{reply}");
+
+    // The served pool still has its volume.
+    let listed = run_ok(tool("nbdinfo").args(["--list", "--json", &server.unix_uri("")]));
+    assert!(
+        listed.stdout.contains("\"served\""),
+        "the served pool lost its volume:\n{}",
+        listed.stdout
+    );
+    assert!(server.stop().success(), "{}", server.log_text());
+    assert_eq!(volume_names(&renamed), vec!["served".to_string()]);
+    assert_eq!(volume_names(&pool), vec!["fresh".to_string()]);
+}
