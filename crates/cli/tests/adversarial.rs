@@ -199,3 +199,35 @@ fn commands_for_a_new_pool_at_a_served_pool_s_old_path_reach_the_new_pool() {
     assert_eq!(volume_names(&renamed), vec!["served".to_string()]);
     assert_eq!(volume_names(&pool), vec!["fresh".to_string()]);
 }
+
+#[test]
+fn a_truncated_pool_is_refused_at_open_and_check_fails() {
+    // Bug: a pool file cut short passed `check` ("No problems found", exit 0) and
+    // failed only at the first read past its new end.
+    let dir = TempDir::new("trunc");
+    let pool = create_pool(dir.path(), &[("vm", "8M")]);
+    let image_path = dir.join("image");
+    write_image(&image_path, 8 * MIB, 12);
+    fewerbytes_ok(&pool, &["volume", "import", "vm", path_str(&image_path)]);
+    let full_bytes = std::fs::metadata(&pool).expect("stat").len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pool)
+        .expect("open pool file");
+    file.set_len(full_bytes - 64 * MIB).expect("truncate");
+    drop(file);
+
+    for args in [&["check"][..], &["volume", "list"][..]] {
+        let refused = fewerbytes_err(&pool, args);
+        assert!(
+            refused.contains("truncated"),
+            "`{}` must say the pool is truncated: {refused}",
+            args.join(" ")
+        );
+        assert!(
+            refused.contains(&full_bytes.to_string()),
+            "`{}` must say how long the pool must be ({full_bytes}): {refused}",
+            args.join(" ")
+        );
+    }
+}

@@ -21,6 +21,20 @@ pub enum EngineError {
         /// What was wrong.
         reason: String,
     },
+    /// A device is shorter than the pool's geometry says it is: truncated or shrunk
+    /// since the pool was made. Opening refuses it rather than fail at the first
+    /// read past the end.
+    #[error("{device} (the pool's {role} device) holds {len_bytes} bytes, but the pool's geometry needs {needed_bytes}: it was truncated or shrunk since the pool was made, and the blocks past its end are gone; the pool is not opened")]
+    Truncated {
+        /// The device's name (its path).
+        device: String,
+        /// `data` or `metadata`.
+        role: &'static str,
+        /// Its length now.
+        len_bytes: u64,
+        /// The length the super block's geometry needs.
+        needed_bytes: u64,
+    },
     /// A decode failed (wrapped with its place by the caller where known).
     #[error(transparent)]
     Format(#[from] FormatError),

@@ -504,6 +504,58 @@ impl Pool {
         })
     }
 
+    /// Refuse devices shorter than the super block's geometry: a truncated pool file
+    /// would otherwise open, pass `check`, and fail only at its first read past the end.
+    fn check_lengths(
+        sb: &SuperBlock,
+        data: &dyn Storage,
+        meta: &dyn Storage,
+        separate: bool,
+    ) -> Result<()> {
+        let block = BLOCK_BYTES as u64;
+        let corrupt = |what: &str| EngineError::Corrupt {
+            region: "super block",
+            block: sb.generation % 2,
+            device: "metadata",
+            reason: format!("its geometry overflows: {what}"),
+        };
+        let journal_end = sb
+            .journal_start_block
+            .checked_add(sb.journal_sectors.div_ceil(8))
+            .ok_or_else(|| corrupt("journal end"))?;
+        let pages_end = sb
+            .pages_start_block
+            .checked_add(sb.page_slots)
+            .ok_or_else(|| corrupt("page store end"))?;
+        let meta_needed = journal_end
+            .max(pages_end)
+            .max(2)
+            .checked_mul(block)
+            .ok_or_else(|| corrupt("metadata length"))?;
+        let data_needed = sb
+            .data_blocks
+            .checked_mul(block)
+            .and_then(|b| b.checked_add(sb.data_offset_bytes))
+            .ok_or_else(|| corrupt("data region end"))?;
+        let mut needs = vec![(data, "data", data_needed)];
+        if separate {
+            needs.push((meta, "metadata", meta_needed));
+        } else {
+            needs[0].2 = data_needed.max(meta_needed);
+        }
+        for (dev, role, needed_bytes) in needs {
+            if dev.len_bytes() < needed_bytes {
+                return Err(EngineError::Truncated {
+                    device: dev.name().to_string(),
+                    role,
+                    len_bytes: dev.len_bytes(),
+                    needed_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Open a pool on devices already opened (files, or test devices).
     pub fn open_devices(
         data: Arc<dyn Storage>,
@@ -521,6 +573,7 @@ impl Pool {
                 "the pool's metadata layout does not match the devices given".into(),
             ));
         }
+        Self::check_lengths(&sb, data.as_ref(), meta_dev.as_ref(), separate)?;
         let threads = opts
             .threads
             .unwrap_or_else(|| {
