@@ -231,3 +231,87 @@ fn a_truncated_pool_is_refused_at_open_and_check_fails() {
         );
     }
 }
+
+/// Overwrite block `block` (4 KiB) of `file` with zeros, as a failed sector would.
+fn zero_block(file: &Path, block: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .expect("open for zeroing");
+    f.write_all_at(&[0u8; 4096], block * 4096).expect("zero");
+    f.sync_all().expect("sync");
+}
+
+fn block_starts_with(file: &Path, block: u64, magic: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file).expect("open");
+    let mut buf = vec![0u8; magic.len()];
+    f.read_exact_at(&mut buf, block * 4096).expect("read");
+    buf == magic
+}
+
+#[test]
+fn losing_one_super_block_copy_or_label_copy_keeps_the_pool() {
+    // Bug: with super block copy 0 zeroed the pool was "not a fewerbytes pool",
+    // though copy 1 was intact; the same with the data device's label zeroed on a
+    // pool with a metadata device.
+    let dir = TempDir::new("sb");
+    let pool = create_pool(dir.path(), &[("vm", "8M")]);
+    let image_path = dir.join("image");
+    let image = write_image(&image_path, 8 * MIB, 13);
+    fewerbytes_ok(&pool, &["volume", "import", "vm", path_str(&image_path)]);
+    zero_block(&pool, 0);
+    let listed = fewerbytes_ok(&pool, &["volume", "list"]);
+    assert!(
+        listed.stderr.contains("copy 0"),
+        "opening from copy 1 must say so in a warning:\n{}",
+        listed.report()
+    );
+    assert!(
+        block_starts_with(&pool, 0, b"fewrbyts"),
+        "the open's checkpoint did not rewrite super block copy 0"
+    );
+    assert!(export(&pool, dir.path(), "vm") == image, "the data is lost");
+    let check = fewerbytes_ok(&pool, &["check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+    assert!(
+        !check.stderr.contains("damaged"),
+        "copy 0 is still damaged after it was rewritten:\n{}",
+        check.report()
+    );
+
+    // A pool with a metadata device, its data device's label copy 0 zeroed.
+    let data = dir.join("data.dev");
+    let meta = dir.join("meta.dev");
+    fewerbytes_ok(
+        &data,
+        &[
+            "pool",
+            "create",
+            path_str(&data),
+            "--size",
+            "512M",
+            "--metadata-device",
+            path_str(&meta),
+        ],
+    );
+    fewerbytes_ok(&data, &["volume", "import", "vm", path_str(&image_path)]);
+    zero_block(&data, 0);
+    let listed = fewerbytes_ok(&data, &["volume", "list"]);
+    assert!(
+        listed.stderr.contains("label copy 0"),
+        "opening from label copy 1 must say so in a warning:\n{}",
+        listed.report()
+    );
+    assert!(
+        block_starts_with(&data, 0, b"fbdatalb"),
+        "label copy 0 was not rewritten"
+    );
+    assert!(export(&data, dir.path(), "vm") == image, "the data is lost");
+    fewerbytes_ok(&data, &["check"]);
+}
