@@ -236,7 +236,18 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             nbd_server: None,
         })),
         Request::Regions => Answer::Regions(pool.regions()),
-        Request::Audit => Answer::Audit(pool.audit()),
+        // A latched pool's memory may hold changes its devices never took (a
+        // reference taken for a write that failed): auditing it would report them
+        // as damage. Say what happened instead.
+        Request::Audit => match pool.latched_reason() {
+            Some(why) => {
+                return Err(EngineError::Refused(format!(
+                    "not audited: the pool is {why}; stop the server (its close reports \
+                     the failure), then run `fewerbytes check` on the reopened pool"
+                )))
+            }
+            None => Answer::Audit(pool.audit()),
+        },
         Request::Endpoints => {
             return Err(EngineError::Refused(
                 "the pool is not being served, so it has no NBD endpoints".into(),

@@ -315,3 +315,84 @@ fn losing_one_super_block_copy_or_label_copy_keeps_the_pool() {
     assert!(export(&data, dir.path(), "vm") == image, "the data is lost");
     fewerbytes_ok(&data, &["check"]);
 }
+
+/// A tmpfs of `size` mounted at `path`, unmounted when dropped (even on failure).
+struct SmallFilesystem {
+    path: PathBuf,
+}
+
+impl SmallFilesystem {
+    fn mount(path: &Path, size: &str) -> SmallFilesystem {
+        std::fs::create_dir_all(path).expect("mount point");
+        run_ok(
+            tool("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(path),
+        );
+        SmallFilesystem {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new(require_tool("umount"))
+            .arg(&self.path)
+            .status();
+    }
+}
+
+#[test]
+fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
+    // Bug: a pool latched read-only by an I/O failure closed "cleanly" with exit 0,
+    // and `check` through the live latched pool reported a leaked reference that
+    // existed only in its memory. The failure here is real: the pool file is sparse
+    // on a 48 MiB tmpfs, and writing 96 MiB of random data fills it (ENOSPC).
+    let dir = TempDir::new("latch");
+    let small = SmallFilesystem::mount(&dir.join("small"), "48m");
+    let pool = small.path.join("p.pool");
+    fewerbytes_ok(&pool, &["pool", "create", path_str(&pool), "--size", "1G"]);
+    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "128M"]);
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    let image = dir.join("random.img");
+    let mut bytes = vec![0u8; 96 << 20];
+    common::data::Rng::new(14).fill(&mut bytes);
+    std::fs::write(&image, &bytes).expect("write image");
+    drop(bytes);
+    let copied = run_with_limit(
+        tool("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&image)
+            .arg(server.unix_uri("vm")),
+        CLIENT_LIMIT,
+    );
+    assert!(
+        !copied.status.success(),
+        "96 MiB of random data fit a 48 MiB file system?\n{}",
+        copied.report()
+    );
+
+    let refused = fewerbytes_err(&pool, &["check"]);
+    assert!(
+        refused.contains("latched"),
+        "check on a latched pool must say it is latched: {refused}"
+    );
+    assert!(
+        !refused.contains("leak"),
+        "check on a latched pool must not audit its memory: {refused}"
+    );
+    let status = server.stop();
+    assert!(
+        !status.success(),
+        "serve must exit non-zero when its pool did not close cleanly:\n{}",
+        server.log_text()
+    );
+    assert!(
+        server.log_text().contains("did not close cleanly"),
+        "serve must say the pool did not close cleanly:\n{}",
+        server.log_text()
+    );
+    drop(server);
+    drop(small);
+}

@@ -41,6 +41,10 @@ pub enum EngineError {
     /// The pool was latched read-only by an earlier I/O failure, or opened read-only.
     #[error("the pool is read-only: {0}")]
     ReadOnly(String),
+    /// The pool was latched read-only by an I/O failure while open, so closing it
+    /// could not take its final checkpoint: it did not close cleanly.
+    #[error("the pool did not close cleanly: it was {0}. Writes acknowledged after its last successful flush may be lost; reopening it replays its journal, then run `fewerbytes check`")]
+    ClosedLatched(String),
     /// A request outside a volume.
     #[error("{op} of {len_bytes} bytes at offset {offset_bytes} is outside volume '{volume}' ({size_bytes} bytes)")]
     OutOfRange {

@@ -779,6 +779,14 @@ impl Pool {
         }
     }
 
+    /// Why the pool is latched read-only (the first failure), if it is.
+    pub fn latched_reason(&self) -> Option<String> {
+        self.inner
+            .read_only
+            .load(Ordering::Acquire)
+            .then(|| self.inner.read_only_reason.lock().clone())
+    }
+
     /// Normal or read-only.
     pub fn mode(&self) -> Mode {
         if self.inner.read_only.load(Ordering::Acquire) {
@@ -1106,7 +1114,9 @@ impl Pool {
             let _ = h.join();
         }
         let result = if i.read_only.load(Ordering::Acquire) {
-            Ok(())
+            Err(EngineError::ClosedLatched(
+                i.read_only_reason.lock().clone(),
+            ))
         } else {
             i.checkpoint()
         };

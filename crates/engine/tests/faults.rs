@@ -249,3 +249,31 @@ fn a_thick_pool_never_refuses_an_overwrite() {
     p.flush().unwrap();
     assert!(p.audit().problems.is_empty());
 }
+
+#[test]
+fn a_latched_pool_reports_failure_when_closed() {
+    // Bug: a pool latched read-only by a failed flush closed with Ok(()), so `serve`
+    // said "closed cleanly" and exited 0 although acknowledged writes could be lost.
+    let (mut t, _block) = flushed_pool();
+    t.dev.set_plan(FaultPlan {
+        fail_flush: Some(0),
+        ..Default::default()
+    });
+    let vol = t.pool().open_volume("a").unwrap();
+    vol.write(4096, &[3u8; BLOCK], false).unwrap();
+    assert!(vol.flush().is_err(), "a flush whose sync failed must fail");
+    drop(vol);
+    let pool = t.pool.take().unwrap();
+    assert!(pool.latched_reason().is_some(), "the failed flush latched");
+    let err = pool
+        .close()
+        .expect_err("closing a latched pool must report failure");
+    assert!(
+        matches!(err, EngineError::ClosedLatched(_)),
+        "expected ClosedLatched, got {err}"
+    );
+    assert!(
+        err.to_string().contains("did not close cleanly"),
+        "the message says the close was not clean: {err}"
+    );
+}
