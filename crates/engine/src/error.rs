@@ -9,12 +9,13 @@ pub enum EngineError {
     /// A device failed. The pool is latched read-only when this happens on a write or flush.
     #[error(transparent)]
     Io(#[from] StorageError),
-    /// Metadata failed its checksum or self-identification.
-    #[error("corrupt metadata in {region} at block {block} on the {device} device: {reason}")]
+    /// Metadata failed its checksum or self-identification, or stored data failed
+    /// its fingerprint (region `data`).
+    #[error("corrupt {region} at block {block} of the {device} device: {reason}")]
     Corrupt {
         /// Which region (super block, journal, page store, ...).
         region: &'static str,
-        /// Block number on its device.
+        /// Block number on its device (from the device's start, 4,096 bytes each).
         block: u64,
         /// `data` or `metadata`.
         device: &'static str,
