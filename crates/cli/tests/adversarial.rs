@@ -396,3 +396,60 @@ fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
     drop(server);
     drop(small);
 }
+
+#[test]
+fn a_volume_exports_to_a_pipe_and_to_stdout() {
+    // Bug: `volume export A /dev/stdout` failed with a bare "Illegal seek" when
+    // stdout was a pipe; when it was a file, the summary line was written into it.
+    let dir = TempDir::new("stdout");
+    let pool = create_pool(dir.path(), &[("vm", "4M")]);
+    let image_path = dir.join("image");
+    let image = write_image(&image_path, 4 * MIB, 15);
+    fewerbytes_ok(&pool, &["volume", "import", "vm", path_str(&image_path)]);
+
+    for target in ["/dev/stdout", "-"] {
+        // Into a pipe.
+        let piped = Command::new(fewerbytes_bin())
+            .arg("--pool")
+            .arg(&pool)
+            .args(["volume", "export", "vm", target])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run export");
+        assert!(
+            piped.status.success(),
+            "export to {target} (a pipe) failed: {}",
+            String::from_utf8_lossy(&piped.stderr)
+        );
+        assert!(
+            piped.stdout == image,
+            "export to {target} (a pipe) wrote {} bytes, not the volume's {}",
+            piped.stdout.len(),
+            image.len()
+        );
+        // Into a file that stdout is.
+        let out_path = dir.join("stdout.img");
+        let out = std::fs::File::create(&out_path).expect("create");
+        let to_file = Command::new(fewerbytes_bin())
+            .arg("--pool")
+            .arg(&pool)
+            .args(["volume", "export", "vm", target])
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .output()
+            .expect("run export");
+        assert!(
+            to_file.status.success(),
+            "export to {target} (a file) failed: {}",
+            String::from_utf8_lossy(&to_file.stderr)
+        );
+        assert!(
+            std::fs::read(&out_path).expect("read") == image,
+            "export to {target} redirected to a file is not the volume"
+        );
+        assert!(
+            String::from_utf8_lossy(&to_file.stderr).contains("Exported volume 'vm'"),
+            "the summary goes to stderr when the image is stdout"
+        );
+    }
+}
