@@ -453,3 +453,23 @@ fn a_volume_exports_to_a_pipe_and_to_stdout() {
         );
     }
 }
+
+#[test]
+fn volume_names_that_read_as_options_or_directories_are_refused() {
+    // Bug: `volume create ..` and `volume create -- -x` were accepted.
+    let dir = TempDir::new("names");
+    let pool = create_pool(dir.path(), &[("vm", "4M")]);
+    for bad in ["..", "-x", ".hidden"] {
+        let refused = fewerbytes_err(&pool, &["volume", "create", "--size", "4M", "--", bad]);
+        assert!(
+            refused.contains("must start with a letter or a digit"),
+            "creating '{bad}' must be refused with the rule: {refused}"
+        );
+        let refused = fewerbytes_err(&pool, &["volume", "clone", "vm", "--", bad]);
+        assert!(
+            refused.contains("must start with a letter or a digit"),
+            "cloning to '{bad}' must be refused with the rule: {refused}"
+        );
+    }
+    assert_eq!(volume_names(&pool), vec!["vm".to_string()]);
+}
