@@ -441,17 +441,25 @@ impl Inflight {
         let mut state = self.limits.state.lock();
         let shared = self.shared_bytes.load(Ordering::Relaxed);
         let reserved = self.reserved_bytes.load(Ordering::Relaxed);
-        debug_assert!(state.requests > 0);
-        debug_assert!(shared + reserved >= bytes);
+        // A release without its acquire would corrupt the accounting every other
+        // connection waits on: fail loudly rather than clamp.
+        assert!(
+            state.requests > 0,
+            "a request slot released but none is held"
+        );
+        assert!(
+            shared + reserved >= bytes,
+            "{bytes} buffer bytes released, more than this connection holds"
+        );
         let from_shared = bytes.min(shared);
-        let from_reserved = (bytes - from_shared).min(reserved);
+        let from_reserved = bytes - from_shared;
         self.shared_bytes
             .store(shared - from_shared, Ordering::Relaxed);
         self.reserved_bytes
             .store(reserved - from_reserved, Ordering::Relaxed);
-        state.requests = state.requests.saturating_sub(1);
-        state.shared_bytes = state.shared_bytes.saturating_sub(from_shared);
-        state.reserved_bytes = state.reserved_bytes.saturating_sub(from_reserved);
+        state.requests -= 1;
+        state.shared_bytes -= from_shared;
+        state.reserved_bytes -= from_reserved;
         self.limits.released.notify_all();
     }
 }
