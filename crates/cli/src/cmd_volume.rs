@@ -68,7 +68,8 @@ pub enum VolumeCommand {
     Export {
         /// Volume name.
         name: String,
-        /// Raw image file to write (replaced if it exists).
+        /// Raw image file or block device to write (a file is replaced if it
+        /// exists); `-`, a pipe or a terminal gets every byte in order.
         file: PathBuf,
     },
 }

@@ -3,11 +3,19 @@
 //! A pool is opened by one process at a time. While `fewerbytes serve` holds it, the
 //! server also listens on its control socket: `<pool>.ctl` unless `--control-socket`
 //! (or `FEWERBYTES_CONTROL_SOCKET`) names another path, as the systemd unit does with
-//! `/run/fewerbytes/NAME.ctl` (a unix socket, mode 0600, peers must share its user id). Every management command first tries that socket: if a server answers,
-//! the request goes there as one JSON line and the reply comes back as one JSON line
-//! (`{"ok":true,"value":…}` or `{"ok":false,"error":"…"}`); if not, the command opens
-//! the pool itself. Both paths run the same [`execute`], so the output is the same.
-//! The server's side is `control_server`.
+//! `/run/fewerbytes/NAME.ctl` (a unix socket, mode 0600, peers must share its user id).
+//! Every management command first tries that socket: if a server answers *for the same
+//! pool*, the request goes there as one JSON line and the reply comes back as one JSON
+//! line (`{"ok":true,"value":…}` or `{"ok":false,"error":"…"}`); if not, the command
+//! opens the pool itself. Both paths run the same [`execute`], so the output is the
+//! same. The server's side is `control_server`.
+//!
+//! The socket is found by the pool's path, but a path can change hands: after the
+//! served pool file is renamed and a new pool made at its old path, `<pool>.ctl`
+//! still leads to the server of the renamed one. So every request carries the
+//! identity of the file the command was pointed at ([`PoolIdentity`]: device and
+//! inode), and a server refuses a request for any other file with `wrong_pool` set;
+//! a command that meets such a server opens the pool at its path itself.
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
@@ -21,10 +29,52 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// Which file a pool lives in: device and inode of a regular file, or `u64::MAX`
+/// and the device number of a block device (whatever node names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolIdentity {
+    /// `st_dev`, or `u64::MAX` for a block device.
+    pub dev: u64,
+    /// `st_ino`, or `st_rdev` for a block device.
+    pub ino: u64,
+}
+
+impl PoolIdentity {
+    /// The identity of the file at `path` now (following symbolic links).
+    pub fn of(path: &Path) -> io::Result<PoolIdentity> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let meta = std::fs::metadata(path)?;
+        Ok(if meta.file_type().is_block_device() {
+            PoolIdentity {
+                dev: u64::MAX,
+                ino: meta.rdev(),
+            }
+        } else {
+            PoolIdentity {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            }
+        })
+    }
+}
+
+/// What goes over the socket: a request and the pool it is meant for.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The file the client was pointed at; a server holding another refuses.
+    #[serde(default)]
+    pub pool: Option<PoolIdentity>,
+    /// The request.
+    #[serde(flatten)]
+    pub request: Request,
+}
+
 /// One management request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
+    /// Whether a server answers for this pool (answered `Done`).
+    Ping,
     /// `pool info`.
     PoolInfo,
     /// `volume list`.
@@ -147,11 +197,27 @@ pub struct Reply {
     /// One sentence, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Set when the server holds another pool than the one the request names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wrong_pool: bool,
 }
+
+/// A server answered for another pool than the file the command was pointed at.
+#[derive(Debug)]
+pub struct WrongPool(String);
+
+impl std::fmt::Display for WrongPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WrongPool {}
 
 /// Run a request on an open pool: the one place both paths go through.
 pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, EngineError> {
     Ok(match request {
+        Request::Ping => Answer::Done,
         Request::PoolInfo => Answer::PoolInfo(pool.info()),
         Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
         Request::CreateVolume { name, size_bytes } => {
@@ -172,7 +238,18 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             nbd_server: None,
         })),
         Request::Regions => Answer::Regions(pool.regions()),
-        Request::Audit => Answer::Audit(pool.audit()),
+        // A latched pool's memory may hold changes its devices never took (a
+        // reference taken for a write that failed): auditing it would report them
+        // as damage. Say what happened instead.
+        Request::Audit => match pool.latched_reason() {
+            Some(why) => {
+                return Err(EngineError::Refused(format!(
+                    "not audited: the pool is {why}; stop the server (its close reports \
+                     the failure), then run `fewerbytes check` on the reopened pool"
+                )))
+            }
+            None => Answer::Audit(pool.audit()),
+        },
         Request::Endpoints => {
             return Err(EngineError::Refused(
                 "the pool is not being served, so it has no NBD endpoints".into(),
@@ -209,26 +286,47 @@ pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// A server found on the control socket.
+/// A server found on the control socket, holding the pool at the path it was
+/// found by.
 pub struct ControlClient {
     path: PathBuf,
+    pool: PoolIdentity,
 }
 
 impl ControlClient {
-    /// Connect to the control socket if a server is there. A socket file that nobody answers
-    /// on is stale (a server that was killed): it is removed.
+    /// Connect to the control socket if a server is there and holds the pool at
+    /// `pool_path`. A socket file that nobody answers on is stale (a server that was
+    /// killed): it is removed. A server of another pool (the one that was at this
+    /// path before it was renamed) is left alone, and `None` returned: the command
+    /// then opens the pool at the path itself.
     pub fn probe(pool_path: &Path) -> Result<Option<ControlClient>> {
         let path = control_path(pool_path);
         match UnixStream::connect(&path) {
-            Ok(_) => Ok(Some(ControlClient { path })),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 tracing::info!("removing stale control socket {}", path.display());
                 remove_stale_socket(&path)?;
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("could not reach the control socket {}", path.display())
+                })
+            }
+        }
+        // No file at the path: no pool there, whoever answers on the socket.
+        let Ok(pool) = PoolIdentity::of(pool_path) else {
+            return Ok(None);
+        };
+        let client = ControlClient { path, pool };
+        match client.call(&Request::Ping) {
+            Ok(_) => Ok(Some(client)),
+            Err(e) if e.downcast_ref::<WrongPool>().is_some() => {
+                tracing::warn!("{e}; opening {} directly", pool_path.display());
                 Ok(None)
             }
-            Err(e) => Err(e)
-                .with_context(|| format!("could not reach the control socket {}", path.display())),
+            Err(e) => Err(e),
         }
     }
 
@@ -241,7 +339,10 @@ impl ControlClient {
     pub fn call(&self, request: &Request) -> Result<Answer> {
         let mut stream = UnixStream::connect(&self.path)
             .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
-        let mut line = serde_json::to_string(request)?;
+        let mut line = serde_json::to_string(&Envelope {
+            pool: Some(self.pool),
+            request: request.clone(),
+        })?;
         line.push('\n');
         stream
             .write_all(line.as_bytes())
@@ -261,6 +362,7 @@ impl ControlClient {
             .context("the server's reply is not what this version of fewerbytes expects")?;
         match (reply.ok, reply.value, reply.error) {
             (true, Some(answer), _) => Ok(answer),
+            (false, _, Some(error)) if reply.wrong_pool => Err(WrongPool(error).into()),
             (false, _, Some(error)) => Err(anyhow!(error)),
             _ => bail!("the server's reply has neither a value nor an error"),
         }
@@ -419,12 +521,38 @@ mod tests {
             ok: false,
             value: None,
             error: Some("no volume named 'x' in this pool".into()),
+            wrong_pool: false,
         };
         let line = serde_json::to_string(&reply).unwrap();
         assert_eq!(
             line,
             r#"{"ok":false,"error":"no volume named 'x' in this pool"}"#
         );
+    }
+
+    #[test]
+    fn a_request_carries_the_pool_it_is_for() {
+        let envelope = Envelope {
+            pool: Some(PoolIdentity { dev: 2049, ino: 12 }),
+            request: Request::DeleteVolume {
+                name: "vm1".into(),
+                force: false,
+            },
+        };
+        let line = serde_json::to_string(&envelope).unwrap();
+        assert_eq!(
+            line,
+            r#"{"pool":{"dev":2049,"ino":12},"op":"delete-volume","name":"vm1","force":false}"#
+        );
+        let back: Envelope = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.pool, envelope.pool);
+        assert!(matches!(
+            back.request,
+            Request::DeleteVolume { force: false, .. }
+        ));
+        // A request without a pool names none, and a server refuses it.
+        let bare: Envelope = serde_json::from_str(r#"{"op":"ping"}"#).unwrap();
+        assert_eq!(bare.pool, None);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::control::{
-    control_path, execute, Answer, ControlClient, Reply, Request, Served, StatsReport,
+    control_path, execute, Answer, ControlClient, Envelope, PoolIdentity, Reply, Request, Served,
+    StatsReport,
 };
 
 /// Longest request line a server reads; requests are a name and a few numbers.
@@ -54,10 +55,20 @@ impl ControlServer {
                 path.display()
             );
         }
-        let listener = Arc::new(
-            UnixListener::bind(&path)
-                .with_context(|| format!("could not listen on {}", path.display()))?,
-        );
+        // The pool this server holds: requests for any other file are refused.
+        let identity = PoolIdentity::of(pool_path)
+            .with_context(|| format!("could not identify {}", pool_path.display()))?;
+        let listener = Arc::new(UnixListener::bind(&path).with_context(|| {
+            if path.exists() {
+                format!(
+                    "could not listen on {}: a server of another pool answers there \
+                     (a pool file renamed while served?)",
+                    path.display()
+                )
+            } else {
+                format!("could not listen on {}", path.display())
+            }
+        })?);
         // Root-only (or owner-only): the socket can delete volumes. The window between
         // bind and chmod is closed by the peer-uid check in `serve_connection`.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
@@ -69,7 +80,7 @@ impl ControlServer {
             let listener = Arc::clone(&listener);
             std::thread::Builder::new()
                 .name("control".into())
-                .spawn(move || accept_loop(&listener, pool, served, stop))
+                .spawn(move || accept_loop(&listener, pool, served, identity, stop))
                 .context("could not start the control thread")?
         };
         Ok(ControlServer {
@@ -128,6 +139,7 @@ fn accept_loop(
     listener: &UnixListener,
     pool: Arc<Pool>,
     served: Arc<Served>,
+    identity: PoolIdentity,
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
@@ -158,7 +170,7 @@ fn accept_loop(
         let spawned = std::thread::Builder::new()
             .name("control-request".into())
             .spawn(move || {
-                if let Err(e) = serve_connection(stream, &pool, &served) {
+                if let Err(e) = serve_connection(stream, &pool, &served, identity) {
                     tracing::warn!("control request failed: {e:#}");
                 }
                 active_for_thread.fetch_sub(1, Ordering::SeqCst);
@@ -175,6 +187,7 @@ fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
         ok: false,
         value: None,
         error: Some(error.to_string()),
+        wrong_pool: false,
     };
     let mut line = serde_json::to_string(&reply)?;
     line.push('\n');
@@ -182,7 +195,12 @@ fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
     Ok(())
 }
 
-fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<()> {
+fn serve_connection(
+    stream: UnixStream,
+    pool: &Pool,
+    served: &Served,
+    identity: PoolIdentity,
+) -> Result<()> {
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     if let Some(uid) = peer_uid(&stream) {
         // SAFETY: geteuid has no preconditions and cannot fail.
@@ -200,13 +218,25 @@ fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<
         // A probe (connect and close) or a client that gave up: nothing to answer.
         return Ok(());
     }
-    let reply = match serde_json::from_str::<Request>(&line) {
+    let reply = match serde_json::from_str::<Envelope>(&line) {
         Err(e) => Reply {
             ok: false,
             value: None,
             error: Some(format!("the server could not understand the request: {e}")),
+            wrong_pool: false,
         },
-        Ok(request) => {
+        Ok(envelope) if envelope.pool != Some(identity) => Reply {
+            ok: false,
+            value: None,
+            error: Some(
+                "the server on this control socket holds another pool than the file the \
+                 command named (a pool file renamed or replaced while served), so it \
+                 refused the request"
+                    .into(),
+            ),
+            wrong_pool: true,
+        },
+        Ok(Envelope { request, .. }) => {
             tracing::info!("control request: {request:?}");
             let answer = match request {
                 Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
@@ -221,11 +251,13 @@ fn serve_connection(stream: UnixStream, pool: &Pool, served: &Served) -> Result<
                     ok: true,
                     value: Some(answer),
                     error: None,
+                    wrong_pool: false,
                 },
                 Err(e) => Reply {
                     ok: false,
                     value: None,
                     error: Some(format!("{e}")),
+                    wrong_pool: false,
                 },
             }
         }

@@ -123,6 +123,15 @@ impl Progress {
 
     /// Clear the bar and print one summary line on stdout.
     pub fn finish(&self, what: &str, bytes: u64) {
+        println!("{}", self.summary(what, bytes));
+    }
+
+    /// Like [`Progress::finish`], on stderr: for a transfer whose output is stdout.
+    pub fn finish_on_stderr(&self, what: &str, bytes: u64) {
+        eprintln!("{}", self.summary(what, bytes));
+    }
+
+    fn summary(&self, what: &str, bytes: u64) -> String {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
@@ -132,7 +141,7 @@ impl Progress {
         } else {
             "-".to_string()
         };
-        println!("{what}: {} in {seconds:.1} s ({rate})", format_size(bytes));
+        format!("{what}: {} in {seconds:.1} s ({rate})", format_size(bytes))
     }
 }
 

@@ -2,16 +2,18 @@
 //!
 //! Both split the image into 1 MiB chunks taken in turn by a few threads, so hashing
 //! and compression (done by the engine on the writer's thread and its workers) keep
-//! more than one core busy. Export is sparse: ranges the volume holds as holes
-//! (`Volume::extents`) are skipped, and the file is sized to the volume at the end.
-//! While a server holds the pool, both are refused in favour of NBD.
+//! more than one core busy. Export to a file is sparse: ranges the volume holds as
+//! holes (`Volume::extents`) are skipped, and the file is sized to the volume at the
+//! end. Export to an output that cannot seek (a pipe, a terminal, `-` for stdout) is
+//! written in order, holes as zeros, by one thread. While a server holds the pool,
+//! both are refused in favour of NBD.
 
 use self::first_error::FirstError;
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{OpenOptions, Volume, BLOCK_BYTES};
 use std::fs::{File, OpenOptions as FileOpenOptions};
-use std::io::{Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -127,8 +129,24 @@ fn import_chunks(
     Ok(())
 }
 
-/// Export volume `name` to `file` (replaced if it exists).
+/// What an export writes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A regular file: holes skipped, sized at the end.
+    Sparse,
+    /// A block device: holes written as zeros, in place.
+    Device,
+    /// A pipe, terminal or other output that cannot seek: every byte, in order.
+    Stream,
+}
+
+/// Export volume `name` to `file` (replaced if it exists; `-` is stdout).
 pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+    let file = if file == Path::new("-") {
+        Path::new("/dev/stdout")
+    } else {
+        file
+    };
     refuse_if_served(pool_path, name, file, Direction::Export)?;
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
@@ -139,62 +157,133 @@ pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
             .truncate(false)
             .open(file)
             .with_context(|| format!("could not open {} for writing", file.display()))?;
-        // A regular file can have holes: empty it, write only data, size it at the end.
-        // A block device cannot: its holes are written as zeros.
-        let sparse = target.metadata()?.file_type().is_file();
-        if sparse {
-            target
-                .set_len(0)
-                .with_context(|| format!("could not truncate {}", file.display()))?;
+        let metadata = target.metadata()?;
+        let kind = if metadata.file_type().is_file() {
+            Target::Sparse
+        } else if metadata.file_type().is_block_device() {
+            Target::Device
         } else {
-            let device_bytes = device_len(&target)?;
-            if device_bytes < volume_bytes {
-                bail!(
-                    "{} ({device_bytes} bytes) is smaller than volume '{name}' ({volume_bytes} bytes)",
-                    file.display()
-                );
+            Target::Stream
+        };
+        // The summary must not land in the image when the image is stdout.
+        let to_stdout = is_stdout(&metadata);
+        match kind {
+            // A regular file can have holes: empty it, write only data, size it at the end.
+            Target::Sparse => target
+                .set_len(0)
+                .with_context(|| format!("could not truncate {}", file.display()))?,
+            // A block device cannot: its holes are written as zeros.
+            Target::Device => {
+                let device_bytes = device_len(&target)?;
+                if device_bytes < volume_bytes {
+                    bail!(
+                        "{} ({device_bytes} bytes) is smaller than volume '{name}' ({volume_bytes} bytes)",
+                        file.display()
+                    );
+                }
             }
+            Target::Stream => {}
         }
         let progress = Progress::new(volume_bytes, &format!("export {name}"));
-        let next_chunk = AtomicU64::new(0);
-        let first_error = FirstError::default();
         let stored = AtomicU64::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..TRANSFER_THREADS {
-                scope.spawn(|| {
-                    let result = export_chunks(
-                        &volume,
-                        &target,
-                        volume_bytes,
-                        sparse,
-                        &next_chunk,
-                        &first_error,
-                        &progress,
-                        &stored,
-                    );
-                    first_error.record(result);
-                });
+        if kind == Target::Stream {
+            export_stream(&volume, &target, volume_bytes, &progress, &stored)?;
+        } else {
+            let next_chunk = AtomicU64::new(0);
+            let first_error = FirstError::default();
+            std::thread::scope(|scope| {
+                for _ in 0..TRANSFER_THREADS {
+                    scope.spawn(|| {
+                        let result = export_chunks(
+                            &volume,
+                            &target,
+                            volume_bytes,
+                            kind == Target::Sparse,
+                            &next_chunk,
+                            &first_error,
+                            &progress,
+                            &stored,
+                        );
+                        first_error.record(result);
+                    });
+                }
+            });
+            first_error.into_result()?;
+            if kind == Target::Sparse {
+                target
+                    .set_len(volume_bytes)
+                    .with_context(|| format!("could not size {} to the volume", file.display()))?;
             }
-        });
-        first_error.into_result()?;
-        if sparse {
             target
-                .set_len(volume_bytes)
-                .with_context(|| format!("could not size {} to the volume", file.display()))?;
+                .sync_all()
+                .with_context(|| format!("could not sync {}", file.display()))?;
         }
-        target
-            .sync_all()
-            .with_context(|| format!("could not sync {}", file.display()))?;
-        progress.finish(
-            &format!(
-                "Exported volume '{name}' to {} ({} of data, the rest holes)",
-                file.display(),
-                format_size(stored.load(Ordering::SeqCst))
-            ),
-            volume_bytes,
+        let summary = format!(
+            "Exported volume '{name}' to {} ({} of data, the rest {})",
+            file.display(),
+            format_size(stored.load(Ordering::SeqCst)),
+            if kind == Target::Sparse {
+                "holes"
+            } else {
+                "zeros"
+            }
         );
+        if to_stdout {
+            progress.finish_on_stderr(&summary, volume_bytes);
+        } else {
+            progress.finish(&summary, volume_bytes);
+        }
         Ok(())
     })
+}
+
+/// Whether `metadata` is of the file this process's stdout writes to.
+fn is_stdout(metadata: &std::fs::Metadata) -> bool {
+    std::fs::metadata("/dev/stdout")
+        .is_ok_and(|out| out.dev() == metadata.dev() && out.ino() == metadata.ino())
+}
+
+/// Write the whole volume to `target` in order (it cannot seek): data as read,
+/// holes as zeros.
+fn export_stream(
+    volume: &Volume,
+    target: &File,
+    volume_bytes: u64,
+    progress: &Progress,
+    stored: &AtomicU64,
+) -> Result<()> {
+    let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+    let mut out = target;
+    let mut offset = 0u64;
+    while offset < volume_bytes {
+        let len = CHUNK_BYTES.min(volume_bytes - offset);
+        let chunk = &mut buffer[..len as usize];
+        let data_bytes: u64 = volume
+            .extents(offset, len)
+            .with_context(|| {
+                format!(
+                    "could not map volume '{}' at offset {offset}",
+                    volume.name()
+                )
+            })?
+            .iter()
+            .filter(|e| e.data)
+            .map(|e| e.len_bytes)
+            .sum();
+        volume.read(offset, chunk).with_context(|| {
+            format!(
+                "could not read volume '{}' at offset {offset}",
+                volume.name()
+            )
+        })?;
+        out.write_all(chunk)
+            .with_context(|| format!("could not write the image at offset {offset}"))?;
+        stored.fetch_add(data_bytes.min(len), Ordering::SeqCst);
+        progress.advance(len);
+        offset += len;
+    }
+    out.flush().context("could not flush the image")?;
+    Ok(())
 }
 
 #[expect(

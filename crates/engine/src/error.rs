@@ -9,17 +9,32 @@ pub enum EngineError {
     /// A device failed. The pool is latched read-only when this happens on a write or flush.
     #[error(transparent)]
     Io(#[from] StorageError),
-    /// Metadata failed its checksum or self-identification.
-    #[error("corrupt metadata in {region} at block {block} on the {device} device: {reason}")]
+    /// Metadata failed its checksum or self-identification, or stored data failed
+    /// its fingerprint (region `data`).
+    #[error("corrupt {region} at block {block} of the {device} device: {reason}")]
     Corrupt {
         /// Which region (super block, journal, page store, ...).
         region: &'static str,
-        /// Block number on its device.
+        /// Block number on its device (from the device's start, 4,096 bytes each).
         block: u64,
         /// `data` or `metadata`.
         device: &'static str,
         /// What was wrong.
         reason: String,
+    },
+    /// A device is shorter than the pool's geometry says it is: truncated or shrunk
+    /// since the pool was made. Opening refuses it rather than fail at the first
+    /// read past the end.
+    #[error("{device} (the pool's {role} device) holds {len_bytes} bytes, but the pool's geometry needs {needed_bytes}: it was truncated or shrunk since the pool was made, and the blocks past its end are gone; the pool is not opened")]
+    Truncated {
+        /// The device's name (its path).
+        device: String,
+        /// `data` or `metadata`.
+        role: &'static str,
+        /// Its length now.
+        len_bytes: u64,
+        /// The length the super block's geometry needs.
+        needed_bytes: u64,
     },
     /// A decode failed (wrapped with its place by the caller where known).
     #[error(transparent)]
@@ -27,6 +42,10 @@ pub enum EngineError {
     /// The pool was latched read-only by an earlier I/O failure, or opened read-only.
     #[error("the pool is read-only: {0}")]
     ReadOnly(String),
+    /// The pool was latched read-only by an I/O failure while open, so closing it
+    /// could not take its final checkpoint: it did not close cleanly.
+    #[error("the pool did not close cleanly: it was {0}. Writes acknowledged after its last successful flush may be lost; reopening it replays its journal, then run `fewerbytes check`")]
+    ClosedLatched(String),
     /// A request outside a volume.
     #[error("{op} of {len_bytes} bytes at offset {offset_bytes} is outside volume '{volume}' ({size_bytes} bytes)")]
     OutOfRange {

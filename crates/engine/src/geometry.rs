@@ -3,7 +3,7 @@
 //!
 //! Metadata device: block 0 and 1 super block copies, then the journal ring, then
 //! the page store. Data device: the data region (after the metadata regions on a
-//! single device; after a one-block label on a separate data device), cut into slabs.
+//! single device; after the label's two copies on a separate data device), cut into slabs.
 
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
@@ -138,7 +138,7 @@ impl Geometry {
                 )
             }
             Some(meta_blocks) => {
-                let data_start = DATA_ALIGN_BLOCKS; // block 0 holds the label; data from 1 MiB
+                let data_start = DATA_ALIGN_BLOCKS; // blocks 0 and 1 hold the label's copies; data from 1 MiB
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
                 let journal_blocks = journal_blocks_for(data_blocks);
                 let page_slots = page_slots_for(data_blocks, data_blocks * factor);

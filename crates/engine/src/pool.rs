@@ -426,14 +426,13 @@ impl Pool {
             geo.journal_start_block * BLOCK_BYTES as u64,
         )?;
         if let (Some(_), Some(path)) = (&meta, &meta_path) {
-            let mut block = [0u8; BLOCK_BYTES];
-            DataLabel {
+            let label = DataLabel {
                 nonce,
                 metadata_path: path.clone(),
-            }
-            .encode(&mut block);
-            data.write_at(&block, 0)?;
-            data.flush()?;
+            };
+            // Two copies, so that losing one block does not lose the pool.
+            Self::write_label(data.as_ref(), &label, 0)?;
+            Self::write_label(data.as_ref(), &label, 1)?;
         }
         // Generation 0 names an empty catalog (no pages): the first open writes generation 1.
         let mut block = [0u8; BLOCK_BYTES];
@@ -447,22 +446,57 @@ impl Pool {
     }
 
     /// Open a pool (exclusive), replaying its journal.
+    ///
+    /// Block 0 says what the device is: a super block (copy 0) or a data device's
+    /// label. If it says neither, block 1 is asked (super block copy 1, or the
+    /// label's second copy): losing one block must not lose the pool. The damaged
+    /// copy is rewritten: a super block copy by the checkpoint every open takes (it
+    /// writes the copy the opened one is not), a label here.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
         let data = FileStorage::open(path)?;
-        let mut block = vec![0u8; BLOCK_BYTES.min(data.len_bytes() as usize)];
-        data.read_at(&mut block, 0)?;
-        match magic_of(&block) {
+        let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
+        for (copy, block) in blocks.iter_mut().enumerate() {
+            let offset = (copy * BLOCK_BYTES) as u64;
+            if offset + BLOCK_BYTES as u64 <= data.len_bytes() {
+                data.read_at(block, offset)?;
+            }
+        }
+        let [first, second] = &blocks;
+        let kind = magic_of(first)
+            .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
+            .or_else(|| magic_of(second));
+        match kind {
             Some(SUPER_MAGIC) => Self::open_devices(Arc::new(data), None, opts),
             Some(DATA_LABEL_MAGIC) => {
-                let label = DataLabel::decode(&block).map_err(|e| EngineError::Corrupt {
-                    region: "data device label",
-                    block: 0,
-                    device: "data",
-                    reason: e.to_string(),
-                })?;
+                let labels = [DataLabel::decode(first), DataLabel::decode(second)];
+                let (label, damaged) = match labels {
+                    [Ok(label), Ok(_)] => (label, None),
+                    [Ok(label), Err(e)] if magic_of(second) == Some(DATA_LABEL_MAGIC) => {
+                        (label, Some((1u64, e)))
+                    }
+                    // A pool made before the label had a second copy.
+                    [Ok(label), Err(_)] => (label, None),
+                    [Err(e), Ok(label)] => (label, Some((0u64, e))),
+                    [Err(e), Err(_)] => {
+                        return Err(EngineError::Corrupt {
+                            region: "data device label",
+                            block: 0,
+                            device: "data",
+                            reason: e.to_string(),
+                        })
+                    }
+                };
+                if let Some((copy, e)) = &damaged {
+                    tracing::warn!(
+                        "{}: data device label copy {copy} is damaged ({e}); using copy {}",
+                        path.display(),
+                        1 - copy
+                    );
+                }
                 let meta = FileStorage::open(Path::new(&label.metadata_path))?;
+                let data: Arc<dyn Storage> = Arc::new(data);
                 let pool = Self::open_devices(
-                    Arc::new(data),
+                    data.clone(),
                     Some((Arc::new(meta), label.metadata_path.clone())),
                     opts,
                 )?;
@@ -473,6 +507,13 @@ impl Pool {
                         label.metadata_path
                     )));
                 }
+                if let Some((copy, _)) = damaged {
+                    Self::write_label(data.as_ref(), &label, copy)?;
+                    tracing::warn!(
+                        "{}: data device label copy {copy} rewritten",
+                        path.display()
+                    );
+                }
                 Ok(pool)
             }
             _ => Err(EngineError::Refused(format!(
@@ -480,6 +521,15 @@ impl Pool {
                 path.display()
             ))),
         }
+    }
+
+    /// Write label copy `copy` (block 0 or 1) of a separate data device, durably.
+    fn write_label(data: &dyn Storage, label: &DataLabel, copy: u64) -> Result<()> {
+        let mut block = [0u8; BLOCK_BYTES];
+        label.encode(&mut block);
+        data.write_at(&block, copy * BLOCK_BYTES as u64)?;
+        data.flush()?;
+        Ok(())
     }
 
     fn read_super(meta: &dyn Storage) -> Result<SuperBlock> {
@@ -493,15 +543,90 @@ impl Pool {
                     best = Some(sb)
                 }
                 Ok(_) => {}
-                Err(e) => errors.push(format!("copy {copy}: {e}")),
+                Err(e) => errors.push((copy, e.to_string())),
             }
         }
-        best.ok_or_else(|| EngineError::Corrupt {
+        let Some(best) = best else {
+            return Err(EngineError::Corrupt {
+                region: "super block",
+                block: 0,
+                device: "metadata",
+                reason: errors
+                    .iter()
+                    .map(|(copy, e)| format!("copy {copy}: {e}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        };
+        for (copy, e) in &errors {
+            // Copy 1 of a pool never opened (generation 0) was never written.
+            if *copy == 1 && best.generation == 0 {
+                continue;
+            }
+            tracing::warn!(
+                "{}: super block copy {copy} is damaged ({e}); opened from copy {} \
+                 (generation {}), and the next checkpoint rewrites copy {copy}. If copy \
+                 {copy} held a newer checkpoint, changes since generation {} may be \
+                 missing: run `fewerbytes check`",
+                meta.name(),
+                1 - copy,
+                best.generation,
+                best.generation
+            );
+        }
+        Ok(best)
+    }
+
+    /// Refuse devices shorter than the super block's geometry: a truncated pool file
+    /// would otherwise open, pass `check`, and fail only at its first read past the end.
+    fn check_lengths(
+        sb: &SuperBlock,
+        data: &dyn Storage,
+        meta: &dyn Storage,
+        separate: bool,
+    ) -> Result<()> {
+        let block = BLOCK_BYTES as u64;
+        let corrupt = |what: &str| EngineError::Corrupt {
             region: "super block",
-            block: 0,
+            block: sb.generation % 2,
             device: "metadata",
-            reason: errors.join("; "),
-        })
+            reason: format!("its geometry overflows: {what}"),
+        };
+        let journal_end = sb
+            .journal_start_block
+            .checked_add(sb.journal_sectors.div_ceil(8))
+            .ok_or_else(|| corrupt("journal end"))?;
+        let pages_end = sb
+            .pages_start_block
+            .checked_add(sb.page_slots)
+            .ok_or_else(|| corrupt("page store end"))?;
+        let meta_needed = journal_end
+            .max(pages_end)
+            .max(2)
+            .checked_mul(block)
+            .ok_or_else(|| corrupt("metadata length"))?;
+        let data_needed = sb
+            .data_blocks
+            .checked_mul(block)
+            .and_then(|b| b.checked_add(sb.data_offset_bytes))
+            .ok_or_else(|| corrupt("data region end"))?;
+        let mut needs = vec![(data, "data", data_needed)];
+        if separate {
+            needs.push((meta, "metadata", meta_needed));
+        } else {
+            needs[0].2 = data_needed.max(meta_needed);
+        }
+        for (dev, role, needed_bytes) in needs {
+            if dev.len_bytes() < needed_bytes {
+                return Err(EngineError::Truncated {
+                    device: dev.name().to_string(),
+                    role,
+                    len_bytes: dev.len_bytes(),
+                    needed_bytes,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Open a pool on devices already opened (files, or test devices).
@@ -521,6 +646,7 @@ impl Pool {
                 "the pool's metadata layout does not match the devices given".into(),
             ));
         }
+        Self::check_lengths(&sb, data.as_ref(), meta_dev.as_ref(), separate)?;
         let threads = opts
             .threads
             .unwrap_or_else(|| {
@@ -651,6 +777,14 @@ impl Pool {
             mode: self.mode(),
             format_version: FORMAT_VERSION,
         }
+    }
+
+    /// Why the pool is latched read-only (the first failure), if it is.
+    pub fn latched_reason(&self) -> Option<String> {
+        self.inner
+            .read_only
+            .load(Ordering::Acquire)
+            .then(|| self.inner.read_only_reason.lock().clone())
     }
 
     /// Normal or read-only.
@@ -980,7 +1114,9 @@ impl Pool {
             let _ = h.join();
         }
         let result = if i.read_only.load(Ordering::Acquire) {
-            Ok(())
+            Err(EngineError::ClosedLatched(
+                i.read_only_reason.lock().clone(),
+            ))
         } else {
             i.checkpoint()
         };

@@ -167,7 +167,7 @@ impl Pool {
             ),
         ];
         if i.separate_metadata {
-            out.push(region("data device label", "data", &i.data_path, 0, 1));
+            out.push(region("data device label", "data", &i.data_path, 0, 2));
         }
         out.push(region(
             "data (slabs)",

@@ -487,17 +487,40 @@ impl Inner {
                 out.fill(0);
                 Ok(true)
             }
-            MapEntry::Object(o) => self.read_object(o, out, wait),
+            MapEntry::Object(o) => self
+                .read_object(o, out, wait)
+                .map_err(|e| in_volume(e, vol, lbn)),
         }
     }
 
-    fn corrupt_object(&self, o: ObjectId, reason: String) -> EngineError {
+    /// A stored object whose bytes (or record) fail their checks, named by the data
+    /// block its location starts at (`location`, its record's raw location word),
+    /// or by its slab's first block when the location itself is bad.
+    fn corrupt_object(&self, o: ObjectId, location: u64, reason: String) -> EngineError {
         let (s, _) = self.split_object(o);
+        let data_first_block = self.data_offset_bytes / BLOCK;
+        let (block, what) = match Location::decode(location) {
+            Ok(loc) => {
+                let pbn = loc.blocks().0;
+                let what = match loc {
+                    Location::Block { .. } => format!("object {} (data block {pbn})", o.0),
+                    Location::Fragment { len_bytes, .. } => format!(
+                        "object {} (a {len_bytes}-byte fragment in data block {pbn})",
+                        o.0
+                    ),
+                };
+                (data_first_block + pbn, what)
+            }
+            Err(_) => (
+                data_first_block + u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS),
+                format!("object {} of slab {s}", o.0),
+            ),
+        };
         EngineError::Corrupt {
             region: "data",
-            block: u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS),
+            block,
             device: "data",
-            reason: format!("object {}: {reason}", o.0),
+            reason: format!("{what}: {reason}"),
         }
     }
 
@@ -507,7 +530,7 @@ impl Inner {
             let slab = self.slab(s).lock();
             let rec = slab.rec(i);
             let loc = Location::decode(rec.location)
-                .map_err(|e| self.corrupt_object(o, e.to_string()))?;
+                .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
             let (first, count) = loc.blocks();
             // A location touches at most two blocks: no allocation on the read path.
             let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
@@ -517,7 +540,11 @@ impl Inner {
             (rec, open)
         };
         if rec.refcount == 0 {
-            return Err(self.corrupt_object(o, "mapped but has no references".into()));
+            return Err(self.corrupt_object(
+                o,
+                rec.location,
+                "mapped but has no references".into(),
+            ));
         }
         if !self.read_location(o, &rec, open, out, wait)? {
             return Ok(false);
@@ -525,7 +552,11 @@ impl Inner {
         // Every stored block keeps its fingerprint: a block that no longer matches it
         // is reported, never returned (1.8 µs per block on these machines).
         if self.fingerprint(out) != rec.fingerprint {
-            return Err(self.corrupt_object(o, "stored data does not match its fingerprint".into()));
+            return Err(self.corrupt_object(
+                o,
+                rec.location,
+                "stored data does not match its fingerprint".into(),
+            ));
         }
         Ok(true)
     }
@@ -549,8 +580,8 @@ impl Inner {
     ) -> Result<bool> {
         let s = self.split_object(o).0;
         let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
-        let location =
-            Location::decode(rec.location).map_err(|e| self.corrupt_object(o, e.to_string()))?;
+        let location = Location::decode(rec.location)
+            .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
         let (_, blocks) = location.blocks();
         match location {
             Location::Block { pbn } => {
@@ -593,11 +624,16 @@ impl Inner {
                 }
                 let n = lz4_flex::block::decompress_into(packed.get(..len).unwrap_or(&[]), out)
                     .map_err(|e| {
-                        self.corrupt_object(o, format!("LZ4 fragment does not decode: {e}"))
+                        self.corrupt_object(
+                            o,
+                            rec.location,
+                            format!("LZ4 fragment does not decode: {e}"),
+                        )
                     })?;
                 if n != BLOCK_BYTES {
                     return Err(self.corrupt_object(
                         o,
+                        rec.location,
                         format!("fragment decodes to {n} bytes, not {BLOCK_BYTES}"),
                     ));
                 }
@@ -801,5 +837,23 @@ impl Inner {
             self.release_object(o);
         }
         Ok(())
+    }
+}
+
+/// A data corruption error with the volume and offset it was read for.
+fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
+    match e {
+        EngineError::Corrupt {
+            region: "data",
+            block,
+            device,
+            reason,
+        } => EngineError::Corrupt {
+            region: "data",
+            block,
+            device,
+            reason: format!("volume '{}' at offset {}: {reason}", vol.name, lbn * BLOCK),
+        },
+        other => other,
     }
 }

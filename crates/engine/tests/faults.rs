@@ -249,3 +249,82 @@ fn a_thick_pool_never_refuses_an_overwrite() {
     p.flush().unwrap();
     assert!(p.audit().problems.is_empty());
 }
+
+#[test]
+fn a_latched_pool_reports_failure_when_closed() {
+    // Bug: a pool latched read-only by a failed flush closed with Ok(()), so `serve`
+    // said "closed cleanly" and exited 0 although acknowledged writes could be lost.
+    let (mut t, _block) = flushed_pool();
+    t.dev.set_plan(FaultPlan {
+        fail_flush: Some(0),
+        ..Default::default()
+    });
+    let vol = t.pool().open_volume("a").unwrap();
+    vol.write(4096, &[3u8; BLOCK], false).unwrap();
+    assert!(vol.flush().is_err(), "a flush whose sync failed must fail");
+    drop(vol);
+    let pool = t.pool.take().unwrap();
+    assert!(pool.latched_reason().is_some(), "the failed flush latched");
+    let err = pool
+        .close()
+        .expect_err("closing a latched pool must report failure");
+    assert!(
+        matches!(err, EngineError::ClosedLatched(_)),
+        "expected ClosedLatched, got {err}"
+    );
+    assert!(
+        err.to_string().contains("did not close cleanly"),
+        "the message says the close was not clean: {err}"
+    );
+}
+
+#[test]
+fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block() {
+    // Bug: a stored block that no longer matched its fingerprint was reported as
+    // "corrupt metadata in data at block 0", naming neither the data block nor the
+    // volume and offset that read it.
+    let (mut t, _block) = flushed_pool();
+    let vol = t.pool().open_volume("a").unwrap();
+    let mut random = vec![0u8; BLOCK];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut random);
+    vol.write(3 * BLOCK as u64, &random, true).unwrap();
+    drop(vol);
+    t.reopen();
+    let pool = t.pool.take().unwrap();
+    pool.close().unwrap();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let device_block = image
+        .chunks(BLOCK)
+        .position(|b| b == random.as_slice())
+        .expect("the random block is stored whole");
+    image[device_block * BLOCK + 7] ^= 0x01;
+    let dev = std::sync::Arc::new(fewerbytes_engine::storage::FaultStorage::from_image(
+        "bad", image,
+    ));
+    let pool = fewerbytes_engine::Pool::open_devices(
+        dev,
+        None,
+        &fewerbytes_engine::OpenOptions { threads: Some(1) },
+    )
+    .expect("open");
+    let mut buf = vec![0u8; BLOCK];
+    let err = pool
+        .open_volume("a")
+        .unwrap()
+        .read(3 * BLOCK as u64, &mut buf)
+        .expect_err("a corrupted block must not be returned");
+    let text = err.to_string();
+    assert!(
+        matches!(err, EngineError::Corrupt { region: "data", .. }),
+        "{text}"
+    );
+    for part in [
+        "corrupt data".to_string(),
+        format!("at block {device_block} of the data device"),
+        "volume 'a' at offset 12288".to_string(),
+        "fingerprint".to_string(),
+    ] {
+        assert!(text.contains(&part), "the error lacks `{part}`: {text}");
+    }
+    assert!(!text.contains("metadata"), "data is not metadata: {text}");
+}

@@ -36,7 +36,12 @@ pub struct Catalog {
     pub volumes: Vec<VolumeRecord>,
 }
 
-/// Check a volume name.
+/// Check a new volume's name: 1 to [`MAX_NAME_BYTES`] ASCII letters, digits and
+/// `- _ . : +`, starting with a letter or a digit. A name is an NBD export name, a
+/// command-line argument and part of URIs and file names people make from it: a
+/// leading `-` reads as an option (`volume delete -x`), and `.` or `..` as a
+/// directory. Decoding does not check names, so a pool holding a name this refuses
+/// (made by an earlier version) still opens.
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return Err(format!(
@@ -49,6 +54,12 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     {
         return Err(format!(
             "volume name '{name}' may use only letters, digits and - _ . : +"
+        ));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err(format!(
+            "volume name '{name}' must start with a letter or a digit \
+             (a leading - reads as an option, and . or .. as a directory)"
         ));
     }
     Ok(())

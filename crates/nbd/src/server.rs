@@ -18,7 +18,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,10 +42,23 @@ pub const DEFAULT_MAX_INFLIGHT_TOTAL: usize = 1024;
 /// from ~70 µs to ~30 µs on a 2-vCPU VM. The price: while a client keeps its gaps
 /// that short, its reader spins through them instead of sleeping.
 pub const DEFAULT_READ_SPIN: Duration = Duration::from_micros(50);
-/// Bytes of read and write buffers in flight across the server. 256 MiB holds 8
+/// Bytes of read and write buffers in flight across the server, beyond each
+/// connection's own reserve ([`CONNECTION_RESERVED_BUFFER_BYTES`]). 256 MiB holds 8
 /// maximum-size (32 MiB) requests, or 65,536 4 KiB ones (more than the request
 /// limit), so it only binds for large requests, where 8 at once saturate a disk.
+/// Buffer memory is bounded by this plus the reserves of
+/// [`DEFAULT_MAX_CONNECTIONS`] connections (1.25 GiB at the defaults).
 pub const INFLIGHT_BUFFER_BYTES_MAX: u64 = 256 << 20;
+/// Buffer bytes each connection may hold apart from the shared pool, so that a
+/// connection whose client stalls the pool (large reads whose replies it never
+/// reads, large write headers whose payloads never come) cannot keep other clients'
+/// ordinary requests waiting: 2 MiB holds a guest's largest requests (Linux's
+/// default `max_sectors_kb` is 1,280 KiB) and `qemu-img convert`'s 2 MiB ones.
+pub const CONNECTION_RESERVED_BUFFER_BYTES: u64 = 2 << 20;
+/// Bytes of the shared pool one connection may hold: two maximum-size requests (one
+/// being read or written while the other is answered), so that a connection that
+/// stalls holds a quarter of the pool and large requests of others still find room.
+pub const CONNECTION_SHARED_BUFFER_BYTES_MAX: u64 = 2 * crate::protocol::PAYLOAD_MAX_BYTES as u64;
 /// Worker threads per connection at most, started as requests arrive. Only one per
 /// CPU runs quick requests at once (see `workers_running_max` in [`Server::stats`]);
 /// the rest serve requests that wait on the disk (flushes and FUA writes waiting for
@@ -72,7 +85,11 @@ pub const THREAD_STACK_BYTES: usize = 256 << 10;
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
-const _: () = assert!(INFLIGHT_BUFFER_BYTES_MAX >= crate::protocol::PAYLOAD_MAX_BYTES as u64);
+// Any request's buffer fits a connection's share of the pool, and the pool holds
+// more than one connection's share.
+const _: () =
+    assert!(CONNECTION_SHARED_BUFFER_BYTES_MAX >= crate::protocol::PAYLOAD_MAX_BYTES as u64);
+const _: () = assert!(INFLIGHT_BUFFER_BYTES_MAX >= 2 * CONNECTION_SHARED_BUFFER_BYTES_MAX);
 
 /// How a server behaves. `Default` gives the named limits above.
 #[derive(Clone, Debug)]
@@ -290,8 +307,18 @@ impl Read for StreamReader {
 }
 
 /// Requests and buffer bytes in flight across the server, with their limits.
+///
+/// Buffer bytes come from two places, so that no connection can starve the others
+/// by stalling (a client that pipelines large reads and never reads the replies, or
+/// sends a large write's header and never its payload, holds its buffers for up to
+/// [`REPLY_WRITE_TIMEOUT`] or [`PAYLOAD_TIMEOUT`]):
+/// - each connection's own reserve of [`CONNECTION_RESERVED_BUFFER_BYTES`], which no
+///   other connection can take, so ordinary requests always find room;
+/// - the shared pool of [`INFLIGHT_BUFFER_BYTES_MAX`], of which one connection holds
+///   at most [`CONNECTION_SHARED_BUFFER_BYTES_MAX`], so several connections always
+///   find room for large requests too.
 #[derive(Debug)]
-pub(crate) struct Inflight {
+pub(crate) struct InflightLimits {
     state: Mutex<InflightState>,
     released: Condvar,
     requests_max: usize,
@@ -301,12 +328,29 @@ pub(crate) struct Inflight {
 #[derive(Debug, Default)]
 struct InflightState {
     requests: usize,
-    bytes: u64,
+    /// Bytes taken from the shared pool.
+    shared_bytes: u64,
+    /// Bytes taken from connections' own reserves.
+    reserved_bytes: u64,
 }
 
-impl Inflight {
-    fn new(requests_max: usize, bytes_max: u64) -> Inflight {
-        Inflight {
+/// One connection's view of the server-wide limits: its requests count against the
+/// server's, its buffer bytes come from its own reserve first, then from the shared
+/// pool up to its cap.
+#[derive(Debug)]
+pub(crate) struct Inflight {
+    limits: Arc<InflightLimits>,
+    /// This connection's bytes in its own reserve, and in the shared pool. Changed
+    /// only under `limits.state`'s lock (atomics only to be `Sync` without a second
+    /// lock). Which bucket a request's bytes came from is not remembered: a release
+    /// gives back shared bytes first, which leaves the same total held either way.
+    reserved_bytes: AtomicU64,
+    shared_bytes: AtomicU64,
+}
+
+impl InflightLimits {
+    fn new(requests_max: usize, bytes_max: u64) -> InflightLimits {
+        InflightLimits {
             state: Mutex::new(InflightState::default()),
             released: Condvar::new(),
             requests_max,
@@ -314,10 +358,32 @@ impl Inflight {
         }
     }
 
+    /// A new connection's view, with an empty reserve.
+    pub(crate) fn for_connection(self: &Arc<Self>) -> Arc<Inflight> {
+        Arc::new(Inflight {
+            limits: Arc::clone(self),
+            reserved_bytes: AtomicU64::new(0),
+            shared_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests in flight now.
+    pub(crate) fn requests(&self) -> usize {
+        self.state.lock().requests
+    }
+
+    /// Requests and buffer bytes (reserved and shared) in flight now.
+    fn snapshot(&self) -> (usize, u64) {
+        let state = self.state.lock();
+        (state.requests, state.shared_bytes + state.reserved_bytes)
+    }
+}
+
+impl Inflight {
     /// Take a request slot if one is free now.
     pub(crate) fn try_acquire_request(&self) -> bool {
-        let mut state = self.state.lock();
-        if state.requests >= self.requests_max {
+        let mut state = self.limits.state.lock();
+        if state.requests >= self.limits.requests_max {
             return false;
         }
         state.requests += 1;
@@ -326,51 +392,75 @@ impl Inflight {
 
     /// Take `bytes` more buffer bytes if they fit now.
     pub(crate) fn try_acquire_bytes(&self, bytes: u64) -> bool {
-        let mut state = self.state.lock();
-        if state.bytes + bytes > self.bytes_max {
-            return false;
+        let mut state = self.limits.state.lock();
+        self.take_bytes(&mut state, bytes)
+    }
+
+    /// Take `bytes` from this connection's reserve, else from the shared pool, if
+    /// either has room now.
+    fn take_bytes(&self, state: &mut InflightState, bytes: u64) -> bool {
+        let reserved = self.reserved_bytes.load(Ordering::Relaxed);
+        if reserved + bytes <= CONNECTION_RESERVED_BUFFER_BYTES {
+            self.reserved_bytes
+                .store(reserved + bytes, Ordering::Relaxed);
+            state.reserved_bytes += bytes;
+            return true;
         }
-        state.bytes += bytes;
-        true
+        let shared = self.shared_bytes.load(Ordering::Relaxed);
+        if shared + bytes <= CONNECTION_SHARED_BUFFER_BYTES_MAX
+            && state.shared_bytes + bytes <= self.limits.bytes_max
+        {
+            self.shared_bytes.store(shared + bytes, Ordering::Relaxed);
+            state.shared_bytes += bytes;
+            return true;
+        }
+        false
     }
 
     /// Wait for a request slot.
     pub(crate) fn acquire_request(&self) {
-        let mut state = self.state.lock();
-        while state.requests >= self.requests_max {
-            self.released.wait(&mut state);
+        let mut state = self.limits.state.lock();
+        while state.requests >= self.limits.requests_max {
+            self.limits.released.wait(&mut state);
         }
         state.requests += 1;
     }
 
-    /// Wait until `bytes` more buffer bytes fit (`bytes` ≤ the limit, checked at compile time).
+    /// Wait until `bytes` more buffer bytes fit (`bytes` ≤ a connection's share of
+    /// the pool, checked at compile time, so they fit once this connection's
+    /// earlier requests are answered).
     pub(crate) fn acquire_bytes(&self, bytes: u64) {
-        let mut state = self.state.lock();
-        while state.bytes + bytes > self.bytes_max {
-            self.released.wait(&mut state);
+        let mut state = self.limits.state.lock();
+        while !self.take_bytes(&mut state, bytes) {
+            self.limits.released.wait(&mut state);
         }
-        state.bytes += bytes;
     }
 
     /// Give back one request slot and its bytes.
     pub(crate) fn release(&self, bytes: u64) {
-        let mut state = self.state.lock();
-        debug_assert!(state.requests > 0);
-        debug_assert!(state.bytes >= bytes);
-        state.requests = state.requests.saturating_sub(1);
-        state.bytes = state.bytes.saturating_sub(bytes);
-        self.released.notify_all();
-    }
-
-    /// Requests in flight now.
-    pub(crate) fn requests(&self) -> usize {
-        self.state.lock().requests
-    }
-
-    /// Requests and buffer bytes in flight now.
-    fn snapshot(&self) -> (usize, u64) {
-        let state = self.state.lock();
-        (state.requests, state.bytes)
+        let mut state = self.limits.state.lock();
+        let shared = self.shared_bytes.load(Ordering::Relaxed);
+        let reserved = self.reserved_bytes.load(Ordering::Relaxed);
+        // A release without its acquire would corrupt the accounting every other
+        // connection waits on: fail loudly rather than clamp.
+        assert!(
+            state.requests > 0,
+            "a request slot released but none is held"
+        );
+        assert!(
+            shared + reserved >= bytes,
+            "{bytes} buffer bytes released, more than this connection holds"
+        );
+        let from_shared = bytes.min(shared);
+        let from_reserved = bytes - from_shared;
+        self.shared_bytes
+            .store(shared - from_shared, Ordering::Relaxed);
+        self.reserved_bytes
+            .store(reserved - from_reserved, Ordering::Relaxed);
+        state.requests -= 1;
+        state.shared_bytes -= from_shared;
+        state.reserved_bytes -= from_reserved;
+        self.limits.released.notify_all();
     }
 }
 
@@ -411,7 +501,7 @@ struct Registry {
 pub struct Server {
     pub(crate) config: ServerConfig,
     pub(crate) exports: Arc<dyn ExportProvider>,
-    pub(crate) inflight: Arc<Inflight>,
+    pub(crate) inflight: Arc<InflightLimits>,
     /// Workers per connection running quick requests at once: one per CPU.
     pub(crate) workers_running_max: usize,
     shutting_down: AtomicBool,
@@ -427,7 +517,7 @@ impl Server {
         config.max_connections = config.max_connections.max(1);
         config.max_inflight_per_connection = config.max_inflight_per_connection.max(1);
         config.max_inflight_total = config.max_inflight_total.max(1);
-        let inflight = Arc::new(Inflight::new(
+        let inflight = Arc::new(InflightLimits::new(
             config.max_inflight_total,
             INFLIGHT_BUFFER_BYTES_MAX,
         ));
@@ -596,6 +686,14 @@ impl Server {
             ),
             ("max_inflight_total", c.max_inflight_total as u64),
             ("inflight_buffer_bytes_max", INFLIGHT_BUFFER_BYTES_MAX),
+            (
+                "connection_reserved_buffer_bytes",
+                CONNECTION_RESERVED_BUFFER_BYTES,
+            ),
+            (
+                "connection_shared_buffer_bytes_max",
+                CONNECTION_SHARED_BUFFER_BYTES_MAX,
+            ),
             (
                 "workers_per_connection_max",
                 WORKERS_PER_CONNECTION_MAX as u64,

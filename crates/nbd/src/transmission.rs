@@ -6,7 +6,8 @@
 //! Back-pressure: a request holds a [`Permit`] from the moment its header is read
 //! until its reply is written. The reader takes one per-connection slot, one
 //! server-wide slot and, for reads and writes, its buffer's bytes from the
-//! server-wide byte budget; at any limit it hands over the requests it holds and
+//! byte budget (the connection's own reserve, then its share of the server-wide
+//! pool: see `server::InflightLimits`); at any limit it hands over the requests it holds and
 //! waits, and does not read the socket, until an earlier request completes. Nothing
 //! a client sends can grow the server's memory past those limits.
 //!
@@ -248,7 +249,7 @@ pub(crate) fn serve(
         slot_free: Condvar::new(),
         inflight_max: server.config.max_inflight_per_connection,
         inflight_now: Arc::new(AtomicUsize::new(0)),
-        server_inflight: Arc::clone(&server.inflight),
+        server_inflight: server.inflight.for_connection(),
         workers_running_max: server.workers_running_max,
         workers_max: crate::server::WORKERS_PER_CONNECTION_MAX
             .min(server.config.max_inflight_per_connection),

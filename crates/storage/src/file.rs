@@ -4,12 +4,24 @@
 //! second process gets the holder's PID from `F_GETLK` and can name it. POSIX locks
 //! do not conflict inside one process, so a process-wide table of open devices
 //! refuses a second opener in the same process too.
+//!
+//! The same bytes can be reached by more than one inode, and a second opener must be
+//! refused whichever it takes:
+//! - a block device is opened with `O_EXCL`, which the kernel refuses while the
+//!   device is mounted or another program holds it exclusively (a second device node
+//!   made with `mknod` has its own inode, but not its own device);
+//! - a loop device (or a partition of one) is a second inode for its backing file:
+//!   the backing file is opened and locked as well (see `loop_device`), so an opener
+//!   of the file finds the lock of an opener of the loop device, and the other way
+//!   round. A backing file that cannot be reached (unlinked, or replaced at its path)
+//!   cannot be locked, and the loop device is refused.
 
+use crate::loop_device::{backing_of, same_device};
 use crate::{check_bounds, IoCounters, IoOp, Storage, StorageError};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
@@ -27,7 +39,8 @@ impl std::fmt::Display for LockHolder {
         match (self.pid, &self.command) {
             (Some(pid), Some(cmd)) => write!(f, "process {pid} ({cmd})"),
             (Some(pid), None) => write!(f, "process {pid}"),
-            _ => f.write_str("this process"),
+            (None, Some(what)) => f.write_str(what),
+            (None, None) => f.write_str("another program"),
         }
     }
 }
@@ -35,12 +48,26 @@ impl std::fmt::Display for LockHolder {
 /// Devices open in this process, by (st_dev, st_ino) or (st_rdev) identity.
 static OPEN_IN_PROCESS: Mutex<Option<HashSet<(u64, u64)>>> = Mutex::new(None);
 
+/// Loop devices resolved to their backing files at most this deep (a loop device
+/// over a loop device over …); the kernel refuses cycles, so this only bounds work.
+const LOOP_DEPTH_MAX: usize = 8;
+
+/// What `O_EXCL` on a busy block device means, for the error.
+const EXCLUSIVE_HOLDER: &str =
+    "another opener the kernel knows of (a mount, a device-mapper target, or a program that opened it exclusively)";
+
 /// A file or block device.
 pub struct FileStorage {
     file: File,
+    /// Files opened only to hold their locks (never read: the locks last while
+    /// they are open): the backing file of a loop device, and its own backing file
+    /// if that is a loop device again.
+    #[expect(dead_code, reason = "held for its record locks, released on drop")]
+    held: Vec<File>,
     name: String,
     len_bytes: u64,
-    identity: (u64, u64),
+    /// Every identity this storage took in the process-wide table.
+    identities: Vec<(u64, u64)>,
     counters: IoCounters,
     /// Whether the kernel takes `RWF_NOWAIT` reads on this file (cleared if refused).
     nowait: std::sync::atomic::AtomicBool,
@@ -89,28 +116,22 @@ impl FileStorage {
 
     fn open_inner(path: &Path, create_len: Option<u64>) -> Result<Self, StorageError> {
         let name = path.display().to_string();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create_len.is_some())
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
+        let (file, meta) = open_locked(path, &name, create_len.is_some())?;
         let is_block = meta.file_type().is_block_device();
-        let identity = if is_block {
-            (u64::MAX, meta.rdev())
-        } else {
-            (meta.dev(), meta.ino())
-        };
-        lock_exclusive(&file, &name, identity)?;
+        let mut identities = vec![identity_of(&meta)];
+        let mut held = Vec::new();
+        if is_block {
+            if let Err(e) = lock_backing_files(&file, &meta, &name, &mut held, &mut identities) {
+                release_identities(&identities);
+                return Err(e);
+            }
+        }
         let mut storage = FileStorage {
             file,
+            held,
             name,
             len_bytes: 0,
-            identity,
+            identities,
             counters: IoCounters::default(),
             nowait: std::sync::atomic::AtomicBool::new(true),
         };
@@ -126,6 +147,110 @@ impl FileStorage {
             .map_err(|e| io_err(&storage.name, IoOp::Open, 0, 0, e))?;
         Ok(storage)
     }
+}
+
+/// (st_dev, st_ino) of a file; (u64::MAX, st_rdev) of a block device, whatever node
+/// names it.
+fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
+    if meta.file_type().is_block_device() {
+        (u64::MAX, meta.rdev())
+    } else {
+        (meta.dev(), meta.ino())
+    }
+}
+
+/// Open `path` read-write (a block device with `O_EXCL`) and lock it, in the process
+/// table and with a record lock.
+fn open_locked(
+    path: &Path,
+    name: &str,
+    create: bool,
+) -> Result<(File, std::fs::Metadata), StorageError> {
+    let is_block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false);
+    if is_block {
+        // O_EXCL without O_CREAT is defined for block devices only: an exclusive
+        // claim the kernel refuses while the device is mounted or claimed.
+        options.custom_flags(libc::O_EXCL);
+    }
+    let file = options.open(path).map_err(|e| {
+        if is_block && e.raw_os_error() == Some(libc::EBUSY) {
+            StorageError::Locked {
+                device: name.to_string(),
+                holder: LockHolder {
+                    pid: None,
+                    command: Some(EXCLUSIVE_HOLDER.into()),
+                },
+            }
+        } else {
+            io_err(name, IoOp::Open, 0, 0, e)
+        }
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
+    lock_exclusive(&file, name, identity_of(&meta))?;
+    Ok((file, meta))
+}
+
+/// If `device` is a loop device (or a partition of one), open and lock its backing
+/// file, and that file's backing file if it is a loop device again. Each file
+/// locked is pushed on `held` and its identity on `identities`.
+fn lock_backing_files(
+    device: &File,
+    meta: &std::fs::Metadata,
+    name: &str,
+    held: &mut Vec<File>,
+    identities: &mut Vec<(u64, u64)>,
+) -> Result<(), StorageError> {
+    let mut current_rdev = meta.rdev();
+    for _ in 0..LOOP_DEPTH_MAX {
+        let current = held.last().unwrap_or(device);
+        let backing =
+            backing_of(current, current_rdev).map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
+        let Some(backing) = backing else {
+            return Ok(());
+        };
+        let unreachable = |why: &str| StorageError::BackingUnreachable {
+            device: name.to_string(),
+            backing: backing.path.display().to_string(),
+            why: why.to_string(),
+        };
+        let backing_name = format!("{name} (a loop device over {})", backing.path.display());
+        let (file, backing_meta) = match open_locked(&backing.path, &backing_name, false) {
+            Ok(opened) => opened,
+            Err(StorageError::Io { source, .. }) => {
+                return Err(unreachable(&source.to_string()));
+            }
+            Err(other) => return Err(other),
+        };
+        identities.push(identity_of(&backing_meta));
+        let is_block = backing_meta.file_type().is_block_device();
+        let is_the_file =
+            same_device(backing_meta.dev(), backing.dev) && backing_meta.ino() == backing.ino;
+        held.push(file);
+        if !is_block {
+            if is_the_file {
+                return Ok(());
+            }
+            return Err(unreachable(
+                "the file at that path is not the one the loop device reads (renamed or replaced)",
+            ));
+        }
+        // A loop device over a block device: that device was opened with O_EXCL
+        // above; if it is a loop device again, lock its backing file too.
+        current_rdev = backing_meta.rdev();
+    }
+    Err(StorageError::BackingUnreachable {
+        device: name.to_string(),
+        backing: "(loop devices nested too deep)".into(),
+        why: format!("more than {LOOP_DEPTH_MAX} loop devices deep"),
+    })
 }
 
 fn device_len(file: &File, is_block: bool) -> std::io::Result<u64> {
@@ -167,7 +292,7 @@ fn lock_exclusive(file: &File, name: &str, identity: (u64, u64)) -> Result<(), S
         return Ok(());
     }
     let err = std::io::Error::last_os_error();
-    release_identity(identity);
+    release_identities(&[identity]);
     // SAFETY: F_GETLK fills the struct we own with the conflicting lock, if any.
     let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
     let pid = if rc == 0 && fl.l_type != libc::F_UNLCK as _ {
@@ -193,15 +318,17 @@ fn lock_exclusive(file: &File, name: &str, identity: (u64, u64)) -> Result<(), S
     })
 }
 
-fn release_identity(identity: (u64, u64)) {
+fn release_identities(identities: &[(u64, u64)]) {
     if let Some(set) = OPEN_IN_PROCESS.lock().as_mut() {
-        set.remove(&identity);
+        for identity in identities {
+            set.remove(identity);
+        }
     }
 }
 
 impl Drop for FileStorage {
     fn drop(&mut self) {
-        release_identity(self.identity);
+        release_identities(&self.identities);
     }
 }
 

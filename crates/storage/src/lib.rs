@@ -16,6 +16,7 @@
 
 mod fault;
 mod file;
+mod loop_device;
 
 pub use fault::{CrashMode, FaultPlan, FaultStorage};
 pub use file::{FileStorage, LockHolder};
@@ -84,6 +85,17 @@ pub enum StorageError {
         device: String,
         /// Who holds it, as well as can be told.
         holder: LockHolder,
+    },
+    /// A loop device whose backing file cannot be opened and locked: another process
+    /// could hold the same bytes through it, so the device is refused.
+    #[error("{device} is a loop device over {backing}, which cannot be locked ({why}); refusing it, since another program could be using the same bytes through that file")]
+    BackingUnreachable {
+        /// The loop device's name.
+        device: String,
+        /// The backing file, as the kernel names it.
+        backing: String,
+        /// Why it cannot be locked.
+        why: String,
     },
     /// An injected fault (tests only).
     #[error("injected {op} fault on {device}")]

@@ -463,6 +463,11 @@ impl Server {
             .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}):\n{}", ran.report()))
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
     /// Sends a signal to the server.
     pub fn signal(&self, sig: libc::c_int) {
         let child = self.child.as_ref().expect("server running");

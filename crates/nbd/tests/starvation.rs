@@ -1,0 +1,86 @@
+//! Clients that stall while holding buffers must not keep other clients waiting.
+//! Alone in its own test binary: it fills the server-wide buffer pool on purpose.
+
+mod common;
+
+use common::*;
+use fewerbytes_nbd::protocol::*;
+use fewerbytes_nbd::{MemoryExport, MemoryExports, ServerConfig, INFLIGHT_BUFFER_BYTES_MAX};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Large enough for maximum-size (32 MiB) requests.
+const BIG_EXPORT_BYTES: usize = 40 << 20;
+const REQUEST_BYTES: u64 = 32 << 20;
+/// A generous bound on serving a good client's small requests; before the fix it
+/// waited for the stalled clients' timeouts (120 s and more).
+const GOOD_CLIENT_LIMIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn stalled_clients_holding_large_buffers_do_not_keep_a_good_client_waiting() {
+    // Bug: every connection drew its buffers from one server-wide budget, so a client
+    // that pipelined 16 reads of 32 MiB and never read the replies, or eight that sent
+    // a 32 MiB write header and stalled, held every other client for 120-240 s.
+    let a = Arc::new(MemoryExport::new(BIG_EXPORT_BYTES));
+    let b = Arc::new(MemoryExport::new(BIG_EXPORT_BYTES));
+    let provider = MemoryExports::new(vec![
+        ("a".to_string(), Arc::clone(&a)),
+        ("b".to_string(), Arc::clone(&b)),
+    ]);
+    let t = TestServer::with_provider(ServerConfig::default(), Arc::new(provider), a, b);
+
+    // One client pipelines 16 reads of 32 MiB and never reads a reply.
+    let mut reader = t.connect();
+    reader.handshake();
+    reader.go("a", &[]).expect("GO");
+    for cookie in 0..16u64 {
+        reader.send_request(0, CMD_READ, cookie, 0, REQUEST_BYTES, &[]);
+    }
+    // Eight send the header of a 32 MiB write, then stall.
+    let mut writers = Vec::new();
+    for cookie in 0..8u64 {
+        let mut c = t.connect();
+        c.handshake();
+        c.go("a", &[]).expect("GO");
+        c.send_request(0, CMD_WRITE, 100 + cookie, 0, REQUEST_BYTES, &[1; 4096]);
+        writers.push(c);
+    }
+    // Wait (bounded) until the stalled clients hold the whole shared pool: the one
+    // reader at most its share, the writers the rest.
+    let started = Instant::now();
+    loop {
+        let held = t.server.stats().inflight_buffer_bytes;
+        if held >= INFLIGHT_BUFFER_BYTES_MAX {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stalled clients never held the pool ({held} bytes held)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A good client writes and reads 1 MiB, and is answered within the bound.
+    let mut good = t.connect();
+    good.s
+        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
+        .expect("timeout");
+    good.handshake();
+    good.go("b", &[]).expect("GO");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    good.send_request(0, CMD_WRITE, 1, 4096, 1 << 20, &data);
+    assert_eq!(
+        good.simple_reply(),
+        (0, 1),
+        "the good client's write failed"
+    );
+    good.send_request(0, CMD_READ, 2, 4096, 1 << 20, &[]);
+    assert_eq!(good.simple_reply(), (0, 2), "the good client's read failed");
+    assert!(
+        good.read_bytes(1 << 20) == data,
+        "the good client read back other bytes"
+    );
+    good.disconnect();
+    drop(writers);
+    drop(reader);
+}
