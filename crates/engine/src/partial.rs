@@ -17,9 +17,13 @@
 //!   one that reads as what was read (`reads_alike`). If a range operation changed
 //!   it in between, the new block is dropped and the read-modify-write starts again
 //!   from the zeros the range operation left.
-//! - An object the read-modify-write is reading cannot be freed and reused under
-//!   it: object slots freed are reusable only after a checkpoint, and a checkpoint
-//!   waits for the gate, which the caller holds shared throughout.
+//! - An object the read-modify-write is reading may lose its last reference to such
+//!   a range operation, and its record is cleared: the read fails, the entry has
+//!   changed, and the read is tried again on what the range operation left. The
+//!   object's slot and bytes are not reused under it: freed ones become reusable only
+//!   after a checkpoint, and a checkpoint waits for the gate, which the caller holds
+//!   shared throughout. A plain read that loses a race with any write of its block
+//!   is tried again the same way, under the block's stripe lock (`read_block`).
 
 use crate::block_map::VolumeState;
 use crate::pool::Inner;
@@ -50,6 +54,44 @@ pub(crate) fn reads_alike(a: MapEntry, b: MapEntry) -> bool {
 }
 
 impl Inner {
+    /// Read block `lbn` into `block` while holding its stripe lock: only a range
+    /// operation can change the entry meanwhile, and only to one that reads as zeros,
+    /// so a read that lost that race is tried again once at most (within
+    /// `RMW_ATTEMPTS_MAX`). Returns whether it read everything (false only with
+    /// `Wait::No`) and the entry it read.
+    pub(crate) fn read_object_settled(
+        &self,
+        vol: &VolumeState,
+        lbn: u64,
+        block: &mut [u8],
+        wait: Wait,
+    ) -> Result<(bool, MapEntry)> {
+        let mut base = vol.get(lbn);
+        let mut attempts = 1;
+        loop {
+            let read = match base {
+                MapEntry::Unmapped | MapEntry::Zero => {
+                    block.fill(0);
+                    Ok(true)
+                }
+                MapEntry::Object(o) => self.read_object(o, block, wait),
+            };
+            match read {
+                Ok(done) => return Ok((done, base)),
+                Err(e) => {
+                    // A range operation may have dropped the object's last reference
+                    // between the two looks; then read what it left.
+                    let now = vol.get(lbn);
+                    if reads_alike(now, base) || attempts >= RMW_ATTEMPTS_MAX {
+                        return Err(e);
+                    }
+                    base = now;
+                    attempts += 1;
+                }
+            }
+        }
+    }
+
     /// Write `src` at byte `within` of block `lbn`, keeping the block's other bytes.
     /// Caller holds the gate (shared) and the block's stripe lock; `within + src.len()`
     /// is at most one block.
@@ -63,22 +105,7 @@ impl Inner {
         debug_assert!(within + src.len() <= BLOCK_BYTES);
         let mut block = [0u8; BLOCK_BYTES];
         for _ in 0..RMW_ATTEMPTS_MAX {
-            let base = vol.get(lbn);
-            let read = match base {
-                MapEntry::Unmapped | MapEntry::Zero => {
-                    block.fill(0);
-                    Ok(true)
-                }
-                MapEntry::Object(o) => self.read_object(o, &mut block, Wait::Yes),
-            };
-            if let Err(e) = read {
-                // A range operation may have dropped the object's last reference
-                // between the two looks; then start again from what it left.
-                if reads_alike(vol.get(lbn), base) {
-                    return Err(e);
-                }
-                continue;
-            }
+            let (_, base) = self.read_object_settled(vol, lbn, &mut block, Wait::Yes)?;
             if let Some(dst) = block.get_mut(within..within + src.len()) {
                 dst.copy_from_slice(src);
             }

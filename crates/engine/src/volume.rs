@@ -483,8 +483,16 @@ impl Inner {
         *blake3::keyed_hash(&self.key, block).as_bytes()
     }
 
-    /// Read one block into `out` (4096 bytes). Caller holds the gate. Returns false
-    /// (with `Wait::No`) if the block's bytes are not at hand without waiting.
+    /// Read one block into `out` (4096 bytes). Caller holds the gate and no stripe
+    /// lock. Returns false (with `Wait::No`) if the block's bytes are not at hand
+    /// without waiting.
+    ///
+    /// A write of the block may drop the object being read between the map lookup
+    /// and the read of its record (its record is cleared; its bytes stay until a
+    /// checkpoint, which the gate holds off). That is a race, not corruption: the
+    /// read starts again under the block's stripe lock, where no write of the block
+    /// runs, and a range operation can only leave it reading as zeros
+    /// (`partial::read_object_settled`).
     pub(crate) fn read_block(
         &self,
         vol: &VolumeState,
@@ -492,12 +500,29 @@ impl Inner {
         out: &mut [u8],
         wait: Wait,
     ) -> Result<bool> {
-        match vol.get(lbn) {
+        let entry = vol.get(lbn);
+        let first = match entry {
             MapEntry::Unmapped | MapEntry::Zero => {
                 out.fill(0);
-                Ok(true)
+                return Ok(true);
             }
             MapEntry::Object(o) => self.read_object(o, out, wait),
+        };
+        match first {
+            Err(e) if crate::partial::reads_alike(vol.get(lbn), entry) => Err(e),
+            Err(_) => {
+                let stripe = self.stripe(vol, lbn);
+                let _held = match wait {
+                    Wait::Yes => stripe.lock(),
+                    Wait::No => match stripe.try_lock() {
+                        Some(held) => held,
+                        None => return Ok(false),
+                    },
+                };
+                self.read_object_settled(vol, lbn, out, wait)
+                    .map(|read| read.0)
+            }
+            done => done,
         }
     }
 
