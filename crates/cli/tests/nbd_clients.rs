@@ -161,7 +161,8 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
     qemu_io(&uri, &reads);
     qemu_io(&server.tcp_uri("vol"), &reads);
 
-    // Byte-unaligned requests (qemu's block layer does the read-modify-write).
+    // Byte-unaligned requests: with a minimum block size of 1, qemu sends them as
+    // they are and the server does the read-modify-write.
     qemu_io(
         &uri,
         &[
