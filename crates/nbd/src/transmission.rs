@@ -15,8 +15,7 @@
 //! run by the reader itself (no wakeup at all); workers wake only while fewer than
 //! one per CPU are running, and a worker that has more queued work leaves its
 //! replies for one batched write. Requests that may wait for the disk (reads, block
-//! status, writes of partial blocks, which read before they write, and flushes and
-//! FUA writes, which wait for a group commit) never run on
+//! status, and flushes and FUA writes, which wait for a group commit) never run on
 //! the reader and each get a worker of their own, so a connection's other requests
 //! never queue behind them.
 
@@ -108,16 +107,16 @@ struct Job {
 
 impl Job {
     /// May wait for the disk: a flush or FUA request waits for a group commit
-    /// (milliseconds), a read, a block status or a write of part of a block may read
-    /// from the disk. Such a job
+    /// (milliseconds), a read or block status may read from the disk. Such a job
     /// never runs on the reader, and its worker does not count as running: each gets
     /// a worker of its own (up to [`crate::WORKERS_PER_CONNECTION_MAX`]), so one
     /// connection's other requests never wait behind it.
     fn may_wait(&self) -> bool {
         match self.command {
             Command::Flush | Command::Read { .. } | Command::BlockStatus { .. } => true,
-            Command::Write { offset, len, fua } => fua || partial_blocks(offset, u64::from(len)),
-            Command::Trim { fua, .. } | Command::WriteZeroes { fua, .. } => fua,
+            Command::Write { fua, .. }
+            | Command::Trim { fua, .. }
+            | Command::WriteZeroes { fua, .. } => fua,
             Command::Cache | Command::Disconnect => false,
         }
     }
@@ -133,21 +132,11 @@ impl Job {
     /// worker may leave replies queued while it runs one.
     fn quick(&self) -> bool {
         match self.command {
-            Command::Write { offset, len, fua } => {
-                !fua && len <= QUICK_REQUEST_BYTES_MAX && !partial_blocks(offset, u64::from(len))
-            }
+            Command::Write { len, fua, .. } => !fua && len <= QUICK_REQUEST_BYTES_MAX,
             Command::Cache => true,
             _ => false,
         }
     }
-}
-
-/// Whether a write covers part of a 4 KiB block at either end: the export then reads
-/// that block before writing it (a read-modify-write), which may wait for the disk
-/// like a read, so such a write is never run on the reader.
-fn partial_blocks(offset: u64, len: u64) -> bool {
-    let block = u64::from(BLOCK_SIZE_PREFERRED_BYTES);
-    !offset.is_multiple_of(block) || !len.is_multiple_of(block)
 }
 
 /// A request's share of the limits, given back when its reply has been written.
