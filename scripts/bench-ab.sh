@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A/B benchmark of two fewerbytes binaries in one run, alternating A, B, A, B so a
-# machine whose load changes (shared CPUs) weighs on both alike; prints each run and
-# the ratio B/A per workload. With QEMU_NBD=1, qemu-nbd on a raw file (O_DIRECT, as in
+# A/B benchmark of two fewerbytes binaries in one run, alternating A B, B A, A B, ...
+# so a machine whose load changes (shared CPUs) weighs on both alike; prints each run
+# and the ratio B/A per workload. With QEMU_NBD=1, qemu-nbd on a raw file (O_DIRECT, as in
 # bench.sh) takes a turn in each round too.
 #
 #   A=/path/to/old/fewerbytes B=target/release/fewerbytes scripts/bench-ab.sh
@@ -101,7 +101,11 @@ echo "A = $A"
 echo "B = $B"
 for w in $WORKLOADS; do
     for round in $(seq "$ROUNDS"); do
-        for s in "${servers[@]}"; do
+        order=("${servers[@]}")
+        if ((round % 2 == 0)); then
+            order=(B A "${servers[@]:2}")
+        fi
+        for s in "${order[@]}"; do
             case $s in
                 A) start_fewerbytes "$A" ;;
                 B) start_fewerbytes "$B" ;;
