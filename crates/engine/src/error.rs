@@ -60,16 +60,6 @@ pub enum EngineError {
         /// The volume's size.
         size_bytes: u64,
     },
-    /// Not aligned to the 512-byte sector.
-    #[error("{op} at offset {offset_bytes}, length {len_bytes} is not aligned to 512 bytes")]
-    Unaligned {
-        /// What was asked.
-        op: &'static str,
-        /// Where.
-        offset_bytes: u64,
-        /// How much.
-        len_bytes: u64,
-    },
     /// The pool has no free data blocks or object slots left.
     #[error("the pool is full: {0}")]
     NoSpace(String),
@@ -101,10 +91,9 @@ impl EngineError {
         match self {
             EngineError::ReadOnly(_) => 1,        // EPERM
             EngineError::OutOfRange { .. } => 22, // EINVAL
-            EngineError::Unaligned { .. } => 22,
-            EngineError::NoSpace(_) => 28,     // ENOSPC
-            EngineError::VolumeGone(_) => 108, // ESHUTDOWN
-            _ => 5,                            // EIO
+            EngineError::NoSpace(_) => 28,        // ENOSPC
+            EngineError::VolumeGone(_) => 108,    // ESHUTDOWN
+            _ => 5,                               // EIO
         }
     }
 }

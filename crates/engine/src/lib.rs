@@ -20,6 +20,7 @@ pub mod geometry;
 mod index;
 mod journal;
 mod packer;
+mod partial;
 mod pool;
 mod recovery;
 mod slab;

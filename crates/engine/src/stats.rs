@@ -112,6 +112,10 @@ impl Pool {
                 ("zones (packers)".into(), i.zone_count() as u64),
                 ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
                 (
+                    "read-modify-write attempts".into(),
+                    u64::from(crate::partial::RMW_ATTEMPTS_MAX),
+                ),
+                (
                     "blocks per request step".into(),
                     crate::pool::BLOCKS_PER_STEP,
                 ),

@@ -7,13 +7,14 @@
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::counters::add;
+use crate::partial::JOURNAL_BYTES_PER_RMW_RETRY;
 use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
 use crate::recovery::range_result;
 use crate::slab::{ObjRec, REFCOUNT_MAX};
 use crate::{EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
-use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
+use fewerbytes_format::BLOCK_BYTES;
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -88,15 +89,6 @@ impl Volume {
         if vol.deleted.load(Ordering::Acquire) {
             return Err(EngineError::VolumeGone(vol.name.clone()));
         }
-        if !offset_bytes.is_multiple_of(SECTOR_BYTES as u64)
-            || !len_bytes.is_multiple_of(SECTOR_BYTES as u64)
-        {
-            return Err(EngineError::Unaligned {
-                op,
-                offset_bytes,
-                len_bytes,
-            });
-        }
         let size_bytes = self.size_bytes();
         if offset_bytes
             .checked_add(len_bytes)
@@ -113,7 +105,7 @@ impl Volume {
         Ok(())
     }
 
-    /// Read `buf.len()` bytes at `offset_bytes` (both multiples of 512).
+    /// Read `buf.len()` bytes at `offset_bytes` (any offset and length inside the volume).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check("read", offset_bytes, buf.len() as u64)?;
         let inner = self.inner();
@@ -166,7 +158,9 @@ impl Volume {
         Ok(true)
     }
 
-    /// Write `data` at `offset_bytes` (multiples of 512). With `fua`, durable on return.
+    /// Write `data` at `offset_bytes` (any offset and length inside the volume). A
+    /// block the write covers only in part is read, modified and written back under
+    /// its stripe lock (`partial.rs`). With `fua`, durable on return.
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check("write", offset_bytes, data.len() as u64)?;
         let inner = self.inner();
@@ -179,7 +173,10 @@ impl Volume {
             let step_end =
                 ((at / BLOCK) * BLOCK + step_bytes as u64).min(offset_bytes + data.len() as u64);
             let n = (step_end - at) as usize;
-            let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
+            // Blocks touched, plus an abandoned attempt for each partial block at the
+            // step's two ends (see `partial.rs`).
+            let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK
+                + 2 * JOURNAL_BYTES_PER_RMW_RETRY;
             inner.journal.reserve(reserve)?;
             let chunk = data.get(pos..pos + n).unwrap_or(&[]);
             let result = self.write_step_reclaiming(at, chunk);
@@ -239,7 +236,6 @@ impl Volume {
             });
         }
         let mut pos = 0usize;
-        let mut block = [0u8; BLOCK_BYTES];
         while pos < data.len() {
             let at = offset_bytes + pos as u64;
             let lbn = at / BLOCK;
@@ -248,14 +244,9 @@ impl Volume {
             let src = data.get(pos..pos + n).unwrap_or(&[]);
             let stripe = inner.stripe(vol, lbn).lock();
             if n == BLOCK_BYTES {
-                inner.write_block(vol, lbn, src)?;
+                inner.write_block(vol, lbn, src, None)?;
             } else {
-                // Read-modify-write of a partial block, under the block's stripe lock.
-                inner.read_block(vol, lbn, &mut block, Wait::Yes)?;
-                if let Some(dst) = block.get_mut(within..within + n) {
-                    dst.copy_from_slice(src);
-                }
-                inner.write_block(vol, lbn, &block)?;
+                inner.write_partial(vol, lbn, within, src)?;
             }
             drop(stripe);
             pos += n;
@@ -294,31 +285,19 @@ impl Volume {
         let first_full = offset_bytes.div_ceil(BLOCK);
         let last_full = end / BLOCK;
         // Partial blocks at either end are zeroed through the write path.
-        let zeros = [0u8; BLOCK_BYTES];
         if first_full > last_full {
-            return self.write(
-                offset_bytes,
-                zeros.get(..len_bytes as usize).unwrap_or(&[]),
-                fua,
-            );
+            return self.zero_partial(entry, offset_bytes, len_bytes, fua);
         }
         if offset_bytes < first_full * BLOCK {
-            self.write(
+            self.zero_partial(
+                entry,
                 offset_bytes,
-                zeros
-                    .get(..(first_full * BLOCK - offset_bytes) as usize)
-                    .unwrap_or(&[]),
+                first_full * BLOCK - offset_bytes,
                 false,
             )?;
         }
         if end > last_full * BLOCK {
-            self.write(
-                last_full * BLOCK,
-                zeros
-                    .get(..(end - last_full * BLOCK) as usize)
-                    .unwrap_or(&[]),
-                false,
-            )?;
+            self.zero_partial(entry, last_full * BLOCK, end - last_full * BLOCK, false)?;
         }
         let mut lbn = first_full;
         while lbn < last_full {
@@ -339,6 +318,37 @@ impl Volume {
             self.h.pool.flush()?;
         }
         Ok(())
+    }
+
+    /// Zero `[offset, offset+len)`, inside one block, by a read-modify-write.
+    ///
+    /// Trim frees whole blocks only; the bytes of a partial block read as zeros after
+    /// it, like write-zeroes, except on a full pool: storing the zeroed block may need
+    /// space, and a trim must not fail for want of space (it frees space), so there it
+    /// leaves the partial block as it was, which NBD allows (a trimmed range has no
+    /// defined contents until written again).
+    fn zero_partial(
+        &self,
+        entry: MapEntry,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+    ) -> Result<()> {
+        let zeros = [0u8; BLOCK_BYTES];
+        let bytes = zeros.get(..len_bytes as usize).unwrap_or(&[]);
+        match self.write(offset_bytes, bytes, fua) {
+            Err(EngineError::NoSpace(why)) if entry == MapEntry::Unmapped => {
+                tracing::debug!(
+                    volume = %self.h.vol.name,
+                    offset_bytes,
+                    len_bytes,
+                    %why,
+                    "trim left a partial block as it was: the pool is full"
+                );
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// Apply a range operation to whole pages from `lbn` up to `end`, at most
@@ -473,8 +483,16 @@ impl Inner {
         *blake3::keyed_hash(&self.key, block).as_bytes()
     }
 
-    /// Read one block into `out` (4096 bytes). Caller holds the gate. Returns false
-    /// (with `Wait::No`) if the block's bytes are not at hand without waiting.
+    /// Read one block into `out` (4096 bytes). Caller holds the gate and no stripe
+    /// lock. Returns false (with `Wait::No`) if the block's bytes are not at hand
+    /// without waiting.
+    ///
+    /// A write of the block may drop the object being read between the map lookup
+    /// and the read of its record (its record is cleared; its bytes stay until a
+    /// checkpoint, which the gate holds off). That is a race, not corruption: the
+    /// read starts again under the block's stripe lock, where no write of the block
+    /// runs, and a range operation can only leave it reading as zeros
+    /// (`partial::read_object_settled`).
     pub(crate) fn read_block(
         &self,
         vol: &VolumeState,
@@ -482,14 +500,32 @@ impl Inner {
         out: &mut [u8],
         wait: Wait,
     ) -> Result<bool> {
-        match vol.get(lbn) {
+        let entry = vol.get(lbn);
+        let first = match entry {
             MapEntry::Unmapped | MapEntry::Zero => {
                 out.fill(0);
-                Ok(true)
+                return Ok(true);
             }
-            MapEntry::Object(o) => self
-                .read_object(o, out, wait)
-                .map_err(|e| in_volume(e, vol, lbn)),
+            MapEntry::Object(o) => self.read_object(o, out, wait),
+        };
+        match first {
+            Err(e) if crate::partial::reads_alike(vol.get(lbn), entry) => {
+                Err(in_volume(e, vol, lbn))
+            }
+            Err(_) => {
+                let stripe = self.stripe(vol, lbn);
+                let _held = match wait {
+                    Wait::Yes => stripe.lock(),
+                    Wait::No => match stripe.try_lock() {
+                        Some(held) => held,
+                        None => return Ok(false),
+                    },
+                };
+                self.read_object_settled(vol, lbn, out, wait)
+                    .map(|read| read.0)
+                    .map_err(|e| in_volume(e, vol, lbn))
+            }
+            done => done,
         }
     }
 
@@ -783,7 +819,17 @@ impl Inner {
     }
 
     /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
-    pub(crate) fn write_block(&self, vol: &VolumeState, lbn: u64, block: &[u8]) -> Result<()> {
+    ///
+    /// With `expect`, the map is updated only if the block's entry still reads like
+    /// it (`partial::reads_alike`); otherwise nothing changes and the result is
+    /// `false` (a read-modify-write lost a race with a range operation).
+    pub(crate) fn write_block(
+        &self,
+        vol: &VolumeState,
+        lbn: u64,
+        block: &[u8],
+        expect: Option<MapEntry>,
+    ) -> Result<bool> {
         add(&self.counters.blocks_written, 1);
         add(&vol.counters.blocks_written, 1);
         let entry = if is_zero(block) {
@@ -823,7 +869,16 @@ impl Inner {
                 return Err(EngineError::VolumeGone(vol.name.clone()));
             };
             let mut page = page.lock();
-            let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry, &self.dirty_pages);
+            let i = (lbn % ENTRIES_PER_PAGE) as usize;
+            if expect.is_some_and(|e| !crate::partial::reads_alike(page.get(i), e)) {
+                drop(page);
+                drop(pages);
+                if let Some(o) = entry.object() {
+                    self.release_object(o);
+                }
+                return Ok(false);
+            }
+            let old = page.set(i, entry, &self.dirty_pages);
             // Appended under the page lock: journal order matches map order per block.
             self.journal.append(&Record::MapSet {
                 volume: vol.slot,
@@ -836,7 +891,7 @@ impl Inner {
         if let Some(o) = old.object() {
             self.release_object(o);
         }
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -139,9 +139,9 @@ fn corruption_anywhere_is_detected_or_harmless() {
     assert!(at_read > 0, "the corrupted data block was not detected");
 }
 
-/// A full pool refuses new data with NoSpace (ENOSPC over NBD), keeps everything it
-/// acknowledged, still accepts duplicates and trims, and after a trim takes new data
-/// again (the trimmed blocks return at the next checkpoint, which the refusal asks for).
+/// A full pool refuses new data with NoSpace (ENOSPC over NBD), also in part of a
+/// block, keeps everything it acknowledged, still accepts duplicates and trims (also
+/// of part of a block), and after a trim takes new data again (the trimmed blocks return at the next checkpoint, which the refusal asks for).
 #[test]
 fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
     use fewerbytes_engine::storage::Storage;
@@ -206,6 +206,25 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
             "block {i} changed after the pool filled"
         );
     }
+    // Part of a block: a write or write-zeroes needs a new block for the result and
+    // is refused with ENOSPC, leaving the block as it was; a trim never fails for want
+    // of space, and on a full pool leaves a partial block as it was (NBD allows it).
+    let b = 5 * BLOCK as u64;
+    let err = vol.write(b + 100, &[0x5a; 100], false).unwrap_err();
+    assert_eq!(err.errno(), 28, "a partial write on a full pool: {err}");
+    let err = vol.write_zeroes(b + 10, 10, false).unwrap_err();
+    assert_eq!(
+        err.errno(),
+        28,
+        "a partial write-zeroes on a full pool: {err}"
+    );
+    vol.trim(b + 10, 10, false)
+        .expect("a partial trim on a full pool succeeds");
+    vol.read(b, &mut buf).unwrap();
+    assert!(
+        buf == block_of(5),
+        "a refused partial request changed its block"
+    );
     vol.trim(0, (written / 2) * BLOCK as u64, false).unwrap();
     // The trimmed blocks come back at the next checkpoint, which the write itself
     // takes when it finds no free block: the very next write succeeds.

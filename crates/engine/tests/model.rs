@@ -1,8 +1,9 @@
 //! The engine against a trivial model (volume → bytes), over random writes of
-//! duplicate, zero, compressible and random data, partial 512-byte writes, trims,
-//! write-zeroes, clones, deletes, flushes, compaction, clean reopens and crashes
-//! that keep none, all or a random subset of the unflushed writes (some torn at
-//! 512-byte boundaries). Each case ends with a reference-count audit.
+//! duplicate, zero, compressible and random data at any byte offset and length
+//! (one byte, a few, across block boundaries, whole blocks), trims and write-zeroes
+//! likewise, clones, deletes, flushes, compaction, clean reopens and crashes that
+//! keep none, all or a random subset of the unflushed writes (some torn at 512-byte
+//! boundaries). Each case ends with a reference-count audit.
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -28,26 +29,26 @@ enum Data {
 enum Op {
     Write {
         vol: u8,
-        sector: u64,
-        sectors: u64,
+        offset: u64,
+        len: u64,
         data: Data,
     },
     Trim {
         vol: u8,
-        sector: u64,
-        sectors: u64,
+        offset: u64,
+        len: u64,
     },
     /// Read without waiting (what an NBD server's reader thread does), checked
     /// against the model.
     ReadCached {
         vol: u8,
-        sector: u64,
-        sectors: u64,
+        offset: u64,
+        len: u64,
     },
     WriteZeroes {
         vol: u8,
-        sector: u64,
-        sectors: u64,
+        offset: u64,
+        len: u64,
     },
     Clone {
         src: u8,
@@ -67,10 +68,30 @@ enum Op {
     Crash(u64),
 }
 
+/// A byte range of a volume: any offset (or a sector's, or a block's, so whole
+/// blocks are trimmed and written too), and a length of a few bytes, up to two
+/// blocks, or up to five.
+fn byte_range() -> impl Strategy<Value = (u64, u64)> + Clone {
+    let vol_bytes = VOL_BLOCKS * BLOCK as u64;
+    let offset = prop_oneof![
+        0..vol_bytes,
+        (0..VOL_BLOCKS * 8).prop_map(|s| s * 512),
+        (0..VOL_BLOCKS).prop_map(|b| b * BLOCK as u64),
+    ];
+    offset.prop_flat_map(move |at| {
+        let rest = vol_bytes - at;
+        let len = prop_oneof![
+            1..=rest.min(16),
+            1..=rest.min(2 * BLOCK as u64),
+            1..=rest.min(5 * BLOCK as u64),
+        ];
+        (Just(at), len)
+    })
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let vol = 0u8..3;
-    let range =
-        (0u64..VOL_BLOCKS * 8).prop_flat_map(|s| (Just(s), 1u64..=(VOL_BLOCKS * 8 - s).min(40)));
+    let range = byte_range();
     let data = prop_oneof![
         Just(Data::Zero),
         (0u8..4).prop_map(Data::Dup),
@@ -78,10 +99,10 @@ fn op() -> impl Strategy<Value = Op> {
         any::<u64>().prop_map(Data::Random),
     ];
     prop_oneof![
-        10 => (vol.clone(), range.clone(), data).prop_map(|(vol, (sector, sectors), data)| Op::Write { vol, sector, sectors, data }),
-        2 => (vol.clone(), range.clone()).prop_map(|(vol, (sector, sectors))| Op::Trim { vol, sector, sectors }),
-        2 => (vol.clone(), range.clone()).prop_map(|(vol, (sector, sectors))| Op::ReadCached { vol, sector, sectors }),
-        2 => (vol.clone(), range).prop_map(|(vol, (sector, sectors))| Op::WriteZeroes { vol, sector, sectors }),
+        10 => (vol.clone(), range.clone(), data).prop_map(|(vol, (offset, len), data)| Op::Write { vol, offset, len, data }),
+        2 => (vol.clone(), range.clone()).prop_map(|(vol, (offset, len))| Op::Trim { vol, offset, len }),
+        2 => (vol.clone(), range.clone()).prop_map(|(vol, (offset, len))| Op::ReadCached { vol, offset, len }),
+        2 => (vol.clone(), range).prop_map(|(vol, (offset, len))| Op::WriteZeroes { vol, offset, len }),
         1 => (vol.clone(), vol.clone()).prop_map(|(src, dst)| Op::Clone { src, dst }),
         1 => vol.clone().prop_map(|vol| Op::Delete { vol }),
         1 => vol.prop_map(|vol| Op::Create { vol }),
@@ -120,14 +141,14 @@ impl Model {
     fn block(&self, vol: u8, b: u64) -> Vec<u8> {
         self.vols[&vol][(b as usize) * BLOCK..(b as usize + 1) * BLOCK].to_vec()
     }
-    fn change(&mut self, vol: u8, sector: u64, new: &[u8]) {
-        let first = sector * 512 / BLOCK as u64;
-        let last = (sector * 512 + new.len() as u64 - 1) / BLOCK as u64;
+    fn change(&mut self, vol: u8, offset: u64, new: &[u8]) {
+        let first = offset / BLOCK as u64;
+        let last = (offset + new.len() as u64 - 1) / BLOCK as u64;
         for b in first..=last {
             let before = self.block(vol, b);
             self.maybe.entry((vol, b)).or_insert_with(|| vec![before]);
         }
-        let at = (sector * 512) as usize;
+        let at = offset as usize;
         self.vols.get_mut(&vol).unwrap()[at..at + new.len()].copy_from_slice(new);
         for b in first..=last {
             let now = self.block(vol, b);
@@ -158,57 +179,47 @@ fn run(ops: Vec<Op>) {
     for op in ops {
         let p = t.pool().clone();
         match op {
-            Op::ReadCached {
-                vol,
-                sector,
-                sectors,
-            } if model.vols.contains_key(&vol) => {
-                let mut got = vec![0u8; (sectors * 512) as usize];
+            Op::ReadCached { vol, offset, len } if model.vols.contains_key(&vol) => {
+                let mut got = vec![0u8; len as usize];
                 let done = p
                     .open_volume(&name(vol))
                     .unwrap()
-                    .read_cached(sector * 512, &mut got)
+                    .read_cached(offset, &mut got)
                     .unwrap();
                 // In memory nothing waits, and no checkpoint holds the pool here.
                 assert!(done, "a read of memory-backed storage would have waited");
-                let at = (sector * 512) as usize;
+                let at = offset as usize;
                 assert!(
                     got == model.vols[&vol][at..at + got.len()],
-                    "volume {vol}: a cached read of sectors {sector}+{sectors} differs from the model"
+                    "volume {vol}: a cached read of bytes {offset}+{len} differs from the model"
                 );
             }
             Op::Write {
                 vol,
-                sector,
-                sectors,
+                offset,
+                len,
                 data,
             } if model.vols.contains_key(&vol) => {
-                let bytes = bytes_of(&data, (sectors * 512) as usize);
+                let bytes = bytes_of(&data, len as usize);
                 p.open_volume(&name(vol))
                     .unwrap()
-                    .write(sector * 512, &bytes, false)
+                    .write(offset, &bytes, false)
                     .unwrap();
-                model.change(vol, sector, &bytes);
+                model.change(vol, offset, &bytes);
             }
-            Op::Trim {
-                vol,
-                sector,
-                sectors,
-            }
-            | Op::WriteZeroes {
-                vol,
-                sector,
-                sectors,
-            } if model.vols.contains_key(&vol) => {
+            Op::Trim { vol, offset, len } | Op::WriteZeroes { vol, offset, len }
+                if model.vols.contains_key(&vol) =>
+            {
                 let v = p.open_volume(&name(vol)).unwrap();
-                let (at, len) = (sector * 512, sectors * 512);
                 match op {
-                    Op::Trim { .. } => v.trim(at, len, false),
-                    _ => v.write_zeroes(at, len, false),
+                    Op::Trim { .. } => v.trim(offset, len, false),
+                    _ => v.write_zeroes(offset, len, false),
                 }
                 .unwrap();
-                // Both read as zeros afterwards.
-                model.change(vol, sector, &vec![0; len as usize]);
+                // Both read as zeros afterwards, to the byte (a partial block's other
+                // bytes kept; the pool here is never full, where a trim may leave a
+                // partial block as it was).
+                model.change(vol, offset, &vec![0; len as usize]);
             }
             Op::Clone { src, dst }
                 if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) =>

@@ -25,8 +25,9 @@ pub const ESHUTDOWN: u32 = 108;
 /// ENOMEM 12, EINVAL 22, ENOSPC 28, EOVERFLOW 75, ENOTSUP 95, ESHUTDOWN 108).
 ///
 /// Methods are called from several worker threads at once. Offsets and lengths
-/// are multiples of 512 and inside the size the server last read; the size may
-/// shrink in between, so an implementation still checks its bounds.
+/// are any byte values inside the size the server last read (the server
+/// advertises a minimum block size of 1); the size may shrink in between, so an
+/// implementation still checks its bounds.
 pub trait Export: Send + Sync {
     /// Current size in bytes (read again for every request: volumes can be resized).
     fn size_bytes(&self) -> u64;

@@ -363,7 +363,9 @@ fn info_or_go(
     info.extend_from_slice(&transmission_flags(read_only, agreed.mode).to_be_bytes());
     replies.send(REP_INFO, &info)?;
 
-    // Sent whether asked or not: our minimum (512) is not the protocol's default (1).
+    // Sent whether asked or not (the spec lets a server): the minimum is the protocol's
+    // default of one byte, but the preferred size (a whole 4 KiB block, no
+    // read-modify-write) and the payload limit are worth knowing to every client.
     info.clear();
     info.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
     info.extend_from_slice(&BLOCK_SIZE_MIN_BYTES.to_be_bytes());

@@ -202,9 +202,13 @@ pub const META_CONTEXT_BASE_ALLOCATION_ID: u32 = 1;
 // Size constraints (NBD_INFO_BLOCK_SIZE)
 // ---------------------------------------------------------------------------
 
-/// Minimum block size: the engine addresses 512-byte sectors.
-pub const BLOCK_SIZE_MIN_BYTES: u32 = 512;
-/// Preferred block size: the engine's 4 KiB block; smaller writes read-modify-write.
+/// Minimum block size: one byte, the protocol's default. Any offset and length
+/// inside the export is served, as the spec asks of a server that a client may
+/// never ask for block sizes (`NBD_OPT_EXPORT_NAME`, or GO without
+/// `NBD_INFO_BLOCK_SIZE`), and as qemu-nbd serves a raw file.
+pub const BLOCK_SIZE_MIN_BYTES: u32 = 1;
+/// Preferred block size: the engine's 4 KiB block; a write covering part of one is
+/// a read-modify-write of that block.
 pub const BLOCK_SIZE_PREFERRED_BYTES: u32 = 4096;
 /// Maximum payload: 32 MiB, the size every client keeps to for interoperability.
 pub const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
@@ -442,18 +446,6 @@ pub enum RequestError {
         /// The limit.
         max: u64,
     },
-    /// Offset or length not a multiple of the minimum block size.
-    #[error("{command} at offset {offset}, length {len} is not aligned to {align} bytes")]
-    Unaligned {
-        /// Command name.
-        command: &'static str,
-        /// Offset.
-        offset: u64,
-        /// Length.
-        len: u64,
-        /// [`BLOCK_SIZE_MIN_BYTES`].
-        align: u32,
-    },
     /// Past the end of the export (or offset + length overflows).
     #[error(
         "{command} of {len} bytes at offset {offset} is past the end of the export ({size} bytes)"
@@ -533,7 +525,8 @@ pub fn command_name(kind: u16) -> &'static str {
     }
 }
 
-/// Check a range against alignment, the maximum length (if any) and the export's end.
+/// Check a range against the maximum length (if any) and the export's end. Any
+/// offset and length is aligned: the minimum block size is one byte.
 fn check_range(
     command: &'static str,
     offset: u64,
@@ -548,15 +541,6 @@ fn check_range(
         if len > max {
             return Err(RequestError::TooLong { command, len, max });
         }
-    }
-    let align = u64::from(BLOCK_SIZE_MIN_BYTES);
-    if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
-        return Err(RequestError::Unaligned {
-            command,
-            offset,
-            len,
-            align: BLOCK_SIZE_MIN_BYTES,
-        });
     }
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
@@ -617,7 +601,7 @@ pub fn validate(header: &RequestHeader, ctx: &RequestContext) -> Result<Command,
         CMD_READ | CMD_WRITE => Some(max_payload),
         _ => None,
     };
-    // Alignment and length come before permission so that a malformed request
+    // Length comes before permission so that a malformed request
     // is reported as malformed whatever the export; permission before range so
     // that a read-only export answers EPERM to every write, as clients expect.
     if len == 0 {
@@ -879,12 +863,6 @@ mod tests {
             (header(CMD_READ, 0, 0, (32 << 20) + 512), |e| {
                 matches!(e, RequestError::TooLong { .. })
             }),
-            (header(CMD_READ, 0, 1, 512), |e| {
-                matches!(e, RequestError::Unaligned { .. })
-            }),
-            (header(CMD_READ, 0, 0, 100), |e| {
-                matches!(e, RequestError::Unaligned { .. })
-            }),
             (header(CMD_READ, 0, 1 << 20, 512), |e| {
                 matches!(e, RequestError::OutOfRange { .. })
             }),
@@ -929,6 +907,41 @@ mod tests {
             assert_eq!(err.errno(), EPERM);
         }
         assert!(validate(&header(CMD_READ, 0, 0, 512), &ro).is_ok());
+    }
+
+    // Regression: a read of 1 MiB + 14 bytes at offset 1 was refused with EINVAL (the
+    // server asked for 512-byte alignment, even of clients that never saw it advertised).
+    #[test]
+    fn any_offset_and_length_inside_the_export_is_accepted() {
+        let mut c = ctx(COMPACT);
+        c.meta_context = true;
+        let size = c.size_bytes;
+        for (kind, offset, len) in [
+            (CMD_READ, 1, (1 << 19) + 14),
+            (CMD_READ, size - 1, 1),
+            (CMD_WRITE, 4095, 2),
+            (CMD_WRITE, 7, 511),
+            (CMD_TRIM, 100, 4097),
+            (CMD_WRITE_ZEROES, 3, 1),
+            (CMD_CACHE, 5, 5),
+            (CMD_BLOCK_STATUS, 4097, 3),
+        ] {
+            let got = validate(&header(kind, 0, offset, len), &c);
+            assert!(
+                got.is_ok(),
+                "{} at {offset}+{len}: {got:?}",
+                command_name(kind)
+            );
+        }
+        // The end is still the end: one byte past it is refused.
+        assert!(matches!(
+            validate(&header(CMD_READ, 0, size - 1, 2), &c),
+            Err(RequestError::OutOfRange { .. })
+        ));
+        assert_eq!(
+            validate(&header(CMD_WRITE, 0, size, 1), &c).map_err(|e| e.errno()),
+            Err(ENOSPC)
+        );
     }
 
     #[test]
@@ -1062,9 +1075,9 @@ mod tests {
                 }
             }
 
-            /// Whatever the header, an accepted command lies inside the export, is
-            /// aligned, and a read or write fits the maximum payload; every refusal is
-            /// answerable (none drops the connection).
+            /// Whatever the header, an accepted command lies inside the export and a
+            /// read or write fits the maximum payload; every refusal is answerable
+            /// (none drops the connection).
             #[test]
             fn accepted_commands_are_in_bounds(
                 flags in any::<u16>(),
@@ -1082,13 +1095,12 @@ mod tests {
                 match validate(&header, &ctx) {
                     Ok(Command::Read { offset, len, .. }) | Ok(Command::Write { offset, len, .. }) => {
                         prop_assert!(len > 0 && len <= PAYLOAD_MAX_BYTES);
-                        prop_assert!(offset % 512 == 0 && len % 512 == 0);
                         prop_assert!(offset.checked_add(u64::from(len)).is_some_and(|e| e <= size_bytes));
                     }
                     Ok(Command::Trim { offset, len, .. })
                     | Ok(Command::WriteZeroes { offset, len, .. })
                     | Ok(Command::BlockStatus { offset, len, .. }) => {
-                        prop_assert!(len > 0 && offset % 512 == 0 && len % 512 == 0);
+                        prop_assert!(len > 0);
                         prop_assert!(offset.checked_add(len).is_some_and(|e| e <= size_bytes));
                     }
                     Ok(_) => {}

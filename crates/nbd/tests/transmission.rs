@@ -126,7 +126,7 @@ fn structured_reads_send_holes_as_hole_chunks() {
     assert_eq!(chunks[0].payload, want);
 
     // Errors come as error chunks; writes still answer with simple replies.
-    c.send_request(0, CMD_READ, 13, 1, 512, &[]);
+    c.send_request(0, CMD_READ, 13, EXPORT_BYTES as u64 - 1, 2, &[]);
     let chunks = c.chunks();
     assert_eq!(chunks.len(), 1);
     assert_eq!(chunk_error(&chunks[0]), EINVAL);
@@ -254,9 +254,34 @@ fn each_bad_request_is_refused_and_the_connection_survives() {
         ("write past end", 0, CMD_WRITE, size, 512, &[9; 512], ENOSPC),
         ("trim past end", 0, CMD_TRIM, size - 512, 1024, &[], EINVAL),
         ("zero past end", 0, CMD_WRITE_ZEROES, size, 512, &[], ENOSPC),
-        ("unaligned read", 0, CMD_READ, 1, 512, &[], EINVAL),
-        ("short read", 0, CMD_READ, 0, 100, &[], EINVAL),
-        ("unaligned write", 0, CMD_WRITE, 100, 512, &[9; 512], EINVAL),
+        // Any offset and length is served: one byte too far is still too far.
+        (
+            "read one byte past end",
+            0,
+            CMD_READ,
+            size - 1,
+            2,
+            &[],
+            EINVAL,
+        ),
+        (
+            "write one byte past end",
+            0,
+            CMD_WRITE,
+            size - 3,
+            4,
+            &[9; 4],
+            ENOSPC,
+        ),
+        (
+            "trim one byte past end",
+            0,
+            CMD_TRIM,
+            size - 1,
+            2,
+            &[],
+            EINVAL,
+        ),
         ("zero-length read", 0, CMD_READ, 0, 0, &[], EINVAL),
         ("zero-length write", 0, CMD_WRITE, 0, 0, &[], EINVAL),
         ("zero-length trim", 0, CMD_TRIM, 0, 0, &[], EINVAL),
@@ -288,7 +313,8 @@ fn each_bad_request_is_refused_and_the_connection_survives() {
         let cookie = 100 + i as u64;
         c.send_request(flags, kind, cookie, offset, len, payload);
         assert_eq!(c.simple_reply(), (errno, cookie), "{what}");
-        // The connection still works and the data is intact.
+        // The connection still works and the data is intact; a refused read sent
+        // no payload (else this reply would be misread).
         c.send_request(0, CMD_READ, 1000 + i as u64, 0, 4096, &[]);
         assert_eq!(c.simple_reply(), (0, 1000 + i as u64), "after {what}");
         assert_eq!(c.read_bytes(4096), good, "after {what}");

@@ -1,0 +1,147 @@
+//! Partial blocks: a write that covers only part of a 4 KiB logical block (any
+//! byte offset, any length down to one byte) is a read-modify-write of that block
+//! through the ordinary write path — zero check, dedup, compression, journal.
+//!
+//! How a block is held during its read-modify-write (ARCHITECTURE.md, "Partial
+//! blocks", says the same):
+//! - The caller holds the block's **stripe lock** (`Inner::stripe`) from the read to
+//!   the map update. Every write of a block takes it, whole or partial, so two writes
+//!   of the same block — two partial ones, or a partial and an aligned one — never
+//!   overlap: each starts from what the other left. An aligned write whose stripe has
+//!   no partial write in flight finds it free: one uncontended lock per block, which
+//!   the aligned path paid before byte granularity too.
+//! - Range operations (trim and write-zeroes of whole blocks) take no stripe lock: a
+//!   15 GiB trim would take four million. They only ever set an entry to ZERO or
+//!   unmapped, under the map page's lock. So the map update that ends a
+//!   read-modify-write is conditional: under the page lock, the entry must still be
+//!   one that reads as what was read (`reads_alike`). If a range operation changed
+//!   it in between, the new block is dropped and the read-modify-write starts again
+//!   from the zeros the range operation left.
+//! - An object the read-modify-write is reading may lose its last reference to such
+//!   a range operation, and its record is cleared: the read fails, the entry has
+//!   changed, and the read is tried again on what the range operation left. The
+//!   object's slot and bytes are not reused under it: freed ones become reusable only
+//!   after a checkpoint, and a checkpoint waits for the gate, which the caller holds
+//!   shared throughout. A plain read that loses a race with any write of its block
+//!   is tried again the same way, under the block's stripe lock (`read_block`).
+
+use crate::block_map::VolumeState;
+use crate::pool::Inner;
+use crate::volume::Wait;
+use crate::{EngineError, Result};
+use fewerbytes_format::location::MapEntry;
+use fewerbytes_format::BLOCK_BYTES;
+
+/// Attempts one read-modify-write makes before it reports a failure. Two suffice:
+/// only a range operation can change the entry under the stripe lock, and after one
+/// has, the entry reads as zeros and any further range operation leaves it reading
+/// as zeros, which `reads_alike` accepts. The third is a margin for an argument
+/// that should never fail; the fourth would be a bug, reported rather than looped on.
+pub(crate) const RMW_ATTEMPTS_MAX: u32 = 3;
+
+/// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
+/// block stored and then dropped because a range operation won the race.
+pub(crate) const JOURNAL_BYTES_PER_RMW_RETRY: u64 = 48;
+
+/// Whether two map entries read as the same bytes for a read-modify-write that read
+/// one of them: the same entry, or both zeros (ZERO and unmapped).
+pub(crate) fn reads_alike(a: MapEntry, b: MapEntry) -> bool {
+    match (a, b) {
+        (MapEntry::Object(x), MapEntry::Object(y)) => x == y,
+        (MapEntry::Object(_), _) | (_, MapEntry::Object(_)) => false,
+        _ => true,
+    }
+}
+
+impl Inner {
+    /// Read block `lbn` into `block` while holding its stripe lock: only a range
+    /// operation can change the entry meanwhile, and only to one that reads as zeros,
+    /// so a read that lost that race is tried again once at most (within
+    /// `RMW_ATTEMPTS_MAX`). Returns whether it read everything (false only with
+    /// `Wait::No`) and the entry it read.
+    pub(crate) fn read_object_settled(
+        &self,
+        vol: &VolumeState,
+        lbn: u64,
+        block: &mut [u8],
+        wait: Wait,
+    ) -> Result<(bool, MapEntry)> {
+        let mut base = vol.get(lbn);
+        let mut attempts = 1;
+        loop {
+            let read = match base {
+                MapEntry::Unmapped | MapEntry::Zero => {
+                    block.fill(0);
+                    Ok(true)
+                }
+                MapEntry::Object(o) => self.read_object(o, block, wait),
+            };
+            match read {
+                Ok(done) => return Ok((done, base)),
+                Err(e) => {
+                    // A range operation may have dropped the object's last reference
+                    // between the two looks; then read what it left.
+                    let now = vol.get(lbn);
+                    if reads_alike(now, base) || attempts >= RMW_ATTEMPTS_MAX {
+                        return Err(e);
+                    }
+                    base = now;
+                    attempts += 1;
+                }
+            }
+        }
+    }
+
+    /// Write `src` at byte `within` of block `lbn`, keeping the block's other bytes.
+    /// Caller holds the gate (shared) and the block's stripe lock; `within + src.len()`
+    /// is at most one block.
+    pub(crate) fn write_partial(
+        &self,
+        vol: &VolumeState,
+        lbn: u64,
+        within: usize,
+        src: &[u8],
+    ) -> Result<()> {
+        debug_assert!(within + src.len() <= BLOCK_BYTES);
+        let mut block = [0u8; BLOCK_BYTES];
+        for _ in 0..RMW_ATTEMPTS_MAX {
+            let (_, base) = self.read_object_settled(vol, lbn, &mut block, Wait::Yes)?;
+            if let Some(dst) = block.get_mut(within..within + src.len()) {
+                dst.copy_from_slice(src);
+            }
+            if self.write_block(vol, lbn, &block, Some(base))? {
+                return Ok(());
+            }
+        }
+        Err(EngineError::Refused(format!(
+            "read-modify-write of block {lbn} of volume '{}' lost its race {RMW_ATTEMPTS_MAX} times \
+             (a bug: only range operations may change a block under its stripe lock)",
+            vol.name
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_alike;
+    use fewerbytes_format::location::{MapEntry, ObjectId};
+
+    #[test]
+    fn zero_and_unmapped_read_alike_objects_only_themselves() {
+        assert!(reads_alike(MapEntry::Zero, MapEntry::Unmapped));
+        assert!(reads_alike(MapEntry::Unmapped, MapEntry::Zero));
+        assert!(reads_alike(
+            MapEntry::Object(ObjectId(7)),
+            MapEntry::Object(ObjectId(7))
+        ));
+        assert!(!reads_alike(
+            MapEntry::Object(ObjectId(7)),
+            MapEntry::Object(ObjectId(8))
+        ));
+        assert!(!reads_alike(MapEntry::Object(ObjectId(7)), MapEntry::Zero));
+        assert!(!reads_alike(
+            MapEntry::Unmapped,
+            MapEntry::Object(ObjectId(7))
+        ));
+    }
+}
