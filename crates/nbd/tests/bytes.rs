@@ -5,36 +5,15 @@
 
 mod common;
 
-use common::Client;
+use common::{Client, TempDir};
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
 use fewerbytes_nbd::protocol::*;
 use fewerbytes_nbd::{pool_exports, Server, ServerConfig, EINVAL, ENOSPC};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 const VOLUME_BYTES: u64 = 4 << 20;
 const BLOCK: u64 = 4096;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "fewerbytes-nbd-{tag}-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A pool with one volume "vm1" of `VOLUME_BYTES`, served on a TCP port.
 struct Served {

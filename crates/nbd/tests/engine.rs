@@ -3,31 +3,10 @@
 
 mod common;
 
-use common::{chunk_error, Client};
+use common::{chunk_error, Client, TempDir};
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
 use fewerbytes_nbd::protocol::*;
 use fewerbytes_nbd::{pool_exports, Server, ServerConfig, EINVAL, ESHUTDOWN};
-use std::path::PathBuf;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!(
-            "fewerbytes-nbd-{tag}-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[test]
 fn serves_pool_volumes() {

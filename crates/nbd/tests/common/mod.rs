@@ -10,6 +10,7 @@ use fewerbytes_nbd::{
 use parking_lot::{Condvar, Mutex};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -502,4 +503,25 @@ pub fn gated_server(config: ServerConfig, gated_offset: u64) -> (TestServer, Arc
     let provider = Arc::new(GatedProvider(Arc::clone(&gated)));
     let t = TestServer::with_provider(config, provider, Arc::clone(&inner), inner);
     (t, gated)
+}
+
+/// A directory under the system temp dir, removed with everything in it on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "fewerbytes-nbd-{tag}-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
