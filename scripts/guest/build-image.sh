@@ -47,6 +47,7 @@ started=$(date +%s)
 base=$FB_GUEST_CACHE/debootstrap-$FB_GUEST_SUITE
 if [[ ! -f $base.done ]]; then
     mirror=$(fb_debian_mirror)
+    fb_umount_under "$base"
     rm -rf "$base"
     echo "build-image.sh: debootstrap $FB_GUEST_SUITE from $mirror into $base" >&2
     # minbase + what boots and tests: the kernel (its initramfs-tools pulls udev and
@@ -56,6 +57,7 @@ if [[ ! -f $base.done ]]; then
         --include=linux-image-amd64,systemd-sysv,udev,e2fsprogs,util-linux \
         "$FB_GUEST_SUITE" "$base" "$mirror" >"$base.log" 2>&1 || {
         tail -30 "$base.log" >&2
+        fb_umount_under "$base"
         fb_die "debootstrap failed (log: $base.log)"
     }
     rm -rf "$base"/var/cache/apt/archives/*.deb
@@ -65,6 +67,7 @@ fi
 # Stage 2: this recipe's image.
 build=$FB_GUEST_DIR.build
 tree=$build/tree
+fb_umount_under "$build"
 rm -rf "$build"
 mkdir -p "$build"
 cp -a "$base" "$tree"

@@ -72,3 +72,50 @@ fb_guest_accel() {
     fi
     cat "$probe_file"
 }
+
+# fb_proc_cpu_ticks PID: user + system CPU time of PID in clock ticks (/proc/PID/stat).
+fb_proc_cpu_ticks() {
+    # Fields after the ")" that ends the command name: utime is the 12th, stime the 13th.
+    sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+}
+
+# fb_proc_hwm_kib PID: the peak resident set size of PID (VmHWM, KiB).
+fb_proc_hwm_kib() {
+    awk '/^VmHWM:/ {print $2}' "/proc/$1/status"
+}
+
+# fb_proc_write_bytes PID: bytes PID caused to be sent to the block layer (/proc/PID/io).
+fb_proc_write_bytes() {
+    awk '/^write_bytes:/ {print $2}' "/proc/$1/io"
+}
+
+# fb_allocated_bytes FILE...: bytes allocated on the drive for the files (sparse-aware).
+fb_allocated_bytes() {
+    local total=0 blocks
+    for f in "$@"; do
+        blocks=$(stat -c %b "$f")
+        total=$((total + blocks * 512))
+    done
+    echo "$total"
+}
+
+# fb_json FILE EXPR: a value from a JSON document (python3, expression on `j`).
+fb_json() {
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}
+
+# fb_console_ok LOG: the guest's unit finished cleanly (its "done" line, no FAILED).
+fb_console_ok() {
+    grep -aq '^FEWERBYTES-GUEST done' "$1" && ! grep -aq '^FEWERBYTES-GUEST FAILED' "$1"
+}
+
+# fb_umount_under DIR: unmounts everything mounted at or below DIR (deepest first),
+# e.g. the /proc and /sys a failed debootstrap leaves mounted in its target, so that
+# removing DIR never reaches into the host's /proc, /sys or /dev.
+fb_umount_under() {
+    local dir target
+    dir=$(realpath -m "$1")
+    while read -r target; do
+        umount -l "$target" 2>/dev/null || true
+    done < <(awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r)
+}
