@@ -109,8 +109,8 @@ for drivers in sound drivers/gpu drivers/media drivers/net/wireless drivers/stag
 done
 chroot "$tree" sh -c 'depmod -a $(ls /usr/lib/modules)'
 
-mkfs.ext4 -q -F -L fbguest -d "$tree" "$build/root.img" "$IMAGE_SIZE"
-e2fsck -fn "$build/root.img" >/dev/null
+mkfs.ext4 -q -F -L fbguest -d "$tree" "$build/root.img" "$IMAGE_SIZE" >/dev/null
+e2fsck -fn "$build/root.img" >/dev/null 2>&1 || fb_die "e2fsck -fn of the new image failed"
 rm -rf "$tree"
 echo "build-image.sh: built in $(($(date +%s) - started)) s: $(du -h --apparent-size "$build/root.img" | cut -f1) image, $(du -h "$build/root.img" | cut -f1) allocated" >&2
 touch "$build/done"
