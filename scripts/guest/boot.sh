@@ -7,7 +7,9 @@
 #   scripts/guest/boot.sh URI LOG [KERNEL-ARG...]
 #   scripts/guest/boot.sh 'nbd+unix:///vm1?socket=/run/fb.sock' vm1.log fb.job=basic fb.seed=7
 #
-# URI: nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME. KERNEL-ARGs are added to
+# URI: nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME. LOG `-` puts the serial
+# console on this terminal instead (log in as root, no password; Ctrl-A X quits QEMU).
+# KERNEL-ARGs are added to
 # the kernel command line (fb.job=basic|churn, fb.seed=N, fb.mib=N, fb.rounds=N run
 # the test unit; without fb.job the guest boots to a login prompt on the console).
 # Environment: GUEST_TIMEOUT (seconds, default 900; past it QEMU is killed and the
@@ -23,11 +25,16 @@ eval "$("$FB_GUEST_SCRIPTS/build-image.sh")"
 accel=$(fb_guest_accel "$KERNEL")
 cpu=max
 [[ $accel == kvm ]] && cpu=host
-: >"$log"
+if [[ $log == - ]]; then
+    serial=mon:stdio
+else
+    serial=file:$log
+    : >"$log"
+fi
 exec timeout --kill-after=10 "${GUEST_TIMEOUT:-900}" "$QEMU" \
     -accel "$accel" -cpu "$cpu" -m "${GUEST_MEM:-512}" -smp "${GUEST_CPUS:-1}" \
     -nodefaults -no-user-config -display none -monitor none -no-reboot \
-    -serial "file:$log" -nic none \
+    -serial "$serial" -nic none \
     -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "root=/dev/vda rw console=ttyS0 panic=-1 $*" \
+    -append "root=/dev/vda rw console=ttyS0 panic=-1 quiet udev.event_timeout=600 $*" \
     -drive "file=$uri,format=raw,if=virtio,cache=none,discard=unmap,detect-zeroes=unmap"

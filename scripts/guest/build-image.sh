@@ -87,6 +87,13 @@ ln -sf /etc/systemd/system/fewerbytes-guest-test.service \
 # the console under the unit (vhangup) and take its output, and its process with it.
 mkdir -p "$tree/etc/systemd/system/serial-getty@.service.d"
 cp "$FB_GUEST_SCRIPTS/rootfs/no-getty-during-job.conf" "$tree/etc/systemd/system/serial-getty@.service.d/"
+# Slow boots are not failures; the journal stays in memory; no getty on the (absent)
+# VGA consoles during a job either.
+mkdir -p "$tree/etc/systemd/system.conf.d" "$tree/etc/systemd/journald.conf.d" \
+    "$tree/etc/systemd/system/getty@.service.d"
+cp "$FB_GUEST_SCRIPTS/rootfs/slow-boot.conf" "$tree/etc/systemd/system.conf.d/"
+cp "$FB_GUEST_SCRIPTS/rootfs/journald-volatile.conf" "$tree/etc/systemd/journald.conf.d/"
+cp "$FB_GUEST_SCRIPTS/rootfs/no-getty-during-job.conf" "$tree/etc/systemd/system/getty@.service.d/"
 # Timers that would wake during a test boot and do unrelated I/O.
 for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer \
     systemd-tmpfiles-clean.timer dpkg-db-backup.timer; do
