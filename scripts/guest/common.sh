@@ -106,7 +106,7 @@ fb_json() {
 
 # fb_console_ok LOG: the guest's unit finished cleanly (its "done" line, no FAILED).
 fb_console_ok() {
-    grep -aq '^FEWERBYTES-GUEST done' "$1" && ! grep -aq '^FEWERBYTES-GUEST FAILED' "$1"
+    grep -aq 'FEWERBYTES-GUEST done' "$1" && ! grep -aq 'FEWERBYTES-GUEST FAILED' "$1"
 }
 
 # fb_umount_under DIR: unmounts everything mounted at or below DIR (deepest first),

@@ -233,7 +233,11 @@ impl Console {
         let text = String::from_utf8_lossy(raw);
         let mut c = Console::default();
         for line in text.lines() {
-            let line = line.trim_end_matches('\r');
+            // The console may put terminal resets ahead of a line: read from the marker.
+            let Some(at) = line.find("FEWERBYTES-") else {
+                continue;
+            };
+            let line = line[at..].trim_end_matches('\r');
             if let Some(rest) = line.strip_prefix("FEWERBYTES-GUEST ") {
                 c.started |= rest.starts_with("start");
                 c.done |= rest.starts_with("done");
