@@ -6,7 +6,7 @@
 # Then it powers off, the pool is checked (`fewerbytes check`), the volume is exported
 # and `fsck.ext4 -n` and the last round's checksums are verified on the export.
 #
-#   scripts/bench-guest-churn.sh               # ROUNDS=4 MIB=256, files under /var/tmp
+#   scripts/bench-guest-churn.sh               # ROUNDS=3 MIB=128, files under /var/tmp
 #   ROUNDS=2 MIB=64 scripts/bench-guest-churn.sh
 #
 # Prints a markdown table: guest run time, bytes the guest wrote and trimmed (server
@@ -16,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/guest/common.sh
 
-ROUNDS=${ROUNDS:-4}
-MIB=${MIB:-256}
+ROUNDS=${ROUNDS:-3}
+MIB=${MIB:-128}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 fb_need python3 python3
 fb_need fsck.ext4 e2fsprogs
