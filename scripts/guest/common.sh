@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables for the scripts that source this
 # Sourced by the scripts in scripts/guest/: where the cached guest image and the
 # private QEMU live, and small helpers. Not meant to be run on its own.
 #
@@ -8,7 +9,6 @@
 
 FB_GUEST_CACHE=${FEWERBYTES_GUEST_CACHE:-/var/cache/fewerbytes-test}
 FB_GUEST_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-FB_REPO=$(cd "$FB_GUEST_SCRIPTS/../.." && pwd)
 # Bump when the guest recipe (packages, rootfs files, image size) changes: the
 # image cached under the old name is then rebuilt.
 FB_GUEST_RECIPE=3
