@@ -209,7 +209,18 @@ impl Guest {
 impl Drop for Guest {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // boot.sh execs `timeout`, which passes SIGTERM on to QEMU.
+            // boot.sh execs `timeout`, which passes SIGTERM on to QEMU (a SIGKILL would
+            // leave QEMU running without it).
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            for _ in 0..100 {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
