@@ -47,7 +47,7 @@ if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
 fi
 
 # Show which clients the tests will use.
-echo "test.sh: clients: $(nbdinfo --version 2>/dev/null | head -1), $(qemu-img --version | head -1), $(fio --version), $(nbd-client --version 2>&1 | head -1 || true), guests: $(/var/cache/fewerbytes-test/qemu-system-x86/bin/qemu-system-x86_64 --version 2>/dev/null | head -1 || echo 'no qemu-system-x86_64')"
+echo "test.sh: clients: $(nbdinfo --version 2>/dev/null | head -1), $(qemu-img --version | head -1), $(fio --version), $(nbd-client --version 2>&1 | head -1 || true), guests: $("${FEWERBYTES_GUEST_CACHE:-/var/cache/fewerbytes-test}"/qemu-system-x86/bin/qemu-system-x86_64 --version 2>/dev/null | head -1 || echo 'no qemu-system-x86_64')"
 
 log=$(mktemp -t fewerbytes-test.XXXXXX)
 trap 'rm -f "$log"' EXIT

@@ -9,9 +9,9 @@
 #
 # URI: nbd+unix:///NAME?socket=PATH or nbd://HOST:PORT/NAME. LOG `-` puts the serial
 # console on this terminal instead (log in as root, no password; Ctrl-A X quits QEMU).
-# KERNEL-ARGs are added to
-# the kernel command line (fb.job=basic|churn, fb.seed=N, fb.mib=N, fb.rounds=N run
-# the test unit; without fb.job the guest boots to a login prompt on the console).
+# KERNEL-ARGs are added to the kernel command line (fb.job=basic|churn, fb.seed=N,
+# fb.mib=N, fb.rounds=N run the test unit; without fb.job the guest boots to a login
+# prompt on the console).
 # Environment: GUEST_TIMEOUT (seconds, default 900; past it QEMU is killed and the
 # exit status is 124), GUEST_MEM (MiB, default 512), GUEST_CPUS (default 1),
 # FEWERBYTES_GUEST_ACCEL (kvm or tcg, default: probed). Exit status is QEMU's.
