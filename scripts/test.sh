@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages providing each client the tests run. A test whose client is
 # missing fails with a message naming the package; it is never skipped.
-PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd)
-TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze)
+PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd debootstrap)
+TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze debootstrap)
 
 have_tool() {
     PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1
@@ -39,8 +39,15 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# The guest tests (crates/cli/tests/guest.rs) boot VMs with Debian's
+# qemu-system-x86_64, unpacked into a private folder rather than installed (that would
+# replace qemu-utils 10): scripts/guest/qemu.sh does it once per machine (as root).
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    scripts/guest/qemu.sh >/dev/null || echo "test.sh: scripts/guest/qemu.sh failed: the guest tests will fail" >&2
+fi
+
 # Show which clients the tests will use.
-echo "test.sh: clients: $(nbdinfo --version 2>/dev/null | head -1), $(qemu-img --version | head -1), $(fio --version), $(nbd-client --version 2>&1 | head -1 || true)"
+echo "test.sh: clients: $(nbdinfo --version 2>/dev/null | head -1), $(qemu-img --version | head -1), $(fio --version), $(nbd-client --version 2>&1 | head -1 || true), guests: $("${FEWERBYTES_GUEST_CACHE:-/var/cache/fewerbytes-test}"/qemu-system-x86/bin/qemu-system-x86_64 --version 2>/dev/null | head -1 || echo 'no qemu-system-x86_64')"
 
 log=$(mktemp -t fewerbytes-test.XXXXXX)
 trap 'rm -f "$log"' EXIT

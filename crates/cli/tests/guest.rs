@@ -1,0 +1,543 @@
+//! Virtual machines on volumes: a Debian guest boots from a fewerbytes volume under
+//! QEMU, writes files of known content, prints their checksums on its serial console,
+//! runs `fstrim` and powers off; then a template cloned seven times boots seven guests
+//! at once against one server (the boot storm).
+//!
+//! The guest and the private `qemu-system-x86_64` come from `scripts/guest/`
+//! (`build-image.sh` builds and caches them under `/var/cache/fewerbytes-test`; the
+//! first run on a machine takes a few minutes for debootstrap). QEMU runs under TCG
+//! unless KVM runs the guest's kernel here. After each guest powers off, the server is
+//! stopped, `fewerbytes check` audits the pool, and the volume is read back through a
+//! read-only server, nbdfuse and a read-only loop device: `fsck.ext4 -n` must be clean
+//! and every file the guest reported must have the checksum it printed.
+
+mod common;
+
+use common::fuse_loop::FuseLoopStack;
+use common::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1024 * 1024;
+
+/// One guest test at a time: each wants every core of a 2-core machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Guests in the boot storm.
+const STORM_GUESTS: usize = 7;
+/// MiB of pseudo-random data (and as much text) each guest's unit writes.
+const GUEST_DATA_MIB: u64 = 8;
+/// How long the first run may take to build the guest (debootstrap, ~770 MiB).
+const BUILD_LIMIT: Duration = Duration::from_secs(40 * 60);
+/// How long one guest may take from power-on to power-off under TCG on a loaded
+/// 2-core machine (measured ~1 min alone, ~3 min for seven at once).
+const GUEST_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// What `scripts/guest/build-image.sh` built.
+struct GuestImage {
+    image: PathBuf,
+    size: String,
+}
+
+/// Builds (or finds cached) the guest image and the private QEMU.
+fn guest_image() -> GuestImage {
+    for t in ["debootstrap", "mkfs.ext4", "apt-get", "dpkg-deb"] {
+        require_guest_tool(t);
+    }
+    let ran = run_with_limit(
+        Command::new(repo_root().join("scripts/guest/build-image.sh")).current_dir(repo_root()),
+        BUILD_LIMIT,
+    );
+    assert!(
+        ran.status.success(),
+        "scripts/guest/build-image.sh failed:\n{}",
+        ran.report()
+    );
+    let vars: BTreeMap<&str, &str> = ran
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    let get = |k: &str| {
+        vars.get(k)
+            .unwrap_or_else(|| panic!("build-image.sh printed no {k}=:\n{}", ran.report()))
+            .to_string()
+    };
+    GuestImage {
+        image: PathBuf::from(get("IMAGE")),
+        size: get("SIZE"),
+    }
+}
+
+/// Like `require_tool`, for the tools only the guest tests use.
+fn require_guest_tool(name: &str) {
+    let package = match name {
+        "debootstrap" => "debootstrap",
+        "apt-get" => "apt",
+        "dpkg-deb" => "dpkg",
+        "perl" => "perl-base",
+        "sha256sum" => "coreutils",
+        _ => {
+            require_tool(name);
+            return;
+        }
+    };
+    let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        .iter()
+        .any(|d| Path::new(d).join(name).is_file());
+    assert!(
+        found,
+        "required tool `{name}` was not found (Debian package `{package}`); .ci/run installs it"
+    );
+}
+
+/// A pool holding `template` (the guest image) and served, with room for clones.
+fn serve_guest_pool(dir: &Path, image: &GuestImage) -> Server {
+    let pool = dir.join("vm.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    // Overcommitted: seven clones of a 3 GiB disk address more than the pool holds,
+    // though they store little more than the template.
+    fewerbytes_ok(
+        &pool,
+        &["pool", "create", pool_str, "--size", "8G", "--overcommit"],
+    );
+    fewerbytes_ok(
+        &pool,
+        &["volume", "create", "template", "--size", &image.size],
+    );
+    let image_str = image.image.to_str().expect("utf-8 image path");
+    fewerbytes_ok(&pool, &["volume", "import", "template", image_str]);
+    Server::start(dir, &pool, &[])
+}
+
+/// A guest running: `scripts/guest/boot.sh` with the volume over the unix socket.
+struct Guest {
+    name: String,
+    seed: u64,
+    console: PathBuf,
+    output: PathBuf,
+    child: Option<Child>,
+}
+
+impl Guest {
+    fn boot(server: &Server, dir: &Path, volume: &str, seed: u64) -> Guest {
+        let console = dir.join(format!("{volume}.console"));
+        let output = dir.join(format!("{volume}.qemu"));
+        let out = std::fs::File::create(&output).expect("qemu output file");
+        let child = Command::new(repo_root().join("scripts/guest/boot.sh"))
+            .arg(server.unix_uri(volume))
+            .arg(&console)
+            .arg("fb.job=basic")
+            .arg(format!("fb.seed={seed}"))
+            .arg(format!("fb.mib={GUEST_DATA_MIB}"))
+            .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("clone"))
+            .stderr(out)
+            .spawn()
+            .expect("start scripts/guest/boot.sh");
+        Guest {
+            name: volume.to_string(),
+            seed,
+            console,
+            output,
+            child: Some(child),
+        }
+    }
+
+    /// Waits for QEMU to exit (the guest powered off); fails past `deadline`.
+    fn wait(&mut self, deadline: Instant) -> Console {
+        let child = self.child.as_mut().expect("guest running");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("poll qemu") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "guest {} did not power off in time.\n{}",
+                self.name,
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        self.child = None;
+        assert!(
+            status.success(),
+            "QEMU for guest {} exited with {status}.\n{}",
+            self.name,
+            self.describe()
+        );
+        let console = Console::parse(&std::fs::read(&self.console).unwrap_or_default());
+        assert!(
+            console.started,
+            "guest {} never ran its test unit.\n{}",
+            self.name,
+            self.describe()
+        );
+        assert!(
+            console.done && !console.failed,
+            "guest {}'s test unit did not finish cleanly.\n{}",
+            self.name,
+            self.describe()
+        );
+        console
+    }
+
+    /// QEMU's own output and the end of the serial console, for a failure message.
+    fn describe(&self) -> String {
+        let qemu = std::fs::read_to_string(&self.output).unwrap_or_default();
+        let console =
+            String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned();
+        let tail: Vec<&str> = console.lines().rev().take(60).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!(
+            "--- QEMU ({}) ---\n{qemu}\n--- console ({}), last 60 lines ---\n{}",
+            self.output.display(),
+            self.console.display(),
+            tail.join("\n")
+        )
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // boot.sh execs `timeout`, which passes SIGTERM on to QEMU (a SIGKILL would
+            // leave QEMU running without it).
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            for _ in 0..100 {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What the guest's unit printed on the console.
+#[derive(Debug, Default)]
+struct Console {
+    started: bool,
+    done: bool,
+    failed: bool,
+    /// (path in the guest, sha256) of each file it wrote.
+    sums: Vec<(String, String)>,
+    /// Bytes `fstrim -v /` reported.
+    trimmed_bytes: Option<u64>,
+}
+
+impl Console {
+    fn parse(raw: &[u8]) -> Console {
+        let text = String::from_utf8_lossy(raw);
+        let mut c = Console::default();
+        for line in text.lines() {
+            // The console may put terminal resets ahead of a line: read from the marker.
+            let Some(at) = line.find("FEWERBYTES-") else {
+                continue;
+            };
+            let line = line[at..].trim_end_matches('\r');
+            if let Some(rest) = line.strip_prefix("FEWERBYTES-GUEST ") {
+                c.started |= rest.starts_with("start");
+                c.done |= rest.starts_with("done");
+                c.failed |= rest.starts_with("FAILED");
+            } else if let Some(rest) = line.strip_prefix("FEWERBYTES-SHA256 ") {
+                if let Some((sum, path)) = rest.split_once(' ') {
+                    c.sums.push((path.to_string(), sum.to_string()));
+                }
+            } else if let Some(rest) = line.strip_prefix("FEWERBYTES-FSTRIM ") {
+                // "/: 1.2 GiB (1288490188 bytes) trimmed on /dev/vda"
+                c.trimmed_bytes = rest
+                    .split_once('(')
+                    .and_then(|(_, r)| r.split_once(" bytes)"))
+                    .and_then(|(n, _)| n.parse().ok());
+            }
+        }
+        c
+    }
+}
+
+/// sha256 of what `sh -c SCRIPT` prints.
+fn sha256_of_output(script: &str) -> String {
+    let ran = run_ok(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("({script}) | sha256sum")),
+    );
+    ran.stdout
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The checksums the guest's files must have, computed here the way the guest's
+/// unit made them (scripts/guest/rootfs/fewerbytes-guest-test).
+fn expected_sums(seed: u64) -> BTreeMap<&'static str, String> {
+    require_guest_tool("perl");
+    let prng = format!(
+        "perl -e 'srand($ARGV[0]); my $words = $ARGV[1] * 262144; my $buf = \"\";
+            for (1 .. $words) {{ $buf .= pack(\"V\", int(rand(4294967296)));
+                if (length($buf) >= 1048576) {{ print $buf; $buf = \"\"; }} }} print $buf;' {seed} {GUEST_DATA_MIB}"
+    );
+    let text = format!(
+        "yes 'fewerbytes guest seed {seed}' | head -c {}",
+        GUEST_DATA_MIB * MIB
+    );
+    BTreeMap::from([
+        ("/fewerbytes-test/random.bin", sha256_of_output(&prng)),
+        ("/fewerbytes-test/text.txt", sha256_of_output(&text)),
+    ])
+}
+
+/// Checks what the guest printed against what it should have written.
+fn check_console(guest: &Guest, console: &Console) {
+    let expected = expected_sums(guest.seed);
+    for (path, sum) in &expected {
+        let printed = console.sums.iter().find(|(p, _)| p == path);
+        assert_eq!(
+            printed.map(|(_, s)| s.as_str()),
+            Some(sum.as_str()),
+            "guest {}: checksum of {path} on the console differs from the expected one.\n{}",
+            guest.name,
+            guest.describe()
+        );
+    }
+    assert!(
+        console.sums.iter().any(|(p, _)| p.ends_with(".sums")),
+        "guest {}: no checksum list of the copied files on the console.\n{}",
+        guest.name,
+        guest.describe()
+    );
+    let trimmed = console.trimmed_bytes.unwrap_or(0);
+    assert!(
+        trimmed > 0,
+        "guest {}: fstrim trimmed nothing (or printed no FEWERBYTES-FSTRIM line).\n{}",
+        guest.name,
+        guest.describe()
+    );
+}
+
+/// Reads `volume` back through a read-only server + nbdfuse + read-only loop device:
+/// `fsck.ext4 -n` must be clean and every file the guest reported must have the
+/// checksum it printed (for a `.sums` list, every file in it).
+fn verify_volume_offline(server: &Server, dir: &Path, volume: &str, console: &Console) {
+    for t in [
+        "nbdfuse",
+        "losetup",
+        "fsck.ext4",
+        "mount",
+        "umount",
+        "sha256sum",
+    ] {
+        require_guest_tool(t);
+    }
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: nbdfuse needs FUSE"
+    );
+    let fuse_dir = dir.join(format!("fuse-{volume}"));
+    let mount_dir = dir.join(format!("mnt-{volume}"));
+    std::fs::create_dir_all(&fuse_dir).expect("mkdir fuse");
+    std::fs::create_dir_all(&mount_dir).expect("mkdir mnt");
+    let fuse_log_path = dir.join(format!("nbdfuse-{volume}.log"));
+    let fuse_log = std::fs::File::create(&fuse_log_path).expect("nbdfuse log");
+    let nbdfuse = tool("nbdfuse")
+        .arg("-r")
+        .arg(fuse_dir.join("nbd"))
+        .arg(server.unix_uri(volume))
+        .stdin(Stdio::null())
+        .stdout(fuse_log.try_clone().expect("log"))
+        .stderr(fuse_log)
+        .spawn()
+        .expect("start nbdfuse");
+    let mut stack = FuseLoopStack {
+        fuse_dir: fuse_dir.clone(),
+        mount_dir: mount_dir.clone(),
+        nbdfuse: Some(nbdfuse),
+        loop_dev: None,
+        mounted: false,
+    };
+    let nbd_file = fuse_dir.join("nbd");
+    let started = Instant::now();
+    while std::fs::metadata(&nbd_file).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nbdfuse did not expose {} within 30 s; its log:\n{}",
+            nbd_file.display(),
+            std::fs::read_to_string(&fuse_log_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ran = run_ok(tool("losetup").args(["-f", "-r", "--show"]).arg(&nbd_file));
+    let dev = ran.stdout.trim().to_string();
+    assert!(
+        dev.starts_with("/dev/loop"),
+        "losetup printed no device:\n{}",
+        ran.report()
+    );
+    stack.loop_dev = Some(dev.clone());
+
+    let fsck = run_with_limit(tool("fsck.ext4").args(["-n", "-f", &dev]), CLIENT_LIMIT);
+    assert!(
+        fsck.status.success(),
+        "volume {volume}: fsck.ext4 -n found problems after the guest powered off:\n{}",
+        fsck.report()
+    );
+
+    run_ok(
+        tool("mount")
+            .args(["-o", "ro,noload"])
+            .arg(&dev)
+            .arg(&mount_dir),
+    );
+    stack.mounted = true;
+    for (path, sum) in &console.sums {
+        let host_path = mount_dir.join(path.trim_start_matches('/'));
+        let ran = run_ok(tool("sha256sum").arg(&host_path));
+        let got = ran.stdout.split_whitespace().next().unwrap_or_default();
+        assert_eq!(
+            got, sum,
+            "volume {volume}: {path} read back after poweroff differs from what the guest wrote"
+        );
+        if let Some(copy) = path.strip_suffix(".sums") {
+            // The guest's copy of a directory: every file in it, by its list.
+            let ran = run_with_limit(
+                tool("sha256sum")
+                    .args(["-c", "--quiet"])
+                    .arg(&host_path)
+                    .current_dir(mount_dir.join(copy.trim_start_matches('/'))),
+                CLIENT_LIMIT,
+            );
+            assert!(
+                ran.status.success(),
+                "volume {volume}: files of {copy} read back after poweroff differ:\n{}",
+                ran.report()
+            );
+        }
+    }
+    drop(stack);
+}
+
+fn counter(stats: &serde_json::Value, name: &str) -> u64 {
+    stats["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats --json has no counters.{name}: {stats}"))
+}
+
+fn data_used_bytes(stats: &serde_json::Value) -> u64 {
+    stats["data_used_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats --json has no data_used_bytes: {stats}"))
+}
+
+/// Stops the server, audits the pool, and serves it again read-only.
+fn check_and_serve_read_only(server: &mut Server, dir: &Path) -> Server {
+    let status = server.stop();
+    assert!(
+        status.success(),
+        "server exited with {status} after SIGTERM\n{}",
+        server.log_text()
+    );
+    let ran = fewerbytes(&server.pool, &["check"]);
+    assert!(
+        ran.status.success(),
+        "`fewerbytes check` after the guests powered off failed:\n{}",
+        ran.report()
+    );
+    let ro_dir = dir.join("ro");
+    std::fs::create_dir_all(&ro_dir).expect("mkdir ro");
+    Server::start(&ro_dir, &server.pool, &["--read-only"])
+}
+
+#[test]
+fn guest_boots_from_a_volume_writes_trims_and_powers_off() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let image = guest_image();
+    let dir = TempDir::new("guest");
+    let mut server = serve_guest_pool(dir.path(), &image);
+    server.cli_ok(&["volume", "clone", "template", "vm1"]);
+    let before = server.stats();
+
+    let mut guest = Guest::boot(&server, dir.path(), "vm1", 1);
+    let console = guest.wait(Instant::now() + GUEST_LIMIT);
+    check_console(&guest, &console);
+
+    // What reached the server: the unit's files (two of GUEST_DATA_MIB and a copy of
+    // /usr/bin) as writes, and the fstrim of the deleted scratch file and free space.
+    let after = server.stats();
+    let written = counter(&after, "guest_bytes_written") - counter(&before, "guest_bytes_written");
+    let trimmed = counter(&after, "trimmed_bytes") - counter(&before, "trimmed_bytes");
+    assert!(
+        written >= 2 * GUEST_DATA_MIB * MIB,
+        "the server counted {written} bytes written by the guest, less than its files"
+    );
+    assert!(
+        trimmed >= 32 * MIB,
+        "the server counted {trimmed} bytes trimmed; the guest deleted a 32 MiB file and ran fstrim"
+    );
+
+    let ro = check_and_serve_read_only(&mut server, dir.path());
+    verify_volume_offline(&ro, dir.path(), "vm1", &console);
+}
+
+#[test]
+fn boot_storm_seven_clones_of_a_template_boot_at_once() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let image = guest_image();
+    let dir = TempDir::new("storm");
+    let mut server = serve_guest_pool(dir.path(), &image);
+    let names: Vec<String> = (1..=STORM_GUESTS).map(|i| format!("vm{i}")).collect();
+    for name in &names {
+        server.cli_ok(&["volume", "clone", "template", name]);
+    }
+    let before = server.stats();
+    let template_bytes = data_used_bytes(&before);
+
+    let mut guests: Vec<Guest> = names
+        .iter()
+        .zip(1u64..)
+        .map(|(name, seed)| Guest::boot(&server, dir.path(), name, seed))
+        .collect();
+    let deadline = Instant::now() + GUEST_LIMIT;
+    let consoles: Vec<Console> = guests.iter_mut().map(|g| g.wait(deadline)).collect();
+    for (guest, console) in guests.iter().zip(&consoles) {
+        check_console(guest, console);
+    }
+
+    // The clones share the template: seven guests booting and writing their files
+    // add what they wrote that is new (the pseudo-random file, logs), far less than
+    // one more copy of the template.
+    let after = server.stats();
+    let added = data_used_bytes(&after).saturating_sub(template_bytes);
+    let written = counter(&after, "guest_bytes_written") - counter(&before, "guest_bytes_written");
+    eprintln!(
+        "boot storm: template {template_bytes} data bytes; {STORM_GUESTS} guests wrote {written} bytes; \
+         data grew by {added} bytes"
+    );
+    assert!(
+        added < template_bytes,
+        "{STORM_GUESTS} clones added {added} data bytes, more than the template's {template_bytes}"
+    );
+    assert!(
+        added < written,
+        "{STORM_GUESTS} guests wrote {written} bytes and the pool's data grew by {added}: no dedup"
+    );
+
+    let ro = check_and_serve_read_only(&mut server, dir.path());
+    for (name, console) in names.iter().zip(&consoles) {
+        verify_volume_offline(&ro, dir.path(), name, console);
+    }
+}
