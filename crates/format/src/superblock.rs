@@ -5,8 +5,10 @@
 //! and takes the valid one with the highest generation, so a torn super-block
 //! write leaves the previous checkpoint in force.
 
+use crate::page::{OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES};
 use crate::{
     seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
+    SECTOR_BYTES,
 };
 
 /// "fewrbyts" as a little-endian u64.
@@ -165,6 +167,25 @@ impl SuperBlock {
                 reason: "slabs do not cover the data blocks".into(),
             });
         }
+        check_regions(
+            what,
+            &Regions {
+                flags,
+                data_offset_bytes,
+                data_blocks,
+                slab_blocks,
+                objects_per_slab,
+                slab_count,
+                catalog_pages,
+                catalog_bytes,
+                journal_start_block,
+                journal_sectors,
+                pages_start_block,
+                page_slots,
+                metadata_device_bytes,
+                data_device_bytes,
+            },
+        )?;
         r.seek(256);
         let mut catalog_slots = Vec::with_capacity(catalog_pages);
         for _ in 0..catalog_pages {
@@ -195,6 +216,103 @@ impl SuperBlock {
             catalog_slots,
         })
     }
+}
+
+/// The geometry fields of a super block, checked together by [`check_regions`].
+struct Regions {
+    flags: u32,
+    data_offset_bytes: u64,
+    data_blocks: u64,
+    slab_blocks: u32,
+    objects_per_slab: u32,
+    slab_count: u32,
+    catalog_pages: usize,
+    catalog_bytes: u32,
+    journal_start_block: u64,
+    journal_sectors: u64,
+    pages_start_block: u64,
+    page_slots: u64,
+    metadata_device_bytes: u64,
+    data_device_bytes: u64,
+}
+
+/// The layout rules of `docs/format.md` ("Devices and regions"): every region lies
+/// inside the device size recorded beside it, no two overlap, the slabs are exactly
+/// those the data region needs, and the catalog fits its pages. Everything the engine
+/// sizes or addresses from these fields is then bounded by the recorded device sizes,
+/// and no product or sum of them overflows.
+fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
+    let invalid = |reason: String| FormatError::Invalid { what, reason };
+    let block = BLOCK_BYTES as u64;
+    if g.objects_per_slab as usize % OBJECTS_PER_PAGE != 0 {
+        return Err(invalid(format!(
+            "{} objects per slab is not whole pages of {OBJECTS_PER_PAGE}",
+            g.objects_per_slab
+        )));
+    }
+    if u64::from(g.slab_count) != g.data_blocks.div_ceil(u64::from(g.slab_blocks)) {
+        return Err(invalid(format!(
+            "{} slabs of {} blocks for {} data blocks",
+            g.slab_count, g.slab_blocks, g.data_blocks
+        )));
+    }
+    if u64::from(g.catalog_bytes) > (g.catalog_pages * PAGE_PAYLOAD_BYTES) as u64 {
+        return Err(invalid(format!(
+            "a catalog of {} bytes in {} pages",
+            g.catalog_bytes, g.catalog_pages
+        )));
+    }
+    // Half-open byte ranges of each region on its device.
+    let range =
+        |name: &str, start: Option<u64>, len: Option<u64>, device_bytes: u64| match (start, len) {
+            (Some(s), Some(l)) if s.checked_add(l).is_some_and(|e| e <= device_bytes) => {
+                Ok((s, s + l))
+            }
+            _ => Err(invalid(format!(
+                "the {name} does not fit its device of {device_bytes} bytes"
+            ))),
+        };
+    let supers = (0, 2 * block);
+    let journal = range(
+        "journal",
+        g.journal_start_block.checked_mul(block),
+        g.journal_sectors.checked_mul(SECTOR_BYTES as u64),
+        g.metadata_device_bytes,
+    )?;
+    let pages = range(
+        "page store",
+        g.pages_start_block.checked_mul(block),
+        g.page_slots.checked_mul(block),
+        g.metadata_device_bytes,
+    )?;
+    let data = range(
+        "data region",
+        Some(g.data_offset_bytes),
+        g.data_blocks.checked_mul(block),
+        g.data_device_bytes,
+    )?;
+    let overlap = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
+    let mut pairs = vec![
+        ("super blocks", supers, "journal", journal),
+        ("super blocks", supers, "page store", pages),
+        ("journal", journal, "page store", pages),
+    ];
+    if g.flags & FLAG_SEPARATE_METADATA == 0 {
+        pairs.push(("super blocks", supers, "data region", data));
+        pairs.push(("journal", journal, "data region", data));
+        pairs.push(("page store", pages, "data region", data));
+    } else {
+        pairs.push(("data device label", (0, block), "data region", data));
+    }
+    for (a_name, a, b_name, b) in pairs {
+        if overlap(a, b) {
+            return Err(invalid(format!(
+                "the {a_name} (bytes {}..{}) overlap the {b_name} (bytes {}..{})",
+                a.0, a.1, b.0, b.1
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Block 0 of a separate data device: which pool it belongs to and where its
@@ -303,7 +421,7 @@ mod tests {
             data_offset_bytes: 1 << 20,
             data_blocks: 1000,
             slab_blocks: 512,
-            objects_per_slab: 1536,
+            objects_per_slab: 1512,
             slab_count: 2,
             journal_start_block: 2,
             journal_sectors: 800,
@@ -333,6 +451,91 @@ mod tests {
                 "flip at byte {byte} undetected"
             );
         }
+    }
+
+    fn decode_with(change: impl FnOnce(&mut SuperBlock)) -> Result<SuperBlock, FormatError> {
+        let mut sb = sample();
+        change(&mut sb);
+        let mut block = [0u8; BLOCK_BYTES];
+        sb.encode(&mut block);
+        SuperBlock::decode(&block)
+    }
+
+    fn assert_invalid(result: Result<SuperBlock, FormatError>, says: &str) {
+        match result {
+            Err(FormatError::Invalid { reason, .. }) => {
+                assert!(reason.contains(says), "{reason:?} should say {says:?}")
+            }
+            other => panic!("expected Invalid saying {says:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn page_store_past_the_end_of_u64_is_refused() {
+        // Found by the pool_open fuzzer: a super block whose page store starts near
+        // 2^64 bytes decoded fine, and opening the pool panicked multiplying its
+        // first block by 4096 (a wrapped offset in a release build).
+        assert_invalid(
+            decode_with(|sb| sb.pages_start_block = 1 << 60),
+            "the page store does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.page_slots = u64::MAX),
+            "the page store does not fit",
+        );
+    }
+
+    #[test]
+    fn regions_must_fit_their_devices_and_not_overlap() {
+        assert_invalid(
+            decode_with(|sb| sb.journal_sectors = u64::MAX / 2),
+            "the journal does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.data_device_bytes = 1 << 20),
+            "the data region does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.pages_start_block = 50),
+            "the journal (bytes 8192..417792) overlap the page store",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.journal_start_block = 1),
+            "the super blocks (bytes 0..8192) overlap the journal",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.data_offset_bytes = 110 * BLOCK_BYTES as u64),
+            "overlap the data region",
+        );
+        // With a separate metadata device the data region is on another device.
+        let separate = decode_with(|sb| {
+            sb.flags |= FLAG_SEPARATE_METADATA;
+            sb.data_offset_bytes = 110 * BLOCK_BYTES as u64;
+        });
+        assert!(separate.is_ok(), "{separate:?}");
+        assert_invalid(
+            decode_with(|sb| {
+                sb.flags |= FLAG_SEPARATE_METADATA;
+                sb.data_offset_bytes = 0;
+            }),
+            "the data device label",
+        );
+    }
+
+    #[test]
+    fn slabs_and_catalog_must_match_what_they_hold() {
+        assert_invalid(
+            decode_with(|sb| sb.slab_count = u32::MAX),
+            "slabs of 512 blocks for 1000 data blocks",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.objects_per_slab = 1000),
+            "not whole pages",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.catalog_bytes = u32::MAX),
+            "a catalog of 4294967295 bytes in 2 pages",
+        );
     }
 
     #[test]
