@@ -17,8 +17,8 @@ use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
 use fewerbytes_format::page::PageKind;
 use fewerbytes_format::superblock::{
-    magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA,
-    SUPER_MAGIC,
+    index_entries_max, magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
+    FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage, StorageError};
@@ -381,10 +381,13 @@ impl Pool {
         for chunk in key.chunks_mut(8) {
             chunk.copy_from_slice(&rand::random::<u64>().to_le_bytes());
         }
+        // More entries than object slots could never be used, and the super block
+        // refuses them (opening sizes the index from this field).
         let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(1024),
+            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(INDEX_ENTRIES_MIN),
             None => geo.data_blocks,
-        };
+        }
+        .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
         let flags = if meta.is_some() {
             FLAG_SEPARATE_METADATA
         } else {

@@ -21,6 +21,16 @@ pub const MAX_CATALOG_PAGES: usize = 256;
 pub const MAX_PATH_BYTES: usize = 1024;
 const CRC_OFFSET: usize = 12;
 
+/// Fewest dedup index entries a pool is given, however small.
+pub const INDEX_ENTRIES_MIN: u64 = 1024;
+
+/// Most dedup index entries a pool may record: one per object slot (the index never
+/// holds more fingerprints than there are stored objects), or `INDEX_ENTRIES_MIN`.
+/// Opening sizes the index from this field, so it must be bounded by the geometry.
+pub fn index_entries_max(slab_count: u32, objects_per_slab: u32) -> u64 {
+    (u64::from(slab_count) * u64::from(objects_per_slab)).max(INDEX_ENTRIES_MIN)
+}
+
 /// Flag: data and metadata are on separate devices.
 pub const FLAG_SEPARATE_METADATA: u32 = 1;
 /// Flag: the pool may promise more logical space than it can store.
@@ -186,6 +196,15 @@ impl SuperBlock {
                 data_device_bytes,
             },
         )?;
+        if index_entries > index_entries_max(slab_count, objects_per_slab) {
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!(
+                    "{index_entries} dedup index entries for {} object slots",
+                    u64::from(slab_count) * u64::from(objects_per_slab)
+                ),
+            });
+        }
         r.seek(256);
         let mut catalog_slots = Vec::with_capacity(catalog_pages);
         for _ in 0..catalog_pages {
@@ -432,7 +451,7 @@ mod tests {
             metadata_device_bytes: 1 << 30,
             data_device_bytes: 1 << 30,
             reserve_blocks: 4,
-            index_entries: 4096,
+            index_entries: 3024,
             created_unix: 1_700_000_000,
             catalog_slots: vec![3, 4],
         }
@@ -483,6 +502,18 @@ mod tests {
             decode_with(|sb| sb.page_slots = u64::MAX),
             "the page store does not fit",
         );
+    }
+
+    #[test]
+    fn index_larger_than_the_object_slots_is_refused() {
+        // Found by the pool_open fuzzer: opening sized the dedup index from this
+        // field unchecked, and a damaged value asked for 2^57 bytes (an abort).
+        assert_invalid(
+            decode_with(|sb| sb.index_entries = 1 << 54),
+            "18014398509481984 dedup index entries for 3024 object slots",
+        );
+        let small = decode_with(|sb| sb.index_entries = INDEX_ENTRIES_MIN);
+        assert!(small.is_ok(), "{small:?}");
     }
 
     #[test]
