@@ -255,13 +255,10 @@ pub struct BoundedAllocator;
 impl BoundedAllocator {
     #[cold]
     fn too_big(size: usize) -> ! {
-        use std::io::Write;
-        // No allocation here: the message is built in a stack buffer.
-        let mut msg = [0u8; 96];
-        let mut cursor = std::io::Cursor::new(&mut msg[..]);
-        let _ = write!(cursor, "\nfuzz: allocation of {size} bytes (limit {ALLOCATION_BYTES_MAX})\n");
-        let n = cursor.position() as usize;
-        let _ = std::io::stderr().write_all(&msg[..n]);
+        // Small allocations from here on are served (they are under the limit), so
+        // the message can name where the big one came from.
+        let trace = std::backtrace::Backtrace::force_capture();
+        eprintln!("\nfuzz: allocation of {size} bytes (limit {ALLOCATION_BYTES_MAX}) at\n{trace}");
         std::process::abort();
     }
 }
