@@ -1014,17 +1014,31 @@ impl Inner {
             self.next_volume_id
                 .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
             let mut vols = self.volumes.write();
+            // Volumes are created and grown only within the addressable blocks, and a
+            // volume's map is sized from its size: a damaged size must not size it.
+            let mut volume_blocks_total = 0u64;
             for record in &catalog.volumes {
+                let corrupt = |reason: String| EngineError::Corrupt {
+                    region: "catalog",
+                    block: 0,
+                    device: "metadata",
+                    reason,
+                };
                 if !record.size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-                    return Err(EngineError::Corrupt {
-                        region: "catalog",
-                        block: 0,
-                        device: "metadata",
-                        reason: format!(
-                            "volume '{}' size {} is not whole blocks",
-                            record.name, record.size_bytes
-                        ),
-                    });
+                    return Err(corrupt(format!(
+                        "volume '{}' size {} is not whole blocks",
+                        record.name, record.size_bytes
+                    )));
+                }
+                volume_blocks_total =
+                    volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
+                if volume_blocks_total > self.addressable_blocks {
+                    return Err(corrupt(format!(
+                        "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
+                        record.name,
+                        record.size_bytes,
+                        self.addressable_blocks * BLOCK_BYTES as u64
+                    )));
                 }
                 let vol = Arc::new(VolumeState::new(
                     record.slot,
