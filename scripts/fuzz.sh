@@ -71,7 +71,16 @@ for t in "${selected[@]}"; do
     else
         failed=$((failed + 1))
         artifact=$(sed -n 's/^.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
-        grep -v '^#[0-9]' "$log" | tail -40 >&2
+        # From the first sign of trouble: the panic, the oversized allocation, or
+        # libFuzzer's own report (a timeout, the RSS limit).
+        awk '/panicked at|^fuzz: allocation|ERROR: libFuzzer|ALARM: working on/{p=1} p' "$log" |
+            grep -v '^#[0-9]' | head -80 >&2
+        if [[ -n $artifact && -f $artifact ]]; then
+            # So a crash seen only in CI's log can be replayed (docs/testing.md).
+            echo "fuzz.sh: the input, gzip | base64 (decode: base64 -d | gunzip > crash):" >&2
+            gzip -9c "$artifact" | base64 -w0 >&2
+            echo >&2
+        fi
         line=$(printf 'fuzz %-16s FAILED (exit %s) after %ss: %s' "$t" "$status" "$elapsed" "${artifact:-see the log above}")
     fi
     rm -f "$log"
