@@ -31,6 +31,14 @@ pub fn index_entries_max(slab_count: u32, objects_per_slab: u32) -> u64 {
     (u64::from(slab_count) * u64::from(objects_per_slab)).max(INDEX_ENTRIES_MIN)
 }
 
+/// Largest slab (blocks) a super block may name: 256 MiB. Opening sizes per-slab
+/// tables from it.
+pub const SLAB_BLOCKS_MAX: u32 = 1 << 16;
+/// Most object slots per data block a slab may have (before rounding up to whole
+/// object pages): compressed fragments share blocks, but opening sizes each slab's
+/// object table from `objects_per_slab`, so it must be bounded by the slab.
+pub const OBJECTS_PER_BLOCK_MAX: u32 = 4;
+
 /// Flag: data and metadata are on separate devices.
 pub const FLAG_SEPARATE_METADATA: u32 = 1;
 /// Flag: the pool may promise more logical space than it can store.
@@ -263,6 +271,21 @@ struct Regions {
 fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
     let invalid = |reason: String| FormatError::Invalid { what, reason };
     let block = BLOCK_BYTES as u64;
+    if g.slab_blocks > SLAB_BLOCKS_MAX {
+        return Err(invalid(format!(
+            "slabs of {} blocks (max {SLAB_BLOCKS_MAX})",
+            g.slab_blocks
+        )));
+    }
+    let objects_max = (u64::from(g.slab_blocks) * u64::from(OBJECTS_PER_BLOCK_MAX))
+        .div_ceil(OBJECTS_PER_PAGE as u64)
+        * OBJECTS_PER_PAGE as u64;
+    if u64::from(g.objects_per_slab) > objects_max {
+        return Err(invalid(format!(
+            "{} objects per slab of {} blocks (max {objects_max})",
+            g.objects_per_slab, g.slab_blocks
+        )));
+    }
     if g.objects_per_slab as usize % OBJECTS_PER_PAGE != 0 {
         return Err(invalid(format!(
             "{} objects per slab is not whole pages of {OBJECTS_PER_PAGE}",
@@ -550,6 +573,24 @@ mod tests {
                 sb.data_offset_bytes = 0;
             }),
             "the data device label",
+        );
+    }
+
+    #[test]
+    fn slab_tables_are_bounded_by_the_slab() {
+        // Found by the pool_open fuzzer: objects_per_slab was checked only to be
+        // nonzero, and opening sized every slab's object table from it (a 256 MiB
+        // allocation per slab for a value near 2^32).
+        assert_invalid(
+            decode_with(|sb| sb.objects_per_slab = 4_294_967_244),
+            "4294967244 objects per slab of 512 blocks (max 2100)",
+        );
+        assert_invalid(
+            decode_with(|sb| {
+                sb.slab_blocks = SLAB_BLOCKS_MAX + 1;
+                sb.slab_count = 1;
+            }),
+            "slabs of 65537 blocks (max 65536)",
         );
     }
 
