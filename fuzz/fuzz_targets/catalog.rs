@@ -8,6 +8,10 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if let Ok(catalog) = Catalog::decode(data) {
         let again = catalog.encode();
-        assert_eq!(Catalog::decode(&again).as_ref(), Ok(&catalog), "catalog round trip");
+        assert_eq!(
+            Catalog::decode(&again).as_ref(),
+            Ok(&catalog),
+            "catalog round trip"
+        );
     }
 });

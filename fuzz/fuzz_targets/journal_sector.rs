@@ -14,15 +14,26 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut sector = rest.to_vec();
-    if flags & 1 != 0 && sector.len() == SECTOR_BYTES && fewerbytes_fuzz::u32_at(&sector, 0) == SECTOR_MAGIC {
+    if flags & 1 != 0
+        && sector.len() == SECTOR_BYTES
+        && fewerbytes_fuzz::u32_at(&sector, 0) == SECTOR_MAGIC
+    {
         seal_checksum(&mut sector, 4);
     }
-    let nonce = if flags & 2 != 0 { fewerbytes_fuzz::u64_at(&sector, 8) } else { 0 };
+    let nonce = if flags & 2 != 0 {
+        fewerbytes_fuzz::u64_at(&sector, 8)
+    } else {
+        0
+    };
     let Ok((header, records)) = decode_sector(&sector, nonce) else {
         return;
     };
     let bytes: usize = records.iter().map(Record::encoded_len).sum();
-    assert_eq!(bytes, usize::from(header.used), "records fill what the sector says it used");
+    assert_eq!(
+        bytes,
+        usize::from(header.used),
+        "records fill what the sector says it used"
+    );
     let mut payload = vec![0u8; bytes];
     let mut w = Writer::new(&mut payload);
     for r in &records {

@@ -10,9 +10,16 @@ fuzz_target!(|data: &[u8]| {
         let raw = u64::from_le_bytes(word.try_into().expect("8 bytes"));
         assert_eq!(MapEntry::decode(raw).encode(), raw, "map entry round trip");
         if let Ok(loc) = Location::decode(raw) {
-            assert_eq!(Location::decode(loc.encode()), Ok(loc), "location round trip");
+            assert_eq!(
+                Location::decode(loc.encode()),
+                Ok(loc),
+                "location round trip"
+            );
             let (_, blocks) = loc.blocks();
-            assert!(blocks == 1 || blocks == 2, "a location touches one or two blocks");
+            assert!(
+                blocks == 1 || blocks == 2,
+                "a location touches one or two blocks"
+            );
             assert!(loc.stored_bytes() <= BLOCK_BYTES as u64);
         }
     }

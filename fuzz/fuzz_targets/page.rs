@@ -23,7 +23,10 @@ fuzz_target!(|data: &[u8]| {
         page = b.to_vec();
     }
     let (nonce, slot) = if flags & 2 != 0 {
-        (fewerbytes_fuzz::u64_at(&page, 16), fewerbytes_fuzz::u64_at(&page, 24))
+        (
+            fewerbytes_fuzz::u64_at(&page, 16),
+            fewerbytes_fuzz::u64_at(&page, 24),
+        )
     } else {
         (0, 0)
     };

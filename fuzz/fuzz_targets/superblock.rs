@@ -23,11 +23,19 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(sb) = SuperBlock::decode(&block) {
         let mut again = [0u8; BLOCK_BYTES];
         sb.encode(&mut again);
-        assert_eq!(SuperBlock::decode(&again).as_ref(), Ok(&sb), "super block round trip");
+        assert_eq!(
+            SuperBlock::decode(&again).as_ref(),
+            Ok(&sb),
+            "super block round trip"
+        );
     }
     if let Ok(label) = DataLabel::decode(&block) {
         let mut again = [0u8; BLOCK_BYTES];
         label.encode(&mut again);
-        assert_eq!(DataLabel::decode(&again).as_ref(), Ok(&label), "data label round trip");
+        assert_eq!(
+            DataLabel::decode(&again).as_ref(),
+            Ok(&label),
+            "data label round trip"
+        );
     }
 });

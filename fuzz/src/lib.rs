@@ -171,7 +171,9 @@ impl PoolImage {
             if record.len() < 4 {
                 break;
             }
-            let n = u64::from(u32::from_le_bytes([record[0], record[1], record[2], record[3]]));
+            let n = u64::from(u32::from_le_bytes([
+                record[0], record[1], record[2], record[3],
+            ]));
             let mut block = Box::new([0u8; BLOCK_BYTES]);
             block[..record.len() - 4].copy_from_slice(&record[4..]);
             blocks.push((n, block));
@@ -236,9 +238,9 @@ pub fn u32_at(bytes: &[u8], offset: usize) -> u32 {
 
 /// The little-endian u64 at `offset` (0 past the end).
 pub fn u64_at(bytes: &[u8], offset: usize) -> u64 {
-    bytes.get(offset..offset + 8).map_or(0, |b| {
-        u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
-    })
+    bytes
+        .get(offset..offset + 8)
+        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
 }
 
 pub mod nbd;

@@ -36,7 +36,9 @@ fn fixture() -> &'static Fixture {
             ("b".to_string(), Arc::new(MemoryExport::new(EXPORT_BYTES))),
         ]);
         let server = Server::new(ServerConfig::default(), Arc::new(exports));
-        server.listen_unix(&path).expect("listen on the fuzz socket");
+        server
+            .listen_unix(&path)
+            .expect("listen on the fuzz socket");
         Fixture {
             _server: server,
             path,
@@ -169,7 +171,15 @@ pub fn sample_requests(mode: Mode) -> Vec<u8> {
     let mut out = Vec::new();
     let data = [0x5au8; 4096];
     out.extend(request(mode, 0, CMD_WRITE, 1, 8192, 4096, &data));
-    out.extend(request(mode, CMD_FLAG_FUA, CMD_WRITE, 2, 0, 512, &data[..512]));
+    out.extend(request(
+        mode,
+        CMD_FLAG_FUA,
+        CMD_WRITE,
+        2,
+        0,
+        512,
+        &data[..512],
+    ));
     out.extend(request(mode, 0, CMD_READ, 3, 8192, 4096, &[]));
     out.extend(request(mode, 0, CMD_READ, 4, 0, 12288, &[]));
     out.extend(request(mode, 0, CMD_TRIM, 5, 8192, 4096, &[]));

@@ -33,7 +33,11 @@ fn main() {
                 device_bytes: POOL_BYTES,
                 blocks: blocks.clone(),
             };
-            w.put("pool_open", &format!("{name}-flags{flags}"), &image.encode());
+            w.put(
+                "pool_open",
+                &format!("{name}-flags{flags}"),
+                &image.encode(),
+            );
         }
     }
 
@@ -42,18 +46,30 @@ fn main() {
         if magic == fewerbytes_format::superblock::SUPER_MAGIC {
             let sb = SuperBlock::decode(&block[..]).expect("the pool's super block decodes");
             w.put("superblock", &format!("block{n}"), &flagged(1, &block[..]));
-            w.put("superblock", &format!("block{n}-raw"), &flagged(0, &block[..]));
+            w.put(
+                "superblock",
+                &format!("block{n}-raw"),
+                &flagged(0, &block[..]),
+            );
             let _ = sb;
         } else if u32_at(&block[..], 0) == PAGE_MAGIC {
             let kind = block[9];
             let flags = 1 | 2 | ((kind.wrapping_sub(1) & 3) << 2);
-            w.put("page", &format!("slot-block{n}-kind{kind}"), &flagged(flags, &block[..]));
+            w.put(
+                "page",
+                &format!("slot-block{n}-kind{kind}"),
+                &flagged(flags, &block[..]),
+            );
             if kind == PageKind::Catalog as u8 {
                 let slot = u64_at(&block[..], 24);
                 let nonce = u64_at(&block[..], 16);
                 let (h, payload) = decode_page(&block[..], PageKind::Catalog, nonce, slot)
                     .expect("the pool's catalog page decodes");
-                w.put("catalog", &format!("block{n}"), &payload[..h.count as usize]);
+                w.put(
+                    "catalog",
+                    &format!("block{n}"),
+                    &payload[..h.count as usize],
+                );
             }
         }
     }
@@ -69,7 +85,11 @@ fn main() {
     for (n, block) in &journaled {
         for (i, sector) in block.chunks(SECTOR_BYTES).enumerate() {
             if u32_at(sector, 0) == SECTOR_MAGIC && sectors < 8 {
-                w.put("journal_sector", &format!("block{n}-sector{i}"), &flagged(3, sector));
+                w.put(
+                    "journal_sector",
+                    &format!("block{n}-sector{i}"),
+                    &flagged(3, sector),
+                );
                 sectors += 1;
             }
         }
@@ -97,9 +117,14 @@ fn main() {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     w.put("location", "words", &bytes);
 
-    for (i, mode) in [Mode::Simple, Mode::Structured, Mode::StructuredWithMeta, Mode::Extended]
-        .into_iter()
-        .enumerate()
+    for (i, mode) in [
+        Mode::Simple,
+        Mode::Structured,
+        Mode::StructuredWithMeta,
+        Mode::Extended,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let mut conversation = handshake(mode);
         conversation.extend(sample_requests(mode));
@@ -123,8 +148,10 @@ fn make_pool() -> (Blocks, Blocks) {
     Pool::format(storage.clone() as Arc<dyn Storage>, None, None, &opts).expect("format");
     let pool = Pool::open_devices(storage.clone(), None, &OpenOptions { threads: Some(1) })
         .expect("open the new pool");
-    pool.create_volume("vm-100-disk-0", 1 << 20).expect("create volume");
-    pool.create_volume("empty", 64 << 10).expect("create volume");
+    pool.create_volume("vm-100-disk-0", 1 << 20)
+        .expect("create volume");
+    pool.create_volume("empty", 64 << 10)
+        .expect("create volume");
     let volume = pool.open_volume("vm-100-disk-0").expect("open volume");
     let mut random = [0u8; BLOCK_BYTES];
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -141,10 +168,18 @@ fn make_pool() -> (Blocks, Blocks) {
         .take(BLOCK_BYTES)
         .collect();
     volume.write(0, &random, false).expect("write");
-    volume.write(4096, &random, false).expect("write a duplicate");
-    volume.write(8192, &[0u8; BLOCK_BYTES], false).expect("write zeros");
-    volume.write(12288, &text, false).expect("write compressible");
-    volume.write(16384, &text[..2048], true).expect("partial FUA write");
+    volume
+        .write(4096, &random, false)
+        .expect("write a duplicate");
+    volume
+        .write(8192, &[0u8; BLOCK_BYTES], false)
+        .expect("write zeros");
+    volume
+        .write(12288, &text, false)
+        .expect("write compressible");
+    volume
+        .write(16384, &text[..2048], true)
+        .expect("partial FUA write");
     volume.trim(4096, 4096, false).expect("trim");
     pool.flush().expect("flush");
     let journaled = storage.nonzero_blocks();
