@@ -524,6 +524,27 @@ impl Pool {
                 "the pool's metadata layout does not match the devices given".into(),
             ));
         }
+        // The super block's regions lie inside the device sizes it records (checked
+        // when decoded); those must be the devices' real sizes at least, before
+        // anything is sized or read from the geometry.
+        for (device, recorded, dev) in [
+            ("metadata", sb.metadata_device_bytes, &meta_dev),
+            ("data", sb.data_device_bytes, &data),
+        ] {
+            if dev.len_bytes() < recorded {
+                return Err(EngineError::Corrupt {
+                    region: "super block",
+                    block: 0,
+                    device,
+                    reason: format!(
+                        "{} holds {} bytes but the pool was made on {recorded} \
+                         (a truncated device, or a damaged super block)",
+                        dev.name(),
+                        dev.len_bytes()
+                    ),
+                });
+            }
+        }
         let threads = opts
             .threads
             .unwrap_or_else(|| {

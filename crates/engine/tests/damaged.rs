@@ -82,3 +82,53 @@ fn a_catalog_volume_larger_than_the_pool_is_corruption_not_an_allocation() {
         Ok(_) => panic!("a volume larger than the pool was accepted"),
     }
 }
+
+/// Rewrite the current super block through `change`, sealing it again.
+fn edit_super_block(image: &mut [u8], change: impl FnOnce(&mut SuperBlock)) {
+    let mut sb = current_super_block(image);
+    change(&mut sb);
+    let mut block = [0u8; BLOCK];
+    sb.encode(&mut block);
+    let at = (sb.generation % 2) as usize * BLOCK;
+    image[at..at + BLOCK].copy_from_slice(&block);
+}
+
+fn assert_device_smaller_than_recorded(result: Result<Arc<Pool>, EngineError>, says: &str) {
+    match result {
+        Err(EngineError::Corrupt { region, reason, .. }) => {
+            assert_eq!(region, "super block");
+            assert!(reason.contains(says), "{reason}");
+        }
+        Err(other) => panic!("expected a super block corruption error, got {other}"),
+        Ok(_) => panic!("a pool larger than its device was opened"),
+    }
+}
+
+#[test]
+fn a_super_block_recording_a_larger_device_is_corruption_not_an_allocation() {
+    // Found by the pool_open fuzzer: the page store's slot map was sized from the
+    // super block's page_slots, checked only against the device size the super block
+    // itself records, so a consistent set of damaged sizes sized it by the gigabyte
+    // (the fuzzer's input asked for 3.6 TiB); a truncated device passed too.
+    let mut image = closed_pool_image();
+    edit_super_block(&mut image, |sb| {
+        sb.metadata_device_bytes = 1 << 52;
+        sb.data_device_bytes = 1 << 52;
+        sb.page_slots = 1 << 36;
+        sb.data_offset_bytes = (sb.pages_start_block + sb.page_slots) * BLOCK as u64;
+    });
+    assert_device_smaller_than_recorded(
+        open_image(image),
+        "holds 67108864 bytes but the pool was made on 4503599627370496",
+    );
+}
+
+#[test]
+fn a_truncated_device_is_refused_at_open() {
+    let mut image = closed_pool_image();
+    image.truncate(48 << 20);
+    assert_device_smaller_than_recorded(
+        open_image(image),
+        "holds 50331648 bytes but the pool was made on 67108864",
+    );
+}
