@@ -286,7 +286,7 @@ fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
             g.objects_per_slab, g.slab_blocks
         )));
     }
-    if g.objects_per_slab as usize % OBJECTS_PER_PAGE != 0 {
+    if !(g.objects_per_slab as usize).is_multiple_of(OBJECTS_PER_PAGE) {
         return Err(invalid(format!(
             "{} objects per slab is not whole pages of {OBJECTS_PER_PAGE}",
             g.objects_per_slab
