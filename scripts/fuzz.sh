@@ -74,7 +74,8 @@ for t in "${selected[@]}"; do
         # From the first sign of trouble: the panic, the oversized allocation, or
         # libFuzzer's own report (a timeout, the RSS limit).
         awk '/panicked at|^fuzz: allocation|ERROR: libFuzzer|ALARM: working on/{p=1} p' "$log" |
-            grep -v '^#[0-9]' | head -80 >&2
+            grep -v '^#[0-9]' | head -80 >&2 || true
+        ((status > 128)) && echo "fuzz.sh: $t was killed by signal $((status - 128))" >&2
         if [[ -n $artifact && -f $artifact ]]; then
             # So a crash seen only in CI's log can be replayed (docs/testing.md).
             echo "fuzz.sh: the input, gzip | base64 (decode: base64 -d | gunzip > crash):" >&2

@@ -28,6 +28,13 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
+        // A Rust `main` ignores SIGPIPE before it runs, and the `fewerbytes` binary
+        // relies on that: a write to a socket the peer closed is an EPIPE error. Here
+        // libFuzzer's C++ `main` runs instead, so do what Rust's would.
+        // SAFETY: setting a signal's disposition to SIG_IGN, once, before any socket exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         let dir = std::env::temp_dir().join(format!("fewerbytes-fuzz-nbd-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temporary directory for the NBD socket");
         let path = dir.join("nbd.sock");
