@@ -54,13 +54,15 @@ for t in "${selected[@]}"; do
     artifacts=fuzz/artifacts/$t
     mkdir -p "$corpus" "$artifacts"
     log=$(mktemp -t "fewerbytes-fuzz-$t.XXXXXX")
+    # The NBD targets put their socket under TMPDIR: one directory per run, removed after.
+    scratch=$(mktemp -d -t "fewerbytes-fuzz-$t.XXXXXX")
     status=0
     start=$(date +%s)
     # -timeout: one input running 10 s is a hang. -rss_limit_mb: the process's whole
     # memory (single allocations are bounded inside the targets, see fuzz/src/lib.rs).
     # -max_len: the largest seed is a 53 KiB pool image; room to grow past it.
     # shellcheck disable=SC2086
-    "fuzz/target/$triple/release/$t" "$corpus" \
+    TMPDIR=$scratch "fuzz/target/$triple/release/$t" "$corpus" \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=131072 \
         -artifact_prefix="$artifacts/" -print_final_stats=1 ${FEWERBYTES_FUZZ_ARGS:-} \
         >"$log" 2>&1 || status=$?
@@ -84,7 +86,7 @@ for t in "${selected[@]}"; do
         fi
         line=$(printf 'fuzz %-16s FAILED (exit %s) after %ss: %s' "$t" "$status" "$elapsed" "${artifact:-see the log above}")
     fi
-    rm -f "$log"
+    rm -rf "$log" "$scratch"
     echo "$line"
     echo "$line" >>"$summary"
 done
