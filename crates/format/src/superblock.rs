@@ -39,6 +39,11 @@ pub const SLAB_BLOCKS_MAX: u32 = 1 << 16;
 /// object table from `objects_per_slab`, so it must be bounded by the slab.
 pub const OBJECTS_PER_BLOCK_MAX: u32 = 4;
 
+/// Largest checkpoint generation and journal sequence a super block may hold: far
+/// past any pool's lifetime (a sector a nanosecond for 290 years), and the room above
+/// it lets the engine count on without overflow.
+pub const COUNTER_MAX: u64 = (1 << 63) - 1;
+
 /// Flag: data and metadata are on separate devices.
 pub const FLAG_SEPARATE_METADATA: u32 = 1;
 /// Flag: the pool may promise more logical space than it can store.
@@ -162,6 +167,17 @@ impl SuperBlock {
         let reserve_blocks = r.u64()?;
         let index_entries = r.u64()?;
         let created_unix = r.u64()?;
+        // The next open writes open_gen + 1, the next checkpoint generation + 1, and
+        // the journal counts on from journal_replay_seq.
+        if open_gen == u32::MAX || generation > COUNTER_MAX || journal_replay_seq > COUNTER_MAX {
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!(
+                    "counters out of range (open_gen {open_gen}, generation {generation}, \
+                     journal_replay_seq {journal_replay_seq})"
+                ),
+            });
+        }
         if catalog_pages > MAX_CATALOG_PAGES {
             return Err(FormatError::Invalid {
                 what,
@@ -574,6 +590,27 @@ mod tests {
             }),
             "the data device label",
         );
+    }
+
+    #[test]
+    fn exhausted_counters_are_refused() {
+        // Found by the pool_open fuzzer: open_gen u32::MAX decoded fine, and opening
+        // panicked computing the next open generation (and would wrap to 0 in a
+        // release build, where journal sectors of generation 0 exist).
+        assert_invalid(
+            decode_with(|sb| sb.open_gen = u32::MAX),
+            "counters out of range (open_gen 4294967295",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.generation = u64::MAX),
+            "generation 18446744073709551615",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.journal_replay_seq = COUNTER_MAX + 1),
+            "journal_replay_seq 9223372036854775808",
+        );
+        let last = decode_with(|sb| sb.open_gen = u32::MAX - 1);
+        assert!(last.is_ok(), "{last:?}");
     }
 
     #[test]
