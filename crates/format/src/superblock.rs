@@ -360,7 +360,8 @@ fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
         pairs.push(("journal", journal, "data region", data));
         pairs.push(("page store", pages, "data region", data));
     } else {
-        pairs.push(("data device label", (0, block), "data region", data));
+        // Blocks 0 and 1: the label, and the place of its second copy.
+        pairs.push(("data device label", (0, 2 * block), "data region", data));
     }
     for (a_name, a, b_name, b) in pairs {
         if overlap(a, b) {
@@ -586,9 +587,9 @@ mod tests {
         assert_invalid(
             decode_with(|sb| {
                 sb.flags |= FLAG_SEPARATE_METADATA;
-                sb.data_offset_bytes = 0;
+                sb.data_offset_bytes = BLOCK_BYTES as u64;
             }),
-            "the data device label",
+            "the data device label (bytes 0..8192) overlap the data region",
         );
     }
 
