@@ -6,6 +6,9 @@
 #   scripts/test.sh                 # the default run (well under 20 minutes on 2 cores)
 #   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees, 2,048 model cases
 #   scripts/test.sh -- nbdinfo      # extra arguments go to `cargo test` (here: a filter)
+#   FEWERBYTES_FUZZ_SECONDS=0 scripts/test.sh   # without the fuzz step
+# With no arguments, every fuzz target in fuzz/ then runs for FEWERBYTES_FUZZ_SECONDS
+# (default 20) each (scripts/fuzz.sh, docs/testing.md); each counts as one test.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -56,6 +59,13 @@ status=0
 start=$(date +%s)
 # --no-fail-fast: one failing test binary must not hide the results of the others.
 cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+
+# Fuzzing: each target for a bounded time; one summary line per target.
+fuzz_log=$(mktemp -t fewerbytes-fuzz.XXXXXX)
+trap 'rm -f "$log" "$fuzz_log"' EXIT
+if [[ $# -eq 0 && ${FEWERBYTES_FUZZ_SECONDS:-20} != 0 ]]; then
+    FEWERBYTES_FUZZ_SUMMARY=$fuzz_log scripts/fuzz.sh || status=$?
+fi
 elapsed=$(( $(date +%s) - start ))
 
 # Summary over every test binary cargo ran.
@@ -74,6 +84,12 @@ awk '/^ *Running /{
      /^ *Doc-tests /{name=$0; sub(/^ *Doc-tests /, "doc-tests ", name)}
      /^test result:/{r=$0; sub(/^test result: /, "", r); sub(/; [0-9]+ measured.*finished in/, ", in", r)
          printf "  %-52s %s\n", name, r}' "$log"
+if [[ -s $fuzz_log ]]; then
+    echo "fuzz targets (executions this run):"
+    sed 's/^fuzz /  /' "$fuzz_log"
+    passed=$((passed + $(grep -c 'no crash$' "$fuzz_log" || true)))
+    failed=$((failed + $(grep -c ' FAILED ' "$fuzz_log" || true)))
+fi
 if grep -q '^failures:' "$log"; then
     echo "failed tests:"
     grep -E '^    [a-zA-Z0-9_:]+$' "$log" | sort -u | sed 's/^    /  - /' || true

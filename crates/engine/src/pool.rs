@@ -17,8 +17,8 @@ use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
 use fewerbytes_format::page::PageKind;
 use fewerbytes_format::superblock::{
-    magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA,
-    SUPER_MAGIC,
+    index_entries_max, magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
+    FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage, StorageError};
@@ -384,10 +384,13 @@ impl Pool {
         for chunk in key.chunks_mut(8) {
             chunk.copy_from_slice(&rand::random::<u64>().to_le_bytes());
         }
+        // More entries than object slots could never be used, and the super block
+        // refuses them (opening sizes the index from this field).
         let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(1024),
+            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(INDEX_ENTRIES_MIN),
             None => geo.data_blocks,
-        };
+        }
+        .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
         let flags = if meta.is_some() {
             FLAG_SEPARATE_METADATA
         } else {
@@ -1150,17 +1153,31 @@ impl Inner {
             self.next_volume_id
                 .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
             let mut vols = self.volumes.write();
+            // Volumes are created and grown only within the addressable blocks, and a
+            // volume's map is sized from its size: a damaged size must not size it.
+            let mut volume_blocks_total = 0u64;
             for record in &catalog.volumes {
+                let corrupt = |reason: String| EngineError::Corrupt {
+                    region: "catalog",
+                    block: 0,
+                    device: "metadata",
+                    reason,
+                };
                 if !record.size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-                    return Err(EngineError::Corrupt {
-                        region: "catalog",
-                        block: 0,
-                        device: "metadata",
-                        reason: format!(
-                            "volume '{}' size {} is not whole blocks",
-                            record.name, record.size_bytes
-                        ),
-                    });
+                    return Err(corrupt(format!(
+                        "volume '{}' size {} is not whole blocks",
+                        record.name, record.size_bytes
+                    )));
+                }
+                volume_blocks_total =
+                    volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
+                if volume_blocks_total > self.addressable_blocks {
+                    return Err(corrupt(format!(
+                        "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
+                        record.name,
+                        record.size_bytes,
+                        self.addressable_blocks * BLOCK_BYTES as u64
+                    )));
                 }
                 let vol = Arc::new(VolumeState::new(
                     record.slot,

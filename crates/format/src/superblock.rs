@@ -5,8 +5,10 @@
 //! and takes the valid one with the highest generation, so a torn super-block
 //! write leaves the previous checkpoint in force.
 
+use crate::page::{OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES};
 use crate::{
     seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
+    SECTOR_BYTES,
 };
 
 /// "fewrbyts" as a little-endian u64.
@@ -18,6 +20,29 @@ pub const MAX_CATALOG_PAGES: usize = 256;
 /// Longest metadata-device path a data label records.
 pub const MAX_PATH_BYTES: usize = 1024;
 const CRC_OFFSET: usize = 12;
+
+/// Fewest dedup index entries a pool is given, however small.
+pub const INDEX_ENTRIES_MIN: u64 = 1024;
+
+/// Most dedup index entries a pool may record: one per object slot (the index never
+/// holds more fingerprints than there are stored objects), or `INDEX_ENTRIES_MIN`.
+/// Opening sizes the index from this field, so it must be bounded by the geometry.
+pub fn index_entries_max(slab_count: u32, objects_per_slab: u32) -> u64 {
+    (u64::from(slab_count) * u64::from(objects_per_slab)).max(INDEX_ENTRIES_MIN)
+}
+
+/// Largest slab (blocks) a super block may name: 256 MiB. Opening sizes per-slab
+/// tables from it.
+pub const SLAB_BLOCKS_MAX: u32 = 1 << 16;
+/// Most object slots per data block a slab may have (before rounding up to whole
+/// object pages): compressed fragments share blocks, but opening sizes each slab's
+/// object table from `objects_per_slab`, so it must be bounded by the slab.
+pub const OBJECTS_PER_BLOCK_MAX: u32 = 4;
+
+/// Largest checkpoint generation and journal sequence a super block may hold: far
+/// past any pool's lifetime (a sector a nanosecond for 290 years), and the room above
+/// it lets the engine count on without overflow.
+pub const COUNTER_MAX: u64 = (1 << 63) - 1;
 
 /// Flag: data and metadata are on separate devices.
 pub const FLAG_SEPARATE_METADATA: u32 = 1;
@@ -142,6 +167,17 @@ impl SuperBlock {
         let reserve_blocks = r.u64()?;
         let index_entries = r.u64()?;
         let created_unix = r.u64()?;
+        // The next open writes open_gen + 1, the next checkpoint generation + 1, and
+        // the journal counts on from journal_replay_seq.
+        if open_gen == u32::MAX || generation > COUNTER_MAX || journal_replay_seq > COUNTER_MAX {
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!(
+                    "counters out of range (open_gen {open_gen}, generation {generation}, \
+                     journal_replay_seq {journal_replay_seq})"
+                ),
+            });
+        }
         if catalog_pages > MAX_CATALOG_PAGES {
             return Err(FormatError::Invalid {
                 what,
@@ -163,6 +199,34 @@ impl SuperBlock {
             return Err(FormatError::Invalid {
                 what,
                 reason: "slabs do not cover the data blocks".into(),
+            });
+        }
+        check_regions(
+            what,
+            &Regions {
+                flags,
+                data_offset_bytes,
+                data_blocks,
+                slab_blocks,
+                objects_per_slab,
+                slab_count,
+                catalog_pages,
+                catalog_bytes,
+                journal_start_block,
+                journal_sectors,
+                pages_start_block,
+                page_slots,
+                metadata_device_bytes,
+                data_device_bytes,
+            },
+        )?;
+        if index_entries > index_entries_max(slab_count, objects_per_slab) {
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!(
+                    "{index_entries} dedup index entries for {} object slots",
+                    u64::from(slab_count) * u64::from(objects_per_slab)
+                ),
             });
         }
         r.seek(256);
@@ -195,6 +259,119 @@ impl SuperBlock {
             catalog_slots,
         })
     }
+}
+
+/// The geometry fields of a super block, checked together by [`check_regions`].
+struct Regions {
+    flags: u32,
+    data_offset_bytes: u64,
+    data_blocks: u64,
+    slab_blocks: u32,
+    objects_per_slab: u32,
+    slab_count: u32,
+    catalog_pages: usize,
+    catalog_bytes: u32,
+    journal_start_block: u64,
+    journal_sectors: u64,
+    pages_start_block: u64,
+    page_slots: u64,
+    metadata_device_bytes: u64,
+    data_device_bytes: u64,
+}
+
+/// The layout rules of `docs/format.md` ("Devices and regions"): every region lies
+/// inside the device size recorded beside it, no two overlap, the slabs are exactly
+/// those the data region needs, and the catalog fits its pages. Everything the engine
+/// sizes or addresses from these fields is then bounded by the recorded device sizes,
+/// and no product or sum of them overflows.
+fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
+    let invalid = |reason: String| FormatError::Invalid { what, reason };
+    let block = BLOCK_BYTES as u64;
+    if g.slab_blocks > SLAB_BLOCKS_MAX {
+        return Err(invalid(format!(
+            "slabs of {} blocks (max {SLAB_BLOCKS_MAX})",
+            g.slab_blocks
+        )));
+    }
+    let objects_max = (u64::from(g.slab_blocks) * u64::from(OBJECTS_PER_BLOCK_MAX))
+        .div_ceil(OBJECTS_PER_PAGE as u64)
+        * OBJECTS_PER_PAGE as u64;
+    if u64::from(g.objects_per_slab) > objects_max {
+        return Err(invalid(format!(
+            "{} objects per slab of {} blocks (max {objects_max})",
+            g.objects_per_slab, g.slab_blocks
+        )));
+    }
+    if !(g.objects_per_slab as usize).is_multiple_of(OBJECTS_PER_PAGE) {
+        return Err(invalid(format!(
+            "{} objects per slab is not whole pages of {OBJECTS_PER_PAGE}",
+            g.objects_per_slab
+        )));
+    }
+    if u64::from(g.slab_count) != g.data_blocks.div_ceil(u64::from(g.slab_blocks)) {
+        return Err(invalid(format!(
+            "{} slabs of {} blocks for {} data blocks",
+            g.slab_count, g.slab_blocks, g.data_blocks
+        )));
+    }
+    if u64::from(g.catalog_bytes) > (g.catalog_pages * PAGE_PAYLOAD_BYTES) as u64 {
+        return Err(invalid(format!(
+            "a catalog of {} bytes in {} pages",
+            g.catalog_bytes, g.catalog_pages
+        )));
+    }
+    // Half-open byte ranges of each region on its device.
+    let range =
+        |name: &str, start: Option<u64>, len: Option<u64>, device_bytes: u64| match (start, len) {
+            (Some(s), Some(l)) if s.checked_add(l).is_some_and(|e| e <= device_bytes) => {
+                Ok((s, s + l))
+            }
+            _ => Err(invalid(format!(
+                "the {name} does not fit its device of {device_bytes} bytes"
+            ))),
+        };
+    let supers = (0, 2 * block);
+    let journal = range(
+        "journal",
+        g.journal_start_block.checked_mul(block),
+        g.journal_sectors.checked_mul(SECTOR_BYTES as u64),
+        g.metadata_device_bytes,
+    )?;
+    let pages = range(
+        "page store",
+        g.pages_start_block.checked_mul(block),
+        g.page_slots.checked_mul(block),
+        g.metadata_device_bytes,
+    )?;
+    let data = range(
+        "data region",
+        Some(g.data_offset_bytes),
+        g.data_blocks.checked_mul(block),
+        g.data_device_bytes,
+    )?;
+    let overlap = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
+    let mut pairs = vec![
+        ("super blocks", supers, "journal", journal),
+        ("super blocks", supers, "page store", pages),
+        ("journal", journal, "page store", pages),
+    ];
+    if g.flags & FLAG_SEPARATE_METADATA == 0 {
+        pairs.push(("super blocks", supers, "data region", data));
+        pairs.push(("journal", journal, "data region", data));
+        pairs.push(("page store", pages, "data region", data));
+    } else {
+        // Blocks 0 and 1: the label, and the place of its second copy.
+        pairs.push(("data device label", (0, 2 * block), "data region", data));
+    }
+    for (a_name, a, b_name, b) in pairs {
+        if overlap(a, b) {
+            return Err(invalid(format!(
+                "the {a_name} (bytes {}..{}) overlap the {b_name} (bytes {}..{})",
+                a.0, a.1, b.0, b.1
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Block 0 of a separate data device: which pool it belongs to and where its
@@ -303,7 +480,7 @@ mod tests {
             data_offset_bytes: 1 << 20,
             data_blocks: 1000,
             slab_blocks: 512,
-            objects_per_slab: 1536,
+            objects_per_slab: 1512,
             slab_count: 2,
             journal_start_block: 2,
             journal_sectors: 800,
@@ -314,7 +491,7 @@ mod tests {
             metadata_device_bytes: 1 << 30,
             data_device_bytes: 1 << 30,
             reserve_blocks: 4,
-            index_entries: 4096,
+            index_entries: 3024,
             created_unix: 1_700_000_000,
             catalog_slots: vec![3, 4],
         }
@@ -333,6 +510,142 @@ mod tests {
                 "flip at byte {byte} undetected"
             );
         }
+    }
+
+    fn decode_with(change: impl FnOnce(&mut SuperBlock)) -> Result<SuperBlock, FormatError> {
+        let mut sb = sample();
+        change(&mut sb);
+        let mut block = [0u8; BLOCK_BYTES];
+        sb.encode(&mut block);
+        SuperBlock::decode(&block)
+    }
+
+    fn assert_invalid(result: Result<SuperBlock, FormatError>, says: &str) {
+        match result {
+            Err(FormatError::Invalid { reason, .. }) => {
+                assert!(reason.contains(says), "{reason:?} should say {says:?}")
+            }
+            other => panic!("expected Invalid saying {says:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn page_store_past_the_end_of_u64_is_refused() {
+        // Found by the pool_open fuzzer: a super block whose page store starts near
+        // 2^64 bytes decoded fine, and opening the pool panicked multiplying its
+        // first block by 4096 (a wrapped offset in a release build).
+        assert_invalid(
+            decode_with(|sb| sb.pages_start_block = 1 << 60),
+            "the page store does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.page_slots = u64::MAX),
+            "the page store does not fit",
+        );
+    }
+
+    #[test]
+    fn index_larger_than_the_object_slots_is_refused() {
+        // Found by the pool_open fuzzer: opening sized the dedup index from this
+        // field unchecked, and a damaged value asked for 2^57 bytes (an abort).
+        assert_invalid(
+            decode_with(|sb| sb.index_entries = 1 << 54),
+            "18014398509481984 dedup index entries for 3024 object slots",
+        );
+        let small = decode_with(|sb| sb.index_entries = INDEX_ENTRIES_MIN);
+        assert!(small.is_ok(), "{small:?}");
+    }
+
+    #[test]
+    fn regions_must_fit_their_devices_and_not_overlap() {
+        assert_invalid(
+            decode_with(|sb| sb.journal_sectors = u64::MAX / 2),
+            "the journal does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.data_device_bytes = 1 << 20),
+            "the data region does not fit",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.pages_start_block = 50),
+            "the journal (bytes 8192..417792) overlap the page store",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.journal_start_block = 1),
+            "the super blocks (bytes 0..8192) overlap the journal",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.data_offset_bytes = 110 * BLOCK_BYTES as u64),
+            "overlap the data region",
+        );
+        // With a separate metadata device the data region is on another device.
+        let separate = decode_with(|sb| {
+            sb.flags |= FLAG_SEPARATE_METADATA;
+            sb.data_offset_bytes = 110 * BLOCK_BYTES as u64;
+        });
+        assert!(separate.is_ok(), "{separate:?}");
+        assert_invalid(
+            decode_with(|sb| {
+                sb.flags |= FLAG_SEPARATE_METADATA;
+                sb.data_offset_bytes = BLOCK_BYTES as u64;
+            }),
+            "the data device label (bytes 0..8192) overlap the data region",
+        );
+    }
+
+    #[test]
+    fn exhausted_counters_are_refused() {
+        // Found by the pool_open fuzzer: open_gen u32::MAX decoded fine, and opening
+        // panicked computing the next open generation (and would wrap to 0 in a
+        // release build, where journal sectors of generation 0 exist).
+        assert_invalid(
+            decode_with(|sb| sb.open_gen = u32::MAX),
+            "counters out of range (open_gen 4294967295",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.generation = u64::MAX),
+            "generation 18446744073709551615",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.journal_replay_seq = COUNTER_MAX + 1),
+            "journal_replay_seq 9223372036854775808",
+        );
+        let last = decode_with(|sb| sb.open_gen = u32::MAX - 1);
+        assert!(last.is_ok(), "{last:?}");
+    }
+
+    #[test]
+    fn slab_tables_are_bounded_by_the_slab() {
+        // Found by the pool_open fuzzer: objects_per_slab was checked only to be
+        // nonzero, and opening sized every slab's object table from it (a 256 MiB
+        // allocation per slab for a value near 2^32).
+        assert_invalid(
+            decode_with(|sb| sb.objects_per_slab = 4_294_967_244),
+            "4294967244 objects per slab of 512 blocks (max 2100)",
+        );
+        assert_invalid(
+            decode_with(|sb| {
+                sb.slab_blocks = SLAB_BLOCKS_MAX + 1;
+                sb.slab_count = 1;
+            }),
+            "slabs of 65537 blocks (max 65536)",
+        );
+    }
+
+    #[test]
+    fn slabs_and_catalog_must_match_what_they_hold() {
+        assert_invalid(
+            decode_with(|sb| sb.slab_count = u32::MAX),
+            "slabs of 512 blocks for 1000 data blocks",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.objects_per_slab = 1000),
+            "not whole pages",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.catalog_bytes = u32::MAX),
+            "a catalog of 4294967295 bytes in 2 pages",
+        );
     }
 
     #[test]
