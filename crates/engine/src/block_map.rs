@@ -159,3 +159,38 @@ impl VolumeState {
         self.size_blocks.store(size_blocks, Ordering::Release);
     }
 }
+
+/// Whether two map entries read as the same bytes for a read-modify-write that read
+/// one of them: the same entry, or both zeros (ZERO and unmapped).
+pub(crate) fn reads_alike(a: MapEntry, b: MapEntry) -> bool {
+    match (a, b) {
+        (MapEntry::Object(x), MapEntry::Object(y)) => x == y,
+        (MapEntry::Object(_), _) | (_, MapEntry::Object(_)) => false,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_alike;
+    use fewerbytes_format::location::{MapEntry, ObjectId};
+
+    #[test]
+    fn zero_and_unmapped_read_alike_objects_only_themselves() {
+        assert!(reads_alike(MapEntry::Zero, MapEntry::Unmapped));
+        assert!(reads_alike(MapEntry::Unmapped, MapEntry::Zero));
+        assert!(reads_alike(
+            MapEntry::Object(ObjectId(7)),
+            MapEntry::Object(ObjectId(7))
+        ));
+        assert!(!reads_alike(
+            MapEntry::Object(ObjectId(7)),
+            MapEntry::Object(ObjectId(8))
+        ));
+        assert!(!reads_alike(MapEntry::Object(ObjectId(7)), MapEntry::Zero));
+        assert!(!reads_alike(
+            MapEntry::Unmapped,
+            MapEntry::Object(ObjectId(7))
+        ));
+    }
+}

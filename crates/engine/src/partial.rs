@@ -25,7 +25,7 @@
 //!   shared throughout. A plain read that loses a race with any write of its block
 //!   is tried again the same way, under the block's stripe lock (`read_block`).
 
-use crate::block_map::VolumeState;
+use crate::block_map::{reads_alike, VolumeState};
 use crate::pool::Inner;
 use crate::volume::Wait;
 use crate::{EngineError, Result};
@@ -38,20 +38,6 @@ use fewerbytes_format::BLOCK_BYTES;
 /// as zeros, which `reads_alike` accepts. The third is a margin for an argument
 /// that should never fail; the fourth would be a bug, reported rather than looped on.
 pub(crate) const RMW_ATTEMPTS_MAX: u32 = 3;
-
-/// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
-/// block stored and then dropped because a range operation won the race.
-pub(crate) const JOURNAL_BYTES_PER_RMW_RETRY: u64 = 48;
-
-/// Whether two map entries read as the same bytes for a read-modify-write that read
-/// one of them: the same entry, or both zeros (ZERO and unmapped).
-pub(crate) fn reads_alike(a: MapEntry, b: MapEntry) -> bool {
-    match (a, b) {
-        (MapEntry::Object(x), MapEntry::Object(y)) => x == y,
-        (MapEntry::Object(_), _) | (_, MapEntry::Object(_)) => false,
-        _ => true,
-    }
-}
 
 impl Inner {
     /// Read block `lbn` into `block` while holding its stripe lock: only a range
@@ -118,30 +104,5 @@ impl Inner {
              (a bug: only range operations may change a block under its stripe lock)",
             vol.name
         )))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::reads_alike;
-    use fewerbytes_format::location::{MapEntry, ObjectId};
-
-    #[test]
-    fn zero_and_unmapped_read_alike_objects_only_themselves() {
-        assert!(reads_alike(MapEntry::Zero, MapEntry::Unmapped));
-        assert!(reads_alike(MapEntry::Unmapped, MapEntry::Zero));
-        assert!(reads_alike(
-            MapEntry::Object(ObjectId(7)),
-            MapEntry::Object(ObjectId(7))
-        ));
-        assert!(!reads_alike(
-            MapEntry::Object(ObjectId(7)),
-            MapEntry::Object(ObjectId(8))
-        ));
-        assert!(!reads_alike(MapEntry::Object(ObjectId(7)), MapEntry::Zero));
-        assert!(!reads_alike(
-            MapEntry::Unmapped,
-            MapEntry::Object(ObjectId(7))
-        ));
     }
 }

@@ -7,7 +7,6 @@
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::counters::add;
-use crate::partial::JOURNAL_BYTES_PER_RMW_RETRY;
 use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
 use crate::recovery::range_result;
 use crate::slab::{ObjRec, REFCOUNT_MAX};
@@ -449,6 +448,10 @@ impl Volume {
     }
 }
 
+/// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
+/// block stored and then dropped because a range operation won the race.
+const JOURNAL_BYTES_PER_RMW_RETRY: u64 = 48;
+
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;
 
@@ -509,7 +512,7 @@ impl Inner {
             MapEntry::Object(o) => self.read_object(o, out, wait),
         };
         match first {
-            Err(e) if crate::partial::reads_alike(vol.get(lbn), entry) => {
+            Err(e) if crate::block_map::reads_alike(vol.get(lbn), entry) => {
                 Err(in_volume(e, vol, lbn))
             }
             Err(_) => {
@@ -821,7 +824,7 @@ impl Inner {
     /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
     ///
     /// With `expect`, the map is updated only if the block's entry still reads like
-    /// it (`partial::reads_alike`); otherwise nothing changes and the result is
+    /// it (`block_map::reads_alike`); otherwise nothing changes and the result is
     /// `false` (a read-modify-write lost a race with a range operation).
     pub(crate) fn write_block(
         &self,
@@ -870,7 +873,7 @@ impl Inner {
             };
             let mut page = page.lock();
             let i = (lbn % ENTRIES_PER_PAGE) as usize;
-            if expect.is_some_and(|e| !crate::partial::reads_alike(page.get(i), e)) {
+            if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(i), e)) {
                 drop(page);
                 drop(pages);
                 if let Some(o) = entry.object() {
