@@ -169,7 +169,7 @@ impl Inner {
                     }
                 }
                 pages_done += 1;
-                if pages_done % 256 == 0 {
+                if pages_done.is_multiple_of(256) {
                     progress(RepairPhase::ReadingMaps, pages_done, pages_total);
                 }
             }
@@ -346,7 +346,7 @@ impl Inner {
                 }
                 Err(e) => return Err(e),
             }
-            if n % 1024 == 0 {
+            if (n as u64).is_multiple_of(1024) {
                 progress(RepairPhase::VerifyingData, n as u64, total);
             }
         }
