@@ -15,7 +15,9 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::control::{with_local_pool, with_pool, Answer, ControlClient, Request};
+use crate::control::{
+    open_pool, open_pool_for_repair, run_and_close, with_pool, Answer, ControlClient, Request,
+};
 use crate::size::format_size;
 
 /// Exit codes, as fsck(8) has them.
@@ -115,22 +117,30 @@ fn repair(args: &CheckArgs, pool_path: &Path) -> Result<ExitCode> {
         verify_data: args.verify_data,
     };
     let progress = PhaseProgress::new();
-    let report = with_local_pool(pool_path, &OpenOptions::default(), |pool| {
-        pool.repair(&options, &|phase, done, total| {
-            progress.show(phase, done, total)
+    let opened = if args.repair {
+        open_pool_for_repair(pool_path, &OpenOptions::default())
+    } else {
+        open_pool(pool_path, &OpenOptions::default())
+    };
+    let report = opened
+        .and_then(|pool| {
+            run_and_close(pool_path, pool, |pool| {
+                pool.repair(&options, &|phase, done, total| {
+                    progress.show(phase, done, total)
+                })
+                .context("the repair stopped")
+            })
         })
-        .context("the repair stopped")
-    })
-    .map_err(|e| {
-        if is_damage(&e) {
-            e.context(format!(
-                "pool {} cannot be repaired by `check --repair`: its metadata does not load",
-                pool_path.display()
-            ))
-        } else {
-            e
-        }
-    });
+        .map_err(|e| {
+            if args.repair && is_damage(&e) {
+                e.context(format!(
+                    "pool {} cannot be repaired by `check --repair`: its metadata does not load",
+                    pool_path.display()
+                ))
+            } else {
+                e
+            }
+        });
     progress.finish();
     let report = report?;
     Ok(print_repair(&report, args.repair, pool_path))

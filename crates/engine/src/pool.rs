@@ -113,6 +113,8 @@ pub(crate) struct Inner {
     pub fragment_frees: AtomicU64,
     /// Packed blocks emptied by compaction since open.
     pub compacted_blocks: AtomicU64,
+    /// Opened by `check --repair`: what the open may restore (`repair.rs`).
+    pub repair: crate::repair::OpenRepair,
 }
 
 impl Inner {
@@ -459,6 +461,16 @@ impl Pool {
     /// copy is rewritten: a super block copy by the checkpoint every open takes (it
     /// writes the copy the opened one is not), a label here.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_as(path, opts, false)
+    }
+
+    /// Open a pool to repair it (`Pool::repair`): as [`Pool::open`], but a count the
+    /// block maps contradict in a way an open refuses is restored (`repair.rs`).
+    pub fn open_for_repair(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_as(path, opts, true)
+    }
+
+    fn open_as(path: &Path, opts: &OpenOptions, repair: bool) -> Result<Arc<Pool>> {
         let data = FileStorage::open(path)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
@@ -472,7 +484,7 @@ impl Pool {
             .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
             .or_else(|| magic_of(second));
         match kind {
-            Some(SUPER_MAGIC) => Self::open_devices(Arc::new(data), None, opts),
+            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, repair),
             Some(DATA_LABEL_MAGIC) => {
                 let labels = [DataLabel::decode(first), DataLabel::decode(second)];
                 let (label, damaged) = match labels {
@@ -501,10 +513,11 @@ impl Pool {
                 }
                 let meta = FileStorage::open(Path::new(&label.metadata_path))?;
                 let data: Arc<dyn Storage> = Arc::new(data);
-                let pool = Self::open_devices(
+                let pool = Self::open_devices_as(
                     data.clone(),
                     Some((Arc::new(meta), label.metadata_path.clone())),
                     opts,
+                    repair,
                 )?;
                 if pool.inner.nonce != label.nonce {
                     return Err(EngineError::Refused(format!(
@@ -641,6 +654,24 @@ impl Pool {
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
     ) -> Result<Arc<Pool>> {
+        Self::open_devices_as(data, meta, opts, false)
+    }
+
+    /// [`Pool::open_for_repair`] on devices already opened.
+    pub fn open_devices_for_repair(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opts: &OpenOptions,
+    ) -> Result<Arc<Pool>> {
+        Self::open_devices_as(data, meta, opts, true)
+    }
+
+    fn open_devices_as(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opts: &OpenOptions,
+        repair: bool,
+    ) -> Result<Arc<Pool>> {
         let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
             Some((m, p)) => (m, Some(p)),
@@ -735,6 +766,7 @@ impl Pool {
             dirty_pages,
             fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
+            repair: crate::repair::OpenRepair::new(repair),
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -1201,6 +1233,7 @@ impl Inner {
             tracing::info!("replaying {} journal records", records.len());
             self.replay(&records)?;
         }
+        self.restore_counts()?;
         self.rebuild()?;
         // A fresh checkpoint in the new open generation retires the replayed journal.
         self.sb.lock().open_gen = sb.open_gen + 1;

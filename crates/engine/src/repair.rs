@@ -75,6 +75,23 @@ pub struct RepairReport {
     pub damage_left: Vec<String>,
 }
 
+/// What an open for repair may do, and what it did (reported by the repair).
+pub(crate) struct OpenRepair {
+    /// Opened by [`Pool::open_for_repair`].
+    enabled: bool,
+    /// Counts the open restored, one sentence each.
+    restored: parking_lot::Mutex<Vec<String>>,
+}
+
+impl OpenRepair {
+    pub(crate) fn new(enabled: bool) -> OpenRepair {
+        OpenRepair {
+            enabled,
+            restored: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+}
+
 /// A map entry naming an object that is not stored.
 struct Dangling {
     volume: String,
@@ -101,7 +118,10 @@ impl Pool {
             // every holder one a record accounts for.
             i.release_open_space()?;
         }
-        let mut report = RepairReport::default();
+        let mut report = RepairReport {
+            repairs: std::mem::take(&mut *i.repair.restored.lock()),
+            ..RepairReport::default()
+        };
         // Holders against the records as they are (a freed leak's blocks are not a
         // second finding), then the records against the maps.
         i.check_holders(options.apply, &mut report);
@@ -123,6 +143,76 @@ impl Pool {
 }
 
 impl Inner {
+    /// At open, after replay: records with no references whose object the block maps
+    /// still name. The open's rebuild would free them (a record without references is
+    /// an object stored but never mapped before a crash), so their entries would name
+    /// nothing. A normal open refuses the pool instead; an open for repair restores
+    /// each count from the maps when the object's data still matches its fingerprint
+    /// (the record keeps its location and fingerprint), and leaves it to be freed, its
+    /// entries read as lost by the repair, when it does not.
+    pub(crate) fn restore_counts(&self) -> Result<()> {
+        // Object id → (references, the first volume and block naming it).
+        let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
+        for vol in self.volumes.read().iter().flatten() {
+            vol.for_each_mapped(|lbn, e| {
+                let Some(o) = e.object().filter(|&o| self.valid_object(o)) else {
+                    return;
+                };
+                let (s, idx) = self.split_object(o);
+                let rec = self.slab(s).lock().rec(idx);
+                if rec.refcount == 0 && rec.fingerprint != [0; 32] {
+                    found
+                        .entry(o.0)
+                        .or_insert_with(|| (0, vol.name.clone(), lbn))
+                        .0 += 1;
+                }
+            });
+        }
+        let Some((&first, (refs, volume, lbn))) = found.iter().next() else {
+            return Ok(());
+        };
+        if !self.repair.enabled {
+            return Err(EngineError::Corrupt {
+                region: "slab object page",
+                block: 0,
+                device: "metadata",
+                reason: format!(
+                    "{} object(s) record no references while block maps refer to them                      (object {first}: {refs}, the first from block {lbn} of volume '{volume}');                      `fewerbytes check --repair` restores their counts",
+                    found.len()
+                ),
+            });
+        }
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        for (id, (refs, ..)) in found {
+            let o = ObjectId(id);
+            if !self.stored(o) {
+                continue;
+            }
+            let (s, idx) = self.split_object(o);
+            let count = refs.min(u64::from(REFCOUNT_MAX)) as u32;
+            if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+                rec.refcount = count;
+            }
+            let sentence = match self.read_object(o, &mut buf, Wait::Yes) {
+                Ok(_) => format!(
+                    "object {id}: reference count 0 → {count} (its data matches its fingerprint)"
+                ),
+                Err(EngineError::Corrupt { reason, .. }) => {
+                    if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+                        rec.refcount = 0;
+                    }
+                    format!(
+                        "object {id}: reference count 0 but maps hold {count}, and its data                          cannot be used ({reason}): not restored"
+                    )
+                }
+                Err(e) => return Err(e),
+            };
+            tracing::warn!("{sentence}");
+            self.repair.restored.lock().push(sentence);
+        }
+        Ok(())
+    }
+
     /// Whether object `o` is stored: its record has a fingerprint and a location in
     /// its own slab. A free record is all zeros.
     fn stored(&self, o: ObjectId) -> bool {

@@ -8,8 +8,9 @@
 mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, Storage};
-use fewerbytes_engine::{EngineError, RepairOptions, RepairPhase, RepairReport};
+use fewerbytes_engine::{EngineError, OpenOptions, Pool, RepairOptions, RepairPhase, RepairReport};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
+use std::sync::Arc;
 
 const REPAIR: RepairOptions = RepairOptions {
     apply: true,
@@ -268,4 +269,65 @@ fn verifying_data_names_the_volume_bytes_of_a_block_that_fails_its_fingerprint()
     // Left in place: the block still fails to read, the others read.
     assert!(read_block(&t, 2).is_err());
     assert_eq!(read_block(&t, 0).unwrap(), shared);
+}
+
+/// Close the pool and open it again for repair.
+fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
+    if let Some(p) = t.pool.take() {
+        p.close().expect("close");
+    }
+    let pool = Pool::open_devices_for_repair(
+        t.dev.clone() as Arc<dyn Storage>,
+        None,
+        &OpenOptions { threads: Some(2) },
+    )?;
+    t.pool = Some(pool);
+    Ok(())
+}
+
+#[test]
+fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repair() {
+    // A record with no references is freed by the open's rebuild, which would leave
+    // both entries naming nothing. The record still holds the object's location and
+    // fingerprint, so the data is not lost: a normal open refuses the pool, and an
+    // open for repair restores the count once the data matches its fingerprint.
+    let (mut t, shared, own) = pool_with_data();
+    let object = t
+        .pool()
+        .object_of("a", 0)
+        .unwrap()
+        .expect("block 0 is stored");
+    t.pool().damage_reference_count(object, 0).unwrap();
+    t.pool.take().unwrap().close().unwrap();
+    let refused = Pool::open_devices(
+        t.dev.clone() as Arc<dyn Storage>,
+        None,
+        &OpenOptions { threads: Some(2) },
+    );
+    match refused {
+        Err(e @ EngineError::Corrupt { .. }) => {
+            let message = e.to_string();
+            assert!(
+                message.contains(&format!("object {object}: 2")),
+                "{message}"
+            );
+            assert!(message.contains("check --repair"), "{message}");
+        }
+        Err(other) => panic!("expected a corruption error, got {other}"),
+        Ok(_) => panic!("a pool whose maps name an object without references opened"),
+    }
+
+    reopen_for_repair(&mut t).expect("an open for repair");
+    let report = repair(&t, &REPAIR);
+    assert_said(
+        &report,
+        &format!("object {object}: reference count 0 → 2 (its data matches its fingerprint)"),
+    );
+    assert_eq!(report.lost_bytes, 0);
+    assert_audit_clean(&t);
+    t.reopen();
+    assert_audit_clean(&t);
+    assert_eq!(read_block(&t, 0).unwrap(), shared);
+    assert_eq!(read_block(&t, 1).unwrap(), shared);
+    assert_eq!(read_block(&t, 2).unwrap(), own);
 }
