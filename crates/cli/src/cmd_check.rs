@@ -221,9 +221,11 @@ impl PhaseProgress {
 
     fn show(&self, phase: RepairPhase, done: u64, total: u64) {
         if let Some(bar) = &self.bar {
-            bar.set_message(phase.describe());
+            // Length and position first: a redraw between the calls then never shows
+            // the new phase with the old phase's percentage.
             bar.set_length(total.max(1));
             bar.set_position(done);
+            bar.set_message(phase.describe());
         }
     }
 
