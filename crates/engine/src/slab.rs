@@ -9,6 +9,8 @@
 use fewerbytes_format::location::Location;
 use fewerbytes_format::page::OBJECTS_PER_PAGE;
 
+use crate::error::{EngineError, Result};
+
 /// Largest reference count; a duplicate of an object at this count gets a new copy.
 pub const REFCOUNT_MAX: u32 = u32::MAX - 1;
 
@@ -226,19 +228,26 @@ impl Slab {
         }
     }
 
-    /// Drop a holder of block `b`; at zero it becomes pending-free.
-    pub fn drop_block(&mut self, b: u32) {
-        if let Some(h) = self.holders.get_mut(b as usize) {
-            debug_assert!(
-                *h > 0,
-                "block {b} of slab {} dropped below zero holders",
-                self.index
-            );
-            *h = h.saturating_sub(1);
-            if *h == 0 {
-                self.pending_blocks.push(b);
-            }
+    /// Drop a holder of block `b`; at zero it becomes pending-free. A block with no
+    /// holder (or none such) is an [`EngineError::Invariant`]: every drop pairs with a
+    /// hold, so the holders recorded are wrong, and a block freed under a live
+    /// fragment would be overwritten.
+    pub fn drop_block(&mut self, b: u32) -> Result<()> {
+        let index = self.index;
+        let h = self.holders.get_mut(b as usize).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a holder dropped from block {b} of slab {index}, which has no such block"
+            ))
+        })?;
+        *h = h.checked_sub(1).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "block {b} of slab {index} dropped below zero holders"
+            ))
+        })?;
+        if *h == 0 {
+            self.pending_blocks.push(b);
         }
+        Ok(())
     }
 
     /// Holders of block `b`.
@@ -247,14 +256,23 @@ impl Slab {
     }
 
     /// Drop one reference to object `i`. Returns the record if that freed it; then
-    /// its blocks lose their holder and the slot becomes pending-free.
-    pub fn drop_ref(&mut self, i: u32) -> Option<ObjRec> {
-        let first_pbn = self.first_pbn;
-        let rec = self.rec_mut(i)?;
-        debug_assert!(rec.refcount > 0, "object {i} dropped below zero references");
-        rec.refcount = rec.refcount.saturating_sub(1);
+    /// its blocks lose their holder and the slot becomes pending-free. A reference
+    /// dropped from a free object is an [`EngineError::Invariant`], and the record is
+    /// left as it was: a map named the object without its count saying so.
+    pub fn drop_ref(&mut self, i: u32) -> Result<Option<ObjRec>> {
+        let (first_pbn, index) = (self.first_pbn, self.index);
+        let rec = self.rec_mut(i).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a reference dropped from object {i} of slab {index}, which has no such object"
+            ))
+        })?;
+        rec.refcount = rec.refcount.checked_sub(1).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "object {i} of slab {index} dropped below zero references"
+            ))
+        })?;
         if rec.refcount > 0 {
-            return None;
+            return Ok(None);
         }
         let freed = *rec;
         *rec = ObjRec::default();
@@ -262,10 +280,10 @@ impl Slab {
         if let Ok(loc) = Location::decode(freed.location) {
             let (first, count) = loc.blocks();
             for b in first..first + count {
-                self.drop_block((b - first_pbn) as u32);
+                self.drop_block((b - first_pbn) as u32)?;
             }
         }
-        Some(freed)
+        Ok(Some(freed))
     }
 
     /// Take the pending frees; they become allocatable after the next checkpoint.
@@ -336,6 +354,7 @@ impl Slab {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -350,7 +369,7 @@ mod tests {
             fingerprint: [1; 32],
         };
         slab.hold_block(b);
-        assert!(slab.drop_ref(o).is_some());
+        assert!(slab.drop_ref(o).unwrap().is_some());
         assert!(
             !slab.alloc_block_at(b),
             "a pending-free block must stay allocated"
@@ -358,5 +377,42 @@ mod tests {
         let (objs, blocks) = slab.take_pending();
         slab.release(&objs, &blocks);
         assert!(slab.alloc_block_at(b));
+    }
+
+    // Counts below zero used to be clamped (`saturating_sub`, with only a
+    // `debug_assert!`): in a release build a map naming a freed object, or a block
+    // dropped twice, went unnoticed until the block was reused under live data.
+    #[test]
+    fn counts_below_zero_are_reported_not_clamped() {
+        let mut slab = Slab::new(3, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
+        let b = slab.alloc_block().unwrap();
+        let o = slab.alloc_object().unwrap();
+        *slab.rec_mut(o).unwrap() = ObjRec {
+            location: Location::Block { pbn: u64::from(b) }.encode(),
+            refcount: 1,
+            fingerprint: [1; 32],
+        };
+        slab.hold_block(b);
+        assert!(
+            slab.drop_ref(o).unwrap().is_some(),
+            "the last reference frees it"
+        );
+        let err = slab.drop_ref(o).expect_err("a reference below zero");
+        assert!(
+            matches!(&err, EngineError::Invariant(why) if why.contains(&format!("object {o} of slab 3 dropped below zero references"))),
+            "{err}"
+        );
+        assert_eq!(
+            slab.rec(o),
+            ObjRec::default(),
+            "the record is left as it was"
+        );
+        let err = slab.drop_block(b).expect_err("a holder below zero");
+        assert!(
+            matches!(&err, EngineError::Invariant(why) if why.contains(&format!("block {b} of slab 3 dropped below zero holders"))),
+            "{err}"
+        );
+        assert_eq!(slab.holders(b), 0);
+        assert!(slab.drop_block(64).is_err(), "a block past the slab's end");
     }
 }

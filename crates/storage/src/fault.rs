@@ -210,6 +210,7 @@ impl Storage for FaultStorage {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
