@@ -1,11 +1,15 @@
-//! Clients that stall while holding buffers must not keep other clients waiting.
-//! Alone in its own test binary: it fills the server-wide buffer pool on purpose.
+//! Clients that stall while holding buffers or request slots must not keep other
+//! clients waiting. Alone in its own test binary: it fills the server-wide buffer
+//! pool on purpose.
 
 mod common;
 
 use common::*;
 use fewerbytes_nbd::protocol::*;
-use fewerbytes_nbd::{MemoryExport, MemoryExports, ServerConfig, INFLIGHT_BUFFER_BYTES_MAX};
+use fewerbytes_nbd::{
+    MemoryExport, MemoryExports, ServerConfig, CONNECTION_RESERVED_REQUESTS,
+    INFLIGHT_BUFFER_BYTES_MAX,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,4 +87,65 @@ fn stalled_clients_holding_large_buffers_do_not_keep_a_good_client_waiting() {
     good.disconnect();
     drop(writers);
     drop(reader);
+}
+
+#[test]
+fn connections_holding_every_shared_request_slot_do_not_keep_a_good_client_waiting() {
+    // Bug: request slots came from one server-wide count only, so connections whose
+    // requests were stuck (in a slow export here; a client that stops reading its
+    // replies holds them the same way, for up to REPLY_WRITE_TIMEOUT) took every
+    // slot, and no other client's request was even read until they let go.
+    const GATED: u64 = 0;
+    const TOTAL: usize = 16;
+    let config = ServerConfig {
+        max_inflight_total: TOTAL,
+        ..ServerConfig::default()
+    };
+    let (t, gate) = gated_server(config, GATED);
+    let mut stalled = Vec::new();
+    for i in 0..2u64 {
+        let mut c = t.connect();
+        c.handshake();
+        c.go("g", &[]).expect("GO");
+        for j in 0..32u64 {
+            c.send_request(0, CMD_READ, i * 100 + j, GATED, 512, &[]);
+        }
+        stalled.push(c);
+    }
+    // Wait (bounded) until they hold their reserves and the whole shared pool.
+    let held = 2 * CONNECTION_RESERVED_REQUESTS + TOTAL;
+    let started = Instant::now();
+    while t.server.inflight_requests() < held {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stuck requests never held the shared slots ({} held)",
+            t.server.inflight_requests()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let mut good = t.connect();
+    good.s
+        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
+        .expect("timeout");
+    good.handshake();
+    good.go("g", &[]).expect("GO");
+    let data = vec![0x5a; 4096];
+    good.send_request(0, CMD_WRITE, 1, 1 << 20, 4096, &data);
+    assert_eq!(good.simple_reply(), (0, 1), "the good client's write");
+    good.send_request(0, CMD_READ, 2, 1 << 20, 4096, &[]);
+    assert_eq!(good.simple_reply(), (0, 2), "the good client's read");
+    assert!(
+        good.read_bytes(4096) == data,
+        "the good client read back other bytes"
+    );
+    good.disconnect();
+
+    gate.open_gate();
+    for c in &mut stalled {
+        for _ in 0..32 {
+            assert_eq!(c.simple_reply().0, 0);
+            c.read_bytes(512);
+        }
+    }
 }
