@@ -63,10 +63,10 @@ impl Inner {
             } = v.location
             {
                 let mut bytes = vec![0u8; usize::from(len_bytes)];
-                let r = self
-                    .data
-                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes);
-                self.check_io(r)?;
+                // A failed read ends this round without latching the pool: nothing
+                // was changed yet (see `read_data`).
+                self.data
+                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes)?;
                 moved.push((v, bytes));
             }
         }

@@ -607,12 +607,14 @@ impl Inner {
     }
 
     /// Read data-device bytes; with `Wait::No`, only if they are cached (false if not).
+    /// A failed read fails its request and does not latch the pool: nothing was
+    /// changed, and a bad sector under one block must not stop writes to the rest.
     fn read_data(&self, buf: &mut [u8], offset_bytes: u64, wait: Wait) -> Result<bool> {
         let r = match wait {
             Wait::Yes => self.data.read_at(buf, offset_bytes).map(|()| true),
             Wait::No => self.data.read_at_cached(buf, offset_bytes),
         };
-        self.check_io(r)
+        Ok(r?)
     }
 
     fn read_location(
