@@ -1,7 +1,8 @@
 //! `fewerbytes serve` as a service: readiness told to a service manager over a real
 //! `NOTIFY_SOCKET` datagram socket (no earlier than every socket accepts), stops on
 //! SIGTERM and SIGINT that flush and close (even with the socket files deleted or taken
-//! over), a second signal that exits at once, a restart after SIGKILL serving the same
+//! over, or with 200 idle connections and a stalled write), a second signal that exits
+//! at once, a restart after SIGKILL serving the same
 //! data, log levels and the journal's line format, and the control socket at a path of
 //! its own. The unit file and the installer are `packaging.rs`'s.
 //!
@@ -190,9 +191,8 @@ fn a_stop_leaves_alone_socket_files_another_server_took_over() {
     );
 }
 
-/// A client that asks for 32 MiB and reads only the reply's header: its reply cannot
-/// be written, so a clean stop waits for it (up to the server's grace period).
-fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
+/// A session on `export` opened with NBD_OPT_EXPORT_NAME, as the oldest clients do.
+fn open_session(socket: &Path, export: &str) -> UnixStream {
     let mut stream = UnixStream::connect(socket).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -209,15 +209,28 @@ fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
     stream.write_all(&option).expect("option");
     let mut export_info = [0u8; 10]; // size (8) and transmission flags (2)
     stream.read_exact(&mut export_info).expect("export info");
-    // NBD_CMD_READ of 32 MiB at offset 0.
+    stream
+}
+
+/// An NBD request header: `kind` (0 read, 1 write) of `len` bytes at offset 0.
+fn request_header(kind: u16, len: u32) -> Vec<u8> {
     let mut request = Vec::with_capacity(28);
     request.extend_from_slice(&0x2560_9513u32.to_be_bytes());
     request.extend_from_slice(&0u16.to_be_bytes());
-    request.extend_from_slice(&0u16.to_be_bytes());
+    request.extend_from_slice(&kind.to_be_bytes());
     request.extend_from_slice(&7u64.to_be_bytes());
     request.extend_from_slice(&0u64.to_be_bytes());
-    request.extend_from_slice(&(32u32 << 20).to_be_bytes());
-    stream.write_all(&request).expect("read request");
+    request.extend_from_slice(&len.to_be_bytes());
+    request
+}
+
+/// A client that asks for 32 MiB and reads only the reply's header: its reply cannot
+/// be written, so a clean stop waits for it (up to the server's grace period).
+fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
+    let mut stream = open_session(socket, export);
+    stream
+        .write_all(&request_header(0, 32 << 20))
+        .expect("read request");
     let mut reply_header = [0u8; 16];
     stream.read_exact(&mut reply_header).expect("reply header");
     assert_eq!(
@@ -226,6 +239,64 @@ fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
         "simple reply"
     );
     stream
+}
+
+/// Idle connections the next test holds open (a socket on each end and a server
+/// thread each; far below the server's 512 and any descriptor limit).
+const IDLE_CONNECTIONS: usize = 200;
+
+#[test]
+fn idle_connections_and_a_stalled_write_neither_starve_a_client_nor_hold_a_stop() {
+    // Issue 11, item 5: 200 idle connections (half still negotiating) and a client
+    // that sent half a write's payload and stopped must neither keep a good client
+    // waiting nor make SIGTERM wait out the server's grace period.
+    let dir = TempDir::new("idle");
+    let pool = create_pool(dir.path(), &[("vm1", "64M")]);
+    let mut serve = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "serve");
+    serve.wait_listening();
+    let mut idle = Vec::new();
+    for i in 0..IDLE_CONNECTIONS {
+        if i % 2 == 0 {
+            idle.push(open_session(&serve.socket, "vm1"));
+        } else {
+            let mut greeted = UnixStream::connect(&serve.socket).expect("connect");
+            let mut greeting = [0u8; 18];
+            greeted.read_exact(&mut greeting).expect("greeting");
+            idle.push(greeted);
+        }
+    }
+    let mut stalled = open_session(&serve.socket, "vm1");
+    stalled
+        .write_all(&request_header(1, 1 << 20))
+        .expect("write request");
+    stalled
+        .write_all(&[0x99; 512 << 10])
+        .expect("half the payload");
+
+    qemu_io(
+        &serve.unix_uri("vm1"),
+        &["write -P 0x22 4M 1M".into(), "read -P 0x22 4M 1M".into()],
+    );
+    let ran = serve.cli(&["stats", "--json"]);
+    assert!(
+        ran.status.success(),
+        "stats while held
+{}",
+        ran.report()
+    );
+
+    serve.signal(libc::SIGTERM);
+    let exit = serve.wait_exit(fewerbytes_nbd::SHUTDOWN_GRACE, "SIGTERM");
+    assert_eq!(exit.code(), Some(0), "{}", serve.logs());
+    drop(idle);
+    drop(stalled);
+    assert_pool_reopens_clean(&pool);
+    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
+    again.wait_listening();
+    qemu_io(
+        &again.unix_uri("vm1"),
+        &["read -P 0x22 4M 1M".into(), "read -P 0 0 1M".into()],
+    );
 }
 
 #[test]

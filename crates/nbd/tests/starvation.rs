@@ -8,7 +8,7 @@ use common::*;
 use fewerbytes_nbd::protocol::*;
 use fewerbytes_nbd::{
     MemoryExport, MemoryExports, ServerConfig, CONNECTION_RESERVED_REQUESTS,
-    INFLIGHT_BUFFER_BYTES_MAX,
+    INFLIGHT_BUFFER_BYTES_MAX, SHUTDOWN_GRACE,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -148,4 +148,73 @@ fn connections_holding_every_shared_request_slot_do_not_keep_a_good_client_waiti
             c.read_bytes(512);
         }
     }
+}
+
+/// Idle connections this test holds open (each costs a socket on both ends and a
+/// server thread).
+const IDLE_CONNECTIONS: usize = 200;
+
+#[test]
+fn idle_connections_and_a_client_stalled_mid_payload_keep_no_one_waiting() {
+    // The property (issue 11, item 5): 200 idle connections, some still negotiating,
+    // and a client that sent half a write's payload and stopped, neither keep a good
+    // client from being served nor make a stop wait out its grace period.
+    let t = TestServer::start();
+    let mut idle = Vec::new();
+    for i in 0..IDLE_CONNECTIONS {
+        let mut c = t.connect();
+        c.handshake();
+        if i % 2 == 0 {
+            c.go("a", &[]).expect("GO");
+        }
+        idle.push(c);
+    }
+    let mut stalled = t.connect();
+    stalled.handshake();
+    stalled.go("a", &[]).expect("GO");
+    stalled.send_request(0, CMD_WRITE, 1, 0, 1 << 20, &[7; 512 << 10]);
+    // Wait (bounded) until the server holds every one of them.
+    let started = Instant::now();
+    while t.server.connections() < IDLE_CONNECTIONS + 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "only {} connections open",
+            t.server.connections()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let mut good = t.connect();
+    good.s
+        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
+        .expect("timeout");
+    good.handshake();
+    good.go("b", &[]).expect("GO");
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    good.send_request(0, CMD_WRITE, 1, 0, 1 << 20, &data);
+    assert_eq!(good.simple_reply(), (0, 1), "the good client's write");
+    good.send_request(0, CMD_READ, 2, 0, 1 << 20, &[]);
+    assert_eq!(good.simple_reply(), (0, 2), "the good client's read");
+    assert!(
+        good.read_bytes(1 << 20) == data,
+        "the good client read back other bytes"
+    );
+    good.disconnect();
+
+    // A stop ends every one of them without waiting out the grace period (after
+    // which it would drop them anyway).
+    let started = Instant::now();
+    t.server.shutdown();
+    assert!(
+        started.elapsed() < SHUTDOWN_GRACE,
+        "the stop took {:?}: it waited out its grace period",
+        started.elapsed()
+    );
+    assert_eq!(t.server.connections(), 0);
+    stalled.assert_dropped();
+    for mut c in idle {
+        c.assert_dropped();
+    }
+    // The stalled write was never applied.
+    assert_eq!(t.a.contents(0, 4096), vec![0; 4096]);
 }
