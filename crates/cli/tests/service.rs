@@ -2,9 +2,8 @@
 //! `NOTIFY_SOCKET` datagram socket (no earlier than every socket accepts), stops on
 //! SIGTERM and SIGINT that flush and close (even with the socket files deleted or taken
 //! over, or with 200 idle connections and a stalled write), a second signal that exits
-//! at once, a restart after SIGKILL serving the same
-//! data, log levels and the journal's line format, and the control socket at a path of
-//! its own. The unit file and the installer are `packaging.rs`'s.
+//! at once, a restart after SIGKILL serving the same data, log levels and the
+//! journal's line format, and the control socket at a path of its own. The unit file and the installer are `packaging.rs`'s.
 //!
 //! Each test runs the real binary on its own pool, sockets and port.
 
