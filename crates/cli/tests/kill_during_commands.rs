@@ -10,7 +10,9 @@
 mod common;
 
 use common::data::mixed_image;
-use common::{create_pool, fewerbytes, fewerbytes_bin, fewerbytes_ok, Server, TempDir};
+use common::{
+    create_pool, fewerbytes, fewerbytes_bin, fewerbytes_ok, volume_names, Server, TempDir,
+};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,16 +55,6 @@ fn export(pool: &Path, dir: &Path, name: &str) -> Option<Vec<u8>> {
     let out_str = out.to_str().expect("utf-8 temp path");
     fewerbytes_ok(pool, &["volume", "export", name, out_str]);
     Some(std::fs::read(&out).expect("read export"))
-}
-
-fn volume_names(pool: &Path) -> Vec<String> {
-    let ran = fewerbytes_ok(pool, &["volume", "list", "--json"]);
-    let list: serde_json::Value = serde_json::from_str(&ran.stdout).expect("json");
-    list.as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v["name"].as_str().expect("name").to_string())
-        .collect()
 }
 
 /// Runs `op` through a served pool, kills the server `delay_ms` after starting the

@@ -358,9 +358,9 @@ impl Slab {
 mod tests {
     use super::*;
 
-    #[test]
-    fn freed_block_is_not_reused_before_release() {
-        let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
+    /// Slab `index` with one whole-block object of one reference: (slab, block, object).
+    fn slab_with_one_object(index: u32) -> (Slab, u32, u32) {
+        let mut slab = Slab::new(index, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
         let b = slab.alloc_block().unwrap();
         let o = slab.alloc_object().unwrap();
         *slab.rec_mut(o).unwrap() = ObjRec {
@@ -369,6 +369,12 @@ mod tests {
             fingerprint: [1; 32],
         };
         slab.hold_block(b);
+        (slab, b, o)
+    }
+
+    #[test]
+    fn freed_block_is_not_reused_before_release() {
+        let (mut slab, b, o) = slab_with_one_object(0);
         assert!(slab.drop_ref(o).unwrap().is_some());
         assert!(
             !slab.alloc_block_at(b),
@@ -384,15 +390,7 @@ mod tests {
     // dropped twice, went unnoticed until the block was reused under live data.
     #[test]
     fn counts_below_zero_are_reported_not_clamped() {
-        let mut slab = Slab::new(3, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
-        let b = slab.alloc_block().unwrap();
-        let o = slab.alloc_object().unwrap();
-        *slab.rec_mut(o).unwrap() = ObjRec {
-            location: Location::Block { pbn: u64::from(b) }.encode(),
-            refcount: 1,
-            fingerprint: [1; 32],
-        };
-        slab.hold_block(b);
+        let (mut slab, b, o) = slab_with_one_object(3);
         assert!(
             slab.drop_ref(o).unwrap().is_some(),
             "the last reference frees it"

@@ -20,6 +20,44 @@ const REQUEST_BYTES: u64 = 32 << 20;
 /// waited for the stalled clients' timeouts (120 s and more).
 const GOOD_CLIENT_LIMIT: Duration = Duration::from_secs(10);
 
+/// A good client on `export` writes `len` bytes at `offset` and reads them back,
+/// each answered within [`GOOD_CLIENT_LIMIT`].
+fn good_client_is_served(t: &TestServer, export: &str, offset: u64, len: u64) {
+    let mut good = t.connect();
+    good.s
+        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
+        .expect("timeout");
+    good.handshake();
+    good.go(export, &[]).expect("GO");
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    good.send_request(0, CMD_WRITE, 1, offset, len, &data);
+    assert_eq!(
+        good.simple_reply(),
+        (0, 1),
+        "the good client's write failed"
+    );
+    good.send_request(0, CMD_READ, 2, offset, len, &[]);
+    assert_eq!(good.simple_reply(), (0, 2), "the good client's read failed");
+    assert!(
+        good.read_bytes(len as usize) == data,
+        "the good client read back other bytes"
+    );
+    good.disconnect();
+}
+
+/// Wait (bounded) until `held()` reaches `want`.
+fn wait_until_held(what: &str, want: u64, held: impl Fn() -> u64) {
+    let started = Instant::now();
+    while held() < want {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what}: {} held, never {want}",
+            held()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn stalled_clients_holding_large_buffers_do_not_keep_a_good_client_waiting() {
     // Bug: every connection drew its buffers from one server-wide budget, so a client
@@ -51,40 +89,12 @@ fn stalled_clients_holding_large_buffers_do_not_keep_a_good_client_waiting() {
     }
     // Wait (bounded) until the stalled clients hold the whole shared pool: the one
     // reader at most its share, the writers the rest.
-    let started = Instant::now();
-    loop {
-        let held = t.server.stats().inflight_buffer_bytes;
-        if held >= INFLIGHT_BUFFER_BYTES_MAX {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the stalled clients never held the pool ({held} bytes held)"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_held("buffer bytes", INFLIGHT_BUFFER_BYTES_MAX, || {
+        t.server.stats().inflight_buffer_bytes
+    });
 
     // A good client writes and reads 1 MiB, and is answered within the bound.
-    let mut good = t.connect();
-    good.s
-        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
-        .expect("timeout");
-    good.handshake();
-    good.go("b", &[]).expect("GO");
-    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    good.send_request(0, CMD_WRITE, 1, 4096, 1 << 20, &data);
-    assert_eq!(
-        good.simple_reply(),
-        (0, 1),
-        "the good client's write failed"
-    );
-    good.send_request(0, CMD_READ, 2, 4096, 1 << 20, &[]);
-    assert_eq!(good.simple_reply(), (0, 2), "the good client's read failed");
-    assert!(
-        good.read_bytes(1 << 20) == data,
-        "the good client read back other bytes"
-    );
-    good.disconnect();
+    good_client_is_served(&t, "b", 4096, 1 << 20);
     drop(writers);
     drop(reader);
 }
@@ -114,32 +124,11 @@ fn connections_holding_every_shared_request_slot_do_not_keep_a_good_client_waiti
     }
     // Wait (bounded) until they hold their reserves and the whole shared pool.
     let held = 2 * CONNECTION_RESERVED_REQUESTS + TOTAL;
-    let started = Instant::now();
-    while t.server.inflight_requests() < held {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the stuck requests never held the shared slots ({} held)",
-            t.server.inflight_requests()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_held("request slots", held as u64, || {
+        t.server.inflight_requests() as u64
+    });
 
-    let mut good = t.connect();
-    good.s
-        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
-        .expect("timeout");
-    good.handshake();
-    good.go("g", &[]).expect("GO");
-    let data = vec![0x5a; 4096];
-    good.send_request(0, CMD_WRITE, 1, 1 << 20, 4096, &data);
-    assert_eq!(good.simple_reply(), (0, 1), "the good client's write");
-    good.send_request(0, CMD_READ, 2, 1 << 20, 4096, &[]);
-    assert_eq!(good.simple_reply(), (0, 2), "the good client's read");
-    assert!(
-        good.read_bytes(4096) == data,
-        "the good client read back other bytes"
-    );
-    good.disconnect();
+    good_client_is_served(&t, "g", 1 << 20, 4096);
 
     gate.open_gate();
     for c in &mut stalled {
@@ -174,32 +163,11 @@ fn idle_connections_and_a_client_stalled_mid_payload_keep_no_one_waiting() {
     stalled.go("a", &[]).expect("GO");
     stalled.send_request(0, CMD_WRITE, 1, 0, 1 << 20, &[7; 512 << 10]);
     // Wait (bounded) until the server holds every one of them.
-    let started = Instant::now();
-    while t.server.connections() < IDLE_CONNECTIONS + 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "only {} connections open",
-            t.server.connections()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_held("connections", IDLE_CONNECTIONS as u64 + 1, || {
+        t.server.connections() as u64
+    });
 
-    let mut good = t.connect();
-    good.s
-        .set_read_timeout(Some(GOOD_CLIENT_LIMIT))
-        .expect("timeout");
-    good.handshake();
-    good.go("b", &[]).expect("GO");
-    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    good.send_request(0, CMD_WRITE, 1, 0, 1 << 20, &data);
-    assert_eq!(good.simple_reply(), (0, 1), "the good client's write");
-    good.send_request(0, CMD_READ, 2, 0, 1 << 20, &[]);
-    assert_eq!(good.simple_reply(), (0, 2), "the good client's read");
-    assert!(
-        good.read_bytes(1 << 20) == data,
-        "the good client read back other bytes"
-    );
-    good.disconnect();
+    good_client_is_served(&t, "b", 0, 1 << 20);
 
     // A stop ends every one of them without waiting out the grace period (after
     // which it would drop them anyway).
