@@ -18,8 +18,45 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
+
+/// `serve` on `pool` telling `manager` its state, as systemd runs it.
+fn spawn_managed(dir: &Path, pool: &Path, port: u16, manager: &Manager, label: &str) -> Serve {
+    Serve::spawn(
+        dir,
+        pool,
+        port,
+        &[("NOTIFY_SOCKET", &manager.address)],
+        &[],
+        label,
+    )
+}
+
+/// A clean stop: exit 0, saying the pool closed cleanly.
+fn assert_clean_exit(serve: &Serve, exit: ExitStatus) {
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "a clean stop exits 0\n{}",
+        serve.logs()
+    );
+    assert!(
+        serve.stdout_text().contains("closed cleanly"),
+        "{}",
+        serve.logs()
+    );
+}
+
+/// After a stop: the pool passes `check`, and a new serve on it (logs labelled
+/// `label`) reads back what `reads` (qemu-io commands) expect.
+fn reopen_and_read(dir: &Path, pool: &Path, label: &str, reads: &[&str]) {
+    assert_pool_reopens_clean(pool);
+    let mut again = Serve::spawn(dir, pool, free_port(), &[], &[], label);
+    again.wait_listening();
+    let reads: Vec<String> = reads.iter().map(|r| r.to_string()).collect();
+    qemu_io(&again.unix_uri("vm1"), &reads);
+}
 
 #[test]
 fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_data() {
@@ -27,14 +64,7 @@ fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_d
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "first",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "first");
 
     let ready = manager.receive(READY_LIMIT, &mut serve, "READY=1");
     assert_eq!(
@@ -78,29 +108,18 @@ fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_d
         "after SIGTERM the manager must hear STOPPING=1, got {stopping:?}"
     );
     let exit = serve.wait_exit(STOP_LIMIT, "SIGTERM");
-    assert_eq!(
-        exit.code(),
-        Some(0),
-        "a clean stop exits 0\n{}",
-        serve.logs()
-    );
-    assert!(
-        serve.stdout_text().contains("closed cleanly"),
-        "{}",
-        serve.logs()
-    );
+    assert_clean_exit(&serve, exit);
     assert!(
         !serve.socket.exists() && !serve.control.exists(),
         "a clean stop removes its socket files"
     );
 
     // ...is there after the pool reopens.
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "second");
-    again.wait_listening();
-    qemu_io(
-        &again.unix_uri("vm1"),
-        &["read -P 0x5a 1M 3M".into(), "read -P 0xa5 8M 64k".into()],
+    reopen_and_read(
+        dir.path(),
+        &pool,
+        "second",
+        &["read -P 0x5a 1M 3M", "read -P 0xa5 8M 64k"],
     );
 }
 
@@ -122,14 +141,7 @@ fn stop_cleanly_after_both_socket_files_were_deleted(signal: libc::c_int, name: 
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::abstract_named(&format!("deleted-{signal}"));
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "serve",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "serve");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(&serve.tcp_uri("vm1"), &["write -P 0x3c 0 2M".into()]);
 
@@ -139,22 +151,8 @@ fn stop_cleanly_after_both_socket_files_were_deleted(signal: libc::c_int, name: 
     let stopping = manager.receive(STOP_LIMIT, &mut serve, "STOPPING=1");
     assert!(stopping.contains("STOPPING=1"), "got {stopping:?}");
     let exit = serve.wait_exit(STOP_LIMIT, &format!("{name} with the socket files deleted"));
-    assert_eq!(
-        exit.code(),
-        Some(0),
-        "a clean stop exits 0\n{}",
-        serve.logs()
-    );
-    assert!(
-        serve.stdout_text().contains("closed cleanly"),
-        "{}",
-        serve.logs()
-    );
-
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
-    again.wait_listening();
-    qemu_io(&again.unix_uri("vm1"), &["read -P 0x3c 0 2M".into()]);
+    assert_clean_exit(&serve, exit);
+    reopen_and_read(dir.path(), &pool, "again", &["read -P 0x3c 0 2M"]);
 }
 
 /// A stop removes its own socket files only: after they were deleted and another
@@ -286,15 +284,14 @@ fn idle_connections_and_a_stalled_write_neither_starve_a_client_nor_hold_a_stop(
 
     serve.signal(libc::SIGTERM);
     let exit = serve.wait_exit(fewerbytes_nbd::SHUTDOWN_GRACE, "SIGTERM");
-    assert_eq!(exit.code(), Some(0), "{}", serve.logs());
+    assert_clean_exit(&serve, exit);
     drop(idle);
     drop(stalled);
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
-    again.wait_listening();
-    qemu_io(
-        &again.unix_uri("vm1"),
-        &["read -P 0x22 4M 1M".into(), "read -P 0 0 1M".into()],
+    reopen_and_read(
+        dir.path(),
+        &pool,
+        "again",
+        &["read -P 0x22 4M 1M", "read -P 0 0 1M"],
     );
 }
 
@@ -303,14 +300,7 @@ fn a_second_signal_during_a_slow_stop_exits_at_once() {
     let dir = TempDir::new("second");
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        free_port(),
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "serve",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, free_port(), &manager, "serve");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(&serve.unix_uri("vm1"), &["write -P 0x11 0 1M".into()]);
     let _stalled = stall_a_reply(&serve.socket, "vm1");
@@ -329,10 +319,7 @@ fn a_second_signal_during_a_slow_stop_exits_at_once() {
         serve.logs()
     );
     // What was flushed survives the forced exit, like any crash.
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
-    again.wait_listening();
-    qemu_io(&again.unix_uri("vm1"), &["read -P 0x11 0 1M".into()]);
+    reopen_and_read(dir.path(), &pool, "again", &["read -P 0x11 0 1M"]);
 }
 
 #[test]
@@ -341,14 +328,7 @@ fn a_restart_after_kill_9_is_ready_again_and_serves_the_same_data() {
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "first",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "first");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(
         &serve.unix_uri("vm1"),
@@ -361,14 +341,7 @@ fn a_restart_after_kill_9_is_ready_again_and_serves_the_same_data() {
     );
 
     // What Restart=on-failure does: the same command line again.
-    let mut restarted = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "restarted",
-    );
+    let mut restarted = spawn_managed(dir.path(), &pool, port, &manager, "restarted");
     let ready = manager.receive(READY_LIMIT, &mut restarted, "READY=1 after the restart");
     assert!(ready.contains("READY=1"), "got {ready:?}");
     qemu_io(
