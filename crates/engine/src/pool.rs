@@ -1095,7 +1095,7 @@ impl Pool {
             .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
         vol.zeros
             .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
-        i.add_references(&shared);
+        i.add_references(&shared)?;
         Self::insert_volume(&mut i.volumes.write(), vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))

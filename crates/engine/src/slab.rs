@@ -255,6 +255,31 @@ impl Slab {
         self.holders.get(b as usize).copied().unwrap_or(0)
     }
 
+    /// Add one reference to live object `i` (a clone). At [`REFCOUNT_MAX`] it is
+    /// [`EngineError::Refused`] and the count is left as it was: a count held at its
+    /// maximum would under-count, and the last map's blocks be freed under it.
+    /// A free object is an [`EngineError::Invariant`].
+    pub fn add_ref(&mut self, i: u32) -> Result<()> {
+        let index = self.index;
+        let rec = self.rec_mut(i).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a reference added to object {i} of slab {index}, which has no such object"
+            ))
+        })?;
+        if rec.refcount == 0 {
+            return Err(EngineError::Invariant(format!(
+                "a reference added to object {i} of slab {index}, which is free"
+            )));
+        }
+        if rec.refcount >= REFCOUNT_MAX {
+            return Err(EngineError::Refused(format!(
+                "object {i} of slab {index} already has {REFCOUNT_MAX} references, the most a count holds"
+            )));
+        }
+        rec.refcount += 1;
+        Ok(())
+    }
+
     /// Drop one reference to object `i`. Returns the record if that freed it; then
     /// its blocks lose their holder and the slot becomes pending-free. A reference
     /// dropped from a free object is an [`EngineError::Invariant`], and the record is
@@ -412,5 +437,24 @@ mod tests {
         );
         assert_eq!(slab.holders(b), 0);
         assert!(slab.drop_block(64).is_err(), "a block past the slab's end");
+    }
+
+    // A clone's reference used to be clamped at REFCOUNT_MAX (`saturating_add` and
+    // `min`): the count then said fewer maps than held the object.
+    #[test]
+    fn a_reference_past_the_maximum_is_refused_not_clamped() {
+        let (mut slab, _, o) = slab_with_one_object(0);
+        slab.add_ref(o).unwrap();
+        assert_eq!(slab.rec(o).refcount, 2);
+        slab.rec_mut(o).unwrap().refcount = REFCOUNT_MAX;
+        let err = slab.add_ref(o).expect_err("past the maximum");
+        assert!(matches!(err, EngineError::Refused(_)), "{err}");
+        assert_eq!(
+            slab.rec(o).refcount,
+            REFCOUNT_MAX,
+            "the count is left as it was"
+        );
+        let free = o + 1;
+        assert!(matches!(slab.add_ref(free), Err(EngineError::Invariant(_))));
     }
 }

@@ -710,15 +710,34 @@ impl Inner {
     }
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
-    pub(crate) fn add_references(&self, objects: &[ObjectId]) {
+    /// All or none: past an object's [`REFCOUNT_MAX`] (refused) or at a free one (a
+    /// broken invariant, which latches), the references added are taken back.
+    pub(crate) fn add_references(&self, objects: &[ObjectId]) -> Result<()> {
+        let mut added: Vec<(u32, Vec<u32>)> = Vec::new();
         for (s, indexes) in self.by_slab(objects) {
-            let mut slab = self.slab(s).lock();
-            for i in indexes {
-                if let Some(r) = slab.rec_mut(i) {
-                    r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
+            let failed = {
+                let mut slab = self.slab(s).lock();
+                indexes
+                    .iter()
+                    .enumerate()
+                    .find_map(|(n, &i)| slab.add_ref(i).err().map(|e| (n, e)))
+            };
+            let Some((n, e)) = failed else {
+                added.push((s, indexes));
+                continue;
+            };
+            added.push((s, indexes.into_iter().take(n).collect()));
+            // Each of these had a reference before ours: none is freed here.
+            for (s, indexes) in added {
+                let mut slab = self.slab(s).lock();
+                for i in indexes {
+                    self.check_invariant(slab.drop_ref(i))?;
                 }
             }
+            self.latch(&e);
+            return Err(e);
         }
+        Ok(())
     }
 
     /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
