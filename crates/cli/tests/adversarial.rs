@@ -57,16 +57,6 @@ fn export(pool: &Path, dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(&out).expect("read export")
 }
 
-fn volume_names(pool: &Path) -> Vec<String> {
-    let ran = fewerbytes_ok(pool, &["volume", "list", "--json"]);
-    let list: serde_json::Value = serde_json::from_str(&ran.stdout).expect("json");
-    list.as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v["name"].as_str().expect("name").to_string())
-        .collect()
-}
-
 /// A loop device over a file, detached when dropped (even when the test fails).
 struct LoopDevice {
     path: PathBuf,

@@ -348,47 +348,9 @@ fn verify_volume_offline(server: &Server, dir: &Path, volume: &str, console: &Co
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: nbdfuse needs FUSE"
     );
-    let fuse_dir = dir.join(format!("fuse-{volume}"));
-    let mount_dir = dir.join(format!("mnt-{volume}"));
-    std::fs::create_dir_all(&fuse_dir).expect("mkdir fuse");
-    std::fs::create_dir_all(&mount_dir).expect("mkdir mnt");
-    let fuse_log_path = dir.join(format!("nbdfuse-{volume}.log"));
-    let fuse_log = std::fs::File::create(&fuse_log_path).expect("nbdfuse log");
-    let nbdfuse = tool("nbdfuse")
-        .arg("-r")
-        .arg(fuse_dir.join("nbd"))
-        .arg(server.unix_uri(volume))
-        .stdin(Stdio::null())
-        .stdout(fuse_log.try_clone().expect("log"))
-        .stderr(fuse_log)
-        .spawn()
-        .expect("start nbdfuse");
-    let mut stack = FuseLoopStack {
-        fuse_dir: fuse_dir.clone(),
-        mount_dir: mount_dir.clone(),
-        nbdfuse: Some(nbdfuse),
-        loop_dev: None,
-        mounted: false,
-    };
-    let nbd_file = fuse_dir.join("nbd");
-    let started = Instant::now();
-    while std::fs::metadata(&nbd_file).map(|m| m.len()).unwrap_or(0) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "nbdfuse did not expose {} within 30 s; its log:\n{}",
-            nbd_file.display(),
-            std::fs::read_to_string(&fuse_log_path).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let ran = run_ok(tool("losetup").args(["-f", "-r", "--show"]).arg(&nbd_file));
-    let dev = ran.stdout.trim().to_string();
-    assert!(
-        dev.starts_with("/dev/loop"),
-        "losetup printed no device:\n{}",
-        ran.report()
-    );
-    stack.loop_dev = Some(dev.clone());
+    let mut stack = FuseLoopStack::start(dir, volume, &server.unix_uri(volume), true);
+    let dev = stack.dev();
+    let mount_dir = stack.mount_dir.clone();
 
     let fsck = run_with_limit(tool("fsck.ext4").args(["-n", "-f", &dev]), CLIENT_LIMIT);
     assert!(

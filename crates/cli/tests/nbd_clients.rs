@@ -662,48 +662,14 @@ fn ext4_over_nbdfuse_and_loop_survives_fstrim_fsck_and_remount() {
         "/dev/fuse is missing: nbdfuse needs FUSE"
     );
 
-    let fuse_dir = dir.join("fuse");
-    let mount_dir = dir.join("mnt");
-    std::fs::create_dir_all(&fuse_dir).expect("mkdir fuse");
-    std::fs::create_dir_all(&mount_dir).expect("mkdir mnt");
-    let fuse_log = std::fs::File::create(dir.join("nbdfuse.log")).expect("nbdfuse log");
-    let nbdfuse = tool("nbdfuse")
-        .arg(fuse_dir.join("nbd"))
-        .arg(server.unix_uri("fsvol"))
-        .stdin(Stdio::null())
-        .stdout(fuse_log.try_clone().expect("log"))
-        .stderr(fuse_log)
-        .spawn()
-        .expect("start nbdfuse");
-    let mut stack = FuseLoopStack {
-        fuse_dir: fuse_dir.clone(),
-        mount_dir: mount_dir.clone(),
-        nbdfuse: Some(nbdfuse),
-        loop_dev: None,
-        mounted: false,
-    };
-
-    let nbd_file = fuse_dir.join("nbd");
-    let mut waited = 0;
-    while std::fs::metadata(&nbd_file).map(|m| m.len()).unwrap_or(0) != 512 * MIB {
-        waited += 1;
-        assert!(
-            waited < 600,
-            "nbdfuse did not expose {} within 30 s; its log:\n{}",
-            nbd_file.display(),
-            std::fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-
-    let ran = run_ok(tool("losetup").args(["-f", "--show"]).arg(&nbd_file));
-    let dev = ran.stdout.trim().to_string();
-    assert!(
-        dev.starts_with("/dev/loop"),
-        "losetup printed no device:\n{}",
-        ran.report()
+    let mut stack = FuseLoopStack::start(dir.path(), "fsvol", &server.unix_uri("fsvol"), false);
+    assert_eq!(
+        stack.exposed_bytes(),
+        512 * MIB,
+        "nbdfuse exposes the volume's size"
     );
-    stack.loop_dev = Some(dev.clone());
+    let dev = stack.dev();
+    let mount_dir = stack.mount_dir.clone();
 
     run_ok(tool("mkfs.ext4").args(["-q", "-F", "-L", "fewerbytes", &dev]));
     run_ok(tool("mount").arg(&dev).arg(&mount_dir));

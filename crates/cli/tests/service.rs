@@ -1,9 +1,9 @@
 //! `fewerbytes serve` as a service: readiness told to a service manager over a real
 //! `NOTIFY_SOCKET` datagram socket (no earlier than every socket accepts), stops on
 //! SIGTERM and SIGINT that flush and close (even with the socket files deleted or taken
-//! over), a second signal that exits at once, a restart after SIGKILL serving the same
-//! data, log levels and the journal's line format, and the control socket at a path of
-//! its own. The unit file and the installer are `packaging.rs`'s.
+//! over, or with 200 idle connections and a stalled write), a second signal that exits
+//! at once, a restart after SIGKILL serving the same data, log levels and the
+//! journal's line format, and the control socket at a path of its own. The unit file and the installer are `packaging.rs`'s.
 //!
 //! Each test runs the real binary on its own pool, sockets and port.
 
@@ -18,8 +18,45 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
+
+/// `serve` on `pool` telling `manager` its state, as systemd runs it.
+fn spawn_managed(dir: &Path, pool: &Path, port: u16, manager: &Manager, label: &str) -> Serve {
+    Serve::spawn(
+        dir,
+        pool,
+        port,
+        &[("NOTIFY_SOCKET", &manager.address)],
+        &[],
+        label,
+    )
+}
+
+/// A clean stop: exit 0, saying the pool closed cleanly.
+fn assert_clean_exit(serve: &Serve, exit: ExitStatus) {
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "a clean stop exits 0\n{}",
+        serve.logs()
+    );
+    assert!(
+        serve.stdout_text().contains("closed cleanly"),
+        "{}",
+        serve.logs()
+    );
+}
+
+/// After a stop: the pool passes `check`, and a new serve on it (logs labelled
+/// `label`) reads back what `reads` (qemu-io commands) expect.
+fn reopen_and_read(dir: &Path, pool: &Path, label: &str, reads: &[&str]) {
+    assert_pool_reopens_clean(pool);
+    let mut again = Serve::spawn(dir, pool, free_port(), &[], &[], label);
+    again.wait_listening();
+    let reads: Vec<String> = reads.iter().map(|r| r.to_string()).collect();
+    qemu_io(&again.unix_uri("vm1"), &reads);
+}
 
 #[test]
 fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_data() {
@@ -27,14 +64,7 @@ fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_d
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "first",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "first");
 
     let ready = manager.receive(READY_LIMIT, &mut serve, "READY=1");
     assert_eq!(
@@ -78,29 +108,18 @@ fn ready_comes_once_every_socket_accepts_and_sigterm_stops_cleanly_keeping_the_d
         "after SIGTERM the manager must hear STOPPING=1, got {stopping:?}"
     );
     let exit = serve.wait_exit(STOP_LIMIT, "SIGTERM");
-    assert_eq!(
-        exit.code(),
-        Some(0),
-        "a clean stop exits 0\n{}",
-        serve.logs()
-    );
-    assert!(
-        serve.stdout_text().contains("closed cleanly"),
-        "{}",
-        serve.logs()
-    );
+    assert_clean_exit(&serve, exit);
     assert!(
         !serve.socket.exists() && !serve.control.exists(),
         "a clean stop removes its socket files"
     );
 
     // ...is there after the pool reopens.
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "second");
-    again.wait_listening();
-    qemu_io(
-        &again.unix_uri("vm1"),
-        &["read -P 0x5a 1M 3M".into(), "read -P 0xa5 8M 64k".into()],
+    reopen_and_read(
+        dir.path(),
+        &pool,
+        "second",
+        &["read -P 0x5a 1M 3M", "read -P 0xa5 8M 64k"],
     );
 }
 
@@ -122,14 +141,7 @@ fn stop_cleanly_after_both_socket_files_were_deleted(signal: libc::c_int, name: 
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::abstract_named(&format!("deleted-{signal}"));
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "serve",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "serve");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(&serve.tcp_uri("vm1"), &["write -P 0x3c 0 2M".into()]);
 
@@ -139,22 +151,8 @@ fn stop_cleanly_after_both_socket_files_were_deleted(signal: libc::c_int, name: 
     let stopping = manager.receive(STOP_LIMIT, &mut serve, "STOPPING=1");
     assert!(stopping.contains("STOPPING=1"), "got {stopping:?}");
     let exit = serve.wait_exit(STOP_LIMIT, &format!("{name} with the socket files deleted"));
-    assert_eq!(
-        exit.code(),
-        Some(0),
-        "a clean stop exits 0\n{}",
-        serve.logs()
-    );
-    assert!(
-        serve.stdout_text().contains("closed cleanly"),
-        "{}",
-        serve.logs()
-    );
-
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
-    again.wait_listening();
-    qemu_io(&again.unix_uri("vm1"), &["read -P 0x3c 0 2M".into()]);
+    assert_clean_exit(&serve, exit);
+    reopen_and_read(dir.path(), &pool, "again", &["read -P 0x3c 0 2M"]);
 }
 
 /// A stop removes its own socket files only: after they were deleted and another
@@ -190,9 +188,8 @@ fn a_stop_leaves_alone_socket_files_another_server_took_over() {
     );
 }
 
-/// A client that asks for 32 MiB and reads only the reply's header: its reply cannot
-/// be written, so a clean stop waits for it (up to the server's grace period).
-fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
+/// A session on `export` opened with NBD_OPT_EXPORT_NAME, as the oldest clients do.
+fn open_session(socket: &Path, export: &str) -> UnixStream {
     let mut stream = UnixStream::connect(socket).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -209,15 +206,28 @@ fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
     stream.write_all(&option).expect("option");
     let mut export_info = [0u8; 10]; // size (8) and transmission flags (2)
     stream.read_exact(&mut export_info).expect("export info");
-    // NBD_CMD_READ of 32 MiB at offset 0.
+    stream
+}
+
+/// An NBD request header: `kind` (0 read, 1 write) of `len` bytes at offset 0.
+fn request_header(kind: u16, len: u32) -> Vec<u8> {
     let mut request = Vec::with_capacity(28);
     request.extend_from_slice(&0x2560_9513u32.to_be_bytes());
     request.extend_from_slice(&0u16.to_be_bytes());
-    request.extend_from_slice(&0u16.to_be_bytes());
+    request.extend_from_slice(&kind.to_be_bytes());
     request.extend_from_slice(&7u64.to_be_bytes());
     request.extend_from_slice(&0u64.to_be_bytes());
-    request.extend_from_slice(&(32u32 << 20).to_be_bytes());
-    stream.write_all(&request).expect("read request");
+    request.extend_from_slice(&len.to_be_bytes());
+    request
+}
+
+/// A client that asks for 32 MiB and reads only the reply's header: its reply cannot
+/// be written, so a clean stop waits for it (up to the server's grace period).
+fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
+    let mut stream = open_session(socket, export);
+    stream
+        .write_all(&request_header(0, 32 << 20))
+        .expect("read request");
     let mut reply_header = [0u8; 16];
     stream.read_exact(&mut reply_header).expect("reply header");
     assert_eq!(
@@ -228,19 +238,69 @@ fn stall_a_reply(socket: &Path, export: &str) -> UnixStream {
     stream
 }
 
+/// Idle connections the next test holds open (a socket on each end and a server
+/// thread each; far below the server's 512 and any descriptor limit).
+const IDLE_CONNECTIONS: usize = 200;
+
+#[test]
+fn idle_connections_and_a_stalled_write_neither_starve_a_client_nor_hold_a_stop() {
+    // Issue 11, item 5: 200 idle connections (half still negotiating) and a client
+    // that sent half a write's payload and stopped must neither keep a good client
+    // waiting nor make SIGTERM wait out the server's grace period.
+    let dir = TempDir::new("idle");
+    let pool = create_pool(dir.path(), &[("vm1", "64M")]);
+    let mut serve = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "serve");
+    serve.wait_listening();
+    let mut idle = Vec::new();
+    for i in 0..IDLE_CONNECTIONS {
+        if i % 2 == 0 {
+            idle.push(open_session(&serve.socket, "vm1"));
+        } else {
+            let mut greeted = UnixStream::connect(&serve.socket).expect("connect");
+            let mut greeting = [0u8; 18];
+            greeted.read_exact(&mut greeting).expect("greeting");
+            idle.push(greeted);
+        }
+    }
+    let mut stalled = open_session(&serve.socket, "vm1");
+    stalled
+        .write_all(&request_header(1, 1 << 20))
+        .expect("write request");
+    stalled
+        .write_all(&[0x99; 512 << 10])
+        .expect("half the payload");
+
+    qemu_io(
+        &serve.unix_uri("vm1"),
+        &["write -P 0x22 4M 1M".into(), "read -P 0x22 4M 1M".into()],
+    );
+    let ran = serve.cli(&["stats", "--json"]);
+    assert!(
+        ran.status.success(),
+        "stats while held
+{}",
+        ran.report()
+    );
+
+    serve.signal(libc::SIGTERM);
+    let exit = serve.wait_exit(fewerbytes_nbd::SHUTDOWN_GRACE, "SIGTERM");
+    assert_clean_exit(&serve, exit);
+    drop(idle);
+    drop(stalled);
+    reopen_and_read(
+        dir.path(),
+        &pool,
+        "again",
+        &["read -P 0x22 4M 1M", "read -P 0 0 1M"],
+    );
+}
+
 #[test]
 fn a_second_signal_during_a_slow_stop_exits_at_once() {
     let dir = TempDir::new("second");
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        free_port(),
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "serve",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, free_port(), &manager, "serve");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(&serve.unix_uri("vm1"), &["write -P 0x11 0 1M".into()]);
     let _stalled = stall_a_reply(&serve.socket, "vm1");
@@ -259,10 +319,7 @@ fn a_second_signal_during_a_slow_stop_exits_at_once() {
         serve.logs()
     );
     // What was flushed survives the forced exit, like any crash.
-    assert_pool_reopens_clean(&pool);
-    let mut again = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "again");
-    again.wait_listening();
-    qemu_io(&again.unix_uri("vm1"), &["read -P 0x11 0 1M".into()]);
+    reopen_and_read(dir.path(), &pool, "again", &["read -P 0x11 0 1M"]);
 }
 
 #[test]
@@ -271,14 +328,7 @@ fn a_restart_after_kill_9_is_ready_again_and_serves_the_same_data() {
     let pool = create_pool(dir.path(), &[("vm1", "64M")]);
     let manager = Manager::at_path(dir.path());
     let port = free_port();
-    let mut serve = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "first",
-    );
+    let mut serve = spawn_managed(dir.path(), &pool, port, &manager, "first");
     manager.receive(READY_LIMIT, &mut serve, "READY=1");
     qemu_io(
         &serve.unix_uri("vm1"),
@@ -291,14 +341,7 @@ fn a_restart_after_kill_9_is_ready_again_and_serves_the_same_data() {
     );
 
     // What Restart=on-failure does: the same command line again.
-    let mut restarted = Serve::spawn(
-        dir.path(),
-        &pool,
-        port,
-        &[("NOTIFY_SOCKET", &manager.address)],
-        &[],
-        "restarted",
-    );
+    let mut restarted = spawn_managed(dir.path(), &pool, port, &manager, "restarted");
     let ready = manager.receive(READY_LIMIT, &mut restarted, "READY=1 after the restart");
     assert!(ready.contains("READY=1"), "got {ready:?}");
     qemu_io(

@@ -63,10 +63,10 @@ impl Inner {
             } = v.location
             {
                 let mut bytes = vec![0u8; usize::from(len_bytes)];
-                let r = self
-                    .data
-                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes);
-                self.check_io(r)?;
+                // A failed read ends this round without latching the pool: nothing
+                // was changed yet (see `read_data`).
+                self.data
+                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes)?;
                 moved.push((v, bytes));
             }
         }
@@ -75,12 +75,7 @@ impl Inner {
         let mut emptied_before = 0u64;
         let mut i = 0;
         while i < moved.len() {
-            let remaining: usize = moved
-                .get(i..)
-                .unwrap_or(&[])
-                .iter()
-                .map(|(_, b)| b.len())
-                .sum();
+            let remaining: usize = moved.iter().skip(i).map(|(_, b)| b.len()).sum();
             let want = remaining.div_ceil(BLOCK_BYTES) as u32;
             let (first_block, run_len) = {
                 let mut slab = self.slab(s).lock();
@@ -117,14 +112,17 @@ impl Inner {
             if let Err(e) = self.check_io(r) {
                 let mut slab = self.slab(s).lock();
                 for b in first_block..first_block + run_len {
-                    slab.drop_block(b);
+                    // The I/O error is the one returned; the pool is latched already.
+                    if let Err(broken) = slab.drop_block(b) {
+                        tracing::error!("{broken}");
+                    }
                 }
                 return Err(e);
             }
             let mut slab = self.slab(s).lock();
             let slab_first = slab.first_pbn;
             let mut at = 0u64;
-            for (v, bytes) in moved.get(start..i).unwrap_or(&[]) {
+            for (v, bytes) in moved.iter().take(i).skip(start) {
                 let new = Location::Fragment {
                     addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
                     len_bytes: bytes.len() as u16,
@@ -147,7 +145,7 @@ impl Inner {
                 for b in first..first + count {
                     let local = (b - slab_first) as u32;
                     let before = slab.holders(local);
-                    slab.drop_block(local);
+                    self.check_invariant(slab.drop_block(local))?;
                     if before == 1 {
                         emptied_before += 1;
                     }
@@ -161,7 +159,7 @@ impl Inner {
                 });
             }
             for b in first_block..first_block + run_len {
-                slab.drop_block(b);
+                self.check_invariant(slab.drop_block(b))?;
             }
         }
         self.compacted_blocks

@@ -83,6 +83,12 @@ pub enum EngineError {
     /// A refusal with the numbers behind it (too small, too big, over capacity, ...).
     #[error("{0}")]
     Refused(String),
+    /// A state the engine's own bookkeeping rules out: a reference or holder count
+    /// taken below zero, a buffer range outside its buffer. The metadata (or the
+    /// engine) is wrong; a count underflow latches the pool read-only, for a person
+    /// to run `fewerbytes check`, rather than be clamped and hidden.
+    #[error("broken invariant: {0}")]
+    Invariant(String),
 }
 
 impl EngineError {
@@ -100,3 +106,36 @@ impl EngineError {
 
 /// Shorthand.
 pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// `bytes[range]`, or [`EngineError::Invariant`] naming `what` when the range lies
+/// outside `bytes`: for ranges the caller computed to be inside, so that a slip
+/// fails the request instead of becoming a short (clamped) slice.
+pub(crate) fn within<'a>(
+    bytes: &'a [u8],
+    range: std::ops::Range<usize>,
+    what: &str,
+) -> Result<&'a [u8]> {
+    let len = bytes.len();
+    bytes
+        .get(range.clone())
+        .ok_or_else(|| out_of_buffer(what, &range, len))
+}
+
+/// [`within`] for a mutable slice.
+pub(crate) fn within_mut<'a>(
+    bytes: &'a mut [u8],
+    range: std::ops::Range<usize>,
+    what: &str,
+) -> Result<&'a mut [u8]> {
+    let len = bytes.len();
+    bytes
+        .get_mut(range.clone())
+        .ok_or_else(|| out_of_buffer(what, &range, len))
+}
+
+fn out_of_buffer(what: &str, range: &std::ops::Range<usize>, len: usize) -> EngineError {
+    EngineError::Invariant(format!(
+        "{what}: bytes {}..{} of a {len}-byte buffer",
+        range.start, range.end
+    ))
+}

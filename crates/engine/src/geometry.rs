@@ -118,6 +118,9 @@ impl Geometry {
                     let data_start = meta_end.div_ceil(DATA_ALIGN_BLOCKS) * DATA_ALIGN_BLOCKS;
                     (journal_blocks, page_slots, data_start)
                 };
+                // Saturating here and below: a device smaller than its metadata
+                // leaves no data, and the size check after the match refuses it
+                // ("too small to be useful") instead of a wrapped size.
                 let first = layout(data_device_blocks);
                 let second = layout(data_device_blocks.saturating_sub(first.2));
                 let covers = |(journal_blocks, page_slots, data_start): (u64, u64, u64)| {
@@ -139,6 +142,7 @@ impl Geometry {
             }
             Some(meta_blocks) => {
                 let data_start = DATA_ALIGN_BLOCKS; // blocks 0 and 1 hold the label's copies; data from 1 MiB
+                                                    // Saturating: a device under 1 MiB holds no data, refused below.
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
                 let journal_blocks = journal_blocks_for(data_blocks);
                 let page_slots = page_slots_for(data_blocks, data_blocks * factor);
@@ -203,6 +207,7 @@ impl Geometry {
     /// Metadata blocks needed on a separate metadata device for this data device.
     pub fn metadata_blocks_needed(data_device_blocks: u64, overcommit: bool) -> u64 {
         let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
+        // Saturating: a sizing hint; `compute` refuses a data device this small.
         let data_blocks = data_device_blocks.saturating_sub(DATA_ALIGN_BLOCKS);
         2 + journal_blocks_for(data_blocks) + page_slots_for(data_blocks, data_blocks * factor)
     }
@@ -225,6 +230,7 @@ pub fn human_bytes(bytes: u64) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

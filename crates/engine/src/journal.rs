@@ -10,6 +10,7 @@
 //! pool's gate, so a full ring makes requests wait for a checkpoint instead of
 //! deadlocking inside it.
 
+use crate::error::{within, within_mut};
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
     decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES,
@@ -122,6 +123,9 @@ impl Journal {
     fn room_bytes(&self, s: &State) -> u64 {
         let used = s.next_seq - s.replay_seq;
         // Keep an eighth of the ring spare so a checkpoint's own commit always fits.
+        // Saturating, both: that commit may use the spare eighth, and records
+        // appended under a reservation count twice until it ends (see `unreserve`),
+        // so what is taken may honestly exceed what is usable; the room is then none.
         let usable = (self.sectors - self.sectors / 8).saturating_sub(used);
         (usable * SECTOR_RECORD_BYTES_MIN)
             .saturating_sub(s.pending.len() as u64 + s.reserved_bytes + s.inflight_bytes)
@@ -152,7 +156,26 @@ impl Journal {
     /// safe side), so the whole reservation is given back.
     pub fn unreserve(&self, bytes: u64) {
         let mut s = self.state.lock();
-        s.reserved_bytes = s.reserved_bytes.saturating_sub(bytes);
+        match s.reserved_bytes.checked_sub(bytes) {
+            Some(left) => s.reserved_bytes = left,
+            None => {
+                let why = format!(
+                    "journal reservations below zero: {bytes} bytes returned, {} reserved",
+                    s.reserved_bytes
+                );
+                self.broken(&mut s, why);
+            }
+        }
+    }
+
+    /// The journal's accounting is wrong (a count below zero): it fails, so every
+    /// later reservation and commit reports why, instead of promising ring space
+    /// that may not be there.
+    fn broken(&self, s: &mut State, why: String) {
+        let why = EngineError::Invariant(why).to_string();
+        tracing::error!("{why}");
+        s.failed.get_or_insert(why);
+        self.progress.notify_all();
     }
 
     /// Append one record; the caller holds a reservation covering it. Returns its number.
@@ -262,7 +285,8 @@ impl Journal {
                 used: (end - pos) as u16,
             };
             let mut sector = [0u8; SECTOR_BYTES];
-            encode_sector(&header, bytes.get(pos..end).unwrap_or(&[]), &mut sector);
+            let records = within(bytes, pos..end, "a journal batch ends inside a record")?;
+            encode_sector(&header, records, &mut sector);
             sectors.extend_from_slice(&sector);
             seq += 1;
             pos = end;
@@ -276,7 +300,7 @@ impl Journal {
             let from = (written as usize) * SECTOR_BYTES;
             let to = from + run as usize * SECTOR_BYTES;
             meta.write_at(
-                sectors.get(from..to).unwrap_or(&[]),
+                within(&sectors, from..to, "a journal batch's sectors")?,
                 self.start_bytes + at * SECTOR_BYTES as u64,
             )?;
             written += run;
@@ -289,7 +313,17 @@ impl Journal {
         let mut s = self.state.lock();
         // A checkpoint's batch (no sectors) may complete after later commits.
         s.next_seq = s.next_seq.max(batch.first_seq + sectors);
-        s.inflight_bytes = s.inflight_bytes.saturating_sub(batch.bytes.len() as u64);
+        match s.inflight_bytes.checked_sub(batch.bytes.len() as u64) {
+            Some(left) => s.inflight_bytes = left,
+            None => {
+                let why = format!(
+                    "journal bytes in flight below zero: a batch of {} bytes made durable, {} in flight",
+                    batch.bytes.len(),
+                    s.inflight_bytes
+                );
+                self.broken(&mut s, why);
+            }
+        }
         s.durable = s.durable.max(batch.target);
         self.progress.notify_all();
     }
@@ -355,9 +389,11 @@ pub fn read_journal(
         let run = CHUNK_SECTORS
             .min(sectors - at)
             .min(sectors - (seq - replay_seq));
-        let chunk = buf
-            .get_mut(..run as usize * SECTOR_BYTES)
-            .unwrap_or(&mut []);
+        let chunk = within_mut(
+            &mut buf,
+            0..run as usize * SECTOR_BYTES,
+            "a journal read chunk",
+        )?;
         meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
         for sector in chunk.chunks(SECTOR_BYTES) {
             match decode_sector(sector, nonce) {
@@ -373,6 +409,7 @@ pub fn read_journal(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use fewerbytes_format::location::MapEntry;

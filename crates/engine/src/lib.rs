@@ -9,6 +9,7 @@
 //! it only through `Pool` and `Volume`.
 
 #![deny(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
 mod api;
 mod block_map;

@@ -8,6 +8,7 @@
 //! as packing waste. A full block is written at once; a partial one is written
 //! sector by sector at commit, so a flush costs at most one rewritten sector.
 
+use crate::error::{within, within_mut};
 use crate::pool::Inner;
 use crate::slab::{ObjRec, Slab};
 use crate::{EngineError, Result};
@@ -72,9 +73,12 @@ impl Inner {
         let offset = self.data_offset_bytes
             + self.pbn(open.slab, open.block) * BLOCK_BYTES as u64
             + from as u64;
-        let result = self
-            .data
-            .write_at(open.buf.get(from..to).unwrap_or(&[]), offset);
+        let bytes = within(
+            open.buf.as_slice(),
+            from..to,
+            "an open packed block's sectors",
+        )?;
+        let result = self.data.write_at(bytes, offset);
         self.check_io(result)?;
         open.written = upto;
         Ok(())
@@ -87,8 +91,8 @@ impl Inner {
         let mut slab = self.slab(open.slab).lock();
         slab.open_blocks
             .retain(|&(b, z)| !(b == open.block && z == zone));
-        slab.drop_block(open.block);
-        written
+        let dropped = self.check_invariant(slab.drop_block(open.block));
+        written.and(dropped)
     }
 
     /// Open a fresh block in a slab with room for a fragment (block and object).
@@ -164,9 +168,12 @@ impl Inner {
                 u64::from(open.slab) * u64::from(self.objects_per_slab) + u64::from(object),
             );
             let first = (BLOCK_BYTES - start).min(len);
-            if let Some(dst) = open.buf.get_mut(start..start + first) {
-                dst.copy_from_slice(bytes.get(..first).unwrap_or(&[]));
-            }
+            within_mut(
+                open.buf.as_mut_slice(),
+                start..start + first,
+                "an open packed block",
+            )?
+            .copy_from_slice(within(bytes, 0..first, "a fragment's head")?);
             open.fill = start + first;
             if spans {
                 let next = open.block + 1;
@@ -178,9 +185,11 @@ impl Inner {
                 self.close_block(zone, open)?;
                 let mut buf = Box::new([0u8; BLOCK_BYTES]);
                 let rest = len - first;
-                if let Some(dst) = buf.get_mut(..rest) {
-                    dst.copy_from_slice(bytes.get(first..).unwrap_or(&[]));
-                }
+                within_mut(buf.as_mut_slice(), 0..rest, "a packed block")?.copy_from_slice(within(
+                    bytes,
+                    first..len,
+                    "a fragment's tail",
+                )?);
                 packer.open = Some(OpenBlock {
                     slab: slab_index,
                     block: next,
@@ -249,9 +258,8 @@ impl Inner {
         let to = run.filled as usize * BLOCK_BYTES;
         let offset = self.data_offset_bytes
             + self.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
-        let r = self
-            .data
-            .write_at(run.buf.get(from..to).unwrap_or(&[]), offset);
+        let bytes = within(&run.buf, from..to, "an open run's blocks")?;
+        let r = self.data.write_at(bytes, offset);
         self.check_io(r)?;
         run.written = run.filled;
         Ok(())
@@ -270,7 +278,7 @@ impl Inner {
             {
                 slab.open_blocks.swap_remove(i);
             }
-            slab.drop_block(b);
+            self.check_invariant(slab.drop_block(b))?;
         }
         written
     }
@@ -372,19 +380,21 @@ impl Inner {
         let packer = self.packer(zone).lock();
         if let Some(open) = &packer.open {
             if open.slab == slab && open.block == block {
-                if let Some(src) = open.buf.get(from..from + out.len()) {
+                // A range outside the block (a bug) is not copied: the caller
+                // reads the device, and the fingerprint check reports any mismatch.
+                return open.buf.get(from..from + out.len()).is_some_and(|src| {
                     out.copy_from_slice(src);
-                }
-                return true;
+                    true
+                });
             }
         }
         if let Some(run) = &packer.run {
             if run.slab == slab && block >= run.first && block < run.first + run.filled {
                 let at = (block - run.first) as usize * BLOCK_BYTES + from;
-                if let Some(src) = run.buf.get(at..at + out.len()) {
+                return run.buf.get(at..at + out.len()).is_some_and(|src| {
                     out.copy_from_slice(src);
-                }
-                return true;
+                    true
+                });
             }
         }
         false

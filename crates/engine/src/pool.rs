@@ -119,11 +119,15 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub fn slab(&self, s: u32) -> &Mutex<Slab> {
-        // Slab numbers come from our own allocations and validated records.
-        &self.slabs[s as usize % self.slabs.len()]
+        // Slab numbers come from `slab_order` and from objects checked by
+        // `valid_object` (every map entry at open, every journal record at replay): one
+        // past the end is a bug, and must not wrap round to another slab's records.
+        self.slabs
+            .get(s as usize)
+            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.slabs.len()))
     }
     pub fn packer(&self, zone: usize) -> &Mutex<Packer> {
-        &self.packers[zone % self.packers.len()]
+        pick(&self.packers, zone)
     }
     pub fn zone_count(&self) -> usize {
         self.packers.len()
@@ -147,7 +151,10 @@ impl Inner {
     }
 
     pub fn latch(&self, err: &EngineError) {
-        if matches!(err, EngineError::Io(_) | EngineError::Corrupt { .. }) {
+        if matches!(
+            err,
+            EngineError::Io(_) | EngineError::Corrupt { .. } | EngineError::Invariant(_)
+        ) {
             self.latch_with(format!("latched read-only after: {err}"));
         }
     }
@@ -159,6 +166,11 @@ impl Inner {
             *self.read_only_reason.lock() = why.clone();
             self.journal.fail(why);
         }
+    }
+
+    /// Latch the pool read-only if `r` reports a broken invariant (a count below zero).
+    pub fn check_invariant<T>(&self, r: Result<T>) -> Result<T> {
+        r.inspect_err(|e| self.latch(e))
     }
 
     pub fn ensure_writable(&self) -> Result<()> {
@@ -235,6 +247,8 @@ impl Inner {
     /// Whether dirty pages would soon need more fresh slots than the page store has
     /// free: a checkpoint then, well before a snapshot could run out of slots.
     pub fn page_store_pressed(&self) -> bool {
+        // Saturating: a heuristic's input; the page store itself refuses a slot past
+        // its last, so "none free" is the honest reading of any excess.
         let free = self
             .page_slots
             .saturating_sub(self.page_store.lock().used());
@@ -267,6 +281,15 @@ pub struct Pool {
     pub(crate) inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// One of a fixed set picked by a hash or zone number (`n` modulo the set's length).
+/// Every such set is made non-empty at open (at least one zone, [`LBN_STRIPES`]
+/// stripes).
+pub(crate) fn pick<T>(items: &[T], n: usize) -> &T {
+    n.checked_rem(items.len())
+        .and_then(|i| items.get(i))
+        .expect("zones and stripes are made non-empty at open")
 }
 
 fn now_unix() -> u64 {
@@ -426,11 +449,9 @@ impl Pool {
         };
         // Clear the first journal block and the first MiB of the data device's label area,
         // so no stale sector of an earlier pool can be mistaken for ours (the nonce differs anyway).
-        let zeros = vec![0u8; 64 * BLOCK_BYTES];
-        let journal_bytes =
-            (geo.journal_blocks * BLOCK_BYTES as u64).min(zeros.len() as u64) as usize;
+        let journal_bytes = (geo.journal_blocks * BLOCK_BYTES as u64).min(64 * BLOCK_BYTES as u64);
         meta_dev.write_at(
-            zeros.get(..journal_bytes).unwrap_or(&[]),
+            &vec![0u8; journal_bytes as usize],
             geo.journal_start_block * BLOCK_BYTES as u64,
         )?;
         if let (Some(_), Some(path)) = (&meta, &meta_path) {
@@ -629,12 +650,11 @@ impl Pool {
             .checked_mul(block)
             .and_then(|b| b.checked_add(sb.data_offset_bytes))
             .ok_or_else(|| corrupt("data region end"))?;
-        let mut needs = vec![(data, "data", data_needed)];
-        if separate {
-            needs.push((meta, "metadata", meta_needed));
+        let needs = if separate {
+            vec![(data, "data", data_needed), (meta, "metadata", meta_needed)]
         } else {
-            needs[0].2 = data_needed.max(meta_needed);
-        }
+            vec![(data, "data", data_needed.max(meta_needed))]
+        };
         for (dev, role, needed_bytes) in needs {
             if dev.len_bytes() < needed_bytes {
                 return Err(EngineError::Truncated {
@@ -726,7 +746,9 @@ impl Pool {
             page_slots: sb.page_slots,
             overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
             // The reserve stays out of what volumes may address: overwriting a full
-            // thick pool stores the new copy before the old one is freed.
+            // thick pool stores the new copy before the old one is freed. Saturating:
+            // a reserve past the data region (only a tiny or damaged pool) leaves
+            // nothing addressable, so every write is refused rather than wrap round.
             addressable_blocks: if sb.flags & FLAG_OVERCOMMIT != 0 {
                 sb.data_blocks.saturating_sub(sb.reserve_blocks)
                     * crate::geometry::OVERCOMMIT_FACTOR
@@ -994,7 +1016,7 @@ impl Pool {
         if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
             *v = None;
         }
-        i.release_objects(&released);
+        i.release_objects(&released)?;
         i.checkpoint_locked(gate, true)
     }
 
@@ -1052,7 +1074,7 @@ impl Pool {
                     }
                 }
             }
-            i.release_objects(&released);
+            i.release_objects(&released)?;
         }
         vol.set_size(size_blocks);
         i.checkpoint_locked(gate, true)?;
@@ -1105,7 +1127,7 @@ impl Pool {
             .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
         vol.zeros
             .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
-        i.add_references(&shared);
+        i.add_references(&shared)?;
         Self::insert_volume(&mut i.volumes.write(), vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))

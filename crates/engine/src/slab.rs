@@ -9,6 +9,8 @@
 use fewerbytes_format::location::Location;
 use fewerbytes_format::page::OBJECTS_PER_PAGE;
 
+use crate::error::{EngineError, Result};
+
 /// Largest reference count; a duplicate of an object at this count gets a new copy.
 pub const REFCOUNT_MAX: u32 = u32::MAX - 1;
 
@@ -236,19 +238,26 @@ impl Slab {
         }
     }
 
-    /// Drop a holder of block `b`; at zero it becomes pending-free.
-    pub fn drop_block(&mut self, b: u32) {
-        if let Some(h) = self.holders.get_mut(b as usize) {
-            debug_assert!(
-                *h > 0,
-                "block {b} of slab {} dropped below zero holders",
-                self.index
-            );
-            *h = h.saturating_sub(1);
-            if *h == 0 {
-                self.pending_blocks.push(b);
-            }
+    /// Drop a holder of block `b`; at zero it becomes pending-free. A block with no
+    /// holder (or none such) is an [`EngineError::Invariant`]: every drop pairs with a
+    /// hold, so the holders recorded are wrong, and a block freed under a live
+    /// fragment would be overwritten.
+    pub fn drop_block(&mut self, b: u32) -> Result<()> {
+        let index = self.index;
+        let h = self.holders.get_mut(b as usize).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a holder dropped from block {b} of slab {index}, which has no such block"
+            ))
+        })?;
+        *h = h.checked_sub(1).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "block {b} of slab {index} dropped below zero holders"
+            ))
+        })?;
+        if *h == 0 {
+            self.pending_blocks.push(b);
         }
+        Ok(())
     }
 
     /// Holders of block `b`.
@@ -256,15 +265,49 @@ impl Slab {
         self.holders.get(b as usize).copied().unwrap_or(0)
     }
 
+    /// Add one reference to live object `i` (a clone). At [`REFCOUNT_MAX`] it is
+    /// [`EngineError::Refused`] and the count is left as it was: a count held at its
+    /// maximum would under-count, and the last map's blocks be freed under it.
+    /// A free object is an [`EngineError::Invariant`].
+    pub fn add_ref(&mut self, i: u32) -> Result<()> {
+        let index = self.index;
+        let rec = self.rec_mut(i).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a reference added to object {i} of slab {index}, which has no such object"
+            ))
+        })?;
+        if rec.refcount == 0 {
+            return Err(EngineError::Invariant(format!(
+                "a reference added to object {i} of slab {index}, which is free"
+            )));
+        }
+        if rec.refcount >= REFCOUNT_MAX {
+            return Err(EngineError::Refused(format!(
+                "object {i} of slab {index} already has {REFCOUNT_MAX} references, the most a count holds"
+            )));
+        }
+        rec.refcount += 1;
+        Ok(())
+    }
+
     /// Drop one reference to object `i`. Returns the record if that freed it; then
-    /// its blocks lose their holder and the slot becomes pending-free.
-    pub fn drop_ref(&mut self, i: u32) -> Option<ObjRec> {
-        let first_pbn = self.first_pbn;
-        let rec = self.rec_mut(i)?;
-        debug_assert!(rec.refcount > 0, "object {i} dropped below zero references");
-        rec.refcount = rec.refcount.saturating_sub(1);
+    /// its blocks lose their holder and the slot becomes pending-free. A reference
+    /// dropped from a free object is an [`EngineError::Invariant`], and the record is
+    /// left as it was: a map named the object without its count saying so.
+    pub fn drop_ref(&mut self, i: u32) -> Result<Option<ObjRec>> {
+        let (first_pbn, index) = (self.first_pbn, self.index);
+        let rec = self.rec_mut(i).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a reference dropped from object {i} of slab {index}, which has no such object"
+            ))
+        })?;
+        rec.refcount = rec.refcount.checked_sub(1).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "object {i} of slab {index} dropped below zero references"
+            ))
+        })?;
         if rec.refcount > 0 {
-            return None;
+            return Ok(None);
         }
         let freed = *rec;
         *rec = ObjRec::default();
@@ -272,10 +315,10 @@ impl Slab {
         if let Ok(loc) = Location::decode(freed.location) {
             let (first, count) = loc.blocks();
             for b in first..first + count {
-                self.drop_block((b - first_pbn) as u32);
+                self.drop_block((b - first_pbn) as u32)?;
             }
         }
-        Some(freed)
+        Ok(Some(freed))
     }
 
     /// Take the pending frees; they become allocatable after the next checkpoint.
@@ -346,12 +389,13 @@ impl Slab {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn freed_block_is_not_reused_before_release() {
-        let mut slab = Slab::new(0, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
+    /// Slab `index` with one whole-block object of one reference: (slab, block, object).
+    fn slab_with_one_object(index: u32) -> (Slab, u32, u32) {
+        let mut slab = Slab::new(index, 0, 64, OBJECTS_PER_PAGE as u32, Default::default());
         let b = slab.alloc_block().unwrap();
         let o = slab.alloc_object().unwrap();
         *slab.rec_mut(o).unwrap() = ObjRec {
@@ -360,7 +404,13 @@ mod tests {
             fingerprint: [1; 32],
         };
         slab.hold_block(b);
-        assert!(slab.drop_ref(o).is_some());
+        (slab, b, o)
+    }
+
+    #[test]
+    fn freed_block_is_not_reused_before_release() {
+        let (mut slab, b, o) = slab_with_one_object(0);
+        assert!(slab.drop_ref(o).unwrap().is_some());
         assert!(
             !slab.alloc_block_at(b),
             "a pending-free block must stay allocated"
@@ -368,5 +418,53 @@ mod tests {
         let (objs, blocks) = slab.take_pending();
         slab.release(&objs, &blocks);
         assert!(slab.alloc_block_at(b));
+    }
+
+    // Counts below zero used to be clamped (`saturating_sub`, with only a
+    // `debug_assert!`): in a release build a map naming a freed object, or a block
+    // dropped twice, went unnoticed until the block was reused under live data.
+    #[test]
+    fn counts_below_zero_are_reported_not_clamped() {
+        let (mut slab, b, o) = slab_with_one_object(3);
+        assert!(
+            slab.drop_ref(o).unwrap().is_some(),
+            "the last reference frees it"
+        );
+        let err = slab.drop_ref(o).expect_err("a reference below zero");
+        assert!(
+            matches!(&err, EngineError::Invariant(why) if why.contains(&format!("object {o} of slab 3 dropped below zero references"))),
+            "{err}"
+        );
+        assert_eq!(
+            slab.rec(o),
+            ObjRec::default(),
+            "the record is left as it was"
+        );
+        let err = slab.drop_block(b).expect_err("a holder below zero");
+        assert!(
+            matches!(&err, EngineError::Invariant(why) if why.contains(&format!("block {b} of slab 3 dropped below zero holders"))),
+            "{err}"
+        );
+        assert_eq!(slab.holders(b), 0);
+        assert!(slab.drop_block(64).is_err(), "a block past the slab's end");
+    }
+
+    // A clone's reference used to be clamped at REFCOUNT_MAX (`saturating_add` and
+    // `min`): the count then said fewer maps than held the object.
+    #[test]
+    fn a_reference_past_the_maximum_is_refused_not_clamped() {
+        let (mut slab, _, o) = slab_with_one_object(0);
+        slab.add_ref(o).unwrap();
+        assert_eq!(slab.rec(o).refcount, 2);
+        slab.rec_mut(o).unwrap().refcount = REFCOUNT_MAX;
+        let err = slab.add_ref(o).expect_err("past the maximum");
+        assert!(matches!(err, EngineError::Refused(_)), "{err}");
+        assert_eq!(
+            slab.rec(o).refcount,
+            REFCOUNT_MAX,
+            "the count is left as it was"
+        );
+        let free = o + 1;
+        assert!(matches!(slab.add_ref(free), Err(EngineError::Invariant(_))));
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::counters::add;
+use crate::error::within_mut;
 use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
 use crate::recovery::range_result;
 use crate::slab::{ObjRec, REFCOUNT_MAX};
@@ -139,12 +140,16 @@ impl Volume {
             let lbn = at / BLOCK;
             let within = (at % BLOCK) as usize;
             let n = (BLOCK_BYTES - within).min(buf.len() - pos);
-            let out = buf.get_mut(pos..pos + n).unwrap_or(&mut []);
+            let out = within_mut(buf, pos..pos + n, "a read's buffer")?;
             let done = if within == 0 && n == BLOCK_BYTES {
                 inner.read_block(&self.h.vol, lbn, out, wait)?
             } else {
                 let done = inner.read_block(&self.h.vol, lbn, &mut block, wait)?;
-                out.copy_from_slice(block.get(within..within + n).unwrap_or(&[]));
+                out.copy_from_slice(crate::error::within(
+                    &block,
+                    within..within + n,
+                    "a partly read block",
+                )?);
                 done
             };
             if !done {
@@ -177,8 +182,8 @@ impl Volume {
             let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK
                 + 2 * JOURNAL_BYTES_PER_RMW_RETRY;
             inner.journal.reserve(reserve)?;
-            let chunk = data.get(pos..pos + n).unwrap_or(&[]);
-            let result = self.write_step_reclaiming(at, chunk);
+            let chunk = crate::error::within(data, pos..pos + n, "a write's data");
+            let result = chunk.and_then(|chunk| self.write_step_reclaiming(at, chunk));
             inner.journal.unreserve(reserve);
             result?;
             pos += n;
@@ -240,7 +245,7 @@ impl Volume {
             let lbn = at / BLOCK;
             let within = (at % BLOCK) as usize;
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
-            let src = data.get(pos..pos + n).unwrap_or(&[]);
+            let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
             let stripe = inner.stripe(vol, lbn).lock();
             if n == BLOCK_BYTES {
                 inner.write_block(vol, lbn, src, None)?;
@@ -333,8 +338,9 @@ impl Volume {
         len_bytes: u64,
         fua: bool,
     ) -> Result<()> {
+        // A partial block's zeros: `len_bytes` is below a block, or this is a bug.
         let zeros = [0u8; BLOCK_BYTES];
-        let bytes = zeros.get(..len_bytes as usize).unwrap_or(&[]);
+        let bytes = crate::error::within(&zeros, 0..len_bytes as usize, "a partial block's zeros")?;
         match self.write(offset_bytes, bytes, fua) {
             Err(EngineError::NoSpace(why)) if entry == MapEntry::Unmapped => {
                 tracing::debug!(
@@ -394,7 +400,7 @@ impl Volume {
             steps += 1;
         }
         drop(pages);
-        inner.release_objects(&released);
+        inner.release_objects(&released)?;
         Ok(lbn)
     }
 
@@ -479,7 +485,7 @@ impl Inner {
         let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
             .wrapping_mul(0xff51_afd7_ed55_8ccd)
             >> 40;
-        &self.stripes[h as usize % self.stripes.len()]
+        crate::pool::pick(&self.stripes, h as usize)
     }
 
     fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
@@ -601,12 +607,14 @@ impl Inner {
     }
 
     /// Read data-device bytes; with `Wait::No`, only if they are cached (false if not).
+    /// A failed read fails its request and does not latch the pool: nothing was
+    /// changed, and a bad sector under one block must not stop writes to the rest.
     fn read_data(&self, buf: &mut [u8], offset_bytes: u64, wait: Wait) -> Result<bool> {
         let r = match wait {
             Wait::Yes => self.data.read_at(buf, offset_bytes).map(|()| true),
             Wait::No => self.data.read_at_cached(buf, offset_bytes),
         };
-        self.check_io(r)
+        Ok(r?)
     }
 
     fn read_location(
@@ -646,7 +654,7 @@ impl Inner {
                     let block_start = b * BLOCK;
                     let from = (addr_bytes + done as u64 - block_start) as usize;
                     let n = (BLOCK_BYTES - from).min(len - done);
-                    let dst = packed.get_mut(done..done + n).unwrap_or(&mut []);
+                    let dst = within_mut(&mut packed, done..done + n, "a fragment's bytes")?;
                     let from_packer = zone.is_some_and(|z| {
                         self.read_open_block(z, s, (b - slab_first) as u32, from, dst)
                     });
@@ -661,14 +669,17 @@ impl Inner {
                     }
                     done += n;
                 }
-                let n = lz4_flex::block::decompress_into(packed.get(..len).unwrap_or(&[]), out)
-                    .map_err(|e| {
-                        self.corrupt_object(
-                            o,
-                            rec.location,
-                            format!("LZ4 fragment does not decode: {e}"),
-                        )
-                    })?;
+                let n = lz4_flex::block::decompress_into(
+                    crate::error::within(&packed, 0..len, "a fragment's bytes")?,
+                    out,
+                )
+                .map_err(|e| {
+                    self.corrupt_object(
+                        o,
+                        rec.location,
+                        format!("LZ4 fragment does not decode: {e}"),
+                    )
+                })?;
                 if n != BLOCK_BYTES {
                     return Err(self.corrupt_object(
                         o,
@@ -699,33 +710,59 @@ impl Inner {
     }
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
-    pub(crate) fn add_references(&self, objects: &[ObjectId]) {
+    /// All or none: past an object's [`REFCOUNT_MAX`] (refused) or at a free one (a
+    /// broken invariant, which latches), the references added are taken back.
+    pub(crate) fn add_references(&self, objects: &[ObjectId]) -> Result<()> {
+        let mut added: Vec<(u32, Vec<u32>)> = Vec::new();
         for (s, indexes) in self.by_slab(objects) {
-            let mut slab = self.slab(s).lock();
-            for i in indexes {
-                if let Some(r) = slab.rec_mut(i) {
-                    r.refcount = r.refcount.saturating_add(1).min(REFCOUNT_MAX);
+            let failed = {
+                let mut slab = self.slab(s).lock();
+                indexes
+                    .iter()
+                    .enumerate()
+                    .find_map(|(n, &i)| slab.add_ref(i).err().map(|e| (n, e)))
+            };
+            let Some((n, e)) = failed else {
+                added.push((s, indexes));
+                continue;
+            };
+            added.push((s, indexes.into_iter().take(n).collect()));
+            // Each of these had a reference before ours: none is freed here.
+            for (s, indexes) in added {
+                let mut slab = self.slab(s).lock();
+                for i in indexes {
+                    self.check_invariant(slab.drop_ref(i))?;
                 }
             }
+            self.latch(&e);
+            return Err(e);
         }
+        Ok(())
     }
 
     /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
-    /// lock once; freed objects leave the index.
-    pub(crate) fn release_objects(&self, objects: &[ObjectId]) {
+    /// lock once; freed objects leave the index. A count below zero latches the pool
+    /// and is returned once the rest are released.
+    pub(crate) fn release_objects(&self, objects: &[ObjectId]) -> Result<()> {
+        let mut broken = Ok(());
         for (s, indexes) in self.by_slab(objects) {
-            let freed: Vec<(u32, ObjRec)> = {
+            let mut freed: Vec<(u32, ObjRec)> = Vec::new();
+            {
                 let mut slab = self.slab(s).lock();
-                indexes
-                    .into_iter()
-                    .filter_map(|i| slab.drop_ref(i).map(|rec| (i, rec)))
-                    .collect()
-            };
+                for i in indexes {
+                    match slab.drop_ref(i) {
+                        Ok(Some(rec)) => freed.push((i, rec)),
+                        Ok(None) => {}
+                        Err(e) => broken = broken.and(self.check_invariant(Err(e))),
+                    }
+                }
+            }
             for (i, rec) in freed {
                 let o = ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i));
                 self.forget_freed(o, &rec);
             }
         }
+        broken
     }
 
     /// Object indexes grouped by slab: (slab, its indexes), only slabs with some.
@@ -767,13 +804,15 @@ impl Inner {
         }
     }
 
-    /// Drop a reference; a freed object leaves the index.
-    pub(crate) fn release_object(&self, o: ObjectId) {
+    /// Drop a reference; a freed object leaves the index. A count below zero
+    /// latches the pool.
+    pub(crate) fn release_object(&self, o: ObjectId) -> Result<()> {
         let (s, i) = self.split_object(o);
         let freed = self.slab(s).lock().drop_ref(i);
-        if let Some(rec) = freed {
+        if let Some(rec) = self.check_invariant(freed)? {
             self.forget_freed(o, &rec);
         }
+        Ok(())
     }
 
     /// Store a new block (compressed or whole) with one reference; journals it.
@@ -791,7 +830,11 @@ impl Inner {
             if n > COMPRESSED_BYTES_MAX {
                 return Ok(None);
             }
-            match self.pack(zone, scratch.get(..n).unwrap_or(&[]), fp) {
+            match self.pack(
+                zone,
+                crate::error::within(&scratch, 0..n, "a compressed block")?,
+                fp,
+            ) {
                 Ok(v) => Ok(Some(v)),
                 Err(EngineError::NoSpace(_)) => Ok(None),
                 Err(e) => Err(e),
@@ -867,7 +910,7 @@ impl Inner {
             let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o);
+                    self.release_object(o)?;
                 }
                 return Err(EngineError::VolumeGone(vol.name.clone()));
             };
@@ -877,7 +920,7 @@ impl Inner {
                 drop(page);
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o);
+                    self.release_object(o)?;
                 }
                 return Ok(false);
             }
@@ -892,7 +935,7 @@ impl Inner {
         };
         vol.account(old, entry);
         if let Some(o) = old.object() {
-            self.release_object(o);
+            self.release_object(o)?;
         }
         Ok(true)
     }

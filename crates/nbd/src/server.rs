@@ -18,7 +18,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,6 +35,15 @@ pub const DEFAULT_MAX_INFLIGHT_PER_CONNECTION: usize = 64;
 /// Default for [`ServerConfig::max_inflight_total`]: 16 clients at full depth. The
 /// engine runs one worker per CPU, so more queued requests only add latency.
 pub const DEFAULT_MAX_INFLIGHT_TOTAL: usize = 1024;
+/// Request slots each connection holds apart from [`ServerConfig::max_inflight_total`]
+/// (at most its [`ServerConfig::max_inflight_per_connection`]), so that connections
+/// whose clients stall with requests in flight (reads whose replies they never read,
+/// write headers whose payloads never come) cannot take every slot and keep other
+/// clients' requests unread: 8 keep each of a connection's
+/// [`WORKERS_PER_CONNECTION_MAX`] workers busy. Requests in flight are bounded by
+/// the total plus the reserves of [`DEFAULT_MAX_CONNECTIONS`] connections (5,120 at
+/// the defaults), their buffers by the byte budgets below.
+pub const CONNECTION_RESERVED_REQUESTS: usize = 8;
 /// How long a connection's reader polls for the next request before it sleeps in
 /// the kernel, while its client sends requests back to back (see [`StreamReader`]).
 /// A queue-depth-1 client's next request usually comes within this; catching it
@@ -102,7 +111,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Requests in flight on one connection; at the limit the server stops reading it.
     pub max_inflight_per_connection: usize,
-    /// Requests in flight across all connections; at the limit readers wait.
+    /// Requests in flight across all connections beyond each one's reserve of
+    /// [`CONNECTION_RESERVED_REQUESTS`]; at the limit readers wait.
     pub max_inflight_total: usize,
     /// A reader's poll for the next request before it sleeps (zero: never polls).
     pub read_spin: Duration,
@@ -327,19 +337,29 @@ pub(crate) struct InflightLimits {
 
 #[derive(Debug, Default)]
 struct InflightState {
-    requests: usize,
+    /// Request slots taken from the shared pool.
+    shared_requests: usize,
+    /// Request slots taken from connections' own reserves.
+    reserved_requests: usize,
     /// Bytes taken from the shared pool.
     shared_bytes: u64,
     /// Bytes taken from connections' own reserves.
     reserved_bytes: u64,
 }
 
-/// One connection's view of the server-wide limits: its requests count against the
-/// server's, its buffer bytes come from its own reserve first, then from the shared
-/// pool up to its cap.
+/// One connection's view of the server-wide limits: its request slots and buffer
+/// bytes come from its own reserve first, then from the shared pools (bytes up to
+/// its cap; request slots up to its per-connection limit, which the connection
+/// enforces).
 #[derive(Debug)]
 pub(crate) struct Inflight {
     limits: Arc<InflightLimits>,
+    /// Size of this connection's reserve of request slots.
+    requests_reserve: usize,
+    /// This connection's request slots in its own reserve, and in the shared pool
+    /// (changed only under `limits.state`'s lock, like the bytes below).
+    reserved_requests: AtomicUsize,
+    shared_requests: AtomicUsize,
     /// This connection's bytes in its own reserve, and in the shared pool. Changed
     /// only under `limits.state`'s lock (atomics only to be `Sync` without a second
     /// lock). Which bucket a request's bytes came from is not remembered: a release
@@ -349,6 +369,7 @@ pub(crate) struct Inflight {
 }
 
 impl InflightLimits {
+    /// Limits with `requests_max` shared request slots and `bytes_max` shared bytes.
     fn new(requests_max: usize, bytes_max: u64) -> InflightLimits {
         InflightLimits {
             state: Mutex::new(InflightState::default()),
@@ -358,24 +379,31 @@ impl InflightLimits {
         }
     }
 
-    /// A new connection's view, with an empty reserve.
-    pub(crate) fn for_connection(self: &Arc<Self>) -> Arc<Inflight> {
+    /// A new connection's view, with an empty reserve of `requests_reserve` slots.
+    pub(crate) fn for_connection(self: &Arc<Self>, requests_reserve: usize) -> Arc<Inflight> {
         Arc::new(Inflight {
             limits: Arc::clone(self),
+            requests_reserve,
+            reserved_requests: AtomicUsize::new(0),
+            shared_requests: AtomicUsize::new(0),
             reserved_bytes: AtomicU64::new(0),
             shared_bytes: AtomicU64::new(0),
         })
     }
 
-    /// Requests in flight now.
+    /// Requests in flight now (reserved and shared).
     pub(crate) fn requests(&self) -> usize {
-        self.state.lock().requests
+        let state = self.state.lock();
+        state.shared_requests + state.reserved_requests
     }
 
     /// Requests and buffer bytes (reserved and shared) in flight now.
     fn snapshot(&self) -> (usize, u64) {
         let state = self.state.lock();
-        (state.requests, state.shared_bytes + state.reserved_bytes)
+        (
+            state.shared_requests + state.reserved_requests,
+            state.shared_bytes + state.reserved_bytes,
+        )
     }
 }
 
@@ -383,11 +411,25 @@ impl Inflight {
     /// Take a request slot if one is free now.
     pub(crate) fn try_acquire_request(&self) -> bool {
         let mut state = self.limits.state.lock();
-        if state.requests >= self.limits.requests_max {
-            return false;
+        self.take_request(&mut state)
+    }
+
+    /// Take a slot from this connection's reserve, else from the shared pool, if
+    /// either has one free now.
+    fn take_request(&self, state: &mut InflightState) -> bool {
+        let reserved = self.reserved_requests.load(Ordering::Relaxed);
+        if reserved < self.requests_reserve {
+            self.reserved_requests
+                .store(reserved + 1, Ordering::Relaxed);
+            state.reserved_requests += 1;
+            return true;
         }
-        state.requests += 1;
-        true
+        if state.shared_requests < self.limits.requests_max {
+            self.shared_requests.fetch_add(1, Ordering::Relaxed);
+            state.shared_requests += 1;
+            return true;
+        }
+        false
     }
 
     /// Take `bytes` more buffer bytes if they fit now.
@@ -420,10 +462,9 @@ impl Inflight {
     /// Wait for a request slot.
     pub(crate) fn acquire_request(&self) {
         let mut state = self.limits.state.lock();
-        while state.requests >= self.limits.requests_max {
+        while !self.take_request(&mut state) {
             self.limits.released.wait(&mut state);
         }
-        state.requests += 1;
     }
 
     /// Wait until `bytes` more buffer bytes fit (`bytes` ≤ a connection's share of
@@ -441,11 +482,13 @@ impl Inflight {
         let mut state = self.limits.state.lock();
         let shared = self.shared_bytes.load(Ordering::Relaxed);
         let reserved = self.reserved_bytes.load(Ordering::Relaxed);
+        let shared_requests = self.shared_requests.load(Ordering::Relaxed);
+        let reserved_requests = self.reserved_requests.load(Ordering::Relaxed);
         // A release without its acquire would corrupt the accounting every other
         // connection waits on: fail loudly rather than clamp.
         assert!(
-            state.requests > 0,
-            "a request slot released but none is held"
+            shared_requests + reserved_requests > 0,
+            "a request slot released but this connection holds none"
         );
         assert!(
             shared + reserved >= bytes,
@@ -457,7 +500,16 @@ impl Inflight {
             .store(shared - from_shared, Ordering::Relaxed);
         self.reserved_bytes
             .store(reserved - from_reserved, Ordering::Relaxed);
-        state.requests -= 1;
+        // Shared slots first, as for bytes: the reserve is what stays at hand.
+        if shared_requests > 0 {
+            self.shared_requests
+                .store(shared_requests - 1, Ordering::Relaxed);
+            state.shared_requests -= 1;
+        } else {
+            self.reserved_requests
+                .store(reserved_requests - 1, Ordering::Relaxed);
+            state.reserved_requests -= 1;
+        }
         state.shared_bytes -= from_shared;
         state.reserved_bytes -= from_reserved;
         self.limits.released.notify_all();
@@ -685,6 +737,10 @@ impl Server {
                 c.max_inflight_per_connection as u64,
             ),
             ("max_inflight_total", c.max_inflight_total as u64),
+            (
+                "connection_reserved_requests",
+                CONNECTION_RESERVED_REQUESTS.min(c.max_inflight_per_connection) as u64,
+            ),
             ("inflight_buffer_bytes_max", INFLIGHT_BUFFER_BYTES_MAX),
             (
                 "connection_reserved_buffer_bytes",

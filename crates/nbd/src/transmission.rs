@@ -249,7 +249,10 @@ pub(crate) fn serve(
         slot_free: Condvar::new(),
         inflight_max: server.config.max_inflight_per_connection,
         inflight_now: Arc::new(AtomicUsize::new(0)),
-        server_inflight: server.inflight.for_connection(),
+        server_inflight: server.inflight.for_connection(
+            crate::server::CONNECTION_RESERVED_REQUESTS
+                .min(server.config.max_inflight_per_connection),
+        ),
         workers_running_max: server.workers_running_max,
         workers_max: crate::server::WORKERS_PER_CONNECTION_MAX
             .min(server.config.max_inflight_per_connection),

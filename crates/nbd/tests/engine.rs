@@ -1,12 +1,15 @@
 //! The server over a real pool: `pool_exports` lists and opens volumes, and
-//! reads, writes, zeroing, trim, flush and block status reach the engine.
+//! reads, writes, zeroing, trim, flush and block status reach the engine; a bad
+//! sector fails only the reads that touch it.
 
 mod common;
 
 use common::{chunk_error, Client, TempDir};
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_engine::storage::{CrashMode, FaultPlan, FaultStorage, Storage};
+use fewerbytes_engine::{CreateOptions, Mode, OpenOptions, Pool};
 use fewerbytes_nbd::protocol::*;
-use fewerbytes_nbd::{pool_exports, Server, ServerConfig, EINVAL, ESHUTDOWN};
+use fewerbytes_nbd::{pool_exports, Server, ServerConfig, EINVAL, EIO, ESHUTDOWN};
+use std::sync::Arc;
 
 #[test]
 fn serves_pool_volumes() {
@@ -93,6 +96,116 @@ fn serves_pool_volumes() {
         c.go("vm1", &[]).expect_err("deleted volume").0,
         REP_ERR_UNKNOWN
     );
+    server.shutdown();
+    pool.close().expect("close pool");
+}
+
+/// Distinct, incompressible 4 KiB blocks (each stored whole, at its own place).
+fn random_block(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn a_read_error_fails_that_request_alone() {
+    // Bug: a failed data read latched the whole pool read-only (`check_io`), so one
+    // bad sector under one block of one volume refused every later write, on
+    // every volume, until a restart.
+    const BLOCKS: u64 = 8;
+    const BAD: u64 = 3;
+    let dev = Arc::new(FaultStorage::new("data", 64 << 20));
+    Pool::format(
+        Arc::clone(&dev) as Arc<dyn Storage>,
+        None,
+        None,
+        &CreateOptions::default(),
+    )
+    .expect("format");
+    let open = || {
+        Pool::open_devices(
+            Arc::clone(&dev) as Arc<dyn Storage>,
+            None,
+            &OpenOptions { threads: Some(2) },
+        )
+        .expect("open pool")
+    };
+    // Written and closed first, so that reads go to the device, not to a packer's
+    // buffer of recent writes.
+    let pool = open();
+    pool.create_volume("vm1", 16 << 20).expect("create vm1");
+    let vol = pool.open_volume("vm1").expect("open vm1");
+    for b in 0..BLOCKS {
+        vol.write(b * 4096, &random_block(b), false).expect("write");
+    }
+    drop(vol);
+    pool.close().expect("close");
+    let pool = open();
+    let server = Server::new(ServerConfig::default(), pool_exports(pool.clone(), None));
+    let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
+    let mut c = Client::connect(addr);
+    c.handshake();
+    c.go("vm1", &[]).expect("GO");
+
+    // The bad sector: the first 512 bytes of where block BAD's bytes lie.
+    let image = dev.crash_image(CrashMode::KeepAll);
+    let bad = random_block(BAD);
+    let at = image
+        .chunks(4096)
+        .position(|block| block == &bad[..])
+        .expect("block BAD is stored whole") as u64
+        * 4096;
+    dev.set_plan(FaultPlan {
+        unreadable: Some((at, 512)),
+        ..FaultPlan::default()
+    });
+
+    for round in 0..2u64 {
+        c.send_request(0, CMD_READ, 100 + round, BAD * 4096, 4096, &[]);
+        assert_eq!(c.simple_reply(), (EIO, 100 + round), "the bad block's read");
+        for b in (0..BLOCKS).filter(|&b| b != BAD) {
+            c.send_request(0, CMD_READ, b, b * 4096, 4096, &[]);
+            assert_eq!(c.simple_reply(), (0, b), "block {b}'s read");
+            assert!(c.read_bytes(4096) == random_block(b), "block {b}'s bytes");
+        }
+    }
+    // Writes go on, and the pool is not latched.
+    c.send_request(
+        CMD_FLAG_FUA,
+        CMD_WRITE,
+        200,
+        10 * 4096,
+        4096,
+        &random_block(10),
+    );
+    assert_eq!(c.simple_reply(), (0, 200), "a write after the read error");
+    c.send_request(0, CMD_FLUSH, 201, 0, 0, &[]);
+    assert_eq!(c.simple_reply(), (0, 201), "a flush after the read error");
+    assert_eq!(pool.latched_reason(), None);
+    assert_eq!(pool.stats().mode, Mode::Normal);
+    // Rewritten, the block is stored elsewhere and reads again.
+    c.send_request(
+        CMD_FLAG_FUA,
+        CMD_WRITE,
+        202,
+        BAD * 4096,
+        4096,
+        &random_block(99),
+    );
+    assert_eq!(c.simple_reply(), (0, 202));
+    c.send_request(0, CMD_READ, 203, BAD * 4096, 4096, &[]);
+    assert_eq!(c.simple_reply(), (0, 203));
+    assert!(
+        c.read_bytes(4096) == random_block(99),
+        "the rewritten block"
+    );
+    c.disconnect();
     server.shutdown();
     pool.close().expect("close pool");
 }

@@ -7,7 +7,10 @@ mod common;
 
 use common::*;
 use fewerbytes_nbd::protocol::*;
-use fewerbytes_nbd::{Export, ServerConfig, EINVAL, ENOSPC, EPERM};
+use fewerbytes_nbd::{
+    Export, ServerConfig, CONNECTION_RESERVED_REQUESTS, EINVAL, ENOSPC, EPERM,
+    WORKERS_PER_CONNECTION_MAX,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -472,6 +475,9 @@ fn per_connection_limit_stops_reading_until_a_request_completes() {
     assert_eq!(t.server.inflight_requests(), 0);
 }
 
+/// Beyond each connection's own reserve of request slots, the total limit is
+/// shared: three connections at a limit of 3 hold their reserves and 3 slots more
+/// between them, and the rest of their requests wait unread.
 #[test]
 fn total_limit_is_shared_by_connections() {
     const GATED: u64 = 0;
@@ -480,18 +486,31 @@ fn total_limit_is_shared_by_connections() {
         ..ServerConfig::default()
     };
     let (t, gate) = gated_server(config, GATED);
+    let per_client = CONNECTION_RESERVED_REQUESTS as u64 + 2;
     let mut clients: Vec<Client> = (0..3).map(|_| simple_client(&t, "g")).collect();
     for (i, c) in clients.iter_mut().enumerate() {
-        c.send_request(0, CMD_READ, i as u64, GATED, 512, &[]);
-        c.send_request(0, CMD_READ, 10 + i as u64, GATED, 512, &[]);
+        for j in 0..per_client {
+            c.send_request(0, CMD_READ, i as u64 * 100 + j, GATED, 512, &[]);
+        }
     }
-    gate.wait_for_waiting(3);
+    // Each connection runs at most WORKERS_PER_CONNECTION_MAX (8) at the gate.
+    gate.wait_for_waiting(3 * CONNECTION_RESERVED_REQUESTS.min(WORKERS_PER_CONNECTION_MAX));
+    let held = 3 * CONNECTION_RESERVED_REQUESTS + 3;
+    for _ in 0..500 {
+        if t.server.inflight_requests() >= held {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(gate.waiting(), 3);
-    assert_eq!(t.server.inflight_requests(), 3);
+    assert_eq!(
+        t.server.inflight_requests(),
+        held,
+        "three reserves and the shared three"
+    );
     gate.open_gate();
     for c in clients.iter_mut() {
-        for _ in 0..2 {
+        for _ in 0..per_client {
             assert_eq!(c.simple_reply().0, 0);
             c.read_bytes(512);
         }

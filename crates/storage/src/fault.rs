@@ -5,6 +5,8 @@
 //! plus a chosen subset of the unflushed writes, each possibly torn at a 512-byte
 //! boundary. It can also fail the Nth read, write or flush; after any injected
 //! failure it stays failed, as a real device that returned EIO is not trusted again.
+//! Apart from those, a plan may name an unreadable range (a bad sector): reads
+//! touching it fail every time, and nothing else does.
 
 use crate::{check_bounds, IoCounters, IoOp, Storage, StorageError};
 use parking_lot::Mutex;
@@ -30,6 +32,9 @@ pub struct FaultPlan {
     pub fail_flush: Option<u64>,
     /// Fail the read with this index.
     pub fail_read: Option<u64>,
+    /// `(offset_bytes, len_bytes)`: every read touching these bytes fails, without
+    /// latching the device (a bad sector; other reads, writes and flushes go on).
+    pub unreadable: Option<(u64, u64)>,
 }
 
 struct State {
@@ -148,6 +153,15 @@ impl Storage for FaultStorage {
         if s.failed || s.plan.fail_read == Some(index) {
             return Err(self.fail(&mut s, IoOp::Read));
         }
+        if let Some((bad_offset, bad_len)) = s.plan.unreadable {
+            let end = offset_bytes + buf.len() as u64;
+            if offset_bytes < bad_offset + bad_len && bad_offset < end {
+                return Err(StorageError::Injected {
+                    device: self.name.clone(),
+                    op: IoOp::Read,
+                });
+            }
+        }
         let start = offset_bytes as usize;
         if let Some(src) = s.live.get(start..start + buf.len()) {
             buf.copy_from_slice(src);
@@ -210,6 +224,7 @@ impl Storage for FaultStorage {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -236,5 +251,23 @@ mod tests {
         dev.write_at(&[1; 512], 0).unwrap();
         assert!(dev.write_at(&[1; 512], 0).is_err());
         assert!(dev.flush().is_err(), "a failed device stays failed");
+    }
+
+    #[test]
+    fn an_unreadable_range_fails_only_reads_touching_it() {
+        let dev = FaultStorage::new("t", 8192);
+        dev.set_plan(FaultPlan {
+            unreadable: Some((4096, 512)),
+            ..Default::default()
+        });
+        let mut buf = [0u8; 512];
+        for _ in 0..2 {
+            assert!(dev.read_at(&mut buf, 4096).is_err());
+            assert!(dev.read_at(&mut [0u8; 4096], 1024).is_err(), "overlapping");
+            dev.read_at(&mut buf, 3584).unwrap();
+            dev.read_at(&mut buf, 4608).unwrap();
+            dev.write_at(&[1; 512], 4096).unwrap();
+            dev.flush().unwrap();
+        }
     }
 }

@@ -409,6 +409,7 @@ impl Storage for FileStorage {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use std::os::unix::io::AsRawFd;

@@ -13,6 +13,7 @@
 //! **Architecture invariant:** `storage` knows nothing of pools, blocks or dedup.
 
 #![deny(missing_docs)]
+#![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
 mod fault;
 mod file;

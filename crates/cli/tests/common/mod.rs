@@ -315,6 +315,17 @@ pub fn fewerbytes_ok(pool: &Path, args: &[&str]) -> Ran {
     ran
 }
 
+/// The pool's volume names (`volume list --json`).
+pub fn volume_names(pool: &Path) -> Vec<String> {
+    let ran = fewerbytes_ok(pool, &["volume", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&ran.stdout).expect("json");
+    list.as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v["name"].as_str().expect("name").to_string())
+        .collect()
+}
+
 /// Creates a pool at `dir/test.pool` with the given volumes (name, size as the CLI
 /// takes it, e.g. "256M"); returns the pool path.
 pub fn create_pool(dir: &Path, volumes: &[(&str, &str)]) -> PathBuf {
