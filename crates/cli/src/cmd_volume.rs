@@ -1,4 +1,4 @@
-//! `volume create|list|resize|clone|delete|import|export`: the VM disks of a pool.
+//! `volume create|list|info|resize|clone|rename|delete|import|export`: the VM disks of a pool.
 //!
 //! Everything but import and export works on a served pool too, through the control
 //! socket; import and export move whole images and belong to NBD while a server runs.
@@ -31,6 +31,14 @@ pub enum VolumeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One volume: size, logical used, zeros, stored bytes only it holds, users.
+    Info {
+        /// Name.
+        name: String,
+        /// Print it as JSON (one object, as in `volume list --json`).
+        #[arg(long)]
+        json: bool,
+    },
     /// Grow a volume (or shrink it with --shrink, discarding its tail).
     Resize {
         /// Name.
@@ -48,6 +56,17 @@ pub enum VolumeCommand {
         src: String,
         /// The new volume's name.
         dst: String,
+    },
+    /// Give a volume another name (and so another NBD export name).
+    ///
+    /// Done as a clone and a delete: no data moves, but the pool must be able to address
+    /// the volume's size once more for a moment, and a volume a client has open is
+    /// refused.
+    Rename {
+        /// The current name.
+        name: String,
+        /// The new name.
+        new_name: String,
     },
     /// Delete a volume, freeing every block only it held.
     Delete {
@@ -92,16 +111,24 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             );
         }
         VolumeCommand::List { json } => {
-            let volumes = with_pool(pool_path, |pool| {
-                match pool.call(&Request::ListVolumes)? {
-                    Answer::Volumes(volumes) => Ok(volumes),
-                    other => bail!("unexpected answer to volume list: {other:?}"),
-                }
-            })?;
+            let volumes = list_volumes(pool_path)?;
             if json {
                 print_json(&volumes)?;
             } else {
                 volume_table(&volumes).print();
+            }
+        }
+        VolumeCommand::Info { name, json } => {
+            let Some(volume) = list_volumes(pool_path)?
+                .into_iter()
+                .find(|v| v.name == name)
+            else {
+                bail!("no volume named '{name}' in this pool");
+            };
+            if json {
+                print_json(&volume)?;
+            } else {
+                volume_table(std::slice::from_ref(&volume)).print();
             }
         }
         VolumeCommand::Resize { name, size, shrink } => {
@@ -133,6 +160,16 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes)
             );
         }
+        VolumeCommand::Rename { name, new_name } => {
+            let volume = expect_volume(
+                pool_path,
+                &Request::RenameVolume {
+                    name: name.clone(),
+                    new_name,
+                },
+            )?;
+            println!("Volume '{name}' renamed to '{}'.", volume.name);
+        }
         VolumeCommand::Delete { name, force } => {
             with_pool(pool_path, |pool| {
                 pool.call(&Request::DeleteVolume {
@@ -146,6 +183,15 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         VolumeCommand::Export { name, file } => transfer::export(pool_path, &name, &file)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
+    with_pool(pool_path, |pool| {
+        match pool.call(&Request::ListVolumes)? {
+            Answer::Volumes(volumes) => Ok(volumes),
+            other => bail!("unexpected answer to volume list: {other:?}"),
+        }
+    })
 }
 
 fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {

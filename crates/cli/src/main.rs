@@ -47,6 +47,11 @@ struct Cli {
     )]
     control_socket: Option<PathBuf>,
 
+    /// Fail unless a server holds the pool and answers on its control socket; never
+    /// open the pool in this process (what the Proxmox storage plugin uses).
+    #[arg(long, global = true)]
+    require_server: bool,
+
     /// Least severe log level written to stderr [default: $FEWERBYTES_LOG, else
     /// $RUST_LOG, else info for serve and warn otherwise]; this flag wins over both
     /// variables.
@@ -110,6 +115,9 @@ fn main() -> ExitCode {
     logging::init(cli.log_level, if serving { "info" } else { "warn" });
     if let Some(path) = cli.control_socket {
         control::set_control_socket(path);
+    }
+    if cli.require_server {
+        control::set_require_server();
     }
     let pool = match cli.pool {
         Some(path) => PoolPath {
