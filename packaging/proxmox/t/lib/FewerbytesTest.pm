@@ -39,7 +39,7 @@ sub fewerbytes_bin {
     return $bin;
 }
 
-my %server;
+our %server;
 
 # The storage.cfg entry of the test's storage.
 sub scfg {

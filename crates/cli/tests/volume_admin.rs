@@ -1,0 +1,155 @@
+//! `volume rename`, `volume info` and `--require-server`, what the Proxmox plugin
+//! stands on, with the real binary: on a pool opened by the command and on a served
+//! one, with a client connected and not.
+
+mod common;
+
+use common::{create_pool, fewerbytes, fewerbytes_ok, qemu_io, Server, TempDir};
+
+fn json(ran: &common::Ran) -> serde_json::Value {
+    serde_json::from_str(&ran.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", ran.report()))
+}
+
+#[test]
+fn rename_keeps_the_data_under_the_new_export_name() {
+    let dir = TempDir::new("rename");
+    let mut server = Server::start_new(dir.path(), &[("vm-100-disk-0", "16M")], &[]);
+    let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", server.socket.display());
+    qemu_io(&uri("vm-100-disk-0"), &["write -P 0x5a 0 4M".into()]);
+    let stored_before = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+        .as_u64()
+        .expect("data_used_bytes");
+
+    let ran = fewerbytes_ok(
+        &server.pool,
+        &["volume", "rename", "vm-100-disk-0", "base-100-disk-0"],
+    );
+    assert_eq!(
+        ran.stdout.trim(),
+        "Volume 'vm-100-disk-0' renamed to 'base-100-disk-0'."
+    );
+    let list = json(&fewerbytes_ok(&server.pool, &["volume", "list", "--json"]));
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(names, ["base-100-disk-0"], "only the new name is left");
+    qemu_io(&uri("base-100-disk-0"), &["read -P 0x5a 0 4M".into()]);
+    let stored_after = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+        .as_u64()
+        .expect("data_used_bytes");
+    assert_eq!(stored_after, stored_before, "a rename stores nothing more");
+
+    // Refused while a client has the volume open; nothing changes.
+    let mut holder = std::process::Command::new(common::require_tool("qemu-io"))
+        .args(["-f", "raw", "-c", "sleep 3000", &uri("base-100-disk-0")])
+        .spawn()
+        .expect("start qemu-io");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let refused = fewerbytes(
+        &server.pool,
+        &["volume", "rename", "base-100-disk-0", "vm-100-disk-1"],
+    );
+    holder.wait().expect("qemu-io exits");
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused.stderr.contains("base-100-disk-0"),
+        "the refusal names the volume:\n{}",
+        refused.report()
+    );
+    let list = json(&fewerbytes_ok(&server.pool, &["volume", "list", "--json"]));
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(1),
+        "no clone left behind"
+    );
+
+    // A name that is taken, or invalid, is refused by the pool.
+    fewerbytes_ok(&server.pool, &["volume", "create", "other", "--size", "4M"]);
+    let taken = fewerbytes(
+        &server.pool,
+        &["volume", "rename", "other", "base-100-disk-0"],
+    );
+    assert!(!taken.status.success(), "{}", taken.report());
+    server.stop();
+
+    // The same on a pool that is not served.
+    fewerbytes_ok(&server.pool, &["volume", "rename", "other", "renamed"]);
+    let info = json(&fewerbytes_ok(
+        &server.pool,
+        &["volume", "info", "renamed", "--json"],
+    ));
+    assert_eq!(info["size_bytes"], 4 << 20);
+}
+
+#[test]
+fn volume_info_shows_one_volume_and_names_a_missing_one() {
+    let dir = TempDir::new("info");
+    let pool = create_pool(dir.path(), &[("disk0", "8M"), ("disk1", "4M")]);
+    let info = json(&fewerbytes_ok(
+        &pool,
+        &["volume", "info", "disk1", "--json"],
+    ));
+    assert_eq!(info["name"], "disk1");
+    assert_eq!(info["size_bytes"], 4 << 20);
+    assert_eq!(info["users"], 0);
+    let table = fewerbytes_ok(&pool, &["volume", "info", "disk0"]);
+    assert!(table.stdout.contains("disk0"), "{}", table.report());
+    assert!(table.stdout.contains("8.00 MiB"), "{}", table.report());
+    assert!(!table.stdout.contains("disk1"), "{}", table.report());
+    let missing = fewerbytes(&pool, &["volume", "info", "disk9"]);
+    assert!(!missing.status.success());
+    assert!(
+        missing.stderr.contains("no volume named 'disk9'"),
+        "{}",
+        missing.report()
+    );
+}
+
+#[test]
+fn require_server_never_opens_the_pool_itself() {
+    let dir = TempDir::new("reqsrv");
+    let pool = create_pool(dir.path(), &[("disk0", "8M")]);
+    let refused = fewerbytes(
+        &pool,
+        &["--require-server", "volume", "create", "x", "--size", "4M"],
+    );
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused
+            .stderr
+            .contains("no fewerbytes server answers for pool"),
+        "the refusal says why:\n{}",
+        refused.report()
+    );
+    assert!(
+        refused.stderr.contains("--require-server"),
+        "the refusal names the flag:\n{}",
+        refused.report()
+    );
+    let list = json(&fewerbytes_ok(&pool, &["volume", "list", "--json"]));
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(1),
+        "nothing was created"
+    );
+
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    fewerbytes_ok(
+        &pool,
+        &["--require-server", "volume", "create", "x", "--size", "4M"],
+    );
+    let list = json(&fewerbytes_ok(
+        &pool,
+        &["--require-server", "volume", "list", "--json"],
+    ));
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(2),
+        "created through the server"
+    );
+    server.stop();
+}
