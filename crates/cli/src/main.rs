@@ -67,7 +67,7 @@ enum Command {
     /// Create a pool, or show its geometry.
     #[command(subcommand)]
     Pool(cmd_pool::PoolCommand),
-    /// Create, list, resize, clone, delete, import and export volumes.
+    /// Create, list, show, resize, clone, rename, delete, import and export volumes.
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
     /// Space used and saved, like vdostats.
