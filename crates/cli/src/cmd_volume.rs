@@ -77,19 +77,28 @@ pub enum VolumeCommand {
         force: bool,
     },
     /// Write a raw image into a volume (created, sized to the file, if missing).
+    ///
+    /// qcow2, VMDK, VHD, VHDX and VDI files are refused, naming the qemu-img command
+    /// that converts them.
     Import {
         /// Volume name.
         name: String,
         /// Raw image file (or block device).
         file: PathBuf,
+        /// Overwrite a volume that already holds data.
+        #[arg(long)]
+        force: bool,
     },
     /// Write a volume out as a raw image (sparse where the volume has holes).
     Export {
         /// Volume name.
         name: String,
-        /// Raw image file or block device to write (a file is replaced if it
-        /// exists); `-`, a pipe or a terminal gets every byte in order.
+        /// Raw image file or block device to write (a file that holds bytes only with
+        /// --force); `-`, a pipe or a terminal gets every byte in order.
         file: PathBuf,
+        /// Replace a file that already holds bytes.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -179,8 +188,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             })?;
             println!("Volume '{name}' deleted.");
         }
-        VolumeCommand::Import { name, file } => transfer::import(pool_path, &name, &file)?,
-        VolumeCommand::Export { name, file } => transfer::export(pool_path, &name, &file)?,
+        VolumeCommand::Import { name, file, force } => {
+            transfer::import(pool_path, &name, &file, force)?
+        }
+        VolumeCommand::Export { name, file, force } => {
+            transfer::export(pool_path, &name, &file, force)?
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -12,6 +12,7 @@ mod cmd_stats;
 mod cmd_volume;
 mod control;
 mod control_server;
+mod image_format;
 mod logging;
 mod notify;
 mod output;

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::control::{with_local_pool, Answer, ControlClient, Request};
+use crate::image_format;
 use crate::output::Progress;
 use crate::size::{format_size, round_up};
 
@@ -37,8 +38,9 @@ enum Direction {
     Export,
 }
 
-/// Import `file` into volume `name`, creating the volume if it does not exist.
-pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+/// Import `file` into volume `name`, creating the volume if it does not exist. A
+/// volume that holds data is overwritten only with `force`.
+pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<()> {
     refuse_if_served(pool_path, name, file, Direction::Import)?;
     let source = File::open(file).with_context(|| format!("could not open {}", file.display()))?;
     let image_bytes =
@@ -46,8 +48,30 @@ pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
     if image_bytes == 0 {
         bail!("{} is empty: there is nothing to import", file.display());
     }
+    if let Some(format) = image_format::detect(&source, image_bytes)
+        .with_context(|| format!("could not read {}", file.display()))?
+    {
+        bail!(
+            "{} is {}, not a raw disk image: imported as raw, the volume would hold the {} \
+             file's bytes rather than its disk. Convert it first (`qemu-img convert -f {} -O \
+             raw {} disk.raw`, then import disk.raw), or serve the pool and write the \
+             volume with `qemu-img convert -n -f {} -O raw {} nbd+unix:///{name}?socket=…`",
+            file.display(),
+            format.description(),
+            format.qemu_name(),
+            format.qemu_name(),
+            file.display(),
+            format.qemu_name(),
+            file.display(),
+        );
+    }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
         match pool.list_volumes().into_iter().find(|v| v.name == name) {
+            Some(volume) if volume.logical_used_bytes > 0 && !force => bail!(
+                "volume '{name}' already holds {} of data, which the import would \
+                 overwrite; pass --force to overwrite it, or import into a new volume",
+                format_size(volume.logical_used_bytes)
+            ),
             None => {
                 let size_bytes = round_up(image_bytes, BLOCK_BYTES as u64);
                 pool.create_volume(name, size_bytes)
@@ -140,14 +164,26 @@ enum Target {
     Stream,
 }
 
-/// Export volume `name` to `file` (replaced if it exists; `-` is stdout).
-pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+/// Export volume `name` to `file` (`-` is stdout). A regular file that holds bytes
+/// is replaced only with `force`.
+pub fn export(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<()> {
     let file = if file == Path::new("-") {
         Path::new("/dev/stdout")
     } else {
         file
     };
     refuse_if_served(pool_path, name, file, Direction::Export)?;
+    if let Ok(existing) = std::fs::metadata(file) {
+        // An empty file (from mktemp, say) and stdout redirected to a file are targets
+        // the user made for this export.
+        if existing.is_file() && existing.len() > 0 && !is_stdout(&existing) && !force {
+            bail!(
+                "{} exists ({}); pass --force to replace it with volume '{name}'",
+                file.display(),
+                format_size(existing.len())
+            );
+        }
+    }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
         let volume_bytes = volume.size_bytes();

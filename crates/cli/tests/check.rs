@@ -44,7 +44,7 @@ fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
 
 fn exported(pool: &Path, dir: &TempDir) -> Vec<u8> {
     let out = dir.join("out.img");
-    fewerbytes_ok(pool, &["volume", "export", "vm", path_str(&out)]);
+    fewerbytes_ok(pool, &["volume", "export", "vm", "--force", path_str(&out)]);
     std::fs::read(&out).expect("read the export")
 }
 

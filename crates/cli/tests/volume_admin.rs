@@ -153,3 +153,111 @@ fn require_server_never_opens_the_pool_itself() {
     );
     server.stop();
 }
+
+#[test]
+fn import_refuses_image_formats_other_than_raw_naming_each() {
+    let dir = TempDir::new("formats");
+    let pool = create_pool(dir.path(), &[]);
+    // (qemu-img format, its options, what the refusal calls it)
+    let cases = [
+        ("qcow2", "", "a qcow2 image"),
+        ("vmdk", "", "a VMDK image"),
+        ("vhdx", "", "a VHDX image"),
+        ("vpc", "", "a VHD image"),
+        ("vpc", "subformat=fixed", "a VHD image"),
+        ("vdi", "", "a VDI image"),
+    ];
+    for (format, options, called) in cases {
+        let image = dir.join(&format!("disk-{format}-{}.img", options.len()));
+        let mut create = common::tool("qemu-img");
+        create.args(["create", "-q", "-f", format]);
+        if !options.is_empty() {
+            create.args(["-o", options]);
+        }
+        create.arg(&image).arg("8M");
+        common::run_ok(&mut create);
+        let path = image.to_str().expect("utf-8 path");
+        let refused = fewerbytes(&pool, &["volume", "import", "disk", path]);
+        assert!(!refused.status.success(), "{}", refused.report());
+        assert!(
+            refused
+                .stderr
+                .contains(&format!("is {called}, not a raw disk image")),
+            "the refusal names the format:\n{}",
+            refused.report()
+        );
+        assert!(
+            refused
+                .stderr
+                .contains(&format!("qemu-img convert -f {format} -O raw")),
+            "the refusal gives the command that converts it:\n{}",
+            refused.report()
+        );
+    }
+    let list = json(&fewerbytes_ok(&pool, &["volume", "list", "--json"]));
+    assert_eq!(
+        list.as_array().map(Vec::len),
+        Some(0),
+        "no volume was created"
+    );
+}
+
+#[test]
+fn import_and_export_overwrite_data_only_when_forced() {
+    let dir = TempDir::new("force");
+    let pool = create_pool(dir.path(), &[]);
+    let first = dir.join("first.raw");
+    let second = dir.join("second.raw");
+    std::fs::write(&first, vec![0x11u8; 1 << 20]).expect("write image");
+    std::fs::write(&second, vec![0x22u8; 1 << 20]).expect("write image");
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_string();
+
+    fewerbytes_ok(&pool, &["volume", "import", "vm", &path(&first)]);
+    let refused = fewerbytes(&pool, &["volume", "import", "vm", &path(&second)]);
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused
+            .stderr
+            .contains("volume 'vm' already holds 1.00 MiB of data"),
+        "{}",
+        refused.report()
+    );
+    let out = dir.join("out.raw");
+    fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&out)]);
+    assert_eq!(
+        std::fs::read(&out).expect("read export"),
+        vec![0x11u8; 1 << 20],
+        "the refused import changed nothing"
+    );
+
+    let replaced = fewerbytes(&pool, &["volume", "export", "vm", &path(&second)]);
+    assert!(!replaced.status.success(), "{}", replaced.report());
+    assert!(
+        replaced
+            .stderr
+            .contains("exists (1.00 MiB); pass --force to replace it"),
+        "{}",
+        replaced.report()
+    );
+    assert_eq!(
+        std::fs::read(&second).expect("read"),
+        vec![0x22u8; 1 << 20],
+        "the file was left alone"
+    );
+
+    fewerbytes_ok(
+        &pool,
+        &["volume", "import", "--force", "vm", &path(&second)],
+    );
+    fewerbytes_ok(&pool, &["volume", "export", "--force", "vm", &path(&out)]);
+    assert_eq!(
+        std::fs::read(&out).expect("read export"),
+        vec![0x22u8; 1 << 20]
+    );
+
+    // An empty file, as mktemp makes, is a target made for the export.
+    let empty = dir.join("empty.raw");
+    std::fs::write(&empty, b"").expect("create");
+    fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&empty)]);
+    assert_eq!(std::fs::metadata(&empty).expect("stat").len(), 1 << 20);
+}
