@@ -261,3 +261,50 @@ fn import_and_export_overwrite_data_only_when_forced() {
     fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&empty)]);
     assert_eq!(std::fs::metadata(&empty).expect("stat").len(), 1 << 20);
 }
+
+#[test]
+fn a_sparse_image_is_imported_by_its_data_and_its_holes_read_as_zeros() {
+    let dir = TempDir::new("sparse");
+    let pool = create_pool(dir.path(), &[]);
+    let mib = 1u64 << 20;
+    // A 1 GiB image holding 4 KiB of data in each of three 1 MiB chunks; the rest holes.
+    let image = dir.join("sparse.raw");
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::create(&image).expect("create image");
+        file.set_len(1024 * mib).expect("size image");
+        for (n, offset) in [0, 300 * mib + 8192, 1024 * mib - 4096]
+            .into_iter()
+            .enumerate()
+        {
+            file.write_all_at(&[0x40 + n as u8; 4096], offset)
+                .expect("write image");
+        }
+    }
+    let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_string();
+    // Data where the image has holes: a forced import must zero it.
+    let old = dir.join("old.raw");
+    std::fs::write(&old, vec![0x77u8; 4 * mib as usize]).expect("write old image");
+    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "1G"]);
+    fewerbytes_ok(&pool, &["volume", "import", "vm", &path(&old)]);
+
+    let ran = fewerbytes_ok(&pool, &["volume", "import", "--force", "vm", &path(&image)]);
+    assert!(
+        ran.stdout
+            .contains("(a 1.00 GiB image, 1021.00 MiB of it holes): 3.00 MiB in"),
+        "the summary counts the data read, not the holes:\n{}",
+        ran.report()
+    );
+    let out = dir.join("out.raw");
+    fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&out)]);
+    assert!(
+        std::fs::read(&out).expect("read export") == std::fs::read(&image).expect("read image"),
+        "the volume reads back as the sparse image (the old data zeroed)"
+    );
+    let info = json(&fewerbytes_ok(&pool, &["volume", "info", "vm", "--json"]));
+    assert_eq!(
+        info["logical_used_bytes"],
+        3 * 4096,
+        "only the image's data is mapped"
+    );
+}
