@@ -8,6 +8,7 @@ use strict;
 use warnings;
 
 use File::Temp qw(tempdir);
+use Test::MockModule;
 use Test::More;
 
 use FewerbytesTest;
@@ -17,13 +18,28 @@ use PVE::Storage::Custom::FewerbytesPlugin;
 my $plugin = 'PVE::Storage::Custom::FewerbytesPlugin';
 my $MIB = 1024 * 1024;
 
+# Every command the plugin runs, to check at the end that none opens the pool itself.
+my @commands;
+my $recorder = Test::MockModule->new($plugin);
+my $run_command = \&PVE::Storage::Custom::FewerbytesPlugin::run_command;
+$recorder->redefine(run_command => sub {
+    push @commands, $_[0];
+    return $run_command->(@_);
+});
+
 # The storage before its server runs: Proxmox shows it inactive, operations say why.
 my $scfg = start_server(no_serve => 1);
 eval { $plugin->activate_storage(STOREID, $scfg, {}) };
 like($@, qr/storage 'fb' is not available: no fewerbytes server answers for pool .*vms\.pool/,
     'activate_storage without a server fails, naming the pool');
-is_deeply([$plugin->status(STOREID, $scfg, {})], [0, 0, 0, 0],
-    'status without a server: inactive, nothing reported');
+{
+    my @warnings;
+    local $SIG{__WARN__} = sub { push @warnings, @_ };
+    is_deeply([$plugin->status(STOREID, $scfg, {})], [0, 0, 0, 0],
+        'status without a server: inactive, nothing reported');
+    like($warnings[0] // '', qr/^storage 'fb': no fewerbytes server answers/,
+        'and a warning for the log says why');
+}
 FewerbytesTest::serve();
 ok($plugin->activate_storage(STOREID, $scfg, {}), 'activate_storage once the server answers');
 
@@ -144,6 +160,12 @@ like($@, qr/volume 'fb:vm-100-disk-7' is not available: no volume named 'vm-100-
     'activate_volume of a missing disk names it');
 eval { $plugin->map_volume(STOREID, $scfg, 'vm-100-disk-1') };
 like($@, qr/cannot be mapped to a block device/, 'map_volume refuses, saying why');
+
+cmp_ok(scalar(@commands), '>', 20, 'the plugin ran the fewerbytes command');
+is_deeply([grep { !grep({ $_ eq '--require-server' } @$_) } @commands], [],
+    'every command went through the server (--require-server), never opening the pool');
+is_deeply([grep { !grep({ $_ eq $scfg->{'fewerbytes-control-socket'} } @$_) } @commands], [],
+    'every command named the storage\'s control socket');
 
 stop_server();
 done_testing();
