@@ -27,17 +27,15 @@ pub enum VolumeCommand {
     },
     /// Every volume: size, logical used, zeros, stored bytes only it holds, users.
     List {
-        /// Print the list as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: ListFormat,
     },
     /// One volume: size, logical used, zeros, stored bytes only it holds, users.
     Info {
         /// Name.
         name: String,
-        /// Print it as JSON (one object, as in `volume list --json`).
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: ListFormat,
     },
     /// Grow a volume (or shrink it with --shrink, discarding its tail).
     Resize {
@@ -102,6 +100,32 @@ pub enum VolumeCommand {
     },
 }
 
+/// How `volume list` and `volume info` print.
+#[derive(clap::Args)]
+pub struct ListFormat {
+    /// Print JSON (`list`: an array; `info`: one object), sizes in bytes.
+    #[arg(long, conflicts_with_all = ["bytes", "no_header"])]
+    json: bool,
+    /// Sizes as exact byte counts rather than binary units.
+    #[arg(long)]
+    bytes: bool,
+    /// Leave out the header line (for scripts reading the columns).
+    #[arg(long)]
+    no_header: bool,
+}
+
+impl ListFormat {
+    fn print(&self, volumes: &[VolumeInfo]) -> Result<()> {
+        let table = volume_table(volumes, self.bytes);
+        if self.no_header {
+            table.print_rows();
+        } else {
+            table.print();
+        }
+        Ok(())
+    }
+}
+
 /// Run a `volume` subcommand.
 pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
@@ -119,25 +143,25 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes)
             );
         }
-        VolumeCommand::List { json } => {
+        VolumeCommand::List { format } => {
             let volumes = list_volumes(pool_path)?;
-            if json {
+            if format.json {
                 print_json(&volumes)?;
             } else {
-                volume_table(&volumes).print();
+                format.print(&volumes)?;
             }
         }
-        VolumeCommand::Info { name, json } => {
+        VolumeCommand::Info { name, format } => {
             let Some(volume) = list_volumes(pool_path)?
                 .into_iter()
                 .find(|v| v.name == name)
             else {
                 bail!("no volume named '{name}' in this pool");
             };
-            if json {
+            if format.json {
                 print_json(&volume)?;
             } else {
-                volume_table(std::slice::from_ref(&volume)).print();
+                format.print(std::slice::from_ref(&volume))?;
             }
         }
         VolumeCommand::Resize { name, size, shrink } => {
@@ -214,8 +238,9 @@ fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
     })
 }
 
-/// The `volume list` table.
-pub fn volume_table(volumes: &[VolumeInfo]) -> Table {
+/// The `volume list` table; sizes in bytes when `bytes`, else in binary units.
+fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
+    let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let mut table = Table::new(&[
         ("Name", Align::Left),
         ("Size", Align::Right),
@@ -227,10 +252,10 @@ pub fn volume_table(volumes: &[VolumeInfo]) -> Table {
     for volume in volumes {
         table.row(vec![
             volume.name.clone(),
-            format_size(volume.size_bytes),
-            format_size(volume.logical_used_bytes),
-            format_size(volume.zero_bytes),
-            format_size(volume.exclusive_stored_bytes),
+            size(volume.size_bytes),
+            size(volume.logical_used_bytes),
+            size(volume.zero_bytes),
+            size(volume.exclusive_stored_bytes),
             volume.users.to_string(),
         ]);
     }

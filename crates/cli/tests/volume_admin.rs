@@ -100,6 +100,25 @@ fn volume_info_shows_one_volume_and_names_a_missing_one() {
     assert!(table.stdout.contains("disk0"), "{}", table.report());
     assert!(table.stdout.contains("8.00 MiB"), "{}", table.report());
     assert!(!table.stdout.contains("disk1"), "{}", table.report());
+    // For shell scripts: exact bytes, no header, columns split by spaces.
+    let rows = fewerbytes_ok(&pool, &["volume", "list", "--bytes", "--no-header"]);
+    let columns: Vec<Vec<&str>> = rows
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ["disk0", "8388608", "0", "0", "0", "0"],
+            ["disk1", "4194304", "0", "0", "0", "0"]
+        ],
+        "{}",
+        rows.report()
+    );
+    let one = fewerbytes_ok(&pool, &["volume", "info", "disk1", "--bytes"]);
+    assert!(one.stdout.starts_with("Name "), "{}", one.report());
+    assert!(one.stdout.contains(" 4194304 "), "{}", one.report());
     let missing = fewerbytes(&pool, &["volume", "info", "disk9"]);
     assert!(!missing.status.success());
     assert!(
