@@ -103,6 +103,58 @@ pub enum Request {
     Endpoints,
 }
 
+impl Request {
+    /// The request as a person would say it, for the server's log.
+    pub fn in_words(&self) -> String {
+        match self {
+            Request::Ping => "ping".into(),
+            Request::PoolInfo => "pool info".into(),
+            Request::ListVolumes => "volume list".into(),
+            Request::CreateVolume { name, size_bytes } => format!(
+                "create volume '{name}' of {}",
+                crate::size::format_size(*size_bytes)
+            ),
+            Request::ResizeVolume {
+                name,
+                size_bytes,
+                allow_shrink,
+            } => format!(
+                "resize volume '{name}' to {}{}",
+                crate::size::format_size(*size_bytes),
+                if *allow_shrink {
+                    " (shrink allowed)"
+                } else {
+                    ""
+                }
+            ),
+            Request::CloneVolume { src, dst } => format!("clone volume '{src}' as '{dst}'"),
+            Request::DeleteVolume { name, force } => format!(
+                "delete volume '{name}'{}",
+                if *force { " (forced)" } else { "" }
+            ),
+            Request::RenameVolume { name, new_name } => {
+                format!("rename volume '{name}' to '{new_name}'")
+            }
+            Request::Stats => "stats".into(),
+            Request::Regions => "list-metadata".into(),
+            Request::Audit => "check".into(),
+            Request::Endpoints => "endpoints".into(),
+        }
+    }
+
+    /// Whether the request changes the pool (logged at INFO; queries at DEBUG).
+    pub fn changes_pool(&self) -> bool {
+        matches!(
+            self,
+            Request::CreateVolume { .. }
+                | Request::ResizeVolume { .. }
+                | Request::CloneVolume { .. }
+                | Request::DeleteVolume { .. }
+                | Request::RenameVolume { .. }
+        )
+    }
+}
+
 /// What a request returns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "data", rename_all = "kebab-case")]

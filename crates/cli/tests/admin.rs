@@ -1,6 +1,7 @@
-//! `volume rename`, `volume info` and `--require-server`, what the Proxmox plugin
-//! stands on, with the real binary: on a pool opened by the command and on a served
-//! one, with a client connected and not.
+//! The admin tools (issue 15, item 4) with the real binary: `volume rename`, `volume
+//! info`, `--require-server` (what the Proxmox plugin stands on), `volume import`'s
+//! format detection, `--force` and sparse reads, `volume export`'s `--force`, script
+//! output, and `serve`'s socket clean-up and warnings.
 
 mod common;
 
@@ -66,6 +67,19 @@ fn rename_keeps_the_data_under_the_new_export_name() {
         Some(1),
         "no clone left behind"
     );
+
+    // The server's log says what was asked and how it ended, in words; queries such as
+    // `volume list` stay at DEBUG, below the INFO the server logs at here.
+    let log = server.log_text();
+    assert!(
+        log.contains("control: rename volume 'vm-100-disk-0' to 'base-100-disk-0': done"),
+        "{log}"
+    );
+    assert!(
+        log.contains("control: rename volume 'base-100-disk-0' to 'vm-100-disk-1': refused:"),
+        "{log}"
+    );
+    assert!(!log.contains("control: volume list"), "{log}");
 
     // A name that is taken, or invalid, is refused by the pool.
     fewerbytes_ok(&server.pool, &["volume", "create", "other", "--size", "4M"]);
@@ -326,4 +340,63 @@ fn a_sparse_image_is_imported_by_its_data_and_its_holes_read_as_zeros() {
         3 * 4096,
         "only the image's data is mapped"
     );
+}
+
+#[test]
+fn serve_removes_its_socket_when_the_tcp_bind_fails_and_warns_beyond_loopback() {
+    let dir = TempDir::new("bind");
+    let pool = create_pool(dir.path(), &[("disk0", "8M")]);
+    let socket = dir.join("nbd.sock");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let port = taken.local_addr().expect("local addr").port();
+    let failed = fewerbytes(
+        &pool,
+        &[
+            "serve",
+            "--socket",
+            socket.to_str().expect("utf-8 path"),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
+    assert!(!failed.status.success(), "{}", failed.report());
+    assert!(
+        failed
+            .stderr
+            .contains(&format!("could not listen on 127.0.0.1:{port}")),
+        "{}",
+        failed.report()
+    );
+    assert!(
+        !socket.exists(),
+        "the unix socket file was left behind:\n{}",
+        failed.report()
+    );
+    drop(taken);
+
+    // Beyond loopback: served, with a warning that there is no TLS.
+    let port = common::free_port();
+    let mut server = std::process::Command::new(common::fewerbytes_bin())
+        .args(["serve", "--pool"])
+        .arg(&pool)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--listen", &format!("0.0.0.0:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    let stderr = server.stderr.take().expect("stderr");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let warning = lines
+        .find_map(|line| line.ok().filter(|l| l.contains("without TLS")))
+        .expect("a warning about TLS before stderr closed");
+    assert!(warning.contains(&format!("0.0.0.0:{port}")), "{warning}");
+    assert!(warning.contains("--no-tcp"), "{warning}");
+    // SAFETY: signalling a child this test started and has not reaped.
+    unsafe {
+        libc::kill(server.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = server.wait().expect("serve exits");
+    assert!(status.success(), "serve exited with {status} after SIGTERM");
 }
