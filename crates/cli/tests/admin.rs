@@ -400,3 +400,29 @@ fn serve_removes_its_socket_when_the_tcp_bind_fails_and_warns_beyond_loopback() 
     let status = server.wait().expect("serve exits");
     assert!(status.success(), "serve exited with {status} after SIGTERM");
 }
+
+#[test]
+fn metadata_size_without_a_metadata_device_is_refused_rather_than_ignored() {
+    let dir = TempDir::new("mdsize");
+    let pool = dir.join("p.pool");
+    let path = pool.to_str().expect("utf-8 path");
+    let refused = fewerbytes(
+        &pool,
+        &[
+            "pool",
+            "create",
+            path,
+            "--size",
+            "1G",
+            "--metadata-size",
+            "64M",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{}", refused.report());
+    assert!(
+        refused.stderr.contains("--metadata-device"),
+        "the refusal names what is missing:\n{}",
+        refused.report()
+    );
+    assert!(!pool.exists(), "no pool was made");
+}
