@@ -59,6 +59,16 @@ struct Cli {
     #[arg(long, global = true, value_name = "LEVEL")]
     log_level: Option<logging::LogLevel>,
 
+    /// How log lines look: text, or one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_LOG_FORMAT",
+        value_name = "FORMAT",
+        default_value = "text"
+    )]
+    log_format: logging::LogFormat,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -113,7 +123,11 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    logging::init(cli.log_level, if serving { "info" } else { "warn" });
+    logging::init(
+        cli.log_level,
+        cli.log_format,
+        if serving { "info" } else { "warn" },
+    );
     if let Some(path) = cli.control_socket {
         control::set_control_socket(path);
     }

@@ -1,7 +1,7 @@
 //! The admin tools (issue 15, item 4) with the real binary: `volume rename`, `volume
 //! info`, `--require-server` (what the Proxmox plugin stands on), `volume import`'s
 //! format detection, `--force` and sparse reads, `volume export`'s `--force`, script
-//! output, and `serve`'s socket clean-up and warnings.
+//! output, JSON log lines, and `serve`'s socket clean-up and warnings.
 
 mod common;
 
@@ -374,10 +374,11 @@ fn serve_removes_its_socket_when_the_tcp_bind_fails_and_warns_beyond_loopback() 
     );
     drop(taken);
 
-    // Beyond loopback: served, with a warning that there is no TLS.
+    // Beyond loopback: served, with a warning that there is no TLS; the log as JSON
+    // lines here, as a log collector reads them.
     let port = common::free_port();
     let mut server = std::process::Command::new(common::fewerbytes_bin())
-        .args(["serve", "--pool"])
+        .args(["--log-format", "json", "serve", "--pool"])
         .arg(&pool)
         .arg("--socket")
         .arg(&socket)
@@ -388,11 +389,16 @@ fn serve_removes_its_socket_when_the_tcp_bind_fails_and_warns_beyond_loopback() 
         .expect("start serve");
     let stderr = server.stderr.take().expect("stderr");
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-    let warning = lines
+    let line = lines
         .find_map(|line| line.ok().filter(|l| l.contains("without TLS")))
         .expect("a warning about TLS before stderr closed");
-    assert!(warning.contains(&format!("0.0.0.0:{port}")), "{warning}");
-    assert!(warning.contains("--no-tcp"), "{warning}");
+    let warning: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+    assert_eq!(warning["level"], "warn", "{line}");
+    assert_eq!(warning["target"], "fewerbytes::serve", "{line}");
+    let message = warning["message"].as_str().expect("a message");
+    assert!(message.contains(&format!("0.0.0.0:{port}")), "{line}");
+    assert!(message.contains("--no-tcp"), "{line}");
     // SAFETY: signalling a child this test started and has not reaped.
     unsafe {
         libc::kill(server.id() as libc::pid_t, libc::SIGTERM);
