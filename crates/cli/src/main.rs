@@ -7,6 +7,7 @@
 //! server that holds it).
 
 mod cmd_check;
+mod cmd_generate;
 mod cmd_pool;
 mod cmd_stats;
 mod cmd_volume;
@@ -99,6 +100,18 @@ enum Command {
     /// --control-socket). Under a service manager ($NOTIFY_SOCKET set) it reports
     /// READY=1 once every socket accepts and STOPPING=1 when a stop begins.
     Serve(serve::ServeArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    ///
+    /// bash: `fewerbytes completions bash > /usr/share/bash-completion/completions/fewerbytes`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (fewerbytes.1 and one per subcommand) into DIR.
+    Man {
+        /// Where to write them (created if missing), e.g. /usr/local/share/man/man1.
+        dir: PathBuf,
+    },
 }
 
 /// Which pool a command works on, and whether the user named it.
@@ -186,5 +199,7 @@ fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
         Command::ListMetadata(args) => cmd_stats::list_metadata(args, &pool.path),
         Command::Check(args) => cmd_check::run(args, &pool.path),
         Command::Serve(args) => serve::run(args, pool),
+        Command::Completions { shell } => cmd_generate::completions::<Cli>(shell),
+        Command::Man { dir } => cmd_generate::man_pages::<Cli>(&dir),
     }
 }

@@ -432,3 +432,23 @@ fn metadata_size_without_a_metadata_device_is_refused_rather_than_ignored() {
     );
     assert!(!pool.exists(), "no pool was made");
 }
+
+#[test]
+fn completions_and_man_pages_come_from_the_command_line() {
+    let dir = TempDir::new("gen");
+    let pool = dir.join("none.pool");
+    let bash = fewerbytes_ok(&pool, &["completions", "bash"]);
+    assert!(
+        bash.stdout.contains("complete -F _fewerbytes"),
+        "{}",
+        bash.report()
+    );
+    assert!(bash.stdout.contains("rename"), "{}", bash.report());
+    let man_dir = dir.join("man1");
+    fewerbytes_ok(&pool, &["man", man_dir.to_str().expect("utf-8 path")]);
+    let page = std::fs::read_to_string(man_dir.join("fewerbytes-volume-import.1"))
+        .expect("a page for volume import");
+    assert!(page.contains(".TH fewerbytes-volume-import 1"), "{page}");
+    assert!(page.contains("\\-\\-force"), "{page}");
+    assert!(man_dir.join("fewerbytes.1").is_file());
+}
