@@ -313,20 +313,28 @@ pub fn export(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<
                 .sync_all()
                 .with_context(|| format!("could not sync {}", file.display()))?;
         }
+        let stored_bytes = stored.load(Ordering::SeqCst);
         let summary = format!(
-            "Exported volume '{name}' to {} ({} of data, the rest {})",
+            "Exported volume '{name}' ({}) to {} ({} of data, the rest {})",
+            format_size(volume_bytes),
             file.display(),
-            format_size(stored.load(Ordering::SeqCst)),
+            format_size(stored_bytes),
             if kind == Target::Sparse {
                 "holes"
             } else {
                 "zeros"
             }
         );
-        if to_stdout {
-            progress.finish_on_stderr(&summary, volume_bytes);
+        // The rate is over the bytes written: a sparse file's holes cost no writing.
+        let written_bytes = if kind == Target::Sparse {
+            stored_bytes
         } else {
-            progress.finish(&summary, volume_bytes);
+            volume_bytes
+        };
+        if to_stdout {
+            progress.finish_on_stderr(&summary, written_bytes);
+        } else {
+            progress.finish(&summary, written_bytes);
         }
         Ok(())
     })

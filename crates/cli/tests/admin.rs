@@ -329,7 +329,19 @@ fn a_sparse_image_is_imported_by_its_data_and_its_holes_read_as_zeros() {
         ran.report()
     );
     let out = dir.join("out.raw");
-    fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&out)]);
+    let exported = fewerbytes_ok(&pool, &["volume", "export", "vm", &path(&out)]);
+    assert!(
+        exported.stdout.contains("(1.00 GiB) to "),
+        "the export's summary names the volume's size:\n{}",
+        exported.report()
+    );
+    assert!(
+        exported
+            .stdout
+            .contains("(12.00 KiB of data, the rest holes): 12.00 KiB in"),
+        "the export's summary counts the data written:\n{}",
+        exported.report()
+    );
     assert!(
         std::fs::read(&out).expect("read export") == std::fs::read(&image).expect("read image"),
         "the volume reads back as the sparse image (the old data zeroed)"
