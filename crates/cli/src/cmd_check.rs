@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use crate::control::{
     open_pool, open_pool_for_repair, run_and_close, with_pool, Answer, ControlClient, Request,
 };
+use crate::output::print_json;
 use crate::size::format_size;
 
 /// Exit codes, as fsck(8) has them.
@@ -46,6 +47,10 @@ pub struct CheckArgs {
     /// all stored data). Needs the pool not served.
     #[arg(long)]
     verify_data: bool,
+    /// Print the audit as JSON (objects and map entries checked, every problem); the
+    /// exit code is the same.
+    #[arg(long, conflicts_with_all = ["repair", "verify_data"])]
+    json: bool,
 }
 
 /// The exit code of a `check` that failed with `error`: damage when the pool's
@@ -77,6 +82,14 @@ pub fn run(args: CheckArgs, pool_path: &Path) -> Result<ExitCode> {
         Answer::Audit(report) => Ok(report),
         other => bail!("unexpected answer to check: {other:?}"),
     })?;
+    if args.json {
+        print_json(&report)?;
+        return Ok(ExitCode::from(if report.problems.is_empty() {
+            exit::CLEAN
+        } else {
+            exit::DAMAGE_LEFT
+        }));
+    }
     println!(
         "Checked {} stored objects and {} map entries.",
         report.objects_checked, report.map_entries_checked

@@ -34,8 +34,9 @@ pub struct CreateArgs {
     /// A separate device for every metadata region; the pool device then holds only data.
     #[arg(long, value_name = "PATH")]
     metadata_device: Option<PathBuf>,
-    /// Size of the metadata file to create (default: sized to fit).
-    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    /// Size of the metadata file to create (default: sized to fit); only with
+    /// --metadata-device (without one, the metadata shares the pool device).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S", requires = "metadata_device")]
     metadata_size: Option<u64>,
     /// Overwrite a device that already holds a pool or data in its first MiB.
     #[arg(long)]

@@ -1,4 +1,4 @@
-//! `volume create|list|resize|clone|delete|import|export`: the VM disks of a pool.
+//! `volume create|list|info|resize|clone|rename|delete|import|export`: the VM disks of a pool.
 //!
 //! Everything but import and export works on a served pool too, through the control
 //! socket; import and export move whole images and belong to NBD while a server runs.
@@ -27,9 +27,15 @@ pub enum VolumeCommand {
     },
     /// Every volume: size, logical used, zeros, stored bytes only it holds, users.
     List {
-        /// Print the list as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: ListFormat,
+    },
+    /// One volume: size, logical used, zeros, stored bytes only it holds, users.
+    Info {
+        /// Name.
+        name: String,
+        #[command(flatten)]
+        format: ListFormat,
     },
     /// Grow a volume (or shrink it with --shrink, discarding its tail).
     Resize {
@@ -49,6 +55,17 @@ pub enum VolumeCommand {
         /// The new volume's name.
         dst: String,
     },
+    /// Give a volume another name (and so another NBD export name).
+    ///
+    /// Done as a clone and a delete: no data moves, but the pool must be able to address
+    /// the volume's size once more for a moment, and a volume a client has open is
+    /// refused.
+    Rename {
+        /// The current name.
+        name: String,
+        /// The new name.
+        new_name: String,
+    },
     /// Delete a volume, freeing every block only it held.
     Delete {
         /// Name.
@@ -58,20 +75,55 @@ pub enum VolumeCommand {
         force: bool,
     },
     /// Write a raw image into a volume (created, sized to the file, if missing).
+    ///
+    /// qcow2, VMDK, VHD, VHDX and VDI files are refused, naming the qemu-img command
+    /// that converts them.
     Import {
         /// Volume name.
         name: String,
         /// Raw image file (or block device).
         file: PathBuf,
+        /// Overwrite a volume that already holds data.
+        #[arg(long)]
+        force: bool,
     },
     /// Write a volume out as a raw image (sparse where the volume has holes).
     Export {
         /// Volume name.
         name: String,
-        /// Raw image file or block device to write (a file is replaced if it
-        /// exists); `-`, a pipe or a terminal gets every byte in order.
+        /// Raw image file or block device to write (a file that holds bytes only with
+        /// --force); `-`, a pipe or a terminal gets every byte in order.
         file: PathBuf,
+        /// Replace a file that already holds bytes.
+        #[arg(long)]
+        force: bool,
     },
+}
+
+/// How `volume list` and `volume info` print.
+#[derive(clap::Args)]
+pub struct ListFormat {
+    /// Print JSON (`list`: an array; `info`: one object), sizes in bytes.
+    #[arg(long, conflicts_with_all = ["bytes", "no_header"])]
+    json: bool,
+    /// Sizes as exact byte counts rather than binary units.
+    #[arg(long)]
+    bytes: bool,
+    /// Leave out the header line (for scripts reading the columns).
+    #[arg(long)]
+    no_header: bool,
+}
+
+impl ListFormat {
+    fn print(&self, volumes: &[VolumeInfo]) -> Result<()> {
+        let table = volume_table(volumes, self.bytes);
+        if self.no_header {
+            table.print_rows();
+        } else {
+            table.print();
+        }
+        Ok(())
+    }
 }
 
 /// Run a `volume` subcommand.
@@ -91,17 +143,25 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes)
             );
         }
-        VolumeCommand::List { json } => {
-            let volumes = with_pool(pool_path, |pool| {
-                match pool.call(&Request::ListVolumes)? {
-                    Answer::Volumes(volumes) => Ok(volumes),
-                    other => bail!("unexpected answer to volume list: {other:?}"),
-                }
-            })?;
-            if json {
+        VolumeCommand::List { format } => {
+            let volumes = list_volumes(pool_path)?;
+            if format.json {
                 print_json(&volumes)?;
             } else {
-                volume_table(&volumes).print();
+                format.print(&volumes)?;
+            }
+        }
+        VolumeCommand::Info { name, format } => {
+            let Some(volume) = list_volumes(pool_path)?
+                .into_iter()
+                .find(|v| v.name == name)
+            else {
+                bail!("no volume named '{name}' in this pool");
+            };
+            if format.json {
+                print_json(&volume)?;
+            } else {
+                format.print(std::slice::from_ref(&volume))?;
             }
         }
         VolumeCommand::Resize { name, size, shrink } => {
@@ -133,6 +193,16 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes)
             );
         }
+        VolumeCommand::Rename { name, new_name } => {
+            let volume = expect_volume(
+                pool_path,
+                &Request::RenameVolume {
+                    name: name.clone(),
+                    new_name,
+                },
+            )?;
+            println!("Volume '{name}' renamed to '{}'.", volume.name);
+        }
         VolumeCommand::Delete { name, force } => {
             with_pool(pool_path, |pool| {
                 pool.call(&Request::DeleteVolume {
@@ -142,10 +212,23 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             })?;
             println!("Volume '{name}' deleted.");
         }
-        VolumeCommand::Import { name, file } => transfer::import(pool_path, &name, &file)?,
-        VolumeCommand::Export { name, file } => transfer::export(pool_path, &name, &file)?,
+        VolumeCommand::Import { name, file, force } => {
+            transfer::import(pool_path, &name, &file, force)?
+        }
+        VolumeCommand::Export { name, file, force } => {
+            transfer::export(pool_path, &name, &file, force)?
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
+    with_pool(pool_path, |pool| {
+        match pool.call(&Request::ListVolumes)? {
+            Answer::Volumes(volumes) => Ok(volumes),
+            other => bail!("unexpected answer to volume list: {other:?}"),
+        }
+    })
 }
 
 fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
@@ -155,8 +238,9 @@ fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
     })
 }
 
-/// The `volume list` table.
-pub fn volume_table(volumes: &[VolumeInfo]) -> Table {
+/// The `volume list` table; sizes in bytes when `bytes`, else in binary units.
+fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
+    let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let mut table = Table::new(&[
         ("Name", Align::Left),
         ("Size", Align::Right),
@@ -168,10 +252,10 @@ pub fn volume_table(volumes: &[VolumeInfo]) -> Table {
     for volume in volumes {
         table.row(vec![
             volume.name.clone(),
-            format_size(volume.size_bytes),
-            format_size(volume.logical_used_bytes),
-            format_size(volume.zero_bytes),
-            format_size(volume.exclusive_stored_bytes),
+            size(volume.size_bytes),
+            size(volume.logical_used_bytes),
+            size(volume.zero_bytes),
+            size(volume.exclusive_stored_bytes),
             volume.users.to_string(),
         ]);
     }

@@ -91,6 +91,8 @@ pub enum Request {
     CloneVolume { src: String, dst: String },
     /// `volume delete`.
     DeleteVolume { name: String, force: bool },
+    /// `volume rename`.
+    RenameVolume { name: String, new_name: String },
     /// `stats`.
     Stats,
     /// `list-metadata`.
@@ -99,6 +101,58 @@ pub enum Request {
     Audit,
     /// Where the server serves NBD (answered by a server only, never locally).
     Endpoints,
+}
+
+impl Request {
+    /// The request as a person would say it, for the server's log.
+    pub fn in_words(&self) -> String {
+        match self {
+            Request::Ping => "ping".into(),
+            Request::PoolInfo => "pool info".into(),
+            Request::ListVolumes => "volume list".into(),
+            Request::CreateVolume { name, size_bytes } => format!(
+                "create volume '{name}' of {}",
+                crate::size::format_size(*size_bytes)
+            ),
+            Request::ResizeVolume {
+                name,
+                size_bytes,
+                allow_shrink,
+            } => format!(
+                "resize volume '{name}' to {}{}",
+                crate::size::format_size(*size_bytes),
+                if *allow_shrink {
+                    " (shrink allowed)"
+                } else {
+                    ""
+                }
+            ),
+            Request::CloneVolume { src, dst } => format!("clone volume '{src}' as '{dst}'"),
+            Request::DeleteVolume { name, force } => format!(
+                "delete volume '{name}'{}",
+                if *force { " (forced)" } else { "" }
+            ),
+            Request::RenameVolume { name, new_name } => {
+                format!("rename volume '{name}' to '{new_name}'")
+            }
+            Request::Stats => "stats".into(),
+            Request::Regions => "list-metadata".into(),
+            Request::Audit => "check".into(),
+            Request::Endpoints => "endpoints".into(),
+        }
+    }
+
+    /// Whether the request changes the pool (logged at INFO; queries at DEBUG).
+    pub fn changes_pool(&self) -> bool {
+        matches!(
+            self,
+            Request::CreateVolume { .. }
+                | Request::ResizeVolume { .. }
+                | Request::CloneVolume { .. }
+                | Request::DeleteVolume { .. }
+                | Request::RenameVolume { .. }
+        )
+    }
 }
 
 /// What a request returns.
@@ -233,6 +287,9 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             pool.delete_volume(name, *force)?;
             Answer::Done
         }
+        Request::RenameVolume { name, new_name } => {
+            Answer::Volume(rename_volume(pool, name, new_name)?)
+        }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),
             nbd_server: None,
@@ -258,6 +315,37 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
     })
 }
 
+/// Rename a volume: a clone under the new name, then the old name deleted. The engine
+/// has no rename of its own; a clone shares every block, so this moves no data, but
+/// it needs room for the volume's size once more in what the pool addresses, and a
+/// crash between the two steps leaves both names (the same data under each). A
+/// volume a client has open is refused, and the clone removed again.
+fn rename_volume(
+    pool: &Pool,
+    name: &str,
+    new_name: &str,
+) -> std::result::Result<VolumeInfo, EngineError> {
+    if let Some(open) = pool
+        .list_volumes()
+        .into_iter()
+        .find(|v| v.name == name && v.users > 0)
+    {
+        return Err(EngineError::VolumeInUse {
+            name: open.name,
+            users: open.users,
+        });
+    }
+    let renamed = pool.clone_volume(name, new_name)?;
+    if let Err(e) = pool.delete_volume(name, false) {
+        // A client connected between the two steps: keep the old name only.
+        if let Err(undo) = pool.delete_volume(new_name, true) {
+            tracing::error!("rename of '{name}' failed ({e}) and its clone '{new_name}' could not be removed: {undo}");
+        }
+        return Err(e);
+    }
+    Ok(renamed)
+}
+
 /// The control socket named by `--control-socket` or `FEWERBYTES_CONTROL_SOCKET`, set
 /// once by `main` before any command runs. Process-wide rather than an argument because
 /// every command and the server reach it through [`control_path`], and both sides must
@@ -268,6 +356,16 @@ static CONTROL_SOCKET: OnceLock<PathBuf> = OnceLock::new();
 pub fn set_control_socket(path: PathBuf) {
     // Set once, from the command line, before anything reads it.
     let _ = CONTROL_SOCKET.set(path);
+}
+
+/// Set by `--require-server`: commands go to a server or fail, never opening the pool
+/// themselves. The Proxmox plugin passes it: a pool opened by a command would keep a
+/// starting service from taking it, and a storage whose server is down must say so.
+static REQUIRE_SERVER: OnceLock<()> = OnceLock::new();
+
+/// Make every command of this process refuse to open the pool itself.
+pub fn set_require_server() {
+    let _ = REQUIRE_SERVER.set(());
 }
 
 /// The control socket: the one named by `--control-socket`, else `<pool>.ctl` beside
@@ -404,6 +502,14 @@ pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T
     if let Some(client) = ControlClient::probe(pool_path)? {
         tracing::debug!("using the server on {}", client.path().display());
         return body(&PoolHandle::Served(client));
+    }
+    if REQUIRE_SERVER.get().is_some() {
+        bail!(
+            "no fewerbytes server answers for pool {} on {} (--require-server); start it \
+             (`systemctl start fewerbytes@NAME` for the service)",
+            pool_path.display(),
+            control_path(pool_path).display()
+        );
     }
     let pool = match open_pool(pool_path, &OpenOptions::default()) {
         Ok(pool) => pool,

@@ -237,7 +237,8 @@ fn serve_connection(
             wrong_pool: true,
         },
         Ok(Envelope { request, .. }) => {
-            tracing::info!("control request: {request:?}");
+            let what = request.in_words();
+            let changes_pool = request.changes_pool();
             let answer = match request {
                 Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
                 Request::Stats => Ok(Answer::Stats(Box::new(StatsReport {
@@ -246,6 +247,13 @@ fn serve_connection(
                 }))),
                 other => execute(pool, &other),
             };
+            // Changes at INFO, with their outcome; queries (list, stats, ...) at DEBUG.
+            match (&answer, changes_pool) {
+                (Ok(_), true) => tracing::info!("control: {what}: done"),
+                (Err(e), true) => tracing::info!("control: {what}: refused: {e}"),
+                (Ok(_), false) => tracing::debug!("control: {what}: answered"),
+                (Err(e), false) => tracing::debug!("control: {what}: refused: {e}"),
+            }
             match answer {
                 Ok(answer) => Reply {
                     ok: true,

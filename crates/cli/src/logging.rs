@@ -10,6 +10,10 @@
 //! syslog priority systemd reads (`<3>` error, `<4>` warning, `<6>` info, `<7>` debug
 //! and trace; see `SyslogLevelPrefix=` in systemd.exec(5)) and carries no timestamp and
 //! no colour: the journal stamps and colours lines itself.
+//!
+//! `--log-format json` (or `$FEWERBYTES_LOG_FORMAT=json`) writes one JSON object per
+//! line instead — `time_unix_ms`, `level`, `target`, `message` and the event's other
+//! fields — for log collectors; under systemd the `<N>` priority still comes first.
 
 use std::fmt;
 use std::io::IsTerminal;
@@ -49,6 +53,16 @@ impl LogLevel {
     }
 }
 
+/// `--log-format`: how each log line looks.
+#[derive(Clone, Copy, Debug, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Text for people (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Whether stderr is the journal's stream, decided once by [`init`].
 static TO_JOURNAL: AtomicBool = AtomicBool::new(false);
 
@@ -64,7 +78,7 @@ pub fn error_line_prefix() -> &'static str {
 }
 
 /// Install the logger for this process.
-pub fn init(level: Option<LogLevel>, default_level: &str) {
+pub fn init(level: Option<LogLevel>, format: LogFormat, default_level: &str) {
     let filter = match level {
         Some(level) => EnvFilter::new(level.directive()),
         None => EnvFilter::try_from_env("FEWERBYTES_LOG")
@@ -74,8 +88,18 @@ pub fn init(level: Option<LogLevel>, default_level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if stderr_is_journal() {
-        TO_JOURNAL.store(true, Ordering::Relaxed);
+    let journal = stderr_is_journal();
+    TO_JOURNAL.store(journal, Ordering::Relaxed);
+    if let LogFormat::Json = format {
+        let builder = builder.with_ansi(false);
+        if journal {
+            builder.event_format(SyslogPrefix(JsonLines)).init();
+        } else {
+            builder.event_format(JsonLines).init();
+        }
+        return;
+    }
+    if journal {
         let format = tracing_subscriber::fmt::format()
             .without_time()
             .with_ansi(false);
@@ -141,6 +165,67 @@ where
     ) -> fmt::Result {
         write!(writer, "<{}>", syslog_priority(*event.metadata().level()))?;
         self.0.format_event(ctx, writer, event)
+    }
+}
+
+/// An event as one JSON object on one line.
+struct JsonLines;
+
+impl<S, N> FormatEvent<S, N> for JsonLines
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let time_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut object = serde_json::Map::new();
+        object.insert("time_unix_ms".into(), time_unix_ms.into());
+        object.insert(
+            "level".into(),
+            event
+                .metadata()
+                .level()
+                .as_str()
+                .to_ascii_lowercase()
+                .into(),
+        );
+        object.insert("target".into(), event.metadata().target().into());
+        let mut fields = JsonFields(object);
+        event.record(&mut fields);
+        writeln!(writer, "{}", serde_json::Value::Object(fields.0))
+    }
+}
+
+/// An event's fields, collected as JSON values.
+struct JsonFields(serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonFields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
     }
 }
 

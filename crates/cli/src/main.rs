@@ -7,11 +7,13 @@
 //! server that holds it).
 
 mod cmd_check;
+mod cmd_generate;
 mod cmd_pool;
 mod cmd_stats;
 mod cmd_volume;
 mod control;
 mod control_server;
+mod image_format;
 mod logging;
 mod notify;
 mod output;
@@ -47,11 +49,26 @@ struct Cli {
     )]
     control_socket: Option<PathBuf>,
 
+    /// Fail unless a server holds the pool and answers on its control socket; never
+    /// open the pool in this process (what the Proxmox storage plugin uses).
+    #[arg(long, global = true)]
+    require_server: bool,
+
     /// Least severe log level written to stderr [default: $FEWERBYTES_LOG, else
     /// $RUST_LOG, else info for serve and warn otherwise]; this flag wins over both
     /// variables.
     #[arg(long, global = true, value_name = "LEVEL")]
     log_level: Option<logging::LogLevel>,
+
+    /// How log lines look: text, or one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_LOG_FORMAT",
+        value_name = "FORMAT",
+        default_value = "text"
+    )]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -62,7 +79,7 @@ enum Command {
     /// Create a pool, or show its geometry.
     #[command(subcommand)]
     Pool(cmd_pool::PoolCommand),
-    /// Create, list, resize, clone, delete, import and export volumes.
+    /// Create, list, show, resize, clone, rename, delete, import and export volumes.
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
     /// Space used and saved, like vdostats.
@@ -83,6 +100,18 @@ enum Command {
     /// --control-socket). Under a service manager ($NOTIFY_SOCKET set) it reports
     /// READY=1 once every socket accepts and STOPPING=1 when a stop begins.
     Serve(serve::ServeArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    ///
+    /// bash: `fewerbytes completions bash > /usr/share/bash-completion/completions/fewerbytes`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (fewerbytes.1 and one per subcommand) into DIR.
+    Man {
+        /// Where to write them (created if missing), e.g. /usr/local/share/man/man1.
+        dir: PathBuf,
+    },
 }
 
 /// Which pool a command works on, and whether the user named it.
@@ -107,9 +136,16 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    logging::init(cli.log_level, if serving { "info" } else { "warn" });
+    logging::init(
+        cli.log_level,
+        cli.log_format,
+        if serving { "info" } else { "warn" },
+    );
     if let Some(path) = cli.control_socket {
         control::set_control_socket(path);
+    }
+    if cli.require_server {
+        control::set_require_server();
     }
     let pool = match cli.pool {
         Some(path) => PoolPath {
@@ -163,5 +199,7 @@ fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
         Command::ListMetadata(args) => cmd_stats::list_metadata(args, &pool.path),
         Command::Check(args) => cmd_check::run(args, &pool.path),
         Command::Serve(args) => serve::run(args, pool),
+        Command::Completions { shell } => cmd_generate::completions::<Cli>(shell),
+        Command::Man { dir } => cmd_generate::man_pages::<Cli>(&dir),
     }
 }

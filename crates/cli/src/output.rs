@@ -79,6 +79,13 @@ impl Table {
     pub fn print(&self) {
         print!("{}", self.render());
     }
+
+    /// Print to stdout without the header line (columns aligned as with it).
+    pub fn print_rows(&self) {
+        for line in self.render().lines().skip(1) {
+            println!("{line}");
+        }
+    }
 }
 
 /// Print a value as pretty JSON on stdout.

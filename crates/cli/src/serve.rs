@@ -168,9 +168,21 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
     let tcp = if args.no_tcp {
         None
     } else {
-        let addr = server
-            .listen_tcp(&args.listen)
-            .with_context(|| format!("could not listen on {}", args.listen))?;
+        let addr = match server.listen_tcp(&args.listen) {
+            Ok(addr) => addr,
+            Err(e) => {
+                // Leave no socket file behind that no server answers on.
+                let _ = std::fs::remove_file(&socket);
+                return Err(e).with_context(|| format!("could not listen on {}", args.listen));
+            }
+        };
+        if !addr.ip().is_loopback() {
+            tracing::warn!(
+                "listening on {addr}, beyond this host, without TLS (not implemented): \
+                 anyone who reaches the port can read and write every volume; keep it on a \
+                 trusted network or firewalled, or serve on the unix socket only (--no-tcp)"
+            );
+        }
         Some(addr.to_string())
     };
     let endpoints = Endpoints {
@@ -181,7 +193,13 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         endpoints,
         server: Arc::clone(&server),
     });
-    let control = ControlServer::start(pool_path, Arc::clone(pool), served)?;
+    let control = match ControlServer::start(pool_path, Arc::clone(pool), served) {
+        Ok(control) => control,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
     print_banner(
         pool_path,
         pool,

@@ -2,7 +2,8 @@
 //!
 //! Both split the image into 1 MiB chunks taken in turn by a few threads, so hashing
 //! and compression (done by the engine on the writer's thread and its workers) keep
-//! more than one core busy. Export to a file is sparse: ranges the volume holds as
+//! more than one core busy. Import skips the chunks a sparse file holds as holes
+//! (`SEEK_DATA`), writing zeros there only over a volume that held data. Export to a file is sparse: ranges the volume holds as
 //! holes (`Volume::extents`) are skipped, and the file is sized to the volume at the
 //! end. Export to an output that cannot seek (a pipe, a terminal, `-` for stdout) is
 //! written in order, holes as zeros, by one thread. While a server holds the pool,
@@ -18,6 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::control::{with_local_pool, Answer, ControlClient, Request};
+use crate::image_format;
 use crate::output::Progress;
 use crate::size::{format_size, round_up};
 
@@ -37,8 +39,9 @@ enum Direction {
     Export,
 }
 
-/// Import `file` into volume `name`, creating the volume if it does not exist.
-pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+/// Import `file` into volume `name`, creating the volume if it does not exist. A
+/// volume that holds data is overwritten only with `force`.
+pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<()> {
     refuse_if_served(pool_path, name, file, Direction::Import)?;
     let source = File::open(file).with_context(|| format!("could not open {}", file.display()))?;
     let image_bytes =
@@ -46,8 +49,33 @@ pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
     if image_bytes == 0 {
         bail!("{} is empty: there is nothing to import", file.display());
     }
+    if let Some(format) = image_format::detect(&source, image_bytes)
+        .with_context(|| format!("could not read {}", file.display()))?
+    {
+        bail!(
+            "{} is {}, not a raw disk image: imported as raw, the volume would hold the {} \
+             file's bytes rather than its disk. Convert it first (`qemu-img convert -f {} -O \
+             raw {} disk.raw`, then import disk.raw), or serve the pool and write the \
+             volume with `qemu-img convert -n -f {} -O raw {} nbd+unix:///{name}?socket=…`",
+            file.display(),
+            format.description(),
+            format.qemu_name(),
+            format.qemu_name(),
+            file.display(),
+            format.qemu_name(),
+            file.display(),
+        );
+    }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        // A volume that maps nothing reads as zeros everywhere: the image's holes need
+        // no writes. Otherwise (--force) they are written as zeros.
+        let mut fresh = true;
         match pool.list_volumes().into_iter().find(|v| v.name == name) {
+            Some(volume) if volume.logical_used_bytes > 0 && !force => bail!(
+                "volume '{name}' already holds {} of data, which the import would \
+                 overwrite; pass --force to overwrite it, or import into a new volume",
+                format_size(volume.logical_used_bytes)
+            ),
             None => {
                 let size_bytes = round_up(image_bytes, BLOCK_BYTES as u64);
                 pool.create_volume(name, size_bytes)
@@ -62,9 +90,10 @@ pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
                 image_bytes,
                 round_up(image_bytes, BLOCK_BYTES as u64)
             ),
-            Some(_) => {}
+            Some(volume) => fresh = volume.logical_used_bytes == 0,
         }
         let progress = Progress::new(image_bytes, &format!("import {name}"));
+        let read_bytes = AtomicU64::new(0);
         {
             // The handle counts as a user of the volume: it lives only while writing.
             let volume = pool.open_volume(name)?;
@@ -74,12 +103,16 @@ pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
                 for _ in 0..TRANSFER_THREADS {
                     scope.spawn(|| {
                         let result = import_chunks(
-                            &source,
+                            &ImportSource {
+                                file: &source,
+                                image_bytes,
+                                volume_is_zero: fresh,
+                            },
                             &volume,
-                            image_bytes,
                             &next_chunk,
                             &first_error,
                             &progress,
+                            &read_bytes,
                         );
                         first_error.record(result);
                     });
@@ -89,34 +122,66 @@ pub fn import(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
         }
         pool.flush()
             .context("could not flush the pool after the import")?;
+        // The rate is over the bytes read: holes cost no reading.
+        let read_bytes = read_bytes.load(Ordering::SeqCst);
         progress.finish(
-            &format!("Imported {} into volume '{name}'", file.display()),
-            image_bytes,
+            &format!(
+                "Imported {} into volume '{name}' (a {} image, {} of it holes)",
+                file.display(),
+                format_size(image_bytes),
+                format_size(image_bytes - read_bytes.min(image_bytes))
+            ),
+            read_bytes,
         );
         Ok(())
     })
 }
 
-fn import_chunks(
-    source: &File,
-    volume: &Volume,
+/// The image an import reads.
+struct ImportSource<'a> {
+    file: &'a File,
     image_bytes: u64,
+    /// The volume reads as zeros everywhere, so holes need no writes.
+    volume_is_zero: bool,
+}
+
+fn import_chunks(
+    source: &ImportSource,
+    volume: &Volume,
     next_chunk: &AtomicU64,
     first_error: &FirstError,
     progress: &Progress,
+    read_bytes: &AtomicU64,
 ) -> Result<()> {
     let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+    let image_bytes = source.image_bytes;
     while !first_error.is_set() {
         let offset = next_chunk.fetch_add(1, Ordering::SeqCst) * CHUNK_BYTES;
         if offset >= image_bytes {
             return Ok(());
         }
         let len = CHUNK_BYTES.min(image_bytes - offset);
+        if is_hole(source.file, offset, len) {
+            if !source.volume_is_zero {
+                volume
+                    .write_zeroes(offset, round_up(len, SECTOR_BYTES), false)
+                    .with_context(|| {
+                        format!(
+                            "could not zero volume '{}' at offset {offset}",
+                            volume.name()
+                        )
+                    })?;
+            }
+            progress.advance(len);
+            continue;
+        }
         let padded = round_up(len, SECTOR_BYTES) as usize;
         let chunk = &mut buffer[..padded];
         source
+            .file
             .read_exact_at(&mut chunk[..len as usize], offset)
             .with_context(|| format!("could not read the image at offset {offset}"))?;
+        read_bytes.fetch_add(len, Ordering::Relaxed);
         chunk[len as usize..].fill(0);
         volume.write(offset, chunk, false).with_context(|| {
             format!(
@@ -127,6 +192,24 @@ fn import_chunks(
         progress.advance(len);
     }
     Ok(())
+}
+
+/// Whether `len` bytes of `file` at `offset` are a hole, by `SEEK_DATA`: the next data
+/// lies at or past their end. A file system or device that cannot say (EINVAL) has no
+/// holes here, and the range is read.
+fn is_hole(file: &File, offset: u64, len: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(start) = libc::off_t::try_from(offset) else {
+        return false;
+    };
+    // SAFETY: lseek on a descriptor this process owns; reads use pread, so moving the
+    // file offset affects no other reader.
+    let data = unsafe { libc::lseek(file.as_raw_fd(), start, libc::SEEK_DATA) };
+    if data < 0 {
+        // ENXIO: no data at or after `offset`.
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO);
+    }
+    u64::try_from(data).is_ok_and(|data| data >= offset + len)
 }
 
 /// What an export writes to.
@@ -140,14 +223,26 @@ enum Target {
     Stream,
 }
 
-/// Export volume `name` to `file` (replaced if it exists; `-` is stdout).
-pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
+/// Export volume `name` to `file` (`-` is stdout). A regular file that holds bytes
+/// is replaced only with `force`.
+pub fn export(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<()> {
     let file = if file == Path::new("-") {
         Path::new("/dev/stdout")
     } else {
         file
     };
     refuse_if_served(pool_path, name, file, Direction::Export)?;
+    if let Ok(existing) = std::fs::metadata(file) {
+        // An empty file (from mktemp, say) and stdout redirected to a file are targets
+        // the user made for this export.
+        if existing.is_file() && existing.len() > 0 && !is_stdout(&existing) && !force {
+            bail!(
+                "{} exists ({}); pass --force to replace it with volume '{name}'",
+                file.display(),
+                format_size(existing.len())
+            );
+        }
+    }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
         let volume_bytes = volume.size_bytes();
@@ -218,20 +313,28 @@ pub fn export(pool_path: &Path, name: &str, file: &Path) -> Result<()> {
                 .sync_all()
                 .with_context(|| format!("could not sync {}", file.display()))?;
         }
+        let stored_bytes = stored.load(Ordering::SeqCst);
         let summary = format!(
-            "Exported volume '{name}' to {} ({} of data, the rest {})",
+            "Exported volume '{name}' ({}) to {} ({} of data, the rest {})",
+            format_size(volume_bytes),
             file.display(),
-            format_size(stored.load(Ordering::SeqCst)),
+            format_size(stored_bytes),
             if kind == Target::Sparse {
                 "holes"
             } else {
                 "zeros"
             }
         );
-        if to_stdout {
-            progress.finish_on_stderr(&summary, volume_bytes);
+        // The rate is over the bytes written: a sparse file's holes cost no writing.
+        let written_bytes = if kind == Target::Sparse {
+            stored_bytes
         } else {
-            progress.finish(&summary, volume_bytes);
+            volume_bytes
+        };
+        if to_stdout {
+            progress.finish_on_stderr(&summary, written_bytes);
+        } else {
+            progress.finish(&summary, written_bytes);
         }
         Ok(())
     })

@@ -44,7 +44,7 @@ fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
 
 fn exported(pool: &Path, dir: &TempDir) -> Vec<u8> {
     let out = dir.join("out.img");
-    fewerbytes_ok(pool, &["volume", "export", "vm", path_str(&out)]);
+    fewerbytes_ok(pool, &["volume", "export", "vm", "--force", path_str(&out)]);
     std::fs::read(&out).expect("read the export")
 }
 
@@ -67,6 +67,18 @@ fn found_repaired_clean(pool: &Path, problem: &str, said: &str) -> Ran {
         "{}",
         found.report()
     );
+    // The same audit for scripts: one JSON object, the same exit code.
+    let found_json = check(pool, &["--json"], 4);
+    let audit: serde_json::Value =
+        serde_json::from_str(&found_json.stdout).expect("check --json prints JSON");
+    let problems = audit["problems"].as_array().expect("a problems list");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.as_str().is_some_and(|p| p.contains(problem))),
+        "{}",
+        found_json.report()
+    );
     let repaired = check(pool, &["--repair"], 1);
     assert!(
         repaired.stdout.contains(&format!("repaired: {said}")),
@@ -83,6 +95,20 @@ fn found_repaired_clean(pool: &Path, problem: &str, said: &str) -> Ran {
         clean.stdout.contains("No problems found"),
         "{}",
         clean.report()
+    );
+    let clean_json = check(pool, &["--json"], 0);
+    let audit: serde_json::Value =
+        serde_json::from_str(&clean_json.stdout).expect("check --json prints JSON");
+    assert_eq!(
+        audit["problems"],
+        serde_json::json!([]),
+        "{}",
+        clean_json.report()
+    );
+    assert!(
+        audit["objects_checked"].as_u64() > Some(0),
+        "{}",
+        clean_json.report()
     );
     check(pool, &["--repair"], 0);
     repaired

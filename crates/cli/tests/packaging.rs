@@ -281,7 +281,9 @@ fn install_sh_puts_binary_unit_and_example_in_a_destdir_and_can_run_twice() {
     let bin = destdir.join("usr/local/bin/fewerbytes");
     let unit = destdir.join("etc/systemd/system/fewerbytes@.service");
     let example = destdir.join("etc/fewerbytes/EXAMPLE.conf");
-    for path in [&bin, &unit, &example] {
+    let man = destdir.join("usr/local/share/man/man1/fewerbytes-volume-rename.1");
+    let completion = destdir.join("usr/local/share/bash-completion/completions/fewerbytes");
+    for path in [&bin, &unit, &example, &man, &completion] {
         assert!(
             path.is_file(),
             "install.sh did not install {}",

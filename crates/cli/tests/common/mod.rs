@@ -70,6 +70,7 @@ fn package_of(tool: &str) -> &'static str {
         "losetup" | "fstrim" | "unshare" | "setpriv" => "util-linux",
         "mount" | "umount" => "mount",
         "systemd-analyze" => "systemd",
+        "prove" | "perl" => "perl (with libtest-mockmodule-perl and libjson-perl)",
         _ => "(unknown package)",
     }
 }

@@ -1,0 +1,463 @@
+package PVE::Storage::Custom::FewerbytesPlugin;
+
+# A Proxmox VE storage of type `fewerbytes`: VM disks as volumes of a fewerbytes pool,
+# served over NBD by `fewerbytes serve` (the fewerbytes@NAME service).
+#
+# Every operation runs the `fewerbytes` command with --require-server, so it reaches
+# the running server through its control socket and never opens the pool itself; QEMU
+# opens each disk as the NBD export of its volume (`path` returns the URI, pve-storage
+# turns it into an `nbd` blockdev). docs/proxmox.md says what each action does to the
+# pool and what is refused.
+#
+# Names: a Proxmox volume name is the pool volume's name, except that a linked clone's
+# volume name `base-100-disk-0/vm-101-disk-0` (its template, then itself, as Proxmox
+# wants it) is stored as `base-100-disk-0+vm-101-disk-0`: a pool volume name has no
+# `/`, and the template's name must survive in the pool for Proxmox to refuse deleting
+# a template that clones still name. A snapshot SNAP of a volume is the pool volume
+# `snap:SNAP:VOLUME`, a clone taken at that moment.
+
+use strict;
+use warnings;
+
+use JSON;
+use POSIX qw(ceil);
+
+use PVE::Tools qw(run_command);
+use PVE::Storage::Plugin;
+
+use base qw(PVE::Storage::Plugin);
+
+# The binary the install script puts in place; the tests point this at their build.
+our $FEWERBYTES = '/usr/local/bin/fewerbytes';
+
+# A volume's size must be a multiple of the pool's 4 KiB block.
+my $BLOCK_BYTES = 4096;
+
+# How long one management command may take: volume commands take a checkpoint, and
+# `volume list` walks every block map.
+my $COMMAND_TIMEOUT_S = 120;
+
+# What the plugin was written and tested against: pve-storage's storage API 15
+# (APIAGE 6, so hosts from API 9 on load it). On an older host, claim its version: the
+# methods used here exist since API 10 (rename_volume), and a newer API only adds.
+my $API_TESTED = 15;
+my $API_MIN = 10;
+
+sub api {
+    # Looked up when called: PVE::Storage loads this plugin, so it may not be compiled
+    # yet when this file is.
+    my $apiver = PVE::Storage->can('APIVER');
+    my $host = $apiver ? $apiver->() : $API_TESTED;
+    return $API_TESTED if $host >= $API_TESTED;
+    return $host >= $API_MIN ? $host : $API_TESTED;
+}
+
+sub type {
+    return 'fewerbytes';
+}
+
+sub plugindata {
+    return {
+        # Disk images only. Containers (rootdir) need a block device or a file system on
+        # the host, and a volume here is an NBD export that only QEMU opens.
+        content => [{ images => 1 }, { images => 1 }],
+        format => [{ raw => 1 }, 'raw'],
+    };
+}
+
+sub properties {
+    return {
+        'fewerbytes-pool' => {
+            description => "The fewerbytes pool (file or block device) this storage keeps its"
+                . " disks in, as the server was started with.",
+            type => 'string',
+        },
+        'fewerbytes-socket' => {
+            description => "The server's NBD unix socket (default: <pool>.sock;"
+                . " /run/fewerbytes/NAME.sock for the fewerbytes\@NAME service).",
+            type => 'string',
+        },
+        'fewerbytes-control-socket' => {
+            description => "The server's control socket (default: <pool>.ctl;"
+                . " /run/fewerbytes/NAME.ctl for the fewerbytes\@NAME service).",
+            type => 'string',
+        },
+    };
+}
+
+sub options {
+    return {
+        'fewerbytes-pool' => { fixed => 1 },
+        'fewerbytes-socket' => { optional => 1 },
+        'fewerbytes-control-socket' => { optional => 1 },
+        nodes => { optional => 1 },
+        disable => { optional => 1 },
+        content => { optional => 1 },
+        bwlimit => { optional => 1 },
+    };
+}
+
+# ---------------------------------------------------------------------------------
+# Talking to the server
+
+my sub control_socket {
+    my ($scfg) = @_;
+    return $scfg->{'fewerbytes-control-socket'} // "$scfg->{'fewerbytes-pool'}.ctl";
+}
+
+my sub nbd_socket {
+    my ($scfg) = @_;
+    return $scfg->{'fewerbytes-socket'} // "$scfg->{'fewerbytes-pool'}.sock";
+}
+
+# Run `fewerbytes ARGS` against the storage's served pool; returns its stdout. Dies
+# with the command's own sentence (it names the volume, the numbers, the reason).
+my sub fewerbytes {
+    my ($scfg, @args) = @_;
+    die "storage has no fewerbytes-pool\n" if !$scfg->{'fewerbytes-pool'};
+    my $cmd = [
+        $FEWERBYTES,
+        '--pool', $scfg->{'fewerbytes-pool'},
+        '--control-socket', control_socket($scfg),
+        '--require-server',
+        @args,
+    ];
+    my ($out, $err) = ('', '');
+    eval {
+        run_command(
+            $cmd,
+            outfunc => sub { $out .= "$_[0]\n" },
+            errfunc => sub { $err .= "$_[0]\n" },
+            timeout => $COMMAND_TIMEOUT_S,
+        );
+    };
+    if (my $failed = $@) {
+        # Under systemd the CLI prefixes errors with the journal's level (<3>).
+        $err =~ s/^<\d>//mg;
+        $err =~ s/^fewerbytes: error: //mg;
+        $err =~ s/\s+\z//;
+        die $err ne '' ? "$err\n" : $failed;
+    }
+    return $out;
+}
+
+my sub fewerbytes_json {
+    my ($scfg, @args) = @_;
+    return decode_json(fewerbytes($scfg, @args, '--json'));
+}
+
+# Every pool volume, by pool name.
+my sub pool_volumes {
+    my ($scfg) = @_;
+    return { map { $_->{name} => $_ } fewerbytes_json($scfg, 'volume', 'list')->@* };
+}
+
+# ---------------------------------------------------------------------------------
+# Names
+
+# The pool volume holding a Proxmox volume (or one of its snapshots).
+my sub pool_name {
+    my ($volname, $snap) = @_;
+    my $name = $volname =~ s|/|+|r;
+    return defined($snap) ? "snap:$snap:$name" : $name;
+}
+
+# The characters Proxmox may use in a disk name here: those of a pool volume name
+# except `+` and `:`, which the plugin's own names use.
+my $NAME_RE = qr/[A-Za-z0-9][A-Za-z0-9_.-]*/;
+
+sub parse_volname {
+    my ($class, $volname) = @_;
+
+    if ($volname =~ m!^(?:(base-(\d+)-$NAME_RE)/)?((vm-|base-)(\d+)-$NAME_RE)$!) {
+        my ($basename, $basevmid, $name, $prefix, $vmid) = ($1, $2, $3, $4, $5);
+        my $is_base = $prefix eq 'base-' ? 1 : undef;
+        return ('images', $name, $vmid, $basename, $basevmid, $is_base, 'raw');
+    }
+    die "unable to parse fewerbytes volume name '$volname'\n";
+}
+
+# The Proxmox volume name of a pool volume, or undef for what is not a disk here
+# (snapshots, volumes made by hand).
+my sub volname_of {
+    my ($pool_name) = @_;
+    return undef if $pool_name =~ /^snap:/;
+    my $volname = $pool_name =~ s|\+|/|r;
+    return eval { PVE::Storage::Custom::FewerbytesPlugin->parse_volname($volname); 1 }
+        ? $volname
+        : undef;
+}
+
+# The first free `vm-VMID-disk-N` among the pool's volumes.
+my sub free_disk_name {
+    my ($scfg, $storeid, $vmid, $volumes) = @_;
+    my %taken;
+    for my $pool_name (keys %$volumes) {
+        my $volname = volname_of($pool_name) // next;
+        my $name = (PVE::Storage::Custom::FewerbytesPlugin->parse_volname($volname))[1];
+        $taken{$1} = 1 if $name =~ m/^(?:vm|base)-\Q$vmid\E-disk-(\d+)$/;
+    }
+    for my $n (0 .. 999) {
+        return "vm-$vmid-disk-$n" if !$taken{$n};
+    }
+    die "unable to allocate a disk name for VM $vmid on storage '$storeid'\n";
+}
+
+# Bytes rounded up to the pool's block size.
+my sub whole_blocks {
+    my ($bytes) = @_;
+    return ceil($bytes / $BLOCK_BYTES) * $BLOCK_BYTES;
+}
+
+# ---------------------------------------------------------------------------------
+# Storage
+
+sub on_add_hook {
+    my ($class, $storeid, $scfg, %param) = @_;
+    die "storage '$storeid': a fewerbytes storage holds VM disk images only; containers"
+        . " (rootdir) need a block device or file system on the host, which an NBD"
+        . " export served to QEMU is not\n"
+        if $scfg->{content} && $scfg->{content}->{rootdir};
+    return undef;
+}
+
+sub status {
+    my ($class, $storeid, $scfg, $cache) = @_;
+    my $stats = eval { fewerbytes_json($scfg, 'stats') };
+    if (my $err = $@) {
+        warn "storage '$storeid': $err";
+        return (0, 0, 0, 0);
+    }
+    # The data region is what the pool stores; used is what its stored (deduplicated,
+    # compressed) blocks take, so the guests' logical bytes can exceed it.
+    return ($stats->{data_bytes}, $stats->{data_free_bytes}, $stats->{data_used_bytes}, 1);
+}
+
+sub activate_storage {
+    my ($class, $storeid, $scfg, $cache) = @_;
+    eval { fewerbytes($scfg, 'pool', 'info', '--json') };
+    die "storage '$storeid' is not available: $@" if $@;
+    return 1;
+}
+
+sub deactivate_storage {
+    my ($class, $storeid, $scfg, $cache) = @_;
+    return 1;
+}
+
+sub check_connection {
+    my ($class, $storeid, $scfg) = @_;
+    return eval { fewerbytes($scfg, 'pool', 'info', '--json'); 1 } ? 1 : 0;
+}
+
+# ---------------------------------------------------------------------------------
+# Volumes
+
+sub path {
+    my ($class, $scfg, $volname, $storeid, $snapname) = @_;
+    my ($vtype, undef, $vmid) = $class->parse_volname($volname);
+    my $path = 'nbd+unix:///' . pool_name($volname, $snapname) . '?socket=' . nbd_socket($scfg);
+    return wantarray ? ($path, $vmid, $vtype) : $path;
+}
+
+sub filesystem_path {
+    my ($class, $scfg, $volname, $snapname) = @_;
+    return $class->path($scfg, $volname, undef, $snapname);
+}
+
+sub map_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname, $hints) = @_;
+    die "volume '$storeid:$volname' cannot be mapped to a block device on the host: a"
+        . " fewerbytes volume is an NBD export that QEMU opens (containers, and TPM state,"
+        . " which swtpm needs as a file, are not supported here)\n";
+}
+
+sub unmap_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname) = @_;
+    return 1;
+}
+
+sub activate_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname, $cache, $hints) = @_;
+    my $name = pool_name($volname, $snapname);
+    eval { fewerbytes($scfg, 'volume', 'info', $name, '--json') };
+    die "volume '$storeid:$volname' is not available: $@" if $@;
+    return 1;
+}
+
+sub deactivate_volume {
+    my ($class, $storeid, $scfg, $volname, $snapname, $cache) = @_;
+    return 1;
+}
+
+sub alloc_image {
+    my ($class, $storeid, $scfg, $vmid, $fmt, $name, $size_kib) = @_;
+
+    die "a fewerbytes storage holds raw disk images only, not '$fmt'"
+        . ($fmt eq 'subvol' ? ' (containers are not supported)' : '') . "\n"
+        if $fmt ne 'raw';
+    die "illegal name '$name' - should be 'vm-$vmid-*'\n"
+        if defined($name) && $name !~ m/^vm-\Q$vmid\E-$NAME_RE$/;
+    die "a disk of size 0 cannot be created\n" if !$size_kib;
+
+    $name //= free_disk_name($scfg, $storeid, $vmid, pool_volumes($scfg));
+    fewerbytes($scfg, 'volume', 'create', $name, '--size', whole_blocks($size_kib * 1024));
+    return $name;
+}
+
+sub free_image {
+    my ($class, $storeid, $scfg, $volname, $is_base, $format) = @_;
+    my $name = pool_name($volname);
+    # Refused while a VM has the disk open (the server counts its connections).
+    fewerbytes($scfg, 'volume', 'delete', $name);
+    # Its snapshots go with it, as a file's internal snapshots would.
+    for my $pool_name (sort keys pool_volumes($scfg)->%*) {
+        next if $pool_name !~ m/^snap:[^:]+:\Q$name\E$/;
+        fewerbytes($scfg, 'volume', 'delete', $pool_name);
+    }
+    return undef;
+}
+
+sub list_images {
+    my ($class, $storeid, $scfg, $vmid, $vollist, $cache) = @_;
+    my $volumes = pool_volumes($scfg);
+    my %wanted = map { $_ => 1 } ($vollist // [])->@*;
+    my $res = [];
+    for my $pool_name (sort keys %$volumes) {
+        my $volname = volname_of($pool_name) // next;
+        my (undef, undef, $owner, $basename) = $class->parse_volname($volname);
+        my $volid = "$storeid:$volname";
+        if ($vollist) {
+            next if !$wanted{$volid};
+        } elsif (defined($vmid)) {
+            next if $owner ne $vmid;
+        }
+        my $volume = $volumes->{$pool_name};
+        push @$res,
+            {
+                volid => $volid,
+                format => 'raw',
+                size => $volume->{size_bytes},
+                used => $volume->{logical_used_bytes},
+                vmid => $owner,
+                (defined($basename) ? (parent => $basename) : ()),
+            };
+    }
+    return $res;
+}
+
+sub volume_size_info {
+    my ($class, $scfg, $storeid, $volname, $timeout) = @_;
+    my (undef, undef, undef, $basename) = $class->parse_volname($volname);
+    my $volume = fewerbytes_json($scfg, 'volume', 'info', pool_name($volname));
+    return $volume->{size_bytes} if !wantarray;
+    return ($volume->{size_bytes}, 'raw', $volume->{logical_used_bytes}, $basename);
+}
+
+sub volume_resize {
+    my ($class, $scfg, $storeid, $volname, $size, $running, $snapname) = @_;
+    die "cannot resize '$storeid:$volname' while its VM runs: QEMU cannot resize an NBD"
+        . " disk live; shut the VM down, resize, and start it again\n"
+        if $running;
+    die "cannot resize a snapshot of '$storeid:$volname'\n" if defined($snapname);
+    fewerbytes($scfg, 'volume', 'resize', pool_name($volname), '--size', whole_blocks($size));
+    return undef;
+}
+
+sub create_base {
+    my ($class, $storeid, $scfg, $volname) = @_;
+    my ($vtype, $name, $vmid, $basename, $basevmid, $is_base) = $class->parse_volname($volname);
+    die "create_base not possible with base image\n" if $is_base;
+    my $pool_name = pool_name($volname);
+    die "cannot make a template of '$storeid:$volname' while it has snapshots: delete them"
+        . " first\n"
+        if grep { m/^snap:[^:]+:\Q$pool_name\E$/ } keys pool_volumes($scfg)->%*;
+
+    (my $newname = $name) =~ s/^vm-/base-/;
+    my $newvolname = defined($basename) ? "$basename/$newname" : $newname;
+    fewerbytes($scfg, 'volume', 'rename', $pool_name, pool_name($newvolname));
+    return $newvolname;
+}
+
+sub clone_image {
+    my ($class, $scfg, $storeid, $volname, $vmid, $snap) = @_;
+    my ($vtype, $name, undef, undef, undef, $is_base) = $class->parse_volname($volname);
+    die "a linked clone of a snapshot is not supported on fewerbytes: make a full clone\n"
+        if $snap;
+    die "clone_image only works on base images\n" if !$is_base;
+
+    my $newname = free_disk_name($scfg, $storeid, $vmid, pool_volumes($scfg));
+    my $newvolname = "$name/$newname";
+    fewerbytes($scfg, 'volume', 'clone', pool_name($volname), pool_name($newvolname));
+    return $newvolname;
+}
+
+sub rename_volume {
+    my ($class, $scfg, $storeid, $source_volname, $target_vmid, $target_volname) = @_;
+    my (undef, undef, undef, $basename) = $class->parse_volname($source_volname);
+    $target_volname //= free_disk_name($scfg, $storeid, $target_vmid, pool_volumes($scfg));
+    die "illegal name '$target_volname' - should be 'vm-$target_vmid-*'\n"
+        if $target_volname !~ m/^vm-\Q$target_vmid\E-$NAME_RE$/;
+    my $target = defined($basename) ? "$basename/$target_volname" : $target_volname;
+    fewerbytes($scfg, 'volume', 'rename', pool_name($source_volname), pool_name($target));
+    return "$storeid:$target";
+}
+
+# ---------------------------------------------------------------------------------
+# Snapshots: a snapshot is a clone of the volume at that moment (it shares every
+# block, and costs the volume's size in what a thick pool can address).
+
+sub volume_snapshot {
+    my ($class, $scfg, $storeid, $volname, $snap) = @_;
+    fewerbytes($scfg, 'volume', 'clone', pool_name($volname), pool_name($volname, $snap));
+    return undef;
+}
+
+sub volume_snapshot_delete {
+    my ($class, $scfg, $storeid, $volname, $snap, $running) = @_;
+    fewerbytes($scfg, 'volume', 'delete', pool_name($volname, $snap));
+    return undef;
+}
+
+sub volume_snapshot_rollback {
+    my ($class, $scfg, $storeid, $volname, $snap) = @_;
+    my $name = pool_name($volname);
+    my $snapshot = pool_name($volname, $snap);
+    my $volumes = pool_volumes($scfg);
+    die "snapshot '$snap' of '$storeid:$volname' does not exist\n" if !$volumes->{$snapshot};
+    # The disk is deleted (refused while a VM has it open), then cloned back from the
+    # snapshot; the snapshot stays.
+    fewerbytes($scfg, 'volume', 'delete', $name);
+    fewerbytes($scfg, 'volume', 'clone', $snapshot, $name);
+    return undef;
+}
+
+# The clone is taken with the server's write gate held: the image of every write
+# answered before it, as after a power cut. Ask the guest agent to freeze file systems.
+sub volume_snapshot_needs_fsfreeze {
+    return 1;
+}
+
+sub volume_qemu_snapshot_method {
+    my ($class, $storeid, $scfg, $volname) = @_;
+    return 'storage';
+}
+
+sub volume_has_feature {
+    my ($class, $scfg, $feature, $storeid, $volname, $snapname, $running, $opts) = @_;
+
+    my $features = {
+        snapshot => { current => 1, snap => 1 },
+        clone => { base => 1 },
+        template => { current => 1 },
+        copy => { base => 1, current => 1 },
+        # A new volume reads as zeros: copies may skip zero blocks.
+        sparseinit => { base => 1, current => 1 },
+        rename => { current => 1 },
+    };
+    my (undef, undef, undef, undef, undef, $is_base) = $class->parse_volname($volname);
+    my $key = $snapname ? 'snap' : $is_base ? 'base' : 'current';
+    return $features->{$feature}->{$key} ? 1 : undef;
+}
+
+1;

@@ -1,0 +1,58 @@
+package PVE::Tools;
+
+# Stand-in for Proxmox's PVE::Tools (pve-common), for the plugin's tests only: the one
+# function the plugin uses, run_command, with the arguments it passes (a command as an
+# array, outfunc and errfunc called once per line, a timeout in seconds). Like the real
+# one, it dies when the command fails, times out or cannot start.
+
+use strict;
+use warnings;
+
+use IPC::Open3 qw(open3);
+use IO::Select;
+use Symbol qw(gensym);
+
+use base qw(Exporter);
+our @EXPORT_OK = qw(run_command);
+
+sub run_command {
+    my ($cmd, %param) = @_;
+    my $outfunc = $param{outfunc} // sub { print "$_[0]\n" };
+    my $errfunc = $param{errfunc} // sub { print STDERR "$_[0]\n" };
+    my $timeout = $param{timeout} // 0;
+    my $cmdstr = join(' ', @$cmd);
+
+    my $err_fh = gensym;
+    my $pid = open3(my $in_fh, my $out_fh, $err_fh, @$cmd);
+    close($in_fh);
+
+    my %buffer = ($out_fh => '', $err_fh => '');
+    my %func = ($out_fh => $outfunc, $err_fh => $errfunc);
+    my $select = IO::Select->new($out_fh, $err_fh);
+    my $deadline = $timeout ? time() + $timeout : undef;
+    while ($select->count) {
+        if ($deadline && time() > $deadline) {
+            kill('KILL', $pid);
+            waitpid($pid, 0);
+            die "command '$cmdstr' failed: got timeout\n";
+        }
+        for my $fh ($select->can_read(1)) {
+            my $n = sysread($fh, my $chunk, 65536);
+            if (!$n) {
+                $select->remove($fh);
+                $func{$fh}->($buffer{$fh}) if length($buffer{$fh});
+                next;
+            }
+            $buffer{$fh} .= $chunk;
+            while ($buffer{$fh} =~ s/^([^\n]*)\n//) {
+                $func{$fh}->($1);
+            }
+        }
+    }
+    waitpid($pid, 0);
+    my $code = $? >> 8;
+    die "command '$cmdstr' failed: exit code $code\n" if $? != 0;
+    return 0;
+}
+
+1;
