@@ -57,9 +57,8 @@ pub enum VolumeCommand {
     },
     /// Give a volume another name (and so another NBD export name).
     ///
-    /// Done as a clone and a delete: no data moves, but the pool must be able to address
-    /// the volume's size once more for a moment, and a volume a client has open is
-    /// refused.
+    /// No data moves: the catalog names the volume anew, durably on return (a crash
+    /// leaves one name or the other). A volume a client has open is refused.
     Rename {
         /// The current name.
         name: String,

@@ -288,7 +288,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             Answer::Done
         }
         Request::RenameVolume { name, new_name } => {
-            Answer::Volume(rename_volume(pool, name, new_name)?)
+            Answer::Volume(pool.rename_volume(name, new_name)?)
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),
@@ -313,37 +313,6 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             ))
         }
     })
-}
-
-/// Rename a volume: a clone under the new name, then the old name deleted. The engine
-/// has no rename of its own; a clone shares every block, so this moves no data, but
-/// it needs room for the volume's size once more in what the pool addresses, and a
-/// crash between the two steps leaves both names (the same data under each). A
-/// volume a client has open is refused, and the clone removed again.
-fn rename_volume(
-    pool: &Pool,
-    name: &str,
-    new_name: &str,
-) -> std::result::Result<VolumeInfo, EngineError> {
-    if let Some(open) = pool
-        .list_volumes()
-        .into_iter()
-        .find(|v| v.name == name && v.users > 0)
-    {
-        return Err(EngineError::VolumeInUse {
-            name: open.name,
-            users: open.users,
-        });
-    }
-    let renamed = pool.clone_volume(name, new_name)?;
-    if let Err(e) = pool.delete_volume(name, false) {
-        // A client connected between the two steps: keep the old name only.
-        if let Err(undo) = pool.delete_volume(new_name, true) {
-            tracing::error!("rename of '{name}' failed ({e}) and its clone '{new_name}' could not be removed: {undo}");
-        }
-        return Err(e);
-    }
-    Ok(renamed)
 }
 
 /// The control socket named by `--control-socket` or `FEWERBYTES_CONTROL_SOCKET`, set

@@ -1133,6 +1133,49 @@ impl Pool {
         Ok(self.volume_info(&vol))
     }
 
+    /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
+    /// checkpoint taken with the gate held, as every volume operation is, so a crash
+    /// leaves the old name or the new one, never both. A volume with open handles
+    /// (NBD clients) is refused: they were opened by the old name.
+    pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
+        validate_name(new_name).map_err(EngineError::Refused)?;
+        let i = &self.inner;
+        i.ensure_writable()?;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let slot = i.volume_by_name(name)?.slot as usize;
+        if i.volume_by_name(new_name).is_ok() {
+            return Err(EngineError::VolumeExists(new_name.to_string()));
+        }
+        let renamed = {
+            let mut vols = i.volumes.write();
+            let entry = vols
+                .get_mut(slot)
+                .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))?;
+            let state = entry
+                .take()
+                .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))?;
+            // Only the volume list holds a volume nobody has open.
+            match Arc::try_unwrap(state) {
+                Ok(mut state) => {
+                    state.name = new_name.to_string();
+                    let state = Arc::new(state);
+                    *entry = Some(state.clone());
+                    state
+                }
+                Err(state) => {
+                    let users = state.users.load(Ordering::Acquire);
+                    *entry = Some(state);
+                    return Err(EngineError::Refused(format!(
+                        "volume '{name}' is open by {users} client(s): disconnect them to rename it"
+                    )));
+                }
+            }
+        };
+        i.checkpoint_locked(gate, true)?;
+        Ok(self.volume_info(&renamed))
+    }
+
     /// Open a handle on a volume.
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
         let vol = self.inner.volume_by_name(name)?;

@@ -132,3 +132,30 @@ fn zeros_and_duplicates_store_nothing_new() {
     p.delete_volume("b", false).unwrap();
     assert!(p.audit().problems.is_empty());
 }
+
+#[test]
+fn a_rename_moves_nothing_is_durable_on_return_and_refuses_an_open_volume() {
+    let mut t = create(64 << 20, None);
+    t.pool().create_volume("old", 4 << 20).unwrap();
+    t.pool().create_volume("taken", 4 << 20).unwrap();
+    let vol = t.pool().open_volume("old").unwrap();
+    let block = Mix::new(7).next_block();
+    vol.write(0, &block, false).unwrap();
+    vol.flush().unwrap();
+    let err = t.pool().rename_volume("old", "new").unwrap_err();
+    assert!(err.to_string().contains("disconnect"), "{err}");
+    drop(vol);
+    let stored = t.pool().stats().objects;
+    assert!(t.pool().rename_volume("old", "taken").is_err());
+    assert!(t.pool().rename_volume("old", "..").is_err());
+    t.pool().rename_volume("old", "new").unwrap();
+    assert_eq!(t.pool().stats().objects, stored, "nothing stored again");
+    // Durable on return: a crash that keeps nothing unflushed keeps the new name.
+    t.crash(CrashMode::DropAll);
+    assert!(t.pool().open_volume("old").is_err());
+    let vol = t.pool().open_volume("new").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    vol.read(0, &mut buf).unwrap();
+    assert_eq!(buf, block);
+    assert!(t.pool().audit().problems.is_empty());
+}
