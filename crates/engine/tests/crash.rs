@@ -41,14 +41,21 @@ const SEEDS_DEFAULT: u64 = 48;
 /// Workloads in a soak (`FEWERBYTES_CRASH_SOAK=1`).
 const SEEDS_SOAK: u64 = 2000;
 /// Operations per workload after the first volumes are made (bounds the log).
-const OPS_MIN: usize = 24;
+const OPS_MIN: usize = 40;
 /// See [`OPS_MIN`].
-const OPS_MAX: usize = 48;
+const OPS_MAX: usize = 120;
 /// A volume's size when created, in blocks: small, so a whole volume is read back
 /// after every crash.
-const VOL_BLOCKS: u64 = 48;
+const VOL_BLOCKS: u64 = 96;
 /// Volume names a workload uses.
 const NAMES: [&str; 4] = ["v0", "v1", "v2", "v3"];
+/// Writes in one churn (at most): enough to fill half the smallest journal ring.
+const CHURN_WRITES: usize = 2000;
+/// A churn flushes after this many writes.
+const CHURN_FLUSH_EVERY: usize = 64;
+/// About one operation in this many of a workload is a crash, after which the
+/// workload goes on from what the recovered pool holds.
+const CRASH_IN_WORKLOAD_EVERY: u32 = 40;
 /// One crash point in this many also crashes its recovery.
 const SECOND_CRASH_EVERY: u64 = 6;
 
@@ -121,6 +128,24 @@ impl Model {
         }
     }
 
+    /// Operation `op` wrote whole blocks `blocks` from `lbn` on: `change` for
+    /// contents shared between versions (a churn writes the same few blocks often).
+    fn change_shared(&mut self, op: usize, inc: u32, lbn: u64, blocks: &[&Arc<Vec<u8>>]) {
+        let bytes = self.bytes.get_mut(&inc).expect("volume");
+        for (i, block) in blocks.iter().enumerate() {
+            let at = (lbn as usize + i) * BLOCK;
+            bytes[at..at + BLOCK].copy_from_slice(block);
+            self.history
+                .entry((inc, lbn + i as u64))
+                .or_default()
+                .push(Version {
+                    op,
+                    fua: false,
+                    bytes: Arc::clone(block),
+                });
+        }
+    }
+
     fn create(&mut self, op: usize, name: &str, blocks: u64) -> u32 {
         let inc = self.next_incarnation;
         self.next_incarnation += 1;
@@ -149,6 +174,40 @@ impl Model {
             .expect("volume")
             .resize(blocks as usize * BLOCK, 0);
         self.volumes.insert(name.to_string(), (inc, blocks));
+    }
+}
+
+/// What the workloads did that the crash points land in, summed over pool lifetimes.
+#[derive(Default, Clone, Copy)]
+struct Coverage {
+    checkpoints: u64,
+    journal_commits: u64,
+    journal_bytes: u64,
+    compacted_blocks: u64,
+    workload_crashes: u64,
+}
+
+impl Coverage {
+    /// Add what `pool` did since it was opened.
+    fn note(&mut self, pool: &Pool) {
+        let stats = pool.stats();
+        self.checkpoints += stats.checkpoints;
+        self.journal_commits += stats.journal_commits;
+        self.compacted_blocks += stats.compacted_blocks;
+        self.journal_bytes += stats
+            .metadata_written_by_region
+            .iter()
+            .filter(|(region, _)| region == "journal")
+            .map(|(_, bytes)| bytes)
+            .sum::<u64>();
+    }
+
+    fn add(&mut self, other: &Coverage) {
+        self.checkpoints += other.checkpoints;
+        self.journal_commits += other.journal_commits;
+        self.journal_bytes += other.journal_bytes;
+        self.compacted_blocks += other.compacted_blocks;
+        self.workload_crashes += other.workload_crashes;
     }
 }
 
@@ -201,6 +260,7 @@ struct Recorded {
     bases: Vec<Image>,
     events: Vec<IoEvent>,
     model: Model,
+    coverage: Coverage,
 }
 
 /// Random bytes of one of the kinds a guest writes.
@@ -269,6 +329,7 @@ fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let mut w = Workload {
         log: &log,
         model: &mut model,
+        coverage: Coverage::default(),
     };
     let mut pool = w.run("open", true, |_| devices.open().expect("open"));
     for name in ["v0", "v1"] {
@@ -276,16 +337,21 @@ fn record(seed: u64, pool_bytes: u64) -> Recorded {
     }
     let ops = rng.gen_range(OPS_MIN..=OPS_MAX);
     for _ in 0..ops {
-        w.random_op(&mut rng, &mut pool, &devices);
+        if rng.gen_range(0..CRASH_IN_WORKLOAD_EVERY) == 0 {
+            pool = w.crash(&mut rng, pool, &devices);
+        } else {
+            w.random_op(&mut rng, &mut pool, &devices);
+        }
     }
-    let p = pool.clone();
-    drop(pool);
-    w.run("close", true, |_| p.close().expect("close"));
+    w.coverage.note(&pool);
+    w.run("close", true, |_| pool.close().expect("close"));
+    let coverage = w.coverage;
     Recorded {
         seed,
         bases,
         events: log.take(),
         model,
+        coverage,
     }
 }
 
@@ -304,6 +370,7 @@ fn smallest_separate_data_blocks() -> u64 {
 struct Workload<'a> {
     log: &'a Arc<IoLog>,
     model: &'a mut Model,
+    coverage: Coverage,
 }
 
 impl Workload<'_> {
@@ -332,6 +399,81 @@ impl Workload<'_> {
         }
     }
 
+    /// Many small writes of duplicate and zero blocks, a flush after every
+    /// [`CHURN_FLUSH_EVERY`]: little data I/O but much journal, so the journal ring
+    /// fills (a checkpoint at half) and wraps.
+    fn churn(&mut self, rng: &mut StdRng, pool: &Arc<Pool>) {
+        let patterns: Vec<Arc<Vec<u8>>> = (0..4u8)
+            .map(|k| {
+                Arc::new(if k == 0 {
+                    vec![0u8; BLOCK]
+                } else {
+                    (0..BLOCK)
+                        .map(|i| (i / 512) as u8 ^ k.wrapping_mul(37))
+                        .collect()
+                })
+            })
+            .collect();
+        let names: Vec<String> = self.model.volumes.keys().cloned().collect();
+        let writes = rng.gen_range(CHURN_WRITES / 2..=CHURN_WRITES);
+        for i in 0..writes {
+            let name = &names[rng.gen_range(0..names.len())];
+            let (inc, blocks) = self.model.volumes[name];
+            let len = rng.gen_range(1..=blocks.min(16));
+            let lbn = rng.gen_range(0..=blocks - len);
+            let chosen: Vec<&Arc<Vec<u8>>> = (0..len)
+                .map(|_| &patterns[rng.gen_range(0..patterns.len())])
+                .collect();
+            let data: Vec<u8> = chosen.iter().flat_map(|p| p.iter().copied()).collect();
+            let op = self.run(
+                &format!("churn write {name} block {lbn}+{len}"),
+                false,
+                |op| {
+                    let v = pool.open_volume(name).expect("volume");
+                    v.write(lbn * BLOCK as u64, &data, false).expect("write");
+                    op
+                },
+            );
+            self.model.change_shared(op, inc, lbn, &chosen);
+            if i % CHURN_FLUSH_EVERY == CHURN_FLUSH_EVERY - 1 {
+                self.run("churn flush", true, |_| pool.flush().expect("flush"));
+            }
+        }
+    }
+
+    /// Crash the devices in the middle of the workload, recover, check the recovered
+    /// pool as a crash point is checked, and go on from what it holds.
+    fn crash(&mut self, rng: &mut StdRng, pool: Arc<Pool>, devices: &Devices) -> Arc<Pool> {
+        let at = self.log.len();
+        let modes: Vec<CrashMode> = (0..2).map(|_| mode_for(rng.gen(), 0, 0)).collect();
+        self.coverage.note(&pool);
+        self.coverage.workload_crashes += 1;
+        self.run(&format!("crash ({modes:?})"), false, |_| {
+            devices.stop();
+            drop(pool);
+            for (dev, mode) in std::iter::once(&devices.data)
+                .chain(devices.meta.as_ref())
+                .zip(&modes)
+            {
+                dev.crash_in_place(*mode);
+            }
+        });
+        let (op, pool) = self.run("open after a crash", true, |op| {
+            (op, devices.open().expect("open after a crash"))
+        });
+        if let Err(why) = self.model.check_volumes(&pool, at) {
+            panic!("after a crash in the workload at {at}: {why}");
+        }
+        let audit = pool.audit();
+        assert!(
+            audit.problems.is_empty(),
+            "after a crash in the workload at {at}, the audit found {:?}",
+            audit.problems
+        );
+        self.model.adopt(&pool, op);
+        pool
+    }
+
     fn create(&mut self, pool: &Arc<Pool>, name: &str, blocks: u64) {
         let op = self.run(&format!("create {name}"), true, |op| {
             pool.create_volume(name, blocks * BLOCK as u64)
@@ -350,7 +492,8 @@ impl Workload<'_> {
             .filter(|n| !self.model.volumes.contains_key(*n))
             .collect();
         let vol = (!names.is_empty()).then(|| names[rng.gen_range(0..names.len())].clone());
-        match (rng.gen_range(0..26), vol) {
+        match (rng.gen_range(0..32), vol) {
+            (30..=31, Some(_)) => self.churn(rng, pool),
             (0..=9, Some(name)) => {
                 let (inc, blocks) = self.model.volumes[&name];
                 let (offset, len) = byte_range(rng, blocks);
@@ -434,12 +577,61 @@ impl Workload<'_> {
                 self.run("compact", false, |_| pool.compact().expect("compact"));
             }
             (23, _) => {
+                self.coverage.note(pool);
                 let p = pool.clone();
                 self.run("close", true, |_| {
                     // Every handle but `p` is gone; closing takes the final checkpoint.
                     p.close().expect("close")
                 });
                 *pool = self.run("open", true, |_| devices.open().expect("reopen"));
+            }
+            (26..=27, Some(name)) => {
+                // A large aligned write: many blocks in one request, so commits by size
+                // and the journal ring's checkpoints come into the log.
+                let (inc, blocks) = self.model.volumes[&name];
+                let len = rng.gen_range(8..=blocks.min(64));
+                let offset = rng.gen_range(0..=blocks - len) * BLOCK as u64;
+                let data = data_of(rng, len as usize * BLOCK);
+                let what = format!("write {name} {offset}+{} (large)", data.len());
+                let op = self.run(&what, false, |op| {
+                    let v = pool.open_volume(&name).expect("volume");
+                    v.write(offset, &data, false).expect("write");
+                    op
+                });
+                self.model.change(op, inc, offset, &data, false);
+            }
+            (28..=29, Some(first)) if names.len() >= 2 => {
+                // Two writers at once, on two volumes: one operation to the model
+                // (begun when both began, returned when both returned).
+                let second = names.iter().find(|n| **n != first).expect("two volumes");
+                let writes: Vec<(String, u32, u64, Vec<u8>)> = [&first, second]
+                    .into_iter()
+                    .map(|name| {
+                        let (inc, blocks) = self.model.volumes[name];
+                        let (offset, len) = byte_range(rng, blocks);
+                        (name.clone(), inc, offset, data_of(rng, len as usize))
+                    })
+                    .collect();
+                let what = format!(
+                    "two writers: {}",
+                    writes
+                        .iter()
+                        .map(|(n, _, o, d)| format!("{n} {o}+{}", d.len()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                let op = self.run(&what, false, |op| {
+                    std::thread::scope(|s| {
+                        for (name, _, offset, data) in &writes {
+                            let v = pool.open_volume(name).expect("volume");
+                            s.spawn(move || v.write(*offset, data, false).expect("write"));
+                        }
+                    });
+                    op
+                });
+                for (_, inc, offset, data) in &writes {
+                    self.model.change(op, *inc, *offset, data, false);
+                }
             }
             (24..=25, Some(name)) => {
                 // A read during the workload, against the model.
@@ -498,13 +690,30 @@ fn describe(events: &[IoEvent], at: usize) -> String {
             data.len()
         ),
         Some(IoEvent::Flush { device }) => format!("before a flush of device {device}"),
+        Some(IoEvent::Crash { device, .. }) => {
+            format!("before the workload's own crash of device {device}")
+        }
     }
 }
 
 impl Recorded {
-    /// Check a pool opened after a crash at `at` against the model.
+    /// Check a pool opened after a crash at `at` against the model, audit it, and
+    /// see that it takes new writes.
     fn verify(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
-        let ops = &self.model.ops;
+        self.model.check_volumes(pool, at)?;
+        let audit = pool.audit();
+        if !audit.problems.is_empty() {
+            return Err(format!("the audit found {:?}", audit.problems));
+        }
+        keeps_working(pool)
+    }
+}
+
+impl Model {
+    /// Check the volumes of a pool opened after a crash at `at`, and every block of
+    /// them, against what the model allows.
+    fn check_volumes(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
+        let ops = &self.ops;
         // The last barrier that returned before the crash.
         let mut durable = ops.iter().rposition(|o| o.barrier && o.end <= at);
         let under_way = ops.iter().position(|o| o.start < at && at < o.end);
@@ -543,7 +752,6 @@ impl Recorded {
             for lbn in 0..*blocks {
                 let block = &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK];
                 let versions = self
-                    .model
                     .history
                     .get(&(*inc, lbn))
                     .map(Vec::as_slice)
@@ -574,11 +782,24 @@ impl Recorded {
                 }
             }
         }
-        let audit = pool.audit();
-        if !audit.problems.is_empty() {
-            return Err(format!("the audit found {:?}", audit.problems));
+        Ok(())
+    }
+
+    /// After operation `op` recovered from a crash: every block now holds what the
+    /// pool reads (one of the contents the model allowed), durably.
+    fn adopt(&mut self, pool: &Arc<Pool>, op: usize) {
+        for (name, (inc, blocks)) in self.volumes.clone() {
+            let mut bytes = vec![0u8; blocks as usize * BLOCK];
+            pool.open_volume(&name)
+                .and_then(|v| v.read(0, &mut bytes))
+                .expect("read after recovery");
+            for lbn in 0..blocks {
+                let block = &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK];
+                if *block != *self.block(inc, lbn) {
+                    self.change(op, inc, lbn * BLOCK as u64, block, false);
+                }
+            }
         }
-        keeps_working(pool)
     }
 }
 
@@ -613,6 +834,8 @@ fn keeps_working(pool: &Arc<Pool>) -> Result<(), String> {
 struct Tally {
     points: AtomicU64,
     second: AtomicU64,
+    events: AtomicU64,
+    coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
 }
 
@@ -667,6 +890,10 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally
             return;
         }
     };
+    tally.coverage.lock().add(&rec.coverage);
+    tally
+        .events
+        .fetch_add(rec.events.len() as u64, Ordering::Relaxed);
     let mut replay = LogReplay::new(rec.bases.clone(), &rec.events);
     let points: Vec<usize> = match only {
         Some(at) => vec![at.min(rec.events.len())],
@@ -677,16 +904,7 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crash_point(&rec, &replay, tally)
         }))
-        .unwrap_or_else(|panic| {
-            Err(format!(
-                "panicked: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-            ))
-        });
+        .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_text(&*panic))));
         if let Err(why) = outcome {
             let op = rec
                 .model
@@ -705,6 +923,14 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally
             return;
         }
     }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -752,6 +978,17 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
         "crash points: {points} across {} workloads, {second} second crashes during recovery, in {:.1} s",
         seeds.len(),
         started.elapsed().as_secs_f64()
+    );
+    let c = *tally.coverage.lock();
+    let _ = writeln!(
+        std::io::stdout(),
+        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads",
+        tally.events.load(Ordering::Relaxed),
+        c.checkpoints,
+        c.journal_commits,
+        c.journal_bytes >> 10,
+        c.compacted_blocks,
+        c.workload_crashes
     );
     let failures = tally.failures.into_inner();
     assert!(

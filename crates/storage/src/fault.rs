@@ -137,6 +137,14 @@ pub enum IoEvent {
         /// Which device of the log.
         device: usize,
     },
+    /// The device crashed here ([`FaultStorage::crash_in_place`]): what `mode` keeps of
+    /// its unflushed writes became durable, and the rest was lost.
+    Crash {
+        /// Which device of the log.
+        device: usize,
+        /// Which unflushed writes survived.
+        mode: CrashMode,
+    },
 }
 
 /// Every write and flush that reached a set of recording devices, in order.
@@ -207,6 +215,19 @@ fn apply_survivors<'a>(
     }
 }
 
+/// The writes at `positions` of `events`, as (offset, bytes).
+fn writes_at<'a>(
+    events: &'a [IoEvent],
+    positions: &'a [usize],
+) -> impl Iterator<Item = (u64, &'a [u8])> + 'a {
+    positions.iter().filter_map(|&w| match events.get(w) {
+        Some(IoEvent::Write {
+            offset_bytes, data, ..
+        }) => Some((*offset_bytes, data.as_slice())),
+        _ => None,
+    })
+}
+
 /// Rebuilds, from the images devices started with and the log of what reached them,
 /// the images a crash just before any event of the log would leave.
 ///
@@ -242,14 +263,20 @@ impl<'a> LogReplay<'a> {
             match &self.events[index] {
                 IoEvent::Write { device, .. } => self.unflushed[*device].push(index),
                 IoEvent::Flush { device } => {
-                    for w in std::mem::take(&mut self.unflushed[*device]) {
-                        if let IoEvent::Write {
-                            offset_bytes, data, ..
-                        } = &self.events[w]
-                        {
-                            self.durable[*device].write(data, *offset_bytes);
-                        }
-                    }
+                    let writes = std::mem::take(&mut self.unflushed[*device]);
+                    apply_survivors(
+                        &mut self.durable[*device],
+                        writes_at(self.events, &writes),
+                        CrashMode::KeepAll,
+                    );
+                }
+                IoEvent::Crash { device, mode } => {
+                    let writes = std::mem::take(&mut self.unflushed[*device]);
+                    apply_survivors(
+                        &mut self.durable[*device],
+                        writes_at(self.events, &writes),
+                        *mode,
+                    );
                 }
             }
         }
@@ -275,12 +302,7 @@ impl<'a> LogReplay<'a> {
             .enumerate()
             .map(|(d, (durable, writes))| {
                 let mut image = durable.clone();
-                let writes = writes.iter().filter_map(|&w| match &self.events[w] {
-                    IoEvent::Write {
-                        offset_bytes, data, ..
-                    } => Some((*offset_bytes, data.as_slice())),
-                    IoEvent::Flush { .. } => None,
-                });
+                let writes = writes_at(self.events, writes);
                 let mode = match mode {
                     CrashMode::Random(seed) => CrashMode::Random(seed.wrapping_add(d as u64)),
                     other => other,
@@ -374,6 +396,30 @@ impl FaultStorage {
             .map(|(off, data)| (*off, data.as_slice()));
         apply_survivors(&mut image, writes, mode);
         image
+    }
+
+    /// Crash now, and come back: the device holds what `mode` keeps of its unflushed
+    /// writes (as [`FaultStorage::crash_pages`] makes it), nothing is unflushed, and
+    /// injected faults are cleared. Recorded in the log as [`IoEvent::Crash`].
+    pub fn crash_in_place(&self, mode: CrashMode) {
+        let mut s = self.state.lock();
+        let writes = std::mem::take(&mut s.unflushed);
+        let mut image = s.durable.clone();
+        apply_survivors(
+            &mut image,
+            writes.iter().map(|(off, data)| (*off, data.as_slice())),
+            mode,
+        );
+        s.live = image.clone();
+        s.durable = image;
+        s.plan = FaultPlan::default();
+        s.failed = false;
+        if let Some((log, device)) = &self.log {
+            log.push(IoEvent::Crash {
+                device: *device,
+                mode,
+            });
+        }
     }
 
     /// What a flush has made durable so far.
@@ -575,6 +621,35 @@ mod tests {
                     "drop all, position {at}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_replayed_log_follows_a_crash_in_place() {
+        let log = IoLog::new();
+        let dev = FaultStorage::new("a", 4 * 4096).record_into(log.clone(), 0);
+        let mut expected = vec![dev.crash_pages(CrashMode::KeepAll).to_bytes()];
+        for round in 0..4u8 {
+            for i in 0..4u64 {
+                dev.write_at(&[round * 4 + i as u8 + 1; 1536], i * 2048)
+                    .unwrap();
+                expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+            }
+            if round == 1 {
+                dev.flush().unwrap();
+                expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+            }
+            dev.crash_in_place(CrashMode::Random(u64::from(round)));
+            expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+        }
+        let events = log.take();
+        let mut replay = LogReplay::new(vec![Image::zeroed(4 * 4096)], &events);
+        for (at, image) in expected.iter().enumerate() {
+            replay.seek(at);
+            assert!(
+                replay.crash_images(CrashMode::KeepAll)[0].to_bytes() == *image,
+                "position {at}"
+            );
         }
     }
 }
