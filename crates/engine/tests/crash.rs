@@ -53,6 +53,8 @@ const NAMES: [&str; 4] = ["v0", "v1", "v2", "v3"];
 const CHURN_WRITES: usize = 2000;
 /// A churn flushes after this many writes.
 const CHURN_FLUSH_EVERY: usize = 64;
+/// Runs of a workload a replay tries for the log order of the failing run.
+const REPLAY_RUNS_MAX: usize = 200;
 /// About one operation in this many of a workload is a crash, after which the
 /// workload goes on from what the recovered pool holds.
 const CRASH_IN_WORKLOAD_EVERY: u32 = 40;
@@ -879,9 +881,54 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     Ok(())
 }
 
+/// The log's shape: the order, device, place and length of its events, not their
+/// bytes (a pool's nonce and key differ every run). The commit and compaction threads
+/// can order a run's events differently from the last run of the same seed.
+fn shape(events: &[IoEvent]) -> u64 {
+    events.iter().fold(0, |h, e| {
+        mix(
+            h,
+            match e {
+                IoEvent::Write {
+                    device,
+                    offset_bytes,
+                    data,
+                } => mix(*device as u64, mix(*offset_bytes, data.len() as u64)),
+                IoEvent::Flush { device } => mix(1, *device as u64),
+                IoEvent::Crash { device, .. } => mix(2, *device as u64),
+            },
+        )
+    })
+}
+
+/// Record workload `seed`; with `want`, again until its log has that shape.
+fn record_shaped(seed: u64, pool_bytes: u64, want: Option<u64>) -> Recorded {
+    let mut rec = record(seed, pool_bytes);
+    let mut runs = 1;
+    while want.is_some_and(|w| shape(&rec.events) != w) && runs < REPLAY_RUNS_MAX {
+        rec = record(seed, pool_bytes);
+        runs += 1;
+    }
+    if let Some(w) = want {
+        let got = shape(&rec.events);
+        let _ = writeln!(
+            std::io::stdout(),
+            "replay of seed {seed}: {} log of shape {got:016x} after {runs} runs{}",
+            if got == w { "the same" } else { "a different" },
+            if got == w {
+                String::new()
+            } else {
+                format!(" (wanted {w:016x}; the crash point is checked on this log)")
+            }
+        );
+    }
+    rec
+}
+
 /// Every crash point of one workload (or only `only`).
-fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally) {
-    let rec = match std::panic::catch_unwind(|| record(seed, pool_bytes)) {
+fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>, tally: &Tally) {
+    let want = only.and_then(|(_, shape)| shape);
+    let rec = match std::panic::catch_unwind(|| record_shaped(seed, pool_bytes, want)) {
         Ok(rec) => rec,
         Err(_) => {
             tally.failures.lock().push(format!(
@@ -896,7 +943,7 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally
         .fetch_add(rec.events.len() as u64, Ordering::Relaxed);
     let mut replay = LogReplay::new(rec.bases.clone(), &rec.events);
     let points: Vec<usize> = match only {
-        Some(at) => vec![at.min(rec.events.len())],
+        Some((at, _)) => vec![at.min(rec.events.len())],
         None => (0..=rec.events.len()).collect(),
     };
     for at in points {
@@ -913,7 +960,8 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<usize>, tally: &Tally
                 .rfind(|o| o.start <= at)
                 .map_or("", |o| o.what.as_str());
             tally.failures.lock().push(format!(
-                "FEWERBYTES_SEED={seed} FEWERBYTES_CRASH_AT={at} (of {} events; {}, during or after '{op}'; mode {:?}; {} unflushed writes): {why}",
+                "FEWERBYTES_SEED={seed} FEWERBYTES_CRASH_AT={at} FEWERBYTES_CRASH_LOG={:016x} (of {} events; {}, during or after '{op}'; mode {:?}; {} unflushed writes): {why}",
+                shape(&rec.events),
                 rec.events.len(),
                 describe(&rec.events, at),
                 mode_for(seed, at, 0),
@@ -944,7 +992,13 @@ fn env_u64(name: &str) -> Option<u64> {
 fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     let started = std::time::Instant::now();
     let pool_bytes = smallest_pool_bytes();
-    let only_at = env_u64("FEWERBYTES_CRASH_AT").map(|a| a as usize);
+    let only_at = env_u64("FEWERBYTES_CRASH_AT").map(|at| {
+        let shape = std::env::var("FEWERBYTES_CRASH_LOG").ok().map(|v| {
+            u64::from_str_radix(&v, 16)
+                .unwrap_or_else(|_| panic!("FEWERBYTES_CRASH_LOG must be hex, not {v:?}"))
+        });
+        (at as usize, shape)
+    });
     let seeds: Vec<u64> = match env_u64("FEWERBYTES_SEED") {
         Some(seed) => vec![seed],
         None if std::env::var("FEWERBYTES_CRASH_SOAK").is_ok_and(|v| v == "1") => {
