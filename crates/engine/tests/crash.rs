@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Workloads in a default run: enough for well over 10,000 crash points.
-const SEEDS_DEFAULT: u64 = 48;
+const SEEDS_DEFAULT: u64 = 40;
 /// Workloads in a soak (`FEWERBYTES_CRASH_SOAK=1`).
 const SEEDS_SOAK: u64 = 2000;
 /// Operations per workload after the first volumes are made (bounds the log).
@@ -53,6 +53,19 @@ const NAMES: [&str; 4] = ["v0", "v1", "v2", "v3"];
 const CHURN_WRITES: usize = 2000;
 /// A churn flushes after this many writes.
 const CHURN_FLUSH_EVERY: usize = 64;
+/// Workloads whose seed is this modulo 16 fill the pool with random data first.
+const FULL_POOL_SEED_CLASS: u64 = 7;
+/// A full pool's filling and overwriting flush after this many large writes.
+const FULL_FLUSH_EVERY: usize = 8;
+/// Large overwrites after a pool is filled: 1,536 blocks, more than the ~800 left free.
+const FULL_OVERWRITES: usize = 24;
+/// The most blocks a large write covers (one engine step).
+const BLOCKS_PER_REQUEST_MAX: u64 = 64;
+/// A volume up to this many blocks is read whole after every crash; of a larger one,
+/// the blocks written since the barrier and one in [`SAMPLE_ONE_IN`] of the others.
+const WHOLE_VOLUME_BLOCKS_MAX: u64 = 1024;
+/// See [`WHOLE_VOLUME_BLOCKS_MAX`].
+const SAMPLE_ONE_IN: u64 = 32;
 /// Runs of a workload a replay tries for the log order of the failing run.
 const REPLAY_RUNS_MAX: usize = 200;
 /// About one operation in this many of a workload is a crash, after which the
@@ -265,6 +278,13 @@ struct Recorded {
     coverage: Coverage,
 }
 
+/// `blocks` of random bytes (incompressible, unique: each takes a data block).
+fn random_bytes(rng: &mut StdRng, blocks: u64) -> Vec<u8> {
+    let mut out = vec![0u8; blocks as usize * BLOCK];
+    rng.fill_bytes(&mut out);
+    out
+}
+
 /// Random bytes of one of the kinds a guest writes.
 fn data_of(rng: &mut StdRng, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
@@ -303,6 +323,8 @@ fn byte_range(rng: &mut StdRng, blocks: u64) -> (u64, u64) {
 /// Run workload `seed` once on recording devices.
 fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let mut rng = StdRng::seed_from_u64(seed);
+    // One seed in sixteen fills the pool.
+    let full = seed % 16 == FULL_POOL_SEED_CLASS;
     // One seed in three puts the metadata on a device of its own.
     let separate = seed % 3 == 2;
     let (data_bytes, meta_bytes) = if separate {
@@ -332,10 +354,47 @@ fn record(seed: u64, pool_bytes: u64) -> Recorded {
         log: &log,
         model: &mut model,
         coverage: Coverage::default(),
+        capacity_blocks: 0,
+        full,
     };
     let mut pool = w.run("open", true, |_| devices.open().expect("open"));
-    for name in ["v0", "v1"] {
-        w.create(&pool, name, VOL_BLOCKS);
+    w.capacity_blocks = pool.info().addressable_bytes / BLOCK as u64;
+    if full {
+        // A volume taking all but a few small volumes' room, filled with random data:
+        // the pool's data region is then nearly full, and overwrites must reclaim.
+        let big = w.capacity_blocks - 3 * VOL_BLOCKS;
+        w.create(&pool, "v0", big);
+        w.create(&pool, "v1", VOL_BLOCKS);
+        for (i, lbn) in (0..big)
+            .step_by(BLOCKS_PER_REQUEST_MAX as usize)
+            .enumerate()
+        {
+            let len = (big - lbn).min(BLOCKS_PER_REQUEST_MAX);
+            w.write(
+                &pool,
+                "v0",
+                lbn * BLOCK as u64,
+                random_bytes(&mut rng, len),
+                false,
+            );
+            if i % FULL_FLUSH_EVERY == FULL_FLUSH_EVERY - 1 {
+                w.run("flush", true, |_| pool.flush().expect("flush"));
+            }
+        }
+        // Overwrites of more blocks than are free: the writes must reclaim (give back
+        // the zones' unfilled runs, checkpoint so freed blocks return) to go on.
+        for i in 0..FULL_OVERWRITES {
+            let lbn = rng.gen_range(0..=big - BLOCKS_PER_REQUEST_MAX);
+            let data = random_bytes(&mut rng, BLOCKS_PER_REQUEST_MAX);
+            w.write(&pool, "v0", lbn * BLOCK as u64, data, false);
+            if i % FULL_FLUSH_EVERY == FULL_FLUSH_EVERY - 1 {
+                w.run("flush", true, |_| pool.flush().expect("flush"));
+            }
+        }
+    } else {
+        for name in ["v0", "v1"] {
+            w.create(&pool, name, VOL_BLOCKS);
+        }
     }
     let ops = rng.gen_range(OPS_MIN..=OPS_MAX);
     for _ in 0..ops {
@@ -373,6 +432,10 @@ struct Workload<'a> {
     log: &'a Arc<IoLog>,
     model: &'a mut Model,
     coverage: Coverage,
+    /// Blocks the volumes may add up to.
+    capacity_blocks: u64,
+    /// Whether this workload fills the pool (its large writes are then random data).
+    full: bool,
 }
 
 impl Workload<'_> {
@@ -391,6 +454,24 @@ impl Workload<'_> {
             volumes: self.model.volumes.clone(),
         });
         out
+    }
+
+    /// Room for `extra` more volume blocks.
+    fn room_for(&self, extra: u64) -> bool {
+        let allocated: u64 = self.model.volumes.values().map(|(_, b)| b).sum();
+        allocated + extra <= self.capacity_blocks
+    }
+
+    /// A write of `data` at `offset` of volume `name`, as one operation.
+    fn write(&mut self, pool: &Arc<Pool>, name: &str, offset: u64, data: Vec<u8>, fua: bool) {
+        let inc = self.model.volumes[name].0;
+        let what = format!("write {name} {offset}+{}{}", data.len(), fua_tag(fua));
+        let op = self.run(&what, false, |op| {
+            let v = pool.open_volume(name).expect("volume");
+            v.write(offset, &data, fua).expect("write");
+            op
+        });
+        self.model.change(op, inc, offset, &data, fua);
     }
 
     /// Note the volumes after the operation just run.
@@ -497,17 +578,10 @@ impl Workload<'_> {
         match (rng.gen_range(0..32), vol) {
             (30..=31, Some(_)) => self.churn(rng, pool),
             (0..=9, Some(name)) => {
-                let (inc, blocks) = self.model.volumes[&name];
+                let blocks = self.model.volumes[&name].1;
                 let (offset, len) = byte_range(rng, blocks);
                 let data = data_of(rng, len as usize);
-                let fua = rng.gen_range(0..6) == 0;
-                let what = format!("write {name} {offset}+{len}{}", fua_tag(fua));
-                let op = self.run(&what, false, |op| {
-                    let v = pool.open_volume(&name).expect("volume");
-                    v.write(offset, &data, fua).expect("write");
-                    op
-                });
-                self.model.change(op, inc, offset, &data, fua);
+                self.write(pool, &name, offset, data, rng.gen_range(0..6) == 0);
             }
             (10..=13, Some(name)) => {
                 let (inc, blocks) = self.model.volumes[&name];
@@ -541,7 +615,7 @@ impl Workload<'_> {
                 })
                 .expect("flush");
             }
-            (17, Some(src)) if !free.is_empty() => {
+            (17, Some(src)) if !free.is_empty() && self.room_for(self.model.volumes[&src].1) => {
                 let dst = free[rng.gen_range(0..free.len())];
                 let op = self.run(&format!("clone {src} to {dst}"), true, |op| {
                     pool.clone_volume(&src, dst).expect("clone");
@@ -557,15 +631,15 @@ impl Workload<'_> {
                 self.model.volumes.remove(&name);
                 self.settle();
             }
-            (19, _) if !free.is_empty() => {
+            (19, _) if !free.is_empty() && self.room_for(VOL_BLOCKS) => {
                 let name = free[rng.gen_range(0..free.len())];
                 self.create(pool, name, VOL_BLOCKS);
             }
-            (20, Some(name)) => {
+            (20, Some(name)) if self.room_for(VOL_BLOCKS) => {
                 let old = self.model.volumes[&name].1;
-                let mut blocks = rng.gen_range(VOL_BLOCKS / 2..=VOL_BLOCKS * 2);
+                let mut blocks = rng.gen_range(old.max(VOL_BLOCKS) / 2..=old + VOL_BLOCKS);
                 if blocks == old {
-                    blocks += 1;
+                    blocks -= 1;
                 }
                 let op = self.run(&format!("resize {name} to {blocks} blocks"), true, |op| {
                     pool.resize_volume(&name, blocks * BLOCK as u64, true)
@@ -590,17 +664,15 @@ impl Workload<'_> {
             (26..=27, Some(name)) => {
                 // A large aligned write: many blocks in one request, so commits by size
                 // and the journal ring's checkpoints come into the log.
-                let (inc, blocks) = self.model.volumes[&name];
-                let len = rng.gen_range(8..=blocks.min(64));
+                let blocks = self.model.volumes[&name].1;
+                let len = rng.gen_range(8..=blocks.min(BLOCKS_PER_REQUEST_MAX));
                 let offset = rng.gen_range(0..=blocks - len) * BLOCK as u64;
-                let data = data_of(rng, len as usize * BLOCK);
-                let what = format!("write {name} {offset}+{} (large)", data.len());
-                let op = self.run(&what, false, |op| {
-                    let v = pool.open_volume(&name).expect("volume");
-                    v.write(offset, &data, false).expect("write");
-                    op
-                });
-                self.model.change(op, inc, offset, &data, false);
+                let data = if self.full {
+                    random_bytes(rng, len)
+                } else {
+                    data_of(rng, len as usize * BLOCK)
+                };
+                self.write(pool, &name, offset, data, false);
             }
             (28..=29, Some(first)) if names.len() >= 2 => {
                 // Two writers at once, on two volumes: one operation to the model
@@ -747,12 +819,25 @@ impl Model {
         let volumes = durable.map_or(&empty, |i| &ops[i].volumes);
         let zeros = vec![0u8; BLOCK];
         for (name, (inc, blocks)) in volumes {
-            let mut bytes = vec![0u8; *blocks as usize * BLOCK];
-            pool.open_volume(name)
-                .and_then(|v| v.read(0, &mut bytes))
-                .map_err(|e| format!("reading volume {name}: {e}"))?;
+            let vol = pool
+                .open_volume(name)
+                .map_err(|e| format!("opening volume {name}: {e}"))?;
+            // A small volume is read whole. Of a large one (a full pool's), every block
+            // written since the barrier is read, and a sample of the others.
+            let whole = *blocks <= WHOLE_VOLUME_BLOCKS_MAX;
+            let mut bytes = vec![
+                0u8;
+                if whole {
+                    *blocks as usize * BLOCK
+                } else {
+                    BLOCK
+                }
+            ];
+            if whole {
+                vol.read(0, &mut bytes)
+                    .map_err(|e| format!("reading volume {name}: {e}"))?;
+            }
             for lbn in 0..*blocks {
-                let block = &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK];
                 let versions = self
                     .history
                     .get(&(*inc, lbn))
@@ -762,20 +847,24 @@ impl Model {
                 let floor = versions.iter().rposition(|v| {
                     durable.is_some_and(|d| v.op <= d) || (v.fua && ops[v.op].end <= at)
                 });
-                let allowed = floor
-                    .map(|f| &versions[f..])
-                    .unwrap_or(versions)
+                let later: Vec<&Version> = versions[floor.map_or(0, |f| f + 1)..]
                     .iter()
                     .filter(|v| ops[v.op].start < at)
-                    .map(|v| v.bytes.as_slice());
+                    .collect();
+                let block = if whole {
+                    &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK]
+                } else if !later.is_empty() || mix(at as u64, lbn).is_multiple_of(SAMPLE_ONE_IN) {
+                    vol.read(lbn * BLOCK as u64, &mut bytes)
+                        .map_err(|e| format!("reading volume {name} block {lbn}: {e}"))?;
+                    &bytes[..]
+                } else {
+                    continue;
+                };
                 let floor_bytes = floor.map_or(zeros.as_slice(), |f| versions[f].bytes.as_slice());
-                let mut allowed = std::iter::once(floor_bytes).chain(allowed);
+                let mut allowed =
+                    std::iter::once(floor_bytes).chain(later.iter().map(|v| v.bytes.as_slice()));
                 if !allowed.any(|a| a == block) {
-                    let later: Vec<&str> = versions[floor.map_or(0, |f| f + 1)..]
-                        .iter()
-                        .filter(|v| ops[v.op].start < at)
-                        .map(|v| ops[v.op].what.as_str())
-                        .collect();
+                    let later: Vec<&str> = later.iter().map(|v| ops[v.op].what.as_str()).collect();
                     return Err(format!(
                         "volume {name} block {lbn} reads none of its allowed contents: the one at {} or those of {later:?}{}",
                         floor.map_or("its creation".to_string(), |f| format!("'{}'", ops[versions[f].op].what)),
