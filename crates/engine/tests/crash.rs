@@ -930,6 +930,14 @@ struct Tally {
     failures: parking_lot::Mutex<Vec<String>>,
 }
 
+impl Tally {
+    /// Note a failure, and print it now (a long soak shows failures as they come).
+    fn fail(&self, why: String) {
+        let _ = writeln!(std::io::stdout(), "crash simulation failure: {why}");
+        self.failures.lock().push(why);
+    }
+}
+
 /// Open after a crash at `at`, verify, and for some points crash the recovery too.
 fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), String> {
     let at = replay.position();
@@ -1019,9 +1027,10 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
     let want = only.and_then(|(_, shape)| shape);
     let rec = match std::panic::catch_unwind(|| record_shaped(seed, pool_bytes, want)) {
         Ok(rec) => rec,
-        Err(_) => {
-            tally.failures.lock().push(format!(
-                "seed {seed}: the workload itself failed (before any crash)"
+        Err(panic) => {
+            tally.fail(format!(
+                "FEWERBYTES_SEED={seed}: the recorded run failed: {}",
+                panic_text(&*panic)
             ));
             return;
         }
@@ -1048,7 +1057,7 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
                 .iter()
                 .rfind(|o| o.start <= at)
                 .map_or("", |o| o.what.as_str());
-            tally.failures.lock().push(format!(
+            tally.fail(format!(
                 "FEWERBYTES_SEED={seed} FEWERBYTES_CRASH_AT={at} FEWERBYTES_CRASH_LOG={:016x} (of {} events; {}, during or after '{op}'; mode {:?}; {} unflushed writes): {why}",
                 shape(&rec.events),
                 rec.events.len(),
@@ -1095,7 +1104,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
             let _ = writeln!(std::io::stdout(), "crash soak: seeds from {first}");
             (first..first + SEEDS_SOAK).collect()
         }
-        None => (0..env_u64("FEWERBYTES_CRASH_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect(),
+        None => {
+            let first = env_u64("FEWERBYTES_CRASH_FIRST_SEED").unwrap_or(0);
+            (first..first + env_u64("FEWERBYTES_CRASH_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect()
+        }
     };
     let tally = Tally::default();
     let next = AtomicU64::new(0);
