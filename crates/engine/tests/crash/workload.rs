@@ -285,6 +285,13 @@ pub(crate) fn smallest_separate_data_blocks() -> u64 {
         .expect("some size fits")
 }
 
+/// What runs beside a write in [`Workload::concurrent`].
+enum Beside {
+    Write((String, u32, u64, Vec<u8>)),
+    Compact,
+    Flush,
+}
+
 /// Runs operations and records each in the model with its log positions.
 pub(crate) struct Workload<'a> {
     pub(crate) log: &'a Arc<IoLog>,
@@ -303,6 +310,13 @@ impl Workload<'_> {
         let start = self.log.len();
         let out = f(op);
         let end = self.log.len();
+        self.note(what, start, end, barrier);
+        out
+    }
+
+    /// Note an operation that began at log position `start` and returned at `end`;
+    /// its index.
+    fn note(&mut self, what: &str, start: usize, end: usize, barrier: bool) -> usize {
         self.model.ops.push(OpRecord {
             what: what.to_string(),
             start,
@@ -311,7 +325,7 @@ impl Workload<'_> {
             // A volume operation replaces these with the volumes after it (`settle`).
             volumes: self.model.volumes.clone(),
         });
-        out
+        self.model.ops.len() - 1
     }
 
     /// Room for `extra` more volume blocks.
@@ -501,7 +515,7 @@ impl Workload<'_> {
             (26..=27, Some(name)) => self.large_write(rng, pool, &name),
             (28..=29, Some(first)) if names.len() >= 2 => {
                 let second = names.iter().find(|n| **n != first).expect("two volumes");
-                self.two_writers(rng, pool, [&first, second]);
+                self.concurrent(rng, pool, [&first, second]);
             }
             (30..=31, Some(_)) => self.churn(rng, pool),
             _ => {}
@@ -577,35 +591,69 @@ impl Workload<'_> {
         self.write(pool, name, offset, data, false);
     }
 
-    /// Two writers at once, on two volumes: one operation to the model (begun when
-    /// both began, returned when both returned).
-    fn two_writers(&mut self, rng: &mut StdRng, pool: &Arc<Pool>, names: [&String; 2]) {
-        let writes: Vec<(String, u32, u64, Vec<u8>)> = names
-            .into_iter()
-            .map(|name| {
-                let (inc, blocks) = self.model.volumes[name];
-                let (offset, len) = byte_range(rng, blocks);
-                (name.clone(), inc, offset, data_of(rng, len as usize))
-            })
-            .collect();
-        let what = format!(
-            "two writers: {}",
-            writes
-                .iter()
-                .map(|(n, _, o, d)| format!("{n} {o}+{}", d.len()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let op = self.run(&what, false, |op| {
-            std::thread::scope(|s| {
-                for (name, _, offset, data) in &writes {
-                    let v = pool.open_volume(name).expect("volume");
-                    s.spawn(move || v.write(*offset, data, false).expect("write"));
-                }
+    /// Two requests at once, each on its own thread: a write, and beside it a write
+    /// to another volume, a compaction round, or a flush. Each is an operation of the
+    /// model with its own return position; both began at the same one. A flush is a
+    /// barrier for what returned before it began, not for the write beside it (so it
+    /// is noted first: operations before a barrier in the model are covered by it).
+    fn concurrent(&mut self, rng: &mut StdRng, pool: &Arc<Pool>, names: [&String; 2]) {
+        let write = |rng: &mut StdRng, name: &String| {
+            let (inc, blocks) = self.model.volumes[name];
+            let (offset, len) = byte_range(rng, blocks);
+            (name.clone(), inc, offset, data_of(rng, len as usize))
+        };
+        let first = write(rng, names[0]);
+        let beside = match rng.gen_range(0..3) {
+            0 => Beside::Write(write(rng, names[1])),
+            1 => Beside::Compact,
+            _ => Beside::Flush,
+        };
+        let log = self.log;
+        let start = log.len();
+        let (first_end, beside_end) = std::thread::scope(|s| {
+            let (name, _, offset, data) = &first;
+            let v = pool.open_volume(name).expect("volume");
+            let a = s.spawn(move || {
+                v.write(*offset, data, false).expect("write");
+                log.len()
             });
-            op
+            let b = s.spawn(|| {
+                match &beside {
+                    Beside::Write((name, _, offset, data)) => {
+                        let v = pool.open_volume(name).expect("volume");
+                        v.write(*offset, data, false).expect("write");
+                    }
+                    Beside::Compact => {
+                        pool.compact().expect("compact");
+                    }
+                    Beside::Flush => pool.flush().expect("flush"),
+                }
+                log.len()
+            });
+            (a.join().expect("writer"), b.join().expect("beside"))
         });
-        for (_, inc, offset, data) in &writes {
+        let describe = |(name, _, offset, data): &(String, u32, u64, Vec<u8>)| {
+            format!("{name} {offset}+{}", data.len())
+        };
+        let mut writes = vec![&first];
+        match &beside {
+            Beside::Flush => {
+                self.note("flush beside a write", start, beside_end, true);
+            }
+            Beside::Compact => {
+                self.note("compact beside a write", start, beside_end, false);
+            }
+            Beside::Write(w) => writes.push(w),
+        }
+        for (i, w) in writes.into_iter().enumerate() {
+            let end = if i == 0 { first_end } else { beside_end };
+            let op = self.note(
+                &format!("write {} (concurrent)", describe(w)),
+                start,
+                end,
+                false,
+            );
+            let (_, inc, offset, data) = w;
             self.model.change(op, *inc, *offset, data, false);
         }
     }
