@@ -49,6 +49,8 @@ const REPLAY_RUNS_MAX: usize = 200;
 /// One crash point in this many also crashes its recovery.
 const SECOND_CRASH_EVERY: u64 = 6;
 
+/// Mix two numbers into a well-spread one (splitmix64's finaliser): the survival modes,
+/// second crashes and samples follow from a workload's seed and a crash point.
 fn mix(a: u64, b: u64) -> u64 {
     let mut x = a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_add(0x632b_e59b_d9b4_e019);
     x ^= x >> 31;
@@ -66,6 +68,7 @@ fn mode_for(seed: u64, at: usize, salt: u64) -> CrashMode {
     }
 }
 
+/// The event a crash at `at` came just before, for a failure's message.
 fn describe(events: &[IoEvent], at: usize) -> String {
     match events.get(at) {
         None => "after the last event".to_string(),

@@ -95,22 +95,24 @@ impl Model {
         }
     }
 
-    pub(crate) fn create(&mut self, op: usize, name: &str, blocks: u64) -> u32 {
+    /// A new volume `name` of `blocks`, all zeros: a new incarnation of the name.
+    pub(crate) fn create(&mut self, name: &str, blocks: u64) -> u32 {
         let inc = self.next_incarnation;
         self.next_incarnation += 1;
         self.bytes.insert(inc, vec![0; blocks as usize * BLOCK]);
         self.volumes.insert(name.to_string(), (inc, blocks));
-        let _ = op;
         inc
     }
 
+    /// Operation `op` cloned `src` to `dst`: `dst`'s blocks start as `src`'s now.
     pub(crate) fn clone_volume(&mut self, op: usize, src: &str, dst: &str) {
         let (src_inc, blocks) = self.volumes[src];
-        let inc = self.create(op, dst, blocks);
+        let inc = self.create(dst, blocks);
         let bytes = self.bytes[&src_inc].clone();
         self.change(op, inc, 0, &bytes, false);
     }
 
+    /// Operation `op` resized `name` to `blocks`.
     pub(crate) fn resize(&mut self, op: usize, name: &str, blocks: u64) {
         let (inc, old) = self.volumes[name];
         if blocks < old {
@@ -130,9 +132,20 @@ impl Model {
     /// Check the volumes of a pool opened after a crash at `at`, and every block of
     /// them, against what the model allows.
     pub(crate) fn check_volumes(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
+        let durable = self.barrier_kept(pool, at)?;
+        let empty = VolumeSet::new();
+        for (name, (inc, blocks)) in durable.map_or(&empty, |i| &self.ops[i].volumes) {
+            self.check_volume(pool, at, durable, name, *inc, *blocks)?;
+        }
+        Ok(())
+    }
+
+    /// The barrier a crash at `at` keeps: the last that returned before it, or a
+    /// volume operation under way whose volumes the pool shows (it landed). Volumes
+    /// other than one of those two sets are a failure.
+    fn barrier_kept(&self, pool: &Arc<Pool>, at: usize) -> Result<Option<usize>, String> {
         let ops = &self.ops;
-        // The last barrier that returned before the crash.
-        let mut durable = ops.iter().rposition(|o| o.barrier && o.end <= at);
+        let durable = ops.iter().rposition(|o| o.barrier && o.end <= at);
         let under_way = ops.iter().position(|o| o.start < at && at < o.end);
         let got: BTreeMap<String, u64> = pool
             .volume_sizes()
@@ -142,78 +155,91 @@ impl Model {
         let sizes = |set: &VolumeSet| -> BTreeMap<String, u64> {
             set.iter().map(|(n, (_, b))| (n.clone(), *b)).collect()
         };
-        let empty = VolumeSet::new();
-        let before = durable.map_or(&empty, |i| &ops[i].volumes);
-        if got != sizes(before) {
-            // A volume operation under way may have landed: then it is the barrier.
-            match under_way {
-                Some(i) if ops[i].barrier && got == sizes(&ops[i].volumes) => durable = Some(i),
-                _ => {
-                    return Err(format!(
-                        "volumes are {got:?}, expected {:?}{}",
-                        sizes(before),
-                        under_way
-                            .map(|i| format!(" or {:?} ({})", sizes(&ops[i].volumes), ops[i].what))
-                            .unwrap_or_default()
-                    ))
-                }
-            }
+        let before = durable.map_or_else(BTreeMap::new, |i| sizes(&ops[i].volumes));
+        if got == before {
+            return Ok(durable);
         }
-        let volumes = durable.map_or(&empty, |i| &ops[i].volumes);
+        match under_way {
+            Some(i) if ops[i].barrier && got == sizes(&ops[i].volumes) => Ok(Some(i)),
+            _ => Err(format!(
+                "volumes are {got:?}, expected {before:?}{}",
+                under_way
+                    .map(|i| format!(" or {:?} ({})", sizes(&ops[i].volumes), ops[i].what))
+                    .unwrap_or_default()
+            )),
+        }
+    }
+
+    /// What block `lbn` of incarnation `inc` may hold after a crash at `at` that kept
+    /// barrier `durable`: its *floor* (the content at the barrier, or a later completed
+    /// FUA write's; none: zeros since its creation), and the contents given to it
+    /// since by operations begun before the crash.
+    fn allowed(
+        &self,
+        inc: u32,
+        lbn: u64,
+        durable: Option<usize>,
+        at: usize,
+    ) -> (Option<&Version>, Vec<&Version>) {
+        let ops = &self.ops;
+        let versions = self
+            .history
+            .get(&(inc, lbn))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let floor = versions
+            .iter()
+            .rposition(|v| durable.is_some_and(|d| v.op <= d) || (v.fua && ops[v.op].end <= at));
+        let later = versions[floor.map_or(0, |f| f + 1)..]
+            .iter()
+            .filter(|v| ops[v.op].start < at)
+            .collect();
+        (floor.map(|f| &versions[f]), later)
+    }
+
+    /// Check one volume's blocks. A small volume is read whole; of a large one (a
+    /// full pool's), every block written since the barrier and a sample of the others.
+    fn check_volume(
+        &self,
+        pool: &Arc<Pool>,
+        at: usize,
+        durable: Option<usize>,
+        name: &str,
+        inc: u32,
+        blocks: u64,
+    ) -> Result<(), String> {
+        let vol = pool
+            .open_volume(name)
+            .map_err(|e| format!("opening volume {name}: {e}"))?;
+        let whole = blocks <= WHOLE_VOLUME_BLOCKS_MAX;
+        let mut bytes = vec![0u8; if whole { blocks as usize } else { 1 } * BLOCK];
+        if whole {
+            vol.read(0, &mut bytes)
+                .map_err(|e| format!("reading volume {name}: {e}"))?;
+        }
         let zeros = vec![0u8; BLOCK];
-        for (name, (inc, blocks)) in volumes {
-            let vol = pool
-                .open_volume(name)
-                .map_err(|e| format!("opening volume {name}: {e}"))?;
-            // A small volume is read whole. Of a large one (a full pool's), every block
-            // written since the barrier is read, and a sample of the others.
-            let whole = *blocks <= WHOLE_VOLUME_BLOCKS_MAX;
-            let mut bytes = vec![
-                0u8;
-                if whole {
-                    *blocks as usize * BLOCK
-                } else {
-                    BLOCK
-                }
-            ];
-            if whole {
-                vol.read(0, &mut bytes)
-                    .map_err(|e| format!("reading volume {name}: {e}"))?;
-            }
-            for lbn in 0..*blocks {
-                let versions = self
-                    .history
-                    .get(&(*inc, lbn))
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
-                // The floor: the content at the barrier, or a later completed FUA write's.
-                let floor = versions.iter().rposition(|v| {
-                    durable.is_some_and(|d| v.op <= d) || (v.fua && ops[v.op].end <= at)
-                });
-                let later: Vec<&Version> = versions[floor.map_or(0, |f| f + 1)..]
-                    .iter()
-                    .filter(|v| ops[v.op].start < at)
-                    .collect();
-                let block = if whole {
-                    &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK]
-                } else if !later.is_empty() || mix(at as u64, lbn).is_multiple_of(SAMPLE_ONE_IN) {
-                    vol.read(lbn * BLOCK as u64, &mut bytes)
-                        .map_err(|e| format!("reading volume {name} block {lbn}: {e}"))?;
-                    &bytes[..]
-                } else {
-                    continue;
-                };
-                let floor_bytes = floor.map_or(zeros.as_slice(), |f| versions[f].bytes.as_slice());
-                let mut allowed =
-                    std::iter::once(floor_bytes).chain(later.iter().map(|v| v.bytes.as_slice()));
-                if !allowed.any(|a| a == block) {
-                    let later: Vec<&str> = later.iter().map(|v| ops[v.op].what.as_str()).collect();
-                    return Err(format!(
-                        "volume {name} block {lbn} reads none of its allowed contents: the one at {} or those of {later:?}{}",
-                        floor.map_or("its creation".to_string(), |f| format!("'{}'", ops[versions[f].op].what)),
-                        if block == zeros.as_slice() { " (it reads zeros)" } else { "" }
-                    ));
-                }
+        for lbn in 0..blocks {
+            let (floor, later) = self.allowed(inc, lbn, durable, at);
+            let block = if whole {
+                &bytes[lbn as usize * BLOCK..(lbn as usize + 1) * BLOCK]
+            } else if !later.is_empty() || mix(at as u64, lbn).is_multiple_of(SAMPLE_ONE_IN) {
+                vol.read(lbn * BLOCK as u64, &mut bytes)
+                    .map_err(|e| format!("reading volume {name} block {lbn}: {e}"))?;
+                &bytes[..]
+            } else {
+                continue;
+            };
+            let floor_bytes = floor.map_or(zeros.as_slice(), |v| v.bytes.as_slice());
+            let mut allowed =
+                std::iter::once(floor_bytes).chain(later.iter().map(|v| v.bytes.as_slice()));
+            if !allowed.any(|a| a == block) {
+                let ops = &self.ops;
+                let later: Vec<&str> = later.iter().map(|v| ops[v.op].what.as_str()).collect();
+                return Err(format!(
+                    "volume {name} block {lbn} reads none of its allowed contents: the one at {} or those of {later:?}{}",
+                    floor.map_or("its creation".to_string(), |v| format!("'{}'", ops[v.op].what)),
+                    if block == zeros.as_slice() { " (it reads zeros)" } else { "" }
+                ));
             }
         }
         Ok(())

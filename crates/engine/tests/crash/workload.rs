@@ -441,13 +441,13 @@ impl Workload<'_> {
         pool
     }
 
+    /// Create volume `name` of `blocks`.
     pub(crate) fn create(&mut self, pool: &Arc<Pool>, name: &str, blocks: u64) {
-        let op = self.run(&format!("create {name}"), true, |op| {
+        self.run(&format!("create {name}"), true, |_| {
             pool.create_volume(name, blocks * BLOCK as u64)
-                .expect("create");
-            op
+                .expect("create")
         });
-        self.model.create(op, name, blocks);
+        self.model.create(name, blocks);
         self.settle();
     }
 
