@@ -85,10 +85,10 @@ awk '/^ *Running /{
      /^ *Doc-tests /{name=$0; sub(/^ *Doc-tests /, "doc-tests ", name)}
      /^test result:/{r=$0; sub(/^test result: /, "", r); sub(/; [0-9]+ measured.*finished in/, ", in", r)
          printf "  %-52s %s\n", name, r}' "$log"
-# The crash simulation's totals (crates/engine/tests/crash.rs writes them past the
+# The crash simulation's totals (crates/engine/tests/crash/ writes them past the
 # test harness's capture).
 if grep -q '^crash points: ' "$log"; then
-    echo "crash simulation (crates/engine/tests/crash.rs):"
+    echo "crash simulation (crates/engine/tests/crash/):"
     grep -E '^crash (points|workloads): ' "$log" | sed 's/^/  /'
 fi
 if [[ -s $fuzz_log ]]; then

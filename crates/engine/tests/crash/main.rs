@@ -41,7 +41,7 @@ use std::sync::Arc;
 use workload::{record, smallest_pool_bytes, Coverage, Devices, Recorded, VOL_BLOCKS};
 
 /// Workloads in a default run: enough for well over 10,000 crash points.
-const SEEDS_DEFAULT: u64 = 40;
+const SEEDS_DEFAULT: u64 = 32;
 /// Workloads in a soak (`FEWERBYTES_CRASH_SOAK=1`).
 const SEEDS_SOAK: u64 = 2000;
 /// Runs of a workload a replay tries for the log order of the failing run.
