@@ -290,6 +290,10 @@ enum Beside {
     Write((String, u32, u64, Vec<u8>)),
     Compact,
     Flush,
+    /// Clone the other volume to this name.
+    Clone(String),
+    /// Delete the other volume.
+    Delete,
 }
 
 /// Runs operations and records each in the model with its log positions.
@@ -592,10 +596,11 @@ impl Workload<'_> {
     }
 
     /// Two requests at once, each on its own thread: a write, and beside it a write
-    /// to another volume, a compaction round, or a flush. Each is an operation of the
-    /// model with its own return position; both began at the same one. A flush is a
-    /// barrier for what returned before it began, not for the write beside it (so it
-    /// is noted first: operations before a barrier in the model are covered by it).
+    /// to another volume, a compaction round, a flush, or a clone or delete of the
+    /// other volume. Each is an operation of the model with its own return position;
+    /// both began at the same one. A flush or volume operation is a barrier for what
+    /// returned before it began, not for the write beside it (so it is noted first:
+    /// operations before a barrier in the model are covered by it).
     fn concurrent(&mut self, rng: &mut StdRng, pool: &Arc<Pool>, names: [&String; 2]) {
         let write = |rng: &mut StdRng, name: &String| {
             let (inc, blocks) = self.model.volumes[name];
@@ -603,9 +608,16 @@ impl Workload<'_> {
             (name.clone(), inc, offset, data_of(rng, len as usize))
         };
         let first = write(rng, names[0]);
-        let beside = match rng.gen_range(0..3) {
-            0 => Beside::Write(write(rng, names[1])),
-            1 => Beside::Compact,
+        let other = names[1].clone();
+        let clone_to = NAMES
+            .iter()
+            .find(|n| !self.model.volumes.contains_key(**n))
+            .filter(|_| self.room_for(self.model.volumes[&other].1));
+        let beside = match (rng.gen_range(0..5), clone_to) {
+            (0, _) => Beside::Write(write(rng, &other)),
+            (1, _) => Beside::Compact,
+            (2, Some(dst)) => Beside::Clone(dst.to_string()),
+            (3, _) => Beside::Delete,
             _ => Beside::Flush,
         };
         let log = self.log;
@@ -627,6 +639,10 @@ impl Workload<'_> {
                         pool.compact().expect("compact");
                     }
                     Beside::Flush => pool.flush().expect("flush"),
+                    Beside::Clone(dst) => {
+                        pool.clone_volume(&other, dst).expect("clone");
+                    }
+                    Beside::Delete => pool.delete_volume(&other, false).expect("delete"),
                 }
                 log.len()
             });
@@ -642,6 +658,18 @@ impl Workload<'_> {
             }
             Beside::Compact => {
                 self.note("compact beside a write", start, beside_end, false);
+            }
+            Beside::Clone(dst) => {
+                let what = format!("clone {other} to {dst} beside a write");
+                let op = self.note(&what, start, beside_end, true);
+                self.model.clone_volume(op, &other, dst);
+                self.settle();
+            }
+            Beside::Delete => {
+                let what = format!("delete {other} beside a write");
+                self.note(&what, start, beside_end, true);
+                self.model.volumes.remove(&other);
+                self.settle();
             }
             Beside::Write(w) => writes.push(w),
         }
