@@ -38,8 +38,9 @@ pub(crate) const BLOCKS_PER_REQUEST_MAX: u64 = 64;
 /// workload goes on from what the recovered pool holds.
 pub(crate) const CRASH_IN_WORKLOAD_EVERY: u32 = 40;
 
-/// Which device of a log: 0 is the data device (and the metadata, on one device).
+/// Which device of a log: the data device (which holds the metadata too, alone).
 pub(crate) const DATA: usize = 0;
+/// Which device of a log: a separate metadata device.
 pub(crate) const META: usize = 1;
 
 /// The smallest single device a pool can be formatted on, in whole MiB.
@@ -75,6 +76,7 @@ impl Coverage {
             .sum::<u64>();
     }
 
+    /// Add another workload's.
     pub(crate) fn add(&mut self, other: &Coverage) {
         self.checkpoints += other.checkpoints;
         self.journal_commits += other.journal_commits;
@@ -84,13 +86,14 @@ impl Coverage {
     }
 }
 
-/// The devices a workload runs on, and what they held before it began.
+/// The devices a pool is opened on: the data device, and a metadata device or none.
 pub(crate) struct Devices {
     pub(crate) data: Arc<FaultStorage>,
     pub(crate) meta: Option<Arc<FaultStorage>>,
 }
 
 impl Devices {
+    /// Devices holding `images` (data first), recording into `log` if given.
     pub(crate) fn from_images(images: &[Image], log: Option<&Arc<IoLog>>) -> Self {
         let device = |name: &str, image: &Image, d: usize| {
             let dev = FaultStorage::from_pages(name, image.clone());
@@ -105,6 +108,7 @@ impl Devices {
         }
     }
 
+    /// Open the pool on them (recovering, after a crash), with two worker zones.
     pub(crate) fn open(&self) -> fewerbytes_engine::Result<Arc<Pool>> {
         Pool::open_devices(
             self.data.clone() as Arc<dyn Storage>,
@@ -218,37 +222,7 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let mut pool = w.run("open", true, |_| devices.open().expect("open"));
     w.capacity_blocks = pool.info().addressable_bytes / BLOCK as u64;
     if full {
-        // A volume taking all but a few small volumes' room, filled with random data:
-        // the pool's data region is then nearly full, and overwrites must reclaim.
-        let big = w.capacity_blocks - 3 * VOL_BLOCKS;
-        w.create(&pool, "v0", big);
-        w.create(&pool, "v1", VOL_BLOCKS);
-        for (i, lbn) in (0..big)
-            .step_by(BLOCKS_PER_REQUEST_MAX as usize)
-            .enumerate()
-        {
-            let len = (big - lbn).min(BLOCKS_PER_REQUEST_MAX);
-            w.write(
-                &pool,
-                "v0",
-                lbn * BLOCK as u64,
-                random_bytes(&mut rng, len),
-                false,
-            );
-            if i % FULL_FLUSH_EVERY == FULL_FLUSH_EVERY - 1 {
-                w.run("flush", true, |_| pool.flush().expect("flush"));
-            }
-        }
-        // Overwrites of more blocks than are free: the writes must reclaim (give back
-        // the zones' unfilled runs, checkpoint so freed blocks return) to go on.
-        for i in 0..FULL_OVERWRITES {
-            let lbn = rng.gen_range(0..=big - BLOCKS_PER_REQUEST_MAX);
-            let data = random_bytes(&mut rng, BLOCKS_PER_REQUEST_MAX);
-            w.write(&pool, "v0", lbn * BLOCK as u64, data, false);
-            if i % FULL_FLUSH_EVERY == FULL_FLUSH_EVERY - 1 {
-                w.run("flush", true, |_| pool.flush().expect("flush"));
-            }
-        }
+        w.fill_pool(&mut rng, &pool);
     } else {
         for name in ["v0", "v1"] {
             w.create(&pool, name, VOL_BLOCKS);
@@ -403,6 +377,33 @@ impl Workload<'_> {
             self.model.change_shared(op, inc, lbn, &chosen);
             if i % CHURN_FLUSH_EVERY == CHURN_FLUSH_EVERY - 1 {
                 self.run("churn flush", true, |_| pool.flush().expect("flush"));
+            }
+        }
+    }
+
+    /// A volume taking all but a few small volumes' room, filled with random data:
+    /// the pool's data region is then nearly full. Then overwrites of more blocks than
+    /// are free: the writes must reclaim (give back the zones' unfilled runs, and
+    /// checkpoint so freed blocks return) to go on.
+    fn fill_pool(&mut self, rng: &mut StdRng, pool: &Arc<Pool>) {
+        let big = self.capacity_blocks - 3 * VOL_BLOCKS;
+        self.create(pool, "v0", big);
+        self.create(pool, "v1", VOL_BLOCKS);
+        let fills = (0..big).step_by(BLOCKS_PER_REQUEST_MAX as usize);
+        let overwrites =
+            (0..FULL_OVERWRITES).map(|_| rng.gen_range(0..=big - BLOCKS_PER_REQUEST_MAX));
+        let lbns: Vec<u64> = fills.chain(overwrites.collect::<Vec<_>>()).collect();
+        for (i, lbn) in lbns.into_iter().enumerate() {
+            let len = (big - lbn).min(BLOCKS_PER_REQUEST_MAX);
+            self.write(
+                pool,
+                "v0",
+                lbn * BLOCK as u64,
+                random_bytes(rng, len),
+                false,
+            );
+            if i % FULL_FLUSH_EVERY == FULL_FLUSH_EVERY - 1 {
+                self.run("flush", true, |_| pool.flush().expect("flush"));
             }
         }
     }
