@@ -36,7 +36,7 @@ use fewerbytes_engine::storage::{CrashMode, IoEvent, IoLog, LogReplay};
 use fewerbytes_engine::Pool;
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use workload::{record, smallest_pool_bytes, Coverage, Devices, Recorded, VOL_BLOCKS};
 
@@ -277,6 +277,7 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
     }
 }
 
+/// What a caught panic said.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
@@ -285,6 +286,7 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
+/// A number from the environment, if set.
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         v.parse()
@@ -317,16 +319,12 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     };
     let tally = Tally::default();
     let next = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
     // Two workers: each takes the next workload and all of its crash points.
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                 let Some(&seed) = seeds.get(i) else { break };
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
                 crash_workload(seed, pool_bytes, only_at, &tally);
             });
         }
