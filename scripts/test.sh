@@ -5,6 +5,7 @@
 #
 #   scripts/test.sh                 # the default run (well under 20 minutes on 2 cores)
 #   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees, 2,048 model cases
+#   FEWERBYTES_CRASH_SOAK=1 scripts/test.sh   # 2,000 crash-simulation workloads (docs/testing.md)
 #   scripts/test.sh -- nbdinfo      # extra arguments go to `cargo test` (here: a filter)
 #   FEWERBYTES_FUZZ_SECONDS=0 scripts/test.sh   # without the fuzz step
 # With no arguments, every fuzz target in fuzz/ then runs for FEWERBYTES_FUZZ_SECONDS
@@ -88,6 +89,12 @@ awk '/^ *Running /{
      /^ *Doc-tests /{name=$0; sub(/^ *Doc-tests /, "doc-tests ", name)}
      /^test result:/{r=$0; sub(/^test result: /, "", r); sub(/; [0-9]+ measured.*finished in/, ", in", r)
          printf "  %-52s %s\n", name, r}' "$log"
+# The crash simulation's totals (crates/engine/tests/crash/ writes them past the
+# test harness's capture).
+if grep -q '^crash points: ' "$log"; then
+    echo "crash simulation (crates/engine/tests/crash/):"
+    grep -E '^crash (points|workloads): ' "$log" | sed 's/^/  /'
+fi
 if [[ -s $fuzz_log ]]; then
     echo "fuzz targets (executions this run):"
     sed 's/^fuzz /  /' "$fuzz_log"

@@ -5,12 +5,26 @@
 //! plus a chosen subset of the unflushed writes, each possibly torn at a 512-byte
 //! boundary. It can also fail the Nth read, write or flush; after any injected
 //! failure it stays failed, as a real device that returned EIO is not trusted again.
+//!
+//! Images are kept in 4 KiB pages shared copy-on-write ([`Image`]), so copying one
+//! costs a pointer per page, not the device's bytes: a crash simulation makes
+//! thousands of images of the same pool. A device can also *record* every write and
+//! flush that reaches it into an [`IoLog`] shared with other devices; [`LogReplay`]
+//! then rebuilds, from one recorded run, the images a crash before any event of the
+//! log would have left, without running the workload again.
+//!
 //! Apart from those, a plan may name an unreadable range (a bad sector): reads
 //! touching it fail every time, and nothing else does.
 
 use crate::{check_bounds, IoCounters, IoOp, Storage, StorageError};
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::sync::Arc;
+
+/// The unit in which images are shared (a page of the host, and the engine's block).
+const PAGE_BYTES: usize = 4096;
+/// The unit a crash can tear a write at (a disk sector).
+const TEAR_BYTES: usize = 512;
 
 /// Which unflushed writes survive a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,9 +51,283 @@ pub struct FaultPlan {
     pub unreadable: Option<(u64, u64)>,
 }
 
+/// A device's bytes as 4 KiB pages shared copy-on-write; a page never written is
+/// zeros and takes no memory. Cloning copies one pointer per page.
+#[derive(Clone)]
+pub struct Image {
+    len_bytes: u64,
+    pages: Vec<Option<Arc<[u8; PAGE_BYTES]>>>,
+}
+
+impl Image {
+    /// `len_bytes` of zeros.
+    pub fn zeroed(len_bytes: u64) -> Self {
+        Image {
+            len_bytes,
+            pages: vec![None; len_bytes.div_ceil(PAGE_BYTES as u64) as usize],
+        }
+    }
+
+    /// An image holding `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut image = Image::zeroed(bytes.len() as u64);
+        for (page, chunk) in image.pages.iter_mut().zip(bytes.chunks(PAGE_BYTES)) {
+            if chunk.iter().any(|b| *b != 0) {
+                let mut copy = [0u8; PAGE_BYTES];
+                copy.iter_mut().zip(chunk).for_each(|(d, s)| *d = *s);
+                *page = Some(Arc::new(copy));
+            }
+        }
+        image
+    }
+
+    /// The image's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len_bytes as usize];
+        self.read(&mut out, 0);
+        out
+    }
+
+    /// The image's length.
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    /// Copy `buf.len()` bytes at `offset_bytes` out (the caller checked the bounds).
+    pub fn read(&self, buf: &mut [u8], offset_bytes: u64) {
+        let mut at = offset_bytes as usize;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
+            let n = (PAGE_BYTES - within).min(rest.len());
+            let (dst, tail) = rest.split_at_mut(n);
+            let src = self.pages.get(page).and_then(Option::as_ref);
+            match src.and_then(|p| p.get(within..within + n)) {
+                Some(src) => dst.copy_from_slice(src),
+                None => dst.fill(0),
+            }
+            rest = tail;
+            at += n;
+        }
+    }
+
+    /// Copy `data` in at `offset_bytes`; bytes past the end are dropped.
+    pub fn write(&mut self, data: &[u8], offset_bytes: u64) {
+        let mut at = offset_bytes as usize;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
+            let n = (PAGE_BYTES - within).min(rest.len());
+            let (src, tail) = rest.split_at(n);
+            let Some(slot) = self.pages.get_mut(page) else {
+                return;
+            };
+            let page = Arc::make_mut(slot.get_or_insert_with(|| Arc::new([0u8; PAGE_BYTES])));
+            if let Some(dst) = page.get_mut(within..within + n) {
+                dst.copy_from_slice(src);
+            }
+            rest = tail;
+            at += n;
+        }
+    }
+}
+
+/// One event a recording device saw, in the order the devices saw them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoEvent {
+    /// A write that returned.
+    Write {
+        /// Which device of the log (the number given to [`FaultStorage::record_into`]).
+        device: usize,
+        /// Where.
+        offset_bytes: u64,
+        /// What.
+        data: Vec<u8>,
+    },
+    /// A flush that returned.
+    Flush {
+        /// Which device of the log.
+        device: usize,
+    },
+    /// The device crashed here ([`FaultStorage::crash_in_place`]): what `mode` keeps of
+    /// its unflushed writes became durable, and the rest was lost.
+    Crash {
+        /// Which device of the log.
+        device: usize,
+        /// Which unflushed writes survived.
+        mode: CrashMode,
+    },
+}
+
+/// Every write and flush that reached a set of recording devices, in order.
+///
+/// A device appends under its own lock, so the log's order is each device's order,
+/// and an event that returned before another was issued comes before it.
+#[derive(Default)]
+pub struct IoLog {
+    events: Mutex<Vec<IoEvent>>,
+}
+
+impl IoLog {
+    /// An empty log.
+    pub fn new() -> Arc<Self> {
+        Arc::new(IoLog::default())
+    }
+
+    /// Events recorded so far: the log position now.
+    pub fn len(&self) -> usize {
+        self.events.lock().len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Take the events out, leaving the log empty.
+    pub fn take(&self) -> Vec<IoEvent> {
+        std::mem::take(&mut *self.events.lock())
+    }
+
+    fn push(&self, event: IoEvent) {
+        self.events.lock().push(event);
+    }
+}
+
+/// Apply to `image` what `mode` keeps of `writes` (unflushed writes, in order).
+fn apply_survivors<'a>(
+    image: &mut Image,
+    writes: impl Iterator<Item = (u64, &'a [u8])>,
+    mode: CrashMode,
+) {
+    match mode {
+        CrashMode::DropAll => {}
+        CrashMode::KeepAll => {
+            for (off, data) in writes {
+                image.write(data, off);
+            }
+        }
+        CrashMode::Random(seed) => {
+            let mut rng = StdRng::seed_from_u64(seed);
+            for (off, data) in writes {
+                match rng.gen_range(0..4) {
+                    0 => {}
+                    1 => {
+                        // Torn: a random subset of its 512-byte sectors lands.
+                        for (i, sector) in data.chunks(TEAR_BYTES).enumerate() {
+                            if rng.gen_bool(0.5) {
+                                image.write(sector, off + (i * TEAR_BYTES) as u64);
+                            }
+                        }
+                    }
+                    _ => image.write(data, off),
+                }
+            }
+        }
+    }
+}
+
+/// The writes at `positions` of `events`, as (offset, bytes).
+fn writes_at<'a>(
+    events: &'a [IoEvent],
+    positions: &'a [usize],
+) -> impl Iterator<Item = (u64, &'a [u8])> + 'a {
+    positions.iter().filter_map(|&w| match events.get(w) {
+        Some(IoEvent::Write {
+            offset_bytes, data, ..
+        }) => Some((*offset_bytes, data.as_slice())),
+        _ => None,
+    })
+}
+
+/// Rebuilds, from the images devices started with and the log of what reached them,
+/// the images a crash just before any event of the log would leave.
+///
+/// A crash *at* position `n` means events `0..n` happened and no later one: each
+/// device keeps what its last flush before `n` made durable, plus what the crash
+/// mode keeps of its writes since. Positions are visited in increasing order
+/// ([`LogReplay::seek`]), so each flush is applied once.
+pub struct LogReplay<'a> {
+    events: &'a [IoEvent],
+    durable: Vec<Image>,
+    /// Per device, the log positions of its writes since its last flush.
+    unflushed: Vec<Vec<usize>>,
+    at: usize,
+}
+
+impl<'a> LogReplay<'a> {
+    /// Start at position 0 with device `d` holding `bases[d]`.
+    pub fn new(bases: Vec<Image>, events: &'a [IoEvent]) -> Self {
+        let devices = bases.len();
+        LogReplay {
+            events,
+            durable: bases,
+            unflushed: vec![Vec::new(); devices],
+            at: 0,
+        }
+    }
+
+    /// Move to position `at` (not before the current one, not past the log's end).
+    pub fn seek(&mut self, at: usize) {
+        assert!(at >= self.at, "a replay only moves forward");
+        assert!(at <= self.events.len(), "position {at} is past the log");
+        let events = self.events.get(self.at..at).unwrap_or_default();
+        for (index, event) in (self.at..at).zip(events) {
+            let (device, survive) = match event {
+                IoEvent::Write { device, .. } => (*device, None),
+                IoEvent::Flush { device } => (*device, Some(CrashMode::KeepAll)),
+                IoEvent::Crash { device, mode } => (*device, Some(*mode)),
+            };
+            let (Some(unflushed), Some(durable)) =
+                (self.unflushed.get_mut(device), self.durable.get_mut(device))
+            else {
+                panic!("log event {index} names device {device}, which the replay lacks");
+            };
+            match survive {
+                None => unflushed.push(index),
+                Some(mode) => {
+                    let writes = std::mem::take(unflushed);
+                    apply_survivors(durable, writes_at(self.events, &writes), mode);
+                }
+            }
+        }
+        self.at = at;
+    }
+
+    /// The current position.
+    pub fn position(&self) -> usize {
+        self.at
+    }
+
+    /// Writes not yet flushed at the current position, on all devices.
+    pub fn unflushed_writes(&self) -> usize {
+        self.unflushed.iter().map(Vec::len).sum()
+    }
+
+    /// The images of every device after a crash at the current position. Under
+    /// `CrashMode::Random(seed)` each device draws from its own seed (`seed + d`).
+    pub fn crash_images(&self, mode: CrashMode) -> Vec<Image> {
+        self.durable
+            .iter()
+            .zip(&self.unflushed)
+            .enumerate()
+            .map(|(d, (durable, writes))| {
+                let mut image = durable.clone();
+                let writes = writes_at(self.events, writes);
+                let mode = match mode {
+                    CrashMode::Random(seed) => CrashMode::Random(seed.wrapping_add(d as u64)),
+                    other => other,
+                };
+                apply_survivors(&mut image, writes, mode);
+                image
+            })
+            .collect()
+    }
+}
+
 struct State {
-    durable: Vec<u8>,
-    live: Vec<u8>,
+    durable: Image,
+    live: Image,
     unflushed: Vec<(u64, Vec<u8>)>,
     plan: FaultPlan,
     writes_seen: u64,
@@ -54,19 +342,26 @@ pub struct FaultStorage {
     len_bytes: u64,
     state: Mutex<State>,
     counters: IoCounters,
+    /// Where writes and flushes are recorded, and this device's number there.
+    log: Option<(Arc<IoLog>, usize)>,
 }
 
 impl FaultStorage {
     /// A zero-filled device of `len_bytes`.
     pub fn new(name: &str, len_bytes: u64) -> Self {
-        Self::from_image(name, vec![0; len_bytes as usize])
+        Self::from_pages(name, Image::zeroed(len_bytes))
     }
 
     /// A device whose durable content is `image`.
     pub fn from_image(name: &str, image: Vec<u8>) -> Self {
+        Self::from_pages(name, Image::from_bytes(&image))
+    }
+
+    /// A device whose durable content is `image` (shared, not copied).
+    pub fn from_pages(name: &str, image: Image) -> Self {
         FaultStorage {
             name: name.to_string(),
-            len_bytes: image.len() as u64,
+            len_bytes: image.len_bytes(),
             state: Mutex::new(State {
                 live: image.clone(),
                 durable: image,
@@ -78,7 +373,14 @@ impl FaultStorage {
                 failed: false,
             }),
             counters: IoCounters::default(),
+            log: None,
         }
+    }
+
+    /// Record every write and flush that returns into `log`, as device `device`.
+    pub fn record_into(mut self, log: Arc<IoLog>, device: usize) -> Self {
+        self.log = Some((log, device));
+        self
     }
 
     /// Install a fault plan; its counts start now.
@@ -92,34 +394,48 @@ impl FaultStorage {
 
     /// The image a crash would leave now, under `mode`.
     pub fn crash_image(&self, mode: CrashMode) -> Vec<u8> {
+        self.crash_pages(mode).to_bytes()
+    }
+
+    /// The image a crash would leave now, under `mode`, as shared pages.
+    pub fn crash_pages(&self, mode: CrashMode) -> Image {
         let s = self.state.lock();
         let mut image = s.durable.clone();
-        match mode {
-            CrashMode::DropAll => {}
-            CrashMode::KeepAll => {
-                for (off, data) in &s.unflushed {
-                    apply(&mut image, *off, data);
-                }
-            }
-            CrashMode::Random(seed) => {
-                let mut rng = StdRng::seed_from_u64(seed);
-                for (off, data) in &s.unflushed {
-                    match rng.gen_range(0..4) {
-                        0 => {}
-                        1 => {
-                            // Torn: a random subset of its 512-byte sectors lands.
-                            for (i, sector) in data.chunks(512).enumerate() {
-                                if rng.gen_bool(0.5) {
-                                    apply(&mut image, off + (i as u64) * 512, sector);
-                                }
-                            }
-                        }
-                        _ => apply(&mut image, *off, data),
-                    }
-                }
-            }
-        }
+        let writes = s
+            .unflushed
+            .iter()
+            .map(|(off, data)| (*off, data.as_slice()));
+        apply_survivors(&mut image, writes, mode);
         image
+    }
+
+    /// Crash now, and come back: the device holds what `mode` keeps of its unflushed
+    /// writes (as [`FaultStorage::crash_pages`] makes it), nothing is unflushed, and
+    /// injected faults are cleared. Recorded in the log as [`IoEvent::Crash`].
+    pub fn crash_in_place(&self, mode: CrashMode) {
+        let mut s = self.state.lock();
+        let writes = std::mem::take(&mut s.unflushed);
+        let mut image = s.durable.clone();
+        apply_survivors(
+            &mut image,
+            writes.iter().map(|(off, data)| (*off, data.as_slice())),
+            mode,
+        );
+        s.live = image.clone();
+        s.durable = image;
+        s.plan = FaultPlan::default();
+        s.failed = false;
+        if let Some((log, device)) = &self.log {
+            log.push(IoEvent::Crash {
+                device: *device,
+                mode,
+            });
+        }
+    }
+
+    /// What a flush has made durable so far.
+    pub fn durable_pages(&self) -> Image {
+        self.state.lock().durable.clone()
     }
 
     fn fail(&self, s: &mut State, op: IoOp) -> StorageError {
@@ -128,13 +444,6 @@ impl FaultStorage {
             device: self.name.clone(),
             op,
         }
-    }
-}
-
-fn apply(image: &mut [u8], off: u64, data: &[u8]) {
-    let start = off as usize;
-    if let Some(dst) = image.get_mut(start..start + data.len()) {
-        dst.copy_from_slice(data);
     }
 }
 
@@ -162,10 +471,7 @@ impl Storage for FaultStorage {
                 });
             }
         }
-        let start = offset_bytes as usize;
-        if let Some(src) = s.live.get(start..start + buf.len()) {
-            buf.copy_from_slice(src);
-        }
+        s.live.read(buf, offset_bytes);
         self.counters.count_read(buf.len());
         Ok(())
     }
@@ -189,8 +495,16 @@ impl Storage for FaultStorage {
         if s.failed || s.plan.fail_write == Some(index) {
             return Err(self.fail(&mut s, IoOp::Write));
         }
-        apply(&mut s.live, offset_bytes, buf);
+        s.live.write(buf, offset_bytes);
         s.unflushed.push((offset_bytes, buf.to_vec()));
+        // Under the device's lock, so the log holds this device's writes in its order.
+        if let Some((log, device)) = &self.log {
+            log.push(IoEvent::Write {
+                device: *device,
+                offset_bytes,
+                data: buf.to_vec(),
+            });
+        }
         self.counters.count_write(buf.len());
         Ok(())
     }
@@ -204,7 +518,10 @@ impl Storage for FaultStorage {
         }
         let writes = std::mem::take(&mut s.unflushed);
         for (off, data) in writes {
-            apply(&mut s.durable, off, &data);
+            s.durable.write(&data, off);
+        }
+        if let Some((log, device)) = &self.log {
+            log.push(IoEvent::Flush { device: *device });
         }
         self.counters.count_flush();
         Ok(())
@@ -268,6 +585,110 @@ mod tests {
             dev.read_at(&mut buf, 4608).unwrap();
             dev.write_at(&[1; 512], 4096).unwrap();
             dev.flush().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_image_shares_pages_until_written() {
+        let mut a = Image::from_bytes(&[7u8; 3 * PAGE_BYTES]);
+        let b = a.clone();
+        a.write(&[9; 10], PAGE_BYTES as u64 + 5);
+        let (mut x, mut y) = ([0u8; 20], [0u8; 20]);
+        a.read(&mut x, PAGE_BYTES as u64);
+        b.read(&mut y, PAGE_BYTES as u64);
+        assert_eq!(x[5..15], [9; 10], "the write is in the copy written");
+        assert_eq!(y, [7; 20], "the other copy is untouched");
+        assert_eq!(Image::zeroed(100).to_bytes(), vec![0u8; 100]);
+    }
+
+    #[test]
+    fn a_replayed_log_rebuilds_the_image_a_crash_leaves() {
+        // Two devices recording into one log; a crash at each position must leave
+        // what the live devices would have left had they crashed there.
+        let log = IoLog::new();
+        let devs = [
+            FaultStorage::new("a", 2 * 4096).record_into(log.clone(), 0),
+            FaultStorage::new("b", 4096).record_into(log.clone(), 1),
+        ];
+        let mut expected = vec![[
+            devs[0].crash_pages(CrashMode::KeepAll).to_bytes(),
+            devs[1].crash_pages(CrashMode::KeepAll).to_bytes(),
+        ]];
+        let steps: [(usize, Option<(u64, u8)>); 6] = [
+            (0, Some((0, 1))),
+            (1, Some((512, 2))),
+            (0, None),
+            (0, Some((4096, 3))),
+            (1, None),
+            (1, Some((1024, 4))),
+        ];
+        let mut durable_expected = vec![[
+            devs[0].durable_pages().to_bytes(),
+            devs[1].durable_pages().to_bytes(),
+        ]];
+        for (d, what) in steps {
+            match what {
+                Some((off, v)) => devs[d].write_at(&[v; 1024], off).unwrap(),
+                None => devs[d].flush().unwrap(),
+            }
+            expected.push([
+                devs[0].crash_pages(CrashMode::KeepAll).to_bytes(),
+                devs[1].crash_pages(CrashMode::KeepAll).to_bytes(),
+            ]);
+            durable_expected.push([
+                devs[0].durable_pages().to_bytes(),
+                devs[1].durable_pages().to_bytes(),
+            ]);
+        }
+        let events = log.take();
+        assert_eq!(events.len(), steps.len());
+        let bases = vec![Image::zeroed(2 * 4096), Image::zeroed(4096)];
+        let mut replay = LogReplay::new(bases, &events);
+        for at in 0..=events.len() {
+            replay.seek(at);
+            let all = replay.crash_images(CrashMode::KeepAll);
+            let none = replay.crash_images(CrashMode::DropAll);
+            for d in 0..2 {
+                assert_eq!(
+                    all[d].to_bytes(),
+                    expected[at][d],
+                    "keep all, position {at}"
+                );
+                assert_eq!(
+                    none[d].to_bytes(),
+                    durable_expected[at][d],
+                    "drop all, position {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_replayed_log_follows_a_crash_in_place() {
+        let log = IoLog::new();
+        let dev = FaultStorage::new("a", 4 * 4096).record_into(log.clone(), 0);
+        let mut expected = vec![dev.crash_pages(CrashMode::KeepAll).to_bytes()];
+        for round in 0..4u8 {
+            for i in 0..4u64 {
+                dev.write_at(&[round * 4 + i as u8 + 1; 1536], i * 2048)
+                    .unwrap();
+                expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+            }
+            if round == 1 {
+                dev.flush().unwrap();
+                expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+            }
+            dev.crash_in_place(CrashMode::Random(u64::from(round)));
+            expected.push(dev.crash_pages(CrashMode::KeepAll).to_bytes());
+        }
+        let events = log.take();
+        let mut replay = LogReplay::new(vec![Image::zeroed(4 * 4096)], &events);
+        for (at, image) in expected.iter().enumerate() {
+            replay.seek(at);
+            assert!(
+                replay.crash_images(CrashMode::KeepAll)[0].to_bytes() == *image,
+                "position {at}"
+            );
         }
     }
 }

@@ -19,7 +19,7 @@ mod fault;
 mod file;
 mod loop_device;
 
-pub use fault::{CrashMode, FaultPlan, FaultStorage};
+pub use fault::{CrashMode, FaultPlan, FaultStorage, Image, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,359 @@
+//! A crash at every write: each seeded workload runs once on devices that record
+//! every write and flush, in order, with the log position at which each operation
+//! began and returned. Then, for every position N of that log (a *crash point*: the
+//! machine stopped just before event N), the devices are rebuilt as a crash there
+//! would leave them (what the last flush before N made durable, plus none, all, or a
+//! seeded subset of the writes since, some torn at 512 bytes), the pool is opened,
+//! and what a user would notice is checked:
+//!
+//! - every write acknowledged before the last completed flush (or volume operation,
+//!   or clean close), and every completed FUA write, reads back exactly;
+//! - every other block reads as its content at that flush or as one of the contents
+//!   written since by an operation that had begun before the crash; nothing else;
+//! - the volumes are those of the last completed volume operation (or, if one was
+//!   under way, those it made, and then everything before it is exact);
+//! - the reference-count audit finds nothing; the pool takes a write, a flush and a
+//!   read back.
+//!
+//! For some crash points the recovery itself crashes: the open is recorded too, the
+//! devices are rebuilt as a crash at a sampled event of the open would leave them,
+//! and the same guarantees must hold after the next open.
+//!
+//! Replay one failure with the variables it prints: `FEWERBYTES_SEED=<seed>
+//! FEWERBYTES_CRASH_AT=<point> FEWERBYTES_CRASH_LOG=<shape>` (the workload is run
+//! again until its log has the failing run's order). Run more workloads:
+//! `FEWERBYTES_CRASH_SEEDS=<count>` (from `FEWERBYTES_CRASH_FIRST_SEED`, default 0);
+//! `FEWERBYTES_CRASH_SOAK=1` runs 2,000 from a random first seed. docs/testing.md,
+//! "Crash simulation", says more.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod model;
+mod workload;
+
+use common::BLOCK;
+use fewerbytes_engine::storage::{CrashMode, IoEvent, IoLog, LogReplay};
+use fewerbytes_engine::Pool;
+use rand::{rngs::StdRng, RngCore, SeedableRng};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use workload::{record, smallest_pool_bytes, Coverage, Devices, Recorded, VOL_BLOCKS};
+
+/// Workloads in a default run: enough for well over 10,000 crash points.
+const SEEDS_DEFAULT: u64 = 32;
+/// Workloads in a soak (`FEWERBYTES_CRASH_SOAK=1`).
+const SEEDS_SOAK: u64 = 2000;
+/// Runs of a workload a replay tries for the log order of the failing run.
+const REPLAY_RUNS_MAX: usize = 200;
+/// One crash point in this many also crashes its recovery.
+const SECOND_CRASH_EVERY: u64 = 6;
+
+/// Mix two numbers into a well-spread one (splitmix64's finaliser): the survival modes,
+/// second crashes and samples follow from a workload's seed and a crash point.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut x = a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ b.wrapping_add(0x632b_e59b_d9b4_e019);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^ (x >> 29)
+}
+
+/// The survival mode of crash point `at` of workload `seed` (and of its second crash).
+fn mode_for(seed: u64, at: usize, salt: u64) -> CrashMode {
+    let h = mix(mix(seed, at as u64), salt);
+    match h % 4 {
+        0 => CrashMode::DropAll,
+        1 => CrashMode::KeepAll,
+        _ => CrashMode::Random(h),
+    }
+}
+
+/// The event a crash at `at` came just before, for a failure's message.
+fn describe(events: &[IoEvent], at: usize) -> String {
+    match events.get(at) {
+        None => "after the last event".to_string(),
+        Some(IoEvent::Write {
+            device,
+            offset_bytes,
+            data,
+        }) => format!(
+            "before a write of {} bytes at offset {offset_bytes} of device {device}",
+            data.len()
+        ),
+        Some(IoEvent::Flush { device }) => format!("before a flush of device {device}"),
+        Some(IoEvent::Crash { device, .. }) => {
+            format!("before the workload's own crash of device {device}")
+        }
+    }
+}
+
+impl Recorded {
+    /// Check a pool opened after a crash at `at` against the model, audit it, and
+    /// see that it takes new writes.
+    fn verify(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
+        self.model.check_volumes(pool, at)?;
+        let audit = pool.audit();
+        if !audit.problems.is_empty() {
+            return Err(format!("the audit found {:?}", audit.problems));
+        }
+        keeps_working(pool)
+    }
+}
+
+/// The pool takes a write, a flush, and reads it back.
+fn keeps_working(pool: &Arc<Pool>) -> Result<(), String> {
+    let name = match pool.volume_sizes().first() {
+        Some((name, _)) => name.clone(),
+        None => {
+            pool.create_volume("after", VOL_BLOCKS * BLOCK as u64)
+                .map_err(|e| format!("creating a volume after the crash: {e}"))?;
+            "after".to_string()
+        }
+    };
+    let v = pool.open_volume(&name).map_err(|e| e.to_string())?;
+    let mut block = vec![0u8; BLOCK];
+    StdRng::seed_from_u64(7).fill_bytes(&mut block);
+    v.write(BLOCK as u64 + 100, &block, false)
+        .map_err(|e| format!("a write after the crash: {e}"))?;
+    v.flush()
+        .map_err(|e| format!("a flush after the crash: {e}"))?;
+    let mut got = vec![0u8; BLOCK];
+    v.read(BLOCK as u64 + 100, &mut got)
+        .map_err(|e| format!("a read after the crash: {e}"))?;
+    if got != block {
+        return Err("a block written and flushed after the crash reads back wrong".into());
+    }
+    Ok(())
+}
+
+/// What a run of crash points found.
+#[derive(Default)]
+struct Tally {
+    points: AtomicU64,
+    second: AtomicU64,
+    events: AtomicU64,
+    coverage: parking_lot::Mutex<Coverage>,
+    failures: parking_lot::Mutex<Vec<String>>,
+}
+
+impl Tally {
+    /// Note a failure, and print it now (a long soak shows failures as they come).
+    fn fail(&self, why: String) {
+        let _ = writeln!(std::io::stdout(), "crash simulation failure: {why}");
+        self.failures.lock().push(why);
+    }
+}
+
+/// Open after a crash at `at`, verify, and for some points crash the recovery too.
+fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), String> {
+    let at = replay.position();
+    let mode = mode_for(rec.seed, at, 0);
+    let images = replay.crash_images(mode);
+    let second = mix(rec.seed, at as u64).is_multiple_of(SECOND_CRASH_EVERY);
+    let open_log = IoLog::new();
+    let devices = Devices::from_images(&images, second.then_some(&open_log));
+    let pool = devices.open().map_err(|e| format!("open failed: {e}"))?;
+    let open_events = open_log.take();
+    let first = rec.verify(&pool, at);
+    devices.stop();
+    drop(pool);
+    first?;
+    tally.points.fetch_add(1, Ordering::Relaxed);
+    if !second || open_events.is_empty() {
+        return Ok(());
+    }
+    // The recovery crashes at one of its own events.
+    let m = (mix(rec.seed, at as u64 + 1) % open_events.len() as u64) as usize;
+    let mode2 = mode_for(rec.seed, at, 1 + m as u64);
+    let mut replay2 = LogReplay::new(images, &open_events);
+    replay2.seek(m);
+    let devices2 = Devices::from_images(&replay2.crash_images(mode2), None);
+    let during = format!(
+        "a second crash during recovery at its event {m} of {} ({}), mode {mode2:?}",
+        open_events.len(),
+        describe(&open_events, m)
+    );
+    let pool = devices2
+        .open()
+        .map_err(|e| format!("{during}: open failed: {e}"))?;
+    let result = rec.verify(&pool, at);
+    devices2.stop();
+    drop(pool);
+    result.map_err(|e| format!("{during}: {e}"))?;
+    tally.second.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The log's shape: the order, device, place and length of its events, not their
+/// bytes (a pool's nonce and key differ every run). The commit and compaction threads
+/// can order a run's events differently from the last run of the same seed.
+fn shape(events: &[IoEvent]) -> u64 {
+    events.iter().fold(0, |h, e| {
+        mix(
+            h,
+            match e {
+                IoEvent::Write {
+                    device,
+                    offset_bytes,
+                    data,
+                } => mix(*device as u64, mix(*offset_bytes, data.len() as u64)),
+                IoEvent::Flush { device } => mix(1, *device as u64),
+                IoEvent::Crash { device, .. } => mix(2, *device as u64),
+            },
+        )
+    })
+}
+
+/// Record workload `seed`; with `want`, again until its log has that shape.
+fn record_shaped(seed: u64, pool_bytes: u64, want: Option<u64>) -> Recorded {
+    let mut rec = record(seed, pool_bytes);
+    let mut runs = 1;
+    while want.is_some_and(|w| shape(&rec.events) != w) && runs < REPLAY_RUNS_MAX {
+        rec = record(seed, pool_bytes);
+        runs += 1;
+    }
+    if let Some(w) = want {
+        let got = shape(&rec.events);
+        let _ = writeln!(
+            std::io::stdout(),
+            "replay of seed {seed}: {} log of shape {got:016x} after {runs} runs{}",
+            if got == w { "the same" } else { "a different" },
+            if got == w {
+                String::new()
+            } else {
+                format!(" (wanted {w:016x}; the crash point is checked on this log)")
+            }
+        );
+    }
+    rec
+}
+
+/// Every crash point of one workload (or only `only`).
+fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>, tally: &Tally) {
+    let want = only.and_then(|(_, shape)| shape);
+    let rec = match std::panic::catch_unwind(|| record_shaped(seed, pool_bytes, want)) {
+        Ok(rec) => rec,
+        Err(panic) => {
+            tally.fail(format!(
+                "FEWERBYTES_SEED={seed}: the recorded run failed: {}",
+                panic_text(&*panic)
+            ));
+            return;
+        }
+    };
+    tally.coverage.lock().add(&rec.coverage);
+    tally
+        .events
+        .fetch_add(rec.events.len() as u64, Ordering::Relaxed);
+    let mut replay = LogReplay::new(rec.bases.clone(), &rec.events);
+    let points: Vec<usize> = match only {
+        Some((at, _)) => vec![at.min(rec.events.len())],
+        None => (0..=rec.events.len()).collect(),
+    };
+    for at in points {
+        replay.seek(at);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crash_point(&rec, &replay, tally)
+        }))
+        .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_text(&*panic))));
+        if let Err(why) = outcome {
+            let op = rec
+                .model
+                .ops
+                .iter()
+                .rfind(|o| o.start <= at)
+                .map_or("", |o| o.what.as_str());
+            tally.fail(format!(
+                "FEWERBYTES_SEED={seed} FEWERBYTES_CRASH_AT={at} FEWERBYTES_CRASH_LOG={:016x} (of {} events; {}, during or after '{op}'; mode {:?}; {} unflushed writes): {why}",
+                shape(&rec.events),
+                rec.events.len(),
+                describe(&rec.events, at),
+                mode_for(seed, at, 0),
+                replay.unflushed_writes(),
+            ));
+            // One failure per workload: later points of it would mostly repeat it.
+            return;
+        }
+    }
+}
+
+/// What a caught panic said.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// A number from the environment, if set.
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, not {v:?}"))
+    })
+}
+
+#[test]
+fn a_crash_at_every_write_keeps_what_was_acknowledged() {
+    let started = std::time::Instant::now();
+    let pool_bytes = smallest_pool_bytes();
+    let only_at = env_u64("FEWERBYTES_CRASH_AT").map(|at| {
+        let shape = std::env::var("FEWERBYTES_CRASH_LOG").ok().map(|v| {
+            u64::from_str_radix(&v, 16)
+                .unwrap_or_else(|_| panic!("FEWERBYTES_CRASH_LOG must be hex, not {v:?}"))
+        });
+        (at as usize, shape)
+    });
+    let seeds: Vec<u64> = match env_u64("FEWERBYTES_SEED") {
+        Some(seed) => vec![seed],
+        None if std::env::var("FEWERBYTES_CRASH_SOAK").is_ok_and(|v| v == "1") => {
+            let first = rand::random::<u32>() as u64;
+            let _ = writeln!(std::io::stdout(), "crash soak: seeds from {first}");
+            (first..first + SEEDS_SOAK).collect()
+        }
+        None => {
+            let first = env_u64("FEWERBYTES_CRASH_FIRST_SEED").unwrap_or(0);
+            (first..first + env_u64("FEWERBYTES_CRASH_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect()
+        }
+    };
+    let tally = Tally::default();
+    let next = AtomicU64::new(0);
+    // Two workers: each takes the next workload and all of its crash points.
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(&seed) = seeds.get(i) else { break };
+                crash_workload(seed, pool_bytes, only_at, &tally);
+            });
+        }
+    });
+    let points = tally.points.load(Ordering::Relaxed);
+    let second = tally.second.load(Ordering::Relaxed);
+    // Written past the test harness's capture, for scripts/test.sh's summary.
+    let _ = writeln!(
+        std::io::stdout(),
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, in {:.1} s",
+        seeds.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let c = *tally.coverage.lock();
+    let _ = writeln!(
+        std::io::stdout(),
+        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads",
+        tally.events.load(Ordering::Relaxed),
+        c.checkpoints,
+        c.journal_commits,
+        c.journal_bytes >> 10,
+        c.compacted_blocks,
+        c.workload_crashes
+    );
+    let failures = tally.failures.into_inner();
+    assert!(
+        failures.is_empty(),
+        "{} workloads failed a crash point:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
