@@ -19,6 +19,7 @@ mod error;
 pub mod geometry;
 mod index;
 mod journal;
+mod load;
 mod packer;
 mod partial;
 mod pool;

@@ -102,6 +102,10 @@ impl Pool {
                 ("journal".into(), m.journal_bytes.load(Relaxed)),
                 ("block map pages".into(), m.map_bytes.load(Relaxed)),
                 ("slab object pages".into(), m.object_bytes.load(Relaxed)),
+                (
+                    "fingerprint pages".into(),
+                    m.fingerprint_bytes.load(Relaxed),
+                ),
                 ("directory pages".into(), m.dir_bytes.load(Relaxed)),
                 ("catalog pages".into(), m.catalog_bytes.load(Relaxed)),
             ],

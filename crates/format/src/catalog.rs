@@ -1,10 +1,17 @@
 //! The catalog: the volumes of a pool and the directories of every page table.
 //! Written whole at each checkpoint as a byte stream split over catalog pages.
+//! Version 1 names directory pages by slot; version 2 by [`PageRef`], and records
+//! each volume's reservation and thin flag (issue 13).
 
-use crate::{FormatError, Reader, Writer};
+use crate::page::{PageRef, PAGE_REF_BYTES};
+use crate::{FormatError, Reader, Writer, FORMAT_VERSION, FORMAT_VERSION_1};
 
-/// "FBCT".
+/// "FBCT": a version-1 catalog stream.
 pub const CATALOG_MAGIC: u32 = 0x5443_4246;
+/// "FBC2": a version-2 catalog stream.
+pub const CATALOG_MAGIC_V2: u32 = 0x3243_4246;
+/// Volume flag (version 2): the volume is thin (reserves less than its size).
+pub const VOLUME_FLAG_THIN: u32 = 1;
 /// Longest volume name in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most volumes a pool holds (a volume slot is a u16 in journal records).
@@ -21,19 +28,49 @@ pub struct VolumeRecord {
     pub name: String,
     /// Size in bytes (a multiple of 4096).
     pub size_bytes: u64,
-    /// Page-store slots of the directory pages of its block map (0 = no page yet).
-    pub map_dir_slots: Vec<u32>,
+    /// Space held for the volume (version 2; a version-1 volume holds its size).
+    pub reservation_bytes: u64,
+    /// Thin: reserves less than its size (version 2; version 1: false).
+    pub thin: bool,
+    /// The directory pages of its block map (none = no page yet).
+    pub map_dirs: Vec<PageRef>,
 }
 
 /// The whole catalog.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
+    /// Format version of the stream (1 or 2).
+    pub version: u32,
     /// Next volume id to hand out.
     pub next_volume_id: u64,
-    /// Directory pages of the slab object table (0 = no page yet).
-    pub object_dir_slots: Vec<u32>,
+    /// Directory pages of the slab object table (version 1) or of the count table
+    /// (version 2).
+    pub object_dirs: Vec<PageRef>,
+    /// Directory pages of the fingerprint table (version 2; empty in version 1).
+    pub fingerprint_dirs: Vec<PageRef>,
     /// Volumes, by slot order.
     pub volumes: Vec<VolumeRecord>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            version: FORMAT_VERSION,
+            next_volume_id: 0,
+            object_dirs: Vec::new(),
+            fingerprint_dirs: Vec::new(),
+            volumes: Vec::new(),
+        }
+    }
+}
+
+/// A directory list's pointers: u32 slots (version 1) or page references (version 2).
+fn pointer_bytes(version: u32) -> usize {
+    if version == FORMAT_VERSION_1 {
+        4
+    } else {
+        PAGE_REF_BYTES
+    }
 }
 
 /// Check a new volume's name: 1 to [`MAX_NAME_BYTES`] ASCII letters, digits and
@@ -68,24 +105,51 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 impl Catalog {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
-        20 + 4 * self.object_dir_slots.len()
+        let p = pointer_bytes(self.version);
+        let v2 = self.version != FORMAT_VERSION_1;
+        20 + p * self.object_dirs.len()
+            + if v2 {
+                4 + p * self.fingerprint_dirs.len()
+            } else {
+                0
+            }
             + self
                 .volumes
                 .iter()
-                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + 4 + 4 * v.map_dir_slots.len())
+                .map(|v| {
+                    2 + 2
+                        + v.name.len()
+                        + 8
+                        + 8
+                        + if v2 { 12 } else { 0 }
+                        + 4
+                        + p * v.map_dirs.len()
+                })
                 .sum::<usize>()
     }
 
-    /// Encode into a byte stream.
+    /// Encode into a byte stream of its version. A version-1 stream keeps only the
+    /// slot of each reference (version 1 has nothing more).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut out);
-        w.u32(CATALOG_MAGIC);
+        let v2 = self.version != FORMAT_VERSION_1;
+        let pointers = |w: &mut Writer<'_>, refs: &[PageRef]| {
+            w.u32(refs.len() as u32);
+            for r in refs {
+                if v2 {
+                    r.encode(w);
+                } else {
+                    w.u32(r.address as u32);
+                }
+            }
+        };
+        w.u32(if v2 { CATALOG_MAGIC_V2 } else { CATALOG_MAGIC });
         w.u32(self.volumes.len() as u32);
         w.u64(self.next_volume_id);
-        w.u32(self.object_dir_slots.len() as u32);
-        for s in &self.object_dir_slots {
-            w.u32(*s);
+        pointers(&mut w, &self.object_dirs);
+        if v2 {
+            pointers(&mut w, &self.fingerprint_dirs);
         }
         for v in &self.volumes {
             w.u16(v.slot);
@@ -93,25 +157,32 @@ impl Catalog {
             w.put(v.name.as_bytes());
             w.u64(v.id);
             w.u64(v.size_bytes);
-            w.u32(v.map_dir_slots.len() as u32);
-            for s in &v.map_dir_slots {
-                w.u32(*s);
+            if v2 {
+                w.u64(v.reservation_bytes);
+                w.u32(if v.thin { VOLUME_FLAG_THIN } else { 0 });
             }
+            pointers(&mut w, &v.map_dirs);
         }
         out
     }
 
-    /// Decode a byte stream; every count is checked against the bytes present.
+    /// Decode a byte stream of either version (its magic says which); every count
+    /// is checked against the bytes present.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "catalog";
         let mut r = Reader::new(what, bytes);
         let magic = r.u32()?;
-        if magic != CATALOG_MAGIC {
-            return Err(FormatError::BadMagic {
-                what,
-                found: u64::from(magic),
-            });
-        }
+        let version = match magic {
+            CATALOG_MAGIC => FORMAT_VERSION_1,
+            CATALOG_MAGIC_V2 => FORMAT_VERSION,
+            _ => {
+                return Err(FormatError::BadMagic {
+                    what,
+                    found: u64::from(magic),
+                })
+            }
+        };
+        let v2 = version != FORMAT_VERSION_1;
         let volume_count = r.u32()? as usize;
         if volume_count > MAX_VOLUMES {
             return Err(FormatError::Invalid {
@@ -120,18 +191,28 @@ impl Catalog {
             });
         }
         let next_volume_id = r.u64()?;
-        let object_dirs = r.u32()? as usize;
-        if object_dirs * 4 > bytes.len() {
-            return Err(FormatError::Truncated {
-                what,
-                got: bytes.len(),
-                need: object_dirs * 4,
-            });
-        }
-        let mut object_dir_slots = Vec::with_capacity(object_dirs);
-        for _ in 0..object_dirs {
-            object_dir_slots.push(r.u32()?);
-        }
+        let pointers = |r: &mut Reader<'_>| -> Result<Vec<PageRef>, FormatError> {
+            let n = r.u32()? as usize;
+            let need = n.saturating_mul(pointer_bytes(version));
+            if need > bytes.len() {
+                return Err(FormatError::Truncated {
+                    what,
+                    got: bytes.len(),
+                    need,
+                });
+            }
+            let mut refs = Vec::with_capacity(n);
+            for _ in 0..n {
+                refs.push(if v2 {
+                    PageRef::decode(r)?
+                } else {
+                    PageRef::slot_only(r.u32()?)
+                });
+            }
+            Ok(refs)
+        };
+        let object_dirs = pointers(&mut r)?;
+        let fingerprint_dirs = if v2 { pointers(&mut r)? } else { Vec::new() };
         let mut volumes = Vec::with_capacity(volume_count);
         for _ in 0..volume_count {
             let slot = r.u16()?;
@@ -150,29 +231,35 @@ impl Catalog {
             })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
-            let dirs = r.u32()? as usize;
-            if dirs * 4 > bytes.len() {
-                return Err(FormatError::Truncated {
-                    what,
-                    got: bytes.len(),
-                    need: dirs * 4,
-                });
-            }
-            let mut map_dir_slots = Vec::with_capacity(dirs);
-            for _ in 0..dirs {
-                map_dir_slots.push(r.u32()?);
-            }
+            let (reservation_bytes, thin) = if v2 {
+                let reservation_bytes = r.u64()?;
+                let flags = r.u32()?;
+                if flags & !VOLUME_FLAG_THIN != 0 {
+                    return Err(FormatError::Invalid {
+                        what,
+                        reason: format!("volume '{name}' has unknown flags {flags:#x}"),
+                    });
+                }
+                (reservation_bytes, flags & VOLUME_FLAG_THIN != 0)
+            } else {
+                (size_bytes, false)
+            };
+            let map_dirs = pointers(&mut r)?;
             volumes.push(VolumeRecord {
                 slot,
                 id,
                 name,
                 size_bytes,
-                map_dir_slots,
+                reservation_bytes,
+                thin,
+                map_dirs,
             });
         }
         Ok(Catalog {
+            version,
             next_volume_id,
-            object_dir_slots,
+            object_dirs,
+            fingerprint_dirs,
             volumes,
         })
     }
@@ -188,20 +275,38 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn catalog_round_trips() {
-        let c = Catalog {
+    fn sample(version: u32) -> Catalog {
+        let v2 = version == FORMAT_VERSION;
+        let r = |slot: u32| PageRef {
+            address: u64::from(slot),
+            crc: if v2 && slot != 0 { slot * 7 } else { 0 },
+            generation: if v2 && slot != 0 { 3 } else { 0 },
+        };
+        Catalog {
+            version,
             next_volume_id: 5,
-            object_dir_slots: vec![1, 0, 9],
+            object_dirs: vec![r(1), r(0), r(9)],
+            fingerprint_dirs: if v2 { vec![r(11)] } else { Vec::new() },
             volumes: vec![VolumeRecord {
                 slot: 2,
                 id: 4,
                 name: "vm-100-disk-0".into(),
                 size_bytes: 1 << 30,
-                map_dir_slots: vec![7],
+                reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
+                thin: v2,
+                map_dirs: vec![r(7)],
             }],
-        };
-        assert_eq!(Catalog::decode(&c.encode()).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn catalogs_of_both_versions_round_trip() {
+        for version in [FORMAT_VERSION_1, FORMAT_VERSION] {
+            let c = sample(version);
+            let bytes = c.encode();
+            assert_eq!(bytes.len(), c.encoded_len());
+            assert_eq!(Catalog::decode(&bytes).unwrap(), c, "version {version}");
+        }
     }
 
     proptest! {
@@ -209,6 +314,8 @@ mod tests {
         fn random_catalogs_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let mut b = bytes;
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC.to_le_bytes()); }
+            let _ = Catalog::decode(&b);
+            if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V2.to_le_bytes()); }
             let _ = Catalog::decode(&b);
         }
     }
