@@ -1,4 +1,5 @@
-//! Decode of a committed pool image of format version 1. The image was made by
+//! Decode of a committed pool image of format version 1, and its upgrade to
+//! version 2. The image was made by
 //! `make_fixture` below (run it by hand when the format version changes, and keep
 //! the old fixture: new code must still read it). It holds a volume written with
 //! the seed mix, a clone of it, a trimmed range, and records still in the journal,
@@ -10,8 +11,9 @@
 
 mod common;
 use common::*;
-use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
-use fewerbytes_engine::{OpenOptions, Pool};
+use fewerbytes_engine::storage::{CrashMode, FaultPlan, FaultStorage, Storage};
+use fewerbytes_engine::{EngineError, OpenOptions, Pool};
+use fewerbytes_format::superblock::SuperBlock;
 use std::sync::Arc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v1.blocks");
@@ -56,17 +58,37 @@ fn make_fixture() {
     std::fs::write(FIXTURE, out).unwrap();
 }
 
-#[test]
-fn format_v1_fixture_opens_and_reads_back() {
-    let raw = std::fs::read(FIXTURE).expect("fixture present");
+/// The committed image of `fixture`, as a device's bytes.
+fn image_of(fixture: &str) -> Vec<u8> {
+    let raw = std::fs::read(fixture).expect("fixture present");
     let mut image = vec![0u8; DEVICE_BYTES as usize];
     for rec in raw.chunks(8 + BLOCK) {
         let at = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
         image[at..at + BLOCK].copy_from_slice(&rec[8..]);
     }
+    image
+}
+
+fn open(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
     let dev = Arc::new(FaultStorage::from_image("fixture", image));
-    let pool = Pool::open_devices(dev as Arc<dyn Storage>, None, &OpenOptions::default())
-        .expect("the v1 fixture opens");
+    let pool = Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS)?;
+    Ok((dev, pool))
+}
+
+const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+
+/// The versions of the two super block copies of `image`, each `None` if invalid.
+fn super_block_versions(image: &[u8]) -> [Option<u32>; 2] {
+    [0, 1].map(|copy| {
+        SuperBlock::decode(&image[copy * BLOCK..(copy + 1) * BLOCK])
+            .ok()
+            .map(|sb| sb.version)
+    })
+}
+
+/// The fixture's volumes read back exactly, with `extra` (base block, content)
+/// written on top, and the audit finds nothing.
+fn assert_fixture_contents(pool: &Arc<Pool>, extra: Option<(usize, u8)>) {
     let names: Vec<String> = pool.list_volumes().into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["base", "clone"]);
     let expected = expected_blocks();
@@ -75,7 +97,10 @@ fn format_v1_fixture_opens_and_reads_back() {
     let mut buf = vec![0u8; BLOCK];
     for (i, b) in expected.iter().enumerate() {
         base.read((i * BLOCK) as u64, &mut buf).unwrap();
-        assert_eq!(&buf, b, "base block {i}");
+        match extra {
+            Some((at, byte)) if at == i => assert_eq!(buf, vec![byte; BLOCK], "base block {i}"),
+            _ => assert_eq!(&buf, b, "base block {i}"),
+        }
         clone.read((i * BLOCK) as u64, &mut buf).unwrap();
         let want = match i {
             0..64 => vec![0u8; BLOCK],
@@ -84,5 +109,98 @@ fn format_v1_fixture_opens_and_reads_back() {
         };
         assert_eq!(buf, want, "clone block {i}");
     }
-    assert!(pool.audit().problems.is_empty());
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+}
+
+#[test]
+fn format_v1_fixture_opens_and_reads_back() {
+    let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE)));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
+        .expect("the v1 fixture opens");
+    assert_eq!(pool.info().format_version, 1);
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn a_read_only_open_of_a_v1_pool_writes_nothing() {
+    let image = image_of(FIXTURE);
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    let pool = Pool::open_devices_read_only(dev.clone() as Arc<dyn Storage>, None, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 1);
+    let base = pool.open_volume("base").unwrap();
+    assert!(matches!(
+        base.write(0, &[1; BLOCK], false),
+        Err(EngineError::ReadOnly(_))
+    ));
+    drop(base);
+    pool.close().expect("a read-only pool closes cleanly");
+    assert_eq!(dev.counters().snapshot().writes, 0);
+    assert!(
+        dev.crash_image(CrashMode::KeepAll) == image,
+        "the image is unchanged"
+    );
+}
+
+#[test]
+fn a_v1_pool_is_upgraded_to_v2_by_its_first_read_write_open() {
+    let (dev, pool) = open(image_of(FIXTURE)).expect("the v1 fixture opens read-write");
+    assert_eq!(pool.info().format_version, 2);
+    pool.open_volume("base")
+        .unwrap()
+        .write(100 * BLOCK as u64, &[0x77; BLOCK], false)
+        .unwrap();
+    pool.close().unwrap();
+    let image = dev.crash_image(CrashMode::KeepAll);
+    // Both copies are v2, so v1 code refuses the pool instead of opening the older one.
+    assert_eq!(super_block_versions(&image), [Some(2), Some(2)]);
+    let (_, pool) = open(image).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, Some((100, 0x77)));
+}
+
+#[test]
+fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
+    // How many writes the upgrading open makes.
+    let (dev, pool) = open(image_of(FIXTURE)).unwrap();
+    let writes = dev.counters().snapshot().writes;
+    drop(pool);
+    assert!(
+        writes > 10,
+        "the upgrade writes every page ({writes} writes)"
+    );
+    let mut versions_seen = std::collections::BTreeSet::new();
+    for k in 0..writes {
+        for mode in [CrashMode::DropAll, CrashMode::KeepAll, CrashMode::Random(k)] {
+            let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE)));
+            dev.set_plan(FaultPlan {
+                fail_write: Some(k),
+                ..FaultPlan::default()
+            });
+            let opened = Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS);
+            assert!(
+                opened.is_err(),
+                "write {k} failed, and the open must say so"
+            );
+            let image = dev.crash_image(mode);
+            let read_only = Pool::open_devices_read_only(
+                Arc::new(FaultStorage::from_image("after", image.clone())) as Arc<dyn Storage>,
+                None,
+                &OPTS,
+            )
+            .unwrap_or_else(|e| panic!("crash at write {k} ({mode:?}): {e}"));
+            versions_seen.insert(read_only.info().format_version);
+            assert_fixture_contents(&read_only, None);
+            drop(read_only);
+            // And it still opens read-write (upgrading if it had not).
+            let (_, pool) = open(image).unwrap_or_else(|e| panic!("write {k} ({mode:?}): {e}"));
+            assert_eq!(pool.info().format_version, 2);
+            assert_fixture_contents(&pool, None);
+        }
+    }
+    assert_eq!(
+        versions_seen.into_iter().collect::<Vec<_>>(),
+        [1, 2],
+        "crashes left both v1 pools (before the v2 super block) and v2 pools (after)"
+    );
 }
