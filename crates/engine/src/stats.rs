@@ -167,7 +167,11 @@ impl Pool {
                 sb.journal_sectors / 8,
             ),
             region(
-                "page store (block maps, slab object tables, directories, catalog)",
+                if sb.version == fewerbytes_format::FORMAT_VERSION_1 {
+                    "page store (block maps, slab object tables, directories, catalog)"
+                } else {
+                    "page store (block maps, object counts, fingerprints, directories, catalog)"
+                },
                 meta_dev,
                 &meta_path,
                 sb.pages_start_block,

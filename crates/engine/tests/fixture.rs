@@ -1,10 +1,11 @@
-//! Decode of a committed pool image of format version 1, and its upgrade to
-//! version 2. The image was made by
-//! `make_fixture` below (run it by hand when the format version changes, and keep
-//! the old fixture: new code must still read it). It holds a volume written with
-//! the seed mix, a clone of it, a trimmed range, and records still in the journal,
-//! so opening it exercises the super block, catalog, directories, map and object
-//! pages, journal replay, and fragment and whole-block reads.
+//! Decode of committed pool images of format versions 1 and 2, and the upgrade of
+//! version 1 to version 2. Each image was made by `make_fixture` below with the
+//! code of its version (run it by hand when the format version changes, and keep
+//! the older fixtures: new code must still read them). Each holds a volume written
+//! with the seed mix, a clone of it, a trimmed range, and records still in the
+//! journal, so opening it exercises the super block, catalog, directories, map and
+//! object pages (count and fingerprint pages in v2), journal replay, and fragment
+//! and whole-block reads.
 //!
 //! File layout: repeated (u64 little-endian byte offset, 4096 bytes) for every
 //! non-zero block of a 64 MiB device.
@@ -17,6 +18,7 @@ use fewerbytes_format::superblock::SuperBlock;
 use std::sync::Arc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v1.blocks");
+const FIXTURE_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v2.blocks");
 const DEVICE_BYTES: u64 = 64 << 20;
 
 fn expected_blocks() -> Vec<Vec<u8>> {
@@ -25,7 +27,7 @@ fn expected_blocks() -> Vec<Vec<u8>> {
 }
 
 #[test]
-#[ignore = "writes the fixture; run by hand with --ignored when the format version changes"]
+#[ignore = "writes the fixture of the current format version (pool-v<N>.blocks); run by hand with --ignored when the format version changes, and keep the older ones"]
 fn make_fixture() {
     let mut t = create(DEVICE_BYTES, None);
     let p = t.pool().clone();
@@ -55,7 +57,12 @@ fn make_fixture() {
             out.extend_from_slice(block);
         }
     }
-    std::fs::write(FIXTURE, out).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/pool-v{}.blocks",
+        env!("CARGO_MANIFEST_DIR"),
+        fewerbytes_format::FORMAT_VERSION
+    );
+    std::fs::write(path, out).unwrap();
 }
 
 /// The committed image of `fixture`, as a device's bytes.
@@ -119,6 +126,18 @@ fn format_v1_fixture_opens_and_reads_back() {
     let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
         .expect("the v1 fixture opens");
     assert_eq!(pool.info().format_version, 1);
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn format_v2_fixture_opens_and_reads_back() {
+    let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE_V2)));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
+        .expect("the v2 fixture opens");
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, None);
+    drop(pool);
+    let (_, pool) = open(image_of(FIXTURE_V2)).expect("the v2 fixture opens read-write");
     assert_fixture_contents(&pool, None);
 }
 
