@@ -1228,6 +1228,7 @@ impl Inner {
         }
         if sb.generation > 0 {
             let catalog = self.load_catalog()?;
+            self.load_counters()?;
             self.load_objects(&catalog)?;
             self.next_volume_id
                 .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
