@@ -223,3 +223,51 @@ fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
         "crashes left both v1 pools (before the v2 super block) and v2 pools (after)"
     );
 }
+
+#[test]
+fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_was() {
+    // The page store cut down to end just past the last page the fixture wrote, so
+    // the v2 image cannot fit beside the v1 one.
+    let mut image = image_of(FIXTURE);
+    let copies = [0, 1].map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]));
+    let mut sb = copies
+        .iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .unwrap()
+        .clone();
+    assert_eq!(sb.version, 1);
+    let last_written = (1..sb.page_slots)
+        .rev()
+        .find(|s| {
+            let at = ((sb.pages_start_block + s) as usize) * BLOCK;
+            image[at..at + BLOCK].iter().any(|b| *b != 0)
+        })
+        .unwrap();
+    sb.page_slots = last_written + 1;
+    let mut block = [0u8; BLOCK];
+    sb.encode(&mut block);
+    let copy = (sb.generation % 2) as usize * BLOCK;
+    image[copy..copy + BLOCK].copy_from_slice(&block);
+
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    match Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS) {
+        Err(EngineError::Refused(why)) => {
+            assert!(why.contains("upgrade to version 2 needs"), "{why}");
+            assert!(why.contains("nothing was written"), "{why}");
+        }
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("the upgrade fitted: the test's page store is too large"),
+    }
+    assert!(
+        dev.crash_image(CrashMode::KeepAll) == image,
+        "nothing was written"
+    );
+    let pool = Pool::open_devices_read_only(
+        Arc::new(FaultStorage::from_image("fixture", image)) as Arc<dyn Storage>,
+        None,
+        &OPTS,
+    )
+    .expect("it still opens read-only");
+    assert_fixture_contents(&pool, None);
+}
