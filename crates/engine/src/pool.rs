@@ -511,6 +511,16 @@ impl Pool {
     /// copy is rewritten: a super block copy by the checkpoint every open takes (it
     /// writes the copy the opened one is not), a label here.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_path(path, opts, false)
+    }
+
+    /// Open a pool read-only, as [`Pool::open_devices_read_only`]: nothing is written
+    /// (no checkpoint, no upgrade of a version-1 pool, no repair of a damaged label).
+    pub fn open_read_only(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_path(path, opts, true)
+    }
+
+    fn open_path(path: &Path, opts: &OpenOptions, read_only: bool) -> Result<Arc<Pool>> {
         let data = FileStorage::open(path)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
@@ -524,7 +534,7 @@ impl Pool {
             .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
             .or_else(|| magic_of(second));
         match kind {
-            Some(SUPER_MAGIC) => Self::open_devices(Arc::new(data), None, opts),
+            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, read_only),
             Some(DATA_LABEL_MAGIC) => {
                 let labels = [DataLabel::decode(first), DataLabel::decode(second)];
                 let (label, damaged) = match labels {
@@ -553,10 +563,11 @@ impl Pool {
                 }
                 let meta = FileStorage::open(Path::new(&label.metadata_path))?;
                 let data: Arc<dyn Storage> = Arc::new(data);
-                let pool = Self::open_devices(
+                let pool = Self::open_devices_as(
                     data.clone(),
                     Some((Arc::new(meta), label.metadata_path.clone())),
                     opts,
+                    read_only,
                 )?;
                 if pool.inner.nonce != label.nonce {
                     return Err(EngineError::Refused(format!(
@@ -565,7 +576,7 @@ impl Pool {
                         label.metadata_path
                     )));
                 }
-                if let Some((copy, _)) = damaged {
+                if let Some((copy, _)) = damaged.filter(|_| !read_only) {
                     Self::write_label(data.as_ref(), &label, copy)?;
                     tracing::warn!(
                         "{}: data device label copy {copy} rewritten",

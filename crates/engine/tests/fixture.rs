@@ -271,3 +271,22 @@ fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_w
     .expect("it still opens read-only");
     assert_fixture_contents(&pool, None);
 }
+
+#[test]
+fn a_v1_pool_file_opens_read_only_unchanged_and_upgrades_read_write() {
+    let path = std::env::temp_dir().join(format!("fewerbytes-v1-{}.pool", std::process::id()));
+    let image = image_of(FIXTURE);
+    std::fs::write(&path, &image).unwrap();
+    let pool = Pool::open_read_only(&path, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 1);
+    assert_fixture_contents(&pool, None);
+    pool.close().unwrap();
+    assert!(
+        std::fs::read(&path).unwrap() == image,
+        "the file is unchanged"
+    );
+    let pool = Pool::open(&path, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    pool.close().unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
