@@ -1,8 +1,7 @@
-//! `stats`, `list-metadata` and `check`: what the pool holds, where its metadata
-//! lives, and whether its reference counts add up.
+//! `stats` and `list-metadata`: what the pool holds and where its metadata lives.
 
 use anyhow::{bail, Result};
-use fewerbytes_engine::{AuditReport, PoolStats, Region};
+use fewerbytes_engine::{PoolStats, Region};
 use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
@@ -172,31 +171,6 @@ pub fn region_table(regions: &[Region]) -> Table {
         ]);
     }
     table
-}
-
-/// Audit the pool; exit 1 on any problem.
-pub fn check(pool_path: &Path) -> Result<ExitCode> {
-    let report: AuditReport = with_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
-        Answer::Audit(report) => Ok(report),
-        other => bail!("unexpected answer to check: {other:?}"),
-    })?;
-    println!(
-        "Checked {} stored objects and {} map entries.",
-        report.objects_checked, report.map_entries_checked
-    );
-    if report.problems.is_empty() {
-        println!("No problems found.");
-        return Ok(ExitCode::SUCCESS);
-    }
-    for problem in &report.problems {
-        println!("problem: {problem}");
-    }
-    eprintln!(
-        "fewerbytes: error: the audit found {} problem(s) in pool {}",
-        report.problems.len(),
-        pool_path.display()
-    );
-    Ok(ExitCode::FAILURE)
 }
 
 #[cfg(test)]

@@ -460,7 +460,7 @@ pub fn with_local_pool<T>(
 }
 
 /// Run `body` on an open pool, then close it; the first error wins.
-fn run_and_close<T>(
+pub fn run_and_close<T>(
     pool_path: &Path,
     pool: Arc<Pool>,
     body: impl FnOnce(&Arc<Pool>) -> Result<T>,
@@ -478,6 +478,20 @@ fn run_and_close<T>(
 
 /// Open a pool in this process, with a sentence that says which pool when it fails.
 pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
+    require_pool(pool_path)?;
+    Pool::open(pool_path, options)
+        .with_context(|| format!("could not open pool {}", pool_path.display()))
+}
+
+/// Open a pool to repair it ([`Pool::open_for_repair`]), saying which pool when it fails.
+pub fn open_pool_for_repair(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
+    require_pool(pool_path)?;
+    Pool::open_for_repair(pool_path, options)
+        .with_context(|| format!("could not open pool {}", pool_path.display()))
+}
+
+/// An error unless something is at `pool_path`.
+fn require_pool(pool_path: &Path) -> Result<()> {
     if !pool_path.exists() {
         bail!(
             "there is no pool at {} (create one with `fewerbytes pool create {} --size 16G`, \
@@ -486,8 +500,7 @@ pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
             pool_path.display()
         );
     }
-    Pool::open(pool_path, options)
-        .with_context(|| format!("could not open pool {}", pool_path.display()))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! and management commands reach a pool through `control` (directly, or through the
 //! server that holds it).
 
+mod cmd_check;
 mod cmd_pool;
 mod cmd_stats;
 mod cmd_volume;
@@ -68,8 +69,12 @@ enum Command {
     Stats(cmd_stats::StatsArgs),
     /// Every metadata region: what, device, block range, size (like vdolistmetadata).
     ListMetadata(cmd_stats::ListMetadataArgs),
-    /// Audit reference counts against every block map; exit 1 on any problem.
-    Check,
+    /// Audit reference counts, free space and block maps; with --repair, rebuild them.
+    ///
+    /// Exits as fsck does: 0 no damage, 1 damage repaired, 4 damage left (found without
+    /// --repair, or metadata that does not load), 8 not checked (no pool, pool held,
+    /// --repair on a served pool, an I/O error).
+    Check(cmd_check::CheckArgs),
     /// Serve every volume of the pool over NBD (unix socket and 127.0.0.1:10809).
     ///
     /// With no pool at the default path (no --pool, no FEWERBYTES_POOL), first creates
@@ -92,6 +97,7 @@ pub struct PoolPath {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_));
+    let checking = matches!(cli.command, Command::Check(_));
     if !serving {
         // `fewerbytes stats | head` should end quietly when head does, like any Unix
         // tool. The server keeps Rust's default (SIGPIPE ignored): a client that goes
@@ -123,7 +129,11 @@ fn main() -> ExitCode {
                 logging::error_line_prefix(),
                 one_sentence(&error)
             );
-            ExitCode::FAILURE
+            if checking {
+                cmd_check::error_code(&error)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -151,7 +161,7 @@ fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
         Command::Volume(command) => cmd_volume::run(command, &pool.path),
         Command::Stats(args) => cmd_stats::stats(args, &pool.path),
         Command::ListMetadata(args) => cmd_stats::list_metadata(args, &pool.path),
-        Command::Check => cmd_stats::check(&pool.path),
+        Command::Check(args) => cmd_check::run(args, &pool.path),
         Command::Serve(args) => serve::run(args, pool),
     }
 }

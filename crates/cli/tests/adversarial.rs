@@ -15,8 +15,14 @@ const MIB: u64 = 1 << 20;
 
 /// `fewerbytes --pool POOL ARGS…`, expected to fail; returns its error sentence.
 fn fewerbytes_err(pool: &Path, args: &[&str]) -> String {
+    fewerbytes_err_code(pool, args, 1)
+}
+
+/// Like [`fewerbytes_err`], expecting exit code `code` (`check` exits as fsck does:
+/// 4 for damage, 8 when it could not check).
+fn fewerbytes_err_code(pool: &Path, args: &[&str], code: i32) -> String {
     let ran = fewerbytes(pool, args);
-    assert_eq!(ran.status.code(), Some(1), "{}", ran.report());
+    assert_eq!(ran.status.code(), Some(code), "{}", ran.report());
     ran.stderr
         .lines()
         .find(|l| l.starts_with("fewerbytes: error: "))
@@ -217,8 +223,9 @@ fn a_truncated_pool_is_refused_at_open_and_check_fails() {
     file.set_len(full_bytes - 64 * MIB).expect("truncate");
     drop(file);
 
-    for args in [&["check"][..], &["volume", "list"][..]] {
-        let refused = fewerbytes_err(&pool, args);
+    // A truncated pool is damage to `check` (exit 4), an error to the rest.
+    for (args, code) in [(&["check"][..], 4), (&["volume", "list"][..], 1)] {
+        let refused = fewerbytes_err_code(&pool, args, code);
         assert!(
             refused.contains("truncated"),
             "`{}` must say the pool is truncated: {refused}",
@@ -373,7 +380,8 @@ fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
         copied.report()
     );
 
-    let refused = fewerbytes_err(&pool, &["check"]);
+    // Not checked (exit 8): the audit did not run.
+    let refused = fewerbytes_err_code(&pool, &["check"], 8);
     assert!(
         refused.contains("latched"),
         "check on a latched pool must say it is latched: {refused}"

@@ -64,6 +64,18 @@ impl RegionBytes {
     }
 }
 
+/// How an open treats the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenMode {
+    /// Replay, checkpoint (upgrading a version-1 pool), serve reads and writes.
+    ReadWrite,
+    /// Load and replay in memory; write nothing, ever.
+    ReadOnly,
+    /// As `ReadWrite`, but a count the block maps contradict is restored
+    /// (`check --repair`, `repair.rs`).
+    Repair,
+}
+
 /// Everything the pool's threads share.
 pub(crate) struct Inner {
     pub data: Arc<dyn Storage>,
@@ -121,6 +133,8 @@ pub(crate) struct Inner {
     pub fragment_frees: AtomicU64,
     /// Packed blocks emptied by compaction since open.
     pub compacted_blocks: AtomicU64,
+    /// Opened by `check --repair`: what the open may restore (`repair.rs`).
+    pub repair: crate::repair::OpenRepair,
 }
 
 impl Inner {
@@ -511,16 +525,22 @@ impl Pool {
     /// copy is rewritten: a super block copy by the checkpoint every open takes (it
     /// writes the copy the opened one is not), a label here.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
-        Self::open_path(path, opts, false)
+        Self::open_path(path, opts, OpenMode::ReadWrite)
     }
 
     /// Open a pool read-only, as [`Pool::open_devices_read_only`]: nothing is written
     /// (no checkpoint, no upgrade of a version-1 pool, no repair of a damaged label).
     pub fn open_read_only(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
-        Self::open_path(path, opts, true)
+        Self::open_path(path, opts, OpenMode::ReadOnly)
     }
 
-    fn open_path(path: &Path, opts: &OpenOptions, read_only: bool) -> Result<Arc<Pool>> {
+    /// Open a pool to repair it (`Pool::repair`): as [`Pool::open`], but a count the
+    /// block maps contradict in a way an open refuses is restored (`repair.rs`).
+    pub fn open_for_repair(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_path(path, opts, OpenMode::Repair)
+    }
+
+    fn open_path(path: &Path, opts: &OpenOptions, mode: OpenMode) -> Result<Arc<Pool>> {
         let data = FileStorage::open(path)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
@@ -534,7 +554,7 @@ impl Pool {
             .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
             .or_else(|| magic_of(second));
         match kind {
-            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, read_only),
+            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, mode),
             Some(DATA_LABEL_MAGIC) => {
                 let labels = [DataLabel::decode(first), DataLabel::decode(second)];
                 let (label, damaged) = match labels {
@@ -567,7 +587,7 @@ impl Pool {
                     data.clone(),
                     Some((Arc::new(meta), label.metadata_path.clone())),
                     opts,
-                    read_only,
+                    mode,
                 )?;
                 if pool.inner.nonce != label.nonce {
                     return Err(EngineError::Refused(format!(
@@ -576,7 +596,7 @@ impl Pool {
                         label.metadata_path
                     )));
                 }
-                if let Some((copy, _)) = damaged.filter(|_| !read_only) {
+                if let Some((copy, _)) = damaged.filter(|_| mode != OpenMode::ReadOnly) {
                     Self::write_label(data.as_ref(), &label, copy)?;
                     tracing::warn!(
                         "{}: data device label copy {copy} rewritten",
@@ -704,7 +724,7 @@ impl Pool {
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
     ) -> Result<Arc<Pool>> {
-        Self::open_devices_as(data, meta, opts, false)
+        Self::open_devices_as(data, meta, opts, OpenMode::ReadWrite)
     }
 
     /// Open a pool read-only: its checkpoint is loaded and its journal replayed in
@@ -715,14 +735,23 @@ impl Pool {
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
     ) -> Result<Arc<Pool>> {
-        Self::open_devices_as(data, meta, opts, true)
+        Self::open_devices_as(data, meta, opts, OpenMode::ReadOnly)
+    }
+
+    /// [`Pool::open_for_repair`] on devices already opened.
+    pub fn open_devices_for_repair(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opts: &OpenOptions,
+    ) -> Result<Arc<Pool>> {
+        Self::open_devices_as(data, meta, opts, OpenMode::Repair)
     }
 
     fn open_devices_as(
         data: Arc<dyn Storage>,
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
-        read_only: bool,
+        mode: OpenMode,
     ) -> Result<Arc<Pool>> {
         let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
@@ -805,7 +834,7 @@ impl Pool {
             count_dirs: Mutex::new(Vec::new()),
             fp_dirs: Mutex::new(Vec::new()),
             slots_to_free: Mutex::new(Vec::new()),
-            opened_read_only: read_only,
+            opened_read_only: mode == OpenMode::ReadOnly,
             checkpoint_lock: Mutex::new(()),
             commit_lock: Mutex::new(()),
             read_only: AtomicBool::new(false),
@@ -820,6 +849,7 @@ impl Pool {
             dirty_pages,
             fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
+            repair: crate::repair::OpenRepair::new(mode == OpenMode::Repair),
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -1292,6 +1322,7 @@ impl Inner {
             tracing::info!("replaying {} journal records", records.len());
             self.replay(&records)?;
         }
+        self.restore_counts()?;
         self.rebuild()?;
         if self.opened_read_only {
             self.read_only.store(true, Ordering::SeqCst);

@@ -179,6 +179,16 @@ impl Slab {
         self.pending_blocks.len() as u32
     }
 
+    /// Which blocks are freed but not reusable until the next checkpoint.
+    pub fn pending_block_list(&self) -> &[u32] {
+        &self.pending_blocks
+    }
+
+    /// Whether block `b` is allocated (holding data, open, or pending-free).
+    pub fn block_used(&self, b: u32) -> bool {
+        self.blocks_used.get(b)
+    }
+
     /// The record of object `i` (a free record if its page was never used).
     pub fn rec(&self, i: u32) -> ObjRec {
         let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);

@@ -1,0 +1,518 @@
+//! Repair (`fewerbytes check --repair`): reference counts, free space and the index
+//! rebuilt from the block maps and the object records, every change said.
+//!
+//! The block maps and each object's record (location and fingerprint) are what the
+//! pool knows; reference counts, block holders, allocation and the index follow from
+//! them. So a repair counts the references every map holds and makes each record's
+//! count agree, frees objects nothing refers to, and rebuilds the rest. A map entry
+//! naming an object that is not stored (a free record: no fingerprint, or a location
+//! outside its slab) has no data to name: it is set to ZERO, its volume and byte range
+//! listed as lost (docs/check.md says why zeros rather than an unreadable block).
+//!
+//! A repair holds the checkpoint lock and the gate exclusively from its first read to
+//! the end of its checkpoint, like a volume operation: nothing reads or writes the pool
+//! meanwhile, and the repaired state is durable when it returns. It changes nothing a
+//! person did not ask for: with `apply` unset it only reports what it would change.
+
+use crate::block_map::ENTRIES_PER_PAGE;
+use crate::pool::{Inner, Pool};
+use crate::slab::REFCOUNT_MAX;
+use crate::volume::Wait;
+use crate::{EngineError, Result};
+use fewerbytes_format::location::{Location, MapEntry, ObjectId};
+use fewerbytes_format::BLOCK_BYTES;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+const BLOCK: u64 = BLOCK_BYTES as u64;
+
+/// What a repair may do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RepairOptions {
+    /// Change the pool (else only report what would change).
+    pub apply: bool,
+    /// Read every stored object and check it against its fingerprint.
+    pub verify_data: bool,
+}
+
+/// The step a repair is in, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairPhase {
+    /// Counting the references of every block map (`done`/`total`: map pages).
+    ReadingMaps,
+    /// Comparing each object record with the references found (slabs).
+    CheckingObjects,
+    /// Reading stored data back against its fingerprints (objects).
+    VerifyingData,
+    /// Taking the checkpoint that makes the repair durable.
+    Writing,
+}
+
+impl RepairPhase {
+    /// A few words for a person.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RepairPhase::ReadingMaps => "reading block maps",
+            RepairPhase::CheckingObjects => "checking object records",
+            RepairPhase::VerifyingData => "verifying data",
+            RepairPhase::Writing => "writing checkpoint",
+        }
+    }
+}
+
+/// What a repair found and did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RepairReport {
+    /// Object records examined (every record in use).
+    pub objects_checked: u64,
+    /// Map entries examined (every entry naming an object).
+    pub map_entries_checked: u64,
+    /// Each change made (or, without `apply`, that would be made), one sentence each.
+    pub repairs: Vec<String>,
+    /// Bytes of volumes whose data was gone and that now read as zeros.
+    pub lost_bytes: u64,
+    /// Damage a repair does not change (data that fails its fingerprint), one sentence each.
+    pub damage_left: Vec<String>,
+}
+
+/// What an open for repair may do, and what it did (reported by the repair).
+pub(crate) struct OpenRepair {
+    /// Opened by [`Pool::open_for_repair`].
+    enabled: bool,
+    /// Counts the open restored, one sentence each.
+    restored: parking_lot::Mutex<Vec<String>>,
+}
+
+impl OpenRepair {
+    pub(crate) fn new(enabled: bool) -> OpenRepair {
+        OpenRepair {
+            enabled,
+            restored: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// A map entry naming an object that is not stored.
+struct Dangling {
+    volume: String,
+    lbn: u64,
+    object: u64,
+}
+
+impl Pool {
+    /// Check the pool and, with `options.apply`, repair it: see the module comment.
+    /// `progress` is called now and then with the phase, work done and work in all.
+    pub fn repair(
+        &self,
+        options: &RepairOptions,
+        progress: &dyn Fn(RepairPhase, u64, u64),
+    ) -> Result<RepairReport> {
+        let i = &self.inner;
+        if options.apply {
+            i.ensure_writable()?;
+        }
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        if options.apply {
+            // Open blocks and runs hold blocks no record names; closing them makes
+            // every holder one a record accounts for.
+            i.release_open_space()?;
+        }
+        let mut report = RepairReport {
+            repairs: std::mem::take(&mut *i.repair.restored.lock()),
+            ..RepairReport::default()
+        };
+        // Holders against the records as they are (a freed leak's blocks are not a
+        // second finding), then the records against the maps.
+        i.check_holders(options.apply, &mut report);
+        let mut refs = i.count_references(options.apply, progress, &mut report);
+        i.repair_records(&mut refs, options.apply, progress, &mut report);
+        if options.verify_data {
+            i.verify_data(progress, &mut report)?;
+        }
+        if options.apply && !report.repairs.is_empty() {
+            progress(RepairPhase::Writing, 0, 1);
+            // Allocation, holders, the index and usage follow from the records now.
+            i.rebuild()?;
+            i.checkpoint_locked(gate, true)?;
+            progress(RepairPhase::Writing, 1, 1);
+            tracing::warn!("repair made {} change(s)", report.repairs.len());
+        }
+        Ok(report)
+    }
+}
+
+impl Inner {
+    /// At open, after replay: records with no references whose object the block maps
+    /// still name. The open's rebuild would free them (a record without references is
+    /// an object stored but never mapped before a crash), so their entries would name
+    /// nothing. A normal open refuses the pool instead; an open for repair restores
+    /// each count from the maps when the object's data still matches its fingerprint
+    /// (the record keeps its location and fingerprint), and leaves it to be freed, its
+    /// entries read as lost by the repair, when it does not.
+    pub(crate) fn restore_counts(&self) -> Result<()> {
+        // Object id → (references, the first volume and block naming it).
+        let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
+        for vol in self.volumes.read().iter().flatten() {
+            vol.for_each_mapped(|lbn, e| {
+                let Some(o) = e.object().filter(|&o| self.valid_object(o)) else {
+                    return;
+                };
+                let (s, idx) = self.split_object(o);
+                let rec = self.slab(s).lock().rec(idx);
+                if rec.refcount == 0 && rec.fingerprint != [0; 32] {
+                    found
+                        .entry(o.0)
+                        .or_insert_with(|| (0, vol.name.clone(), lbn))
+                        .0 += 1;
+                }
+            });
+        }
+        let Some((&first, (refs, volume, lbn))) = found.iter().next() else {
+            return Ok(());
+        };
+        if !self.repair.enabled {
+            return Err(EngineError::Corrupt {
+                region: "slab object page",
+                block: 0,
+                device: "metadata",
+                reason: format!(
+                    "{} object(s) record no references while block maps refer to them                      (object {first}: {refs}, the first from block {lbn} of volume '{volume}');                      `fewerbytes check --repair` restores their counts",
+                    found.len()
+                ),
+            });
+        }
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        for (id, (refs, ..)) in found {
+            let o = ObjectId(id);
+            if !self.stored(o) {
+                continue;
+            }
+            let (s, idx) = self.split_object(o);
+            let count = refs.min(u64::from(REFCOUNT_MAX)) as u32;
+            if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+                rec.refcount = count;
+            }
+            let sentence = match self.read_object(o, &mut buf, Wait::Yes) {
+                Ok(_) => format!(
+                    "object {id}: reference count 0 → {count} (its data matches its fingerprint)"
+                ),
+                Err(EngineError::Corrupt { reason, .. }) => {
+                    if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+                        rec.refcount = 0;
+                    }
+                    format!(
+                        "object {id}: reference count 0 but maps hold {count}, and its data                          cannot be used ({reason}): not restored"
+                    )
+                }
+                Err(e) => return Err(e),
+            };
+            tracing::warn!("{sentence}");
+            self.repair.restored.lock().push(sentence);
+        }
+        Ok(())
+    }
+
+    /// Whether object `o` is stored: its record has a fingerprint and a location in
+    /// its own slab. A free record is all zeros.
+    fn stored(&self, o: ObjectId) -> bool {
+        if !self.valid_object(o) {
+            return false;
+        }
+        let (s, idx) = self.split_object(o);
+        let rec = self.slab(s).lock().rec(idx);
+        rec.fingerprint != [0; 32]
+            && Location::decode(rec.location).is_ok_and(|loc| self.valid_location(s, loc))
+    }
+
+    /// References from every map, per object id; entries naming objects that are not
+    /// stored are reported (and, with `apply`, set to ZERO) and not counted.
+    fn count_references(
+        &self,
+        apply: bool,
+        progress: &dyn Fn(RepairPhase, u64, u64),
+        report: &mut RepairReport,
+    ) -> HashMap<u64, u64> {
+        let vols: Vec<_> = self.volumes.read().iter().flatten().cloned().collect();
+        let pages_total: u64 = vols.iter().map(|v| v.pages.read().len() as u64).sum();
+        let mut pages_done = 0u64;
+        let mut refs: HashMap<u64, u64> = HashMap::new();
+        let mut dangling = Vec::new();
+        for vol in &vols {
+            let pages = vol.pages.read();
+            for (p, page) in pages.iter().enumerate() {
+                let page = page.lock();
+                for k in 0..ENTRIES_PER_PAGE as usize {
+                    // Counted as `audit` counts: entries naming objects.
+                    let MapEntry::Object(o) = page.get(k) else {
+                        continue;
+                    };
+                    report.map_entries_checked += 1;
+                    if self.stored(o) {
+                        *refs.entry(o.0).or_insert(0) += 1;
+                    } else {
+                        dangling.push(Dangling {
+                            volume: vol.name.clone(),
+                            lbn: p as u64 * ENTRIES_PER_PAGE + k as u64,
+                            object: o.0,
+                        });
+                    }
+                }
+                pages_done += 1;
+                if pages_done.is_multiple_of(256) {
+                    progress(RepairPhase::ReadingMaps, pages_done, pages_total);
+                }
+            }
+        }
+        progress(RepairPhase::ReadingMaps, pages_total, pages_total);
+        for d in dangling {
+            let (first, last) = (d.lbn * BLOCK, (d.lbn + 1) * BLOCK - 1);
+            report.repairs.push(format!(
+                "volume {}: block {} (bytes {first}-{last}) referred to object {}, which is \
+                 not stored: {} zeros (its data is lost)",
+                d.volume,
+                d.lbn,
+                d.object,
+                if apply {
+                    "now reads as"
+                } else {
+                    "would read as"
+                }
+            ));
+            report.lost_bytes += BLOCK;
+            if apply {
+                if let Ok(vol) = self.volume_by_name(&d.volume) {
+                    let pages = vol.pages.read();
+                    if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
+                        page.lock().set(
+                            (d.lbn % ENTRIES_PER_PAGE) as usize,
+                            MapEntry::Zero,
+                            &self.dirty_pages,
+                        );
+                    }
+                }
+            }
+        }
+        refs
+    }
+
+    /// Make each record's count the references found; free what nothing refers to.
+    fn repair_records(
+        &self,
+        refs: &mut HashMap<u64, u64>,
+        apply: bool,
+        progress: &dyn Fn(RepairPhase, u64, u64),
+        report: &mut RepairReport,
+    ) {
+        let objects_per_slab = u64::from(self.objects_per_slab);
+        for s in 0..self.slab_count {
+            let mut slab = self.slab(s).lock();
+            for idx in 0..slab.objects() {
+                let rec = slab.rec(idx);
+                if rec.refcount == 0 && rec.fingerprint == [0; 32] {
+                    continue;
+                }
+                let id = u64::from(s) * objects_per_slab + u64::from(idx);
+                report.objects_checked += 1;
+                let found = refs.remove(&id).unwrap_or(0);
+                let want = found.min(u64::from(REFCOUNT_MAX)) as u32;
+                if rec.refcount == want {
+                    continue;
+                }
+                if want == 0 {
+                    let stored = Location::decode(rec.location)
+                        .map(|l| l.stored_bytes())
+                        .unwrap_or(0);
+                    report.repairs.push(format!(
+                        "object {id}: reference count {} → 0, no map refers to it: {} \
+                         ({stored} bytes of data)",
+                        rec.refcount,
+                        if apply { "freed" } else { "would be freed" }
+                    ));
+                    if apply {
+                        if let Some(r) = slab.rec_mut(idx) {
+                            *r = Default::default();
+                        }
+                        self.index.remove(&rec.fingerprint, ObjectId(id));
+                    }
+                } else {
+                    report.repairs.push(format!(
+                        "object {id}: reference count {} → {want}",
+                        rec.refcount
+                    ));
+                    if apply {
+                        if let Some(r) = slab.rec_mut(idx) {
+                            r.refcount = want;
+                        }
+                    }
+                }
+            }
+            progress(
+                RepairPhase::CheckingObjects,
+                u64::from(s) + 1,
+                u64::from(self.slab_count),
+            );
+        }
+        // Every counted reference was to a stored object, whose record the loop saw.
+        debug_assert!(refs.is_empty(), "references to unseen objects: {refs:?}");
+    }
+
+    /// Block holders and allocation against the records (and the blocks packers
+    /// hold open): each difference is reported; the rebuild after a repair fixes it.
+    fn check_holders(&self, apply: bool, report: &mut RepairReport) {
+        let verb = if apply {
+            "corrected"
+        } else {
+            "would be corrected"
+        };
+        for s in 0..self.slab_count {
+            let slab = self.slab(s).lock();
+            let mut found = vec![0u32; slab.blocks as usize];
+            for idx in 0..slab.objects() {
+                let rec = slab.rec(idx);
+                if rec.refcount == 0 {
+                    continue;
+                }
+                if let Ok(loc) = Location::decode(rec.location) {
+                    let (first, count) = loc.blocks();
+                    for b in first..first + count {
+                        if let Some(h) = b
+                            .checked_sub(slab.first_pbn)
+                            .and_then(|local| found.get_mut(local as usize))
+                        {
+                            *h += 1;
+                        }
+                    }
+                }
+            }
+            for &(b, _) in &slab.open_blocks {
+                if let Some(h) = found.get_mut(b as usize) {
+                    *h += 1;
+                }
+            }
+            let pending = slab.pending_block_list();
+            for (b, &want) in found.iter().enumerate() {
+                let b = b as u32;
+                let have = slab.holders(b);
+                if u32::from(have) != want {
+                    report.repairs.push(format!(
+                        "slab {s} block {b}: {have} holders recorded, {want} found: {verb}"
+                    ));
+                } else if want == 0 && slab.block_used(b) && !pending.contains(&b) {
+                    report.repairs.push(format!(
+                        "slab {s} block {b}: allocated but holds no data: {}",
+                        if apply { "freed" } else { "would be freed" }
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Read every stored object back and check it against its fingerprint; each one
+    /// that fails is damage left in place, named with the volume bytes it backs.
+    fn verify_data(
+        &self,
+        progress: &dyn Fn(RepairPhase, u64, u64),
+        report: &mut RepairReport,
+    ) -> Result<()> {
+        let objects_per_slab = u64::from(self.objects_per_slab);
+        let mut live = Vec::new();
+        for s in 0..self.slab_count {
+            let slab = self.slab(s).lock();
+            live.extend(
+                (0..slab.objects())
+                    .filter(|&idx| slab.rec(idx).refcount > 0)
+                    .map(|idx| u64::from(s) * objects_per_slab + u64::from(idx)),
+            );
+        }
+        let total = live.len() as u64;
+        let mut bad: BTreeMap<u64, String> = BTreeMap::new();
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        for (n, &id) in live.iter().enumerate() {
+            match self.read_object(ObjectId(id), &mut buf, Wait::Yes) {
+                Ok(_) => {}
+                Err(EngineError::Corrupt { reason, .. }) => {
+                    bad.insert(id, reason);
+                }
+                Err(e) => return Err(e),
+            }
+            if (n as u64).is_multiple_of(1024) {
+                progress(RepairPhase::VerifyingData, n as u64, total);
+            }
+        }
+        progress(RepairPhase::VerifyingData, total, total);
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for vol in self.volumes.read().iter().flatten() {
+            vol.for_each_mapped(|lbn, e| {
+                if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
+                    users.entry(o.0).or_default().push(format!(
+                        "volume {} block {lbn} (bytes {}-{})",
+                        vol.name,
+                        lbn * BLOCK,
+                        (lbn + 1) * BLOCK - 1
+                    ));
+                }
+            });
+        }
+        for (id, reason) in bad {
+            let named = users.remove(&id).unwrap_or_default();
+            report.damage_left.push(format!(
+                "{reason}; it backs {}",
+                if named.is_empty() {
+                    "no volume block".to_string()
+                } else {
+                    named.join(", ")
+                }
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Test hooks: damage a pool the way a bug would, through its memory and a
+/// checkpoint, so tests need not know the page format.
+impl Pool {
+    /// The object `lbn` of `volume` maps to, if any.
+    #[doc(hidden)]
+    pub fn object_of(&self, volume: &str, lbn: u64) -> Result<Option<u64>> {
+        let vol = self.inner.volume_by_name(volume)?;
+        Ok(vol.get(lbn).object().map(|o| o.0))
+    }
+
+    /// Set object `object`'s reference count to `count`, nothing else, and checkpoint.
+    #[doc(hidden)]
+    pub fn damage_reference_count(&self, object: u64, count: u32) -> Result<()> {
+        let i = &self.inner;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let (s, idx) = i.split_object(ObjectId(object));
+        if let Some(rec) = i.slab(s).lock().rec_mut(idx) {
+            rec.refcount = count;
+        }
+        i.checkpoint_locked(gate, true)
+    }
+
+    /// Set entry `lbn` of `volume` to `object` (`None`: unmapped) without changing
+    /// any reference count, and checkpoint.
+    #[doc(hidden)]
+    pub fn damage_map_entry(&self, volume: &str, lbn: u64, object: Option<u64>) -> Result<()> {
+        let i = &self.inner;
+        let _ck = i.checkpoint_lock.lock();
+        let gate = i.gate.write();
+        let vol = i.volume_by_name(volume)?;
+        let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
+        {
+            let pages = vol.pages.read();
+            if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
+                let old = page
+                    .lock()
+                    .set((lbn % ENTRIES_PER_PAGE) as usize, entry, &i.dirty_pages);
+                vol.account(old, entry);
+            }
+        }
+        i.checkpoint_locked(gate, true)
+    }
+}
