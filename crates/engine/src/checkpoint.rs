@@ -12,10 +12,12 @@
 //! freed before the snapshot become reusable.
 
 use crate::block_map::ENTRIES_PER_PAGE;
+use crate::dir_tree::DirTree;
 use crate::pool::Inner;
 use crate::slab::Slab;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
+use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
     FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
@@ -118,6 +120,27 @@ pub(crate) fn page_slot(r: &PageRef) -> Option<u32> {
         .and_then(|s| u32::try_from(s).ok())
 }
 
+/// What a page is, as its header names it.
+struct PageName {
+    kind: PageKind,
+    /// Directory level (directory pages only; 0 for every other kind).
+    level: u8,
+    owner: u64,
+    index: u64,
+}
+
+impl PageName {
+    /// A page that is not a directory page.
+    fn table(kind: PageKind, owner: u64, index: u64) -> Self {
+        PageName {
+            kind,
+            level: 0,
+            owner,
+            index,
+        }
+    }
+}
+
 /// One page ready to write.
 struct Encoded {
     slot: u32,
@@ -148,9 +171,7 @@ impl Writeback<'_> {
     /// its parent holds.
     fn place(
         &mut self,
-        kind: PageKind,
-        owner: u64,
-        index: u64,
+        name: PageName,
         count: u32,
         payload: &[u8],
         current: PageRef,
@@ -163,17 +184,22 @@ impl Writeback<'_> {
         })?;
         let header = PageHeader {
             version: FORMAT_VERSION,
-            kind,
+            kind: name.kind,
+            level: name.level,
             count,
             nonce: self.nonce,
             slot: u64::from(slot),
             generation: self.generation,
-            owner,
-            index,
+            owner: name.owner,
+            index: name.index,
         };
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
         let crc = encode_page(&header, payload, &mut bytes);
-        self.pages.push(Encoded { slot, kind, bytes });
+        self.pages.push(Encoded {
+            slot,
+            kind: name.kind,
+            bytes,
+        });
         self.old_slots.extend(page_slot(&current));
         Ok(PageRef {
             address: u64::from(slot),
@@ -182,16 +208,65 @@ impl Writeback<'_> {
         })
     }
 
-    /// Rewrite the directory pages of a table whose range of `refs` changed
-    /// (`dirty[k]`: a page under directory page `k` moved), or that were never written.
-    fn write_dirs(
+    /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
+    /// `dirty` marks (`dirty[k]`: a page under directory page `k` moved) and those
+    /// never written, then at each level above the pages over a rewritten one, up to
+    /// the top list the catalog holds. Levels the table no longer needs retire.
+    fn write_tree(
         &mut self,
-        dirs: &mut Vec<PageRef>,
+        tree: &mut DirTree,
         refs: &[PageRef],
         dirty: &[bool],
         owner: u64,
     ) -> Result<()> {
-        let want = refs.len().div_ceil(REFS_PER_DIR_PAGE);
+        let depth = level_sizes(refs.len() as u64)
+            .ok_or_else(|| {
+                EngineError::Refused(format!(
+                    "a table of {} pages needs more than {MAX_DEPTH} directory levels",
+                    refs.len()
+                ))
+            })?
+            .len();
+        while tree.levels.len() > depth {
+            if let Some(level) = tree.levels.pop() {
+                self.old_slots.extend(level.iter().filter_map(page_slot));
+            }
+        }
+        tree.levels.resize_with(depth, Vec::new);
+        let mut dirty = dirty.to_vec();
+        for k in 0..depth {
+            let (below, rest) = tree.levels.split_at_mut(k);
+            let children: &[PageRef] = below.last().map_or(refs, Vec::as_slice);
+            let Some(dirs) = rest.first_mut() else {
+                break;
+            };
+            let level = k as u8 + 1;
+            dirty = self.write_level(dirs, children, &dirty, owner, level)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrite the directory pages of one level over `children` (`dirty` as in
+    /// [`Self::write_tree`]). Returns the dirty marks of the level above: the pages
+    /// over a rewritten page, and over the last page when this level's length changed.
+    fn write_level(
+        &mut self,
+        dirs: &mut Vec<PageRef>,
+        children: &[PageRef],
+        dirty: &[bool],
+        owner: u64,
+        level: u8,
+    ) -> Result<Vec<bool>> {
+        let want = children.len().div_ceil(REFS_PER_DIR_PAGE);
+        let mut above = vec![false; want.div_ceil(REFS_PER_DIR_PAGE)];
+        if dirs.len() != want {
+            if let Some(d) = want
+                .checked_sub(1)
+                .and_then(|last| above.get_mut(last / REFS_PER_DIR_PAGE))
+            {
+                *d = true;
+            }
+        }
         while dirs.len() > want {
             if let Some(r) = dirs.pop() {
                 self.old_slots.extend(page_slot(&r));
@@ -199,7 +274,7 @@ impl Writeback<'_> {
         }
         dirs.resize(want, PageRef::NONE);
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-        for (k, chunk) in refs.chunks(REFS_PER_DIR_PAGE).enumerate() {
+        for (k, chunk) in children.chunks(REFS_PER_DIR_PAGE).enumerate() {
             let Some(current) = dirs.get_mut(k) else {
                 continue;
             };
@@ -210,16 +285,18 @@ impl Writeback<'_> {
             payload.fill(0);
             let mut w = Writer::new(&mut payload);
             chunk.iter().for_each(|r| r.encode(&mut w));
-            *current = self.place(
-                PageKind::Directory,
+            let name = PageName {
+                kind: PageKind::Directory,
+                level,
                 owner,
-                k as u64,
-                chunk.len() as u32,
-                &payload,
-                *current,
-            )?;
+                index: k as u64,
+            };
+            *current = self.place(name, chunk.len() as u32, &payload, *current)?;
+            if let Some(d) = above.get_mut(k / REFS_PER_DIR_PAGE) {
+                *d = true;
+            }
         }
-        Ok(())
+        Ok(above)
     }
 
     /// Write the count and fingerprint pages of one slab that changed since the last
@@ -250,14 +327,8 @@ impl Writeback<'_> {
                     .encode(&mut w);
                 }
                 let current = slab.count_refs.get(c).copied().unwrap_or_default();
-                let r = self.place(
-                    PageKind::Counts,
-                    u64::from(s),
-                    c as u64,
-                    (end - first) as u32,
-                    payload,
-                    current,
-                )?;
+                let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
+                let r = self.place(name, (end - first) as u32, payload, current)?;
                 if let Some(slot) = slab.count_refs.get_mut(c) {
                     *slot = r;
                 }
@@ -277,14 +348,8 @@ impl Writeback<'_> {
                     w.put(&slab.rec(i as u32).fingerprint);
                 }
                 let current = slab.fp_refs.get(f).copied().unwrap_or_default();
-                let r = self.place(
-                    PageKind::Fingerprints,
-                    u64::from(s),
-                    f as u64,
-                    (end - first) as u32,
-                    payload,
-                    current,
-                )?;
+                let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
+                let r = self.place(name, (end - first) as u32, payload, current)?;
                 if let Some(slot) = slab.fp_refs.get_mut(f) {
                     *slot = r;
                 }
@@ -431,14 +496,14 @@ impl Inner {
             wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
         }
         let mut count_dirs = self.count_dirs.lock();
-        wb.write_dirs(
+        wb.write_tree(
             &mut count_dirs,
             &tables.counts,
             &tables.count_dirty,
             OBJECT_TABLE_OWNER,
         )?;
         let mut fp_dirs = self.fp_dirs.lock();
-        wb.write_dirs(
+        wb.write_tree(
             &mut fp_dirs,
             &tables.fps,
             &tables.fp_dirty,
@@ -460,14 +525,9 @@ impl Inner {
                         Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                         None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                     }
-                    page.durable = wb.place(
-                        PageKind::Map,
-                        vol.id,
-                        p as u64,
-                        ENTRIES_PER_PAGE as u32,
-                        &payload,
-                        page.durable,
-                    )?;
+                    let name = PageName::table(PageKind::Map, vol.id, p as u64);
+                    page.durable =
+                        wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable)?;
                     page.dirty = false;
                     if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
                         *d = true;
@@ -476,7 +536,7 @@ impl Inner {
                 map_refs.push(page.durable);
             }
             let mut dirs = vol.dirs.lock();
-            wb.write_dirs(&mut dirs, &map_refs, &dirty_dirs, vol.id)?;
+            wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id)?;
             let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
             // Issue 13 makes reservations per volume; today a volume of a pool
             // without overcommit holds its size, and one with overcommit is thin.
@@ -487,7 +547,7 @@ impl Inner {
                 size_bytes,
                 reservation_bytes: if self.overcommit { 0 } else { size_bytes },
                 thin: self.overcommit,
-                map_dirs: dirs.clone(),
+                map: dirs.root(),
             });
         }
 
@@ -495,8 +555,8 @@ impl Inner {
         let catalog = Catalog {
             version: FORMAT_VERSION,
             next_volume_id: self.next_volume_id.load(Ordering::Relaxed),
-            object_dirs: count_dirs.clone(),
-            fingerprint_dirs: fp_dirs.clone(),
+            objects: count_dirs.root(),
+            fingerprints: fp_dirs.root(),
             volumes: records,
         };
         let stream = catalog.encode();
@@ -510,14 +570,8 @@ impl Inner {
         let mut catalog_refs = Vec::with_capacity(chunks);
         for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
             let old = sb.catalog.get(i).copied().unwrap_or_default();
-            catalog_refs.push(wb.place(
-                PageKind::Catalog,
-                0,
-                i as u64,
-                chunk.len() as u32,
-                chunk,
-                old,
-            )?);
+            let name = PageName::table(PageKind::Catalog, 0, i as u64);
+            catalog_refs.push(wb.place(name, chunk.len() as u32, chunk, old)?);
         }
         // Old catalog pages beyond the new catalog's length retire too.
         wb.old_slots

@@ -15,6 +15,7 @@ mod block_map;
 mod checkpoint;
 mod compact;
 mod counters;
+mod dir_tree;
 mod error;
 pub mod geometry;
 mod index;

@@ -9,9 +9,11 @@
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
+use crate::dir_tree::DirTree;
 use crate::pool::Inner;
 use crate::{EngineError, Result};
-use fewerbytes_format::catalog::{Catalog, VolumeRecord};
+use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
+use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     decode_page, decode_page_ref, CountRecord, ObjectRecord, PageHeader, PageKind, PageRef,
     COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES,
@@ -78,8 +80,64 @@ impl Inner {
         Ok((header, payload))
     }
 
-    /// The references of a table's `entries` pages, read from its directory pages.
-    fn read_dirs(&self, dirs: &[PageRef], owner: u64, entries: usize) -> Result<Vec<PageRef>> {
+    /// The directory tree of a table of `entries` pages, read down from the top list
+    /// of `root`, and the references of its pages. Version 2: the root's depth and
+    /// top list must be the shape the page count gives (`dir_tree.rs`), and every
+    /// directory page its level. Version 1: one level, as long as the catalog says.
+    fn read_tree(
+        &self,
+        root: &TableRoot,
+        owner: u64,
+        entries: usize,
+    ) -> Result<(DirTree, Vec<PageRef>)> {
+        if self.sb.lock().version == FORMAT_VERSION_1 {
+            let refs = self.read_level(&root.top, owner, entries, 0)?;
+            let tree = DirTree {
+                levels: vec![root.top.clone()],
+            };
+            return Ok((tree, refs));
+        }
+        let sizes = level_sizes(entries as u64).unwrap_or_default();
+        if sizes.len() != root.depth as usize
+            || sizes.last().copied() != Some(root.top.len() as u64)
+        {
+            return Err(self.catalog_corrupt(format!(
+                "the table of owner {owner} ({entries} pages) has a directory tree of \
+                 depth {} with {} top references; its pages need {}",
+                root.depth,
+                root.top.len(),
+                match sizes.last() {
+                    Some(top) => format!("depth {} with {top}", sizes.len()),
+                    None => format!("more than {MAX_DEPTH} levels"),
+                }
+            )));
+        }
+        let mut levels = vec![Vec::new(); sizes.len()];
+        if let Some(top) = levels.last_mut() {
+            top.clone_from(&root.top);
+        }
+        for k in (1..sizes.len()).rev() {
+            let (below, above) = levels.split_at_mut(k);
+            if let (Some(children), Some(parents), Some(&n)) =
+                (below.last_mut(), above.first(), sizes.get(k - 1))
+            {
+                *children = self.read_level(parents, owner, n as usize, k as u8 + 1)?;
+            }
+        }
+        let level_1 = levels.first().map_or(&[][..], Vec::as_slice);
+        let refs = self.read_level(level_1, owner, entries, 1)?;
+        Ok((DirTree { levels }, refs))
+    }
+
+    /// The `entries` references the directory pages `dirs` (of `level`; 0 in
+    /// version 1) hold.
+    fn read_level(
+        &self,
+        dirs: &[PageRef],
+        owner: u64,
+        entries: usize,
+        level: u8,
+    ) -> Result<Vec<PageRef>> {
         let v1 = self.sb.lock().version == FORMAT_VERSION_1;
         let per_page = if v1 {
             SLOTS_PER_DIR_PAGE
@@ -94,7 +152,20 @@ impl Inner {
                 refs.extend(std::iter::repeat_n(PageRef::NONE, want));
                 continue;
             }
-            let (_, payload) = self.read_page(&mut buf, PageKind::Directory, d, owner, k as u64)?;
+            let (header, payload) =
+                self.read_page(&mut buf, PageKind::Directory, d, owner, k as u64)?;
+            if header.level != level {
+                let block = self.pages_start_block.saturating_add(header.slot);
+                return Err(EngineError::Corrupt {
+                    region: PageKind::Directory.name(),
+                    block,
+                    device: "metadata",
+                    reason: format!(
+                        "directory page of level {}, expected level {level}",
+                        header.level
+                    ),
+                });
+            }
             let mut r = Reader::new("directory page", payload);
             for _ in 0..want {
                 refs.push(if v1 {
@@ -108,6 +179,22 @@ impl Inner {
         Ok(refs)
     }
 
+    /// Corruption of the catalog, reported at its first page.
+    fn catalog_corrupt(&self, reason: String) -> EngineError {
+        let sb = self.sb.lock();
+        let block = sb.pages_start_block
+            + sb.catalog
+                .first()
+                .and_then(|r| r.page_store_slot())
+                .unwrap_or(0);
+        EngineError::Corrupt {
+            region: "catalog",
+            block,
+            device: "metadata",
+            reason,
+        }
+    }
+
     /// Load the catalog named by the super block.
     pub(crate) fn load_catalog(&self) -> Result<Catalog> {
         let sb = self.sb.lock().clone();
@@ -118,20 +205,9 @@ impl Inner {
             stream.extend_from_slice(payload.get(..header.count as usize).unwrap_or(payload));
         }
         stream.truncate(sb.catalog_bytes as usize);
-        let block = sb.pages_start_block
-            + sb.catalog
-                .first()
-                .and_then(|r| r.page_store_slot())
-                .unwrap_or(0);
-        let corrupt = |reason: String| EngineError::Corrupt {
-            region: "catalog",
-            block,
-            device: "metadata",
-            reason,
-        };
-        let catalog = Catalog::decode(&stream).map_err(|e| corrupt(e.to_string()))?;
+        let catalog = Catalog::decode(&stream).map_err(|e| self.catalog_corrupt(e.to_string()))?;
         if catalog.version != sb.version {
-            return Err(corrupt(format!(
+            return Err(self.catalog_corrupt(format!(
                 "a version-{} catalog in a version-{} pool",
                 catalog.version, sb.version
             )));
@@ -155,12 +231,13 @@ impl Inner {
     /// count and fingerprint pages.
     pub(crate) fn load_objects(&self, catalog: &Catalog) -> Result<()> {
         if catalog.version == FORMAT_VERSION_1 {
-            return self.load_objects_v1(&catalog.object_dirs);
+            return self.load_objects_v1(&catalog.objects);
         }
         let objects = self.objects_per_slab as usize;
         let slabs = self.slab_count as usize;
         let per_slab = objects.div_ceil(COUNTS_PER_PAGE);
-        let counts = self.read_dirs(&catalog.object_dirs, OBJECT_TABLE_OWNER, slabs * per_slab)?;
+        let (count_tree, counts) =
+            self.read_tree(&catalog.objects, OBJECT_TABLE_OWNER, slabs * per_slab)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in counts.iter().enumerate() {
             let (s, c) = ((g / per_slab) as u32, g % per_slab);
@@ -184,8 +261,8 @@ impl Inner {
             }
         }
         let per_slab = objects.div_ceil(FINGERPRINTS_PER_PAGE);
-        let fps = self.read_dirs(
-            &catalog.fingerprint_dirs,
+        let (fp_tree, fps) = self.read_tree(
+            &catalog.fingerprints,
             FINGERPRINT_TABLE_OWNER,
             slabs * per_slab,
         )?;
@@ -210,16 +287,16 @@ impl Inner {
                 }
             }
         }
-        *self.count_dirs.lock() = catalog.object_dirs.clone();
-        *self.fp_dirs.lock() = catalog.fingerprint_dirs.clone();
+        *self.count_dirs.lock() = count_tree;
+        *self.fp_dirs.lock() = fp_tree;
         Ok(())
     }
 
     /// Version 1: object pages of 84 whole records.
-    fn load_objects_v1(&self, object_dirs: &[PageRef]) -> Result<()> {
+    fn load_objects_v1(&self, objects: &TableRoot) -> Result<()> {
         let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
         let total = self.slab_count as usize * pages_per_slab;
-        let refs = self.read_dirs(object_dirs, OBJECT_TABLE_OWNER, total)?;
+        let (tree, refs) = self.read_tree(objects, OBJECT_TABLE_OWNER, total)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in refs.iter().enumerate() {
             if r.is_none() {
@@ -242,14 +319,14 @@ impl Inner {
                 });
             }
         }
-        *self.count_dirs.lock() = object_dirs.to_vec();
+        *self.count_dirs.lock() = tree;
         Ok(())
     }
 
     /// Load one volume's block map.
     pub(crate) fn load_map(&self, record: &VolumeRecord, vol: &VolumeState) -> Result<()> {
         let pages_len = vol.pages.read().len();
-        let refs = self.read_dirs(&record.map_dirs, record.id, pages_len)?;
+        let (tree, refs) = self.read_tree(&record.map, record.id, pages_len)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         let pages = vol.pages.read();
         for (p, r) in refs.iter().enumerate() {
@@ -269,7 +346,7 @@ impl Inner {
                 page.dirty = false;
             }
         }
-        *vol.dirs.lock() = record.map_dirs.clone();
+        *vol.dirs.lock() = tree;
         Ok(())
     }
 
@@ -299,13 +376,13 @@ impl Inner {
         );
         self.slots_to_free.lock().extend(v1_slots);
         self.sb.lock().catalog.clear();
-        self.count_dirs.lock().clear();
-        self.fp_dirs.lock().clear();
+        *self.count_dirs.lock() = DirTree::default();
+        *self.fp_dirs.lock() = DirTree::default();
         for slab in &self.slabs {
             slab.lock().mark_all_dirty();
         }
         for vol in self.volumes.read().iter().flatten() {
-            vol.dirs.lock().clear();
+            *vol.dirs.lock() = DirTree::default();
             for page in vol.pages.read().iter() {
                 let mut page = page.lock();
                 page.durable = PageRef::NONE;
@@ -318,9 +395,15 @@ impl Inner {
     /// Pages the version-2 image of the loaded state takes: map, count and
     /// fingerprint pages, the directories above them, and the catalog.
     fn upgrade_pages(&self) -> u64 {
-        let dirs = |pages: u64| pages.div_ceil(REFS_PER_DIR_PAGE as u64);
+        // Every level of a tree, and its top list in the catalog. A tree past the
+        // depth bound fails the checkpoint itself; here it counts as one level.
+        let shape = |pages: u64| {
+            level_sizes(pages).unwrap_or_else(|| vec![pages.div_ceil(REFS_PER_DIR_PAGE as u64)])
+        };
+        let dirs = |pages: u64| shape(pages).iter().sum::<u64>();
+        let top = |pages: u64| 8 + 16 * shape(pages).last().copied().unwrap_or(0);
         let mut pages = 0u64;
-        let mut catalog_bytes = 32u64;
+        let mut catalog_bytes = 16u64;
         let (mut counts, mut fps) = (0u64, 0u64);
         for slab in &self.slabs {
             let slab = slab.lock();
@@ -341,12 +424,12 @@ impl Inner {
             fps += objects.div_ceil(FINGERPRINTS_PER_PAGE) as u64;
         }
         pages += dirs(counts) + dirs(fps);
-        catalog_bytes += 16 * (dirs(counts) + dirs(fps));
+        catalog_bytes += top(counts) + top(fps);
         for vol in self.volumes.read().iter().flatten() {
             let map = vol.pages.read();
             pages += map.iter().filter(|p| p.lock().entries.is_some()).count() as u64;
             pages += dirs(map.len() as u64);
-            catalog_bytes += 48 + vol.name.len() as u64 + 16 * dirs(map.len() as u64);
+            catalog_bytes += 40 + vol.name.len() as u64 + top(map.len() as u64);
         }
         pages + catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64)
     }

@@ -8,6 +8,7 @@
 
 use crate::block_map::VolumeState;
 use crate::counters::Counters;
+use crate::dir_tree::DirTree;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
 use crate::journal::{read_journal, Journal, Work};
@@ -15,6 +16,7 @@ use crate::packer::Packer;
 use crate::slab::Slab;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
+use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::page::{PageKind, PageRef};
 use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
@@ -105,11 +107,11 @@ pub(crate) struct Inner {
     pub journal: Journal,
     pub stripes: Vec<Mutex<()>>,
     pub page_store: Mutex<PageStore>,
-    /// Directory pages of the count table (version 2; of the object table while a
+    /// Directory tree of the count table (version 2; of the object table while a
     /// version-1 pool is loaded).
-    pub count_dirs: Mutex<Vec<PageRef>>,
-    /// Directory pages of the fingerprint table (version 2).
-    pub fp_dirs: Mutex<Vec<PageRef>>,
+    pub count_dirs: Mutex<DirTree>,
+    /// Directory tree of the fingerprint table (version 2).
+    pub fp_dirs: Mutex<DirTree>,
     pub slots_to_free: Mutex<Vec<u32>>,
     /// Opened read-only: no checkpoint, no upgrade, no write of any kind.
     pub opened_read_only: bool,
@@ -831,8 +833,8 @@ impl Pool {
             packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
             stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
             page_store: Mutex::new(PageStore::new(sb.page_slots)),
-            count_dirs: Mutex::new(Vec::new()),
-            fp_dirs: Mutex::new(Vec::new()),
+            count_dirs: Mutex::new(DirTree::default()),
+            fp_dirs: Mutex::new(DirTree::default()),
             slots_to_free: Mutex::new(Vec::new()),
             opened_read_only: mode == OpenMode::ReadOnly,
             checkpoint_lock: Mutex::new(()),
@@ -997,6 +999,13 @@ impl Pool {
                 "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
             )));
         }
+        if size_bytes > MAX_VOLUME_BYTES {
+            return Err(EngineError::Refused(format!(
+                "a volume is at most {} (journal records address 2^40 blocks), not {}",
+                human_bytes(MAX_VOLUME_BYTES),
+                human_bytes(size_bytes)
+            )));
+        }
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
 
@@ -1069,7 +1078,7 @@ impl Pool {
             for page in vol.pages.read().iter() {
                 free.extend(page_slot(&page.lock().durable));
             }
-            free.extend(vol.dirs.lock().iter().filter_map(page_slot));
+            free.extend(vol.dirs.lock().slots());
         }
         if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
             *v = None;

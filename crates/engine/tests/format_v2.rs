@@ -61,6 +61,7 @@ fn a_counters_page_of_a_later_version_is_verified_and_kept() {
     let header = PageHeader {
         version: FORMAT_VERSION,
         kind: PageKind::Counters,
+        level: 0,
         count: 1,
         nonce: sb.nonce,
         slot,

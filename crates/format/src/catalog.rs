@@ -1,9 +1,13 @@
 //! The catalog: the volumes of a pool and the directories of every page table.
 //! Written whole at each checkpoint as a byte stream split over catalog pages.
-//! Version 1 names directory pages by slot; version 2 by [`PageRef`], and records
-//! each volume's reservation and thin flag (issue 13).
+//! Version 1 names directory pages by slot, every level-1 page of every table;
+//! version 2 names each table's [`TableRoot`] (the depth of its directory tree and
+//! at most four [`PageRef`]s, `dir_tree.rs`), and records each volume's reservation
+//! and thin flag (issue 13), so its size depends on the volumes alone.
 
-use crate::page::{PageRef, PAGE_REF_BYTES};
+use crate::dir_tree::{MAX_DEPTH, MAX_TOP_REFS};
+use crate::page::{PageRef, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES};
+use crate::superblock::MAX_CATALOG_PAGES_V2;
 use crate::{FormatError, Reader, Writer, FORMAT_VERSION, FORMAT_VERSION_1};
 
 /// "FBCT": a version-1 catalog stream.
@@ -32,8 +36,29 @@ pub struct VolumeRecord {
     pub reservation_bytes: u64,
     /// Thin: reserves less than its size (version 2; version 1: false).
     pub thin: bool,
-    /// The directory pages of its block map (none = no page yet).
-    pub map_dirs: Vec<PageRef>,
+    /// The top of its block map's directory tree.
+    pub map: TableRoot,
+}
+
+/// Where a table's directory tree starts: its depth and the references of its
+/// top-level directory pages. Version 1 has one level, all of whose pages the
+/// catalog lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRoot {
+    /// Directory levels (1 to [`MAX_DEPTH`]).
+    pub depth: u32,
+    /// The top level's pages (version 2: at most [`MAX_TOP_REFS`]; a zero reference
+    /// is a page never written).
+    pub top: Vec<PageRef>,
+}
+
+impl Default for TableRoot {
+    fn default() -> Self {
+        TableRoot {
+            depth: 1,
+            top: Vec::new(),
+        }
+    }
 }
 
 /// The whole catalog.
@@ -43,11 +68,10 @@ pub struct Catalog {
     pub version: u32,
     /// Next volume id to hand out.
     pub next_volume_id: u64,
-    /// Directory pages of the slab object table (version 1) or of the count table
-    /// (version 2).
-    pub object_dirs: Vec<PageRef>,
-    /// Directory pages of the fingerprint table (version 2; empty in version 1).
-    pub fingerprint_dirs: Vec<PageRef>,
+    /// The slab object table (version 1) or the count table (version 2).
+    pub objects: TableRoot,
+    /// The fingerprint table (version 2; empty in version 1).
+    pub fingerprints: TableRoot,
     /// Volumes, by slot order.
     pub volumes: Vec<VolumeRecord>,
 }
@@ -57,12 +81,25 @@ impl Default for Catalog {
         Catalog {
             version: FORMAT_VERSION,
             next_volume_id: 0,
-            object_dirs: Vec::new(),
-            fingerprint_dirs: Vec::new(),
+            objects: TableRoot::default(),
+            fingerprints: TableRoot::default(),
             volumes: Vec::new(),
         }
     }
 }
+
+/// Bytes of the largest table root (version 2): depth, count, four references.
+const MAX_ROOT_BYTES_V2: usize = 8 + MAX_TOP_REFS * PAGE_REF_BYTES;
+/// Bytes of the largest version-2 catalog: 4,096 volumes of 64-byte names, each
+/// table with a full top list (688,288 bytes). It depends on nothing else.
+pub const MAX_ENCODED_BYTES_V2: usize = 16
+    + 2 * MAX_ROOT_BYTES_V2
+    + MAX_VOLUMES * (2 + 2 + MAX_NAME_BYTES + 8 + 8 + 12 + MAX_ROOT_BYTES_V2);
+const _: () = assert!(
+    MAX_ENCODED_BYTES_V2 <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
+    "the largest version-2 catalog fits the catalog pages a super block references, \
+     so a checkpoint never runs out of catalog room"
+);
 
 /// A directory list's pointers: u32 slots (version 1) or page references (version 2).
 fn pointer_bytes(version: u32) -> usize {
@@ -105,26 +142,20 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 impl Catalog {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
-        let p = pointer_bytes(self.version);
         let v2 = self.version != FORMAT_VERSION_1;
-        20 + p * self.object_dirs.len()
-            + if v2 {
-                4 + p * self.fingerprint_dirs.len()
+        let root = |t: &TableRoot| {
+            if v2 {
+                8 + PAGE_REF_BYTES * t.top.len()
             } else {
-                0
+                4 + 4 * t.top.len()
             }
+        };
+        16 + root(&self.objects)
+            + if v2 { root(&self.fingerprints) } else { 0 }
             + self
                 .volumes
                 .iter()
-                .map(|v| {
-                    2 + 2
-                        + v.name.len()
-                        + 8
-                        + 8
-                        + if v2 { 12 } else { 0 }
-                        + 4
-                        + p * v.map_dirs.len()
-                })
+                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + if v2 { 12 } else { 0 } + root(&v.map))
                 .sum::<usize>()
     }
 
@@ -134,9 +165,12 @@ impl Catalog {
         let mut out = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut out);
         let v2 = self.version != FORMAT_VERSION_1;
-        let pointers = |w: &mut Writer<'_>, refs: &[PageRef]| {
-            w.u32(refs.len() as u32);
-            for r in refs {
+        let root = |w: &mut Writer<'_>, t: &TableRoot| {
+            if v2 {
+                w.u32(t.depth);
+            }
+            w.u32(t.top.len() as u32);
+            for r in &t.top {
                 if v2 {
                     r.encode(w);
                 } else {
@@ -147,9 +181,9 @@ impl Catalog {
         w.u32(if v2 { CATALOG_MAGIC_V2 } else { CATALOG_MAGIC });
         w.u32(self.volumes.len() as u32);
         w.u64(self.next_volume_id);
-        pointers(&mut w, &self.object_dirs);
+        root(&mut w, &self.objects);
         if v2 {
-            pointers(&mut w, &self.fingerprint_dirs);
+            root(&mut w, &self.fingerprints);
         }
         for v in &self.volumes {
             w.u16(v.slot);
@@ -161,7 +195,7 @@ impl Catalog {
                 w.u64(v.reservation_bytes);
                 w.u32(if v.thin { VOLUME_FLAG_THIN } else { 0 });
             }
-            pointers(&mut w, &v.map_dirs);
+            root(&mut w, &v.map);
         }
         out
     }
@@ -191,8 +225,21 @@ impl Catalog {
             });
         }
         let next_volume_id = r.u64()?;
-        let pointers = |r: &mut Reader<'_>| -> Result<Vec<PageRef>, FormatError> {
+        let root = |r: &mut Reader<'_>| -> Result<TableRoot, FormatError> {
+            let depth = if v2 { r.u32()? } else { 1 };
+            if !(1..=MAX_DEPTH).contains(&depth) {
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("a directory tree of depth {depth} (max {MAX_DEPTH})"),
+                });
+            }
             let n = r.u32()? as usize;
+            if v2 && n > MAX_TOP_REFS {
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("{n} top-level directory references (max {MAX_TOP_REFS})"),
+                });
+            }
             let need = n.saturating_mul(pointer_bytes(version));
             if need > bytes.len() {
                 return Err(FormatError::Truncated {
@@ -201,18 +248,22 @@ impl Catalog {
                     need,
                 });
             }
-            let mut refs = Vec::with_capacity(n);
+            let mut top = Vec::with_capacity(n);
             for _ in 0..n {
-                refs.push(if v2 {
+                top.push(if v2 {
                     PageRef::decode(r)?
                 } else {
                     PageRef::slot_only(r.u32()?)
                 });
             }
-            Ok(refs)
+            Ok(TableRoot { depth, top })
         };
-        let object_dirs = pointers(&mut r)?;
-        let fingerprint_dirs = if v2 { pointers(&mut r)? } else { Vec::new() };
+        let objects = root(&mut r)?;
+        let fingerprints = if v2 {
+            root(&mut r)?
+        } else {
+            TableRoot::default()
+        };
         let mut volumes = Vec::with_capacity(volume_count);
         for _ in 0..volume_count {
             let slot = r.u16()?;
@@ -244,7 +295,7 @@ impl Catalog {
             } else {
                 (size_bytes, false)
             };
-            let map_dirs = pointers(&mut r)?;
+            let map = root(&mut r)?;
             volumes.push(VolumeRecord {
                 slot,
                 id,
@@ -252,14 +303,14 @@ impl Catalog {
                 size_bytes,
                 reservation_bytes,
                 thin,
-                map_dirs,
+                map,
             });
         }
         Ok(Catalog {
             version,
             next_volume_id,
-            object_dirs,
-            fingerprint_dirs,
+            objects,
+            fingerprints,
             volumes,
         })
     }
@@ -285,8 +336,18 @@ mod tests {
         Catalog {
             version,
             next_volume_id: 5,
-            object_dirs: vec![r(1), r(0), r(9)],
-            fingerprint_dirs: if v2 { vec![r(11)] } else { Vec::new() },
+            objects: TableRoot {
+                depth: if v2 { 3 } else { 1 },
+                top: vec![r(1), r(0), r(9)],
+            },
+            fingerprints: if v2 {
+                TableRoot {
+                    depth: 4,
+                    top: vec![r(11)],
+                }
+            } else {
+                TableRoot::default()
+            },
             volumes: vec![VolumeRecord {
                 slot: 2,
                 id: 4,
@@ -294,7 +355,10 @@ mod tests {
                 size_bytes: 1 << 30,
                 reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
                 thin: v2,
-                map_dirs: vec![r(7)],
+                map: TableRoot {
+                    depth: 1,
+                    top: vec![r(7)],
+                },
             }],
         }
     }
@@ -307,6 +371,51 @@ mod tests {
             assert_eq!(bytes.len(), c.encoded_len());
             assert_eq!(Catalog::decode(&bytes).unwrap(), c, "version {version}");
         }
+    }
+
+    #[test]
+    fn a_version_2_root_past_the_depth_or_top_list_bound_is_refused() {
+        let mut c = sample(FORMAT_VERSION);
+        c.objects.depth = MAX_DEPTH + 1;
+        assert!(matches!(
+            Catalog::decode(&c.encode()),
+            Err(FormatError::Invalid { .. })
+        ));
+        c.objects.depth = 0;
+        assert!(Catalog::decode(&c.encode()).is_err());
+        let mut c = sample(FORMAT_VERSION);
+        c.volumes[0].map.top = vec![PageRef::NONE; MAX_TOP_REFS + 1];
+        assert!(matches!(
+            Catalog::decode(&c.encode()),
+            Err(FormatError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn the_largest_catalog_is_its_computed_bound() {
+        let full = TableRoot {
+            depth: MAX_DEPTH,
+            top: vec![PageRef::NONE; MAX_TOP_REFS],
+        };
+        let c = Catalog {
+            version: FORMAT_VERSION,
+            next_volume_id: 0,
+            objects: full.clone(),
+            fingerprints: full.clone(),
+            volumes: (0..MAX_VOLUMES)
+                .map(|i| VolumeRecord {
+                    slot: i as u16,
+                    id: i as u64,
+                    name: "n".repeat(MAX_NAME_BYTES),
+                    size_bytes: 0,
+                    reservation_bytes: 0,
+                    thin: false,
+                    map: full.clone(),
+                })
+                .collect(),
+        };
+        assert_eq!(c.encoded_len(), MAX_ENCODED_BYTES_V2);
+        assert_eq!(MAX_ENCODED_BYTES_V2, 688_288);
     }
 
     proptest! {

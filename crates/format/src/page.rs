@@ -4,6 +4,7 @@
 //! that wrote it, its kind, owner and index. In version 2 each is also named by its
 //! parent: a [`PageRef`] holds its address, crc and generation.
 
+use crate::dir_tree::MAX_DEPTH;
 use crate::{
     check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, BLOCK_BYTES,
     FORMAT_VERSION, FORMAT_VERSION_1,
@@ -69,7 +70,7 @@ pub enum PageKind {
     Map = 1,
     /// Object records of one slab.
     Objects = 2,
-    /// Page-store slots of a table's pages.
+    /// References of a table's pages, or (above level 1) of directory pages.
     Directory = 3,
     /// A piece of the catalog stream.
     Catalog = 4,
@@ -183,6 +184,10 @@ pub struct PageHeader {
     pub version: u32,
     /// What the page holds.
     pub kind: PageKind,
+    /// Level of a directory page in its table's tree (version 2: 1 holds table
+    /// pages, *k* holds level-(*k* − 1) directory pages); 0 for every other page and
+    /// for every version-1 page.
+    pub level: u8,
     /// Kind-specific count (entries used, or payload bytes for catalog pages).
     pub count: u32,
     /// The pool's nonce.
@@ -206,7 +211,8 @@ pub fn encode_page(header: &PageHeader, payload: &[u8], out: &mut [u8; BLOCK_BYT
     w.u32(0);
     w.u8(header.version as u8);
     w.u8(header.kind as u8);
-    w.u16(0);
+    w.u8(header.level);
+    w.u8(0);
     w.u32(header.count);
     w.u64(header.nonce);
     w.u64(header.slot);
@@ -245,7 +251,20 @@ pub fn decode_page(
             reason: format!("page kind {found_kind}, expected {}", kind as u8),
         });
     }
-    r.u16()?;
+    let level = r.u8()?;
+    let reserved = r.u8()?;
+    let levelled = version == FORMAT_VERSION && kind == PageKind::Directory;
+    let level_ok = if levelled {
+        (1..=MAX_DEPTH).contains(&u32::from(level))
+    } else {
+        level == 0
+    };
+    if !level_ok || reserved != 0 {
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("directory level {level} (reserved byte {reserved})"),
+        });
+    }
     let count = r.u32()?;
     check_nonce(what, r.u64()?, nonce)?;
     let found_slot = r.u64()?;
@@ -265,6 +284,7 @@ pub fn decode_page(
         PageHeader {
             version,
             kind,
+            level,
             count,
             nonce,
             slot,
@@ -386,6 +406,7 @@ mod tests {
         PageHeader {
             version: FORMAT_VERSION,
             kind: PageKind::Map,
+            level: 0,
             count: 3,
             nonce: 77,
             slot: 9,
@@ -491,6 +512,34 @@ mod tests {
             &mut page,
         );
         assert!(decode_page(&page, PageKind::Counts, 77, 9).is_err());
+    }
+
+    #[test]
+    fn a_directory_page_carries_its_level_and_no_other_page_does() {
+        let mut page = [0u8; BLOCK_BYTES];
+        let dir = |level| PageHeader {
+            kind: PageKind::Directory,
+            level,
+            ..header()
+        };
+        for level in 1..=MAX_DEPTH as u8 {
+            encode_page(&dir(level), &[], &mut page);
+            let (h, _) = decode_page(&page, PageKind::Directory, 77, 9).unwrap();
+            assert_eq!(h.level, level);
+        }
+        for level in [0, MAX_DEPTH as u8 + 1] {
+            encode_page(&dir(level), &[], &mut page);
+            assert!(decode_page(&page, PageKind::Directory, 77, 9).is_err());
+        }
+        encode_page(
+            &PageHeader {
+                level: 1,
+                ..header()
+            },
+            &[],
+            &mut page,
+        );
+        assert!(decode_page(&page, PageKind::Map, 77, 9).is_err());
     }
 
     #[test]

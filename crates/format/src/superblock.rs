@@ -5,7 +5,10 @@
 //! and takes the valid one with the highest generation, so a torn super-block
 //! write leaves the previous checkpoint in force.
 
-use crate::page::{PageRef, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES};
+use crate::dir_tree::{MAX_DATA_REGION_BLOCKS, MAX_TREE_PAGES};
+use crate::page::{
+    PageRef, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES,
+};
 use crate::{
     seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
     FORMAT_VERSION_1, SECTOR_BYTES,
@@ -435,6 +438,20 @@ fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
         return Err(invalid(format!(
             "{} slabs of {} blocks for {} data blocks",
             g.slab_count, g.slab_blocks, g.data_blocks
+        )));
+    }
+    if g.data_blocks > MAX_DATA_REGION_BLOCKS {
+        return Err(invalid(format!(
+            "a data region of {} blocks (max {MAX_DATA_REGION_BLOCKS}: fragment \
+             addresses are 48 bits)",
+            g.data_blocks
+        )));
+    }
+    let table_pages = u64::from(g.slab_count)
+        * u64::from(g.objects_per_slab).div_ceil(FINGERPRINTS_PER_PAGE as u64);
+    if table_pages > MAX_TREE_PAGES {
+        return Err(invalid(format!(
+            "{table_pages} fingerprint pages (a directory tree reaches {MAX_TREE_PAGES})"
         )));
     }
     if u64::from(g.catalog_bytes) > (g.catalog_pages * PAGE_PAYLOAD_BYTES) as u64 {
