@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::control::{
-    open_pool, open_pool_for_repair, run_and_close, with_pool, Answer, ControlClient, Request,
+    inspect_pool, open_pool, open_pool_for_repair, run_and_close, Answer, ControlClient, Request,
 };
 use crate::size::format_size;
 
@@ -73,10 +73,11 @@ pub fn run(args: CheckArgs, pool_path: &Path) -> Result<ExitCode> {
     if args.repair || args.verify_data {
         return repair(&args, pool_path);
     }
-    let report: AuditReport = with_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
-        Answer::Audit(report) => Ok(report),
-        other => bail!("unexpected answer to check: {other:?}"),
-    })?;
+    let report: AuditReport =
+        inspect_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
+            Answer::Audit(report) => Ok(report),
+            other => bail!("unexpected answer to check: {other:?}"),
+        })?;
     println!(
         "Checked {} stored objects and {} map entries.",
         report.objects_checked, report.map_entries_checked

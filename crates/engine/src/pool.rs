@@ -899,20 +899,39 @@ impl Pool {
             threads: i.threads,
             mode: self.mode(),
             format_version: sb.version,
+            open_marker: sb.holder.is_set().then(|| OpenMarker {
+                host: sb.holder.host.clone(),
+                boot_id: sb
+                    .holder
+                    .boot_id
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect(),
+                pid: sb.holder.pid,
+                since_unix: sb.holder.open_unix,
+                current: !i.opened_read_only,
+            }),
         }
     }
 
     /// Why the pool is latched read-only (the first failure), if it is.
     pub fn latched_reason(&self) -> Option<String> {
+        // A pool opened read-only writes nothing, so it never latches: its memory is
+        // what its devices hold.
+        if self.inner.opened_read_only {
+            return None;
+        }
         self.inner
             .read_only
             .load(Ordering::Acquire)
             .then(|| self.inner.read_only_reason.lock().clone())
     }
 
-    /// Normal or read-only.
+    /// Normal, latched read-only, or opened read-only.
     pub fn mode(&self) -> Mode {
-        if self.inner.read_only.load(Ordering::Acquire) {
+        if self.inner.opened_read_only {
+            Mode::OpenedReadOnly
+        } else if self.inner.read_only.load(Ordering::Acquire) {
             Mode::ReadOnly
         } else {
             Mode::Normal
