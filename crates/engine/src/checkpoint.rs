@@ -210,8 +210,9 @@ impl Writeback<'_> {
 
     /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
     /// `dirty` marks (`dirty[k]`: a page under directory page `k` moved) and those
-    /// never written, then at each level above the pages over a rewritten one, up to
-    /// the top list the catalog holds. Levels the table no longer needs retire.
+    /// never written, and the one over the table's end when its length changed; then
+    /// at each level above the pages over a rewritten one, up to the top list the
+    /// catalog holds. Levels the table no longer needs retire.
     fn write_tree(
         &mut self,
         tree: &mut DirTree,
@@ -234,6 +235,11 @@ impl Writeback<'_> {
         }
         tree.levels.resize_with(depth, Vec::new);
         let mut dirty = dirty.to_vec();
+        let boundary = tree.pages.min(refs.len());
+        if tree.pages != refs.len() && boundary > 0 {
+            mark_dir(&mut dirty, boundary - 1);
+        }
+        tree.pages = refs.len();
         for k in 0..depth {
             let (below, rest) = tree.levels.split_at_mut(k);
             let children: &[PageRef] = below.last().map_or(refs, Vec::as_slice);

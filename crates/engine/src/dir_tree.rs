@@ -14,6 +14,10 @@ pub struct DirTree {
     /// `levels[k]`: the references of the level-(k + 1) directory pages, in order.
     /// The last level is the top list the catalog holds. Version 1 has one level.
     pub levels: Vec<Vec<PageRef>>,
+    /// Table pages under the tree as last written or loaded: when the table's length
+    /// changes, the level-1 page over its end must be rewritten (a shrink leaves
+    /// references past the new end in it, which a later grow would bring back).
+    pub pages: usize,
 }
 
 impl DirTree {

@@ -94,6 +94,7 @@ impl Inner {
             let refs = self.read_level(&root.top, owner, entries, 0)?;
             let tree = DirTree {
                 levels: vec![root.top.clone()],
+                pages: entries,
             };
             return Ok((tree, refs));
         }
@@ -126,7 +127,11 @@ impl Inner {
         }
         let level_1 = levels.first().map_or(&[][..], Vec::as_slice);
         let refs = self.read_level(level_1, owner, entries, 1)?;
-        Ok((DirTree { levels }, refs))
+        let tree = DirTree {
+            levels,
+            pages: entries,
+        };
+        Ok((tree, refs))
     }
 
     /// The `entries` references the directory pages `dirs` (of `level`; 0 in
