@@ -1,15 +1,29 @@
 //! A metadata page: its header checks, then its payload read as the engine reads it
-//! (object records, map entries and their locations, directory slots).
+//! (object records, count records, fingerprints, map entries and their locations,
+//! directory slots and page references), then the same page checked through a
+//! version-2 page reference.
 //!
 //! Input: a flags byte, then the 4 KiB page. Flag bit 0 re-seals the crc; bit 1
 //! expects the nonce and slot the page itself names (so those checks pass and the
-//! fuzzer goes deeper); bits 2-3 pick the kind expected.
+//! fuzzer goes deeper); bits 2-4 pick the kind expected; bit 5 builds the reference
+//! from the page's own crc and generation (so the reference check passes).
 #![no_main]
 
 use fewerbytes_format::location::{Location, MapEntry};
-use fewerbytes_format::page::{decode_page, ObjectRecord, PageKind, OBJECTS_PER_PAGE};
+use fewerbytes_format::page::{
+    decode_page, decode_page_ref, ref_generation, CountRecord, ObjectRecord, PageKind, PageRef,
+    COUNTS_PER_PAGE, OBJECTS_PER_PAGE,
+};
 use fewerbytes_format::{Reader, BLOCK_BYTES};
 use libfuzzer_sys::fuzz_target;
+
+fn check_location(raw: u64) {
+    if let Ok(loc) = Location::decode(raw) {
+        let (_, n) = loc.blocks();
+        assert!(n == 1 || n == 2);
+        assert!(loc.stored_bytes() <= BLOCK_BYTES as u64);
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {
@@ -30,34 +44,66 @@ fuzz_target!(|data: &[u8]| {
     } else {
         (0, 0)
     };
-    let kind = match (flags >> 2) & 3 {
+    let kind = match (flags >> 2) & 7 {
         0 => PageKind::Map,
         1 => PageKind::Objects,
         2 => PageKind::Directory,
-        _ => PageKind::Catalog,
+        3 => PageKind::Catalog,
+        4 => PageKind::Counts,
+        5 => PageKind::Fingerprints,
+        _ => PageKind::Counters,
     };
+    let reference = if flags & 32 != 0 {
+        PageRef {
+            address: slot,
+            crc: fewerbytes_fuzz::u64_at(&page, 4) as u32,
+            generation: ref_generation(fewerbytes_fuzz::u64_at(&page, 32)),
+        }
+    } else {
+        PageRef {
+            address: slot,
+            crc: 0,
+            generation: 0,
+        }
+    };
+    if let Ok((header, _)) = decode_page_ref(&page, kind, nonce, &reference) {
+        assert_eq!(header.kind, kind);
+        assert_eq!(header.slot, slot);
+        assert_eq!(ref_generation(header.generation), reference.generation);
+    }
     let Ok((header, payload)) = decode_page(&page, kind, nonce, slot) else {
         return;
     };
     assert_eq!(header.kind, kind);
+    assert!(kind.in_version(header.version));
     let mut r = Reader::new("payload", payload);
     match kind {
         PageKind::Objects => {
             for _ in 0..OBJECTS_PER_PAGE {
                 let rec = ObjectRecord::decode(&mut r).expect("a page holds whole records");
-                if let Ok(loc) = Location::decode(rec.location) {
-                    let (_, n) = loc.blocks();
-                    assert!(n == 1 || n == 2);
-                    assert!(loc.stored_bytes() <= BLOCK_BYTES as u64);
-                }
+                check_location(rec.location);
             }
         }
+        PageKind::Counts => {
+            for _ in 0..COUNTS_PER_PAGE {
+                let rec = CountRecord::decode(&mut r).expect("a page holds whole records");
+                check_location(rec.location);
+            }
+        }
+        PageKind::Fingerprints => while r.bytes32().is_ok() {},
         PageKind::Map => {
             while let Ok(raw) = r.u64() {
                 assert_eq!(MapEntry::decode(raw).encode(), raw);
             }
         }
-        PageKind::Directory => while r.u32().is_ok() {},
+        PageKind::Directory => {
+            if header.version == 1 {
+                while r.u32().is_ok() {}
+            } else {
+                while PageRef::decode(&mut r).is_ok() {}
+            }
+        }
+        PageKind::Counters => while r.u64().is_ok() {},
         PageKind::Catalog => {
             let used = payload.get(..header.count as usize).unwrap_or(payload);
             let _ = fewerbytes_format::catalog::Catalog::decode(used);

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::control::{
-    open_pool, open_pool_for_repair, run_and_close, with_pool, Answer, ControlClient, Request,
+    inspect_pool, open_pool, open_pool_for_repair, run_and_close, Answer, ControlClient, Request,
 };
 use crate::output::print_json;
 use crate::size::format_size;
@@ -78,10 +78,11 @@ pub fn run(args: CheckArgs, pool_path: &Path) -> Result<ExitCode> {
     if args.repair || args.verify_data {
         return repair(&args, pool_path);
     }
-    let report: AuditReport = with_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
-        Answer::Audit(report) => Ok(report),
-        other => bail!("unexpected answer to check: {other:?}"),
-    })?;
+    let report: AuditReport =
+        inspect_pool(pool_path, |pool| match pool.call(&Request::Audit)? {
+            Answer::Audit(report) => Ok(report),
+            other => bail!("unexpected answer to check: {other:?}"),
+        })?;
     if args.json {
         print_json(&report)?;
         return Ok(ExitCode::from(if report.problems.is_empty() {

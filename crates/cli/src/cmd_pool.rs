@@ -6,7 +6,7 @@ use fewerbytes_engine::{CreateOptions, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::control::{with_pool, Answer, Request};
+use crate::control::{inspect_pool, Answer, Request};
 use crate::output::print_json;
 use crate::size::{format_size, parse_size_arg};
 
@@ -116,7 +116,7 @@ pub fn created_sentence(info: &PoolInfo) -> String {
 }
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
-    let info = with_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
+    let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
         Answer::PoolInfo(info) => Ok(info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
@@ -176,9 +176,27 @@ fn print_info(info: &PoolInfo) {
             match info.mode {
                 Mode::Normal => "normal".to_string(),
                 Mode::ReadOnly => "read-only (reopen to clear)".to_string(),
+                Mode::OpenedReadOnly => {
+                    "not served; opened read-only to show this (nothing written)".to_string()
+                }
             },
         ),
         ("Format version", info.format_version.to_string()),
+        (
+            "Open by",
+            match &info.open_marker {
+                None => "nobody (closed cleanly)".to_string(),
+                Some(m) if m.current => format!(
+                    "held by host '{}' pid {} since {} (unix time)",
+                    m.host, m.pid, m.since_unix
+                ),
+                Some(m) => format!(
+                    "last opened by host '{}' pid {} at {} (unix time, boot id {}) and not \
+                     closed cleanly: it stopped without closing, or that host still has it open",
+                    m.host, m.pid, m.since_unix, m.boot_id
+                ),
+            },
+        ),
     ];
     let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     for (key, value) in lines {

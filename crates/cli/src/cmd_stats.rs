@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::control::{with_pool, Answer, Request};
+use crate::control::{inspect_pool, Answer, Request};
 use crate::output::{percent_rounded_up, print_json, Align, Table};
 use crate::size::format_size;
 
@@ -31,7 +31,7 @@ pub struct ListMetadataArgs {
 
 /// Print the pool's statistics.
 pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
-    let stats = with_pool(pool_path, |pool| match pool.call(&Request::Stats)? {
+    let stats = inspect_pool(pool_path, |pool| match pool.call(&Request::Stats)? {
         Answer::Stats(stats) => Ok(stats),
         other => bail!("unexpected answer to stats: {other:?}"),
     })?;
@@ -136,7 +136,7 @@ fn flatten_into(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
 
 /// Print every metadata region.
 pub fn list_metadata(args: ListMetadataArgs, pool_path: &Path) -> Result<ExitCode> {
-    let regions = with_pool(pool_path, |pool| match pool.call(&Request::Regions)? {
+    let regions = inspect_pool(pool_path, |pool| match pool.call(&Request::Regions)? {
         Answer::Regions(regions) => Ok(regions),
         other => bail!("unexpected answer to list-metadata: {other:?}"),
     })?;

@@ -9,7 +9,7 @@ use fewerbytes_engine::VolumeInfo;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::control::{with_pool, Answer, Request};
+use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::{print_json, Align, Table};
 use crate::size::{format_size, parse_size_arg};
 use crate::transfer;
@@ -222,7 +222,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
 }
 
 fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
-    with_pool(pool_path, |pool| {
+    inspect_pool(pool_path, |pool| {
         match pool.call(&Request::ListVolumes)? {
             Answer::Volumes(volumes) => Ok(volumes),
             other => bail!("unexpected answer to volume list: {other:?}"),

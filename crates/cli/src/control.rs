@@ -465,9 +465,32 @@ impl PoolHandle {
     }
 }
 
-/// Reach the pool at `pool_path` (through its server if one runs, else by opening it),
-/// run `body`, and close the pool if this process opened it.
+/// How a command that is not served opens the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read-write: the open takes a checkpoint (and upgrades a version-1 pool).
+    ReadWrite,
+    /// Read-only: nothing is written, so inspecting a pool leaves its bytes (and a
+    /// version-1 pool's version) as they were.
+    ReadOnly,
+}
+
+/// Reach the pool at `pool_path` (through its server if one runs, else by opening it
+/// read-write), run `body`, and close the pool if this process opened it.
 pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T>) -> Result<T> {
+    with_pool_access(pool_path, Access::ReadWrite, body)
+}
+
+/// [`with_pool`] for commands that only read: a pool not served is opened read-only.
+pub fn inspect_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T>) -> Result<T> {
+    with_pool_access(pool_path, Access::ReadOnly, body)
+}
+
+fn with_pool_access<T>(
+    pool_path: &Path,
+    access: Access,
+    body: impl FnOnce(&PoolHandle) -> Result<T>,
+) -> Result<T> {
     if let Some(client) = ControlClient::probe(pool_path)? {
         tracing::debug!("using the server on {}", client.path().display());
         return body(&PoolHandle::Served(client));
@@ -480,7 +503,11 @@ pub fn with_pool<T>(pool_path: &Path, body: impl FnOnce(&PoolHandle) -> Result<T
             control_path(pool_path).display()
         );
     }
-    let pool = match open_pool(pool_path, &OpenOptions::default()) {
+    let opened = match access {
+        Access::ReadWrite => open_pool(pool_path, &OpenOptions::default()),
+        Access::ReadOnly => open_pool_read_only(pool_path, &OpenOptions::default()),
+    };
+    let pool = match opened {
         Ok(pool) => pool,
         Err(e) if is_locked(&e) => {
             // A server that is starting holds the pool before its control socket
@@ -555,6 +582,14 @@ pub fn run_and_close<T>(
 pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
     require_pool(pool_path)?;
     Pool::open(pool_path, options)
+        .with_context(|| format!("could not open pool {}", pool_path.display()))
+}
+
+/// Open a pool read-only ([`Pool::open_read_only`]: no checkpoint, no upgrade),
+/// saying which pool when it fails.
+pub fn open_pool_read_only(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
+    require_pool(pool_path)?;
+    Pool::open_read_only(pool_path, options)
         .with_context(|| format!("could not open pool {}", pool_path.display()))
 }
 

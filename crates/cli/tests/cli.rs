@@ -961,3 +961,84 @@ fn the_pool_can_be_named_by_environment() {
     let listed = run(cmd).ok();
     assert!(listed.stdout().contains("envvol"), "{}", listed.report());
 }
+
+/// The committed version-1 pool image of the engine's fixture test, expanded to a
+/// 64 MiB pool file (the fixture holds (offset, block) records of its nonzero blocks).
+fn v1_pool_file(dir: &TempDir) -> PathBuf {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../engine/tests/fixtures/pool-v1.blocks"
+    );
+    let raw = std::fs::read(fixture).expect("v1 fixture present");
+    let mut image = vec![0u8; 64 << 20];
+    for rec in raw.chunks(8 + BLOCK) {
+        let at = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes")) as usize;
+        image[at..at + BLOCK].copy_from_slice(&rec[8..]);
+    }
+    let pool = dir.join("pool");
+    std::fs::write(&pool, &image).expect("write pool file");
+    pool
+}
+
+fn format_version(pool: &Path) -> u64 {
+    u64_at(
+        &fb(pool, &["pool", "info", "--json"]).ok().json(),
+        "format_version",
+    )
+}
+
+#[test]
+fn inspecting_a_v1_pool_leaves_it_unchanged_and_a_write_upgrades_it() {
+    let dir = TempDir::new("v1");
+    let pool = v1_pool_file(&dir);
+    let before = std::fs::read(&pool).expect("read pool");
+    assert_eq!(format_version(&pool), 1);
+    let listed = fb(&pool, &["volume", "list"]).ok().stdout();
+    assert!(
+        listed.contains("base") && listed.contains("clone"),
+        "{listed}"
+    );
+    fb(&pool, &["stats"]).ok();
+    fb(&pool, &["check"]).ok();
+    fb(&pool, &["list-metadata"]).ok();
+    let info = fb(&pool, &["pool", "info"]).ok().stdout();
+    assert!(info.contains("Format version:"), "{info}");
+    assert!(
+        std::fs::read(&pool).expect("read pool") == before,
+        "an inspection wrote to the pool"
+    );
+    assert_eq!(format_version(&pool), 1);
+
+    fb(&pool, &["volume", "create", "new", "--size", "4M"]).ok();
+    assert_eq!(
+        format_version(&pool),
+        2,
+        "a volume change upgrades the pool"
+    );
+    assert_eq!(volume_names(&pool), ["base", "clone", "new"]);
+    fb(&pool, &["check"]).ok();
+}
+
+#[test]
+fn serving_a_v1_pool_upgrades_it_and_pool_info_names_who_holds_it() {
+    let dir = TempDir::new("v1serve");
+    let pool = v1_pool_file(&dir);
+    let mut server = Server::start(&dir, &pool, &[]);
+    let pid = server.pid().to_string();
+    let info = fb(&pool, &["pool", "info"]).ok().stdout();
+    assert!(
+        info.contains("held by host") && info.contains(&format!("pid {pid} ")),
+        "{info}"
+    );
+    assert_eq!(format_version(&pool), 2, "serving upgrades the pool");
+    // A server killed leaves its marker: the next look says so.
+    server.kill9();
+    let info = fb(&pool, &["pool", "info"]).ok().stdout();
+    assert!(
+        info.contains("last opened by host") && info.contains("not closed cleanly"),
+        "{info}"
+    );
+    assert!(info.contains(&format!("pid {pid} ")), "{info}");
+    fb(&pool, &["check"]).ok();
+    assert_eq!(format_version(&pool), 2);
+}

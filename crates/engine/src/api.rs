@@ -39,6 +39,9 @@ pub enum Mode {
     Normal,
     /// Writes refused after an I/O failure, until reopened.
     ReadOnly,
+    /// Opened read-only ([`crate::Pool::open_read_only`]): an inspection that writes
+    /// nothing, not a failure.
+    OpenedReadOnly,
 }
 
 /// What `pool create` made.
@@ -84,6 +87,27 @@ pub struct PoolInfo {
     pub mode: Mode,
     /// Format version.
     pub format_version: u32,
+    /// The open-by-host marker of the super block, when set (`docs/format.md`).
+    #[serde(default)]
+    pub open_marker: Option<OpenMarker>,
+}
+
+/// Who has the pool open, or had it open and did not close it: the super block's
+/// open-by-host marker. Advice for people, not a lock.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenMarker {
+    /// Host name of the opener.
+    pub host: String,
+    /// Boot id of the opener's host (hex; zeros if unknown).
+    pub boot_id: String,
+    /// Process id of the opener.
+    pub pid: u32,
+    /// When it opened the pool (seconds since the epoch).
+    pub since_unix: u64,
+    /// True: the marker is this process's own (it holds the pool open now). False:
+    /// it was found on the device by a read-only open, so its opener did not close
+    /// the pool cleanly, or still has it open on another host.
+    pub current: bool,
 }
 
 /// One volume as `volume list` shows it.

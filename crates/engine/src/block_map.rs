@@ -5,8 +5,9 @@
 //! makes every change between checkpoints recoverable.
 
 use crate::counters::Counters;
+use crate::dir_tree::DirTree;
 use fewerbytes_format::location::MapEntry;
-use fewerbytes_format::page::MAP_ENTRIES_PER_PAGE;
+use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -20,8 +21,8 @@ pub struct MapPage {
     pub entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
     /// Changed since the last checkpoint snapshot.
     pub dirty: bool,
-    /// Page-store slot of its durable copy (0: none).
-    pub slot: u32,
+    /// Its durable copy (none: never written).
+    pub durable: PageRef,
 }
 
 impl MapPage {
@@ -68,8 +69,8 @@ pub struct VolumeState {
     pub size_blocks: AtomicU64,
     /// Map pages (the vector is resized under the write lock).
     pub pages: RwLock<Vec<Mutex<MapPage>>>,
-    /// Directory page slots of the durable map (checkpoint-owned).
-    pub dir_slots: Mutex<Vec<u32>>,
+    /// Directory tree of the durable map (checkpoint-owned).
+    pub dirs: Mutex<DirTree>,
     /// Open handles.
     pub users: AtomicU32,
     /// Set when deleted; handles fail from then on.
@@ -92,7 +93,7 @@ impl VolumeState {
             name,
             size_blocks: AtomicU64::new(size_blocks),
             pages: RwLock::new((0..pages).map(|_| Mutex::new(MapPage::default())).collect()),
-            dir_slots: Mutex::new(Vec::new()),
+            dirs: Mutex::new(DirTree::default()),
             users: AtomicU32::new(0),
             deleted: AtomicBool::new(false),
             mapped: AtomicI64::new(0),

@@ -1,29 +1,37 @@
-//! Checkpoints: the durable image of every table, written copy-on-write.
+//! Checkpoints: the durable image of every table, written copy-on-write in format
+//! version 2.
 //!
-//! A checkpoint snapshots every dirty page (block-map pages, slab object pages)
-//! under the pool's gate, so the image is exactly the state after a known journal
-//! position. Pages go to fresh page-store slots, never over the slots the previous
-//! checkpoint uses; then directory pages, then the catalog, then the super block
-//! copy `generation % 2`. Until that last write lands, the previous checkpoint and
-//! its journal are intact; after it, the old slots and the blocks freed before the
-//! snapshot become reusable.
+//! A checkpoint snapshots every dirty page (block-map pages, object count pages,
+//! fingerprint pages) under the pool's gate, so the image is exactly the state after
+//! a known journal position. Pages go to fresh page-store slots, never over the
+//! slots the previous checkpoint uses; then directory pages, then the catalog, then
+//! the super block copy `generation % 2`. Each parent holds a [`PageRef`] (slot, crc,
+//! generation) of every page it points to, so a page the drive lost or misplaced is
+//! caught when it is read (`load.rs`). Until the super block lands, the previous
+//! checkpoint and its journal are intact; after it, the old slots and the blocks
+//! freed before the snapshot become reusable.
 
 use crate::block_map::ENTRIES_PER_PAGE;
+use crate::dir_tree::DirTree;
 use crate::pool::Inner;
-use crate::slab::ObjRec;
+use crate::slab::Slab;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
+use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
-    decode_page, encode_page, ObjectRecord, PageHeader, PageKind, OBJECTS_PER_PAGE,
-    PAGE_PAYLOAD_BYTES, SLOTS_PER_DIR_PAGE,
+    encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
+    FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{SuperBlock, MAX_CATALOG_PAGES};
-use fewerbytes_format::{Reader, Writer, BLOCK_BYTES};
+use fewerbytes_format::superblock::{SuperBlock, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2};
+use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
 
-/// Owner id of the slab object table's directory pages.
+/// Owner id of the directory pages of the slab object table (version 1) and of the
+/// count table (version 2).
 pub const OBJECT_TABLE_OWNER: u64 = u64::MAX;
+/// Owner id of the fingerprint table's directory pages (version 2).
+pub const FINGERPRINT_TABLE_OWNER: u64 = u64::MAX - 1;
 
 /// Which page-store slots hold live pages.
 pub struct PageStore {
@@ -92,6 +100,45 @@ impl PageStore {
     pub fn used(&self) -> u64 {
         self.used
     }
+    /// Slots free.
+    pub fn free_slots(&self) -> u64 {
+        self.slots.saturating_sub(self.used)
+    }
+    /// Every slot in use (slot 0 excepted).
+    pub fn used_slots(&self) -> Vec<u32> {
+        (1..self.slots)
+            .filter(|s| self.is_used(*s))
+            .filter_map(|s| u32::try_from(s).ok())
+            .collect()
+    }
+}
+
+/// The page-store slot a reference names, if it names one.
+pub(crate) fn page_slot(r: &PageRef) -> Option<u32> {
+    r.page_store_slot()
+        .filter(|s| *s != 0)
+        .and_then(|s| u32::try_from(s).ok())
+}
+
+/// What a page is, as its header names it.
+struct PageName {
+    kind: PageKind,
+    /// Directory level (directory pages only; 0 for every other kind).
+    level: u8,
+    owner: u64,
+    index: u64,
+}
+
+impl PageName {
+    /// A page that is not a directory page.
+    fn table(kind: PageKind, owner: u64, index: u64) -> Self {
+        PageName {
+            kind,
+            level: 0,
+            owner,
+            index,
+        }
+    }
 }
 
 /// One page ready to write.
@@ -120,16 +167,15 @@ struct Writeback<'a> {
 }
 
 impl Writeback<'_> {
-    /// Encode one page into a fresh slot, retiring `current` (0: none). Returns the slot.
+    /// Encode one page into a fresh slot, retiring `current`. Returns the reference
+    /// its parent holds.
     fn place(
         &mut self,
-        kind: PageKind,
-        owner: u64,
-        index: u64,
+        name: PageName,
         count: u32,
         payload: &[u8],
-        current: u32,
-    ) -> Result<u32> {
+        current: PageRef,
+    ) -> Result<PageRef> {
         // Sizing and the dirty-page trigger keep the store from running out; if it
         // does, the checkpoint cannot complete, and the pool must stop taking writes
         // rather than retry forever.
@@ -137,61 +183,228 @@ impl Writeback<'_> {
             EngineError::NoSpace("the metadata page store has no free slot for a checkpoint".into())
         })?;
         let header = PageHeader {
-            kind,
+            version: FORMAT_VERSION,
+            kind: name.kind,
+            level: name.level,
             count,
             nonce: self.nonce,
             slot: u64::from(slot),
             generation: self.generation,
-            owner,
-            index,
+            owner: name.owner,
+            index: name.index,
         };
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
-        encode_page(&header, payload, &mut bytes);
-        self.pages.push(Encoded { slot, kind, bytes });
-        if current != 0 {
-            self.old_slots.push(current);
-        }
-        Ok(slot)
+        let crc = encode_page(&header, payload, &mut bytes);
+        self.pages.push(Encoded {
+            slot,
+            kind: name.kind,
+            bytes,
+        });
+        self.old_slots.extend(page_slot(&current));
+        Ok(PageRef {
+            address: u64::from(slot),
+            crc,
+            generation: ref_generation(self.generation),
+        })
     }
 
-    /// Rewrite the directory pages of a table whose range of `slots` changed
-    /// (`dirty[k]`: a page under directory page `k` moved), or that were never written.
-    fn write_dirs(
+    /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
+    /// `dirty` marks (`dirty[k]`: a page under directory page `k` moved) and those
+    /// never written, and the one over the table's end when its length changed; then
+    /// at each level above the pages over a rewritten one, up to the top list the
+    /// catalog holds. Levels the table no longer needs retire.
+    fn write_tree(
         &mut self,
-        dirs: &mut Vec<u32>,
-        slots: &[u32],
+        tree: &mut DirTree,
+        refs: &[PageRef],
         dirty: &[bool],
         owner: u64,
     ) -> Result<()> {
-        let want = slots.len().div_ceil(SLOTS_PER_DIR_PAGE);
-        while dirs.len() > want {
-            if let Some(s) = dirs.pop() {
-                self.old_slots.push(s);
+        let depth = level_sizes(refs.len() as u64)
+            .ok_or_else(|| {
+                EngineError::Refused(format!(
+                    "a table of {} pages needs more than {MAX_DEPTH} directory levels",
+                    refs.len()
+                ))
+            })?
+            .len();
+        while tree.levels.len() > depth {
+            if let Some(level) = tree.levels.pop() {
+                self.old_slots.extend(level.iter().filter_map(page_slot));
             }
         }
-        dirs.resize(want, 0);
+        tree.levels.resize_with(depth, Vec::new);
+        let mut dirty = dirty.to_vec();
+        let boundary = tree.pages.min(refs.len());
+        if tree.pages != refs.len() && boundary > 0 {
+            mark_dir(&mut dirty, boundary - 1);
+        }
+        tree.pages = refs.len();
+        for k in 0..depth {
+            let (below, rest) = tree.levels.split_at_mut(k);
+            let children: &[PageRef] = below.last().map_or(refs, Vec::as_slice);
+            let Some(dirs) = rest.first_mut() else {
+                break;
+            };
+            let level = k as u8 + 1;
+            dirty = self.write_level(dirs, children, &dirty, owner, level)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrite the directory pages of one level over `children` (`dirty` as in
+    /// [`Self::write_tree`]). Returns the dirty marks of the level above: the pages
+    /// over a rewritten page, and over the last page when this level's length changed.
+    fn write_level(
+        &mut self,
+        dirs: &mut Vec<PageRef>,
+        children: &[PageRef],
+        dirty: &[bool],
+        owner: u64,
+        level: u8,
+    ) -> Result<Vec<bool>> {
+        let want = children.len().div_ceil(REFS_PER_DIR_PAGE);
+        let mut above = vec![false; want.div_ceil(REFS_PER_DIR_PAGE)];
+        if dirs.len() != want {
+            if let Some(d) = want
+                .checked_sub(1)
+                .and_then(|last| above.get_mut(last / REFS_PER_DIR_PAGE))
+            {
+                *d = true;
+            }
+        }
+        while dirs.len() > want {
+            if let Some(r) = dirs.pop() {
+                self.old_slots.extend(page_slot(&r));
+            }
+        }
+        dirs.resize(want, PageRef::NONE);
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-        for (k, chunk) in slots.chunks(SLOTS_PER_DIR_PAGE).enumerate() {
+        for (k, chunk) in children.chunks(REFS_PER_DIR_PAGE).enumerate() {
             let Some(current) = dirs.get_mut(k) else {
                 continue;
             };
-            let unwritten = *current == 0 && chunk.iter().any(|s| *s != 0);
+            let unwritten = current.is_none() && chunk.iter().any(|r| !r.is_none());
             if !dirty.get(k).copied().unwrap_or(false) && !unwritten {
                 continue;
             }
             payload.fill(0);
             let mut w = Writer::new(&mut payload);
-            chunk.iter().for_each(|s| w.u32(*s));
-            *current = self.place(
-                PageKind::Directory,
+            chunk.iter().for_each(|r| r.encode(&mut w));
+            let name = PageName {
+                kind: PageKind::Directory,
+                level,
                 owner,
-                k as u64,
-                chunk.len() as u32,
-                &payload,
-                *current,
-            )?;
+                index: k as u64,
+            };
+            *current = self.place(name, chunk.len() as u32, &payload, *current)?;
+            if let Some(d) = above.get_mut(k / REFS_PER_DIR_PAGE) {
+                *d = true;
+            }
+        }
+        Ok(above)
+    }
+
+    /// Write the count and fingerprint pages of one slab that changed since the last
+    /// snapshot, and clear its dirty marks. A count page (336 records) is rewritten
+    /// when one of its records changed; a fingerprint page (126) only when an object
+    /// in it was stored. Appends the slab's references to `counts` and `fps`, and
+    /// marks the directory pages above a rewritten page in `count_dirty`/`fp_dirty`.
+    fn write_slab(
+        &mut self,
+        s: u32,
+        slab: &mut Slab,
+        tables: &mut ObjectTables,
+        payload: &mut [u8],
+    ) -> Result<()> {
+        let objects = slab.objects() as usize;
+        for c in 0..slab.count_refs.len() {
+            let first = c * COUNTS_PER_PAGE;
+            let end = (first + COUNTS_PER_PAGE).min(objects);
+            if pages_marked(slab, first, end, |p| p.dirty) {
+                payload.fill(0);
+                let mut w = Writer::new(payload);
+                for i in first..end {
+                    let rec = slab.rec(i as u32);
+                    CountRecord {
+                        location: rec.location,
+                        refcount: rec.refcount,
+                    }
+                    .encode(&mut w);
+                }
+                let current = slab.count_refs.get(c).copied().unwrap_or_default();
+                let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
+                let r = self.place(name, (end - first) as u32, payload, current)?;
+                if let Some(slot) = slab.count_refs.get_mut(c) {
+                    *slot = r;
+                }
+                mark_dir(&mut tables.count_dirty, tables.counts.len());
+            }
+            tables
+                .counts
+                .push(slab.count_refs.get(c).copied().unwrap_or_default());
+        }
+        for f in 0..slab.fp_refs.len() {
+            let first = f * FINGERPRINTS_PER_PAGE;
+            let end = (first + FINGERPRINTS_PER_PAGE).min(objects);
+            if pages_marked(slab, first, end, |p| p.fp_dirty) {
+                payload.fill(0);
+                let mut w = Writer::new(payload);
+                for i in first..end {
+                    w.put(&slab.rec(i as u32).fingerprint);
+                }
+                let current = slab.fp_refs.get(f).copied().unwrap_or_default();
+                let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
+                let r = self.place(name, (end - first) as u32, payload, current)?;
+                if let Some(slot) = slab.fp_refs.get_mut(f) {
+                    *slot = r;
+                }
+                mark_dir(&mut tables.fp_dirty, tables.fps.len());
+            }
+            tables
+                .fps
+                .push(slab.fp_refs.get(f).copied().unwrap_or_default());
+        }
+        for page in slab.pages.iter_mut().flatten() {
+            page.dirty = false;
+            page.fp_dirty = false;
         }
         Ok(())
+    }
+}
+
+/// The count and fingerprint tables over all slabs, as a snapshot builds them.
+struct ObjectTables {
+    counts: Vec<PageRef>,
+    count_dirty: Vec<bool>,
+    fps: Vec<PageRef>,
+    fp_dirty: Vec<bool>,
+}
+
+/// Whether any in-memory page holding objects `first..end` has `mark` set.
+fn pages_marked(
+    slab: &Slab,
+    first: usize,
+    end: usize,
+    mark: impl Fn(&crate::slab::ObjPage) -> bool,
+) -> bool {
+    let pages = first / OBJECTS_PER_PAGE..end.div_ceil(OBJECTS_PER_PAGE);
+    slab.pages
+        .get(pages)
+        .unwrap_or(&[])
+        .iter()
+        .flatten()
+        .any(mark)
+}
+
+/// Mark the directory page above table page `index` dirty.
+fn mark_dir(dirty: &mut Vec<bool>, index: usize) {
+    let k = index / REFS_PER_DIR_PAGE;
+    if dirty.len() <= k {
+        dirty.resize(k + 1, false);
+    }
+    if let Some(d) = dirty.get_mut(k) {
+        *d = true;
     }
 }
 
@@ -212,6 +425,9 @@ impl Inner {
     ) -> Result<()> {
         if let Some(why) = self.journal.failure() {
             return Err(EngineError::ReadOnly(why));
+        }
+        if self.opened_read_only {
+            return Err(EngineError::ReadOnly("opened read-only".into()));
         }
         // No commit may be in flight while the replay point is chosen: its records are
         // in the image, and replaying them again on top of it would count them twice.
@@ -269,13 +485,13 @@ impl Inner {
             generation,
         };
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-
-        // Slab object pages.
-        let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
-        let mut object_slots: Vec<u32> =
-            Vec::with_capacity(self.slab_count as usize * pages_per_slab);
-        let mut object_dirty_dirs =
-            vec![false; (self.slab_count as usize * pages_per_slab).div_ceil(SLOTS_PER_DIR_PAGE)];
+        // Object count and fingerprint pages.
+        let mut tables = ObjectTables {
+            counts: Vec::new(),
+            count_dirty: Vec::new(),
+            fps: Vec::new(),
+            fp_dirty: Vec::new(),
+        };
         let mut pending = Vec::new();
         for s in 0..self.slab_count {
             let mut slab = self.slab(s).lock();
@@ -283,45 +499,21 @@ impl Inner {
             if !objects.is_empty() || !blocks.is_empty() {
                 pending.push((s, objects, blocks));
             }
-            for (p, page) in slab.pages.iter_mut().enumerate() {
-                let Some(page) = page else {
-                    object_slots.push(0);
-                    continue;
-                };
-                if page.dirty {
-                    let mut w = Writer::new(&mut payload);
-                    for r in page.recs.iter() {
-                        ObjectRecord {
-                            location: r.location,
-                            refcount: r.refcount,
-                            fingerprint: r.fingerprint,
-                        }
-                        .encode(&mut w);
-                    }
-                    page.slot = wb.place(
-                        PageKind::Objects,
-                        u64::from(s),
-                        p as u64,
-                        OBJECTS_PER_PAGE as u32,
-                        &payload,
-                        page.slot,
-                    )?;
-                    page.dirty = false;
-                    if let Some(d) = object_dirty_dirs
-                        .get_mut((s as usize * pages_per_slab + p) / SLOTS_PER_DIR_PAGE)
-                    {
-                        *d = true;
-                    }
-                }
-                object_slots.push(page.slot);
-            }
+            wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
         }
-        let mut object_dirs = self.object_dir_slots.lock();
-        wb.write_dirs(
-            &mut object_dirs,
-            &object_slots,
-            &object_dirty_dirs,
+        let mut count_dirs = self.count_dirs.lock();
+        wb.write_tree(
+            &mut count_dirs,
+            &tables.counts,
+            &tables.count_dirty,
             OBJECT_TABLE_OWNER,
+        )?;
+        let mut fp_dirs = self.fp_dirs.lock();
+        wb.write_tree(
+            &mut fp_dirs,
+            &tables.fps,
+            &tables.fp_dirty,
+            FINGERPRINT_TABLE_OWNER,
         )?;
 
         // Volumes.
@@ -329,8 +521,8 @@ impl Inner {
         let mut records = Vec::new();
         for vol in volumes.iter().flatten() {
             let map = vol.pages.read();
-            let mut map_slots = Vec::with_capacity(map.len());
-            let mut dirty_dirs = vec![false; map.len().div_ceil(SLOTS_PER_DIR_PAGE)];
+            let mut map_refs = Vec::with_capacity(map.len());
+            let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
             for (p, page) in map.iter().enumerate() {
                 let mut page = page.lock();
                 if page.dirty {
@@ -339,68 +531,65 @@ impl Inner {
                         Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                         None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                     }
-                    page.slot = wb.place(
-                        PageKind::Map,
-                        vol.id,
-                        p as u64,
-                        ENTRIES_PER_PAGE as u32,
-                        &payload,
-                        page.slot,
-                    )?;
+                    let name = PageName::table(PageKind::Map, vol.id, p as u64);
+                    page.durable =
+                        wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable)?;
                     page.dirty = false;
-                    if let Some(d) = dirty_dirs.get_mut(p / SLOTS_PER_DIR_PAGE) {
+                    if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
                         *d = true;
                     }
                 }
-                map_slots.push(page.slot);
+                map_refs.push(page.durable);
             }
-            let mut dirs = vol.dir_slots.lock();
-            wb.write_dirs(&mut dirs, &map_slots, &dirty_dirs, vol.id)?;
+            let mut dirs = vol.dirs.lock();
+            wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id)?;
+            let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
+            // Issue 13 makes reservations per volume; today a volume of a pool
+            // without overcommit holds its size, and one with overcommit is thin.
             records.push(VolumeRecord {
                 slot: vol.slot,
                 id: vol.id,
                 name: vol.name.clone(),
-                size_bytes: vol.size_blocks() * BLOCK_BYTES as u64,
-                map_dir_slots: dirs.clone(),
+                size_bytes,
+                reservation_bytes: if self.overcommit { 0 } else { size_bytes },
+                thin: self.overcommit,
+                map: dirs.root(),
             });
         }
 
         // Catalog, rewritten whole.
         let catalog = Catalog {
+            version: FORMAT_VERSION,
             next_volume_id: self.next_volume_id.load(Ordering::Relaxed),
-            object_dir_slots: object_dirs.clone(),
+            objects: count_dirs.root(),
+            fingerprints: fp_dirs.root(),
             volumes: records,
         };
         let stream = catalog.encode();
         let mut sb = self.sb.lock().clone();
         let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
-        if chunks > MAX_CATALOG_PAGES {
+        if chunks > MAX_CATALOG_PAGES_V2 {
             return Err(EngineError::Refused(format!(
-                "the catalog needs {chunks} pages (max {MAX_CATALOG_PAGES})"
+                "the catalog needs {chunks} pages (max {MAX_CATALOG_PAGES_V2})"
             )));
         }
-        let mut catalog_slots = Vec::with_capacity(chunks);
+        let mut catalog_refs = Vec::with_capacity(chunks);
         for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
-            let old = sb.catalog_slots.get(i).copied().unwrap_or(0);
-            catalog_slots.push(wb.place(
-                PageKind::Catalog,
-                0,
-                i as u64,
-                chunk.len() as u32,
-                chunk,
-                old,
-            )?);
+            let old = sb.catalog.get(i).copied().unwrap_or_default();
+            let name = PageName::table(PageKind::Catalog, 0, i as u64);
+            catalog_refs.push(wb.place(name, chunk.len() as u32, chunk, old)?);
         }
         // Old catalog pages beyond the new catalog's length retire too.
-        wb.old_slots.extend(
-            sb.catalog_slots
-                .iter()
-                .skip(chunks)
-                .copied()
-                .filter(|s| *s != 0),
-        );
+        wb.old_slots
+            .extend(sb.catalog.iter().skip(chunks).filter_map(page_slot));
+        if sb.version == FORMAT_VERSION_1 {
+            // This snapshot is the upgrade: every page above went to a free slot.
+            sb.flags |= FLAG_UPGRADED_FROM_V1;
+            sb.upgraded_generation = generation;
+        }
+        sb.version = FORMAT_VERSION;
         sb.generation = generation;
-        sb.catalog_slots = catalog_slots;
+        sb.catalog = catalog_refs;
         sb.catalog_bytes = stream.len() as u32;
         sb.journal_replay_seq = self.journal.next_seq();
         Ok(Snapshot {
@@ -436,161 +625,6 @@ impl Inner {
             .fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
         let r = self.meta.flush();
         self.check_io(r)?;
-        Ok(())
-    }
-
-    fn read_page<'a>(
-        &self,
-        buf: &'a mut [u8; BLOCK_BYTES],
-        kind: PageKind,
-        slot: u32,
-        owner: u64,
-        index: u64,
-    ) -> Result<(PageHeader, &'a [u8])> {
-        let block = self.pages_start_block + u64::from(slot);
-        let corrupt = |reason: String| EngineError::Corrupt {
-            region: kind.name(),
-            block,
-            device: "metadata",
-            reason,
-        };
-        if slot == 0 || u64::from(slot) >= self.page_slots {
-            return Err(corrupt(format!(
-                "page slot {slot} is outside the page store"
-            )));
-        }
-        self.meta
-            .read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
-        let (header, payload) = decode_page(&buf[..], kind, self.nonce, u64::from(slot))
-            .map_err(|e| corrupt(e.to_string()))?;
-        if header.owner != owner || header.index != index {
-            return Err(corrupt(format!(
-                "page names owner {} index {}, expected owner {owner} index {index}",
-                header.owner, header.index
-            )));
-        }
-        if header.generation > self.sb.lock().generation {
-            return Err(corrupt(format!(
-                "page generation {} is newer than the super block's",
-                header.generation
-            )));
-        }
-        self.page_store.lock().mark(u64::from(slot));
-        Ok((header, payload))
-    }
-
-    fn read_dirs(&self, dirs: &[u32], owner: u64, entries: usize) -> Result<Vec<u32>> {
-        let mut slots = Vec::with_capacity(entries);
-        let mut buf = Box::new([0u8; BLOCK_BYTES]);
-        for (k, &d) in dirs.iter().enumerate() {
-            let want = (entries - slots.len()).min(SLOTS_PER_DIR_PAGE);
-            if d == 0 {
-                slots.extend(std::iter::repeat_n(0, want));
-                continue;
-            }
-            let (_, payload) = self.read_page(&mut buf, PageKind::Directory, d, owner, k as u64)?;
-            let mut r = Reader::new("directory page", payload);
-            for _ in 0..want {
-                slots.push(r.u32()?);
-            }
-        }
-        slots.resize(entries, 0);
-        Ok(slots)
-    }
-
-    /// Load the catalog named by the super block.
-    pub(crate) fn load_catalog(&self) -> Result<Catalog> {
-        let sb = self.sb.lock().clone();
-        let mut stream = Vec::with_capacity(sb.catalog_bytes as usize);
-        let mut buf = Box::new([0u8; BLOCK_BYTES]);
-        for (i, &slot) in sb.catalog_slots.iter().enumerate() {
-            let (header, payload) =
-                self.read_page(&mut buf, PageKind::Catalog, slot, 0, i as u64)?;
-            stream.extend_from_slice(payload.get(..header.count as usize).unwrap_or(payload));
-        }
-        stream.truncate(sb.catalog_bytes as usize);
-        Catalog::decode(&stream).map_err(|e| EngineError::Corrupt {
-            region: "catalog",
-            block: sb.pages_start_block + u64::from(sb.catalog_slots.first().copied().unwrap_or(0)),
-            device: "metadata",
-            reason: e.to_string(),
-        })
-    }
-
-    /// Load every slab's object pages.
-    pub(crate) fn load_objects(&self, object_dirs: &[u32]) -> Result<()> {
-        let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
-        let total = self.slab_count as usize * pages_per_slab;
-        let slots = self.read_dirs(object_dirs, OBJECT_TABLE_OWNER, total)?;
-        let mut buf = Box::new([0u8; BLOCK_BYTES]);
-        for (g, &slot) in slots.iter().enumerate() {
-            if slot == 0 {
-                continue;
-            }
-            let (s, p) = ((g / pages_per_slab) as u32, g % pages_per_slab);
-            let (_, payload) =
-                self.read_page(&mut buf, PageKind::Objects, slot, u64::from(s), p as u64)?;
-            let mut r = Reader::new("slab object page", payload);
-            let mut slab = self.slab(s).lock();
-            for i in 0..OBJECTS_PER_PAGE {
-                let rec = ObjectRecord::decode(&mut r)?;
-                if rec.refcount == 0 && rec.location == 0 {
-                    continue;
-                }
-                if let Some(m) = slab.rec_mut((p * OBJECTS_PER_PAGE + i) as u32) {
-                    *m = ObjRec {
-                        location: rec.location,
-                        refcount: rec.refcount,
-                        fingerprint: rec.fingerprint,
-                    };
-                }
-            }
-            if let Some(Some(page)) = slab.pages.get_mut(p) {
-                page.slot = slot;
-                page.dirty = false;
-            } else if let Some(page) = slab.pages.get_mut(p) {
-                // An all-free page: keep its slot so the next checkpoint can retire it.
-                let mut fresh = crate::slab::ObjPage {
-                    recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]),
-                    dirty: false,
-                    slot,
-                };
-                fresh.dirty = false;
-                *page = Some(fresh);
-            }
-        }
-        Ok(())
-    }
-
-    /// Load one volume's block map.
-    pub(crate) fn load_map(
-        &self,
-        record: &VolumeRecord,
-        vol: &crate::block_map::VolumeState,
-    ) -> Result<()> {
-        let pages_len = vol.pages.read().len();
-        let slots = self.read_dirs(&record.map_dir_slots, record.id, pages_len)?;
-        let mut buf = Box::new([0u8; BLOCK_BYTES]);
-        let pages = vol.pages.read();
-        for (p, &slot) in slots.iter().enumerate() {
-            if slot == 0 {
-                continue;
-            }
-            let (_, payload) =
-                self.read_page(&mut buf, PageKind::Map, slot, record.id, p as u64)?;
-            let mut r = Reader::new("block map page", payload);
-            if let Some(page) = pages.get(p) {
-                let mut page = page.lock();
-                let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
-                for e in entries.iter_mut() {
-                    *e = r.u64()?;
-                }
-                page.entries = Some(entries);
-                page.slot = slot;
-                page.dirty = false;
-            }
-        }
-        *vol.dir_slots.lock() = record.map_dir_slots.clone();
         Ok(())
     }
 }

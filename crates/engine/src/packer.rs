@@ -157,7 +157,7 @@ impl Inner {
                 codec: Codec::Lz4,
             };
             slab.hold_block(open.block);
-            if let Some(rec) = slab.rec_mut(object) {
+            if let Some(rec) = slab.rec_mut_stored(object) {
                 *rec = ObjRec {
                     location: location.encode(),
                     refcount: 1,
@@ -341,7 +341,7 @@ impl Inner {
             let b = run.first + run.filled;
             let pbn = self.pbn(run.slab, b);
             slab.hold_block(b);
-            if let Some(rec) = slab.rec_mut(object) {
+            if let Some(rec) = slab.rec_mut_stored(object) {
                 *rec = ObjRec {
                     location: Location::Block { pbn }.encode(),
                     refcount: 1,

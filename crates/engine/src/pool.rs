@@ -8,6 +8,7 @@
 
 use crate::block_map::VolumeState;
 use crate::counters::Counters;
+use crate::dir_tree::DirTree;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
 use crate::journal::{read_journal, Journal, Work};
@@ -15,12 +16,13 @@ use crate::packer::Packer;
 use crate::slab::Slab;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
-use fewerbytes_format::page::PageKind;
+use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
+use fewerbytes_format::page::{PageKind, PageRef};
 use fewerbytes_format::superblock::{
-    index_entries_max, magic_of, DataLabel, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
+    index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
     FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
 };
-use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
+use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use fewerbytes_storage::{FileStorage, Storage, StorageError};
 use parking_lot::{Mutex, RwLock};
 use std::path::Path;
@@ -28,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub(crate) use crate::checkpoint::PageStore;
+pub(crate) use crate::checkpoint::{page_slot, PageStore};
 
 /// Lock stripes serializing writes to the same logical block, so a read-modify-write
 /// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
@@ -46,6 +48,7 @@ pub(crate) struct RegionBytes {
     pub journal_bytes: AtomicU64,
     pub map_bytes: AtomicU64,
     pub object_bytes: AtomicU64,
+    pub fingerprint_bytes: AtomicU64,
     pub dir_bytes: AtomicU64,
     pub catalog_bytes: AtomicU64,
 }
@@ -54,12 +57,25 @@ impl RegionBytes {
     pub fn count_page(&self, kind: PageKind) {
         let c = match kind {
             PageKind::Map => &self.map_bytes,
-            PageKind::Objects => &self.object_bytes,
+            PageKind::Objects | PageKind::Counts => &self.object_bytes,
+            PageKind::Fingerprints => &self.fingerprint_bytes,
             PageKind::Directory => &self.dir_bytes,
-            PageKind::Catalog => &self.catalog_bytes,
+            PageKind::Catalog | PageKind::Counters => &self.catalog_bytes,
         };
         c.fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
     }
+}
+
+/// How an open treats the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenMode {
+    /// Replay, checkpoint (upgrading a version-1 pool), serve reads and writes.
+    ReadWrite,
+    /// Load and replay in memory; write nothing, ever.
+    ReadOnly,
+    /// As `ReadWrite`, but a count the block maps contradict is restored
+    /// (`check --repair`, `repair.rs`).
+    Repair,
 }
 
 /// Everything the pool's threads share.
@@ -91,8 +107,14 @@ pub(crate) struct Inner {
     pub journal: Journal,
     pub stripes: Vec<Mutex<()>>,
     pub page_store: Mutex<PageStore>,
-    pub object_dir_slots: Mutex<Vec<u32>>,
+    /// Directory tree of the count table (version 2; of the object table while a
+    /// version-1 pool is loaded).
+    pub count_dirs: Mutex<DirTree>,
+    /// Directory tree of the fingerprint table (version 2).
+    pub fp_dirs: Mutex<DirTree>,
     pub slots_to_free: Mutex<Vec<u32>>,
+    /// Opened read-only: no checkpoint, no upgrade, no write of any kind.
+    pub opened_read_only: bool,
     pub checkpoint_lock: Mutex<()>,
     pub commit_lock: Mutex<()>,
     pub read_only: AtomicBool,
@@ -299,6 +321,46 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// The open-by-host marker of this process: host name, boot id, pid, now. Each part
+/// is best effort (a person reads it); unknown parts stay empty.
+fn this_holder() -> Holder {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let mut host_bytes = host
+        .len()
+        .min(fewerbytes_format::superblock::MAX_HOST_BYTES);
+    while !host.is_char_boundary(host_bytes) {
+        host_bytes -= 1;
+    }
+    let mut boot_id = [0u8; 16];
+    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = text
+            .trim()
+            .chars()
+            .filter_map(|c| c.to_digit(16))
+            .map(|d| d as u8)
+            .collect();
+        for (b, pair) in boot_id.iter_mut().zip(hex.chunks(2)) {
+            *b = pair.iter().fold(0, |acc, d| acc << 4 | d);
+        }
+    }
+    Holder {
+        pid: std::process::id(),
+        open_unix: now_unix().max(1),
+        boot_id,
+        host: host.get(..host_bytes).unwrap_or_default().to_string(),
+    }
+}
+
+fn describe_holder(h: &Holder) -> String {
+    let boot: String = h.boot_id.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "host '{}' (boot id {boot}), pid {}, at {} (unix time)",
+        h.host, h.pid, h.open_unix
+    )
+}
+
 fn random_u64() -> u64 {
     rand::random::<u64>() | 1
 }
@@ -423,6 +485,7 @@ impl Pool {
         } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
         let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
         let sb = SuperBlock {
+            version: FORMAT_VERSION,
             nonce,
             generation: 0,
             open_gen: 0,
@@ -445,7 +508,10 @@ impl Pool {
             reserve_blocks: crate::geometry::reserve_blocks_for(geo.data_blocks),
             index_entries,
             created_unix: now_unix(),
-            catalog_slots: Vec::new(),
+            catalog: Vec::new(),
+            counters: PageRef::NONE,
+            holder: Holder::default(),
+            upgraded_generation: 0,
         };
         // Clear the first journal block and the first MiB of the data device's label area,
         // so no stale sector of an earlier pool can be mistaken for ours (the nonce differs anyway).
@@ -482,16 +548,22 @@ impl Pool {
     /// copy is rewritten: a super block copy by the checkpoint every open takes (it
     /// writes the copy the opened one is not), a label here.
     pub fn open(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
-        Self::open_as(path, opts, false)
+        Self::open_path(path, opts, OpenMode::ReadWrite)
+    }
+
+    /// Open a pool read-only, as [`Pool::open_devices_read_only`]: nothing is written
+    /// (no checkpoint, no upgrade of a version-1 pool, no repair of a damaged label).
+    pub fn open_read_only(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
+        Self::open_path(path, opts, OpenMode::ReadOnly)
     }
 
     /// Open a pool to repair it (`Pool::repair`): as [`Pool::open`], but a count the
     /// block maps contradict in a way an open refuses is restored (`repair.rs`).
     pub fn open_for_repair(path: &Path, opts: &OpenOptions) -> Result<Arc<Pool>> {
-        Self::open_as(path, opts, true)
+        Self::open_path(path, opts, OpenMode::Repair)
     }
 
-    fn open_as(path: &Path, opts: &OpenOptions, repair: bool) -> Result<Arc<Pool>> {
+    fn open_path(path: &Path, opts: &OpenOptions, mode: OpenMode) -> Result<Arc<Pool>> {
         let data = FileStorage::open(path)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
@@ -505,7 +577,7 @@ impl Pool {
             .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
             .or_else(|| magic_of(second));
         match kind {
-            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, repair),
+            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, mode),
             Some(DATA_LABEL_MAGIC) => {
                 let labels = [DataLabel::decode(first), DataLabel::decode(second)];
                 let (label, damaged) = match labels {
@@ -538,7 +610,7 @@ impl Pool {
                     data.clone(),
                     Some((Arc::new(meta), label.metadata_path.clone())),
                     opts,
-                    repair,
+                    mode,
                 )?;
                 if pool.inner.nonce != label.nonce {
                     return Err(EngineError::Refused(format!(
@@ -547,7 +619,7 @@ impl Pool {
                         label.metadata_path
                     )));
                 }
-                if let Some((copy, _)) = damaged {
+                if let Some((copy, _)) = damaged.filter(|_| mode != OpenMode::ReadOnly) {
                     Self::write_label(data.as_ref(), &label, copy)?;
                     tracing::warn!(
                         "{}: data device label copy {copy} rewritten",
@@ -674,7 +746,18 @@ impl Pool {
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
     ) -> Result<Arc<Pool>> {
-        Self::open_devices_as(data, meta, opts, false)
+        Self::open_devices_as(data, meta, opts, OpenMode::ReadWrite)
+    }
+
+    /// Open a pool read-only: its checkpoint is loaded and its journal replayed in
+    /// memory, and nothing is ever written (no checkpoint, no upgrade of a version-1
+    /// pool, no open-by-host marker). Writes fail with `EngineError::ReadOnly`.
+    pub fn open_devices_read_only(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opts: &OpenOptions,
+    ) -> Result<Arc<Pool>> {
+        Self::open_devices_as(data, meta, opts, OpenMode::ReadOnly)
     }
 
     /// [`Pool::open_for_repair`] on devices already opened.
@@ -683,14 +766,14 @@ impl Pool {
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
     ) -> Result<Arc<Pool>> {
-        Self::open_devices_as(data, meta, opts, true)
+        Self::open_devices_as(data, meta, opts, OpenMode::Repair)
     }
 
     fn open_devices_as(
         data: Arc<dyn Storage>,
         meta: Option<(Arc<dyn Storage>, String)>,
         opts: &OpenOptions,
-        repair: bool,
+        mode: OpenMode,
     ) -> Result<Arc<Pool>> {
         let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
@@ -772,8 +855,10 @@ impl Pool {
             packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
             stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
             page_store: Mutex::new(PageStore::new(sb.page_slots)),
-            object_dir_slots: Mutex::new(Vec::new()),
+            count_dirs: Mutex::new(DirTree::default()),
+            fp_dirs: Mutex::new(DirTree::default()),
             slots_to_free: Mutex::new(Vec::new()),
+            opened_read_only: mode == OpenMode::ReadOnly,
             checkpoint_lock: Mutex::new(()),
             commit_lock: Mutex::new(()),
             read_only: AtomicBool::new(false),
@@ -788,7 +873,7 @@ impl Pool {
             dirty_pages,
             fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
-            repair: crate::repair::OpenRepair::new(repair),
+            repair: crate::repair::OpenRepair::new(mode == OpenMode::Repair),
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -835,21 +920,40 @@ impl Pool {
             index_memory_bytes: i.index.memory_bytes(),
             threads: i.threads,
             mode: self.mode(),
-            format_version: FORMAT_VERSION,
+            format_version: sb.version,
+            open_marker: sb.holder.is_set().then(|| OpenMarker {
+                host: sb.holder.host.clone(),
+                boot_id: sb
+                    .holder
+                    .boot_id
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect(),
+                pid: sb.holder.pid,
+                since_unix: sb.holder.open_unix,
+                current: !i.opened_read_only,
+            }),
         }
     }
 
     /// Why the pool is latched read-only (the first failure), if it is.
     pub fn latched_reason(&self) -> Option<String> {
+        // A pool opened read-only writes nothing, so it never latches: its memory is
+        // what its devices hold.
+        if self.inner.opened_read_only {
+            return None;
+        }
         self.inner
             .read_only
             .load(Ordering::Acquire)
             .then(|| self.inner.read_only_reason.lock().clone())
     }
 
-    /// Normal or read-only.
+    /// Normal, latched read-only, or opened read-only.
     pub fn mode(&self) -> Mode {
-        if self.inner.read_only.load(Ordering::Acquire) {
+        if self.inner.opened_read_only {
+            Mode::OpenedReadOnly
+        } else if self.inner.read_only.load(Ordering::Acquire) {
             Mode::ReadOnly
         } else {
             Mode::Normal
@@ -936,6 +1040,13 @@ impl Pool {
                 "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
             )));
         }
+        if size_bytes > MAX_VOLUME_BYTES {
+            return Err(EngineError::Refused(format!(
+                "a volume is at most {} (journal records address 2^40 blocks), not {}",
+                human_bytes(MAX_VOLUME_BYTES),
+                human_bytes(size_bytes)
+            )));
+        }
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
 
@@ -1006,12 +1117,9 @@ impl Pool {
         {
             let mut free = i.slots_to_free.lock();
             for page in vol.pages.read().iter() {
-                let slot = page.lock().slot;
-                if slot != 0 {
-                    free.push(slot);
-                }
+                free.extend(page_slot(&page.lock().durable));
             }
-            free.extend(vol.dir_slots.lock().iter().copied().filter(|s| *s != 0));
+            free.extend(vol.dirs.lock().slots());
         }
         if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
             *v = None;
@@ -1068,10 +1176,7 @@ impl Pool {
                 let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
                 let mut free = i.slots_to_free.lock();
                 for page in pages.iter().skip(keep) {
-                    let slot = page.lock().slot;
-                    if slot != 0 {
-                        free.push(slot);
-                    }
+                    free.extend(page_slot(&page.lock().durable));
                 }
             }
             i.release_objects(&released)?;
@@ -1216,11 +1321,15 @@ impl Pool {
         if let Some(h) = self.compact_thread.lock().take() {
             let _ = h.join();
         }
-        let result = if i.read_only.load(Ordering::Acquire) {
+        let result = if i.opened_read_only {
+            Ok(())
+        } else if i.read_only.load(Ordering::Acquire) {
             Err(EngineError::ClosedLatched(
                 i.read_only_reason.lock().clone(),
             ))
         } else {
+            // A clean close clears the open-by-host marker.
+            i.sb.lock().holder = Holder::default();
             i.checkpoint()
         };
         i.journal.shutdown();
@@ -1243,10 +1352,18 @@ impl Inner {
     /// Load the checkpoint, replay the journal, rebuild derived state, and write a
     /// fresh checkpoint in the new open generation.
     fn load(self: &Arc<Self>, sb: &SuperBlock) -> Result<()> {
+        if sb.holder.is_set() {
+            tracing::warn!(
+                "{}: the pool is marked open by {}: that opener did not close it (it \
+                 stopped without closing, or another host still has the device open)",
+                self.meta.name(),
+                describe_holder(&sb.holder)
+            );
+        }
         if sb.generation > 0 {
             let catalog = self.load_catalog()?;
-            self.load_objects(&catalog.object_dir_slots)?;
-            *self.object_dir_slots.lock() = catalog.object_dir_slots.clone();
+            self.load_counters()?;
+            self.load_objects(&catalog)?;
             self.next_volume_id
                 .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
             let mut vols = self.volumes.write();
@@ -1300,8 +1417,33 @@ impl Inner {
         }
         self.restore_counts()?;
         self.rebuild()?;
-        // A fresh checkpoint in the new open generation retires the replayed journal.
-        self.sb.lock().open_gen = sb.open_gen + 1;
-        self.checkpoint()
+        if self.opened_read_only {
+            self.read_only.store(true, Ordering::SeqCst);
+            *self.read_only_reason.lock() = "opened read-only".into();
+            return Ok(());
+        }
+        let upgrade = sb.version == FORMAT_VERSION_1;
+        if upgrade {
+            self.prepare_upgrade()?;
+        }
+        // A fresh checkpoint in the new open generation retires the replayed journal
+        // and records who holds the pool.
+        {
+            let mut current = self.sb.lock();
+            current.open_gen = sb.open_gen + 1;
+            current.holder = this_holder();
+        }
+        self.checkpoint()?;
+        if upgrade {
+            // The other super block copy still holds version 1: one more checkpoint
+            // overwrites it, so version-1 code refuses the pool by its version rather
+            // than open that older checkpoint.
+            self.checkpoint()?;
+            tracing::info!(
+                "{}: upgraded to format version {FORMAT_VERSION}",
+                self.meta.name()
+            );
+        }
+        Ok(())
     }
 }

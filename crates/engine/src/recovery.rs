@@ -71,7 +71,7 @@ impl Inner {
                         )));
                     }
                     let mut slab = self.slab(s).lock();
-                    if let Some(rec) = slab.rec_mut(i) {
+                    if let Some(rec) = slab.rec_mut_stored(i) {
                         rec.location = location;
                         rec.fingerprint = fingerprint;
                     }

@@ -7,7 +7,7 @@
 //! crash could bring back a mapping to them, so their bytes must stay intact.
 
 use fewerbytes_format::location::Location;
-use fewerbytes_format::page::OBJECTS_PER_PAGE;
+use fewerbytes_format::page::{PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE};
 
 use crate::error::{EngineError, Result};
 
@@ -25,14 +25,26 @@ pub struct ObjRec {
     pub fingerprint: [u8; 32],
 }
 
-/// A page of object records, the unit written at checkpoints.
+/// A page of object records in memory, the unit of change tracking. On disk
+/// (version 2) its locations and counts go to count pages and its fingerprints to
+/// fingerprint pages (`checkpoint.rs`).
 pub struct ObjPage {
     /// The records.
     pub recs: Box<[ObjRec; OBJECTS_PER_PAGE]>,
-    /// Changed since the last checkpoint snapshot.
+    /// A location or count changed since the last checkpoint snapshot.
     pub dirty: bool,
-    /// Page-store slot of its durable copy (0: none).
-    pub slot: u32,
+    /// A fingerprint changed (an object was stored) since the last snapshot.
+    pub fp_dirty: bool,
+}
+
+impl ObjPage {
+    fn empty() -> Self {
+        ObjPage {
+            recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]),
+            dirty: false,
+            fp_dirty: false,
+        }
+    }
 }
 
 /// A fixed-size bitmap with a rotating search cursor.
@@ -98,6 +110,10 @@ pub struct Slab {
     pub blocks: u32,
     /// Object pages, allocated when first used.
     pub pages: Vec<Option<ObjPage>>,
+    /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each.
+    pub count_refs: Vec<PageRef>,
+    /// The durable fingerprint pages (version 2), [`FINGERPRINTS_PER_PAGE`] each.
+    pub fp_refs: Vec<PageRef>,
     objects_used: Bitmap,
     objects_used_count: u32,
     blocks_used: Bitmap,
@@ -129,6 +145,8 @@ impl Slab {
             pages: (0..objects as usize / OBJECTS_PER_PAGE)
                 .map(|_| None)
                 .collect(),
+            count_refs: vec![PageRef::NONE; (objects as usize).div_ceil(COUNTS_PER_PAGE)],
+            fp_refs: vec![PageRef::NONE; (objects as usize).div_ceil(FINGERPRINTS_PER_PAGE)],
             objects_used: Bitmap::new(objects),
             objects_used_count: 0,
             blocks_used: Bitmap::new(blocks),
@@ -182,21 +200,51 @@ impl Slab {
         }
     }
 
-    /// Mutable record of object `i`; allocates its page and marks it dirty.
+    /// Mutable record of object `i`; allocates its page and marks it dirty (its
+    /// count page is rewritten at the next checkpoint, not its fingerprint page).
     pub fn rec_mut(&mut self, i: u32) -> Option<&mut ObjRec> {
         let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
-        let page = self.pages.get_mut(p)?;
-        let page = page.get_or_insert_with(|| ObjPage {
-            recs: Box::new([ObjRec::default(); OBJECTS_PER_PAGE]),
-            dirty: false,
-            slot: 0,
-        });
+        let page = self.pages.get_mut(p)?.get_or_insert_with(ObjPage::empty);
         if !page.dirty {
             page.dirty = true;
             self.dirty_pages
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         page.recs.get_mut(r)
+    }
+
+    /// Mutable record of object `i` whose fingerprint is being set (an object
+    /// stored): its fingerprint page is rewritten too. A page of 84 records touches
+    /// at most two fingerprint pages, counted as dirty pages for the page store's
+    /// budget.
+    pub fn rec_mut_stored(&mut self, i: u32) -> Option<&mut ObjRec> {
+        let p = i as usize / OBJECTS_PER_PAGE;
+        let page = self.pages.get_mut(p)?.get_or_insert_with(ObjPage::empty);
+        if !page.fp_dirty {
+            page.fp_dirty = true;
+            self.dirty_pages
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.rec_mut(i)
+    }
+
+    /// Set the record of object `i` as loaded from a checkpoint (not dirty).
+    pub fn load_rec(&mut self, i: u32, set: impl FnOnce(&mut ObjRec)) {
+        let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
+        if let Some(page) = self.pages.get_mut(p) {
+            if let Some(rec) = page.get_or_insert_with(ObjPage::empty).recs.get_mut(r) {
+                set(rec);
+            }
+        }
+    }
+
+    /// Mark every allocated page dirty, counts and fingerprints: the next
+    /// checkpoint rewrites them all (the upgrade from version 1).
+    pub fn mark_all_dirty(&mut self) {
+        for page in self.pages.iter_mut().flatten() {
+            page.dirty = true;
+            page.fp_dirty = true;
+        }
     }
 
     /// Allocate an object slot.

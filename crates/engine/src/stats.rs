@@ -104,6 +104,10 @@ impl Pool {
                 ("journal".into(), m.journal_bytes.load(Relaxed)),
                 ("block map pages".into(), m.map_bytes.load(Relaxed)),
                 ("slab object pages".into(), m.object_bytes.load(Relaxed)),
+                (
+                    "fingerprint pages".into(),
+                    m.fingerprint_bytes.load(Relaxed),
+                ),
                 ("directory pages".into(), m.dir_bytes.load(Relaxed)),
                 ("catalog pages".into(), m.catalog_bytes.load(Relaxed)),
             ],
@@ -165,7 +169,11 @@ impl Pool {
                 sb.journal_sectors / 8,
             ),
             region(
-                "page store (block maps, slab object tables, directories, catalog)",
+                if sb.version == fewerbytes_format::FORMAT_VERSION_1 {
+                    "page store (block maps, slab object tables, directories, catalog)"
+                } else {
+                    "page store (block maps, object counts, fingerprints, directories, catalog)"
+                },
                 meta_dev,
                 &meta_path,
                 sb.pages_start_block,

@@ -8,7 +8,7 @@ use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
 use fewerbytes_engine::{EngineError, OpenOptions, Pool};
 use fewerbytes_format::catalog::Catalog;
-use fewerbytes_format::page::{decode_page, encode_page, PageKind};
+use fewerbytes_format::page::{decode_page_ref, encode_page, PageKind};
 use fewerbytes_format::superblock::SuperBlock;
 use std::sync::Arc;
 
@@ -27,17 +27,18 @@ fn current_super_block(image: &[u8]) -> SuperBlock {
         .expect("a valid super block")
 }
 
-/// Rewrite the catalog through `change`, sealing its page again.
+/// Rewrite the catalog through `change`, sealing its page again and updating the
+/// super block's reference to it (a forged image: every checksum holds).
 fn edit_catalog(image: &mut [u8], change: impl FnOnce(&mut Catalog)) {
     let sb = current_super_block(image);
-    assert_eq!(sb.catalog_slots.len(), 1, "a small catalog fills one page");
-    let slot = sb.catalog_slots[0];
-    let at = (sb.pages_start_block + u64::from(slot)) as usize * BLOCK;
-    let (header, payload) = decode_page(
+    assert_eq!(sb.catalog.len(), 1, "a small catalog fills one page");
+    let reference = sb.catalog[0];
+    let at = (sb.pages_start_block + reference.address) as usize * BLOCK;
+    let (header, payload) = decode_page_ref(
         &image[at..at + BLOCK],
         PageKind::Catalog,
         sb.nonce,
-        u64::from(slot),
+        &reference,
     )
     .expect("the catalog page");
     let mut catalog = Catalog::decode(&payload[..sb.catalog_bytes as usize]).unwrap();
@@ -49,8 +50,9 @@ fn edit_catalog(image: &mut [u8], change: impl FnOnce(&mut Catalog)) {
         "same length, same super block"
     );
     let mut page = [0u8; BLOCK];
-    encode_page(&header, &stream, &mut page);
+    let crc = encode_page(&header, &stream, &mut page);
     image[at..at + BLOCK].copy_from_slice(&page);
+    edit_super_block(image, |sb| sb.catalog[0].crc = crc);
 }
 
 fn open_image(image: Vec<u8>) -> Result<Arc<Pool>, EngineError> {

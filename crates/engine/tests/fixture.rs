@@ -1,20 +1,24 @@
-//! Decode of a committed pool image of format version 1. The image was made by
-//! `make_fixture` below (run it by hand when the format version changes, and keep
-//! the old fixture: new code must still read it). It holds a volume written with
-//! the seed mix, a clone of it, a trimmed range, and records still in the journal,
-//! so opening it exercises the super block, catalog, directories, map and object
-//! pages, journal replay, and fragment and whole-block reads.
+//! Decode of committed pool images of format versions 1 and 2, and the upgrade of
+//! version 1 to version 2. Each image was made by `make_fixture` below with the
+//! code of its version (run it by hand when the format version changes, and keep
+//! the older fixtures: new code must still read them). Each holds a volume written
+//! with the seed mix, a clone of it, a trimmed range, and records still in the
+//! journal, so opening it exercises the super block, catalog, directories, map and
+//! object pages (count and fingerprint pages in v2), journal replay, and fragment
+//! and whole-block reads.
 //!
 //! File layout: repeated (u64 little-endian byte offset, 4096 bytes) for every
 //! non-zero block of a 64 MiB device.
 
 mod common;
 use common::*;
-use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
-use fewerbytes_engine::{OpenOptions, Pool};
+use fewerbytes_engine::storage::{CrashMode, FaultPlan, FaultStorage, Storage};
+use fewerbytes_engine::{EngineError, OpenOptions, Pool};
+use fewerbytes_format::superblock::SuperBlock;
 use std::sync::Arc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v1.blocks");
+const FIXTURE_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v2.blocks");
 const DEVICE_BYTES: u64 = 64 << 20;
 
 fn expected_blocks() -> Vec<Vec<u8>> {
@@ -23,7 +27,7 @@ fn expected_blocks() -> Vec<Vec<u8>> {
 }
 
 #[test]
-#[ignore = "writes the fixture; run by hand with --ignored when the format version changes"]
+#[ignore = "writes the fixture of the current format version (pool-v<N>.blocks); run by hand with --ignored when the format version changes, and keep the older ones"]
 fn make_fixture() {
     let mut t = create(DEVICE_BYTES, None);
     let p = t.pool().clone();
@@ -53,20 +57,45 @@ fn make_fixture() {
             out.extend_from_slice(block);
         }
     }
-    std::fs::write(FIXTURE, out).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/pool-v{}.blocks",
+        env!("CARGO_MANIFEST_DIR"),
+        fewerbytes_format::FORMAT_VERSION
+    );
+    std::fs::write(path, out).unwrap();
 }
 
-#[test]
-fn format_v1_fixture_opens_and_reads_back() {
-    let raw = std::fs::read(FIXTURE).expect("fixture present");
+/// The committed image of `fixture`, as a device's bytes.
+fn image_of(fixture: &str) -> Vec<u8> {
+    let raw = std::fs::read(fixture).expect("fixture present");
     let mut image = vec![0u8; DEVICE_BYTES as usize];
     for rec in raw.chunks(8 + BLOCK) {
         let at = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
         image[at..at + BLOCK].copy_from_slice(&rec[8..]);
     }
+    image
+}
+
+fn open(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
     let dev = Arc::new(FaultStorage::from_image("fixture", image));
-    let pool = Pool::open_devices(dev as Arc<dyn Storage>, None, &OpenOptions::default())
-        .expect("the v1 fixture opens");
+    let pool = Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS)?;
+    Ok((dev, pool))
+}
+
+const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+
+/// The versions of the two super block copies of `image`, each `None` if invalid.
+fn super_block_versions(image: &[u8]) -> [Option<u32>; 2] {
+    [0, 1].map(|copy| {
+        SuperBlock::decode(&image[copy * BLOCK..(copy + 1) * BLOCK])
+            .ok()
+            .map(|sb| sb.version)
+    })
+}
+
+/// The fixture's volumes read back exactly, with `extra` (base block, content)
+/// written on top, and the audit finds nothing.
+fn assert_fixture_contents(pool: &Arc<Pool>, extra: Option<(usize, u8)>) {
     let names: Vec<String> = pool.list_volumes().into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["base", "clone"]);
     let expected = expected_blocks();
@@ -75,7 +104,10 @@ fn format_v1_fixture_opens_and_reads_back() {
     let mut buf = vec![0u8; BLOCK];
     for (i, b) in expected.iter().enumerate() {
         base.read((i * BLOCK) as u64, &mut buf).unwrap();
-        assert_eq!(&buf, b, "base block {i}");
+        match extra {
+            Some((at, byte)) if at == i => assert_eq!(buf, vec![byte; BLOCK], "base block {i}"),
+            _ => assert_eq!(&buf, b, "base block {i}"),
+        }
         clone.read((i * BLOCK) as u64, &mut buf).unwrap();
         let want = match i {
             0..64 => vec![0u8; BLOCK],
@@ -84,5 +116,177 @@ fn format_v1_fixture_opens_and_reads_back() {
         };
         assert_eq!(buf, want, "clone block {i}");
     }
-    assert!(pool.audit().problems.is_empty());
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+}
+
+#[test]
+fn format_v1_fixture_opens_and_reads_back() {
+    let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE)));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
+        .expect("the v1 fixture opens");
+    assert_eq!(pool.info().format_version, 1);
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn format_v2_fixture_opens_and_reads_back() {
+    let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE_V2)));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
+        .expect("the v2 fixture opens");
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, None);
+    drop(pool);
+    let (_, pool) = open(image_of(FIXTURE_V2)).expect("the v2 fixture opens read-write");
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn a_read_only_open_of_a_v1_pool_writes_nothing() {
+    let image = image_of(FIXTURE);
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    let pool = Pool::open_devices_read_only(dev.clone() as Arc<dyn Storage>, None, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 1);
+    let base = pool.open_volume("base").unwrap();
+    assert!(matches!(
+        base.write(0, &[1; BLOCK], false),
+        Err(EngineError::ReadOnly(_))
+    ));
+    drop(base);
+    pool.close().expect("a read-only pool closes cleanly");
+    assert_eq!(dev.counters().snapshot().writes, 0);
+    assert!(
+        dev.crash_image(CrashMode::KeepAll) == image,
+        "the image is unchanged"
+    );
+}
+
+#[test]
+fn a_v1_pool_is_upgraded_to_v2_by_its_first_read_write_open() {
+    let (dev, pool) = open(image_of(FIXTURE)).expect("the v1 fixture opens read-write");
+    assert_eq!(pool.info().format_version, 2);
+    pool.open_volume("base")
+        .unwrap()
+        .write(100 * BLOCK as u64, &[0x77; BLOCK], false)
+        .unwrap();
+    pool.close().unwrap();
+    let image = dev.crash_image(CrashMode::KeepAll);
+    // Both copies are v2, so v1 code refuses the pool instead of opening the older one.
+    assert_eq!(super_block_versions(&image), [Some(2), Some(2)]);
+    let (_, pool) = open(image).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, Some((100, 0x77)));
+}
+
+#[test]
+fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
+    // How many writes the upgrading open makes.
+    let (dev, pool) = open(image_of(FIXTURE)).unwrap();
+    let writes = dev.counters().snapshot().writes;
+    drop(pool);
+    assert!(
+        writes > 10,
+        "the upgrade writes every page ({writes} writes)"
+    );
+    let mut versions_seen = std::collections::BTreeSet::new();
+    for k in 0..writes {
+        for mode in [CrashMode::DropAll, CrashMode::KeepAll, CrashMode::Random(k)] {
+            let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE)));
+            dev.set_plan(FaultPlan {
+                fail_write: Some(k),
+                ..FaultPlan::default()
+            });
+            let opened = Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS);
+            assert!(
+                opened.is_err(),
+                "write {k} failed, and the open must say so"
+            );
+            let image = dev.crash_image(mode);
+            let read_only = Pool::open_devices_read_only(
+                Arc::new(FaultStorage::from_image("after", image.clone())) as Arc<dyn Storage>,
+                None,
+                &OPTS,
+            )
+            .unwrap_or_else(|e| panic!("crash at write {k} ({mode:?}): {e}"));
+            versions_seen.insert(read_only.info().format_version);
+            assert_fixture_contents(&read_only, None);
+            drop(read_only);
+            // And it still opens read-write (upgrading if it had not).
+            let (_, pool) = open(image).unwrap_or_else(|e| panic!("write {k} ({mode:?}): {e}"));
+            assert_eq!(pool.info().format_version, 2);
+            assert_fixture_contents(&pool, None);
+        }
+    }
+    assert_eq!(
+        versions_seen.into_iter().collect::<Vec<_>>(),
+        [1, 2],
+        "crashes left both v1 pools (before the v2 super block) and v2 pools (after)"
+    );
+}
+
+#[test]
+fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_was() {
+    // The page store cut down to end just past the last page the fixture wrote, so
+    // the v2 image cannot fit beside the v1 one.
+    let mut image = image_of(FIXTURE);
+    let copies = [0, 1].map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]));
+    let mut sb = copies
+        .iter()
+        .flatten()
+        .max_by_key(|sb| sb.generation)
+        .unwrap()
+        .clone();
+    assert_eq!(sb.version, 1);
+    let last_written = (1..sb.page_slots)
+        .rev()
+        .find(|s| {
+            let at = ((sb.pages_start_block + s) as usize) * BLOCK;
+            image[at..at + BLOCK].iter().any(|b| *b != 0)
+        })
+        .unwrap();
+    sb.page_slots = last_written + 1;
+    let mut block = [0u8; BLOCK];
+    sb.encode(&mut block);
+    let copy = (sb.generation % 2) as usize * BLOCK;
+    image[copy..copy + BLOCK].copy_from_slice(&block);
+
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    match Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS) {
+        Err(EngineError::Refused(why)) => {
+            assert!(why.contains("upgrade to version 2 needs"), "{why}");
+            assert!(why.contains("nothing was written"), "{why}");
+        }
+        Err(e) => panic!("expected a refusal, got {e}"),
+        Ok(_) => panic!("the upgrade fitted: the test's page store is too large"),
+    }
+    assert!(
+        dev.crash_image(CrashMode::KeepAll) == image,
+        "nothing was written"
+    );
+    let pool = Pool::open_devices_read_only(
+        Arc::new(FaultStorage::from_image("fixture", image)) as Arc<dyn Storage>,
+        None,
+        &OPTS,
+    )
+    .expect("it still opens read-only");
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn a_v1_pool_file_opens_read_only_unchanged_and_upgrades_read_write() {
+    let path = std::env::temp_dir().join(format!("fewerbytes-v1-{}.pool", std::process::id()));
+    let image = image_of(FIXTURE);
+    std::fs::write(&path, &image).unwrap();
+    let pool = Pool::open_read_only(&path, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 1);
+    assert_fixture_contents(&pool, None);
+    pool.close().unwrap();
+    assert!(
+        std::fs::read(&path).unwrap() == image,
+        "the file is unchanged"
+    );
+    let pool = Pool::open(&path, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    pool.close().unwrap();
+    std::fs::remove_file(&path).unwrap();
 }

@@ -1,10 +1,21 @@
 //! The catalog: the volumes of a pool and the directories of every page table.
 //! Written whole at each checkpoint as a byte stream split over catalog pages.
+//! Version 1 names directory pages by slot, every level-1 page of every table;
+//! version 2 names each table's [`TableRoot`] (the depth of its directory tree and
+//! at most four [`PageRef`]s, `dir_tree.rs`), and records each volume's reservation
+//! and thin flag (issue 13), so its size depends on the volumes alone.
 
-use crate::{FormatError, Reader, Writer};
+use crate::dir_tree::{MAX_DEPTH, MAX_TOP_REFS};
+use crate::page::{PageRef, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES};
+use crate::superblock::MAX_CATALOG_PAGES_V2;
+use crate::{FormatError, Reader, Writer, FORMAT_VERSION, FORMAT_VERSION_1};
 
-/// "FBCT".
+/// "FBCT": a version-1 catalog stream.
 pub const CATALOG_MAGIC: u32 = 0x5443_4246;
+/// "FBC2": a version-2 catalog stream.
+pub const CATALOG_MAGIC_V2: u32 = 0x3243_4246;
+/// Volume flag (version 2): the volume is thin (reserves less than its size).
+pub const VOLUME_FLAG_THIN: u32 = 1;
 /// Longest volume name in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most volumes a pool holds (a volume slot is a u16 in journal records).
@@ -21,19 +32,82 @@ pub struct VolumeRecord {
     pub name: String,
     /// Size in bytes (a multiple of 4096).
     pub size_bytes: u64,
-    /// Page-store slots of the directory pages of its block map (0 = no page yet).
-    pub map_dir_slots: Vec<u32>,
+    /// Space held for the volume (version 2; a version-1 volume holds its size).
+    pub reservation_bytes: u64,
+    /// Thin: reserves less than its size (version 2; version 1: false).
+    pub thin: bool,
+    /// The top of its block map's directory tree.
+    pub map: TableRoot,
+}
+
+/// Where a table's directory tree starts: its depth and the references of its
+/// top-level directory pages. Version 1 has one level, all of whose pages the
+/// catalog lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRoot {
+    /// Directory levels (1 to [`MAX_DEPTH`]).
+    pub depth: u32,
+    /// The top level's pages (version 2: at most [`MAX_TOP_REFS`]; a zero reference
+    /// is a page never written).
+    pub top: Vec<PageRef>,
+}
+
+impl Default for TableRoot {
+    fn default() -> Self {
+        TableRoot {
+            depth: 1,
+            top: Vec::new(),
+        }
+    }
 }
 
 /// The whole catalog.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
+    /// Format version of the stream (1 or 2).
+    pub version: u32,
     /// Next volume id to hand out.
     pub next_volume_id: u64,
-    /// Directory pages of the slab object table (0 = no page yet).
-    pub object_dir_slots: Vec<u32>,
+    /// The slab object table (version 1) or the count table (version 2).
+    pub objects: TableRoot,
+    /// The fingerprint table (version 2; empty in version 1).
+    pub fingerprints: TableRoot,
     /// Volumes, by slot order.
     pub volumes: Vec<VolumeRecord>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            version: FORMAT_VERSION,
+            next_volume_id: 0,
+            objects: TableRoot::default(),
+            fingerprints: TableRoot::default(),
+            volumes: Vec::new(),
+        }
+    }
+}
+
+/// Bytes of the largest table root (version 2): depth, count, four references.
+const MAX_ROOT_BYTES_V2: usize = 8 + MAX_TOP_REFS * PAGE_REF_BYTES;
+/// Bytes of the largest version-2 catalog: 4,096 volumes of 64-byte names, each
+/// table with a full top list (688,288 bytes). It depends on nothing else.
+pub const MAX_ENCODED_BYTES_V2: usize = 16
+    + 2 * MAX_ROOT_BYTES_V2
+    + MAX_VOLUMES * (2 + 2 + MAX_NAME_BYTES + 8 + 8 + 12 + MAX_ROOT_BYTES_V2);
+const _: () = assert!(
+    MAX_ENCODED_BYTES_V2 <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
+    "the largest version-2 catalog fits the catalog pages a super block references, \
+     so a checkpoint never runs out of catalog room"
+);
+
+/// A directory list's pointers: u32 slots (version 1) or page references (version 2).
+fn pointer_bytes(version: u32) -> usize {
+    if version == FORMAT_VERSION_1 {
+        4
+    } else {
+        PAGE_REF_BYTES
+    }
 }
 
 /// Check a new volume's name: 1 to [`MAX_NAME_BYTES`] ASCII letters, digits and
@@ -68,24 +142,48 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 impl Catalog {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
-        20 + 4 * self.object_dir_slots.len()
+        let v2 = self.version != FORMAT_VERSION_1;
+        let root = |t: &TableRoot| {
+            if v2 {
+                8 + PAGE_REF_BYTES * t.top.len()
+            } else {
+                4 + 4 * t.top.len()
+            }
+        };
+        16 + root(&self.objects)
+            + if v2 { root(&self.fingerprints) } else { 0 }
             + self
                 .volumes
                 .iter()
-                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + 4 + 4 * v.map_dir_slots.len())
+                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + if v2 { 12 } else { 0 } + root(&v.map))
                 .sum::<usize>()
     }
 
-    /// Encode into a byte stream.
+    /// Encode into a byte stream of its version. A version-1 stream keeps only the
+    /// slot of each reference (version 1 has nothing more).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut out);
-        w.u32(CATALOG_MAGIC);
+        let v2 = self.version != FORMAT_VERSION_1;
+        let root = |w: &mut Writer<'_>, t: &TableRoot| {
+            if v2 {
+                w.u32(t.depth);
+            }
+            w.u32(t.top.len() as u32);
+            for r in &t.top {
+                if v2 {
+                    r.encode(w);
+                } else {
+                    w.u32(r.address as u32);
+                }
+            }
+        };
+        w.u32(if v2 { CATALOG_MAGIC_V2 } else { CATALOG_MAGIC });
         w.u32(self.volumes.len() as u32);
         w.u64(self.next_volume_id);
-        w.u32(self.object_dir_slots.len() as u32);
-        for s in &self.object_dir_slots {
-            w.u32(*s);
+        root(&mut w, &self.objects);
+        if v2 {
+            root(&mut w, &self.fingerprints);
         }
         for v in &self.volumes {
             w.u16(v.slot);
@@ -93,25 +191,32 @@ impl Catalog {
             w.put(v.name.as_bytes());
             w.u64(v.id);
             w.u64(v.size_bytes);
-            w.u32(v.map_dir_slots.len() as u32);
-            for s in &v.map_dir_slots {
-                w.u32(*s);
+            if v2 {
+                w.u64(v.reservation_bytes);
+                w.u32(if v.thin { VOLUME_FLAG_THIN } else { 0 });
             }
+            root(&mut w, &v.map);
         }
         out
     }
 
-    /// Decode a byte stream; every count is checked against the bytes present.
+    /// Decode a byte stream of either version (its magic says which); every count
+    /// is checked against the bytes present.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "catalog";
         let mut r = Reader::new(what, bytes);
         let magic = r.u32()?;
-        if magic != CATALOG_MAGIC {
-            return Err(FormatError::BadMagic {
-                what,
-                found: u64::from(magic),
-            });
-        }
+        let version = match magic {
+            CATALOG_MAGIC => FORMAT_VERSION_1,
+            CATALOG_MAGIC_V2 => FORMAT_VERSION,
+            _ => {
+                return Err(FormatError::BadMagic {
+                    what,
+                    found: u64::from(magic),
+                })
+            }
+        };
+        let v2 = version != FORMAT_VERSION_1;
         let volume_count = r.u32()? as usize;
         if volume_count > MAX_VOLUMES {
             return Err(FormatError::Invalid {
@@ -120,18 +225,45 @@ impl Catalog {
             });
         }
         let next_volume_id = r.u64()?;
-        let object_dirs = r.u32()? as usize;
-        if object_dirs * 4 > bytes.len() {
-            return Err(FormatError::Truncated {
-                what,
-                got: bytes.len(),
-                need: object_dirs * 4,
-            });
-        }
-        let mut object_dir_slots = Vec::with_capacity(object_dirs);
-        for _ in 0..object_dirs {
-            object_dir_slots.push(r.u32()?);
-        }
+        let root = |r: &mut Reader<'_>| -> Result<TableRoot, FormatError> {
+            let depth = if v2 { r.u32()? } else { 1 };
+            if !(1..=MAX_DEPTH).contains(&depth) {
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("a directory tree of depth {depth} (max {MAX_DEPTH})"),
+                });
+            }
+            let n = r.u32()? as usize;
+            if v2 && n > MAX_TOP_REFS {
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("{n} top-level directory references (max {MAX_TOP_REFS})"),
+                });
+            }
+            let need = n.saturating_mul(pointer_bytes(version));
+            if need > bytes.len() {
+                return Err(FormatError::Truncated {
+                    what,
+                    got: bytes.len(),
+                    need,
+                });
+            }
+            let mut top = Vec::with_capacity(n);
+            for _ in 0..n {
+                top.push(if v2 {
+                    PageRef::decode(r)?
+                } else {
+                    PageRef::slot_only(r.u32()?)
+                });
+            }
+            Ok(TableRoot { depth, top })
+        };
+        let objects = root(&mut r)?;
+        let fingerprints = if v2 {
+            root(&mut r)?
+        } else {
+            TableRoot::default()
+        };
         let mut volumes = Vec::with_capacity(volume_count);
         for _ in 0..volume_count {
             let slot = r.u16()?;
@@ -150,29 +282,35 @@ impl Catalog {
             })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
-            let dirs = r.u32()? as usize;
-            if dirs * 4 > bytes.len() {
-                return Err(FormatError::Truncated {
-                    what,
-                    got: bytes.len(),
-                    need: dirs * 4,
-                });
-            }
-            let mut map_dir_slots = Vec::with_capacity(dirs);
-            for _ in 0..dirs {
-                map_dir_slots.push(r.u32()?);
-            }
+            let (reservation_bytes, thin) = if v2 {
+                let reservation_bytes = r.u64()?;
+                let flags = r.u32()?;
+                if flags & !VOLUME_FLAG_THIN != 0 {
+                    return Err(FormatError::Invalid {
+                        what,
+                        reason: format!("volume '{name}' has unknown flags {flags:#x}"),
+                    });
+                }
+                (reservation_bytes, flags & VOLUME_FLAG_THIN != 0)
+            } else {
+                (size_bytes, false)
+            };
+            let map = root(&mut r)?;
             volumes.push(VolumeRecord {
                 slot,
                 id,
                 name,
                 size_bytes,
-                map_dir_slots,
+                reservation_bytes,
+                thin,
+                map,
             });
         }
         Ok(Catalog {
+            version,
             next_volume_id,
-            object_dir_slots,
+            objects,
+            fingerprints,
             volumes,
         })
     }
@@ -188,20 +326,96 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    #[test]
-    fn catalog_round_trips() {
-        let c = Catalog {
+    fn sample(version: u32) -> Catalog {
+        let v2 = version == FORMAT_VERSION;
+        let r = |slot: u32| PageRef {
+            address: u64::from(slot),
+            crc: if v2 && slot != 0 { slot * 7 } else { 0 },
+            generation: if v2 && slot != 0 { 3 } else { 0 },
+        };
+        Catalog {
+            version,
             next_volume_id: 5,
-            object_dir_slots: vec![1, 0, 9],
+            objects: TableRoot {
+                depth: if v2 { 3 } else { 1 },
+                top: vec![r(1), r(0), r(9)],
+            },
+            fingerprints: if v2 {
+                TableRoot {
+                    depth: 4,
+                    top: vec![r(11)],
+                }
+            } else {
+                TableRoot::default()
+            },
             volumes: vec![VolumeRecord {
                 slot: 2,
                 id: 4,
                 name: "vm-100-disk-0".into(),
                 size_bytes: 1 << 30,
-                map_dir_slots: vec![7],
+                reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
+                thin: v2,
+                map: TableRoot {
+                    depth: 1,
+                    top: vec![r(7)],
+                },
             }],
+        }
+    }
+
+    #[test]
+    fn catalogs_of_both_versions_round_trip() {
+        for version in [FORMAT_VERSION_1, FORMAT_VERSION] {
+            let c = sample(version);
+            let bytes = c.encode();
+            assert_eq!(bytes.len(), c.encoded_len());
+            assert_eq!(Catalog::decode(&bytes).unwrap(), c, "version {version}");
+        }
+    }
+
+    #[test]
+    fn a_version_2_root_past_the_depth_or_top_list_bound_is_refused() {
+        let mut c = sample(FORMAT_VERSION);
+        c.objects.depth = MAX_DEPTH + 1;
+        assert!(matches!(
+            Catalog::decode(&c.encode()),
+            Err(FormatError::Invalid { .. })
+        ));
+        c.objects.depth = 0;
+        assert!(Catalog::decode(&c.encode()).is_err());
+        let mut c = sample(FORMAT_VERSION);
+        c.volumes[0].map.top = vec![PageRef::NONE; MAX_TOP_REFS + 1];
+        assert!(matches!(
+            Catalog::decode(&c.encode()),
+            Err(FormatError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn the_largest_catalog_is_its_computed_bound() {
+        let full = TableRoot {
+            depth: MAX_DEPTH,
+            top: vec![PageRef::NONE; MAX_TOP_REFS],
         };
-        assert_eq!(Catalog::decode(&c.encode()).unwrap(), c);
+        let c = Catalog {
+            version: FORMAT_VERSION,
+            next_volume_id: 0,
+            objects: full.clone(),
+            fingerprints: full.clone(),
+            volumes: (0..MAX_VOLUMES)
+                .map(|i| VolumeRecord {
+                    slot: i as u16,
+                    id: i as u64,
+                    name: "n".repeat(MAX_NAME_BYTES),
+                    size_bytes: 0,
+                    reservation_bytes: 0,
+                    thin: false,
+                    map: full.clone(),
+                })
+                .collect(),
+        };
+        assert_eq!(c.encoded_len(), MAX_ENCODED_BYTES_V2);
+        assert_eq!(MAX_ENCODED_BYTES_V2, 688_288);
     }
 
     proptest! {
@@ -209,6 +423,8 @@ mod tests {
         fn random_catalogs_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let mut b = bytes;
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC.to_le_bytes()); }
+            let _ = Catalog::decode(&b);
+            if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V2.to_le_bytes()); }
             let _ = Catalog::decode(&b);
         }
     }

@@ -12,6 +12,7 @@
 
 mod bytes;
 pub mod catalog;
+pub mod dir_tree;
 pub mod journal;
 pub mod location;
 pub mod page;
@@ -23,8 +24,11 @@ pub use bytes::{Reader, Writer};
 pub const BLOCK_BYTES: usize = 4096;
 /// Bytes in a sector: the smallest write the format relies on being atomic.
 pub const SECTOR_BYTES: usize = 512;
-/// The format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this code writes (and reads, with [`FORMAT_VERSION_1`]).
+pub const FORMAT_VERSION: u32 = 2;
+/// The first format version: still read, and upgraded at a pool's first read-write
+/// checkpoint (`docs/format.md`, "Upgrade from version 1").
+pub const FORMAT_VERSION_1: u32 = 1;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,6 +91,21 @@ pub enum FormatError {
         /// Where it was read from.
         expected: u64,
     },
+    /// A page that passes its own checks but is not the page its parent references:
+    /// a lost write left an older page in its slot, or another page landed there.
+    #[error("{what}: not the page its parent references (page crc {found_crc:#010x} generation {found_generation}, the reference holds crc {expected_crc:#010x} generation {expected_generation}): a lost or misdirected write")]
+    StalePage {
+        /// The structure.
+        what: &'static str,
+        /// The page's own crc.
+        found_crc: u32,
+        /// The crc its reference holds.
+        expected_crc: u32,
+        /// The page's generation (low 32 bits).
+        found_generation: u32,
+        /// The generation its reference holds.
+        expected_generation: u32,
+    },
     /// A field holds a value the format does not allow.
     #[error("{what}: {reason}")]
     Invalid {
@@ -126,12 +145,13 @@ pub fn verify_checksum(
     Ok(())
 }
 
-/// Store the crc of `bytes` at `crc_offset`.
-pub fn seal_checksum(bytes: &mut [u8], crc_offset: usize) {
+/// Store the crc of `bytes` at `crc_offset`, and return it.
+pub fn seal_checksum(bytes: &mut [u8], crc_offset: usize) -> u32 {
     let crc = checksum_with_hole(bytes, crc_offset);
     if let Some(dst) = bytes.get_mut(crc_offset..crc_offset + 4) {
         dst.copy_from_slice(&crc.to_le_bytes());
     }
+    crc
 }
 
 /// Start decoding a block that begins with a u32 magic followed by its u32 crc:

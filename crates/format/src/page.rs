@@ -1,10 +1,13 @@
-//! Metadata pages: the 4 KiB unit of the page store (block-map pages, slab object
-//! pages, directory pages, catalog pages). Each names itself: pool nonce, its own
-//! slot, the checkpoint generation that wrote it, its kind, owner and index.
+//! Metadata pages: the 4 KiB unit of the page store (block-map pages, object pages
+//! of version 1, count and fingerprint pages of version 2, directory pages, catalog
+//! pages). Each names itself: pool nonce, its own slot, the checkpoint generation
+//! that wrote it, its kind, owner and index. In version 2 each is also named by its
+//! parent: a [`PageRef`] holds its address, crc and generation.
 
+use crate::dir_tree::MAX_DEPTH;
 use crate::{
     check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, BLOCK_BYTES,
-    FORMAT_VERSION,
+    FORMAT_VERSION, FORMAT_VERSION_1,
 };
 
 /// "FBPG".
@@ -19,8 +22,23 @@ pub const MAP_ENTRIES_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / 8;
 pub const OBJECT_RECORD_BYTES: usize = 48;
 /// Object records per object page.
 pub const OBJECTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / OBJECT_RECORD_BYTES;
-/// Page-store slots per directory page (u32 each).
+/// Page-store slots per directory page of version 1 (u32 each).
 pub const SLOTS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / 4;
+/// Bytes of a page reference (version 2).
+pub const PAGE_REF_BYTES: usize = 16;
+/// Page references per directory page of version 2.
+pub const REFS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / PAGE_REF_BYTES;
+/// Bytes of one count record (version 2): location u64, refcount u32.
+pub const COUNT_RECORD_BYTES: usize = 12;
+/// Count records per object count page (version 2).
+pub const COUNTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / COUNT_RECORD_BYTES;
+/// Bytes of a fingerprint.
+pub const FINGERPRINT_BYTES: usize = 32;
+/// Fingerprints per fingerprint page (version 2).
+pub const FINGERPRINTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / FINGERPRINT_BYTES;
+/// Address bit 63 of a page reference: the page is in the data region (issue 13;
+/// this version writes none).
+pub const ADDRESS_DATA_REGION: u64 = 1 << 63;
 const CRC_OFFSET: usize = 4;
 
 const _: () = assert!(
@@ -31,6 +49,19 @@ const _: () = assert!(
     OBJECTS_PER_PAGE * OBJECT_RECORD_BYTES == PAGE_PAYLOAD_BYTES,
     "object records fill the payload exactly"
 );
+const _: () = assert!(
+    COUNTS_PER_PAGE * COUNT_RECORD_BYTES == PAGE_PAYLOAD_BYTES
+        && COUNTS_PER_PAGE.is_multiple_of(OBJECTS_PER_PAGE),
+    "count records fill the payload, and a count page covers whole v1 object pages"
+);
+const _: () = assert!(
+    FINGERPRINTS_PER_PAGE * FINGERPRINT_BYTES == PAGE_PAYLOAD_BYTES,
+    "fingerprints fill the payload exactly"
+);
+const _: () = assert!(
+    REFS_PER_DIR_PAGE * PAGE_REF_BYTES == PAGE_PAYLOAD_BYTES,
+    "page references fill the payload exactly"
+);
 
 /// What a page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,10 +70,16 @@ pub enum PageKind {
     Map = 1,
     /// Object records of one slab.
     Objects = 2,
-    /// Page-store slots of a table's pages.
+    /// References of a table's pages, or (above level 1) of directory pages.
     Directory = 3,
     /// A piece of the catalog stream.
     Catalog = 4,
+    /// Locations and reference counts of one slab's objects (version 2).
+    Counts = 5,
+    /// Fingerprints of one slab's objects (version 2).
+    Fingerprints = 6,
+    /// Persistent counters (version 2; none written yet).
+    Counters = 7,
 }
 
 impl PageKind {
@@ -52,6 +89,9 @@ impl PageKind {
             2 => Some(PageKind::Objects),
             3 => Some(PageKind::Directory),
             4 => Some(PageKind::Catalog),
+            5 => Some(PageKind::Counts),
+            6 => Some(PageKind::Fingerprints),
+            7 => Some(PageKind::Counters),
             _ => None,
         }
     }
@@ -62,15 +102,92 @@ impl PageKind {
             PageKind::Objects => "slab object page",
             PageKind::Directory => "directory page",
             PageKind::Catalog => "catalog page",
+            PageKind::Counts => "object count page",
+            PageKind::Fingerprints => "fingerprint page",
+            PageKind::Counters => "counters page",
         }
     }
+    /// Whether pages of this kind exist in format `version`.
+    pub fn in_version(self, version: u32) -> bool {
+        match self {
+            PageKind::Map | PageKind::Directory | PageKind::Catalog => true,
+            PageKind::Objects => version == FORMAT_VERSION_1,
+            PageKind::Counts | PageKind::Fingerprints | PageKind::Counters => {
+                version == FORMAT_VERSION
+            }
+        }
+    }
+}
+
+/// A parent's pointer to a metadata page (version 2): where it is, and the crc and
+/// generation it was written with, so a stale or misplaced page is caught by the
+/// parent even though it passes its own checks. Version-1 pointers decode into this
+/// with only the address set (see [`PageRef::slot_only`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PageRef {
+    /// Bit 63: region (0 page store, 1 data region); bits 0–62: slot or PBN. 0: none.
+    pub address: u64,
+    /// The page's crc field as written.
+    pub crc: u32,
+    /// The low 32 bits of the page's generation.
+    pub generation: u32,
+}
+
+impl PageRef {
+    /// No page.
+    pub const NONE: PageRef = PageRef {
+        address: 0,
+        crc: 0,
+        generation: 0,
+    };
+    /// A version-1 pointer: a slot, nothing to check against.
+    pub fn slot_only(slot: u32) -> Self {
+        PageRef {
+            address: u64::from(slot),
+            crc: 0,
+            generation: 0,
+        }
+    }
+    /// Whether it points to no page.
+    pub fn is_none(&self) -> bool {
+        self.address == 0
+    }
+    /// The page-store slot it names, or `None` for a data-region address (issue 13).
+    pub fn page_store_slot(&self) -> Option<u64> {
+        (self.address & ADDRESS_DATA_REGION == 0).then_some(self.address)
+    }
+    /// Encode into 16 bytes.
+    pub fn encode(&self, w: &mut Writer<'_>) {
+        w.u64(self.address);
+        w.u32(self.crc);
+        w.u32(self.generation);
+    }
+    /// Decode 16 bytes.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, FormatError> {
+        Ok(PageRef {
+            address: r.u64()?,
+            crc: r.u32()?,
+            generation: r.u32()?,
+        })
+    }
+}
+
+/// The low 32 bits of a generation, as page references hold it.
+pub fn ref_generation(generation: u64) -> u32 {
+    (generation & u64::from(u32::MAX)) as u32
 }
 
 /// The self-description every page carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageHeader {
+    /// Format version of the pool that wrote it (1 or 2).
+    pub version: u32,
     /// What the page holds.
     pub kind: PageKind,
+    /// Level of a directory page in its table's tree (version 2: 1 holds table
+    /// pages, *k* holds level-(*k* − 1) directory pages); 0 for every other page and
+    /// for every version-1 page.
+    pub level: u8,
     /// Kind-specific count (entries used, or payload bytes for catalog pages).
     pub count: u32,
     /// The pool's nonce.
@@ -86,14 +203,16 @@ pub struct PageHeader {
 }
 
 /// Encode a page: header, then `payload` (at most `PAGE_PAYLOAD_BYTES`), zero-padded.
-pub fn encode_page(header: &PageHeader, payload: &[u8], out: &mut [u8; BLOCK_BYTES]) {
+/// Returns its crc, which a version-2 parent's [`PageRef`] holds.
+pub fn encode_page(header: &PageHeader, payload: &[u8], out: &mut [u8; BLOCK_BYTES]) -> u32 {
     out.fill(0);
     let mut w = Writer::new(out);
     w.u32(PAGE_MAGIC);
     w.u32(0);
-    w.u8(FORMAT_VERSION as u8);
+    w.u8(header.version as u8);
     w.u8(header.kind as u8);
-    w.u16(0);
+    w.u8(header.level);
+    w.u8(0);
     w.u32(header.count);
     w.u64(header.nonce);
     w.u64(header.slot);
@@ -104,7 +223,7 @@ pub fn encode_page(header: &PageHeader, payload: &[u8], out: &mut [u8; BLOCK_BYT
     debug_assert_eq!(w.pos(), PAGE_HEADER_BYTES);
     let n = payload.len().min(PAGE_PAYLOAD_BYTES);
     w.put(payload.get(..n).unwrap_or(payload));
-    seal_checksum(out, CRC_OFFSET);
+    seal_checksum(out, CRC_OFFSET)
 }
 
 /// Decode and verify a page read from `slot`, expecting `kind` and the pool's `nonce`.
@@ -118,7 +237,7 @@ pub fn decode_page(
     let mut r = open_block(what, bytes, BLOCK_BYTES, PAGE_MAGIC)?;
     r.seek(8);
     let version = u32::from(r.u8()?);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
         return Err(FormatError::BadVersion {
             what,
             found: version,
@@ -126,13 +245,26 @@ pub fn decode_page(
         });
     }
     let found_kind = r.u8()?;
-    if PageKind::from_u8(found_kind) != Some(kind) {
+    if PageKind::from_u8(found_kind) != Some(kind) || !kind.in_version(version) {
         return Err(FormatError::Invalid {
             what,
             reason: format!("page kind {found_kind}, expected {}", kind as u8),
         });
     }
-    r.u16()?;
+    let level = r.u8()?;
+    let reserved = r.u8()?;
+    let levelled = version == FORMAT_VERSION && kind == PageKind::Directory;
+    let level_ok = if levelled {
+        (1..=MAX_DEPTH).contains(&u32::from(level))
+    } else {
+        level == 0
+    };
+    if !level_ok || reserved != 0 {
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("directory level {level} (reserved byte {reserved})"),
+        });
+    }
     let count = r.u32()?;
     check_nonce(what, r.u64()?, nonce)?;
     let found_slot = r.u64()?;
@@ -150,7 +282,9 @@ pub fn decode_page(
     let payload = r.take(PAGE_PAYLOAD_BYTES)?;
     Ok((
         PageHeader {
+            version,
             kind,
+            level,
             count,
             nonce,
             slot,
@@ -160,6 +294,68 @@ pub fn decode_page(
         },
         payload,
     ))
+}
+
+/// Decode and verify a page through its parent's reference (version 2): the page's
+/// own checks, then its crc and generation against the reference's. A data-region
+/// address (issue 13) is not read by this version.
+pub fn decode_page_ref<'a>(
+    bytes: &'a [u8],
+    kind: PageKind,
+    nonce: u64,
+    reference: &PageRef,
+) -> Result<(PageHeader, &'a [u8]), FormatError> {
+    let what = kind.name();
+    let slot = reference.page_store_slot().ok_or_else(|| FormatError::Invalid {
+        what,
+        reason: format!(
+            "reference to data-region block {} (pages in the data region are not read by this version)",
+            reference.address & !ADDRESS_DATA_REGION
+        ),
+    })?;
+    let (header, payload) = decode_page(bytes, kind, nonce, slot)?;
+    let mut r = Reader::new(what, bytes);
+    r.seek(CRC_OFFSET);
+    let found_crc = r.u32()?;
+    let found_generation = ref_generation(header.generation);
+    if header.version != FORMAT_VERSION
+        || found_crc != reference.crc
+        || found_generation != reference.generation
+    {
+        return Err(FormatError::StalePage {
+            what,
+            found_crc,
+            expected_crc: reference.crc,
+            found_generation,
+            expected_generation: reference.generation,
+        });
+    }
+    Ok((header, payload))
+}
+
+/// One count record (12 bytes, version 2): the part of an object record that
+/// changes with references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CountRecord {
+    /// Encoded [`crate::location::Location`]; meaningless when `refcount == 0`.
+    pub location: u64,
+    /// References from block maps. 0 means the slot is free.
+    pub refcount: u32,
+}
+
+impl CountRecord {
+    /// Encode into 12 bytes.
+    pub fn encode(&self, w: &mut Writer<'_>) {
+        w.u64(self.location);
+        w.u32(self.refcount);
+    }
+    /// Decode 12 bytes.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Self, FormatError> {
+        Ok(CountRecord {
+            location: r.u64()?,
+            refcount: r.u32()?,
+        })
+    }
 }
 
 /// One slab object record (48 bytes): where a stored block or fragment is, how many
@@ -208,7 +404,9 @@ mod tests {
 
     fn header() -> PageHeader {
         PageHeader {
+            version: FORMAT_VERSION,
             kind: PageKind::Map,
+            level: 0,
             count: 3,
             nonce: 77,
             slot: 9,
@@ -233,6 +431,129 @@ mod tests {
                 "bit {bit} flip undetected"
             );
         }
+    }
+
+    #[test]
+    fn a_page_is_checked_against_its_reference() {
+        let mut page = [0u8; BLOCK_BYTES];
+        let crc = encode_page(&header(), &[5u8; 10], &mut page);
+        let good = PageRef {
+            address: 9,
+            crc,
+            generation: 4,
+        };
+        assert!(decode_page_ref(&page, PageKind::Map, 77, &good).is_ok());
+        // The same slot holding an older page (a lost write): its own checks pass.
+        let mut older = [0u8; BLOCK_BYTES];
+        encode_page(
+            &PageHeader {
+                generation: 3,
+                ..header()
+            },
+            &[6u8; 10],
+            &mut older,
+        );
+        assert!(decode_page(&older, PageKind::Map, 77, 9).is_ok());
+        assert!(matches!(
+            decode_page_ref(&older, PageKind::Map, 77, &good),
+            Err(FormatError::StalePage {
+                found_generation: 3,
+                expected_generation: 4,
+                ..
+            })
+        ));
+        let wrong_crc = PageRef { crc: !crc, ..good };
+        assert!(matches!(
+            decode_page_ref(&page, PageKind::Map, 77, &wrong_crc),
+            Err(FormatError::StalePage { .. })
+        ));
+        let data_region = PageRef {
+            address: ADDRESS_DATA_REGION | 9,
+            ..good
+        };
+        assert!(matches!(
+            decode_page_ref(&page, PageKind::Map, 77, &data_region),
+            Err(FormatError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn version_1_pages_still_decode_but_not_through_a_reference() {
+        let v1 = PageHeader {
+            version: FORMAT_VERSION_1,
+            kind: PageKind::Objects,
+            ..header()
+        };
+        let mut page = [0u8; BLOCK_BYTES];
+        let crc = encode_page(&v1, &[], &mut page);
+        assert_eq!(decode_page(&page, PageKind::Objects, 77, 9).unwrap().0, v1);
+        let r = PageRef {
+            address: 9,
+            crc,
+            generation: 4,
+        };
+        assert!(decode_page_ref(&page, PageKind::Objects, 77, &r).is_err());
+        // Kind 2 does not exist in version 2, nor kinds 5-7 in version 1.
+        encode_page(
+            &PageHeader {
+                version: FORMAT_VERSION,
+                ..v1
+            },
+            &[],
+            &mut page,
+        );
+        assert!(decode_page(&page, PageKind::Objects, 77, 9).is_err());
+        encode_page(
+            &PageHeader {
+                kind: PageKind::Counts,
+                ..v1
+            },
+            &[],
+            &mut page,
+        );
+        assert!(decode_page(&page, PageKind::Counts, 77, 9).is_err());
+    }
+
+    #[test]
+    fn a_directory_page_carries_its_level_and_no_other_page_does() {
+        let mut page = [0u8; BLOCK_BYTES];
+        let dir = |level| PageHeader {
+            kind: PageKind::Directory,
+            level,
+            ..header()
+        };
+        for level in 1..=MAX_DEPTH as u8 {
+            encode_page(&dir(level), &[], &mut page);
+            let (h, _) = decode_page(&page, PageKind::Directory, 77, 9).unwrap();
+            assert_eq!(h.level, level);
+        }
+        for level in [0, MAX_DEPTH as u8 + 1] {
+            encode_page(&dir(level), &[], &mut page);
+            assert!(decode_page(&page, PageKind::Directory, 77, 9).is_err());
+        }
+        encode_page(
+            &PageHeader {
+                level: 1,
+                ..header()
+            },
+            &[],
+            &mut page,
+        );
+        assert!(decode_page(&page, PageKind::Map, 77, 9).is_err());
+    }
+
+    #[test]
+    fn page_refs_round_trip() {
+        let r = PageRef {
+            address: ADDRESS_DATA_REGION | 12345,
+            crc: 0xdead_beef,
+            generation: 7,
+        };
+        let mut buf = [0u8; PAGE_REF_BYTES];
+        r.encode(&mut Writer::new(&mut buf));
+        assert_eq!(PageRef::decode(&mut Reader::new("ref", &buf)).unwrap(), r);
+        assert_eq!(r.page_store_slot(), None);
+        assert_eq!(PageRef::slot_only(5).page_store_slot(), Some(5));
     }
 
     #[test]

@@ -5,18 +5,33 @@
 //! and takes the valid one with the highest generation, so a torn super-block
 //! write leaves the previous checkpoint in force.
 
-use crate::page::{OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES};
+use crate::dir_tree::{MAX_DATA_REGION_BLOCKS, MAX_TREE_PAGES};
+use crate::page::{
+    PageRef, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES,
+};
 use crate::{
     seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
-    SECTOR_BYTES,
+    FORMAT_VERSION_1, SECTOR_BYTES,
 };
 
 /// "fewrbyts" as a little-endian u64.
 pub const SUPER_MAGIC: u64 = u64::from_le_bytes(*b"fewrbyts");
 /// "fbdatalb".
 pub const DATA_LABEL_MAGIC: u64 = u64::from_le_bytes(*b"fbdatalb");
-/// Catalog page slots the super block can name.
+/// Catalog page slots a version-1 super block can name (the most of either version).
 pub const MAX_CATALOG_PAGES: usize = 256;
+/// Where a version-2 super block's catalog references start.
+const CATALOG_REFS_OFFSET_V2: usize = 384;
+/// Catalog page references a version-2 super block can hold.
+pub const MAX_CATALOG_PAGES_V2: usize = (BLOCK_BYTES - CATALOG_REFS_OFFSET_V2) / PAGE_REF_BYTES;
+const _: () = assert!(
+    MAX_CATALOG_PAGES_V2 == 232 && MAX_CATALOG_PAGES_V2 <= MAX_CATALOG_PAGES,
+    "docs/format.md's v2 super block holds 232 catalog references"
+);
+/// Longest host name the open-by-host marker records.
+pub const MAX_HOST_BYTES: usize = 64;
+/// The data device label's version (unchanged by format version 2).
+pub const DATA_LABEL_VERSION: u32 = 1;
 /// Longest metadata-device path a data label records.
 pub const MAX_PATH_BYTES: usize = 1024;
 const CRC_OFFSET: usize = 12;
@@ -48,10 +63,40 @@ pub const COUNTER_MAX: u64 = (1 << 63) - 1;
 pub const FLAG_SEPARATE_METADATA: u32 = 1;
 /// Flag: the pool may promise more logical space than it can store.
 pub const FLAG_OVERCOMMIT: u32 = 2;
+/// Flag (version 2): the pool was upgraded from version 1.
+pub const FLAG_UPGRADED_FROM_V1: u32 = 4;
+/// Flag (version 2): metadata pages live in the data region (issue 13). This version
+/// refuses a pool with it set.
+pub const FLAG_DATA_REGION_PAGES: u32 = 8;
+/// The flags this version knows; a version-2 super block with any other is refused.
+const FLAGS_KNOWN_V2: u32 = FLAG_SEPARATE_METADATA | FLAG_OVERCOMMIT | FLAG_UPGRADED_FROM_V1;
+
+/// The open-by-host marker (version 2): who has the pool open. Set by the checkpoint
+/// an open takes, cleared by the one a clean close takes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Holder {
+    /// Process id; 0 when no holder.
+    pub pid: u32,
+    /// When it opened the pool (seconds since the epoch); 0: no holder.
+    pub open_unix: u64,
+    /// The host's boot id (16 bytes; zeros if unknown).
+    pub boot_id: [u8; 16],
+    /// The host's name (at most [`MAX_HOST_BYTES`] bytes, no NUL).
+    pub host: String,
+}
+
+impl Holder {
+    /// Whether someone holds the pool open (or stopped without closing it).
+    pub fn is_set(&self) -> bool {
+        self.open_unix != 0
+    }
+}
 
 /// The pool's root of trust.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SuperBlock {
+    /// Format version (1 or 2); encoding writes this version's layout.
+    pub version: u32,
     /// Random pool identity, in every metadata block.
     pub nonce: u64,
     /// Checkpoint generation; copy `generation % 2` holds it.
@@ -94,8 +139,14 @@ pub struct SuperBlock {
     pub index_entries: u64,
     /// Creation time, seconds since the epoch.
     pub created_unix: u64,
-    /// Page-store slots of the catalog pages, in order.
-    pub catalog_slots: Vec<u32>,
+    /// The catalog pages, in order (version 1: slots only).
+    pub catalog: Vec<PageRef>,
+    /// The counters page (version 2; none written yet).
+    pub counters: PageRef,
+    /// The open-by-host marker (version 2).
+    pub holder: Holder,
+    /// The generation whose checkpoint upgraded the pool from version 1 (0: none).
+    pub upgraded_generation: u64,
 }
 
 impl SuperBlock {
@@ -104,7 +155,7 @@ impl SuperBlock {
         out.fill(0);
         let mut w = Writer::new(out);
         w.u64(SUPER_MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(self.version);
         w.u32(0); // crc
         w.u64(self.nonce);
         w.u64(self.generation);
@@ -116,7 +167,7 @@ impl SuperBlock {
         w.u32(self.slab_blocks);
         w.u32(self.objects_per_slab);
         w.u32(self.slab_count);
-        w.u32(self.catalog_slots.len() as u32);
+        w.u32(self.catalog.len() as u32);
         w.u64(self.journal_start_block);
         w.u64(self.journal_sectors);
         w.u64(self.pages_start_block);
@@ -130,12 +181,29 @@ impl SuperBlock {
         w.u64(self.index_entries);
         w.u64(self.created_unix);
         debug_assert!(
-            w.pos() <= 256,
+            w.pos() <= 192,
             "super block fields overlap the catalog slots"
         );
-        w.seek(256);
-        for slot in &self.catalog_slots {
-            w.u32(*slot);
+        if self.version == FORMAT_VERSION_1 {
+            w.seek(256);
+            for r in &self.catalog {
+                w.u32(r.address as u32);
+            }
+        } else {
+            w.seek(192);
+            self.counters.encode(&mut w);
+            w.u32(self.holder.pid);
+            w.u32(0);
+            w.u64(self.holder.open_unix);
+            w.put(&self.holder.boot_id);
+            w.u64(self.upgraded_generation);
+            w.u64(0);
+            let host = self.holder.host.as_bytes();
+            w.put(host.get(..MAX_HOST_BYTES).unwrap_or(host));
+            w.seek(CATALOG_REFS_OFFSET_V2);
+            for r in &self.catalog {
+                r.encode(&mut w);
+            }
         }
         seal_checksum(out, CRC_OFFSET);
     }
@@ -143,7 +211,17 @@ impl SuperBlock {
     /// Decode and verify one copy read from block `block`.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "super block";
-        let mut r = open_header(what, bytes, SUPER_MAGIC)?;
+        let (version, mut r) = open_header(
+            what,
+            bytes,
+            SUPER_MAGIC,
+            &[FORMAT_VERSION_1, FORMAT_VERSION],
+        )?;
+        let max_catalog_pages = if version == FORMAT_VERSION_1 {
+            MAX_CATALOG_PAGES
+        } else {
+            MAX_CATALOG_PAGES_V2
+        };
         let nonce = r.u64()?;
         let generation = r.u64()?;
         let open_gen = r.u32()?;
@@ -178,10 +256,19 @@ impl SuperBlock {
                 ),
             });
         }
-        if catalog_pages > MAX_CATALOG_PAGES {
+        if catalog_pages > max_catalog_pages {
             return Err(FormatError::Invalid {
                 what,
-                reason: format!("{catalog_pages} catalog pages (max {MAX_CATALOG_PAGES})"),
+                reason: format!("{catalog_pages} catalog pages (max {max_catalog_pages})"),
+            });
+        }
+        if version != FORMAT_VERSION_1 && flags & !FLAGS_KNOWN_V2 != 0 {
+            return Err(FormatError::Invalid {
+                what,
+                reason: format!(
+                    "flags {flags:#x} include features this version does not know \
+                     (bit 3: metadata pages in the data region)"
+                ),
             });
         }
         if slab_blocks == 0
@@ -229,12 +316,32 @@ impl SuperBlock {
                 ),
             });
         }
-        r.seek(256);
-        let mut catalog_slots = Vec::with_capacity(catalog_pages);
-        for _ in 0..catalog_pages {
-            catalog_slots.push(r.u32()?);
+        let mut catalog = Vec::with_capacity(catalog_pages);
+        let mut counters = PageRef::NONE;
+        let mut holder = Holder::default();
+        let mut upgraded_generation = 0;
+        if version == FORMAT_VERSION_1 {
+            r.seek(256);
+            for _ in 0..catalog_pages {
+                catalog.push(PageRef::slot_only(r.u32()?));
+            }
+        } else {
+            r.seek(192);
+            counters = PageRef::decode(&mut r)?;
+            holder.pid = r.u32()?;
+            r.u32()?;
+            holder.open_unix = r.u64()?;
+            holder.boot_id.copy_from_slice(r.take(16)?);
+            upgraded_generation = r.u64()?;
+            r.u64()?;
+            holder.host = decode_host(what, r.take(MAX_HOST_BYTES)?)?;
+            r.seek(CATALOG_REFS_OFFSET_V2);
+            for _ in 0..catalog_pages {
+                catalog.push(PageRef::decode(&mut r)?);
+            }
         }
         Ok(SuperBlock {
+            version,
             nonce,
             generation,
             open_gen,
@@ -256,9 +363,28 @@ impl SuperBlock {
             reserve_blocks,
             index_entries,
             created_unix,
-            catalog_slots,
+            catalog,
+            counters,
+            holder,
+            upgraded_generation,
         })
     }
+}
+
+/// The marker's host name: UTF-8 up to the first zero, and only zeros after it.
+fn decode_host(what: &'static str, raw: &[u8]) -> Result<String, FormatError> {
+    let len = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    let (name, padding) = raw.split_at(len);
+    if padding.iter().any(|b| *b != 0) {
+        return Err(FormatError::Invalid {
+            what,
+            reason: "host name of the open-by-host marker is not zero-padded".into(),
+        });
+    }
+    String::from_utf8(name.to_vec()).map_err(|_| FormatError::Invalid {
+        what,
+        reason: "host name of the open-by-host marker is not UTF-8".into(),
+    })
 }
 
 /// The geometry fields of a super block, checked together by [`check_regions`].
@@ -312,6 +438,20 @@ fn check_regions(what: &'static str, g: &Regions) -> Result<(), FormatError> {
         return Err(invalid(format!(
             "{} slabs of {} blocks for {} data blocks",
             g.slab_count, g.slab_blocks, g.data_blocks
+        )));
+    }
+    if g.data_blocks > MAX_DATA_REGION_BLOCKS {
+        return Err(invalid(format!(
+            "a data region of {} blocks (max {MAX_DATA_REGION_BLOCKS}: fragment \
+             addresses are 48 bits)",
+            g.data_blocks
+        )));
+    }
+    let table_pages = u64::from(g.slab_count)
+        * u64::from(g.objects_per_slab).div_ceil(FINGERPRINTS_PER_PAGE as u64);
+    if table_pages > MAX_TREE_PAGES {
+        return Err(invalid(format!(
+            "{table_pages} fingerprint pages (a directory tree reaches {MAX_TREE_PAGES})"
         )));
     }
     if u64::from(g.catalog_bytes) > (g.catalog_pages * PAGE_PAYLOAD_BYTES) as u64 {
@@ -390,7 +530,7 @@ impl DataLabel {
         out.fill(0);
         let mut w = Writer::new(out);
         w.u64(DATA_LABEL_MAGIC);
-        w.u32(FORMAT_VERSION);
+        w.u32(DATA_LABEL_VERSION);
         w.u32(0);
         w.u64(self.nonce);
         let path = self.metadata_path.as_bytes();
@@ -403,7 +543,7 @@ impl DataLabel {
     /// Decode and verify.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let what = "data device label";
-        let mut r = open_header(what, bytes, DATA_LABEL_MAGIC)?;
+        let (_, mut r) = open_header(what, bytes, DATA_LABEL_MAGIC, &[DATA_LABEL_VERSION])?;
         let nonce = r.u64()?;
         let n = r.u32()? as usize;
         if n > MAX_PATH_BYTES {
@@ -424,13 +564,14 @@ impl DataLabel {
     }
 }
 
-/// Check the header both block-0 structures share (u64 magic, u32 version, u32 crc
-/// over the block) and return a reader just past it.
+/// Check the header both block-0 structures share (u64 magic, u32 version, one of
+/// `versions`, u32 crc over the block) and return the version and a reader just past it.
 fn open_header<'a>(
     what: &'static str,
     bytes: &'a [u8],
     magic: u64,
-) -> Result<Reader<'a>, FormatError> {
+    versions: &[u32],
+) -> Result<(u32, Reader<'a>), FormatError> {
     if bytes.len() != BLOCK_BYTES {
         return Err(FormatError::Truncated {
             what,
@@ -444,16 +585,16 @@ fn open_header<'a>(
         return Err(FormatError::BadMagic { what, found });
     }
     let version = r.u32()?;
-    if version != FORMAT_VERSION {
+    if !versions.contains(&version) {
         return Err(FormatError::BadVersion {
             what,
             found: version,
-            supported: FORMAT_VERSION,
+            supported: versions.iter().copied().max().unwrap_or(FORMAT_VERSION),
         });
     }
     verify_checksum(what, bytes, CRC_OFFSET)?;
     r.u32()?;
-    Ok(r)
+    Ok((version, r))
 }
 
 /// What block 0 of a device holds, as far as a quick look tells.
@@ -472,6 +613,7 @@ mod tests {
 
     pub(crate) fn sample() -> SuperBlock {
         SuperBlock {
+            version: FORMAT_VERSION,
             nonce: 1,
             generation: 2,
             open_gen: 3,
@@ -493,8 +635,63 @@ mod tests {
             reserve_blocks: 4,
             index_entries: 3024,
             created_unix: 1_700_000_000,
-            catalog_slots: vec![3, 4],
+            catalog: vec![
+                PageRef {
+                    address: 3,
+                    crc: 0x1234_5678,
+                    generation: 2,
+                },
+                PageRef {
+                    address: 4,
+                    crc: 0x9abc_def0,
+                    generation: 1,
+                },
+            ],
+            counters: PageRef::NONE,
+            holder: Holder {
+                pid: 4242,
+                open_unix: 1_700_000_100,
+                boot_id: [9; 16],
+                host: "pve-node-1".into(),
+            },
+            upgraded_generation: 0,
         }
+    }
+
+    fn sample_v1() -> SuperBlock {
+        SuperBlock {
+            version: FORMAT_VERSION_1,
+            catalog: vec![PageRef::slot_only(3), PageRef::slot_only(4)],
+            holder: Holder::default(),
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn version_1_super_blocks_still_decode() {
+        let mut block = [0u8; BLOCK_BYTES];
+        sample_v1().encode(&mut block);
+        assert_eq!(SuperBlock::decode(&block).unwrap(), sample_v1());
+    }
+
+    #[test]
+    fn unknown_flags_and_data_region_pages_are_refused_in_version_2() {
+        assert_invalid(
+            decode_with(|sb| sb.flags |= FLAG_DATA_REGION_PAGES),
+            "features this version does not know",
+        );
+        assert_invalid(decode_with(|sb| sb.flags |= 1 << 20), "flags 0x100002");
+        let upgraded = decode_with(|sb| sb.flags |= FLAG_UPGRADED_FROM_V1);
+        assert!(upgraded.is_ok(), "{upgraded:?}");
+    }
+
+    #[test]
+    fn the_holder_s_host_name_must_be_zero_padded_utf8() {
+        let mut block = [0u8; BLOCK_BYTES];
+        sample().encode(&mut block);
+        block[256 + 20] = b'x'; // past the name's terminating zero
+        crate::seal_checksum(&mut block, CRC_OFFSET);
+        assert!(SuperBlock::decode(&block).is_err());
     }
 
     #[test]
@@ -502,7 +699,7 @@ mod tests {
         let mut block = [0u8; BLOCK_BYTES];
         sample().encode(&mut block);
         assert_eq!(SuperBlock::decode(&block).unwrap(), sample());
-        for byte in [0usize, 13, 20, 100, 257] {
+        for byte in [0usize, 13, 20, 100, 193, 257, 390] {
             let mut bad = block;
             bad[byte] ^= 0x10;
             assert!(

@@ -49,6 +49,12 @@ pub struct FaultPlan {
     /// `(offset_bytes, len_bytes)`: every read touching these bytes fails, without
     /// latching the device (a bad sector; other reads, writes and flushes go on).
     pub unreadable: Option<(u64, u64)>,
+    /// Lose the write with this index: it returns Ok and never reaches the device
+    /// (a drive that acknowledged a write it dropped). Reads go on seeing the old bytes.
+    pub lose_write: Option<u64>,
+    /// Misdirect the write with this index to the byte offset given: it returns Ok
+    /// and lands there instead (a drive that wrote the right bytes at the wrong place).
+    pub misdirect_write: Option<(u64, u64)>,
 }
 
 /// A device's bytes as 4 KiB pages shared copy-on-write; a page never written is
@@ -495,6 +501,18 @@ impl Storage for FaultStorage {
         if s.failed || s.plan.fail_write == Some(index) {
             return Err(self.fail(&mut s, IoOp::Write));
         }
+        if s.plan.lose_write == Some(index) {
+            self.counters.count_write(buf.len());
+            return Ok(());
+        }
+        let offset_bytes = match s.plan.misdirect_write {
+            Some((i, to))
+                if i == index && to.saturating_add(buf.len() as u64) <= self.len_bytes =>
+            {
+                to
+            }
+            _ => offset_bytes,
+        };
         s.live.write(buf, offset_bytes);
         s.unflushed.push((offset_bytes, buf.to_vec()));
         // Under the device's lock, so the log holds this device's writes in its order.
@@ -556,6 +574,35 @@ mod tests {
         assert_eq!(image[512], 0);
         let image = dev.crash_image(CrashMode::KeepAll);
         assert_eq!(image[512], 2);
+    }
+
+    #[test]
+    fn a_lost_write_succeeds_and_changes_nothing() {
+        let dev = FaultStorage::new("t", 8192);
+        dev.set_plan(FaultPlan {
+            lose_write: Some(1),
+            ..Default::default()
+        });
+        dev.write_at(&[1; 512], 0).unwrap();
+        dev.write_at(&[2; 512], 0).unwrap();
+        dev.flush().unwrap();
+        let mut buf = [0u8; 512];
+        dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1; 512]);
+        assert_eq!(dev.crash_image(CrashMode::DropAll)[0], 1);
+    }
+
+    #[test]
+    fn a_misdirected_write_lands_elsewhere() {
+        let dev = FaultStorage::new("t", 8192);
+        dev.set_plan(FaultPlan {
+            misdirect_write: Some((0, 4096)),
+            ..Default::default()
+        });
+        dev.write_at(&[3; 512], 0).unwrap();
+        dev.flush().unwrap();
+        let image = dev.crash_image(CrashMode::DropAll);
+        assert_eq!((image[0], image[4096]), (0, 3));
     }
 
     #[test]

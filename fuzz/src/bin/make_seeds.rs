@@ -54,7 +54,7 @@ fn main() {
             let _ = sb;
         } else if u32_at(&block[..], 0) == PAGE_MAGIC {
             let kind = block[9];
-            let flags = 1 | 2 | ((kind.wrapping_sub(1) & 3) << 2);
+            let flags = 1 | 2 | 32 | ((kind.wrapping_sub(1) & 7) << 2);
             w.put(
                 "page",
                 &format!("slot-block{n}-kind{kind}"),

@@ -1,0 +1,229 @@
+//! Directory trees (`docs/format.md`, "Directory trees"): a table too large for four
+//! level-1 directory pages gets more levels, and the catalog holds only the top
+//! list. On a sparse 300 GiB pool file with overcommit, a 1 TiB volume (532,610 map
+//! pages: 2,114 level-1, 9 level-2 and one level-3 directory page) written at its
+//! first, middle and last blocks reads back after a reopen, and so do the count and
+//! fingerprint tables (9,600 slabs: depth 3 each); a stale level-2 directory page is
+//! refused by its parent, naming its region and block.
+
+mod common;
+use common::*;
+use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool};
+use fewerbytes_format::page::{decode_page, encode_page, PageHeader, PageKind};
+use fewerbytes_format::superblock::SuperBlock;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const POOL_BYTES: u64 = 300 << 30;
+const VOLUME_BYTES: u64 = 1 << 40;
+const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+
+/// First, middle and last block of the volume, each with its own content.
+fn probes() -> [(u64, u8); 3] {
+    let last = VOLUME_BYTES / BLOCK as u64 - 1;
+    [(0, 0x11), (last / 2, 0x22), (last, 0x33)]
+}
+
+/// A sparse pool file, removed when dropped.
+struct PoolFile(PathBuf);
+
+impl Drop for PoolFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// An overcommitted sparse pool file holding the 1 TiB volume "big".
+fn big_pool(name: &str) -> (PoolFile, Arc<Pool>) {
+    let path = std::env::temp_dir().join(format!(
+        "fewerbytes-tree-{name}-{}.pool",
+        std::process::id()
+    ));
+    let file = PoolFile(path.clone());
+    Pool::create(&CreateOptions {
+        path: path.clone(),
+        size_bytes: Some(POOL_BYTES),
+        overcommit: true,
+        ..CreateOptions::default()
+    })
+    .unwrap();
+    let pool = Pool::open(&path, &OPTS).unwrap();
+    pool.create_volume("big", VOLUME_BYTES).unwrap();
+    (file, pool)
+}
+
+/// Write the probe blocks, each byte mapped by `fill`.
+fn write_probes(pool: &Arc<Pool>, fill: impl Fn(u8) -> u8) {
+    let vol = pool.open_volume("big").unwrap();
+    for (lbn, byte) in probes() {
+        vol.write(lbn * BLOCK as u64, &[fill(byte); BLOCK], false)
+            .unwrap();
+    }
+}
+
+fn read_block(path: &Path, block: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BLOCK];
+    File::open(path)
+        .unwrap()
+        .read_exact_at(&mut buf, block * BLOCK as u64)
+        .unwrap();
+    buf
+}
+
+fn newest_super_block(path: &Path) -> SuperBlock {
+    [0, 1]
+        .iter()
+        .filter_map(|c| SuperBlock::decode(&read_block(path, *c)).ok())
+        .max_by_key(|sb| sb.generation)
+        .unwrap()
+}
+
+/// The directory pages of `level` in the pool file (any slot, live or retired) of
+/// the volume with id `owner`, as (slot, header, payload). Slots past the last
+/// written one read as zeros and are skipped.
+fn directory_pages(path: &Path, owner: u64, level: u8) -> Vec<(u64, PageHeader, Vec<u8>)> {
+    let sb = newest_super_block(path);
+    let file = File::open(path).unwrap();
+    let mut block = vec![0u8; BLOCK];
+    let mut pages = Vec::new();
+    for slot in 1..sb.page_slots.min(1 << 16) {
+        let at = (sb.pages_start_block + slot) * BLOCK as u64;
+        file.read_exact_at(&mut block, at).unwrap();
+        if let Ok((h, payload)) = decode_page(&block, PageKind::Directory, sb.nonce, slot) {
+            if h.level == level && h.owner == owner {
+                pages.push((slot, h, payload.to_vec()));
+            }
+        }
+    }
+    pages
+}
+
+fn volume_id(pool: &Arc<Pool>) -> u64 {
+    pool.list_volumes().first().unwrap().id
+}
+
+#[test]
+fn a_volume_whose_map_needs_three_levels_reads_back_after_reopen() {
+    let (file, pool) = big_pool("read-back");
+    let id = volume_id(&pool);
+    write_probes(&pool, |b| b);
+    pool.close().unwrap();
+    // The written map pages (0, 266,305 and 532,609) under level-1 directory pages
+    // 0, 1,056 and 2,113, under level-2 pages 0, 4 and 8, under level-3 page 0.
+    for (level, indexes) in [(1, vec![0, 1056, 2113]), (2, vec![0, 4, 8]), (3, vec![0])] {
+        let mut found: Vec<u64> = directory_pages(&file.0, id, level)
+            .iter()
+            .map(|(_, h, _)| h.index)
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        assert_eq!(found, indexes, "level {level}");
+    }
+    assert!(directory_pages(&file.0, id, 4).is_empty());
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    let vol = pool.open_volume("big").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (lbn, byte) in probes() {
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|b| *b == byte), "block {lbn}");
+        vol.read((lbn ^ 1) * BLOCK as u64, &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|b| *b == 0),
+            "block {} is unwritten",
+            lbn ^ 1
+        );
+    }
+    drop(vol);
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    pool.close().unwrap();
+}
+
+#[test]
+fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
+    let (file, pool) = big_pool("stale");
+    let id = volume_id(&pool);
+    write_probes(&pool, |b| b);
+    pool.close().unwrap();
+    // Level-2 page 0 covers the first block; rewriting that block rewrites it.
+    let older = directory_pages(&file.0, id, 2)
+        .into_iter()
+        .filter(|(_, h, _)| h.index == 0)
+        .max_by_key(|(_, h, _)| h.generation)
+        .unwrap();
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    write_probes(&pool, |b| !b);
+    pool.close().unwrap();
+    let sb = newest_super_block(&file.0);
+    let (slot, current, _) = directory_pages(&file.0, id, 2)
+        .into_iter()
+        .filter(|(_, h, _)| h.index == 0)
+        .max_by_key(|(_, h, _)| h.generation)
+        .unwrap();
+    assert!(older.1.generation < current.generation);
+    // The drive lost the newer write: the slot holds the older page, which passes
+    // every check of its own.
+    let stale = PageHeader { slot, ..older.1 };
+    let mut page = [0u8; BLOCK];
+    encode_page(&stale, &older.2, &mut page);
+    assert!(decode_page(&page, PageKind::Directory, sb.nonce, slot).is_ok());
+    let block = sb.pages_start_block + slot;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.0)
+        .unwrap()
+        .write_all_at(&page, block * BLOCK as u64)
+        .unwrap();
+    match Pool::open(&file.0, &OPTS) {
+        Err(EngineError::Corrupt {
+            region,
+            block: named,
+            reason,
+            ..
+        }) => {
+            assert_eq!(region, "directory page");
+            assert_eq!(named, block);
+            assert!(reason.contains("lost or misdirected write"), "{reason}");
+        }
+        Err(e) => panic!("not reported as corruption: {e}"),
+        Ok(_) => panic!("a stale level-2 directory page was loaded"),
+    }
+}
+
+#[test]
+fn a_volume_past_the_format_maximum_is_refused() {
+    let (_file, pool) = big_pool("maximum");
+    let max = fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
+    match pool.create_volume("larger", max + BLOCK as u64) {
+        Err(EngineError::Refused(why)) => assert!(why.contains("at most 4.00 PiB"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_volume_shrunk_then_grown_reads_zeros_where_it_was_cut_off() {
+    // A directory page over the new end of a shrunk volume must be rewritten: if it
+    // kept the references of the pages cut off, growing the volume again would bring
+    // their old blocks back (or point into slots reused since).
+    let mut t = create(64 << 20, None);
+    let pool = t.pool().clone();
+    pool.create_volume("v", 8 << 20).unwrap();
+    let vol = pool.open_volume("v").unwrap();
+    vol.write(2000 * BLOCK as u64, &[7; BLOCK], false).unwrap();
+    drop(vol);
+    t.reopen();
+    let pool = t.pool().clone();
+    pool.resize_volume("v", 504 * BLOCK as u64, true).unwrap();
+    pool.resize_volume("v", 8 << 20, false).unwrap();
+    drop(pool);
+    t.reopen();
+    let vol = t.pool().open_volume("v").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    vol.read(2000 * BLOCK as u64, &mut buf).unwrap();
+    assert!(
+        buf.iter().all(|b| *b == 0),
+        "a block cut off by the shrink came back"
+    );
+}
