@@ -57,20 +57,30 @@ fb_guest_accel() {
     local boot_id probe_file
     boot_id=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)
     probe_file=$FB_GUEST_CACHE/kvm-probe-$boot_id
-    if [[ ! -f $probe_file ]]; then
-        local answer=tcg log
-        if [[ -c /dev/kvm ]]; then
-            log=$(mktemp -t fb-kvm-probe.XXXXXX)
-            timeout 60 "$FB_QEMU" -accel kvm -cpu host -m 256 -nodefaults -display none \
-                -serial "file:$log" -monitor none -no-reboot -kernel "$kernel" \
-                -append "console=ttyS0 panic=-1 root=/dev/nonexistent" >/dev/null 2>&1 || true
-            grep -q 'Kernel panic' "$log" && answer=kvm
-            rm -f "$log"
+    mkdir -p "$FB_GUEST_CACHE"
+    # Guests start side by side (the boot storm): one probes while the others wait on
+    # the lock, and the answer appears whole (renamed into place), never half written.
+    # (An empty answer once made QEMU list its accelerators and exit 0, no guest run.)
+    (
+        flock 9
+        if [[ ! -s $probe_file ]]; then
+            local answer=tcg log
+            if [[ -c /dev/kvm ]]; then
+                log=$(mktemp -t fb-kvm-probe.XXXXXX)
+                timeout 60 "$FB_QEMU" -accel kvm -cpu host -m 256 -nodefaults -display none \
+                    -serial "file:$log" -monitor none -no-reboot -kernel "$kernel" \
+                    -append "console=ttyS0 panic=-1 root=/dev/nonexistent" >/dev/null 2>&1 || true
+                grep -q 'Kernel panic' "$log" && answer=kvm
+                rm -f "$log"
+            fi
+            echo "$answer" >"$probe_file.tmp.$$"
+            mv "$probe_file.tmp.$$" "$probe_file"
         fi
-        mkdir -p "$FB_GUEST_CACHE"
-        echo "$answer" >"$probe_file"
-    fi
-    cat "$probe_file"
+    ) 9>"$probe_file.lock"
+    local accel
+    accel=$(cat "$probe_file")
+    [[ $accel == kvm || $accel == tcg ]] || fb_die "accelerator probe left '$accel' in $probe_file"
+    echo "$accel"
 }
 
 # fb_proc_cpu_ticks PID: user + system CPU time of PID in clock ticks (/proc/PID/stat).

@@ -266,6 +266,12 @@ fn losing_one_super_block_copy_or_label_copy_keeps_the_pool() {
         listed.report()
     );
     assert!(
+        !block_starts_with(&pool, 0, b"fewrbyts"),
+        "`volume list` opens read-only and must write nothing"
+    );
+    // The next read-write open's checkpoint rewrites the damaged copy.
+    fewerbytes_ok(&pool, &["volume", "create", "other", "--size", "4M"]);
+    assert!(
         block_starts_with(&pool, 0, b"fewrbyts"),
         "the open's checkpoint did not rewrite super block copy 0"
     );
@@ -305,6 +311,11 @@ fn losing_one_super_block_copy_or_label_copy_keeps_the_pool() {
         "opening from label copy 1 must say so in a warning:\n{}",
         listed.report()
     );
+    assert!(
+        !block_starts_with(&data, 0, b"fbdatalb"),
+        "`volume list` opens read-only and must write nothing"
+    );
+    fewerbytes_ok(&data, &["volume", "create", "other", "--size", "4M"]);
     assert!(
         block_starts_with(&data, 0, b"fbdatalb"),
         "label copy 0 was not rewritten"
