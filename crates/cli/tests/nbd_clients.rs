@@ -192,6 +192,14 @@ fn qemu_io_patterns_at_odd_offsets_read_back() {
             .any(|l| l.contains("NBD transmission") && l.contains("extended: true")),
         "no qemu-io connection negotiated extended headers; server log:\n{log}"
     );
+    // An admin reading the log at the default level sees each client come and go.
+    for event in ["NBD client attached", "NBD client detached"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(" INFO ") && l.contains(event) && l.contains("export=")),
+            "no INFO line '{event}' naming the export; server log:\n{log}"
+        );
+    }
 }
 
 /// A seeded random mix of writes (pattern and zero), trims and write-zeroes over a

@@ -880,7 +880,12 @@ fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
                 return;
             }
             tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
+            // What an admin reads at the default level: who attached which volume, and
+            // when they left (probes that never reach transmission stay at debug).
+            let export = session.name.clone();
+            tracing::info!(id, %peer, %export, "NBD client attached");
             transmission::serve(server, id, session, reader, Arc::clone(&stream));
+            tracing::info!(id, %peer, %export, "NBD client detached");
         }
         Ok(None) => tracing::debug!(id, "NBD client ended negotiation"),
         Err(e) => tracing::debug!(id, error = %e, "NBD negotiation ended"),
