@@ -50,6 +50,14 @@ fn read_block(t: &TestPool, lbn: u64) -> Result<Vec<u8>, EngineError> {
     vol.read(lbn * BLOCK as u64, &mut buf).map(|()| buf)
 }
 
+/// The object block `lbn` of volume "a" names (it must name one).
+fn stored_object(t: &TestPool, lbn: u64) -> u64 {
+    t.pool()
+        .object_of("a", lbn)
+        .unwrap()
+        .unwrap_or_else(|| panic!("block {lbn} is stored"))
+}
+
 fn repair(t: &TestPool, options: &RepairOptions) -> RepairReport {
     t.pool().repair(options, &|_, _, _| {}).expect("repair")
 }
@@ -80,11 +88,7 @@ fn a_clean_pool_needs_no_repair() {
 #[test]
 fn a_reference_count_too_high_is_set_to_the_references_found() {
     let (mut t, shared, own) = pool_with_data();
-    let object = t
-        .pool()
-        .object_of("a", 0)
-        .unwrap()
-        .expect("block 0 is stored");
+    let object = stored_object(&t, 0);
     t.pool().damage_reference_count(object, 5).unwrap();
     t.reopen();
     let audit = t.pool().audit();
@@ -113,11 +117,7 @@ fn a_reference_count_too_low_is_raised_so_an_overwrite_keeps_the_other_copy() {
     // Too low is the dangerous way: overwriting block 0 would free the object block
     // 1 still names. After the repair the overwrite leaves block 1 intact.
     let (mut t, shared, _) = pool_with_data();
-    let object = t
-        .pool()
-        .object_of("a", 0)
-        .unwrap()
-        .expect("block 0 is stored");
+    let object = stored_object(&t, 0);
     t.pool().damage_reference_count(object, 1).unwrap();
     t.reopen();
     let report = repair(&t, &REPAIR);
@@ -135,11 +135,7 @@ fn a_reference_count_too_low_is_raised_so_an_overwrite_keeps_the_other_copy() {
 #[test]
 fn a_leaked_object_is_freed_and_its_space_comes_back() {
     let (mut t, shared, _) = pool_with_data();
-    let object = t
-        .pool()
-        .object_of("a", 2)
-        .unwrap()
-        .expect("block 2 is stored");
+    let object = stored_object(&t, 2);
     // Block 2's entry goes; its object keeps its one reference: a leak.
     t.pool().damage_map_entry("a", 2, None).unwrap();
     t.reopen();
@@ -214,11 +210,7 @@ fn a_map_entry_naming_a_free_object_reads_as_zeros_after_the_repair_and_says_so(
 #[test]
 fn without_apply_a_repair_says_what_it_would_change_and_changes_nothing() {
     let (mut t, _, _) = pool_with_data();
-    let object = t
-        .pool()
-        .object_of("a", 0)
-        .unwrap()
-        .expect("block 0 is stored");
+    let object = stored_object(&t, 0);
     t.pool().damage_reference_count(object, 7).unwrap();
     t.reopen();
     let report = repair(&t, &DRY_RUN);
@@ -292,11 +284,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
     // fingerprint, so the data is not lost: a normal open refuses the pool, and an
     // open for repair restores the count once the data matches its fingerprint.
     let (mut t, shared, own) = pool_with_data();
-    let object = t
-        .pool()
-        .object_of("a", 0)
-        .unwrap()
-        .expect("block 0 is stored");
+    let object = stored_object(&t, 0);
     t.pool().damage_reference_count(object, 0).unwrap();
     t.pool.take().unwrap().close().unwrap();
     let refused = Pool::open_devices(
