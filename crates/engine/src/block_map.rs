@@ -63,8 +63,8 @@ pub struct VolumeState {
     pub slot: u16,
     /// Unique id.
     pub id: u64,
-    /// Name.
-    pub name: String,
+    /// Name (changed only by a rename, with the gate held exclusively).
+    name: RwLock<String>,
     /// Size in 4 KiB blocks.
     pub size_blocks: AtomicU64,
     /// Map pages (the vector is resized under the write lock).
@@ -84,13 +84,28 @@ pub struct VolumeState {
 }
 
 impl VolumeState {
+    /// The volume's name now.
+    pub fn name(&self) -> String {
+        self.name.read().clone()
+    }
+
+    /// Whether the volume is called `name`.
+    pub fn is_named(&self, name: &str) -> bool {
+        *self.name.read() == name
+    }
+
+    /// Call the volume `name` (`Pool::rename_volume`, gate held exclusively).
+    pub fn rename(&self, name: &str) {
+        *self.name.write() = name.to_string();
+    }
+
     /// A volume with an empty map of `size_blocks`.
     pub fn new(slot: u16, id: u64, name: String, size_blocks: u64) -> Self {
         let pages = size_blocks.div_ceil(ENTRIES_PER_PAGE);
         VolumeState {
             slot,
             id,
-            name,
+            name: RwLock::new(name),
             size_blocks: AtomicU64::new(size_blocks),
             pages: RwLock::new((0..pages).map(|_| Mutex::new(MapPage::default())).collect()),
             dirs: Mutex::new(DirTree::default()),

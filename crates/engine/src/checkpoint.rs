@@ -549,7 +549,7 @@ impl Inner {
             records.push(VolumeRecord {
                 slot: vol.slot,
                 id: vol.id,
-                name: vol.name.clone(),
+                name: vol.name(),
                 size_bytes,
                 reservation_bytes: if self.overcommit { 0 } else { size_bytes },
                 thin: self.overcommit,

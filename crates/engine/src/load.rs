@@ -434,7 +434,7 @@ impl Inner {
             let map = vol.pages.read();
             pages += map.iter().filter(|p| p.lock().entries.is_some()).count() as u64;
             pages += dirs(map.len() as u64);
-            catalog_bytes += 40 + vol.name.len() as u64 + top(map.len() as u64);
+            catalog_bytes += 40 + vol.name().len() as u64 + top(map.len() as u64);
         }
         pages + catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64)
     }

@@ -102,7 +102,7 @@ impl Inner {
         Err(EngineError::Refused(format!(
             "read-modify-write of block {lbn} of volume '{}' lost its race {RMW_ATTEMPTS_MAX} times \
              (a bug: only range operations may change a block under its stripe lock)",
-            vol.name
+            vol.name()
         )))
     }
 }

@@ -282,7 +282,7 @@ impl Inner {
             .read()
             .iter()
             .flatten()
-            .find(|v| v.name == name)
+            .find(|v| v.is_named(name))
             .cloned()
             .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
     }
@@ -982,7 +982,7 @@ impl Pool {
             }
         }
         VolumeInfo {
-            name: v.name.clone(),
+            name: v.name(),
             id: v.id,
             size_bytes: v.size_blocks() * block,
             logical_used_bytes: v.mapped.load(Ordering::Relaxed).max(0) as u64 * block,
@@ -1000,7 +1000,7 @@ impl Pool {
             .read()
             .iter()
             .flatten()
-            .map(|v| (v.name.clone(), v.size_blocks() * BLOCK_BYTES as u64))
+            .map(|v| (v.name(), v.size_blocks() * BLOCK_BYTES as u64))
             .collect()
     }
 
@@ -1241,44 +1241,28 @@ impl Pool {
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
     /// checkpoint taken with the gate held, as every volume operation is, so a crash
     /// leaves the old name or the new one, never both. A volume with open handles
-    /// (NBD clients) is refused: they were opened by the old name.
+    /// (NBD clients) is refused: they attached it by the old name.
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
         validate_name(new_name).map_err(EngineError::Refused)?;
         let i = &self.inner;
         i.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let slot = i.volume_by_name(name)?.slot as usize;
+        let vol = i.volume_by_name(name)?;
         if i.volume_by_name(new_name).is_ok() {
             return Err(EngineError::VolumeExists(new_name.to_string()));
         }
-        let renamed = {
-            let mut vols = i.volumes.write();
-            let entry = vols
-                .get_mut(slot)
-                .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))?;
-            let state = entry
-                .take()
-                .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))?;
-            // Only the volume list holds a volume nobody has open.
-            match Arc::try_unwrap(state) {
-                Ok(mut state) => {
-                    state.name = new_name.to_string();
-                    let state = Arc::new(state);
-                    *entry = Some(state.clone());
-                    state
-                }
-                Err(state) => {
-                    let users = state.users.load(Ordering::Acquire);
-                    *entry = Some(state);
-                    return Err(EngineError::Refused(format!(
-                        "volume '{name}' is open by {users} client(s): disconnect them to rename it"
-                    )));
-                }
-            }
-        };
+        // A client attached the volume by its old name (its NBD export): a disk is
+        // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
+        let users = vol.users.load(Ordering::Acquire);
+        if users > 0 {
+            return Err(EngineError::Refused(format!(
+                "volume '{name}' is open by {users} client(s): disconnect them to rename it"
+            )));
+        }
+        vol.rename(new_name);
         i.checkpoint_locked(gate, true)?;
-        Ok(self.volume_info(&renamed))
+        Ok(self.volume_info(&vol))
     }
 
     /// Open a handle on a volume.

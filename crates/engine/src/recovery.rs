@@ -83,7 +83,7 @@ impl Inner {
                     {
                         return Err(corrupt(format!(
                             "record {n}: block {lbn} of volume '{}' or its entry is out of range",
-                            vol.name
+                            vol.name()
                         )));
                     }
                     let pages = vol.pages.read();
@@ -107,7 +107,7 @@ impl Inner {
                     {
                         return Err(corrupt(format!(
                             "record {n}: range {lbn}+{count} past the end of volume '{}'",
-                            vol.name
+                            vol.name()
                         )));
                     }
                     let pages = vol.pages.read();
@@ -198,7 +198,7 @@ impl Inner {
                     device: "metadata",
                     reason: format!(
                         "block {lbn} of volume '{}' names an object outside the pool",
-                        vol.name
+                        vol.name()
                     ),
                 });
             }

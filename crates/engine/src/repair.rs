@@ -161,10 +161,7 @@ impl Inner {
                 let (s, idx) = self.split_object(o);
                 let rec = self.slab(s).lock().rec(idx);
                 if rec.refcount == 0 && rec.fingerprint != [0; 32] {
-                    found
-                        .entry(o.0)
-                        .or_insert_with(|| (0, vol.name.clone(), lbn))
-                        .0 += 1;
+                    found.entry(o.0).or_insert_with(|| (0, vol.name(), lbn)).0 += 1;
                 }
             });
         }
@@ -252,7 +249,7 @@ impl Inner {
                         *refs.entry(o.0).or_insert(0) += 1;
                     } else {
                         dangling.push(Dangling {
-                            volume: vol.name.clone(),
+                            volume: vol.name(),
                             lbn: p as u64 * ENTRIES_PER_PAGE + k as u64,
                             object: o.0,
                         });
@@ -450,7 +447,7 @@ impl Inner {
                 if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
                     users.entry(o.0).or_default().push(format!(
                         "volume {} block {lbn} (bytes {}-{})",
-                        vol.name,
+                        vol.name(),
                         lbn * BLOCK,
                         (lbn + 1) * BLOCK - 1
                     ));

@@ -54,7 +54,7 @@ impl Pool {
             .iter()
             .flatten()
             .map(|v| VolumeStats {
-                name: v.name.clone(),
+                name: v.name(),
                 size_bytes: v.size_blocks() * BLOCK,
                 logical_used_bytes: v.mapped.load(Relaxed).max(0) as u64 * BLOCK,
                 zero_bytes: v.zeros.load(Relaxed).max(0) as u64 * BLOCK,

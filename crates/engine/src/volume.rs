@@ -76,7 +76,7 @@ impl Volume {
 
     /// The volume's name.
     pub fn name(&self) -> String {
-        self.h.vol.name.clone()
+        self.h.vol.name()
     }
 
     /// Current size in bytes (volumes can be resized while open).
@@ -87,7 +87,7 @@ impl Volume {
     fn check(&self, op: &'static str, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         let vol = &self.h.vol;
         if vol.deleted.load(Ordering::Acquire) {
-            return Err(EngineError::VolumeGone(vol.name.clone()));
+            return Err(EngineError::VolumeGone(vol.name()));
         }
         let size_bytes = self.size_bytes();
         if offset_bytes
@@ -95,7 +95,7 @@ impl Volume {
             .is_none_or(|end| end > size_bytes)
         {
             return Err(EngineError::OutOfRange {
-                volume: vol.name.clone(),
+                volume: vol.name(),
                 op,
                 offset_bytes,
                 len_bytes,
@@ -131,7 +131,7 @@ impl Volume {
     fn read_blocks(&self, offset_bytes: u64, buf: &mut [u8], wait: Wait) -> Result<bool> {
         let inner = self.inner();
         if self.h.vol.deleted.load(Ordering::Acquire) {
-            return Err(EngineError::VolumeGone(self.h.vol.name.clone()));
+            return Err(EngineError::VolumeGone(self.h.vol.name()));
         }
         let mut block = [0u8; BLOCK_BYTES];
         let mut pos = 0usize;
@@ -228,11 +228,11 @@ impl Volume {
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
         if vol.deleted.load(Ordering::Acquire) {
-            return Err(EngineError::VolumeGone(vol.name.clone()));
+            return Err(EngineError::VolumeGone(vol.name()));
         }
         if offset_bytes + data.len() as u64 > vol.size_blocks() * BLOCK {
             return Err(EngineError::OutOfRange {
-                volume: vol.name.clone(),
+                volume: vol.name(),
                 op: "write",
                 offset_bytes,
                 len_bytes: data.len() as u64,
@@ -344,7 +344,7 @@ impl Volume {
         match self.write(offset_bytes, bytes, fua) {
             Err(EngineError::NoSpace(why)) if entry == MapEntry::Unmapped => {
                 tracing::debug!(
-                    volume = %self.h.vol.name,
+                    volume = %self.h.vol.name(),
                     offset_bytes,
                     len_bytes,
                     %why,
@@ -363,7 +363,7 @@ impl Volume {
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
         if vol.deleted.load(Ordering::Acquire) {
-            return Err(EngineError::VolumeGone(vol.name.clone()));
+            return Err(EngineError::VolumeGone(vol.name()));
         }
         let end = end.min(vol.size_blocks());
         let mut released = Vec::new();
@@ -912,7 +912,7 @@ impl Inner {
                 if let Some(o) = entry.object() {
                     self.release_object(o)?;
                 }
-                return Err(EngineError::VolumeGone(vol.name.clone()));
+                return Err(EngineError::VolumeGone(vol.name()));
             };
             let mut page = page.lock();
             let i = (lbn % ENTRIES_PER_PAGE) as usize;
@@ -953,7 +953,11 @@ fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
             region: "data",
             block,
             device,
-            reason: format!("volume '{}' at offset {}: {reason}", vol.name, lbn * BLOCK),
+            reason: format!(
+                "volume '{}' at offset {}: {reason}",
+                vol.name(),
+                lbn * BLOCK
+            ),
         },
         other => other,
     }
