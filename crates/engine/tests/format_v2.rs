@@ -8,19 +8,10 @@ use fewerbytes_engine::{EngineError, OpenOptions, Pool};
 use fewerbytes_format::page::{
     encode_page, ref_generation, PageHeader, PageKind, PageRef, PAGE_PAYLOAD_BYTES,
 };
-use fewerbytes_format::superblock::SuperBlock;
 use fewerbytes_format::FORMAT_VERSION;
 use std::sync::Arc;
 
 const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
-
-fn newest_super_block(image: &[u8]) -> SuperBlock {
-    [0, 1]
-        .iter()
-        .filter_map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]).ok())
-        .max_by_key(|sb| sb.generation)
-        .unwrap()
-}
 
 fn open_image(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
     let dev = Arc::new(FaultStorage::from_image("data", image));

@@ -268,14 +268,6 @@ fn newest_page(
         .expect("a page of that kind")
 }
 
-fn newest_super_block(image: &[u8]) -> SuperBlock {
-    [0, 1]
-        .iter()
-        .filter_map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]).ok())
-        .max_by_key(|sb| sb.generation)
-        .unwrap()
-}
-
 #[test]
 fn an_older_copy_of_the_same_page_in_its_slot_is_refused_by_its_parent() {
     // The case only a parent-held checksum catches: the slot holds the very page its

@@ -127,3 +127,16 @@ impl Mix {
         b
     }
 }
+
+/// The valid super block copy with the highest generation among the first two blocks
+/// of `image` (what an open takes).
+pub fn newest_super_block(image: &[u8]) -> fewerbytes_format::superblock::SuperBlock {
+    [0, 1]
+        .iter()
+        .filter_map(|c| {
+            let block = image.get(c * BLOCK..(c + 1) * BLOCK)?;
+            fewerbytes_format::superblock::SuperBlock::decode(block).ok()
+        })
+        .max_by_key(|sb| sb.generation)
+        .expect("a valid super block copy")
+}
