@@ -22,10 +22,12 @@
 
 mod fault;
 mod file;
+mod image;
 mod loop_device;
 
-pub use fault::{CrashMode, FaultPlan, FaultStorage, Image, IoEvent, IoLog, LogReplay};
+pub use fault::{CrashMode, FaultPlan, FaultStorage, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
+pub use image::Image;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
