@@ -599,17 +599,22 @@ impl Relay {
         let events = |input: bool, output: bool| {
             (if input { libc::POLLIN } else { 0 }) | (if output { libc::POLLOUT } else { 0 })
         };
+        // A side nothing is wanted of is left out (a negative fd), so that its hang-up,
+        // which poll reports whatever the events asked, cannot keep waking the relay.
+        let entry = |fd: std::os::fd::RawFd, events: libc::c_short| libc::pollfd {
+            fd: if events == 0 { -1 } else { fd },
+            events,
+            revents: 0,
+        };
         let mut fds = [
-            libc::pollfd {
-                fd: self.tls.get_ref().0.fd(),
-                events: events(wants.tls_in, wants.tls_out),
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.plain.as_raw_fd(),
-                events: events(wants.plain_in, wants.plain_out),
-                revents: 0,
-            },
+            entry(
+                self.tls.get_ref().0.fd(),
+                events(wants.tls_in, wants.tls_out),
+            ),
+            entry(
+                self.plain.as_raw_fd(),
+                events(wants.plain_in, wants.plain_out),
+            ),
         ];
         let timeout_ms = timeout.map_or(-1, |t| {
             libc::c_int::try_from(t.as_millis().max(1)).unwrap_or(libc::c_int::MAX)
