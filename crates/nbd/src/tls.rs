@@ -456,6 +456,10 @@ struct Relay {
     /// The connection ended its side: what is pending goes out, then the relay ends.
     plain_read_done: bool,
     plain_write_shut: bool,
+    /// Whether a read of each side may find bytes: cleared when one found none, set
+    /// when poll says so, so that a pass reads only the side that woke the relay.
+    tls_readable: bool,
+    plain_readable: bool,
     reply_write_timeout: Duration,
 }
 
@@ -478,6 +482,8 @@ impl Relay {
             tls_read_done: false,
             plain_read_done: false,
             plain_write_shut: false,
+            tls_readable: true,
+            plain_readable: true,
             reply_write_timeout,
         }
     }
@@ -527,7 +533,11 @@ impl Relay {
     fn step(&mut self, wants: &mut Wants, progress: &mut bool) -> io::Result<bool> {
         // Client → connection: every record at hand, up to a full buffer, so that
         // pipelined requests cost one write to the connection.
-        while !self.tls_read_done && !self.to_plain.is_full() {
+        let tls_wanted = !self.tls_read_done && !self.to_plain.is_full();
+        if tls_wanted && !self.tls_readable {
+            wants.tls_in = true;
+        }
+        while self.tls_readable && !self.tls_read_done && !self.to_plain.is_full() {
             match self.tls.ssl_read(self.to_plain.space()) {
                 Ok(0) => break,
                 Ok(n) => {
@@ -536,6 +546,7 @@ impl Relay {
                 }
                 Err(e) => match e.code() {
                     ErrorCode::WANT_READ => {
+                        self.tls_readable = false;
                         wants.tls_in = true;
                         break;
                     }
@@ -574,7 +585,11 @@ impl Relay {
         }
         // Connection → client. Refilled only when empty: a write OpenSSL could not
         // finish must be retried with the same bytes.
-        if !self.plain_read_done && self.to_tls.is_empty() {
+        let plain_wanted = !self.plain_read_done && self.to_tls.is_empty();
+        if plain_wanted && !self.plain_readable {
+            wants.plain_in = true;
+        }
+        if plain_wanted && self.plain_readable {
             match (&self.plain).read(self.to_tls.space()) {
                 Ok(0) => {
                     self.plain_read_done = true;
@@ -584,7 +599,10 @@ impl Relay {
                     self.to_tls.filled(n);
                     *progress = true;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => wants.plain_in = true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.plain_readable = false;
+                    wants.plain_in = true;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => *progress = true,
                 Err(_) => {
                     self.plain_read_done = true;
@@ -610,7 +628,8 @@ impl Relay {
         Ok(!(self.plain_read_done && self.to_tls.is_empty()))
     }
 
-    fn wait(&self, wants: &Wants, timeout: Option<Duration>) -> io::Result<()> {
+    /// Poll for what `wants` says, and note which side has bytes (or an end) to read.
+    fn wait(&mut self, wants: &Wants, timeout: Option<Duration>) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         let events = |input: bool, output: bool| {
             (if input { libc::POLLIN } else { 0 }) | (if output { libc::POLLOUT } else { 0 })
@@ -643,6 +662,11 @@ impl Relay {
                 return Err(e);
             }
         }
+        let readable =
+            |fd: &libc::pollfd| fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+        let [tls, plain] = &fds;
+        self.tls_readable |= readable(tls);
+        self.plain_readable |= readable(plain);
         Ok(())
     }
 }
