@@ -93,6 +93,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Stack of connection and worker threads; buffers live on the heap.
 pub const THREAD_STACK_BYTES: usize = 256 << 10;
+const _: () = assert!(THREAD_STACK_BYTES == crate::tls::RELAY_THREAD_STACK_BYTES);
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 

@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 /// Bytes each direction of a relay holds at most: four full TLS records, so one
 /// `SSL_write` and one socket write move a 64 KiB NBD payload.
 pub const RELAY_BUFFER_BYTES: usize = 64 << 10;
+/// Stack of a relay thread: OpenSSL's record layer needs a few KiB; buffers are on
+/// the heap. The same as the server's other threads (`server::THREAD_STACK_BYTES`).
+pub(crate) const RELAY_THREAD_STACK_BYTES: usize = 256 << 10;
 /// Longest PSK key accepted (OpenSSL's `PSK_MAX_PSK_LEN`).
 const PSK_KEY_MAX_BYTES: usize = 512;
 /// PSK identities read from one file at most: a bound on what a stray file can cost.
@@ -281,7 +284,7 @@ impl TlsCredentials {
         outer.set_nonblocking(true).map_err(io_error)?;
         std::thread::Builder::new()
             .name("nbd-tls".into())
-            .stack_size(crate::server::THREAD_STACK_BYTES)
+            .stack_size(RELAY_THREAD_STACK_BYTES)
             .spawn(move || Relay::new(tls, outer, reply_write_timeout).run())
             .map_err(io_error)?;
         Ok((Stream::Unix(inner), Peer::Tls { identity }))
