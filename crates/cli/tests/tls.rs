@@ -377,3 +377,57 @@ fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
+
+#[test]
+fn a_stop_closes_tls_clients_and_keeps_what_they_flushed() {
+    let dir = TempDir::new("tls-stop");
+    let X509Setup {
+        mut server, alice, ..
+    } = x509_setup(&dir, &["--tls", "require"]);
+    let uri = nbds_uri(
+        &server,
+        "open",
+        &format!("tls-certificates={}", alice.display()),
+    );
+    // A libnbd client that writes, flushes, and then holds its connection open.
+    let script = r#"
+import sys, time, nbd
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\x7e" * 65536, 0)
+h.flush()
+print("flushed", flush=True)
+time.sleep(120)
+"#;
+    let mut client = std::process::Command::new(common::libnbd::system_python())
+        .args(["-c", script, &uri])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the libnbd client");
+    let stdout = client.stdout.take().expect("client stdout");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .expect("read the client");
+    assert_eq!(line.trim(), "flushed", "{}", server.log_text());
+    let status = server.stop();
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(
+        status.success(),
+        "serve exited with {status}:\n{}",
+        server.log_text()
+    );
+    assert!(
+        server.log_text().contains("NBD client detached"),
+        "{}",
+        server.log_text()
+    );
+    server.spawn();
+    let object = format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        alice.display()
+    );
+    qemu_io_tls(&server, &object, "open", &["read -P 0x7e 0 64k"]);
+}
