@@ -288,7 +288,7 @@ fn answer_option(
     match replies.option {
         OPT_LIST => list(server, peer, data, replies),
         OPT_STARTTLS if data.is_empty() => {
-            replies.error(REP_ERR_POLICY, "TLS is not configured on this server")
+            replies.error(REP_ERR_POLICY, "TLS is not offered on this endpoint")
         }
         OPT_STRUCTURED_REPLY if data.is_empty() && agreed.mode.extended => replies.error(
             REP_ERR_EXT_HEADER_REQD,
