@@ -5,7 +5,8 @@
 //! negotiates and then reads requests (and runs a lone small write itself), plus up
 //! to [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand, of which one
 //! per CPU runs quick requests at once, and retired after
-//! [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`). Every thread ends
+//! [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`); after STARTTLS, one
+//! relay thread that owns the TLS session (see `tls.rs`). Every thread ends
 //! when its connection or listener does, so threads, memory and file descriptors
 //! return to their baseline when clients leave.
 
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 /// Default for [`ServerConfig::max_connections`]: a host runs tens of VMs with a few
 /// connections each (multi-conn); 512 leaves room while bounding threads and fds
 /// (each connection holds one socket and at most 1 + [`WORKERS_PER_CONNECTION_MAX`]
-/// threads).
+/// threads; over TLS also a socket pair and its relay thread).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default for [`ServerConfig::max_inflight_per_connection`]: QEMU and fio run queue
 /// depths up to 32 per connection and the kernel client up to 128 tags; 64 keeps a
