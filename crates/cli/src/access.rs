@@ -47,6 +47,22 @@ pub fn allow_path(pool_path: &Path) -> PathBuf {
     }
 }
 
+/// The allow file, to add limits to. A pool on a block device has no directory of its
+/// own (`/dev` forgets files at boot), so its allow file must be named.
+pub fn allow_path_to_write(pool_path: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let on_device = std::fs::metadata(pool_path).is_ok_and(|m| m.file_type().is_block_device());
+    if on_device && ALLOW_FILE.get().is_none() {
+        anyhow::bail!(
+            "pool {} is a block device, and a file beside it in /dev would not last: name \
+             the allow file with --allow-file PATH (or FEWERBYTES_ALLOW_FILE), the same for \
+             serve, e.g. /etc/fewerbytes/NAME.allow.json",
+            pool_path.display()
+        );
+    }
+    Ok(allow_path(pool_path))
+}
+
 /// Read the allow file; a missing file is an empty list.
 pub fn read(path: &Path) -> Result<AllowList> {
     match std::fs::read(path) {

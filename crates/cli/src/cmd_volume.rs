@@ -155,7 +155,10 @@ impl ListFormat {
 pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
         VolumeCommand::Create { name, size, allow } => {
-            let allow_path = access::allow_path(pool_path);
+            let allow_path = match allow {
+                Some(_) => access::allow_path_to_write(pool_path)?,
+                None => access::allow_path(pool_path),
+            };
             if let Some(identities) = &allow {
                 access::update(&allow_path, |list| {
                     list.volumes.insert(name.clone(), identities.0.clone());
@@ -282,7 +285,10 @@ fn allow(
     anyone: bool,
 ) -> Result<()> {
     let identities = identities.map(|i| i.0);
-    let path = access::allow_path(pool_path);
+    let path = match identities {
+        Some(_) => access::allow_path_to_write(pool_path)?,
+        None => access::allow_path(pool_path),
+    };
     if (identities.is_some() || anyone) && !volume_exists(pool_path, name) {
         bail!("no volume named '{name}' in this pool");
     }
