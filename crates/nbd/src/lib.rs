@@ -5,8 +5,8 @@
 //! Files, one noun each: `protocol` (wire constants, headers, request
 //! validation), `negotiate` (handshake and options), `transmission` (request loop,
 //! workers), `reply` (replies built whole and written in batches), `server` (listeners, connection registry, limits, shutdown),
-//! `stream` (a client's socket and the reader that polls it), `tls` (credentials,
-//! STARTTLS handshake, and the relay thread of a TLS connection),
+//! `stream` (a client's socket and the reader that polls it), `tls` (credentials and
+//! the STARTTLS handshake), `relay` (the thread that carries a TLS connection's bytes),
 //! `export` (the traits a backend implements), `engine_export` (the adapter to the
 //! engine's volumes), `memory_export` (an in-memory backend for tests and examples).
 //!
@@ -22,6 +22,7 @@ mod export;
 mod memory_export;
 mod negotiate;
 pub mod protocol;
+mod relay;
 mod reply;
 mod server;
 mod stream;
@@ -35,6 +36,7 @@ pub use export::{
 };
 pub use memory_export::{MemoryExport, MemoryExports, MEMORY_BLOCK_BYTES};
 pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MAX_BYTES};
+pub use relay::RELAY_BUFFER_BYTES;
 pub use server::{
     AccessPolicy, Server, ServerConfig, ServerStats, TlsSettings, CONNECTION_RESERVED_BUFFER_BYTES,
     CONNECTION_RESERVED_REQUESTS, CONNECTION_SHARED_BUFFER_BYTES_MAX, DEFAULT_MAX_CONNECTIONS,
@@ -42,5 +44,5 @@ pub use server::{
     INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
     SHUTDOWN_GRACE, WORKERS_PER_CONNECTION_MAX,
 };
-pub use tls::{TlsCredentials, TlsError, TlsMode, RELAY_BUFFER_BYTES};
+pub use tls::{TlsCredentials, TlsError, TlsMode};
 pub use transmission::WORKER_IDLE_TIMEOUT;
