@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages providing each client the tests run. A test whose client is
 # missing fails with a message naming the package; it is never skipped.
-PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd debootstrap perl libtest-mockmodule-perl libjson-perl)
-TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze debootstrap prove)
+PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd debootstrap perl libtest-mockmodule-perl libjson-perl openssl libssl-dev pkg-config)
+TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze debootstrap prove openssl)
 
 have_tool() {
     PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1
@@ -29,6 +29,10 @@ for t in "${TOOLS[@]}"; do
 done
 if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
     missing+=("python3-libnbd")
+fi
+# The build's: the openssl crate links the system's libssl (NBD over TLS).
+if ! pkg-config --exists openssl 2>/dev/null; then
+    missing+=("libssl-dev pkg-config")
 fi
 # The Proxmox plugin's tests (packaging/proxmox/t).
 if ! perl -MTest::MockModule -MJSON -e 1 >/dev/null 2>&1; then

@@ -1,4 +1,8 @@
-//! `volume create|list|info|resize|clone|rename|delete|import|export`: the VM disks of a pool.
+//! `volume create|list|info|resize|clone|rename|delete|allow|import|export`: the VM
+//! disks of a pool. Which TLS identities may open a volume lives in the allow file
+//! (`access`), which create, clone, rename, delete and allow keep up to date: an
+//! entry is written before the volume appears under a name, and removed only after
+//! it is gone, so no volume is ever open to all for a moment.
 //!
 //! Everything but import and export works on a served pool too, through the control
 //! socket; import and export move whole images and belong to NBD while a server runs.
@@ -9,6 +13,7 @@ use fewerbytes_engine::VolumeInfo;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::access;
 use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::{print_json, Align, Table};
 use crate::size::{format_size, parse_size_arg};
@@ -24,6 +29,10 @@ pub enum VolumeCommand {
         /// Size (512, 4K, 64M, 10G, 1T; binary units).
         #[arg(long, value_parser = parse_size_arg, value_name = "S")]
         size: u64,
+        /// Only these TLS identities may open it over NBD (PSK identities or client
+        /// certificate CNs, comma-separated); see `volume allow`.
+        #[arg(long, value_parser = access::parse_identities, value_name = "ID,ID")]
+        allow: Option<access::Identities>,
     },
     /// Every volume: size, logical used, zeros, stored bytes only it holds, users.
     List {
@@ -72,6 +81,23 @@ pub enum VolumeCommand {
         /// Delete even while NBD clients have it open.
         #[arg(long)]
         force: bool,
+    },
+    /// Limit a volume to some TLS identities, or open it to any client again; with
+    /// neither, show who may open it.
+    ///
+    /// Identities are PSK identities (`serve --tls-psk`) or subject CNs of client
+    /// certificates (`serve --tls-certificates … --tls-verify-peer`). Others are
+    /// refused the volume and do not see it in an export list; clients in clear are
+    /// told to start TLS. Takes effect for the next client, also while served.
+    Allow {
+        /// Volume name.
+        name: String,
+        /// The identities, comma-separated.
+        #[arg(value_parser = access::parse_identities, value_name = "ID,ID", conflicts_with = "anyone")]
+        identities: Option<access::Identities>,
+        /// Remove the limit: any client the server lets in may open it.
+        #[arg(long)]
+        anyone: bool,
     },
     /// Write a raw image into a volume (created, sized to the file, if missing).
     ///
@@ -128,14 +154,34 @@ impl ListFormat {
 /// Run a `volume` subcommand.
 pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
-        VolumeCommand::Create { name, size } => {
-            let volume = expect_volume(
+        VolumeCommand::Create { name, size, allow } => {
+            let allow_path = match allow {
+                Some(_) => access::allow_path_to_write(pool_path)?,
+                None => access::allow_path(pool_path),
+            };
+            if let Some(identities) = &allow {
+                access::update(&allow_path, |list| {
+                    list.volumes.insert(name.clone(), identities.0.clone());
+                })?;
+            }
+            let created = expect_volume(
                 pool_path,
                 &Request::CreateVolume {
-                    name,
+                    name: name.clone(),
                     size_bytes: size,
                 },
-            )?;
+            );
+            let volume = match created {
+                Ok(volume) => volume,
+                Err(e) => {
+                    if allow.is_some() && !volume_exists(pool_path, &name) {
+                        let _ = access::update(&allow_path, |list| {
+                            list.volumes.remove(&name);
+                        });
+                    }
+                    return Err(e);
+                }
+            };
             println!(
                 "Volume '{}' created: {}.",
                 volume.name,
@@ -179,6 +225,8 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             );
         }
         VolumeCommand::Clone { src, dst } => {
+            // The copy holds the same bytes: it keeps the same limit.
+            copy_allowed(pool_path, &src, &dst)?;
             let volume = expect_volume(
                 pool_path,
                 &Request::CloneVolume {
@@ -193,6 +241,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             );
         }
         VolumeCommand::Rename { name, new_name } => {
+            copy_allowed(pool_path, &name, &new_name)?;
             let volume = expect_volume(
                 pool_path,
                 &Request::RenameVolume {
@@ -200,6 +249,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                     new_name,
                 },
             )?;
+            forget_allowed(pool_path, &name)?;
             println!("Volume '{name}' renamed to '{}'.", volume.name);
         }
         VolumeCommand::Delete { name, force } => {
@@ -209,8 +259,14 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                     force,
                 })
             })?;
+            forget_allowed(pool_path, &name)?;
             println!("Volume '{name}' deleted.");
         }
+        VolumeCommand::Allow {
+            name,
+            identities,
+            anyone,
+        } => allow(pool_path, &name, identities, anyone)?,
         VolumeCommand::Import { name, file, force } => {
             transfer::import(pool_path, &name, &file, force)?
         }
@@ -219,6 +275,70 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `volume allow`.
+fn allow(
+    pool_path: &Path,
+    name: &str,
+    identities: Option<access::Identities>,
+    anyone: bool,
+) -> Result<()> {
+    let identities = identities.map(|i| i.0);
+    let path = match identities {
+        Some(_) => access::allow_path_to_write(pool_path)?,
+        None => access::allow_path(pool_path),
+    };
+    if (identities.is_some() || anyone) && !volume_exists(pool_path, name) {
+        bail!("no volume named '{name}' in this pool");
+    }
+    match (identities, anyone) {
+        (Some(identities), _) => {
+            access::update(&path, |list| {
+                list.volumes.insert(name.to_string(), identities.clone());
+            })?;
+            println!(
+                "Volume '{name}' opens only for TLS identities: {}.",
+                identities.join(", ")
+            );
+        }
+        (None, true) => {
+            access::update(&path, |list| {
+                list.volumes.remove(name);
+            })?;
+            println!("Volume '{name}' opens for any client the server lets in.");
+        }
+        (None, false) => match access::read(&path)?.volumes.get(name) {
+            Some(identities) => println!(
+                "Volume '{name}' opens only for TLS identities: {}.",
+                identities.join(", ")
+            ),
+            None => println!("Volume '{name}' opens for any client the server lets in."),
+        },
+    }
+    Ok(())
+}
+
+/// Give `to` the limit `from` has (before a volume appears as `to`).
+fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()> {
+    let path = access::allow_path(pool_path);
+    if let Some(identities) = access::read(&path)?.volumes.get(from).cloned() {
+        access::update(&path, |list| {
+            list.volumes.insert(to.to_string(), identities);
+        })?;
+    }
+    Ok(())
+}
+
+/// Drop the limit of a volume that is gone (after it is).
+fn forget_allowed(pool_path: &Path, name: &str) -> Result<()> {
+    access::update(&access::allow_path(pool_path), |list| {
+        list.volumes.remove(name);
+    })
+}
+
+fn volume_exists(pool_path: &Path, name: &str) -> bool {
+    list_volumes(pool_path).is_ok_and(|volumes| volumes.iter().any(|v| v.name == name))
 }
 
 fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {

@@ -6,6 +6,7 @@
 //! and management commands reach a pool through `control` (directly, or through the
 //! server that holds it).
 
+mod access;
 mod cmd_check;
 mod cmd_generate;
 mod cmd_pool;
@@ -48,6 +49,17 @@ struct Cli {
         value_name = "PATH"
     )]
     control_socket: Option<PathBuf>,
+
+    /// The allow file: which TLS identities may open which volume [default:
+    /// <pool>.allow.json beside the pool]. Written by `volume create --allow` and
+    /// `volume allow`, read by `serve`.
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_ALLOW_FILE",
+        value_name = "PATH"
+    )]
+    allow_file: Option<PathBuf>,
 
     /// Fail unless a server holds the pool and answers on its control socket; never
     /// open the pool in this process (what the Proxmox storage plugin uses).
@@ -143,6 +155,9 @@ fn main() -> ExitCode {
     );
     if let Some(path) = cli.control_socket {
         control::set_control_socket(path);
+    }
+    if let Some(path) = cli.allow_file {
+        access::set_allow_file(path);
     }
     if cli.require_server {
         control::set_require_server();

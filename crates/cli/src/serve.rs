@@ -21,12 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use crate::access::{allow_path, AllowFile};
 use crate::control::{open_pool, open_pool_read_only, with_suffix, Endpoints, Served};
 use crate::control_server::ControlServer;
 use crate::notify::Notifier;
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
-use fewerbytes_nbd::{pool_exports, Server, ServerConfig};
+use fewerbytes_nbd::{pool_exports, Server, ServerConfig, TlsCredentials, TlsMode, TlsSettings};
 
 /// Size of the pool file made when `serve` finds none at the default path: sparse, so
 /// it costs only what is written, and large enough for a real VM disk.
@@ -65,6 +66,90 @@ pub struct ServeArgs {
     /// halves read latency on a VM); 0 never polls, for hosts that want the CPU.
     #[arg(long, value_name = "US", default_value_t = fewerbytes_nbd::DEFAULT_READ_SPIN.as_micros() as u64)]
     poll_us: u64,
+    /// TLS (NBD STARTTLS) on every endpoint: off, on (offered; clients may stay in
+    /// clear) or require [default: require on a --listen address beyond loopback, or
+    /// on TCP whenever credentials are given; off on the unix socket and loopback].
+    #[arg(long, value_name = "MODE")]
+    tls: Option<TlsModeArg>,
+    /// x509 credentials: a directory with server-cert.pem, server-key.pem and (for
+    /// --tls-verify-peer) ca-cert.pem, as qemu's tls-creds-x509 and nbdkit read it.
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    tls_certificates: Option<PathBuf>,
+    /// Require a client certificate signed by DIR/ca-cert.pem; its subject CN is the
+    /// client's identity for `volume allow`.
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// PSK credentials: psktool's file of `identity:hexkey` lines; the identity a
+    /// client uses is its identity for `volume allow`.
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+}
+
+/// `--tls`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TlsModeArg {
+    Off,
+    On,
+    Require,
+}
+
+impl From<TlsModeArg> for TlsMode {
+    fn from(mode: TlsModeArg) -> TlsMode {
+        match mode {
+            TlsModeArg::Off => TlsMode::Off,
+            TlsModeArg::On => TlsMode::On,
+            TlsModeArg::Require => TlsMode::Require,
+        }
+    }
+}
+
+/// The server's TLS from the command line: credentials loaded, the mode of each
+/// endpoint chosen. `None`: no TLS anywhere.
+fn tls_settings(args: &ServeArgs) -> Result<Option<TlsSettings>> {
+    let credentials = match (&args.tls_certificates, &args.tls_psk) {
+        (Some(dir), _) => Some(
+            TlsCredentials::x509(dir, args.tls_verify_peer).with_context(|| {
+                format!("could not load the x509 credentials in {}", dir.display())
+            })?,
+        ),
+        (None, Some(file)) => Some(
+            TlsCredentials::psk(file)
+                .with_context(|| format!("could not load the PSK file {}", file.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let beyond_loopback = !args.no_tcp && !is_loopback(&args.listen);
+    let (tcp, unix) = match (args.tls, &credentials) {
+        (Some(mode), _) => (TlsMode::from(mode), TlsMode::from(mode)),
+        (None, Some(_)) => (TlsMode::Require, TlsMode::Off),
+        (None, None) if beyond_loopback => bail!(
+            "--listen {} reaches beyond this host, where TLS is required by default: give \
+             --tls-certificates DIR or --tls-psk FILE (README: \"Serving over TLS\"), or \
+             --tls off to serve every volume in clear to anyone who reaches the port",
+            args.listen
+        ),
+        (None, None) => (TlsMode::Off, TlsMode::Off),
+    };
+    let Some(credentials) = credentials else {
+        if tcp != TlsMode::Off {
+            bail!("--tls on|require needs credentials: --tls-certificates DIR or --tls-psk FILE");
+        }
+        return Ok(None);
+    };
+    Ok(Some(TlsSettings {
+        credentials: Arc::new(credentials),
+        tcp,
+        unix,
+    }))
+}
+
+/// Whether every address `listen` resolves to is loopback.
+fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    listen
+        .to_socket_addrs()
+        .map(|mut addrs| addrs.all(|a| a.ip().is_loopback()))
+        .unwrap_or(false)
 }
 
 /// Run the server until SIGINT or SIGTERM.
@@ -165,10 +250,14 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
             bail!("--default-volume names '{name}', which is not a volume of this pool");
         }
     }
+    let tls = tls_settings(args)?;
+    let tls_tcp = tls.as_ref().map_or(TlsMode::Off, |t| t.tcp);
     let config = ServerConfig {
         read_only: args.read_only,
         default_export: args.default_volume.clone(),
         read_spin: std::time::Duration::from_micros(args.poll_us),
+        tls,
+        access: Some(Arc::new(AllowFile::new(allow_path(pool_path)))),
         ..ServerConfig::default()
     };
     let exports = pool_exports(Arc::clone(pool), args.default_volume.clone());
@@ -195,11 +284,13 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
                 return Err(e).with_context(|| format!("could not listen on {}", args.listen));
             }
         };
-        if !addr.ip().is_loopback() {
+        if !addr.ip().is_loopback() && tls_tcp != TlsMode::Require {
             tracing::warn!(
-                "listening on {addr}, beyond this host, without TLS (not implemented): \
-                 anyone who reaches the port can read and write every volume; keep it on a \
-                 trusted network or firewalled, or serve on the unix socket only (--no-tcp)"
+                "listening on {addr}, beyond this host, without TLS required (--tls {}): \
+                 anyone who reaches the port can read and write every volume that has no \
+                 `volume allow` limit; keep it on a trusted network or firewalled, require \
+                 TLS, or serve on the unix socket only (--no-tcp)",
+                if tls_tcp == TlsMode::On { "on" } else { "off" }
             );
         }
         Some(addr.to_string())
@@ -224,7 +315,7 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         pool,
         args,
         &socket,
-        tcp.as_deref(),
+        tcp.as_deref().map(|addr| (addr, tls_tcp)),
         control.path(),
     );
     Ok(Started {
@@ -240,15 +331,20 @@ fn print_banner(
     pool: &Pool,
     args: &ServeArgs,
     socket: &Path,
-    tcp: Option<&str>,
+    tcp: Option<(&str, TlsMode)>,
     control: &Path,
 ) {
     let volumes = pool.list_volumes();
     let mode = if args.read_only { " (read-only)" } else { "" };
     println!("Serving pool {}{mode} over NBD:", pool_path.display());
     println!("  unix socket {}", socket.display());
-    if let Some(addr) = tcp {
-        println!("  tcp {addr}");
+    if let Some((addr, tls)) = tcp {
+        let tls = match tls {
+            TlsMode::Off => "",
+            TlsMode::On => " (TLS offered)",
+            TlsMode::Require => " (TLS required)",
+        };
+        println!("  tcp {addr}{tls}");
     }
     println!(
         "  control socket {} (fewerbytes volume/stats commands go through it)",
@@ -264,8 +360,9 @@ fn print_banner(
             format_size(volume.size_bytes)
         );
         println!("  nbd+unix:///{}?socket={}", volume.name, socket.display());
-        if let Some(addr) = tcp {
-            println!("  nbd://{addr}/{}", volume.name);
+        if let Some((addr, tls)) = tcp {
+            let scheme = if tls == TlsMode::Off { "nbd" } else { "nbds" };
+            println!("  {scheme}://{addr}/{}", volume.name);
         }
     }
     let default = args
@@ -281,7 +378,12 @@ fn print_banner(
     }
     if let Some(name) = default.as_ref().or(volumes.first().map(|v| &v.name)) {
         let example = match tcp {
-            Some(addr) => format!("nbd://{addr}/{name}"),
+            Some((addr, TlsMode::Off)) => format!("nbd://{addr}/{name}"),
+            // qemu-img needs --object tls-creds-… for TLS: the unix socket is simpler.
+            Some(_) if args.tls.is_none() => {
+                format!("'nbd+unix:///{name}?socket={}'", socket.display())
+            }
+            Some((addr, _)) => format!("nbds://{addr}/{name} (with the client's TLS credentials)"),
             None => format!("'nbd+unix:///{name}?socket={}'", socket.display()),
         };
         println!("Try: qemu-img info {example}");

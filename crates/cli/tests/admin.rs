@@ -386,15 +386,32 @@ fn serve_removes_its_socket_when_the_tcp_bind_fails_and_warns_beyond_loopback() 
     );
     drop(taken);
 
-    // Beyond loopback: served, with a warning that there is no TLS; the log as JSON
-    // lines here, as a log collector reads them.
+    // Beyond loopback without credentials: refused, since TLS is required there by
+    // default, naming the ways on.
     let port = common::free_port();
+    let refused = fewerbytes(
+        &pool,
+        &[
+            "serve",
+            "--socket",
+            socket.to_str().expect("utf-8 path"),
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+        ],
+    );
+    assert!(!refused.status.success(), "{}", refused.report());
+    for hint in ["--tls-certificates", "--tls-psk", "--tls off"] {
+        assert!(refused.stderr.contains(hint), "{}", refused.report());
+    }
+
+    // Beyond loopback with --tls off: served, with a warning that there is no TLS;
+    // the log as JSON lines here, as a log collector reads them.
     let mut server = std::process::Command::new(common::fewerbytes_bin())
         .args(["--log-format", "json", "serve", "--pool"])
         .arg(&pool)
         .arg("--socket")
         .arg(&socket)
-        .args(["--listen", &format!("0.0.0.0:{port}")])
+        .args(["--listen", &format!("0.0.0.0:{port}"), "--tls", "off"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

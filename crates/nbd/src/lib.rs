@@ -5,6 +5,8 @@
 //! Files, one noun each: `protocol` (wire constants, headers, request
 //! validation), `negotiate` (handshake and options), `transmission` (request loop,
 //! workers), `reply` (replies built whole and written in batches), `server` (listeners, connection registry, limits, shutdown),
+//! `stream` (a client's socket and the reader that polls it), `tls` (credentials and
+//! the STARTTLS handshake), `relay` (the thread that carries a TLS connection's bytes),
 //! `export` (the traits a backend implements), `engine_export` (the adapter to the
 //! engine's volumes), `memory_export` (an in-memory backend for tests and examples).
 //!
@@ -20,8 +22,11 @@ mod export;
 mod memory_export;
 mod negotiate;
 pub mod protocol;
+mod relay;
 mod reply;
 mod server;
+mod stream;
+mod tls;
 mod transmission;
 
 pub use engine_export::pool_exports;
@@ -31,11 +36,13 @@ pub use export::{
 };
 pub use memory_export::{MemoryExport, MemoryExports, MEMORY_BLOCK_BYTES};
 pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MAX_BYTES};
+pub use relay::RELAY_BUFFER_BYTES;
 pub use server::{
-    Server, ServerConfig, ServerStats, CONNECTION_RESERVED_BUFFER_BYTES,
+    AccessPolicy, Server, ServerConfig, ServerStats, TlsSettings, CONNECTION_RESERVED_BUFFER_BYTES,
     CONNECTION_RESERVED_REQUESTS, CONNECTION_SHARED_BUFFER_BYTES_MAX, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT_PER_CONNECTION, DEFAULT_MAX_INFLIGHT_TOTAL, DEFAULT_READ_SPIN,
     INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
     SHUTDOWN_GRACE, WORKERS_PER_CONNECTION_MAX,
 };
+pub use tls::{TlsCredentials, TlsError, TlsMode};
 pub use transmission::WORKER_IDLE_TIMEOUT;

@@ -1,15 +1,25 @@
 //! The handshake: fixed newstyle negotiation, option by option, until the
 //! client picks an export (`NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`) or leaves.
 //!
-//! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS (refused: no TLS yet),
-//! INFO, GO, STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for
-//! `base:allocation`), EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP`
-//! and negotiation continues. Bytes that break the framing (wrong magic, unknown
-//! client flags, an option too large to be real) drop the connection.
+//! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS, INFO, GO,
+//! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for `base:allocation`),
+//! EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP` and negotiation
+//! continues. Bytes that break the framing (wrong magic, unknown client flags, an
+//! option too large to be real) drop the connection.
+//!
+//! TLS as the spec's "TLS support" section has it: STARTTLS is answered with an ACK,
+//! the handshake follows on the same socket, and negotiation starts again inside it
+//! (what was agreed in clear is forgotten). On a listener that requires TLS, every
+//! other option but ABORT answers `NBD_REP_ERR_TLS_REQD` until then (EXPORT_NAME,
+//! which cannot be answered with an error, drops the connection). An export limited
+//! to some TLS identities answers `NBD_REP_ERR_TLS_REQD` to a client in clear and
+//! `NBD_REP_ERR_POLICY` to any other identity, and is left out of its `NBD_OPT_LIST`.
 
 use crate::export::Export;
 use crate::protocol::*;
-use crate::server::{Server, Stream};
+use crate::server::{Channel, Server, REPLY_WRITE_TIMEOUT};
+use crate::stream::Stream;
+use crate::tls::{Peer, TlsMode};
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
@@ -63,6 +73,18 @@ pub enum NegotiationError {
     /// `NBD_OPT_EXPORT_NAME` after extended headers were agreed (the spec forbids it).
     #[error("NBD_OPT_EXPORT_NAME after extended headers were negotiated")]
     ExportNameAfterExtendedHeaders,
+    /// An option other than STARTTLS on a listener that requires TLS, which cannot be
+    /// refused with an error (EXPORT_NAME).
+    #[error("NBD_OPT_EXPORT_NAME in clear where TLS is required")]
+    TlsRequired,
+    /// Bytes after STARTTLS that came before the server's answer: the client must wait
+    /// for it, and anything sent in clear cannot be part of the TLS session.
+    #[error("bytes sent after NBD_OPT_STARTTLS before its reply")]
+    BytesAfterStartTls,
+    /// The TLS handshake failed (wrong key, certificate from another CA, garbage, a
+    /// client too slow).
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// `NBD_OPT_EXPORT_NAME` for an export that cannot be served; the only answer is to hang up.
     #[error("export '{name}' refused: {reason}")]
     ExportRefused {
@@ -81,20 +103,22 @@ struct Agreed {
     meta_context_export: Option<String>,
 }
 
-/// Run the handshake. `Ok(None)`: the client aborted.
+/// Run the handshake on `channel` (replaced by its TLS relay after STARTTLS) for
+/// connection `id`. `Ok(None)`: the client aborted.
 pub(crate) fn negotiate(
     server: &Server,
-    reader: &mut impl Read,
-    stream: &Stream,
+    id: u64,
+    mode: TlsMode,
+    channel: &mut Channel,
 ) -> Result<Option<Session>, NegotiationError> {
-    let mut writer = stream;
+    let mut writer = &*channel.stream;
     let mut greeting = [0u8; 18];
     greeting[0..8].copy_from_slice(&NBD_MAGIC.to_be_bytes());
     greeting[8..16].copy_from_slice(&IHAVEOPT.to_be_bytes());
     greeting[16..18].copy_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
     writer.write_all(&greeting)?;
 
-    let client_flags = read_u32(reader)?;
+    let client_flags = read_u32(&mut channel.reader)?;
     if client_flags & !CLIENT_FLAGS_KNOWN != 0 {
         return Err(NegotiationError::UnknownClientFlags(client_flags));
     }
@@ -102,9 +126,11 @@ pub(crate) fn negotiate(
     let mut agreed = Agreed::default();
 
     for _ in 0..OPTIONS_PER_CONNECTION_MAX {
-        let (option, data) = read_option(reader)?;
+        let (option, data) = read_option(&mut channel.reader)?;
+        let stream = Arc::clone(&channel.stream);
+        let peer = channel.peer.clone();
         let mut replies = Replies {
-            writer: stream,
+            writer: &stream,
             option,
         };
         if server.is_shutting_down() && option != OPT_ABORT {
@@ -117,9 +143,31 @@ pub(crate) fn negotiate(
             replies.error(REP_ERR_SHUTDOWN, "the server is shutting down")?;
             continue;
         }
+        if mode == TlsMode::Require && !peer.is_tls() && option != OPT_STARTTLS {
+            match option {
+                OPT_ABORT => {}
+                OPT_EXPORT_NAME => return Err(NegotiationError::TlsRequired),
+                _ => {
+                    replies.error(
+                        REP_ERR_TLS_REQD,
+                        "this server requires TLS: start it with NBD_OPT_STARTTLS \
+                         (for example nbds:// URIs, or qemu's tls-creds)",
+                    )?;
+                    continue;
+                }
+            }
+        }
         match option {
+            OPT_STARTTLS if mode != TlsMode::Off && data.is_empty() && !peer.is_tls() => {
+                start_tls(server, id, channel, &mut replies)?;
+                // The spec: nothing agreed in clear holds inside TLS.
+                agreed = Agreed::default();
+            }
+            OPT_STARTTLS if mode != TlsMode::Off && data.is_empty() => {
+                replies.error(REP_ERR_INVALID, "TLS is already started")?;
+            }
             OPT_EXPORT_NAME => {
-                return export_name(server, &agreed, &data, no_zeroes, stream).map(Some);
+                return export_name(server, &peer, &agreed, &data, no_zeroes, &stream).map(Some);
             }
             OPT_ABORT => {
                 // The client may already have gone; the spec says to tolerate that.
@@ -127,14 +175,82 @@ pub(crate) fn negotiate(
                 return Ok(None);
             }
             OPT_INFO | OPT_GO => {
-                if let Some(session) = info_or_go(server, &agreed, &data, &mut replies)? {
+                if let Some(session) = info_or_go(server, &peer, &agreed, &data, &mut replies)? {
                     return Ok(Some(session));
                 }
             }
-            _ => answer_option(server, &mut agreed, &data, &mut replies)?,
+            _ => answer_option(server, &peer, &mut agreed, &data, &mut replies)?,
         }
     }
     Err(NegotiationError::TooManyOptions(OPTIONS_PER_CONNECTION_MAX))
+}
+
+/// Answer STARTTLS, run the handshake, and switch `channel` to the TLS relay's
+/// plaintext stream. Any failure ends the connection.
+fn start_tls(
+    server: &Server,
+    id: u64,
+    channel: &mut Channel,
+    replies: &mut Replies<'_>,
+) -> Result<(), NegotiationError> {
+    let Some(tls) = &server.config.tls else {
+        return Err(NegotiationError::Io(io::Error::other(
+            "TLS is not configured",
+        )));
+    };
+    // A client must wait for the answer before its handshake; bytes already here
+    // were sent in clear and would be taken as the start of TLS.
+    if !channel.reader.buffer().is_empty() {
+        return Err(NegotiationError::BytesAfterStartTls);
+    }
+    replies.send(REP_ACK, &[])?;
+    let deadline = channel
+        .reader
+        .get_ref()
+        .deadline()
+        .unwrap_or_else(|| std::time::Instant::now() + crate::server::NEGOTIATION_TIMEOUT);
+    let (plain, peer) =
+        tls.credentials
+            .start(Arc::clone(&channel.stream), deadline, REPLY_WRITE_TIMEOUT)?;
+    let plain = Arc::new(plain);
+    plain.set_read_timeout(Some(crate::server::NEGOTIATION_TIMEOUT))?;
+    plain.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+    tracing::debug!(id, tls = %peer.describe(), "NBD TLS started");
+    server.replace_stream(id, Arc::clone(&plain));
+    let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+    *channel = Channel::new(plain, Some(remaining));
+    channel.peer = peer;
+    Ok(())
+}
+
+/// Whether the client `peer` may open `name` (canonical): the option error to answer
+/// if not.
+fn may_open(server: &Server, peer: &Peer, name: &str) -> Result<(), (u32, String)> {
+    let Some(allowed) = server.config.access.as_ref().and_then(|a| a.allowed(name)) else {
+        return Ok(());
+    };
+    match peer {
+        Peer::Clear => Err((
+            REP_ERR_TLS_REQD,
+            format!("export '{name}' is limited to some TLS identities: start TLS first"),
+        )),
+        Peer::Tls {
+            identity: Some(identity),
+        } if allowed.iter().any(|a| a == identity) => Ok(()),
+        Peer::Tls {
+            identity: Some(identity),
+        } => Err((
+            REP_ERR_POLICY,
+            format!("TLS identity '{identity}' may not open export '{name}'"),
+        )),
+        Peer::Tls { identity: None } => Err((
+            REP_ERR_POLICY,
+            format!(
+                "export '{name}' is limited to some TLS identities, and this connection has \
+                 none (a PSK identity, or a client certificate the server verifies)"
+            ),
+        )),
+    }
 }
 
 /// Read one option: its header (checked) and its data.
@@ -164,14 +280,15 @@ fn read_option(reader: &mut impl Read) -> Result<(u32, Vec<u8>), NegotiationErro
 /// Answer an option that does not end negotiation.
 fn answer_option(
     server: &Server,
+    peer: &Peer,
     agreed: &mut Agreed,
     data: &[u8],
     replies: &mut Replies<'_>,
 ) -> io::Result<()> {
     match replies.option {
-        OPT_LIST => list(server, data, replies),
+        OPT_LIST => list(server, peer, data, replies),
         OPT_STARTTLS if data.is_empty() => {
-            replies.error(REP_ERR_POLICY, "TLS is not configured on this server")
+            replies.error(REP_ERR_POLICY, "TLS is not offered on this endpoint")
         }
         OPT_STRUCTURED_REPLY if data.is_empty() && agreed.mode.extended => replies.error(
             REP_ERR_EXT_HEADER_REQD,
@@ -188,7 +305,9 @@ fn answer_option(
         OPT_STARTTLS | OPT_STRUCTURED_REPLY | OPT_EXTENDED_HEADERS => {
             replies.error(REP_ERR_INVALID, "this option takes no data")
         }
-        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => meta_context(server, agreed, data, replies),
+        OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+            meta_context(server, peer, agreed, data, replies)
+        }
         option => {
             let text = format!("option {option} is not supported by this server");
             replies.error(REP_ERR_UNSUP, &text)
@@ -244,9 +363,18 @@ fn resolve_name(server: &Server, name: &str) -> Result<String, String> {
         })
 }
 
-fn open(server: &Server, name: &str) -> Result<(String, Arc<dyn Export>), String> {
-    let canonical = resolve_name(server, name)?;
-    let export = server.exports.open(&canonical)?;
+/// Open the export `name` asks for, if `peer` may: else the option error to answer.
+fn open(
+    server: &Server,
+    peer: &Peer,
+    name: &str,
+) -> Result<(String, Arc<dyn Export>), (u32, String)> {
+    let canonical = resolve_name(server, name).map_err(|e| (REP_ERR_UNKNOWN, e))?;
+    may_open(server, peer, &canonical)?;
+    let export = server
+        .exports
+        .open(&canonical)
+        .map_err(|e| (REP_ERR_UNKNOWN, e))?;
     Ok((canonical, export))
 }
 
@@ -273,6 +401,7 @@ fn transmission_flags(read_only: bool, mode: ReplyMode) -> u16 {
 
 fn export_name(
     server: &Server,
+    peer: &Peer,
     agreed: &Agreed,
     data: &[u8],
     no_zeroes: bool,
@@ -283,7 +412,7 @@ fn export_name(
     }
     let asked = String::from_utf8_lossy(data).into_owned();
     let (name, export) =
-        open(server, &asked).map_err(|reason| NegotiationError::ExportRefused {
+        open(server, peer, &asked).map_err(|(_, reason)| NegotiationError::ExportRefused {
             name: asked.clone(),
             reason,
         })?;
@@ -306,11 +435,15 @@ fn export_name(
     })
 }
 
-fn list(server: &Server, data: &[u8], replies: &mut Replies<'_>) -> io::Result<()> {
+fn list(server: &Server, peer: &Peer, data: &[u8], replies: &mut Replies<'_>) -> io::Result<()> {
     if !data.is_empty() {
         return replies.error(REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
     }
     for desc in server.exports.list() {
+        // Only what this client may open.
+        if may_open(server, peer, &desc.name).is_err() {
+            continue;
+        }
         let name_len = u32::try_from(desc.name.len()).unwrap_or(u32::MAX);
         let mut out = Vec::with_capacity(4 + desc.name.len() + desc.description.len());
         out.extend_from_slice(&name_len.to_be_bytes());
@@ -339,6 +472,7 @@ fn parse_info_request(data: &[u8]) -> Option<(&str, Vec<u16>)> {
 
 fn info_or_go(
     server: &Server,
+    peer: &Peer,
     agreed: &Agreed,
     data: &[u8],
     replies: &mut Replies<'_>,
@@ -348,10 +482,10 @@ fn info_or_go(
         replies.error(REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data")?;
         return Ok(None);
     };
-    let (name, export) = match open(server, asked) {
+    let (name, export) = match open(server, peer, asked) {
         Ok(opened) => opened,
-        Err(reason) => {
-            replies.error(REP_ERR_UNKNOWN, &reason)?;
+        Err((kind, reason)) => {
+            replies.error(kind, &reason)?;
             return Ok(None);
         }
     };
@@ -424,6 +558,7 @@ fn parse_meta_request(data: &[u8]) -> Option<(&str, Vec<&str>)> {
 
 fn meta_context(
     server: &Server,
+    peer: &Peer,
     agreed: &mut Agreed,
     data: &[u8],
     replies: &mut Replies<'_>,
@@ -442,9 +577,9 @@ fn meta_context(
     let Some((asked, queries)) = parse_meta_request(data) else {
         return replies.error(REP_ERR_INVALID, "malformed metadata context request");
     };
-    let name = match open(server, asked) {
+    let name = match open(server, peer, asked) {
         Ok((name, _export)) => name,
-        Err(reason) => return replies.error(REP_ERR_UNKNOWN, &reason),
+        Err((kind, reason)) => return replies.error(kind, &reason),
     };
     let matched = if set {
         queries.contains(&META_CONTEXT_BASE_ALLOCATION)

@@ -73,6 +73,8 @@ pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERR | 2;
 /// `NBD_REP_ERR_INVALID`: known option, malformed.
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
+/// `NBD_REP_ERR_TLS_REQD`: the option needs TLS started first.
+pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
 /// `NBD_REP_ERR_UNKNOWN`: no such export.
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 /// `NBD_REP_ERR_SHUTDOWN`: the server is shutting down.

@@ -11,7 +11,7 @@
 //! server's byte budget until they are on the wire.
 
 use crate::protocol::{simple_reply, ChunkHeader, ReplyMode};
-use crate::server::Stream;
+use crate::stream::Stream;
 use crate::transmission::Permit;
 use parking_lot::Mutex;
 use std::io::{self, IoSlice, Write};

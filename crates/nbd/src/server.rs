@@ -5,15 +5,18 @@
 //! negotiates and then reads requests (and runs a lone small write itself), plus up
 //! to [`WORKERS_PER_CONNECTION_MAX`] worker threads started on demand, of which one
 //! per CPU runs quick requests at once, and retired after
-//! [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`). Every thread ends
+//! [`crate::WORKER_IDLE_TIMEOUT`] idle (see `transmission.rs`); after STARTTLS, one
+//! relay thread that owns the TLS session (see `tls.rs`). Every thread ends
 //! when its connection or listener does, so threads, memory and file descriptors
 //! return to their baseline when clients leave.
 
 use crate::export::ExportProvider;
+use crate::stream::{Stream, StreamReader};
+use crate::tls::{Peer, TlsCredentials, TlsMode};
 use crate::{negotiate, transmission};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -26,7 +29,7 @@ use std::time::{Duration, Instant};
 /// Default for [`ServerConfig::max_connections`]: a host runs tens of VMs with a few
 /// connections each (multi-conn); 512 leaves room while bounding threads and fds
 /// (each connection holds one socket and at most 1 + [`WORKERS_PER_CONNECTION_MAX`]
-/// threads).
+/// threads; over TLS also a socket pair and its relay thread).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Default for [`ServerConfig::max_inflight_per_connection`]: QEMU and fio run queue
 /// depths up to 32 per connection and the kernel client up to 128 tags; 64 keeps a
@@ -91,6 +94,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Stack of connection and worker threads; buffers live on the heap.
 pub const THREAD_STACK_BYTES: usize = 256 << 10;
+const _: () = assert!(THREAD_STACK_BYTES == crate::tls::RELAY_THREAD_STACK_BYTES);
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
 
@@ -116,6 +120,29 @@ pub struct ServerConfig {
     pub max_inflight_total: usize,
     /// A reader's poll for the next request before it sleeps (zero: never polls).
     pub read_spin: Duration,
+    /// TLS credentials and where they are offered or required; `None`: no TLS.
+    pub tls: Option<TlsSettings>,
+    /// Which TLS identities may open which export; `None`: any client, any export.
+    pub access: Option<Arc<dyn AccessPolicy>>,
+}
+
+/// The server's TLS: its credentials, and the mode of each kind of listener.
+#[derive(Clone, Debug)]
+pub struct TlsSettings {
+    /// Certificates or PSK keys.
+    pub credentials: Arc<TlsCredentials>,
+    /// The mode on TCP listeners.
+    pub tcp: TlsMode,
+    /// The mode on the unix socket.
+    pub unix: TlsMode,
+}
+
+/// Who may open what: exports limited to some TLS identities (a client certificate's
+/// subject CN, or a PSK identity). Asked at every option that names an export, so a
+/// change takes effect for the next client without a restart.
+pub trait AccessPolicy: Send + Sync + std::fmt::Debug {
+    /// The identities allowed to open `export`, or `None` when any client may.
+    fn allowed(&self, export: &str) -> Option<Vec<String>>;
 }
 
 impl Default for ServerConfig {
@@ -127,192 +154,9 @@ impl Default for ServerConfig {
             max_inflight_per_connection: DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
             max_inflight_total: DEFAULT_MAX_INFLIGHT_TOTAL,
             read_spin: DEFAULT_READ_SPIN,
+            tls: None,
+            access: None,
         }
-    }
-}
-
-/// A connected client socket, TCP or unix.
-#[derive(Debug)]
-pub(crate) enum Stream {
-    /// TCP.
-    Tcp(TcpStream),
-    /// Unix domain.
-    Unix(UnixStream),
-}
-
-impl Stream {
-    /// Receive what is there now, without waiting (`WouldBlock` if nothing is).
-    fn recv_nowait(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-        };
-        // SAFETY: `fd` is an open socket owned by `self` for the whole call, and `buf`
-        // is valid for writes of its length.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-
-    pub(crate) fn shutdown(&self, how: Shutdown) {
-        // Errors only mean the socket is already gone.
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(how),
-            Stream::Unix(s) => s.shutdown(how),
-        };
-    }
-
-    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_read_timeout(timeout),
-            Stream::Unix(s) => s.set_read_timeout(timeout),
-        }
-    }
-
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.set_write_timeout(timeout),
-            Stream::Unix(s) => s.set_write_timeout(timeout),
-        }
-    }
-
-    fn peer(&self) -> String {
-        match self {
-            Stream::Tcp(s) => s
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "tcp".into()),
-            Stream::Unix(_) => "unix".into(),
-        }
-    }
-}
-
-impl Read for &Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match *self {
-            Stream::Tcp(s) => (&*s).read(buf),
-            Stream::Unix(s) => (&*s).read(buf),
-        }
-    }
-}
-
-impl Write for &Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match *self {
-            Stream::Tcp(s) => (&*s).write(buf),
-            Stream::Unix(s) => (&*s).write(buf),
-        }
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match *self {
-            Stream::Tcp(s) => (&*s).write_vectored(bufs),
-            Stream::Unix(s) => (&*s).write_vectored(bufs),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// The read half a connection's `BufReader` owns. With a deadline set, a read after
-/// it fails with `TimedOut`: negotiation and each write payload must arrive within
-/// their time, however slowly the bytes trickle in.
-///
-/// During transmission it may poll before it sleeps: while the client's requests
-/// come back to back (the last one came within `spin`, by polling or soon after
-/// the reader went to sleep), the next read polls for up to `spin` first. One long
-/// gap, and reads sleep at once again until gaps are short.
-pub(crate) struct StreamReader {
-    stream: Arc<Stream>,
-    deadline: Option<Instant>,
-    /// The poll window (zero: never poll).
-    spin: Duration,
-    /// The connection's requests in flight: no polling unless zero.
-    inflight: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    /// Whether the last gap between reads was within the window.
-    gaps_short: bool,
-}
-
-impl StreamReader {
-    /// A reader with no deadline that never polls.
-    pub(crate) fn new(stream: Arc<Stream>) -> StreamReader {
-        StreamReader {
-            stream,
-            deadline: None,
-            spin: Duration::ZERO,
-            inflight: None,
-            gaps_short: false,
-        }
-    }
-
-    /// Poll for up to `spin` before sleeping, while gaps are short and `inflight`
-    /// (the connection's requests in flight) is zero (see above).
-    pub(crate) fn set_spin(
-        &mut self,
-        spin: Duration,
-        inflight: Arc<std::sync::atomic::AtomicUsize>,
-    ) {
-        self.spin = spin;
-        self.inflight = Some(inflight);
-        self.gaps_short = true;
-    }
-
-    fn may_spin(&self) -> bool {
-        self.gaps_short
-            && self
-                .inflight
-                .as_ref()
-                .is_some_and(|n| n.load(std::sync::atomic::Ordering::Relaxed) == 0)
-    }
-
-    /// Reads fail after `timeout` from now (`None`: no deadline).
-    pub(crate) fn set_deadline(&mut self, timeout: Option<Duration>) {
-        self.deadline = timeout.map(|t| Instant::now() + t);
-    }
-
-    /// Whether a deadline is set.
-    pub(crate) fn has_deadline(&self) -> bool {
-        self.deadline.is_some()
-    }
-}
-
-impl Read for StreamReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client did not send in time",
-            ));
-        }
-        if self.spin.is_zero() {
-            return (&*self.stream).read(buf);
-        }
-        let start = Instant::now();
-        if self.may_spin() {
-            loop {
-                match self.stream.recv_nowait(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                        ) => {}
-                    Err(e) => return Err(e),
-                }
-                if start.elapsed() >= self.spin {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-        }
-        let read = (&*self.stream).read(buf);
-        self.gaps_short = start.elapsed() < self.spin * 2;
-        read
     }
 }
 
@@ -600,7 +444,7 @@ impl Server {
             .spawn(move || loop {
                 match accepting.accept() {
                     Ok((stream, _)) => {
-                        if !server.admit(Stream::Unix(stream)) {
+                        if !server.admit(Stream::Unix(stream), Listening::Unix) {
                             return;
                         }
                     }
@@ -637,7 +481,7 @@ impl Server {
                         // Replies are written whole; Nagle would only add latency.
                         let _ = stream.set_nodelay(true);
                         set_keepalive(&stream);
-                        if !server.admit(Stream::Tcp(stream)) {
+                        if !server.admit(Stream::Tcp(stream), Listening::Tcp) {
                             return;
                         }
                     }
@@ -794,7 +638,7 @@ impl Server {
 
     /// Register a new connection and start its thread. Returns false when the
     /// accept loop should end (shutdown).
-    fn admit(self: &Arc<Self>, stream: Stream) -> bool {
+    fn admit(self: &Arc<Self>, stream: Stream, listening: Listening) -> bool {
         if self.is_shutting_down() {
             return false;
         }
@@ -820,13 +664,34 @@ impl Server {
             .stack_size(THREAD_STACK_BYTES)
             .spawn(move || {
                 let guard = Registered { server, id };
-                serve_connection(&guard.server, id, stream);
+                serve_connection(&guard.server, id, stream, listening);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "NBD connection dropped: cannot start its thread");
             self.unregister(id);
         }
         true
+    }
+
+    /// After STARTTLS: the connection's plaintext stream is what a shutdown closes (its
+    /// relay then finishes sending the replies, and closes the client's socket).
+    pub(crate) fn replace_stream(&self, id: u64, stream: Arc<Stream>) {
+        self.registry
+            .lock()
+            .connections
+            .insert(id, Arc::clone(&stream));
+        if self.is_shutting_down() {
+            stream.shutdown(Shutdown::Read);
+        }
+    }
+
+    /// The TLS mode of connections from `listening`.
+    pub(crate) fn tls_mode(&self, listening: Listening) -> TlsMode {
+        match (&self.config.tls, listening) {
+            (None, _) => TlsMode::Off,
+            (Some(tls), Listening::Tcp) => tls.tcp,
+            (Some(tls), Listening::Unix) => tls.unix,
+        }
     }
 
     fn unregister(&self, id: u64) {
@@ -859,8 +724,15 @@ impl Drop for Registered {
     }
 }
 
+/// Which kind of listener accepted a connection (each has its TLS mode).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Listening {
+    Tcp,
+    Unix,
+}
+
 /// One connection from accept to close.
-fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
+fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>, listening: Listening) {
     let peer = stream.peer();
     tracing::debug!(id, %peer, "NBD connection opened");
     if let Err(e) = stream
@@ -870,28 +742,62 @@ fn serve_connection(server: &Arc<Server>, id: u64, stream: Arc<Stream>) {
         tracing::debug!(id, error = %e, "NBD connection closed: socket setup failed");
         return;
     }
-    let mut inner = StreamReader::new(Arc::clone(&stream));
-    inner.set_deadline(Some(NEGOTIATION_TIMEOUT));
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, inner);
-    match negotiate::negotiate(server, &mut reader, &stream) {
+    let mut channel = Channel::new(Arc::clone(&stream), Some(NEGOTIATION_TIMEOUT));
+    let mode = server.tls_mode(listening);
+    let negotiated = negotiate::negotiate(server, id, mode, &mut channel);
+    // After STARTTLS the relay owns the client's socket: it sends what the connection
+    // wrote and then closes the socket, once the connection closes its end.
+    let plain = Arc::clone(&channel.stream);
+    let relayed = !Arc::ptr_eq(&plain, &stream);
+    match negotiated {
         Ok(Some(session)) => {
+            let Channel {
+                mut reader,
+                peer: tls,
+                ..
+            } = channel;
             reader.get_mut().set_deadline(None);
-            if stream.set_read_timeout(Some(PAYLOAD_TIMEOUT)).is_err() {
-                return;
+            if plain.set_read_timeout(Some(PAYLOAD_TIMEOUT)).is_ok() {
+                tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
+                // What an admin reads at the default level: who attached which volume,
+                // over what, and when they left (probes that never reach transmission
+                // stay at debug).
+                let export = session.name.clone();
+                let tls = tls.describe();
+                tracing::info!(id, %peer, %export, %tls, "NBD client attached");
+                transmission::serve(server, id, session, reader, Arc::clone(&plain));
+                tracing::info!(id, %peer, %export, "NBD client detached");
             }
-            tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
-            // What an admin reads at the default level: who attached which volume, and
-            // when they left (probes that never reach transmission stay at debug).
-            let export = session.name.clone();
-            tracing::info!(id, %peer, %export, "NBD client attached");
-            transmission::serve(server, id, session, reader, Arc::clone(&stream));
-            tracing::info!(id, %peer, %export, "NBD client detached");
         }
         Ok(None) => tracing::debug!(id, "NBD client ended negotiation"),
         Err(e) => tracing::debug!(id, error = %e, "NBD negotiation ended"),
     }
-    stream.shutdown(Shutdown::Both);
+    plain.shutdown(Shutdown::Both);
+    if !relayed {
+        stream.shutdown(Shutdown::Both);
+    }
     tracing::debug!(id, %peer, "NBD connection closed");
+}
+
+/// A connection's way to its client during negotiation: the buffered reader, the
+/// stream replies go to, and whether TLS is up. STARTTLS replaces all three.
+pub(crate) struct Channel {
+    pub(crate) reader: BufReader<StreamReader>,
+    pub(crate) stream: Arc<Stream>,
+    pub(crate) peer: Peer,
+}
+
+impl Channel {
+    /// A channel in clear over `stream`, whose reads fail after `deadline` from now.
+    pub(crate) fn new(stream: Arc<Stream>, deadline: Option<Duration>) -> Channel {
+        let mut inner = StreamReader::new(Arc::clone(&stream));
+        inner.set_deadline(deadline);
+        Channel {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, inner),
+            stream,
+            peer: Peer::Clear,
+        }
+    }
 }
 
 /// Seconds of silence before TCP keepalive probes start, the gap between probes, and
@@ -963,55 +869,6 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_fail_after_the_deadline() {
-        let (a, b) = UnixStream::pair().expect("socket pair");
-        (&b).write_all(b"abcd").expect("write");
-        let mut reader = StreamReader::new(Arc::new(Stream::Unix(a)));
-        let mut buf = [0u8; 2];
-        reader.read_exact(&mut buf).expect("no deadline");
-        reader.set_deadline(Some(Duration::ZERO));
-        assert!(reader.has_deadline());
-        let err = reader.read_exact(&mut buf).expect_err("past the deadline");
-        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        reader.set_deadline(None);
-        reader.read_exact(&mut buf).expect("deadline cleared");
-        assert_eq!(&buf, b"cd");
-    }
-
-    #[test]
-    fn polling_follows_the_gaps_between_requests() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let (a, b) = UnixStream::pair().expect("socket pair");
-        let mut reader = StreamReader::new(Arc::new(Stream::Unix(a)));
-        let inflight = Arc::new(AtomicUsize::new(0));
-        reader.set_spin(Duration::from_millis(5), Arc::clone(&inflight));
-        assert!(reader.may_spin(), "a new connection polls");
-        let mut buf = [0u8; 4];
-        // Bytes already there: a short gap, polling goes on.
-        (&b).write_all(b"abcd").expect("write");
-        reader.read_exact(&mut buf).expect("read");
-        assert!(reader.may_spin());
-        // Requests in flight: no polling, whatever the gaps.
-        inflight.store(1, Ordering::Relaxed);
-        assert!(!reader.may_spin());
-        inflight.store(0, Ordering::Relaxed);
-        // A long gap: the next read sleeps at once.
-        let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            (&b).write_all(b"efgh").expect("write");
-            b
-        });
-        reader.read_exact(&mut buf).expect("read");
-        assert_eq!(&buf, b"efgh");
-        assert!(!reader.may_spin(), "a 100 ms gap must stop the polling");
-        let b = writer.join().expect("writer");
-        // And a short one starts it again.
-        (&b).write_all(b"ijkl").expect("write");
-        reader.read_exact(&mut buf).expect("read");
-        assert!(reader.may_spin());
-    }
 
     #[test]
     fn stale_socket_files_are_removed_but_nothing_else() {

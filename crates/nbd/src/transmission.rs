@@ -24,7 +24,8 @@ use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHU
 use crate::negotiate::Session;
 use crate::protocol::*;
 use crate::reply::{Replies, Reply};
-use crate::server::{Inflight, Server, Stream, StreamReader, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES};
+use crate::server::{Inflight, Server, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES};
+use crate::stream::{Stream, StreamReader};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{self, BufReader, Read};

@@ -15,6 +15,7 @@ pub mod fuse_loop;
 pub mod libnbd;
 pub mod nbdinfo;
 pub mod service;
+pub mod tls;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
@@ -71,6 +72,7 @@ fn package_of(tool: &str) -> &'static str {
         "mount" | "umount" => "mount",
         "systemd-analyze" => "systemd",
         "prove" | "perl" => "perl (with libtest-mockmodule-perl and libjson-perl)",
+        "openssl" => "openssl",
         _ => "(unknown package)",
     }
 }

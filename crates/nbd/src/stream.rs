@@ -1,0 +1,266 @@
+//! A client's socket ([`Stream`], TCP or unix; after STARTTLS, the plaintext end of
+//! the connection's TLS relay) and the reader a connection's `BufReader` owns
+//! ([`StreamReader`]: deadlines, and polling between back-to-back requests).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A connected client socket, TCP or unix.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    /// TCP.
+    Tcp(TcpStream),
+    /// Unix domain.
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// The socket's descriptor (owned by `self`).
+    pub(crate) fn fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(nonblocking),
+            Stream::Unix(s) => s.set_nonblocking(nonblocking),
+        }
+    }
+
+    /// Receive what is there now, without waiting (`WouldBlock` if nothing is).
+    fn recv_nowait(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.fd();
+        // SAFETY: `fd` is an open socket owned by `self` for the whole call, and `buf`
+        // is valid for writes of its length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Errors only mean the socket is already gone.
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(timeout),
+            Stream::Unix(s) => s.set_write_timeout(timeout),
+        }
+    }
+
+    pub(crate) fn peer(&self) -> String {
+        match self {
+            Stream::Tcp(s) => s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "tcp".into()),
+            Stream::Unix(_) => "unix".into(),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).read(buf),
+            Stream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match *self {
+            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+            Stream::Unix(s) => (&*s).write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The read half a connection's `BufReader` owns. With a deadline set, a read after
+/// it fails with `TimedOut`: negotiation and each write payload must arrive within
+/// their time, however slowly the bytes trickle in.
+///
+/// During transmission it may poll before it sleeps: while the client's requests
+/// come back to back (the last one came within `spin`, by polling or soon after
+/// the reader went to sleep), the next read polls for up to `spin` first. One long
+/// gap, and reads sleep at once again until gaps are short.
+pub(crate) struct StreamReader {
+    stream: Arc<Stream>,
+    deadline: Option<Instant>,
+    /// The poll window (zero: never poll).
+    spin: Duration,
+    /// The connection's requests in flight: no polling unless zero.
+    inflight: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// Whether the last gap between reads was within the window.
+    gaps_short: bool,
+}
+
+impl StreamReader {
+    /// A reader with no deadline that never polls.
+    pub(crate) fn new(stream: Arc<Stream>) -> StreamReader {
+        StreamReader {
+            stream,
+            deadline: None,
+            spin: Duration::ZERO,
+            inflight: None,
+            gaps_short: false,
+        }
+    }
+
+    /// Poll for up to `spin` before sleeping, while gaps are short and `inflight`
+    /// (the connection's requests in flight) is zero (see above).
+    pub(crate) fn set_spin(
+        &mut self,
+        spin: Duration,
+        inflight: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        self.spin = spin;
+        self.inflight = Some(inflight);
+        self.gaps_short = true;
+    }
+
+    fn may_spin(&self) -> bool {
+        self.gaps_short
+            && self
+                .inflight
+                .as_ref()
+                .is_some_and(|n| n.load(std::sync::atomic::Ordering::Relaxed) == 0)
+    }
+
+    /// Reads fail after `timeout` from now (`None`: no deadline).
+    pub(crate) fn set_deadline(&mut self, timeout: Option<Duration>) {
+        self.deadline = timeout.map(|t| Instant::now() + t);
+    }
+
+    /// The deadline, if one is set.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether a deadline is set.
+    pub(crate) fn has_deadline(&self) -> bool {
+        self.deadline.is_some()
+    }
+}
+
+impl Read for StreamReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client did not send in time",
+            ));
+        }
+        if self.spin.is_zero() {
+            return (&*self.stream).read(buf);
+        }
+        let start = Instant::now();
+        if self.may_spin() {
+            loop {
+                match self.stream.recv_nowait(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+                if start.elapsed() >= self.spin {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let read = (&*self.stream).read(buf);
+        self.gaps_short = start.elapsed() < self.spin * 2;
+        read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_fail_after_the_deadline() {
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        (&b).write_all(b"abcd").expect("write");
+        let mut reader = StreamReader::new(Arc::new(Stream::Unix(a)));
+        let mut buf = [0u8; 2];
+        reader.read_exact(&mut buf).expect("no deadline");
+        reader.set_deadline(Some(Duration::ZERO));
+        assert!(reader.has_deadline());
+        let err = reader.read_exact(&mut buf).expect_err("past the deadline");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        reader.set_deadline(None);
+        reader.read_exact(&mut buf).expect("deadline cleared");
+        assert_eq!(&buf, b"cd");
+    }
+
+    #[test]
+    fn polling_follows_the_gaps_between_requests() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        let mut reader = StreamReader::new(Arc::new(Stream::Unix(a)));
+        let inflight = Arc::new(AtomicUsize::new(0));
+        reader.set_spin(Duration::from_millis(5), Arc::clone(&inflight));
+        assert!(reader.may_spin(), "a new connection polls");
+        let mut buf = [0u8; 4];
+        // Bytes already there: a short gap, polling goes on.
+        (&b).write_all(b"abcd").expect("write");
+        reader.read_exact(&mut buf).expect("read");
+        assert!(reader.may_spin());
+        // Requests in flight: no polling, whatever the gaps.
+        inflight.store(1, Ordering::Relaxed);
+        assert!(!reader.may_spin());
+        inflight.store(0, Ordering::Relaxed);
+        // A long gap: the next read sleeps at once.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            (&b).write_all(b"efgh").expect("write");
+            b
+        });
+        reader.read_exact(&mut buf).expect("read");
+        assert_eq!(&buf, b"efgh");
+        assert!(!reader.may_spin(), "a 100 ms gap must stop the polling");
+        let b = writer.join().expect("writer");
+        // And a short one starts it again.
+        (&b).write_all(b"ijkl").expect("write");
+        reader.read_exact(&mut buf).expect("read");
+        assert!(reader.may_spin());
+    }
+}
