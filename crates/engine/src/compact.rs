@@ -39,7 +39,8 @@ impl Inner {
     /// One compaction round over slab `s`: returns the number of blocks emptied.
     pub(crate) fn compact_slab(&self, s: u32) -> Result<u64> {
         // Journal space for the worst case: every fragment of every victim moves.
-        let reserve = COMPACT_FRAGMENTS_PER_ROUND as u64 * crate::journal::RECORD_BYTES_MAX;
+        let reserve =
+            (COMPACT_FRAGMENTS_PER_ROUND * fewerbytes_format::journal::RECORD_BYTES_MAX) as u64;
         self.journal.reserve(reserve)?;
         let result = self.compact_slab_reserved(s);
         self.journal.unreserve(reserve);

@@ -13,17 +13,17 @@
 use crate::error::{within, within_mut};
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
-    decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES,
+    decode_sector, encode_sector, record_len_of_tag, Record, SectorHeader, RECORD_BYTES_MAX,
+    SECTOR_PAYLOAD_BYTES,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 use parking_lot::{Condvar, Mutex};
 use std::time::Duration;
 
-/// Largest record, which bounds the space a sector may waste.
-pub const RECORD_BYTES_MAX: u64 = 48;
-/// Usable record bytes per sector in the worst case.
-const SECTOR_RECORD_BYTES_MIN: u64 = SECTOR_PAYLOAD_BYTES as u64 - (RECORD_BYTES_MAX - 1);
+/// Usable record bytes per sector in the worst case: a sector may leave unused one
+/// byte less than the largest record (`format::journal::RECORD_BYTES_MAX`).
+const SECTOR_RECORD_BYTES_MIN: u64 = (SECTOR_PAYLOAD_BYTES - (RECORD_BYTES_MAX - 1)) as u64;
 /// Pending bytes that make the commit thread write without waiting for a flush:
 /// keeps the in-memory tail (and the work of one commit) bounded.
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
@@ -77,14 +77,6 @@ pub enum Work {
     Checkpoint,
     /// Stop.
     Shutdown,
-}
-
-fn record_len(tag: u8) -> usize {
-    match tag {
-        1 => 16,
-        2 => 24,
-        _ => 48,
-    }
 }
 
 impl Journal {
@@ -272,7 +264,11 @@ impl Journal {
         while pos < bytes.len() {
             let mut end = pos;
             while let Some(tag) = bytes.get(end) {
-                let len = record_len(*tag);
+                let len = record_len_of_tag(*tag).ok_or_else(|| {
+                    EngineError::Invariant(format!(
+                        "a journal batch holds an unknown record tag {tag} at byte {end}"
+                    ))
+                })?;
                 if end + len - pos > SECTOR_PAYLOAD_BYTES {
                     break;
                 }

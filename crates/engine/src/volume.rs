@@ -13,6 +13,7 @@ use crate::recovery::range_result;
 use crate::slab::{ObjRec, REFCOUNT_MAX};
 use crate::{EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
+use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
 use std::cell::{Cell, RefCell};
@@ -22,9 +23,9 @@ use std::sync::Arc;
 /// A compressed form is kept only if it saves at least an eighth of the block.
 pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
 /// Journal bytes one block may need: a new object and a map change.
-const JOURNAL_BYTES_PER_BLOCK: u64 = 48 + 16;
+const JOURNAL_BYTES_PER_BLOCK: u64 = (NEW_OBJECT_BYTES + MAP_SET_BYTES) as u64;
 /// Journal bytes one page of a range operation needs.
-const JOURNAL_BYTES_PER_RANGE: u64 = 24;
+const JOURNAL_BYTES_PER_RANGE: u64 = RANGE_SET_BYTES as u64;
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
 thread_local! {
@@ -456,7 +457,7 @@ impl Volume {
 
 /// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
 /// block stored and then dropped because a range operation won the race.
-const JOURNAL_BYTES_PER_RMW_RETRY: u64 = 48;
+const JOURNAL_BYTES_PER_RMW_RETRY: u64 = NEW_OBJECT_BYTES as u64;
 
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;
