@@ -13,6 +13,7 @@
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
+use crate::page_store::{page_slot, PageStore};
 use crate::pool::Inner;
 use crate::slab::Slab;
 use crate::{EngineError, Result};
@@ -32,93 +33,6 @@ use std::sync::atomic::Ordering;
 pub const OBJECT_TABLE_OWNER: u64 = u64::MAX;
 /// Owner id of the fingerprint table's directory pages (version 2).
 pub const FINGERPRINT_TABLE_OWNER: u64 = u64::MAX - 1;
-
-/// Which page-store slots hold live pages.
-pub struct PageStore {
-    words: Vec<u64>,
-    slots: u64,
-    cursor: u64,
-    used: u64,
-}
-
-impl PageStore {
-    /// An empty store of `slots` (slot 0 is never used: 0 means "no page").
-    pub fn new(slots: u64) -> Self {
-        let mut s = PageStore {
-            words: vec![0; slots.div_ceil(64) as usize],
-            slots,
-            cursor: 1,
-            used: 0,
-        };
-        s.mark(0);
-        s
-    }
-    /// Mark a slot used.
-    pub fn mark(&mut self, slot: u64) {
-        if let Some(w) = self.words.get_mut((slot / 64) as usize) {
-            if *w & (1 << (slot % 64)) == 0 {
-                *w |= 1 << (slot % 64);
-                self.used += 1;
-            }
-        }
-    }
-    /// Whether a slot is used.
-    pub fn is_used(&self, slot: u64) -> bool {
-        self.words
-            .get((slot / 64) as usize)
-            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
-    }
-    /// Free a slot.
-    pub fn free(&mut self, slot: u64) {
-        if slot == 0 {
-            return;
-        }
-        if let Some(w) = self.words.get_mut((slot / 64) as usize) {
-            if *w & (1 << (slot % 64)) != 0 {
-                *w &= !(1 << (slot % 64));
-                self.used -= 1;
-            }
-        }
-    }
-    /// Allocate a slot.
-    pub fn alloc(&mut self) -> Option<u32> {
-        for _ in 0..self.slots {
-            let s = self.cursor;
-            self.cursor = if self.cursor + 1 >= self.slots {
-                1
-            } else {
-                self.cursor + 1
-            };
-            if !self.is_used(s) {
-                self.mark(s);
-                return u32::try_from(s).ok();
-            }
-        }
-        None
-    }
-    /// Slots in use.
-    pub fn used(&self) -> u64 {
-        self.used
-    }
-    /// Slots free.
-    pub fn free_slots(&self) -> u64 {
-        self.slots.saturating_sub(self.used)
-    }
-    /// Every slot in use (slot 0 excepted).
-    pub fn used_slots(&self) -> Vec<u32> {
-        (1..self.slots)
-            .filter(|s| self.is_used(*s))
-            .filter_map(|s| u32::try_from(s).ok())
-            .collect()
-    }
-}
-
-/// The page-store slot a reference names, if it names one.
-pub(crate) fn page_slot(r: &PageRef) -> Option<u32> {
-    r.page_store_slot()
-        .filter(|s| *s != 0)
-        .and_then(|s| u32::try_from(s).ok())
-}
 
 /// What a page is, as its header names it.
 struct PageName {
@@ -426,7 +340,7 @@ impl Inner {
         if let Some(why) = self.journal.failure() {
             return Err(EngineError::ReadOnly(why));
         }
-        if self.opened_read_only {
+        if self.devices.opened_read_only() {
             return Err(EngineError::ReadOnly("opened read-only".into()));
         }
         // No commit may be in flight while the replay point is chosen: its records are
@@ -438,7 +352,8 @@ impl Inner {
             Err(e) => {
                 // A checkpoint that cannot be taken cannot be retried into success:
                 // stop taking writes (journal space would never come back).
-                self.latch_with(format!("latched read-only: a checkpoint failed: {e}"));
+                self.devices
+                    .latch_with(format!("latched read-only: a checkpoint failed: {e}"));
                 return Err(e);
             }
         };
@@ -452,7 +367,7 @@ impl Inner {
         let result = self.write_snapshot(&snapshot);
         drop(guard);
         if let Err(e) = result {
-            self.latch(&e);
+            self.devices.latch(&e);
             return Err(e);
         }
         {
@@ -462,7 +377,7 @@ impl Inner {
             }
         }
         for (s, objects, blocks) in &snapshot.pending {
-            self.slab(*s).lock().release(objects, blocks);
+            self.depot.slab(*s).lock().release(objects, blocks);
         }
         *self.sb.lock() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
@@ -481,7 +396,7 @@ impl Inner {
             store: self.page_store.lock(),
             pages: Vec::new(),
             old_slots: std::mem::take(&mut *self.slots_to_free.lock()),
-            nonce: self.nonce,
+            nonce: self.geometry.nonce(),
             generation,
         };
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
@@ -493,8 +408,8 @@ impl Inner {
             fp_dirty: Vec::new(),
         };
         let mut pending = Vec::new();
-        for s in 0..self.slab_count {
-            let mut slab = self.slab(s).lock();
+        for s in 0..self.geometry.slab_count() {
+            let mut slab = self.depot.slab(s).lock();
             let (objects, blocks) = slab.take_pending();
             if !objects.is_empty() || !blocks.is_empty() {
                 pending.push((s, objects, blocks));
@@ -551,8 +466,12 @@ impl Inner {
                 id: vol.id,
                 name: vol.name(),
                 size_bytes,
-                reservation_bytes: if self.overcommit { 0 } else { size_bytes },
-                thin: self.overcommit,
+                reservation_bytes: if self.geometry.overcommit() {
+                    0
+                } else {
+                    size_bytes
+                },
+                thin: self.geometry.overcommit(),
                 map: dirs.root(),
             });
         }
@@ -602,29 +521,33 @@ impl Inner {
 
     fn write_snapshot(&self, snap: &Snapshot) -> Result<()> {
         // The image refers to data written before the snapshot: make it durable first.
-        self.flush_packers()?;
-        let r = self.data.flush();
-        self.check_io(r)?;
+        self.zones.flush(&self.space())?;
+        let r = self.devices.data().flush();
+        self.devices.check_io(r)?;
         let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
         sorted.sort_by_key(|p| p.slot);
         for page in sorted {
-            let at = (self.pages_start_block + u64::from(page.slot)) * BLOCK_BYTES as u64;
-            let r = self.meta.write_at(&page.bytes[..], at);
-            self.check_io(r)?;
+            let at =
+                (self.geometry.pages_start_block() + u64::from(page.slot)) * BLOCK_BYTES as u64;
+            let r = self.devices.meta().write_at(&page.bytes[..], at);
+            self.devices.check_io(r)?;
             self.meta_written.count_page(page.kind);
         }
-        let r = self.meta.flush();
-        self.check_io(r)?;
+        let r = self.devices.meta().flush();
+        self.devices.check_io(r)?;
         let mut block = [0u8; BLOCK_BYTES];
         snap.superblock.encode(&mut block);
         let copy = snap.superblock.generation % 2;
-        let r = self.meta.write_at(&block, copy * BLOCK_BYTES as u64);
-        self.check_io(r)?;
+        let r = self
+            .devices
+            .meta()
+            .write_at(&block, copy * BLOCK_BYTES as u64);
+        self.devices.check_io(r)?;
         self.meta_written
             .super_bytes
             .fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
-        let r = self.meta.flush();
-        self.check_io(r)?;
+        let r = self.devices.meta().flush();
+        self.devices.check_io(r)?;
         Ok(())
     }
 }

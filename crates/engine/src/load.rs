@@ -37,25 +37,26 @@ impl Inner {
             (sb.version, sb.generation)
         };
         let slot = reference.page_store_slot().unwrap_or(0);
-        let block = self.pages_start_block.saturating_add(slot);
+        let block = self.geometry.pages_start_block().saturating_add(slot);
         let corrupt = |reason: String| EngineError::Corrupt {
             region: kind.name(),
             block,
             device: "metadata",
             reason,
         };
-        if slot == 0 || slot >= self.page_slots {
+        if slot == 0 || slot >= self.geometry.page_slots() {
             return Err(corrupt(format!(
                 "page address {:#x} is outside the page store",
                 reference.address
             )));
         }
-        self.meta
+        self.devices
+            .meta()
             .read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
         let decoded = if version == FORMAT_VERSION_1 {
-            decode_page(&buf[..], kind, self.nonce, slot)
+            decode_page(&buf[..], kind, self.geometry.nonce(), slot)
         } else {
-            decode_page_ref(&buf[..], kind, self.nonce, reference)
+            decode_page_ref(&buf[..], kind, self.geometry.nonce(), reference)
         };
         let (header, payload) = decoded.map_err(|e| corrupt(e.to_string()))?;
         if header.version != version {
@@ -160,7 +161,10 @@ impl Inner {
             let (header, payload) =
                 self.read_page(&mut buf, PageKind::Directory, d, owner, k as u64)?;
             if header.level != level {
-                let block = self.pages_start_block.saturating_add(header.slot);
+                let block = self
+                    .geometry
+                    .pages_start_block()
+                    .saturating_add(header.slot);
                 return Err(EngineError::Corrupt {
                     region: PageKind::Directory.name(),
                     block,
@@ -238,15 +242,15 @@ impl Inner {
         if catalog.version == FORMAT_VERSION_1 {
             return self.load_objects_v1(&catalog.objects);
         }
-        let objects = self.objects_per_slab as usize;
-        let slabs = self.slab_count as usize;
+        let objects = self.geometry.objects_per_slab() as usize;
+        let slabs = self.geometry.slab_count() as usize;
         let per_slab = objects.div_ceil(COUNTS_PER_PAGE);
         let (count_tree, counts) =
             self.read_tree(&catalog.objects, OBJECT_TABLE_OWNER, slabs * per_slab)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in counts.iter().enumerate() {
             let (s, c) = ((g / per_slab) as u32, g % per_slab);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             if let Some(slot) = slab.count_refs.get_mut(c) {
                 *slot = *r;
             }
@@ -273,7 +277,7 @@ impl Inner {
         )?;
         for (g, r) in fps.iter().enumerate() {
             let (s, f) = ((g / per_slab) as u32, g % per_slab);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             if let Some(slot) = slab.fp_refs.get_mut(f) {
                 *slot = *r;
             }
@@ -299,8 +303,8 @@ impl Inner {
 
     /// Version 1: object pages of 84 whole records.
     fn load_objects_v1(&self, objects: &TableRoot) -> Result<()> {
-        let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
-        let total = self.slab_count as usize * pages_per_slab;
+        let pages_per_slab = self.geometry.objects_per_slab() as usize / OBJECTS_PER_PAGE;
+        let total = self.geometry.slab_count() as usize * pages_per_slab;
         let (tree, refs) = self.read_tree(objects, OBJECT_TABLE_OWNER, total)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in refs.iter().enumerate() {
@@ -311,7 +315,7 @@ impl Inner {
             let (_, payload) =
                 self.read_page(&mut buf, PageKind::Objects, r, u64::from(s), p as u64)?;
             let mut reader = Reader::new("slab object page", payload);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             for i in 0..OBJECTS_PER_PAGE {
                 let rec = ObjectRecord::decode(&mut reader)?;
                 if rec.refcount == 0 && rec.location == 0 {
@@ -383,7 +387,7 @@ impl Inner {
         self.sb.lock().catalog.clear();
         *self.count_dirs.lock() = DirTree::default();
         *self.fp_dirs.lock() = DirTree::default();
-        for slab in &self.slabs {
+        for slab in self.depot.iter() {
             slab.lock().mark_all_dirty();
         }
         for vol in self.volumes.read().iter().flatten() {
@@ -410,7 +414,7 @@ impl Inner {
         let mut pages = 0u64;
         let mut catalog_bytes = 16u64;
         let (mut counts, mut fps) = (0u64, 0u64);
-        for slab in &self.slabs {
+        for slab in self.depot.iter() {
             let slab = slab.lock();
             let objects = slab.objects() as usize;
             let used = |per_page: usize| {

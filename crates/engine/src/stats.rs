@@ -24,8 +24,8 @@ impl Pool {
         let mut pending_blocks = 0u64;
         let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) =
             (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        for s in 0..i.slab_count {
-            let slab = i.slab(s).lock();
+        for s in 0..i.geometry.slab_count() {
+            let slab = i.depot.slab(s).lock();
             // Blocks freed since the last checkpoint stay allocated until it (their
             // bytes may still be named by a durable mapping) but are no longer used.
             used_blocks += u64::from(slab.used_blocks() - slab.pending_blocks());
@@ -73,11 +73,12 @@ impl Pool {
         let m = &i.meta_written;
         let (journal_used, journal_sectors) = i.journal.usage();
         PoolStats {
-            path: i.data_path.clone(),
+            path: i.devices.data_path(),
             mode: self.mode(),
-            data_bytes: i.data_blocks * BLOCK,
+            data_bytes: i.geometry.data_blocks() * BLOCK,
             data_used_bytes,
-            data_free_bytes: (i.data_blocks - (used_blocks + pending_blocks).min(i.data_blocks))
+            data_free_bytes: (i.geometry.data_blocks()
+                - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
                 * BLOCK,
             data_freeing_bytes: pending_blocks * BLOCK,
             metadata_bytes: info.metadata_bytes,
@@ -93,11 +94,11 @@ impl Pool {
             compacted_blocks: i.compacted_blocks.load(Relaxed),
             dedup_saved_blocks: saved,
             counters: i.counters.snapshot(),
-            data_device: device_io(i.data.counters().snapshot()),
-            metadata_device: if i.separate_metadata {
-                device_io(i.meta.counters().snapshot())
+            data_device: device_io(i.devices.data().counters().snapshot()),
+            metadata_device: if i.devices.separate_metadata() {
+                device_io(i.devices.meta().counters().snapshot())
             } else {
-                device_io(i.data.counters().snapshot())
+                device_io(i.devices.data().counters().snapshot())
             },
             metadata_written_by_region: vec![
                 ("super block".into(), m.super_bytes.load(Relaxed)),
@@ -115,7 +116,7 @@ impl Pool {
             journal_commits: i.commits.load(Relaxed),
             threads: i.threads,
             limits: vec![
-                ("zones (packers)".into(), i.zone_count() as u64),
+                ("zones (packers)".into(), i.zones.count() as u64),
                 ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
                 (
                     "read-modify-write attempts".into(),
@@ -133,7 +134,7 @@ impl Pool {
                 ),
                 ("index entries".into(), i.index.capacity()),
                 ("index memory bytes".into(), i.index.memory_bytes()),
-                ("page store slots".into(), i.page_slots),
+                ("page store slots".into(), i.geometry.page_slots()),
                 ("page store slots in use".into(), i.page_store.lock().used()),
             ],
             volumes,
@@ -143,13 +144,17 @@ impl Pool {
     /// Every on-disk region.
     pub fn regions(&self) -> Vec<Region> {
         let i = &self.inner;
-        let sb = i.sb.lock().clone();
-        let meta_dev = if i.separate_metadata {
+        let g = &i.geometry;
+        let version = i.sb.lock().version;
+        let meta_dev = if i.devices.separate_metadata() {
             "metadata"
         } else {
             "data"
         };
-        let meta_path = i.meta_path.clone().unwrap_or_else(|| i.data_path.clone());
+        let meta_path = i
+            .devices
+            .meta_path()
+            .unwrap_or_else(|| i.devices.data_path());
         let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
             name: name.into(),
             device: device.into(),
@@ -165,30 +170,36 @@ impl Pool {
                 "recovery journal",
                 meta_dev,
                 &meta_path,
-                sb.journal_start_block,
-                sb.journal_sectors / 8,
+                g.journal_start_block(),
+                g.journal_sectors() / 8,
             ),
             region(
-                if sb.version == fewerbytes_format::FORMAT_VERSION_1 {
+                if version == fewerbytes_format::FORMAT_VERSION_1 {
                     "page store (block maps, slab object tables, directories, catalog)"
                 } else {
                     "page store (block maps, object counts, fingerprints, directories, catalog)"
                 },
                 meta_dev,
                 &meta_path,
-                sb.pages_start_block,
-                sb.page_slots,
+                g.pages_start_block(),
+                g.page_slots(),
             ),
         ];
-        if i.separate_metadata {
-            out.push(region("data device label", "data", &i.data_path, 0, 2));
+        if i.devices.separate_metadata() {
+            out.push(region(
+                "data device label",
+                "data",
+                &i.devices.data_path(),
+                0,
+                2,
+            ));
         }
         out.push(region(
             "data (slabs)",
             "data",
-            &i.data_path,
-            sb.data_offset_bytes / BLOCK,
-            sb.data_blocks,
+            &i.devices.data_path(),
+            g.data_offset_bytes() / BLOCK,
+            g.data_blocks(),
         ));
         out
     }
@@ -204,7 +215,10 @@ impl Pool {
             let _gate = i.gate.write();
             AuditSnapshot::take(i)
         };
-        snapshot.check(i.slab_count, u64::from(i.objects_per_slab))
+        snapshot.check(
+            i.geometry.slab_count(),
+            u64::from(i.geometry.objects_per_slab()),
+        )
     }
 }
 
@@ -231,9 +245,9 @@ impl AuditSnapshot {
         for vol in i.volumes.read().iter().flatten() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
         }
-        let slabs = (0..i.slab_count)
+        let slabs = (0..i.geometry.slab_count())
             .map(|s| {
-                let slab = i.slab(s).lock();
+                let slab = i.depot.slab(s).lock();
                 let records = (0..slab.objects())
                     .filter_map(|idx| {
                         let rec = slab.rec(idx);

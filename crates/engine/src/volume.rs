@@ -169,7 +169,7 @@ impl Volume {
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check("write", offset_bytes, data.len() as u64)?;
         let inner = self.inner();
-        inner.ensure_writable()?;
+        inner.devices.ensure_writable()?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {
@@ -211,11 +211,11 @@ impl Volume {
         loop {
             match self.write_step(offset_bytes, data) {
                 Err(EngineError::NoSpace(why)) => {
-                    inner.release_open_space()?;
+                    inner.zones.release_open_space(&inner.space())?;
                     inner.checkpoint()?;
                     rounds += 1;
                     // The bound only guards against a livelock nobody has seen.
-                    if rounds >= RECLAIM_ROUNDS_MAX || !inner.space_to_retry() {
+                    if rounds >= RECLAIM_ROUNDS_MAX || !inner.depot.space_to_retry() {
                         return Err(EngineError::NoSpace(why));
                     }
                 }
@@ -285,7 +285,7 @@ impl Volume {
     ) -> Result<()> {
         self.check(op, offset_bytes, len_bytes)?;
         let inner = self.inner();
-        inner.ensure_writable()?;
+        inner.devices.ensure_writable()?;
         let end = offset_bytes + len_bytes;
         let first_full = offset_bytes.div_ceil(BLOCK);
         let last_full = end / BLOCK;
@@ -490,7 +490,7 @@ impl Inner {
     }
 
     fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
-        *blake3::keyed_hash(&self.key, block).as_bytes()
+        *blake3::keyed_hash(self.geometry.fingerprint_key(), block).as_bytes()
     }
 
     /// Read one block into `out` (4096 bytes). Caller holds the gate and no stripe
@@ -543,8 +543,8 @@ impl Inner {
     /// block its location starts at (`location`, its record's raw location word),
     /// or by its slab's first block when the location itself is bad.
     fn corrupt_object(&self, o: ObjectId, location: u64, reason: String) -> EngineError {
-        let (s, _) = self.split_object(o);
-        let data_first_block = self.data_offset_bytes / BLOCK;
+        let (s, _) = self.depot.split_object(o);
+        let data_first_block = self.geometry.data_offset_bytes() / BLOCK;
         let (block, what) = match Location::decode(location) {
             Ok(loc) => {
                 let pbn = loc.blocks().0;
@@ -571,9 +571,9 @@ impl Inner {
     }
 
     pub(crate) fn read_object(&self, o: ObjectId, out: &mut [u8], wait: Wait) -> Result<bool> {
-        let (s, i) = self.split_object(o);
+        let (s, i) = self.depot.split_object(o);
         let (rec, open) = {
-            let slab = self.slab(s).lock();
+            let slab = self.depot.slab(s).lock();
             let rec = slab.rec(i);
             let loc = Location::decode(rec.location)
                 .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
@@ -581,7 +581,7 @@ impl Inner {
             // A location touches at most two blocks: no allocation on the read path.
             let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
             for (b, zone) in open.iter_mut().take(count as usize) {
-                *zone = Inner::open_zone(&slab, (*b - slab.first_pbn) as u32);
+                *zone = slab.open_zone((*b - slab.first_pbn) as u32);
             }
             (rec, open)
         };
@@ -612,8 +612,12 @@ impl Inner {
     /// changed, and a bad sector under one block must not stop writes to the rest.
     fn read_data(&self, buf: &mut [u8], offset_bytes: u64, wait: Wait) -> Result<bool> {
         let r = match wait {
-            Wait::Yes => self.data.read_at(buf, offset_bytes).map(|()| true),
-            Wait::No => self.data.read_at_cached(buf, offset_bytes),
+            Wait::Yes => self
+                .devices
+                .data()
+                .read_at(buf, offset_bytes)
+                .map(|()| true),
+            Wait::No => self.devices.data().read_at_cached(buf, offset_bytes),
         };
         Ok(r?)
     }
@@ -626,7 +630,7 @@ impl Inner {
         out: &mut [u8],
         wait: Wait,
     ) -> Result<bool> {
-        let s = self.split_object(o).0;
+        let s = self.depot.split_object(o).0;
         let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
         let location = Location::decode(rec.location)
             .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
@@ -634,12 +638,13 @@ impl Inner {
         match location {
             Location::Block { pbn } => {
                 let zone = open.first().and_then(|(_, z)| *z);
-                if zone
-                    .is_some_and(|z| self.read_open_block(z, s, (pbn - slab_first) as u32, 0, out))
-                {
+                if zone.is_some_and(|z| {
+                    self.zones
+                        .read_open_block(z, s, (pbn - slab_first) as u32, 0, out)
+                }) {
                     return Ok(true);
                 }
-                self.read_data(out, self.data_offset_bytes + pbn * BLOCK, wait)
+                self.read_data(out, self.geometry.data_offset_bytes() + pbn * BLOCK, wait)
             }
             Location::Fragment {
                 addr_bytes,
@@ -657,12 +662,13 @@ impl Inner {
                     let n = (BLOCK_BYTES - from).min(len - done);
                     let dst = within_mut(&mut packed, done..done + n, "a fragment's bytes")?;
                     let from_packer = zone.is_some_and(|z| {
-                        self.read_open_block(z, s, (b - slab_first) as u32, from, dst)
+                        self.zones
+                            .read_open_block(z, s, (b - slab_first) as u32, from, dst)
                     });
                     if !from_packer
                         && !self.read_data(
                             dst,
-                            self.data_offset_bytes + block_start + from as u64,
+                            self.geometry.data_offset_bytes() + block_start + from as u64,
                             wait,
                         )?
                     {
@@ -695,11 +701,11 @@ impl Inner {
 
     /// Take a reference to `o` if it still holds `fp` and can take one more.
     fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
-        if !self.valid_object(o) {
+        if !self.depot.valid_object(o) {
             return false;
         }
-        let (s, i) = self.split_object(o);
-        let mut slab = self.slab(s).lock();
+        let (s, i) = self.depot.split_object(o);
+        let mut slab = self.depot.slab(s).lock();
         let rec = slab.rec(i);
         if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
             return false;
@@ -717,7 +723,7 @@ impl Inner {
         let mut added: Vec<(u32, Vec<u32>)> = Vec::new();
         for (s, indexes) in self.by_slab(objects) {
             let failed = {
-                let mut slab = self.slab(s).lock();
+                let mut slab = self.depot.slab(s).lock();
                 indexes
                     .iter()
                     .enumerate()
@@ -730,12 +736,12 @@ impl Inner {
             added.push((s, indexes.into_iter().take(n).collect()));
             // Each of these had a reference before ours: none is freed here.
             for (s, indexes) in added {
-                let mut slab = self.slab(s).lock();
+                let mut slab = self.depot.slab(s).lock();
                 for i in indexes {
-                    self.check_invariant(slab.drop_ref(i))?;
+                    self.devices.check_invariant(slab.drop_ref(i))?;
                 }
             }
-            self.latch(&e);
+            self.devices.latch(&e);
             return Err(e);
         }
         Ok(())
@@ -749,17 +755,19 @@ impl Inner {
         for (s, indexes) in self.by_slab(objects) {
             let mut freed: Vec<(u32, ObjRec)> = Vec::new();
             {
-                let mut slab = self.slab(s).lock();
+                let mut slab = self.depot.slab(s).lock();
                 for i in indexes {
                     match slab.drop_ref(i) {
                         Ok(Some(rec)) => freed.push((i, rec)),
                         Ok(None) => {}
-                        Err(e) => broken = broken.and(self.check_invariant(Err(e))),
+                        Err(e) => broken = broken.and(self.devices.check_invariant(Err(e))),
                     }
                 }
             }
             for (i, rec) in freed {
-                let o = ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i));
+                let o = ObjectId(
+                    u64::from(s) * u64::from(self.geometry.objects_per_slab()) + u64::from(i),
+                );
                 self.forget_freed(o, &rec);
             }
         }
@@ -771,9 +779,11 @@ impl Inner {
     /// objects (a delete) go into one bucket per slab; few (a small trim) are sorted,
     /// so their cost never grows with the pool's slab count.
     fn by_slab(&self, objects: &[ObjectId]) -> Vec<(u32, Vec<u32>)> {
-        if objects.len() < self.slab_count as usize {
-            let mut pairs: Vec<(u32, u32)> =
-                objects.iter().map(|&o| self.split_object(o)).collect();
+        if objects.len() < self.geometry.slab_count() as usize {
+            let mut pairs: Vec<(u32, u32)> = objects
+                .iter()
+                .map(|&o| self.depot.split_object(o))
+                .collect();
             pairs.sort_unstable();
             return pairs
                 .chunk_by(|a, b| a.0 == b.0)
@@ -783,14 +793,14 @@ impl Inner {
                 })
                 .collect();
         }
-        let mut groups = vec![Vec::new(); self.slab_count as usize];
+        let mut groups = vec![Vec::new(); self.geometry.slab_count() as usize];
         for &o in objects {
-            let (s, i) = self.split_object(o);
+            let (s, i) = self.depot.split_object(o);
             if let Some(g) = groups.get_mut(s as usize) {
                 g.push(i);
             }
         }
-        (0..self.slab_count)
+        (0..self.geometry.slab_count())
             .zip(groups)
             .filter(|(_, g)| !g.is_empty())
             .collect()
@@ -808,9 +818,9 @@ impl Inner {
     /// Drop a reference; a freed object leaves the index. A count below zero
     /// latches the pool.
     pub(crate) fn release_object(&self, o: ObjectId) -> Result<()> {
-        let (s, i) = self.split_object(o);
-        let freed = self.slab(s).lock().drop_ref(i);
-        if let Some(rec) = self.check_invariant(freed)? {
+        let (s, i) = self.depot.split_object(o);
+        let freed = self.depot.slab(s).lock().drop_ref(i);
+        if let Some(rec) = self.devices.check_invariant(freed)? {
             self.forget_freed(o, &rec);
         }
         Ok(())
@@ -824,14 +834,15 @@ impl Inner {
         fp: &[u8; 32],
         vol_counters: &crate::counters::Counters,
     ) -> Result<ObjectId> {
-        let zone = my_zone(self.zone_count());
+        let zone = my_zone(self.zones.count());
         let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
             let mut scratch = scratch.borrow_mut();
             let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
             if n > COMPRESSED_BYTES_MAX {
                 return Ok(None);
             }
-            match self.pack(
+            match self.zones.pack(
+                &self.space(),
                 zone,
                 crate::error::within(&scratch, 0..n, "a compressed block")?,
                 fp,
@@ -848,7 +859,7 @@ impl Inner {
                 v
             }
             None => {
-                let (object, pbn) = self.store_whole(zone, block, fp)?;
+                let (object, pbn) = self.zones.store_whole(&self.space(), zone, block, fp)?;
                 add(&self.counters.uncompressed_writes, 1);
                 add(&vol_counters.uncompressed_writes, 1);
                 (object, Location::Block { pbn })
