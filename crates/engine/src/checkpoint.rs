@@ -345,7 +345,7 @@ impl Inner {
         }
         // No commit may be in flight while the replay point is chosen: its records are
         // in the image, and replaying them again on top of it would count them twice.
-        let commit_guard = self.commit_lock.lock();
+        let commit_guard = self.journal.pause_commits();
         let batch = self.journal.take_batch();
         let snapshot = match self.snapshot() {
             Ok(s) => s,

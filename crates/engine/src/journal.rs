@@ -18,7 +18,8 @@ use fewerbytes_format::journal::{
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Usable record bytes per sector in the worst case: a sector may leave unused one
@@ -50,6 +51,13 @@ struct State {
 /// The journal's in-memory side and ring geometry.
 pub struct Journal {
     state: Mutex<State>,
+    /// Held by a commit from taking its batch until it is durable, and by a
+    /// checkpoint while it chooses its replay point (`checkpoint.rs`).
+    commit_lock: Mutex<()>,
+    /// Group commits done since open.
+    commits: AtomicU64,
+    /// Journal bytes written since open.
+    written_bytes: AtomicU64,
     /// Signalled when durability advances, space frees up, or the journal fails.
     progress: Condvar,
     /// Wakes the commit thread.
@@ -104,6 +112,9 @@ impl Journal {
                 shutdown: false,
                 checkpoint_requested: false,
             }),
+            commit_lock: Mutex::new(()),
+            commits: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
             progress: Condvar::new(),
             wake: Condvar::new(),
             nonce,
@@ -239,6 +250,52 @@ impl Journal {
     pub fn wants_checkpoint(&self) -> bool {
         let s = self.state.lock();
         (s.next_seq - s.replay_seq) * 100 >= self.sectors * CHECKPOINT_RING_PERCENT
+    }
+
+    /// One group commit: the data the batch refers to made durable first
+    /// (`data_durable`: the packers' unwritten bytes, then a sync of the data
+    /// device), then the batch's sectors written to the ring and synced. Every
+    /// request that appended meanwhile becomes durable with one journal write. On an
+    /// error nothing is marked durable, and the caller latches the pool.
+    pub fn commit(
+        &self,
+        meta: &dyn Storage,
+        separate_metadata: bool,
+        data_durable: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _commit = self.commit_lock.lock();
+        let batch = self.take_batch();
+        let sectors = (|| -> Result<u64> {
+            data_durable()?;
+            if batch.bytes.is_empty() {
+                return Ok(0);
+            }
+            let (sectors, bytes) = self.write_batch(meta, &batch)?;
+            self.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if separate_metadata || sectors > 0 {
+                meta.flush()?;
+            }
+            Ok(sectors)
+        })()?;
+        self.batch_durable(&batch, sectors);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stop commits until the guard drops: a checkpoint choosing its replay point
+    /// must not race a commit whose records the image already holds.
+    pub fn pause_commits(&self) -> MutexGuard<'_, ()> {
+        self.commit_lock.lock()
+    }
+
+    /// Group commits done since open.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Journal bytes written since open.
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes.load(Ordering::Relaxed)
     }
 
     /// Take the tail for a commit.

@@ -48,7 +48,6 @@ pub const BLOCKS_PER_STEP: u64 = 64;
 #[derive(Default)]
 pub(crate) struct RegionBytes {
     pub super_bytes: AtomicU64,
-    pub journal_bytes: AtomicU64,
     pub map_bytes: AtomicU64,
     pub object_bytes: AtomicU64,
     pub fingerprint_bytes: AtomicU64,
@@ -108,11 +107,9 @@ pub(crate) struct Inner {
     pub fp_dirs: Mutex<DirTree>,
     pub slots_to_free: Mutex<Vec<u32>>,
     pub checkpoint_lock: Mutex<()>,
-    pub commit_lock: Mutex<()>,
     pub counters: Counters,
     pub meta_written: RegionBytes,
     pub checkpoints: AtomicU64,
-    pub commits: AtomicU64,
     pub threads: usize,
     /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
     pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
@@ -139,45 +136,20 @@ impl Inner {
         }
     }
 
-    /// One group commit: data of the batch durable, then its journal sectors.
+    /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
+    /// device made durable, then the journal's batch. A failure latches the pool.
     pub fn commit(&self) -> Result<()> {
-        let _c = self.commit_lock.lock();
-        let batch = self.journal.take_batch();
-        let result = (|| {
+        let data_durable = || {
             self.zones.flush(&self.space())?;
             let r = self.devices.data().flush();
-            self.devices.check_io(r)?;
-            if batch.bytes.is_empty() {
-                return Ok(0);
-            }
-            let r = self.journal.write_batch(self.devices.meta(), &batch);
-            let (sectors, bytes) = match r {
-                Ok(v) => v,
-                Err(e) => {
-                    self.devices.latch(&e);
-                    return Err(e);
-                }
-            };
-            self.meta_written
-                .journal_bytes
-                .fetch_add(bytes, Ordering::Relaxed);
-            if self.devices.separate_metadata() || sectors > 0 {
-                let r = self.devices.meta().flush();
-                self.devices.check_io(r)?;
-            }
-            Ok(sectors)
-        })();
-        match result {
-            Ok(sectors) => {
-                self.journal.batch_durable(&batch, sectors);
-                self.commits.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                self.devices.latch(&e);
-                Err(e)
-            }
-        }
+            self.devices.check_io(r)
+        };
+        let r = self.journal.commit(
+            self.devices.meta(),
+            self.devices.separate_metadata(),
+            data_durable,
+        );
+        r.inspect_err(|e| self.devices.latch(e))
     }
 
     fn commit_loop(self: Arc<Self>) {
@@ -759,11 +731,9 @@ impl Pool {
             fp_dirs: Mutex::new(DirTree::default()),
             slots_to_free: Mutex::new(Vec::new()),
             checkpoint_lock: Mutex::new(()),
-            commit_lock: Mutex::new(()),
             counters: Counters::default(),
             meta_written: RegionBytes::default(),
             checkpoints: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
             threads,
             compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
             dirty_pages,

@@ -102,7 +102,7 @@ impl Pool {
             },
             metadata_written_by_region: vec![
                 ("super block".into(), m.super_bytes.load(Relaxed)),
-                ("journal".into(), m.journal_bytes.load(Relaxed)),
+                ("journal".into(), i.journal.written_bytes()),
                 ("block map pages".into(), m.map_bytes.load(Relaxed)),
                 ("slab object pages".into(), m.object_bytes.load(Relaxed)),
                 (
@@ -113,7 +113,7 @@ impl Pool {
                 ("catalog pages".into(), m.catalog_bytes.load(Relaxed)),
             ],
             checkpoints: i.checkpoints.load(Relaxed),
-            journal_commits: i.commits.load(Relaxed),
+            journal_commits: i.journal.commits(),
             threads: i.threads,
             limits: vec![
                 ("zones (packers)".into(), i.zones.count() as u64),
