@@ -265,7 +265,7 @@ impl Inner {
             if self.devices.is_closed() {
                 break;
             }
-            if self.fragment_frees.swap(0, Ordering::AcqRel) == 0 && !more {
+            if self.depot.take_fragment_frees() == 0 && !more {
                 continue;
             }
             match self.compact_all() {

@@ -31,6 +31,7 @@ mod pool;
 mod recovery;
 mod repair;
 mod slab;
+mod slab_depot;
 mod stats;
 mod volume;
 

@@ -12,11 +12,10 @@ use crate::devices::Devices;
 use crate::dir_tree::DirTree;
 use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
-use crate::index::DedupIndex;
 use crate::journal::{read_journal, Journal, Work};
 use crate::open_repair::OpenRepair;
 use crate::packer::{Space, Zones};
-use crate::slab::SlabDepot;
+use crate::slab_depot::SlabDepot;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
@@ -96,7 +95,6 @@ pub(crate) struct Inner {
     pub depot: SlabDepot,
     /// The zones' packers.
     pub zones: Zones,
-    pub index: DedupIndex,
     pub journal: Arc<Journal>,
     pub stripes: Vec<Mutex<()>>,
     pub page_store: Mutex<PageStore>,
@@ -117,8 +115,6 @@ pub(crate) struct Inner {
     /// page-store slot at the next checkpoint, so their number is bounded (see
     /// `wants_checkpoint`).
     pub dirty_pages: Arc<AtomicU64>,
-    /// Fragments freed since the compactor last looked.
-    pub fragment_frees: AtomicU64,
     /// Packed blocks emptied by compaction since open.
     pub compacted_blocks: AtomicU64,
     /// Opened by `check --repair`: what the open may restore (`repair.rs`).
@@ -718,7 +714,6 @@ impl Pool {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
             depot: SlabDepot::new(&geometry, &dirty_pages),
             zones: Zones::new(zones),
-            index: DedupIndex::new(geometry.index_entries()),
             journal,
             page_store: Mutex::new(PageStore::new(geometry.page_slots())),
             geometry,
@@ -737,7 +732,6 @@ impl Pool {
             threads,
             compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
             dirty_pages,
-            fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
@@ -782,9 +776,9 @@ impl Pool {
             slab_blocks: g.slab_blocks(),
             objects_per_slab: g.objects_per_slab(),
             journal_bytes: g.journal_sectors() * fewerbytes_format::SECTOR_BYTES as u64,
-            index_entries: i.index.capacity(),
-            dedup_window_bytes: i.index.capacity() * block,
-            index_memory_bytes: i.index.memory_bytes(),
+            index_entries: i.depot.index().capacity(),
+            dedup_window_bytes: i.depot.index().capacity() * block,
+            index_memory_bytes: i.depot.index().memory_bytes(),
             threads: i.threads,
             mode: self.mode(),
             format_version: sb.version,
@@ -988,7 +982,7 @@ impl Pool {
         if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
             *v = None;
         }
-        i.release_objects(&released)?;
+        i.depot.release_objects(&i.devices, &released)?;
         i.checkpoint_locked(gate, true)
     }
 
@@ -1043,7 +1037,7 @@ impl Pool {
                     free.extend(page_slot(&page.lock().durable));
                 }
             }
-            i.release_objects(&released)?;
+            i.depot.release_objects(&i.devices, &released)?;
         }
         vol.set_size(size_blocks);
         i.checkpoint_locked(gate, true)?;
@@ -1096,7 +1090,7 @@ impl Pool {
             .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
         vol.zeros
             .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
-        i.add_references(&shared)?;
+        i.depot.add_references(&i.devices, &shared)?;
         Self::insert_volume(&mut i.volumes.write(), vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))

@@ -153,7 +153,7 @@ impl Inner {
                         reason: format!("object {i} of slab {s} lies outside its slab"),
                     });
                 }
-                self.index.insert(
+                self.depot.index().insert(
                     &rec.fingerprint,
                     ObjectId(
                         u64::from(s) * u64::from(self.geometry.objects_per_slab()) + u64::from(i),

@@ -313,7 +313,7 @@ impl Inner {
                         if let Some(r) = slab.rec_mut(idx) {
                             *r = Default::default();
                         }
-                        self.index.remove(&rec.fingerprint, ObjectId(id));
+                        self.depot.index().remove(&rec.fingerprint, ObjectId(id));
                     }
                 } else {
                     report.repairs.push(format!(

@@ -10,11 +10,6 @@ use fewerbytes_format::location::Location;
 use fewerbytes_format::page::{PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE};
 
 use crate::error::{EngineError, Result};
-use crate::geometry::{PoolGeometry, SLAB_BLOCKS};
-use fewerbytes_format::location::ObjectId;
-use parking_lot::Mutex;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
 /// Largest reference count; a duplicate of an object at this count gets a new copy.
 pub const REFCOUNT_MAX: u32 = u32::MAX - 1;
@@ -446,107 +441,6 @@ impl Slab {
             live.push((i, rec));
         }
         live
-    }
-}
-
-/// Every slab of the pool, each behind its own lock (the physical zone's unit), and
-/// the arithmetic between object ids, slabs and data blocks.
-pub(crate) struct SlabDepot {
-    slabs: Vec<Mutex<Slab>>,
-    objects_per_slab: u32,
-    data_blocks: u64,
-}
-
-impl SlabDepot {
-    /// Empty slabs laid out as `geometry` says; pages they turn dirty count in `dirty_pages`.
-    pub(crate) fn new(geometry: &PoolGeometry, dirty_pages: &Arc<AtomicU64>) -> Self {
-        let slab_blocks = geometry.slab_blocks();
-        let slabs = (0..geometry.slab_count())
-            .map(|s| {
-                let first = u64::from(s) * u64::from(slab_blocks);
-                let blocks = (geometry.data_blocks() - first).min(u64::from(slab_blocks)) as u32;
-                Mutex::new(Slab::new(
-                    s,
-                    first,
-                    blocks,
-                    geometry.objects_per_slab(),
-                    dirty_pages.clone(),
-                ))
-            })
-            .collect();
-        SlabDepot {
-            slabs,
-            objects_per_slab: geometry.objects_per_slab(),
-            data_blocks: geometry.data_blocks(),
-        }
-    }
-
-    /// Slab `s`.
-    pub(crate) fn slab(&self, s: u32) -> &Mutex<Slab> {
-        // Slab numbers come from `order` and from objects checked by `valid_object`
-        // (every map entry at open, every journal record at replay): one past the end
-        // is a bug, and must not wrap round to another slab's records.
-        self.slabs
-            .get(s as usize)
-            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.slabs.len()))
-    }
-
-    /// Slabs in the pool.
-    pub(crate) fn count(&self) -> u32 {
-        self.slabs.len() as u32
-    }
-
-    /// Every slab, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Mutex<Slab>> + '_ {
-        self.slabs.iter()
-    }
-
-    /// Slabs in the order zone `zone` of `zones` tries them: its own first, then the rest.
-    pub(crate) fn order(&self, zone: usize, zones: usize) -> impl Iterator<Item = u32> + '_ {
-        let n = self.slabs.len();
-        let own = (zone % zones..n).step_by(zones);
-        let rest = (0..n).filter(move |s| s % zones != zone % zones);
-        own.chain(rest).map(|s| s as u32)
-    }
-
-    /// The slab of an object and its record's index there.
-    pub(crate) fn split_object(&self, o: ObjectId) -> (u32, u32) {
-        (
-            (o.0 / u64::from(self.objects_per_slab)) as u32,
-            (o.0 % u64::from(self.objects_per_slab)) as u32,
-        )
-    }
-
-    /// The object of record `index` of slab `slab`.
-    pub(crate) fn object_id(&self, slab: u32, index: u32) -> ObjectId {
-        ObjectId(u64::from(slab) * u64::from(self.objects_per_slab) + u64::from(index))
-    }
-
-    /// Whether an object id names a record of some slab.
-    pub(crate) fn valid_object(&self, o: ObjectId) -> bool {
-        o.0 < u64::from(self.count()) * u64::from(self.objects_per_slab)
-    }
-
-    /// Whether a location lies in the data region and in the slab its object belongs to.
-    pub(crate) fn valid_location(&self, slab: u32, loc: Location) -> bool {
-        let (first, count) = loc.blocks();
-        let slab_first = u64::from(slab) * u64::from(SLAB_BLOCKS);
-        let slab_end = (slab_first + u64::from(SLAB_BLOCKS)).min(self.data_blocks);
-        first >= slab_first && first + count <= slab_end
-    }
-
-    /// Data block number (data-region relative) of block `block` of slab `slab`.
-    pub(crate) fn pbn(&self, slab: u32, block: u32) -> u64 {
-        u64::from(slab) * u64::from(SLAB_BLOCKS) + u64::from(block)
-    }
-
-    /// Whether a write that found no free block may succeed after another checkpoint:
-    /// some slab has a free block (and object), or blocks waiting to become free.
-    pub(crate) fn space_to_retry(&self) -> bool {
-        self.slabs.iter().any(|slab| {
-            let slab = slab.lock();
-            (slab.free_blocks() > 0 && slab.free_objects() > 0) || slab.pending_blocks() > 0
-        })
     }
 }
 

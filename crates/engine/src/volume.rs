@@ -10,7 +10,7 @@ use crate::counters::add;
 use crate::error::within_mut;
 use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
 use crate::recovery::range_result;
-use crate::slab::{ObjRec, REFCOUNT_MAX};
+use crate::slab::ObjRec;
 use crate::{EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
@@ -401,7 +401,7 @@ impl Volume {
             steps += 1;
         }
         drop(pages);
-        inner.release_objects(&released)?;
+        inner.depot.release_objects(&inner.devices, &released)?;
         Ok(lbn)
     }
 
@@ -699,133 +699,6 @@ impl Inner {
         }
     }
 
-    /// Take a reference to `o` if it still holds `fp` and can take one more.
-    fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
-        if !self.depot.valid_object(o) {
-            return false;
-        }
-        let (s, i) = self.depot.split_object(o);
-        let mut slab = self.depot.slab(s).lock();
-        let rec = slab.rec(i);
-        if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
-            return false;
-        }
-        if let Some(r) = slab.rec_mut(i) {
-            r.refcount += 1;
-        }
-        true
-    }
-
-    /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
-    /// All or none: past an object's [`REFCOUNT_MAX`] (refused) or at a free one (a
-    /// broken invariant, which latches), the references added are taken back.
-    pub(crate) fn add_references(&self, objects: &[ObjectId]) -> Result<()> {
-        let mut added: Vec<(u32, Vec<u32>)> = Vec::new();
-        for (s, indexes) in self.by_slab(objects) {
-            let failed = {
-                let mut slab = self.depot.slab(s).lock();
-                indexes
-                    .iter()
-                    .enumerate()
-                    .find_map(|(n, &i)| slab.add_ref(i).err().map(|e| (n, e)))
-            };
-            let Some((n, e)) = failed else {
-                added.push((s, indexes));
-                continue;
-            };
-            added.push((s, indexes.into_iter().take(n).collect()));
-            // Each of these had a reference before ours: none is freed here.
-            for (s, indexes) in added {
-                let mut slab = self.depot.slab(s).lock();
-                for i in indexes {
-                    self.devices.check_invariant(slab.drop_ref(i))?;
-                }
-            }
-            self.devices.latch(&e);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
-    /// lock once; freed objects leave the index. A count below zero latches the pool
-    /// and is returned once the rest are released.
-    pub(crate) fn release_objects(&self, objects: &[ObjectId]) -> Result<()> {
-        let mut broken = Ok(());
-        for (s, indexes) in self.by_slab(objects) {
-            let mut freed: Vec<(u32, ObjRec)> = Vec::new();
-            {
-                let mut slab = self.depot.slab(s).lock();
-                for i in indexes {
-                    match slab.drop_ref(i) {
-                        Ok(Some(rec)) => freed.push((i, rec)),
-                        Ok(None) => {}
-                        Err(e) => broken = broken.and(self.devices.check_invariant(Err(e))),
-                    }
-                }
-            }
-            for (i, rec) in freed {
-                let o = ObjectId(
-                    u64::from(s) * u64::from(self.geometry.objects_per_slab()) + u64::from(i),
-                );
-                self.forget_freed(o, &rec);
-            }
-        }
-        broken
-    }
-
-    /// Object indexes grouped by slab: (slab, its indexes), only slabs with some.
-    /// Reference changes commute, so the order within a slab does not matter. Many
-    /// objects (a delete) go into one bucket per slab; few (a small trim) are sorted,
-    /// so their cost never grows with the pool's slab count.
-    fn by_slab(&self, objects: &[ObjectId]) -> Vec<(u32, Vec<u32>)> {
-        if objects.len() < self.geometry.slab_count() as usize {
-            let mut pairs: Vec<(u32, u32)> = objects
-                .iter()
-                .map(|&o| self.depot.split_object(o))
-                .collect();
-            pairs.sort_unstable();
-            return pairs
-                .chunk_by(|a, b| a.0 == b.0)
-                .map(|run| {
-                    let slab = run.first().map_or(0, |p| p.0);
-                    (slab, run.iter().map(|p| p.1).collect())
-                })
-                .collect();
-        }
-        let mut groups = vec![Vec::new(); self.geometry.slab_count() as usize];
-        for &o in objects {
-            let (s, i) = self.depot.split_object(o);
-            if let Some(g) = groups.get_mut(s as usize) {
-                g.push(i);
-            }
-        }
-        (0..self.geometry.slab_count())
-            .zip(groups)
-            .filter(|(_, g)| !g.is_empty())
-            .collect()
-    }
-
-    /// What follows an object's last reference going: it leaves the index, and a
-    /// dead fragment may leave its packed block mostly empty (the compactor's cue).
-    fn forget_freed(&self, o: ObjectId, rec: &ObjRec) {
-        self.index.remove(&rec.fingerprint, o);
-        if rec.location & (1 << 63) != 0 {
-            self.fragment_frees.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Drop a reference; a freed object leaves the index. A count below zero
-    /// latches the pool.
-    pub(crate) fn release_object(&self, o: ObjectId) -> Result<()> {
-        let (s, i) = self.depot.split_object(o);
-        let freed = self.depot.slab(s).lock().drop_ref(i);
-        if let Some(rec) = self.devices.check_invariant(freed)? {
-            self.forget_freed(o, &rec);
-        }
-        Ok(())
-    }
-
     /// Store a new block (compressed or whole) with one reference; journals it.
     /// Counted in the pool's and the writing volume's counters.
     fn store_new(
@@ -872,7 +745,7 @@ impl Inner {
             location: location.encode(),
             fingerprint: *fp,
         });
-        self.index.insert(fp, object);
+        self.depot.index().insert(fp, object);
         Ok(object)
     }
 
@@ -896,17 +769,12 @@ impl Inner {
             MapEntry::Zero
         } else {
             let fp = self.fingerprint(block);
-            let (candidates, n) = self.index.lookup(&fp);
-            let mut found = None;
-            for o in candidates.iter().take(n).flatten() {
-                if self.take_advice(*o, &fp) {
-                    add(&self.counters.advice_valid, 1);
-                    add(&vol.counters.advice_valid, 1);
-                    found = Some(*o);
-                    break;
-                }
-                add(&self.counters.advice_stale, 1);
-                add(&vol.counters.advice_stale, 1);
+            let (found, stale) = self.depot.take_duplicate(&fp);
+            add(&self.counters.advice_stale, stale);
+            add(&vol.counters.advice_stale, stale);
+            if found.is_some() {
+                add(&self.counters.advice_valid, 1);
+                add(&vol.counters.advice_valid, 1);
             }
             match found {
                 Some(o) => {
@@ -922,7 +790,7 @@ impl Inner {
             let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o)?;
+                    self.depot.release_object(&self.devices, o)?;
                 }
                 return Err(EngineError::VolumeGone(vol.name()));
             };
@@ -932,7 +800,7 @@ impl Inner {
                 drop(page);
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o)?;
+                    self.depot.release_object(&self.devices, o)?;
                 }
                 return Ok(false);
             }
@@ -947,7 +815,7 @@ impl Inner {
         };
         vol.account(old, entry);
         if let Some(o) = old.object() {
-            self.release_object(o)?;
+            self.depot.release_object(&self.devices, o)?;
         }
         Ok(true)
     }
