@@ -432,9 +432,9 @@ impl Inner {
         )?;
 
         // Volumes.
-        let volumes = self.volumes.read();
+        let volumes = self.volumes.all();
         let mut records = Vec::new();
-        for vol in volumes.iter().flatten() {
+        for vol in volumes.iter() {
             let map = vol.pages.read();
             let mut map_refs = Vec::with_capacity(map.len());
             let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
@@ -479,7 +479,7 @@ impl Inner {
         // Catalog, rewritten whole.
         let catalog = Catalog {
             version: FORMAT_VERSION,
-            next_volume_id: self.next_volume_id.load(Ordering::Relaxed),
+            next_volume_id: self.volumes.next_id(),
             objects: count_dirs.root(),
             fingerprints: fp_dirs.root(),
             volumes: records,

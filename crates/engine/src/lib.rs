@@ -34,6 +34,7 @@ mod slab;
 mod slab_depot;
 mod stats;
 mod volume;
+mod volumes;
 
 pub use api::*;
 pub use error::{EngineError, Result};

@@ -390,7 +390,7 @@ impl Inner {
         for slab in self.depot.iter() {
             slab.lock().mark_all_dirty();
         }
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             *vol.dirs.lock() = DirTree::default();
             for page in vol.pages.read().iter() {
                 let mut page = page.lock();
@@ -434,7 +434,7 @@ impl Inner {
         }
         pages += dirs(counts) + dirs(fps);
         catalog_bytes += top(counts) + top(fps);
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             let map = vol.pages.read();
             pages += map.iter().filter(|p| p.lock().entries.is_some()).count() as u64;
             pages += dirs(map.len() as u64);

@@ -16,8 +16,9 @@ use crate::journal::{read_journal, Journal, Work};
 use crate::open_repair::OpenRepair;
 use crate::packer::{Space, Zones};
 use crate::slab_depot::SlabDepot;
+use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
-use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
+use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::page::{PageKind, PageRef};
 use fewerbytes_format::superblock::{
@@ -89,8 +90,8 @@ pub(crate) struct Inner {
     /// catalog, replay point, holder).
     pub sb: Mutex<SuperBlock>,
     pub gate: RwLock<()>,
-    pub volumes: RwLock<Vec<Option<Arc<VolumeState>>>>,
-    pub next_volume_id: AtomicU64,
+    /// The volume list.
+    pub volumes: Volumes,
     /// Slabs: reference counts, free space.
     pub depot: SlabDepot,
     /// The zones' packers.
@@ -178,25 +179,6 @@ impl Inner {
             .page_slots()
             .saturating_sub(self.page_store.lock().used());
         self.dirty_pages.load(Ordering::Relaxed) * 2 > free
-    }
-
-    pub fn volume_by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
-        self.volumes
-            .read()
-            .iter()
-            .flatten()
-            .find(|v| v.is_named(name))
-            .cloned()
-            .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
-    }
-
-    pub fn allocated_blocks(&self) -> u64 {
-        self.volumes
-            .read()
-            .iter()
-            .flatten()
-            .map(|v| v.size_blocks())
-            .sum()
     }
 }
 
@@ -719,8 +701,7 @@ impl Pool {
             geometry,
             sb: Mutex::new(sb.clone()),
             gate: RwLock::new(()),
-            volumes: RwLock::new(Vec::new()),
-            next_volume_id: AtomicU64::new(1),
+            volumes: Volumes::new(),
             stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
             count_dirs: Mutex::new(DirTree::default()),
             fp_dirs: Mutex::new(DirTree::default()),
@@ -769,7 +750,7 @@ impl Pool {
             data_bytes: g.data_blocks() * block,
             metadata_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
-            allocated_bytes: i.allocated_blocks() * block,
+            allocated_bytes: i.volumes.allocated_blocks() * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             slab_count: g.slab_count(),
@@ -853,31 +834,18 @@ impl Pool {
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        self.inner
-            .volumes
-            .read()
-            .iter()
-            .flatten()
-            .map(|v| (v.name(), v.size_blocks() * BLOCK_BYTES as u64))
-            .collect()
+        self.inner.volumes.sizes(BLOCK_BYTES as u64)
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let vols: Vec<Arc<VolumeState>> = self
-            .inner
-            .volumes
-            .read()
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let vols = self.inner.volumes.all();
         vols.iter().map(|v| self.volume_info(v)).collect()
     }
 
     fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
         let i = &self.inner;
-        let allocated = i.allocated_blocks();
+        let allocated = i.volumes.allocated_blocks();
         if allocated + extra_blocks > i.geometry.addressable_blocks() {
             let block = BLOCK_BYTES as u64;
             return Err(EngineError::Refused(format!(
@@ -908,26 +876,6 @@ impl Pool {
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
 
-    fn free_slot(vols: &[Option<Arc<VolumeState>>]) -> Result<u16> {
-        match vols.iter().position(Option::is_none) {
-            Some(s) => Ok(s as u16),
-            None if vols.len() < MAX_VOLUMES => Ok(vols.len() as u16),
-            None => Err(EngineError::Refused(format!(
-                "a pool holds at most {MAX_VOLUMES} volumes"
-            ))),
-        }
-    }
-
-    fn insert_volume(vols: &mut Vec<Option<Arc<VolumeState>>>, vol: Arc<VolumeState>) {
-        let slot = vol.slot as usize;
-        if vols.len() <= slot {
-            vols.resize(slot + 1, None);
-        }
-        if let Some(v) = vols.get_mut(slot) {
-            *v = Some(vol);
-        }
-    }
-
     /// Create a volume; refused past the pool's addressable size unless overcommitted.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
         validate_name(name).map_err(EngineError::Refused)?;
@@ -936,21 +884,15 @@ impl Pool {
         i.devices.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        if i.volume_by_name(name).is_ok() {
+        if i.volumes.exists(name) {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
         self.check_capacity(
             size_blocks,
             &format!("volume '{name}' of {}", human_bytes(size_bytes)),
         )?;
-        let vol = {
-            let mut vols = i.volumes.write();
-            let slot = Self::free_slot(&vols)?;
-            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
-            let vol = Arc::new(VolumeState::new(slot, id, name.to_string(), size_blocks));
-            Self::insert_volume(&mut vols, vol.clone());
-            vol
-        };
+        let vol = i.volumes.make(name, size_blocks)?;
+        i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))
     }
@@ -961,7 +903,7 @@ impl Pool {
         i.devices.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
+        let vol = i.volumes.by_name(name)?;
         let users = vol.users.load(Ordering::Acquire);
         if users > 0 && !force {
             return Err(EngineError::VolumeInUse {
@@ -979,9 +921,7 @@ impl Pool {
             }
             free.extend(vol.dirs.lock().slots());
         }
-        if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
-            *v = None;
-        }
+        i.volumes.remove(vol.slot);
         i.depot.release_objects(&i.devices, &released)?;
         i.checkpoint_locked(gate, true)
     }
@@ -998,7 +938,7 @@ impl Pool {
         i.devices.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
+        let vol = i.volumes.by_name(name)?;
         let old = vol.size_blocks();
         if size_blocks > old {
             self.check_capacity(
@@ -1051,8 +991,8 @@ impl Pool {
         i.devices.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let source = i.volume_by_name(src)?;
-        if i.volume_by_name(dst).is_ok() {
+        let source = i.volumes.by_name(src)?;
+        if i.volumes.exists(dst) {
             return Err(EngineError::VolumeExists(dst.to_string()));
         }
         let size_blocks = source.size_blocks();
@@ -1063,12 +1003,7 @@ impl Pool {
                 human_bytes(size_blocks * BLOCK_BYTES as u64)
             ),
         )?;
-        let vol = {
-            let vols = i.volumes.write();
-            let slot = Self::free_slot(&vols)?;
-            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
-            Arc::new(VolumeState::new(slot, id, dst.to_string(), size_blocks))
-        };
+        let vol = i.volumes.make(dst, size_blocks)?;
         let mut shared = Vec::new();
         {
             let from = source.pages.read();
@@ -1091,7 +1026,7 @@ impl Pool {
         vol.zeros
             .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
         i.depot.add_references(&i.devices, &shared)?;
-        Self::insert_volume(&mut i.volumes.write(), vol.clone());
+        i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))
     }
@@ -1106,8 +1041,8 @@ impl Pool {
         i.devices.ensure_writable()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
-        if i.volume_by_name(new_name).is_ok() {
+        let vol = i.volumes.by_name(name)?;
+        if i.volumes.exists(new_name) {
             return Err(EngineError::VolumeExists(new_name.to_string()));
         }
         // A client attached the volume by its old name (its NBD export): a disk is
@@ -1125,7 +1060,7 @@ impl Pool {
 
     /// Open a handle on a volume.
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
-        let vol = self.inner.volume_by_name(name)?;
+        let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
     }
 
@@ -1204,9 +1139,7 @@ impl Inner {
             let catalog = self.load_catalog()?;
             self.load_counters()?;
             self.load_objects(&catalog)?;
-            self.next_volume_id
-                .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
-            let mut vols = self.volumes.write();
+            self.volumes.set_next_id(catalog.next_volume_id);
             // Volumes are created and grown only within the addressable blocks, and a
             // volume's map is sized from its size: a damaged size must not size it.
             let mut volume_blocks_total = 0u64;
@@ -1240,7 +1173,7 @@ impl Inner {
                     record.size_bytes / BLOCK_BYTES as u64,
                 ));
                 self.load_map(record, &vol)?;
-                Pool::insert_volume(&mut vols, vol);
+                self.volumes.insert(vol);
             }
         }
         let (records, _next) = read_journal(

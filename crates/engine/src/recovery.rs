@@ -26,7 +26,7 @@ impl Inner {
     /// Apply journal records in order.
     pub(crate) fn replay(&self, records: &[Record]) -> Result<()> {
         let mut deltas: HashMap<u64, i64> = HashMap::new();
-        let vols = self.volumes.read();
+        let vols = self.volumes.by_slot();
         let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
             if let Some(o) = new.object() {
                 *deltas.entry(o.0).or_insert(0) += 1;
@@ -161,7 +161,7 @@ impl Inner {
                 );
             }
         }
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             let (mut mapped, mut zeros) = (0i64, 0i64);
             let mut bad = None;
             vol.for_each_mapped(|lbn, e| match e {

@@ -136,7 +136,7 @@ impl Inner {
     pub(crate) fn restore_counts(&self) -> Result<()> {
         // Object id → (references, the first volume and block naming it).
         let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             vol.for_each_mapped(|lbn, e| {
                 let Some(o) = e.object().filter(|&o| self.depot.valid_object(o)) else {
                     return;
@@ -213,7 +213,7 @@ impl Inner {
         progress: &dyn Fn(RepairPhase, u64, u64),
         report: &mut RepairReport,
     ) -> HashMap<u64, u64> {
-        let vols: Vec<_> = self.volumes.read().iter().flatten().cloned().collect();
+        let vols = self.volumes.all();
         let pages_total: u64 = vols.iter().map(|v| v.pages.read().len() as u64).sum();
         let mut pages_done = 0u64;
         let mut refs: HashMap<u64, u64> = HashMap::new();
@@ -261,7 +261,7 @@ impl Inner {
             ));
             report.lost_bytes += BLOCK;
             if apply {
-                if let Ok(vol) = self.volume_by_name(&d.volume) {
+                if let Ok(vol) = self.volumes.by_name(&d.volume) {
                     let pages = vol.pages.read();
                     if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
                         page.lock().set(
@@ -425,7 +425,7 @@ impl Inner {
             return Ok(());
         }
         let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             vol.for_each_mapped(|lbn, e| {
                 if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
                     users.entry(o.0).or_default().push(format!(
@@ -458,7 +458,7 @@ impl Pool {
     /// The object `lbn` of `volume` maps to, if any.
     #[doc(hidden)]
     pub fn object_of(&self, volume: &str, lbn: u64) -> Result<Option<u64>> {
-        let vol = self.inner.volume_by_name(volume)?;
+        let vol = self.inner.volumes.by_name(volume)?;
         Ok(vol.get(lbn).object().map(|o| o.0))
     }
 
@@ -482,7 +482,7 @@ impl Pool {
         let i = &self.inner;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(volume)?;
+        let vol = i.volumes.by_name(volume)?;
         let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
         {
             let pages = vol.pages.read();

@@ -50,9 +50,8 @@ impl Pool {
         let packed_blocks = used_blocks.saturating_sub(whole);
         let volumes: Vec<VolumeStats> = i
             .volumes
-            .read()
+            .all()
             .iter()
-            .flatten()
             .map(|v| VolumeStats {
                 name: v.name(),
                 size_bytes: v.size_blocks() * BLOCK,
@@ -242,7 +241,7 @@ struct SlabSnapshot {
 impl AuditSnapshot {
     fn take(i: &crate::pool::Inner) -> AuditSnapshot {
         let mut refs = Vec::new();
-        for vol in i.volumes.read().iter().flatten() {
+        for vol in i.volumes.all() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
         }
         let slabs = (0..i.geometry.slab_count())
