@@ -824,10 +824,10 @@ impl Pool {
             name: v.name(),
             id: v.id,
             size_bytes: v.size_blocks() * block,
-            logical_used_bytes: v.mapped.load(Ordering::Relaxed).max(0) as u64 * block,
-            zero_bytes: v.zeros.load(Ordering::Relaxed).max(0) as u64 * block,
+            logical_used_bytes: v.mapped_blocks() * block,
+            zero_bytes: v.zero_blocks() * block,
             exclusive_stored_bytes: exclusive,
-            users: v.users.load(Ordering::Relaxed),
+            users: v.users(),
         }
     }
 
@@ -904,14 +904,14 @@ impl Pool {
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
-        let users = vol.users.load(Ordering::Acquire);
+        let users = vol.users();
         if users > 0 && !force {
             return Err(EngineError::VolumeInUse {
                 name: name.to_string(),
                 users,
             });
         }
-        vol.deleted.store(true, Ordering::Release);
+        vol.mark_deleted();
         let mut released = Vec::new();
         vol.for_each_mapped(|_, e| released.extend(e.object()));
         {
@@ -1021,10 +1021,7 @@ impl Pool {
                 }
             }
         }
-        vol.mapped
-            .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
-        vol.zeros
-            .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
+        vol.copy_usage(&source);
         i.depot.add_references(&i.devices, &shared)?;
         i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
@@ -1047,7 +1044,7 @@ impl Pool {
         }
         // A client attached the volume by its old name (its NBD export): a disk is
         // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
-        let users = vol.users.load(Ordering::Acquire);
+        let users = vol.users();
         if users > 0 {
             return Err(EngineError::Refused(format!(
                 "volume '{name}' is open by {users} client(s): disconnect them to rename it"

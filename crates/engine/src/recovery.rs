@@ -11,7 +11,6 @@ use crate::{EngineError, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 fn corrupt(reason: String) -> EngineError {
     EngineError::Corrupt {
@@ -185,8 +184,7 @@ impl Inner {
                     ),
                 });
             }
-            vol.mapped.store(mapped, Ordering::Relaxed);
-            vol.zeros.store(zeros, Ordering::Relaxed);
+            vol.set_usage(mapped, zeros);
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 
 use crate::api::*;
 use crate::pool::Pool;
+use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::IoSnapshot;
@@ -21,30 +22,19 @@ impl Pool {
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
-        let mut pending_blocks = 0u64;
-        let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        for s in 0..i.geometry.slab_count() {
-            let slab = i.depot.slab(s).lock();
-            // Blocks freed since the last checkpoint stay allocated until it (their
-            // bytes may still be named by a durable mapping) but are no longer used.
-            used_blocks += u64::from(slab.used_blocks() - slab.pending_blocks());
-            pending_blocks += u64::from(slab.pending_blocks());
-            for page in slab.pages.iter().flatten() {
-                for rec in page.recs.iter().filter(|r| r.refcount > 0) {
-                    objects += 1;
-                    saved += u64::from(rec.refcount - 1);
-                    match Location::decode(rec.location) {
-                        Ok(Location::Fragment { len_bytes, .. }) => {
-                            fragments += 1;
-                            fragment_bytes += u64::from(len_bytes);
-                        }
-                        Ok(Location::Block { .. }) => whole += 1,
-                        Err(_) => {}
-                    }
-                }
-            }
+        let mut total = SlabUsage::default();
+        for slab in i.depot.iter() {
+            total.add(&slab.lock().usage());
         }
+        let SlabUsage {
+            used_blocks,
+            pending_blocks,
+            objects,
+            dedup_saved_blocks: saved,
+            fragments,
+            fragment_bytes,
+            whole_blocks: whole,
+        } = total;
         // Saturating, here and for the waste below: display figures. A miscount
         // shows as zero; `check` (the audit below) is what reports counts that disagree.
         let packed_blocks = used_blocks.saturating_sub(whole);
@@ -55,9 +45,9 @@ impl Pool {
             .map(|v| VolumeStats {
                 name: v.name(),
                 size_bytes: v.size_blocks() * BLOCK,
-                logical_used_bytes: v.mapped.load(Relaxed).max(0) as u64 * BLOCK,
-                zero_bytes: v.zeros.load(Relaxed).max(0) as u64 * BLOCK,
-                counters: v.counters.snapshot(),
+                logical_used_bytes: v.mapped_blocks() * BLOCK,
+                zero_bytes: v.zero_blocks() * BLOCK,
+                counters: v.counters().snapshot(),
             })
             .collect();
         let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
@@ -258,10 +248,10 @@ impl AuditSnapshot {
                     })
                     .collect();
                 SlabSnapshot {
-                    first_pbn: slab.first_pbn,
+                    first_pbn: slab.first_pbn(),
                     records,
-                    holders: (0..slab.blocks).map(|b| slab.holders(b)).collect(),
-                    open_blocks: slab.open_blocks.iter().map(|(b, _)| *b).collect(),
+                    holders: (0..slab.block_count()).map(|b| slab.holders(b)).collect(),
+                    open_blocks: slab.open_block_numbers(),
                 }
             })
             .collect();

@@ -53,7 +53,7 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.vol.users.fetch_sub(1, Ordering::AcqRel);
+        self.vol.detach();
     }
 }
 
@@ -65,7 +65,7 @@ pub struct Volume {
 
 impl Volume {
     pub(crate) fn new(pool: Arc<Pool>, vol: Arc<VolumeState>) -> Self {
-        vol.users.fetch_add(1, Ordering::AcqRel);
+        vol.attach();
         Volume {
             h: Arc::new(Handle { pool, vol }),
         }
@@ -87,7 +87,7 @@ impl Volume {
 
     fn check(&self, op: &'static str, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         let size_bytes = self.size_bytes();
@@ -131,7 +131,7 @@ impl Volume {
     /// The read path, under the gate. Returns false if it stopped rather than wait.
     fn read_blocks(&self, offset_bytes: u64, buf: &mut [u8], wait: Wait) -> Result<bool> {
         let inner = self.inner();
-        if self.h.vol.deleted.load(Ordering::Acquire) {
+        if self.h.vol.is_deleted() {
             return Err(EngineError::VolumeGone(self.h.vol.name()));
         }
         let mut block = [0u8; BLOCK_BYTES];
@@ -159,7 +159,7 @@ impl Volume {
             pos += n;
         }
         add(&inner.counters.guest_bytes_read, buf.len() as u64);
-        add(&self.h.vol.counters.guest_bytes_read, buf.len() as u64);
+        add(&self.h.vol.counters().guest_bytes_read, buf.len() as u64);
         Ok(true)
     }
 
@@ -190,7 +190,10 @@ impl Volume {
             pos += n;
         }
         add(&inner.counters.guest_bytes_written, data.len() as u64);
-        add(&self.h.vol.counters.guest_bytes_written, data.len() as u64);
+        add(
+            &self.h.vol.counters().guest_bytes_written,
+            data.len() as u64,
+        );
         if fua {
             self.h.pool.flush()?;
         }
@@ -228,7 +231,7 @@ impl Volume {
         let inner = self.inner();
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         if offset_bytes + data.len() as u64 > vol.size_blocks() * BLOCK {
@@ -263,7 +266,7 @@ impl Volume {
     pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
         self.range_op("write_zeroes", offset_bytes, len_bytes, MapEntry::Zero, fua)?;
         add(&self.inner().counters.write_zeroes_bytes, len_bytes);
-        add(&self.h.vol.counters.write_zeroes_bytes, len_bytes);
+        add(&self.h.vol.counters().write_zeroes_bytes, len_bytes);
         Ok(())
     }
 
@@ -271,7 +274,7 @@ impl Volume {
     pub fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
         self.range_op("trim", offset_bytes, len_bytes, MapEntry::Unmapped, fua)?;
         add(&self.inner().counters.trimmed_bytes, len_bytes);
-        add(&self.h.vol.counters.trimmed_bytes, len_bytes);
+        add(&self.h.vol.counters().trimmed_bytes, len_bytes);
         Ok(())
     }
 
@@ -363,7 +366,7 @@ impl Volume {
         let inner = self.inner();
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         let end = end.min(vol.size_blocks());
@@ -407,7 +410,7 @@ impl Volume {
 
     /// Make every acknowledged write (on any handle of the pool) durable.
     pub fn flush(&self) -> Result<()> {
-        add(&self.h.vol.counters.flushes, 1);
+        add(&self.h.vol.counters().flushes, 1);
         self.h.pool.flush()
     }
 
@@ -762,27 +765,27 @@ impl Inner {
         expect: Option<MapEntry>,
     ) -> Result<bool> {
         add(&self.counters.blocks_written, 1);
-        add(&vol.counters.blocks_written, 1);
+        add(&vol.counters().blocks_written, 1);
         let entry = if is_zero(block) {
             add(&self.counters.zero_blocks_written, 1);
-            add(&vol.counters.zero_blocks_written, 1);
+            add(&vol.counters().zero_blocks_written, 1);
             MapEntry::Zero
         } else {
             let fp = self.fingerprint(block);
             let (found, stale) = self.depot.take_duplicate(&fp);
             add(&self.counters.advice_stale, stale);
-            add(&vol.counters.advice_stale, stale);
+            add(&vol.counters().advice_stale, stale);
             if found.is_some() {
                 add(&self.counters.advice_valid, 1);
-                add(&vol.counters.advice_valid, 1);
+                add(&vol.counters().advice_valid, 1);
             }
             match found {
                 Some(o) => {
                     add(&self.counters.dedup_hits, 1);
-                    add(&vol.counters.dedup_hits, 1);
+                    add(&vol.counters().dedup_hits, 1);
                     MapEntry::Object(o)
                 }
-                None => MapEntry::Object(self.store_new(block, &fp, &vol.counters)?),
+                None => MapEntry::Object(self.store_new(block, &fp, vol.counters())?),
             }
         };
         let old = {
