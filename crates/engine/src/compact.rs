@@ -123,7 +123,7 @@ impl Inner {
                 return Err(e);
             }
             let mut slab = self.depot.slab(s).lock();
-            let slab_first = slab.first_pbn;
+            let slab_first = slab.first_pbn();
             let mut at = 0u64;
             for (v, bytes) in moved.iter().take(i).skip(start) {
                 let new = Location::Fragment {
@@ -188,7 +188,7 @@ impl Inner {
             let (first, count) = loc.blocks();
             for b in first..first + count {
                 let e = live
-                    .entry((b - slab.first_pbn) as u32)
+                    .entry((b - slab.first_pbn()) as u32)
                     .or_insert((0, false));
                 match loc {
                     Location::Block { .. } => e.1 = true,
@@ -215,7 +215,7 @@ impl Inner {
             live.get(&b).is_some_and(|&(bytes, whole)| {
                 !whole
                     && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
-                    && !slab.open_blocks.iter().any(|(ob, _)| *ob == b)
+                    && !slab.is_open(b)
             })
         };
         let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
@@ -228,9 +228,9 @@ impl Inner {
         // bytes there are only in memory.
         fragments.retain(|v| {
             let (first, count) = v.location.blocks();
-            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn) as u32);
+            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn()) as u32);
             let touches_victim = blocks.clone().any(|b| chosen.contains(&b));
-            touches_victim && !blocks.any(|b| slab.open_blocks.iter().any(|(ob, _)| *ob == b))
+            touches_victim && !blocks.any(|b| slab.is_open(b))
         });
         fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
         fragments

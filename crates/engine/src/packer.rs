@@ -124,8 +124,7 @@ impl Zones {
         let fill = open.fill;
         let written = self.write_open_block(space, &mut open, fill);
         let mut slab = space.depot.slab(open.slab).lock();
-        slab.open_blocks
-            .retain(|&(b, z)| !(b == open.block && z == zone));
+        slab.remove_open_block(open.block, zone);
         let dropped = space.devices.check_invariant(slab.drop_block(open.block));
         written.and(dropped)
     }
@@ -142,7 +141,7 @@ impl Zones {
             }
             if let Some(block) = slab.alloc_block() {
                 slab.hold_block(block);
-                slab.open_blocks.push((block, zone));
+                slab.add_open_block(block, zone);
                 return Ok(OpenBlock {
                     slab: s,
                     block,
@@ -214,7 +213,7 @@ impl Zones {
                 let next = open.block + 1;
                 slab.hold_block(next); // the fragment's hold
                 slab.hold_block(next); // the packer's hold on its new open block
-                slab.open_blocks.push((next, zone));
+                slab.add_open_block(next, zone);
                 let slab_index = open.slab;
                 drop(slab);
                 self.close_block(space, zone, open)?;
@@ -297,13 +296,7 @@ impl Zones {
         let written = self.write_run(space, &mut run);
         let mut slab = space.depot.slab(run.slab).lock();
         for b in run.first..run.first + run.len {
-            if let Some(i) = slab
-                .open_blocks
-                .iter()
-                .position(|&(ob, z)| ob == b && z == zone)
-            {
-                slab.open_blocks.swap_remove(i);
-            }
+            slab.remove_open_run_block(b, zone);
             space.devices.check_invariant(slab.drop_block(b))?;
         }
         written
@@ -325,7 +318,7 @@ impl Zones {
             }
             for b in first..first + len {
                 slab.hold_block(b);
-                slab.open_blocks.push((b, zone));
+                slab.add_open_block(b, zone);
             }
             return Ok(OpenRun {
                 slab: s,

@@ -347,7 +347,7 @@ impl Inner {
         };
         for s in 0..self.geometry.slab_count() {
             let slab = self.depot.slab(s).lock();
-            let mut found = vec![0u32; slab.blocks as usize];
+            let mut found = vec![0u32; slab.block_count() as usize];
             for idx in 0..slab.objects() {
                 let rec = slab.rec(idx);
                 if rec.refcount == 0 {
@@ -357,7 +357,7 @@ impl Inner {
                     let (first, count) = loc.blocks();
                     for b in first..first + count {
                         if let Some(h) = b
-                            .checked_sub(slab.first_pbn)
+                            .checked_sub(slab.first_pbn())
                             .and_then(|local| found.get_mut(local as usize))
                         {
                             *h += 1;
@@ -365,7 +365,7 @@ impl Inner {
                     }
                 }
             }
-            for &(b, _) in &slab.open_blocks {
+            for b in slab.open_block_numbers() {
                 if let Some(h) = found.get_mut(b as usize) {
                     *h += 1;
                 }

@@ -136,11 +136,11 @@ impl SlabUsage {
 /// One slab.
 pub struct Slab {
     /// Slab number.
-    pub index: u32,
+    index: u32,
     /// First data block (data-region relative).
-    pub first_pbn: u64,
+    first_pbn: u64,
     /// Data blocks in this slab (the last slab may be short).
-    pub blocks: u32,
+    blocks: u32,
     /// Object pages, allocated when first used.
     pub pages: Vec<Option<ObjPage>>,
     /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each.
@@ -157,7 +157,7 @@ pub struct Slab {
     pending_objects: Vec<u32>,
     pending_blocks: Vec<u32>,
     /// Blocks open in a packer, and which zone's packer (for reads of unwritten bytes).
-    pub open_blocks: Vec<(u32, usize)>,
+    open_blocks: Vec<(u32, usize)>,
     /// Pages of the pool turned dirty since the last checkpoint (shared pool-wide).
     dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -224,6 +224,32 @@ impl Slab {
     /// Data blocks in this slab.
     pub fn block_count(&self) -> u32 {
         self.blocks
+    }
+
+    /// Note that zone `zone`'s packer holds block `b` open.
+    pub fn add_open_block(&mut self, b: u32, zone: usize) {
+        self.open_blocks.push((b, zone));
+    }
+
+    /// Zone `zone`'s packer no longer holds block `b` open (every note of it).
+    pub fn remove_open_block(&mut self, b: u32, zone: usize) {
+        self.open_blocks.retain(|&(ob, z)| !(ob == b && z == zone));
+    }
+
+    /// Zone `zone`'s packer no longer holds block `b` of its run open (one note).
+    pub fn remove_open_run_block(&mut self, b: u32, zone: usize) {
+        if let Some(i) = self
+            .open_blocks
+            .iter()
+            .position(|&(ob, z)| ob == b && z == zone)
+        {
+            self.open_blocks.swap_remove(i);
+        }
+    }
+
+    /// Whether some packer holds block `b` open.
+    pub fn is_open(&self, b: u32) -> bool {
+        self.open_blocks.iter().any(|(ob, _)| *ob == b)
     }
 
     /// The blocks a packer holds open.

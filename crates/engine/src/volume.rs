@@ -584,7 +584,7 @@ impl Inner {
             // A location touches at most two blocks: no allocation on the read path.
             let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
             for (b, zone) in open.iter_mut().take(count as usize) {
-                *zone = slab.open_zone((*b - slab.first_pbn) as u32);
+                *zone = slab.open_zone((*b - slab.first_pbn()) as u32);
             }
             (rec, open)
         };
