@@ -543,9 +543,7 @@ impl Inner {
             .meta()
             .write_at(&block, copy * BLOCK_BYTES as u64);
         self.devices.check_io(r)?;
-        self.meta_written
-            .super_bytes
-            .fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
+        self.meta_written.count_super_block();
         let r = self.devices.meta().flush();
         self.devices.check_io(r)?;
         Ok(())

@@ -7,7 +7,7 @@
 //! (physical), index shards (hash), each behind its own lock.
 
 use crate::block_map::VolumeState;
-use crate::counters::Counters;
+use crate::counters::{Counters, RegionBytes};
 use crate::devices::Devices;
 use crate::dir_tree::DirTree;
 use crate::geometry::PoolGeometry;
@@ -20,7 +20,7 @@ use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
-use fewerbytes_format::page::{PageKind, PageRef};
+use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
     FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
@@ -43,30 +43,6 @@ pub const LBN_STRIPES: usize = 4096;
 /// Blocks per step of a large request: bounds the journal space one step reserves
 /// and how long it holds the gate.
 pub const BLOCKS_PER_STEP: u64 = 64;
-
-/// Metadata bytes written, by region.
-#[derive(Default)]
-pub(crate) struct RegionBytes {
-    pub super_bytes: AtomicU64,
-    pub map_bytes: AtomicU64,
-    pub object_bytes: AtomicU64,
-    pub fingerprint_bytes: AtomicU64,
-    pub dir_bytes: AtomicU64,
-    pub catalog_bytes: AtomicU64,
-}
-
-impl RegionBytes {
-    pub fn count_page(&self, kind: PageKind) {
-        let c = match kind {
-            PageKind::Map => &self.map_bytes,
-            PageKind::Objects | PageKind::Counts => &self.object_bytes,
-            PageKind::Fingerprints => &self.fingerprint_bytes,
-            PageKind::Directory => &self.dir_bytes,
-            PageKind::Catalog | PageKind::Counters => &self.catalog_bytes,
-        };
-        c.fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
-    }
-}
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

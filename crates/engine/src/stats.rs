@@ -59,7 +59,6 @@ impl Pool {
             100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
         };
         let info = self.info();
-        let m = &i.meta_written;
         let (journal_used, journal_sectors) = i.journal.usage();
         PoolStats {
             path: i.devices.data_path(),
@@ -89,18 +88,7 @@ impl Pool {
             } else {
                 device_io(i.devices.data().counters().snapshot())
             },
-            metadata_written_by_region: vec![
-                ("super block".into(), m.super_bytes.load(Relaxed)),
-                ("journal".into(), i.journal.written_bytes()),
-                ("block map pages".into(), m.map_bytes.load(Relaxed)),
-                ("slab object pages".into(), m.object_bytes.load(Relaxed)),
-                (
-                    "fingerprint pages".into(),
-                    m.fingerprint_bytes.load(Relaxed),
-                ),
-                ("directory pages".into(), m.dir_bytes.load(Relaxed)),
-                ("catalog pages".into(), m.catalog_bytes.load(Relaxed)),
-            ],
+            metadata_written_by_region: i.meta_written.by_region(i.journal.written_bytes()),
             checkpoints: i.checkpoints.load(Relaxed),
             journal_commits: i.journal.commits(),
             threads: i.threads,
