@@ -325,7 +325,7 @@ fn mark_dir(dirty: &mut Vec<bool>, index: usize) {
 impl Inner {
     /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        let _ck = self.checkpoint_lock.lock();
+        let _ck = self.checkpointer.serialize();
         let gate = self.gate.write();
         self.checkpoint_locked(gate, false)
     }
@@ -371,7 +371,7 @@ impl Inner {
             return Err(e);
         }
         {
-            let mut store = self.page_store.lock();
+            let mut store = self.checkpointer.page_store();
             for s in &snapshot.old_slots {
                 store.free(u64::from(*s));
             }
@@ -379,23 +379,23 @@ impl Inner {
         for (s, objects, blocks) in &snapshot.pending {
             self.depot.slab(*s).lock().release(objects, blocks);
         }
-        *self.sb.lock() = snapshot.superblock.clone();
+        *self.checkpointer.super_block() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
         self.journal
             .checkpointed(snapshot.superblock.journal_replay_seq);
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.checkpointer.count_taken();
         Ok(())
     }
 
     /// Encode every dirty page into fresh slots. Runs with the gate held.
     fn snapshot(&self) -> Result<Snapshot> {
-        let generation = self.sb.lock().generation + 1;
+        let generation = self.checkpointer.super_block().generation + 1;
         // Every page dirty now is written by this snapshot.
         self.dirty_pages.store(0, Ordering::Relaxed);
         let mut wb = Writeback {
-            store: self.page_store.lock(),
+            store: self.checkpointer.page_store(),
             pages: Vec::new(),
-            old_slots: std::mem::take(&mut *self.slots_to_free.lock()),
+            old_slots: self.checkpointer.take_slots_to_free(),
             nonce: self.geometry.nonce(),
             generation,
         };
@@ -416,14 +416,14 @@ impl Inner {
             }
             wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
         }
-        let mut count_dirs = self.count_dirs.lock();
+        let mut count_dirs = self.checkpointer.count_dirs();
         wb.write_tree(
             &mut count_dirs,
             &tables.counts,
             &tables.count_dirty,
             OBJECT_TABLE_OWNER,
         )?;
-        let mut fp_dirs = self.fp_dirs.lock();
+        let mut fp_dirs = self.checkpointer.fp_dirs();
         wb.write_tree(
             &mut fp_dirs,
             &tables.fps,
@@ -485,7 +485,7 @@ impl Inner {
             volumes: records,
         };
         let stream = catalog.encode();
-        let mut sb = self.sb.lock().clone();
+        let mut sb = self.checkpointer.super_block().clone();
         let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
         if chunks > MAX_CATALOG_PAGES_V2 {
             return Err(EngineError::Refused(format!(
@@ -531,7 +531,7 @@ impl Inner {
                 (self.geometry.pages_start_block() + u64::from(page.slot)) * BLOCK_BYTES as u64;
             let r = self.devices.meta().write_at(&page.bytes[..], at);
             self.devices.check_io(r)?;
-            self.meta_written.count_page(page.kind);
+            self.checkpointer.written().count_page(page.kind);
         }
         let r = self.devices.meta().flush();
         self.devices.check_io(r)?;
@@ -543,7 +543,7 @@ impl Inner {
             .meta()
             .write_at(&block, copy * BLOCK_BYTES as u64);
         self.devices.check_io(r)?;
-        self.meta_written.count_super_block();
+        self.checkpointer.written().count_super_block();
         let r = self.devices.meta().flush();
         self.devices.check_io(r)?;
         Ok(())

@@ -14,6 +14,7 @@
 mod api;
 mod block_map;
 mod checkpoint;
+mod checkpointer;
 mod compact;
 mod counters;
 mod devices;

@@ -33,7 +33,7 @@ impl Inner {
         index: u64,
     ) -> Result<(PageHeader, &'a [u8])> {
         let (version, generation) = {
-            let sb = self.sb.lock();
+            let sb = self.checkpointer.super_block();
             (sb.version, sb.generation)
         };
         let slot = reference.page_store_slot().unwrap_or(0);
@@ -77,7 +77,7 @@ impl Inner {
                 header.generation
             )));
         }
-        self.page_store.lock().mark(slot);
+        self.checkpointer.page_store().mark(slot);
         Ok((header, payload))
     }
 
@@ -91,7 +91,7 @@ impl Inner {
         owner: u64,
         entries: usize,
     ) -> Result<(DirTree, Vec<PageRef>)> {
-        if self.sb.lock().version == FORMAT_VERSION_1 {
+        if self.checkpointer.super_block().version == FORMAT_VERSION_1 {
             let refs = self.read_level(&root.top, owner, entries, 0)?;
             let tree = DirTree {
                 levels: vec![root.top.clone()],
@@ -144,7 +144,7 @@ impl Inner {
         entries: usize,
         level: u8,
     ) -> Result<Vec<PageRef>> {
-        let v1 = self.sb.lock().version == FORMAT_VERSION_1;
+        let v1 = self.checkpointer.super_block().version == FORMAT_VERSION_1;
         let per_page = if v1 {
             SLOTS_PER_DIR_PAGE
         } else {
@@ -190,7 +190,7 @@ impl Inner {
 
     /// Corruption of the catalog, reported at its first page.
     fn catalog_corrupt(&self, reason: String) -> EngineError {
-        let sb = self.sb.lock();
+        let sb = self.checkpointer.super_block();
         let block = sb.pages_start_block
             + sb.catalog
                 .first()
@@ -206,7 +206,7 @@ impl Inner {
 
     /// Load the catalog named by the super block.
     pub(crate) fn load_catalog(&self) -> Result<Catalog> {
-        let sb = self.sb.lock().clone();
+        let sb = self.checkpointer.super_block().clone();
         let mut stream = Vec::with_capacity(sb.catalog_bytes as usize);
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (i, r) in sb.catalog.iter().enumerate() {
@@ -227,7 +227,7 @@ impl Inner {
     /// Verify the counters page the super block names, if any, and keep its slot in
     /// use: this version defines no counters, but keeps the page of one that does.
     pub(crate) fn load_counters(&self) -> Result<()> {
-        let reference = self.sb.lock().counters;
+        let reference = self.checkpointer.super_block().counters;
         if reference.is_none() {
             return Ok(());
         }
@@ -296,8 +296,8 @@ impl Inner {
                 }
             }
         }
-        *self.count_dirs.lock() = count_tree;
-        *self.fp_dirs.lock() = fp_tree;
+        *self.checkpointer.count_dirs() = count_tree;
+        *self.checkpointer.fp_dirs() = fp_tree;
         Ok(())
     }
 
@@ -328,7 +328,7 @@ impl Inner {
                 });
             }
         }
-        *self.count_dirs.lock() = tree;
+        *self.checkpointer.count_dirs() = tree;
         Ok(())
     }
 
@@ -367,7 +367,7 @@ impl Inner {
     pub(crate) fn prepare_upgrade(&self) -> Result<()> {
         let needed = self.upgrade_pages();
         let (free, v1_slots) = {
-            let store = self.page_store.lock();
+            let store = self.checkpointer.page_store();
             (store.free_slots(), store.used_slots())
         };
         if needed > free {
@@ -383,10 +383,10 @@ impl Inner {
             "upgrading the pool from format version 1 to 2: {needed} pages to write, \
              {free} slots free"
         );
-        self.slots_to_free.lock().extend(v1_slots);
-        self.sb.lock().catalog.clear();
-        *self.count_dirs.lock() = DirTree::default();
-        *self.fp_dirs.lock() = DirTree::default();
+        self.checkpointer.free_after_next(v1_slots);
+        self.checkpointer.super_block().catalog.clear();
+        *self.checkpointer.count_dirs() = DirTree::default();
+        *self.checkpointer.fp_dirs() = DirTree::default();
         for slab in self.depot.iter() {
             slab.lock().mark_all_dirty();
         }

@@ -7,9 +7,8 @@
 //! (physical), index shards (hash), each behind its own lock.
 
 use crate::block_map::VolumeState;
-use crate::counters::{Counters, RegionBytes};
+use crate::counters::Counters;
 use crate::devices::Devices;
-use crate::dir_tree::DirTree;
 use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
 use crate::journal::{read_journal, Journal, Work};
@@ -33,7 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::page_store::{page_slot, PageStore};
+use crate::checkpointer::Checkpointer;
+use crate::page_store::page_slot;
 
 /// Lock stripes serializing writes to the same logical block, so a read-modify-write
 /// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
@@ -62,9 +62,6 @@ pub(crate) struct Inner {
     pub geometry: PoolGeometry,
     /// The devices and the read-only latch.
     pub devices: Devices,
-    /// The super block of the last checkpoint (its changing fields: generation,
-    /// catalog, replay point, holder).
-    pub sb: Mutex<SuperBlock>,
     pub gate: RwLock<()>,
     /// The volume list.
     pub volumes: Volumes,
@@ -74,17 +71,9 @@ pub(crate) struct Inner {
     pub zones: Zones,
     pub journal: Arc<Journal>,
     pub stripes: Vec<Mutex<()>>,
-    pub page_store: Mutex<PageStore>,
-    /// Directory tree of the count table (version 2; of the object table while a
-    /// version-1 pool is loaded).
-    pub count_dirs: Mutex<DirTree>,
-    /// Directory tree of the fingerprint table (version 2).
-    pub fp_dirs: Mutex<DirTree>,
-    pub slots_to_free: Mutex<Vec<u32>>,
-    pub checkpoint_lock: Mutex<()>,
+    /// The super block, page store, directory trees and lock of the checkpoints.
+    pub checkpointer: Checkpointer,
     pub counters: Counters,
-    pub meta_written: RegionBytes,
-    pub checkpoints: AtomicU64,
     pub threads: usize,
     /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
     pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
@@ -153,7 +142,7 @@ impl Inner {
         let free = self
             .geometry
             .page_slots()
-            .saturating_sub(self.page_store.lock().used());
+            .saturating_sub(self.checkpointer.page_store().used());
         self.dirty_pages.load(Ordering::Relaxed) * 2 > free
     }
 }
@@ -673,19 +662,12 @@ impl Pool {
             depot: SlabDepot::new(&geometry, &dirty_pages),
             zones: Zones::new(zones),
             journal,
-            page_store: Mutex::new(PageStore::new(geometry.page_slots())),
+            checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),
             geometry,
-            sb: Mutex::new(sb.clone()),
             gate: RwLock::new(()),
             volumes: Volumes::new(),
             stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
-            count_dirs: Mutex::new(DirTree::default()),
-            fp_dirs: Mutex::new(DirTree::default()),
-            slots_to_free: Mutex::new(Vec::new()),
-            checkpoint_lock: Mutex::new(()),
             counters: Counters::default(),
-            meta_written: RegionBytes::default(),
-            checkpoints: AtomicU64::new(0),
             threads,
             compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
             dirty_pages,
@@ -716,7 +698,7 @@ impl Pool {
     pub fn info(&self) -> PoolInfo {
         let i = &self.inner;
         let g = &i.geometry;
-        let sb = i.sb.lock().clone();
+        let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
         PoolInfo {
             path: i.devices.data_path(),
@@ -858,7 +840,7 @@ impl Pool {
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
         i.devices.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         if i.volumes.exists(name) {
             return Err(EngineError::VolumeExists(name.to_string()));
@@ -877,7 +859,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
         let i = &self.inner;
         i.devices.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
         let users = vol.users();
@@ -891,11 +873,12 @@ impl Pool {
         let mut released = Vec::new();
         vol.for_each_mapped(|_, e| released.extend(e.object()));
         {
-            let mut free = i.slots_to_free.lock();
+            let mut free = Vec::new();
             for page in vol.pages.read().iter() {
                 free.extend(page_slot(&page.lock().durable));
             }
             free.extend(vol.dirs.lock().slots());
+            i.checkpointer.free_after_next(free);
         }
         i.volumes.remove(vol.slot);
         i.depot.release_objects(&i.devices, &released)?;
@@ -912,7 +895,7 @@ impl Pool {
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
         i.devices.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
         let old = vol.size_blocks();
@@ -948,10 +931,11 @@ impl Pool {
                     }
                 }
                 let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
-                let mut free = i.slots_to_free.lock();
+                let mut free = Vec::new();
                 for page in pages.iter().skip(keep) {
                     free.extend(page_slot(&page.lock().durable));
                 }
+                i.checkpointer.free_after_next(free);
             }
             i.depot.release_objects(&i.devices, &released)?;
         }
@@ -965,7 +949,7 @@ impl Pool {
         validate_name(dst).map_err(EngineError::Refused)?;
         let i = &self.inner;
         i.devices.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let source = i.volumes.by_name(src)?;
         if i.volumes.exists(dst) {
@@ -1012,7 +996,7 @@ impl Pool {
         validate_name(new_name).map_err(EngineError::Refused)?;
         let i = &self.inner;
         i.devices.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
         if i.volumes.exists(new_name) {
@@ -1077,7 +1061,7 @@ impl Pool {
             Err(EngineError::ClosedLatched(why))
         } else {
             // A clean close clears the open-by-host marker.
-            i.sb.lock().holder = Holder::default();
+            i.checkpointer.super_block().holder = Holder::default();
             i.checkpoint()
         };
         i.journal.shutdown();
@@ -1174,7 +1158,7 @@ impl Inner {
         // A fresh checkpoint in the new open generation retires the replayed journal
         // and records who holds the pool.
         {
-            let mut current = self.sb.lock();
+            let mut current = self.checkpointer.super_block();
             current.open_gen = sb.open_gen + 1;
             current.holder = this_holder();
         }

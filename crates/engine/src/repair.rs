@@ -94,7 +94,7 @@ impl Pool {
         if options.apply {
             i.devices.ensure_writable()?;
         }
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         if options.apply {
             // Open blocks and runs hold blocks no record names; closing them makes
@@ -466,7 +466,7 @@ impl Pool {
     #[doc(hidden)]
     pub fn damage_reference_count(&self, object: u64, count: u32) -> Result<()> {
         let i = &self.inner;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let (s, idx) = i.depot.split_object(ObjectId(object));
         if let Some(rec) = i.depot.slab(s).lock().rec_mut(idx) {
@@ -480,7 +480,7 @@ impl Pool {
     #[doc(hidden)]
     pub fn damage_map_entry(&self, volume: &str, lbn: u64, object: Option<u64>) -> Result<()> {
         let i = &self.inner;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(volume)?;
         let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));

@@ -88,8 +88,11 @@ impl Pool {
             } else {
                 device_io(i.devices.data().counters().snapshot())
             },
-            metadata_written_by_region: i.meta_written.by_region(i.journal.written_bytes()),
-            checkpoints: i.checkpoints.load(Relaxed),
+            metadata_written_by_region: i
+                .checkpointer
+                .written()
+                .by_region(i.journal.written_bytes()),
+            checkpoints: i.checkpointer.taken(),
             journal_commits: i.journal.commits(),
             threads: i.threads,
             limits: vec![
@@ -112,7 +115,10 @@ impl Pool {
                 ("index entries".into(), i.depot.index().capacity()),
                 ("index memory bytes".into(), i.depot.index().memory_bytes()),
                 ("page store slots".into(), i.geometry.page_slots()),
-                ("page store slots in use".into(), i.page_store.lock().used()),
+                (
+                    "page store slots in use".into(),
+                    i.checkpointer.page_store().used(),
+                ),
             ],
             volumes,
         }
@@ -122,7 +128,7 @@ impl Pool {
     pub fn regions(&self) -> Vec<Region> {
         let i = &self.inner;
         let g = &i.geometry;
-        let version = i.sb.lock().version;
+        let version = i.checkpointer.super_block().version;
         let meta_dev = if i.devices.separate_metadata() {
             "metadata"
         } else {
