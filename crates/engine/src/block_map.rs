@@ -66,21 +66,21 @@ pub struct VolumeState {
     /// Name (changed only by a rename, with the gate held exclusively).
     name: RwLock<String>,
     /// Size in 4 KiB blocks.
-    pub size_blocks: AtomicU64,
+    size_blocks: AtomicU64,
     /// Map pages (the vector is resized under the write lock).
     pub pages: RwLock<Vec<Mutex<MapPage>>>,
     /// Directory tree of the durable map (checkpoint-owned).
     pub dirs: Mutex<DirTree>,
     /// Open handles.
-    pub users: AtomicU32,
+    users: AtomicU32,
     /// Set when deleted; handles fail from then on.
-    pub deleted: AtomicBool,
+    deleted: AtomicBool,
     /// Entries mapped to objects.
-    pub mapped: AtomicI64,
+    mapped: AtomicI64,
     /// Entries mapped to zero.
-    pub zeros: AtomicI64,
+    zeros: AtomicI64,
     /// Counters since open.
-    pub counters: Counters,
+    counters: Counters,
 }
 
 impl VolumeState {
@@ -115,6 +115,60 @@ impl VolumeState {
             zeros: AtomicI64::new(0),
             counters: Counters::default(),
         }
+    }
+
+    /// Counters since open.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// A handle opens (`Volume`).
+    pub fn attach(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A handle closes.
+    pub fn detach(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Open handles.
+    pub fn users(&self) -> u32 {
+        self.users.load(Ordering::Acquire)
+    }
+
+    /// The volume is deleted: its handles fail from now on.
+    pub fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+
+    /// Whether the volume was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Blocks mapped to objects (a count below zero, a bug, reads as none).
+    pub fn mapped_blocks(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Blocks mapped to zero (a count below zero, a bug, reads as none).
+    pub fn zero_blocks(&self) -> u64 {
+        self.zeros.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Set the usage counts (rebuilt at open from the map).
+    pub fn set_usage(&self, mapped: i64, zeros: i64) {
+        self.mapped.store(mapped, Ordering::Relaxed);
+        self.zeros.store(zeros, Ordering::Relaxed);
+    }
+
+    /// Take the usage counts of `source` (a clone shares its every entry).
+    pub fn copy_usage(&self, source: &VolumeState) {
+        self.set_usage(
+            source.mapped.load(Ordering::Relaxed),
+            source.zeros.load(Ordering::Relaxed),
+        );
     }
 
     /// Size in blocks.

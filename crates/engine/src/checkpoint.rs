@@ -13,6 +13,7 @@
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
+use crate::page_store::{page_slot, PageStore};
 use crate::pool::Inner;
 use crate::slab::Slab;
 use crate::{EngineError, Result};
@@ -32,93 +33,6 @@ use std::sync::atomic::Ordering;
 pub const OBJECT_TABLE_OWNER: u64 = u64::MAX;
 /// Owner id of the fingerprint table's directory pages (version 2).
 pub const FINGERPRINT_TABLE_OWNER: u64 = u64::MAX - 1;
-
-/// Which page-store slots hold live pages.
-pub struct PageStore {
-    words: Vec<u64>,
-    slots: u64,
-    cursor: u64,
-    used: u64,
-}
-
-impl PageStore {
-    /// An empty store of `slots` (slot 0 is never used: 0 means "no page").
-    pub fn new(slots: u64) -> Self {
-        let mut s = PageStore {
-            words: vec![0; slots.div_ceil(64) as usize],
-            slots,
-            cursor: 1,
-            used: 0,
-        };
-        s.mark(0);
-        s
-    }
-    /// Mark a slot used.
-    pub fn mark(&mut self, slot: u64) {
-        if let Some(w) = self.words.get_mut((slot / 64) as usize) {
-            if *w & (1 << (slot % 64)) == 0 {
-                *w |= 1 << (slot % 64);
-                self.used += 1;
-            }
-        }
-    }
-    /// Whether a slot is used.
-    pub fn is_used(&self, slot: u64) -> bool {
-        self.words
-            .get((slot / 64) as usize)
-            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
-    }
-    /// Free a slot.
-    pub fn free(&mut self, slot: u64) {
-        if slot == 0 {
-            return;
-        }
-        if let Some(w) = self.words.get_mut((slot / 64) as usize) {
-            if *w & (1 << (slot % 64)) != 0 {
-                *w &= !(1 << (slot % 64));
-                self.used -= 1;
-            }
-        }
-    }
-    /// Allocate a slot.
-    pub fn alloc(&mut self) -> Option<u32> {
-        for _ in 0..self.slots {
-            let s = self.cursor;
-            self.cursor = if self.cursor + 1 >= self.slots {
-                1
-            } else {
-                self.cursor + 1
-            };
-            if !self.is_used(s) {
-                self.mark(s);
-                return u32::try_from(s).ok();
-            }
-        }
-        None
-    }
-    /// Slots in use.
-    pub fn used(&self) -> u64 {
-        self.used
-    }
-    /// Slots free.
-    pub fn free_slots(&self) -> u64 {
-        self.slots.saturating_sub(self.used)
-    }
-    /// Every slot in use (slot 0 excepted).
-    pub fn used_slots(&self) -> Vec<u32> {
-        (1..self.slots)
-            .filter(|s| self.is_used(*s))
-            .filter_map(|s| u32::try_from(s).ok())
-            .collect()
-    }
-}
-
-/// The page-store slot a reference names, if it names one.
-pub(crate) fn page_slot(r: &PageRef) -> Option<u32> {
-    r.page_store_slot()
-        .filter(|s| *s != 0)
-        .and_then(|s| u32::try_from(s).ok())
-}
 
 /// What a page is, as its header names it.
 struct PageName {
@@ -411,7 +325,7 @@ fn mark_dir(dirty: &mut Vec<bool>, index: usize) {
 impl Inner {
     /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        let _ck = self.checkpoint_lock.lock();
+        let _ck = self.checkpointer.serialize();
         let gate = self.gate.write();
         self.checkpoint_locked(gate, false)
     }
@@ -426,19 +340,20 @@ impl Inner {
         if let Some(why) = self.journal.failure() {
             return Err(EngineError::ReadOnly(why));
         }
-        if self.opened_read_only {
+        if self.devices.opened_read_only() {
             return Err(EngineError::ReadOnly("opened read-only".into()));
         }
         // No commit may be in flight while the replay point is chosen: its records are
         // in the image, and replaying them again on top of it would count them twice.
-        let commit_guard = self.commit_lock.lock();
+        let commit_guard = self.journal.pause_commits();
         let batch = self.journal.take_batch();
         let snapshot = match self.snapshot() {
             Ok(s) => s,
             Err(e) => {
                 // A checkpoint that cannot be taken cannot be retried into success:
                 // stop taking writes (journal space would never come back).
-                self.latch_with(format!("latched read-only: a checkpoint failed: {e}"));
+                self.devices
+                    .latch_with(format!("latched read-only: a checkpoint failed: {e}"));
                 return Err(e);
             }
         };
@@ -452,36 +367,36 @@ impl Inner {
         let result = self.write_snapshot(&snapshot);
         drop(guard);
         if let Err(e) = result {
-            self.latch(&e);
+            self.devices.latch(&e);
             return Err(e);
         }
         {
-            let mut store = self.page_store.lock();
+            let mut store = self.checkpointer.page_store();
             for s in &snapshot.old_slots {
                 store.free(u64::from(*s));
             }
         }
         for (s, objects, blocks) in &snapshot.pending {
-            self.slab(*s).lock().release(objects, blocks);
+            self.depot.slab(*s).lock().release(objects, blocks);
         }
-        *self.sb.lock() = snapshot.superblock.clone();
+        *self.checkpointer.super_block() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
         self.journal
             .checkpointed(snapshot.superblock.journal_replay_seq);
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.checkpointer.count_taken();
         Ok(())
     }
 
     /// Encode every dirty page into fresh slots. Runs with the gate held.
     fn snapshot(&self) -> Result<Snapshot> {
-        let generation = self.sb.lock().generation + 1;
+        let generation = self.checkpointer.super_block().generation + 1;
         // Every page dirty now is written by this snapshot.
         self.dirty_pages.store(0, Ordering::Relaxed);
         let mut wb = Writeback {
-            store: self.page_store.lock(),
+            store: self.checkpointer.page_store(),
             pages: Vec::new(),
-            old_slots: std::mem::take(&mut *self.slots_to_free.lock()),
-            nonce: self.nonce,
+            old_slots: self.checkpointer.take_slots_to_free(),
+            nonce: self.geometry.nonce(),
             generation,
         };
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
@@ -493,22 +408,22 @@ impl Inner {
             fp_dirty: Vec::new(),
         };
         let mut pending = Vec::new();
-        for s in 0..self.slab_count {
-            let mut slab = self.slab(s).lock();
+        for s in 0..self.geometry.slab_count() {
+            let mut slab = self.depot.slab(s).lock();
             let (objects, blocks) = slab.take_pending();
             if !objects.is_empty() || !blocks.is_empty() {
                 pending.push((s, objects, blocks));
             }
             wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
         }
-        let mut count_dirs = self.count_dirs.lock();
+        let mut count_dirs = self.checkpointer.count_dirs();
         wb.write_tree(
             &mut count_dirs,
             &tables.counts,
             &tables.count_dirty,
             OBJECT_TABLE_OWNER,
         )?;
-        let mut fp_dirs = self.fp_dirs.lock();
+        let mut fp_dirs = self.checkpointer.fp_dirs();
         wb.write_tree(
             &mut fp_dirs,
             &tables.fps,
@@ -517,9 +432,9 @@ impl Inner {
         )?;
 
         // Volumes.
-        let volumes = self.volumes.read();
+        let volumes = self.volumes.all();
         let mut records = Vec::new();
-        for vol in volumes.iter().flatten() {
+        for vol in volumes.iter() {
             let map = vol.pages.read();
             let mut map_refs = Vec::with_capacity(map.len());
             let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
@@ -551,8 +466,12 @@ impl Inner {
                 id: vol.id,
                 name: vol.name(),
                 size_bytes,
-                reservation_bytes: if self.overcommit { 0 } else { size_bytes },
-                thin: self.overcommit,
+                reservation_bytes: if self.geometry.overcommit() {
+                    0
+                } else {
+                    size_bytes
+                },
+                thin: self.geometry.overcommit(),
                 map: dirs.root(),
             });
         }
@@ -560,13 +479,13 @@ impl Inner {
         // Catalog, rewritten whole.
         let catalog = Catalog {
             version: FORMAT_VERSION,
-            next_volume_id: self.next_volume_id.load(Ordering::Relaxed),
+            next_volume_id: self.volumes.next_id(),
             objects: count_dirs.root(),
             fingerprints: fp_dirs.root(),
             volumes: records,
         };
         let stream = catalog.encode();
-        let mut sb = self.sb.lock().clone();
+        let mut sb = self.checkpointer.super_block().clone();
         let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
         if chunks > MAX_CATALOG_PAGES_V2 {
             return Err(EngineError::Refused(format!(
@@ -602,29 +521,31 @@ impl Inner {
 
     fn write_snapshot(&self, snap: &Snapshot) -> Result<()> {
         // The image refers to data written before the snapshot: make it durable first.
-        self.flush_packers()?;
-        let r = self.data.flush();
-        self.check_io(r)?;
+        self.zones.flush(&self.space())?;
+        let r = self.devices.data().flush();
+        self.devices.check_io(r)?;
         let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
         sorted.sort_by_key(|p| p.slot);
         for page in sorted {
-            let at = (self.pages_start_block + u64::from(page.slot)) * BLOCK_BYTES as u64;
-            let r = self.meta.write_at(&page.bytes[..], at);
-            self.check_io(r)?;
-            self.meta_written.count_page(page.kind);
+            let at =
+                (self.geometry.pages_start_block() + u64::from(page.slot)) * BLOCK_BYTES as u64;
+            let r = self.devices.meta().write_at(&page.bytes[..], at);
+            self.devices.check_io(r)?;
+            self.checkpointer.written().count_page(page.kind);
         }
-        let r = self.meta.flush();
-        self.check_io(r)?;
+        let r = self.devices.meta().flush();
+        self.devices.check_io(r)?;
         let mut block = [0u8; BLOCK_BYTES];
         snap.superblock.encode(&mut block);
         let copy = snap.superblock.generation % 2;
-        let r = self.meta.write_at(&block, copy * BLOCK_BYTES as u64);
-        self.check_io(r)?;
-        self.meta_written
-            .super_bytes
-            .fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
-        let r = self.meta.flush();
-        self.check_io(r)?;
+        let r = self
+            .devices
+            .meta()
+            .write_at(&block, copy * BLOCK_BYTES as u64);
+        self.devices.check_io(r)?;
+        self.checkpointer.written().count_super_block();
+        let r = self.devices.meta().flush();
+        self.devices.check_io(r)?;
         Ok(())
     }
 }

@@ -39,7 +39,8 @@ impl Inner {
     /// One compaction round over slab `s`: returns the number of blocks emptied.
     pub(crate) fn compact_slab(&self, s: u32) -> Result<u64> {
         // Journal space for the worst case: every fragment of every victim moves.
-        let reserve = COMPACT_FRAGMENTS_PER_ROUND as u64 * crate::journal::RECORD_BYTES_MAX;
+        let reserve =
+            (COMPACT_FRAGMENTS_PER_ROUND * fewerbytes_format::journal::RECORD_BYTES_MAX) as u64;
         self.journal.reserve(reserve)?;
         let result = self.compact_slab_reserved(s);
         self.journal.unreserve(reserve);
@@ -47,7 +48,7 @@ impl Inner {
     }
 
     fn compact_slab_reserved(&self, s: u32) -> Result<u64> {
-        self.ensure_writable()?;
+        self.devices.ensure_writable()?;
         let _gate = self.gate.read();
         let victims = self.find_victims(s);
         if victims.is_empty() {
@@ -65,8 +66,9 @@ impl Inner {
                 let mut bytes = vec![0u8; usize::from(len_bytes)];
                 // A failed read ends this round without latching the pool: nothing
                 // was changed yet (see `read_data`).
-                self.data
-                    .read_at(&mut bytes, self.data_offset_bytes + addr_bytes)?;
+                self.devices
+                    .data()
+                    .read_at(&mut bytes, self.geometry.data_offset_bytes() + addr_bytes)?;
                 moved.push((v, bytes));
             }
         }
@@ -78,7 +80,7 @@ impl Inner {
             let remaining: usize = moved.iter().skip(i).map(|(_, b)| b.len()).sum();
             let want = remaining.div_ceil(BLOCK_BYTES) as u32;
             let (first_block, run_len) = {
-                let mut slab = self.slab(s).lock();
+                let mut slab = self.depot.slab(s).lock();
                 let Some(first) = slab.alloc_block() else {
                     break;
                 };
@@ -105,12 +107,13 @@ impl Inner {
                 fill += bytes.len();
                 i += 1;
             }
-            let run_pbn = self.pbn(s, first_block);
-            let r = self
-                .data
-                .write_at(&buf, self.data_offset_bytes + run_pbn * BLOCK_BYTES as u64);
-            if let Err(e) = self.check_io(r) {
-                let mut slab = self.slab(s).lock();
+            let run_pbn = self.depot.pbn(s, first_block);
+            let r = self.devices.data().write_at(
+                &buf,
+                self.geometry.data_offset_bytes() + run_pbn * BLOCK_BYTES as u64,
+            );
+            if let Err(e) = self.devices.check_io(r) {
+                let mut slab = self.depot.slab(s).lock();
                 for b in first_block..first_block + run_len {
                     // The I/O error is the one returned; the pool is latched already.
                     if let Err(broken) = slab.drop_block(b) {
@@ -119,8 +122,8 @@ impl Inner {
                 }
                 return Err(e);
             }
-            let mut slab = self.slab(s).lock();
-            let slab_first = slab.first_pbn;
+            let mut slab = self.depot.slab(s).lock();
+            let slab_first = slab.first_pbn();
             let mut at = 0u64;
             for (v, bytes) in moved.iter().take(i).skip(start) {
                 let new = Location::Fragment {
@@ -145,7 +148,7 @@ impl Inner {
                 for b in first..first + count {
                     let local = (b - slab_first) as u32;
                     let before = slab.holders(local);
-                    self.check_invariant(slab.drop_block(local))?;
+                    self.devices.check_invariant(slab.drop_block(local))?;
                     if before == 1 {
                         emptied_before += 1;
                     }
@@ -153,13 +156,14 @@ impl Inner {
                 // Under the slab lock: a free of this object cannot come between the
                 // move and its record.
                 self.journal.append(&Record::NewObject {
-                    object: u64::from(s) * u64::from(self.objects_per_slab) + u64::from(v.object),
+                    object: u64::from(s) * u64::from(self.geometry.objects_per_slab())
+                        + u64::from(v.object),
                     location: new.encode(),
                     fingerprint: rec.fingerprint,
                 });
             }
             for b in first_block..first_block + run_len {
-                self.check_invariant(slab.drop_block(b))?;
+                self.devices.check_invariant(slab.drop_block(b))?;
             }
         }
         self.compacted_blocks
@@ -170,7 +174,7 @@ impl Inner {
     /// Fragments touching closed packed blocks of slab `s` that are less than
     /// `COMPACT_LIVE_PERCENT_MAX` live, up to `COMPACT_BLOCKS_PER_ROUND` blocks.
     fn find_victims(&self, s: u32) -> Vec<Victim> {
-        let slab = self.slab(s).lock();
+        let slab = self.depot.slab(s).lock();
         let mut live: HashMap<u32, (u64, bool)> = HashMap::new(); // block → (live bytes, holds a whole block)
         let mut fragments: Vec<Victim> = Vec::new();
         for i in 0..slab.objects() {
@@ -184,7 +188,7 @@ impl Inner {
             let (first, count) = loc.blocks();
             for b in first..first + count {
                 let e = live
-                    .entry((b - slab.first_pbn) as u32)
+                    .entry((b - slab.first_pbn()) as u32)
                     .or_insert((0, false));
                 match loc {
                     Location::Block { .. } => e.1 = true,
@@ -211,7 +215,7 @@ impl Inner {
             live.get(&b).is_some_and(|&(bytes, whole)| {
                 !whole
                     && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
-                    && !slab.open_blocks.iter().any(|(ob, _)| *ob == b)
+                    && !slab.is_open(b)
             })
         };
         let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
@@ -224,9 +228,9 @@ impl Inner {
         // bytes there are only in memory.
         fragments.retain(|v| {
             let (first, count) = v.location.blocks();
-            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn) as u32);
+            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn()) as u32);
             let touches_victim = blocks.clone().any(|b| chosen.contains(&b));
-            touches_victim && !blocks.any(|b| slab.open_blocks.iter().any(|(ob, _)| *ob == b))
+            touches_victim && !blocks.any(|b| slab.is_open(b))
         });
         fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
         fragments
@@ -235,8 +239,8 @@ impl Inner {
     /// Compact every slab once; returns the blocks emptied.
     pub(crate) fn compact_all(&self) -> Result<u64> {
         let mut total = 0;
-        for s in 0..self.slab_count {
-            if self.closed.load(Ordering::Acquire) {
+        for s in 0..self.geometry.slab_count() {
+            if self.devices.is_closed() {
                 break;
             }
             total += self.compact_slab(s)?;
@@ -249,19 +253,19 @@ impl Inner {
         // A round empties a bounded number of blocks per slab: while rounds still
         // find work, the next one follows without waiting for new frees.
         let mut more = false;
-        while !self.closed.load(Ordering::Acquire) {
+        while !self.devices.is_closed() {
             {
                 // Closing the pool wakes this wait (it checks `closed` under the lock).
                 let (lock, wake) = &self.compactor_wake;
                 let mut guard = lock.lock();
-                if !self.closed.load(Ordering::Acquire) {
+                if !self.devices.is_closed() {
                     wake.wait_for(&mut guard, COMPACT_INTERVAL);
                 }
             }
-            if self.closed.load(Ordering::Acquire) {
+            if self.devices.is_closed() {
                 break;
             }
-            if self.fragment_frees.swap(0, Ordering::AcqRel) == 0 && !more {
+            if self.depot.take_fragment_frees() == 0 && !more {
                 continue;
             }
             match self.compact_all() {

@@ -4,7 +4,7 @@
 //! (`checkpoint.rs`); loading reads the tree down from the catalog's top list,
 //! verifying each page against its parent's reference (`load.rs`).
 
-use crate::checkpoint::page_slot;
+use crate::page_store::page_slot;
 use fewerbytes_format::catalog::TableRoot;
 use fewerbytes_format::page::PageRef;
 

@@ -91,19 +91,6 @@ pub enum EngineError {
     Invariant(String),
 }
 
-impl EngineError {
-    /// The errno an NBD server should answer with.
-    pub fn errno(&self) -> u32 {
-        match self {
-            EngineError::ReadOnly(_) => 1,        // EPERM
-            EngineError::OutOfRange { .. } => 22, // EINVAL
-            EngineError::NoSpace(_) => 28,        // ENOSPC
-            EngineError::VolumeGone(_) => 108,    // ESHUTDOWN
-            _ => 5,                               // EIO
-        }
-    }
-}
-
 /// Shorthand.
 pub type Result<T> = std::result::Result<T, EngineError>;
 

@@ -7,7 +7,7 @@
 
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
-use fewerbytes_format::superblock::MAX_CATALOG_PAGES;
+use fewerbytes_format::superblock::{SuperBlock, FLAG_OVERCOMMIT, MAX_CATALOG_PAGES};
 use fewerbytes_format::BLOCK_BYTES;
 
 /// Data blocks per slab (32 MiB). A slab is the unit of physical allocation and
@@ -210,6 +210,135 @@ impl Geometry {
         // Saturating: a sizing hint; `compute` refuses a data device this small.
         let data_blocks = data_device_blocks.saturating_sub(DATA_ALIGN_BLOCKS);
         2 + journal_blocks_for(data_blocks) + page_slots_for(data_blocks, data_blocks * factor)
+    }
+}
+
+/// An open pool's layout and identity as its super block fixed them at format time.
+/// Read-only once the pool is open, and the one place the engine reads them from:
+/// the super block held for checkpoints carries the same fields, but only its
+/// changing ones (generation, catalog, replay point, holder) are read there.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolGeometry {
+    nonce: u64,
+    fingerprint_key: [u8; 32],
+    data_device_bytes: u64,
+    metadata_device_bytes: u64,
+    data_offset_bytes: u64,
+    data_blocks: u64,
+    slab_blocks: u32,
+    objects_per_slab: u32,
+    slab_count: u32,
+    journal_start_block: u64,
+    journal_sectors: u64,
+    pages_start_block: u64,
+    page_slots: u64,
+    reserve_blocks: u64,
+    index_entries: u64,
+    overcommit: bool,
+}
+
+impl PoolGeometry {
+    /// The geometry a (decoded, length-checked) super block records.
+    pub(crate) fn from_super(sb: &SuperBlock) -> Self {
+        PoolGeometry {
+            nonce: sb.nonce,
+            fingerprint_key: sb.fingerprint_key,
+            data_device_bytes: sb.data_device_bytes,
+            metadata_device_bytes: sb.metadata_device_bytes,
+            data_offset_bytes: sb.data_offset_bytes,
+            data_blocks: sb.data_blocks,
+            slab_blocks: sb.slab_blocks,
+            objects_per_slab: sb.objects_per_slab,
+            slab_count: sb.slab_count,
+            journal_start_block: sb.journal_start_block,
+            journal_sectors: sb.journal_sectors,
+            pages_start_block: sb.pages_start_block,
+            page_slots: sb.page_slots,
+            reserve_blocks: sb.reserve_blocks,
+            index_entries: sb.index_entries,
+            overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
+        }
+    }
+    /// The pool's identity in every page header and journal sector.
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+    /// The key of the keyed fingerprints.
+    pub(crate) fn fingerprint_key(&self) -> &[u8; 32] {
+        &self.fingerprint_key
+    }
+    /// The data device's length at format time.
+    pub(crate) fn data_device_bytes(&self) -> u64 {
+        self.data_device_bytes
+    }
+    /// The metadata device's length at format time.
+    pub(crate) fn metadata_device_bytes(&self) -> u64 {
+        self.metadata_device_bytes
+    }
+    /// Byte offset of the data region on the data device.
+    pub(crate) fn data_offset_bytes(&self) -> u64 {
+        self.data_offset_bytes
+    }
+    /// 4 KiB blocks in the data region.
+    pub(crate) fn data_blocks(&self) -> u64 {
+        self.data_blocks
+    }
+    /// Data blocks per slab, as recorded.
+    pub(crate) fn slab_blocks(&self) -> u32 {
+        self.slab_blocks
+    }
+    /// Object records per slab.
+    pub(crate) fn objects_per_slab(&self) -> u32 {
+        self.objects_per_slab
+    }
+    /// Slabs in the data region.
+    pub(crate) fn slab_count(&self) -> u32 {
+        self.slab_count
+    }
+    /// First block of the journal ring on the metadata device.
+    pub(crate) fn journal_start_block(&self) -> u64 {
+        self.journal_start_block
+    }
+    /// 512-byte sectors in the journal ring.
+    pub(crate) fn journal_sectors(&self) -> u64 {
+        self.journal_sectors
+    }
+    /// First block of the page store on the metadata device.
+    pub(crate) fn pages_start_block(&self) -> u64 {
+        self.pages_start_block
+    }
+    /// Slots in the page store.
+    pub(crate) fn page_slots(&self) -> u64 {
+        self.page_slots
+    }
+    /// Data blocks kept out of what volumes may address.
+    pub(crate) fn reserve_blocks(&self) -> u64 {
+        self.reserve_blocks
+    }
+    /// Entries of the dedup index.
+    pub(crate) fn index_entries(&self) -> u64 {
+        self.index_entries
+    }
+    /// Volumes may promise more than the pool stores.
+    pub(crate) fn overcommit(&self) -> bool {
+        self.overcommit
+    }
+    /// Metadata device blocks the layout takes: super blocks, journal, page store.
+    pub(crate) fn metadata_blocks(&self) -> u64 {
+        2 + self.journal_sectors / 8 + self.page_slots
+    }
+    /// Logical blocks the volumes may add up to. The reserve stays out of what
+    /// volumes may address: overwriting a full thick pool stores the new copy before
+    /// the old one is freed. Saturating: a reserve past the data region (only a tiny
+    /// or damaged pool) leaves nothing addressable, so every write is refused rather
+    /// than wrap round.
+    pub(crate) fn addressable_blocks(&self) -> u64 {
+        let stored = self.data_blocks.saturating_sub(self.reserve_blocks);
+        if self.overcommit {
+            stored * OVERCOMMIT_FACTOR
+        } else {
+            stored
+        }
     }
 }
 

@@ -13,17 +13,18 @@
 use crate::error::{within, within_mut};
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
-    decode_sector, encode_sector, Record, SectorHeader, SECTOR_PAYLOAD_BYTES,
+    decode_sector, encode_sector, record_len_of_tag, Record, SectorHeader, RECORD_BYTES_MAX,
+    SECTOR_PAYLOAD_BYTES,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Largest record, which bounds the space a sector may waste.
-pub const RECORD_BYTES_MAX: u64 = 48;
-/// Usable record bytes per sector in the worst case.
-const SECTOR_RECORD_BYTES_MIN: u64 = SECTOR_PAYLOAD_BYTES as u64 - (RECORD_BYTES_MAX - 1);
+/// Usable record bytes per sector in the worst case: a sector may leave unused one
+/// byte less than the largest record (`format::journal::RECORD_BYTES_MAX`).
+const SECTOR_RECORD_BYTES_MIN: u64 = (SECTOR_PAYLOAD_BYTES - (RECORD_BYTES_MAX - 1)) as u64;
 /// Pending bytes that make the commit thread write without waiting for a flush:
 /// keeps the in-memory tail (and the work of one commit) bounded.
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
@@ -50,6 +51,13 @@ struct State {
 /// The journal's in-memory side and ring geometry.
 pub struct Journal {
     state: Mutex<State>,
+    /// Held by a commit from taking its batch until it is durable, and by a
+    /// checkpoint while it chooses its replay point (`checkpoint.rs`).
+    commit_lock: Mutex<()>,
+    /// Group commits done since open.
+    commits: AtomicU64,
+    /// Journal bytes written since open.
+    written_bytes: AtomicU64,
     /// Signalled when durability advances, space frees up, or the journal fails.
     progress: Condvar,
     /// Wakes the commit thread.
@@ -79,14 +87,6 @@ pub enum Work {
     Shutdown,
 }
 
-fn record_len(tag: u8) -> usize {
-    match tag {
-        1 => 16,
-        2 => 24,
-        _ => 48,
-    }
-}
-
 impl Journal {
     /// A journal over the ring at `start_block` of `sectors` sectors.
     pub fn new(
@@ -112,6 +112,9 @@ impl Journal {
                 shutdown: false,
                 checkpoint_requested: false,
             }),
+            commit_lock: Mutex::new(()),
+            commits: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
             progress: Condvar::new(),
             wake: Condvar::new(),
             nonce,
@@ -249,6 +252,52 @@ impl Journal {
         (s.next_seq - s.replay_seq) * 100 >= self.sectors * CHECKPOINT_RING_PERCENT
     }
 
+    /// One group commit: the data the batch refers to made durable first
+    /// (`data_durable`: the packers' unwritten bytes, then a sync of the data
+    /// device), then the batch's sectors written to the ring and synced. Every
+    /// request that appended meanwhile becomes durable with one journal write. On an
+    /// error nothing is marked durable, and the caller latches the pool.
+    pub fn commit(
+        &self,
+        meta: &dyn Storage,
+        separate_metadata: bool,
+        data_durable: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _commit = self.commit_lock.lock();
+        let batch = self.take_batch();
+        let sectors = (|| -> Result<u64> {
+            data_durable()?;
+            if batch.bytes.is_empty() {
+                return Ok(0);
+            }
+            let (sectors, bytes) = self.write_batch(meta, &batch)?;
+            self.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if separate_metadata || sectors > 0 {
+                meta.flush()?;
+            }
+            Ok(sectors)
+        })()?;
+        self.batch_durable(&batch, sectors);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stop commits until the guard drops: a checkpoint choosing its replay point
+    /// must not race a commit whose records the image already holds.
+    pub fn pause_commits(&self) -> MutexGuard<'_, ()> {
+        self.commit_lock.lock()
+    }
+
+    /// Group commits done since open.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Journal bytes written since open.
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes.load(Ordering::Relaxed)
+    }
+
     /// Take the tail for a commit.
     pub fn take_batch(&self) -> Batch {
         let mut s = self.state.lock();
@@ -272,7 +321,11 @@ impl Journal {
         while pos < bytes.len() {
             let mut end = pos;
             while let Some(tag) = bytes.get(end) {
-                let len = record_len(*tag);
+                let len = record_len_of_tag(*tag).ok_or_else(|| {
+                    EngineError::Invariant(format!(
+                        "a journal batch holds an unknown record tag {tag} at byte {end}"
+                    ))
+                })?;
                 if end + len - pos > SECTOR_PAYLOAD_BYTES {
                     break;
                 }

@@ -14,22 +14,28 @@
 mod api;
 mod block_map;
 mod checkpoint;
+mod checkpointer;
 mod compact;
 mod counters;
+mod devices;
 mod dir_tree;
 mod error;
 pub mod geometry;
 mod index;
 mod journal;
 mod load;
+mod open_repair;
 mod packer;
+mod page_store;
 mod partial;
 mod pool;
 mod recovery;
 mod repair;
 mod slab;
+mod slab_depot;
 mod stats;
 mod volume;
+mod volumes;
 
 pub use api::*;
 pub use error::{EngineError, Result};

@@ -33,29 +33,30 @@ impl Inner {
         index: u64,
     ) -> Result<(PageHeader, &'a [u8])> {
         let (version, generation) = {
-            let sb = self.sb.lock();
+            let sb = self.checkpointer.super_block();
             (sb.version, sb.generation)
         };
         let slot = reference.page_store_slot().unwrap_or(0);
-        let block = self.pages_start_block.saturating_add(slot);
+        let block = self.geometry.pages_start_block().saturating_add(slot);
         let corrupt = |reason: String| EngineError::Corrupt {
             region: kind.name(),
             block,
             device: "metadata",
             reason,
         };
-        if slot == 0 || slot >= self.page_slots {
+        if slot == 0 || slot >= self.geometry.page_slots() {
             return Err(corrupt(format!(
                 "page address {:#x} is outside the page store",
                 reference.address
             )));
         }
-        self.meta
+        self.devices
+            .meta()
             .read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
         let decoded = if version == FORMAT_VERSION_1 {
-            decode_page(&buf[..], kind, self.nonce, slot)
+            decode_page(&buf[..], kind, self.geometry.nonce(), slot)
         } else {
-            decode_page_ref(&buf[..], kind, self.nonce, reference)
+            decode_page_ref(&buf[..], kind, self.geometry.nonce(), reference)
         };
         let (header, payload) = decoded.map_err(|e| corrupt(e.to_string()))?;
         if header.version != version {
@@ -76,7 +77,7 @@ impl Inner {
                 header.generation
             )));
         }
-        self.page_store.lock().mark(slot);
+        self.checkpointer.page_store().mark(slot);
         Ok((header, payload))
     }
 
@@ -90,7 +91,7 @@ impl Inner {
         owner: u64,
         entries: usize,
     ) -> Result<(DirTree, Vec<PageRef>)> {
-        if self.sb.lock().version == FORMAT_VERSION_1 {
+        if self.checkpointer.super_block().version == FORMAT_VERSION_1 {
             let refs = self.read_level(&root.top, owner, entries, 0)?;
             let tree = DirTree {
                 levels: vec![root.top.clone()],
@@ -143,7 +144,7 @@ impl Inner {
         entries: usize,
         level: u8,
     ) -> Result<Vec<PageRef>> {
-        let v1 = self.sb.lock().version == FORMAT_VERSION_1;
+        let v1 = self.checkpointer.super_block().version == FORMAT_VERSION_1;
         let per_page = if v1 {
             SLOTS_PER_DIR_PAGE
         } else {
@@ -160,7 +161,10 @@ impl Inner {
             let (header, payload) =
                 self.read_page(&mut buf, PageKind::Directory, d, owner, k as u64)?;
             if header.level != level {
-                let block = self.pages_start_block.saturating_add(header.slot);
+                let block = self
+                    .geometry
+                    .pages_start_block()
+                    .saturating_add(header.slot);
                 return Err(EngineError::Corrupt {
                     region: PageKind::Directory.name(),
                     block,
@@ -186,7 +190,7 @@ impl Inner {
 
     /// Corruption of the catalog, reported at its first page.
     fn catalog_corrupt(&self, reason: String) -> EngineError {
-        let sb = self.sb.lock();
+        let sb = self.checkpointer.super_block();
         let block = sb.pages_start_block
             + sb.catalog
                 .first()
@@ -202,7 +206,7 @@ impl Inner {
 
     /// Load the catalog named by the super block.
     pub(crate) fn load_catalog(&self) -> Result<Catalog> {
-        let sb = self.sb.lock().clone();
+        let sb = self.checkpointer.super_block().clone();
         let mut stream = Vec::with_capacity(sb.catalog_bytes as usize);
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (i, r) in sb.catalog.iter().enumerate() {
@@ -223,7 +227,7 @@ impl Inner {
     /// Verify the counters page the super block names, if any, and keep its slot in
     /// use: this version defines no counters, but keeps the page of one that does.
     pub(crate) fn load_counters(&self) -> Result<()> {
-        let reference = self.sb.lock().counters;
+        let reference = self.checkpointer.super_block().counters;
         if reference.is_none() {
             return Ok(());
         }
@@ -238,15 +242,15 @@ impl Inner {
         if catalog.version == FORMAT_VERSION_1 {
             return self.load_objects_v1(&catalog.objects);
         }
-        let objects = self.objects_per_slab as usize;
-        let slabs = self.slab_count as usize;
+        let objects = self.geometry.objects_per_slab() as usize;
+        let slabs = self.geometry.slab_count() as usize;
         let per_slab = objects.div_ceil(COUNTS_PER_PAGE);
         let (count_tree, counts) =
             self.read_tree(&catalog.objects, OBJECT_TABLE_OWNER, slabs * per_slab)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in counts.iter().enumerate() {
             let (s, c) = ((g / per_slab) as u32, g % per_slab);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             if let Some(slot) = slab.count_refs.get_mut(c) {
                 *slot = *r;
             }
@@ -273,7 +277,7 @@ impl Inner {
         )?;
         for (g, r) in fps.iter().enumerate() {
             let (s, f) = ((g / per_slab) as u32, g % per_slab);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             if let Some(slot) = slab.fp_refs.get_mut(f) {
                 *slot = *r;
             }
@@ -292,15 +296,15 @@ impl Inner {
                 }
             }
         }
-        *self.count_dirs.lock() = count_tree;
-        *self.fp_dirs.lock() = fp_tree;
+        *self.checkpointer.count_dirs() = count_tree;
+        *self.checkpointer.fp_dirs() = fp_tree;
         Ok(())
     }
 
     /// Version 1: object pages of 84 whole records.
     fn load_objects_v1(&self, objects: &TableRoot) -> Result<()> {
-        let pages_per_slab = self.objects_per_slab as usize / OBJECTS_PER_PAGE;
-        let total = self.slab_count as usize * pages_per_slab;
+        let pages_per_slab = self.geometry.objects_per_slab() as usize / OBJECTS_PER_PAGE;
+        let total = self.geometry.slab_count() as usize * pages_per_slab;
         let (tree, refs) = self.read_tree(objects, OBJECT_TABLE_OWNER, total)?;
         let mut buf = Box::new([0u8; BLOCK_BYTES]);
         for (g, r) in refs.iter().enumerate() {
@@ -311,7 +315,7 @@ impl Inner {
             let (_, payload) =
                 self.read_page(&mut buf, PageKind::Objects, r, u64::from(s), p as u64)?;
             let mut reader = Reader::new("slab object page", payload);
-            let mut slab = self.slab(s).lock();
+            let mut slab = self.depot.slab(s).lock();
             for i in 0..OBJECTS_PER_PAGE {
                 let rec = ObjectRecord::decode(&mut reader)?;
                 if rec.refcount == 0 && rec.location == 0 {
@@ -324,7 +328,7 @@ impl Inner {
                 });
             }
         }
-        *self.count_dirs.lock() = tree;
+        *self.checkpointer.count_dirs() = tree;
         Ok(())
     }
 
@@ -363,7 +367,7 @@ impl Inner {
     pub(crate) fn prepare_upgrade(&self) -> Result<()> {
         let needed = self.upgrade_pages();
         let (free, v1_slots) = {
-            let store = self.page_store.lock();
+            let store = self.checkpointer.page_store();
             (store.free_slots(), store.used_slots())
         };
         if needed > free {
@@ -379,14 +383,14 @@ impl Inner {
             "upgrading the pool from format version 1 to 2: {needed} pages to write, \
              {free} slots free"
         );
-        self.slots_to_free.lock().extend(v1_slots);
-        self.sb.lock().catalog.clear();
-        *self.count_dirs.lock() = DirTree::default();
-        *self.fp_dirs.lock() = DirTree::default();
-        for slab in &self.slabs {
+        self.checkpointer.free_after_next(v1_slots);
+        self.checkpointer.super_block().catalog.clear();
+        *self.checkpointer.count_dirs() = DirTree::default();
+        *self.checkpointer.fp_dirs() = DirTree::default();
+        for slab in self.depot.iter() {
             slab.lock().mark_all_dirty();
         }
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             *vol.dirs.lock() = DirTree::default();
             for page in vol.pages.read().iter() {
                 let mut page = page.lock();
@@ -410,7 +414,7 @@ impl Inner {
         let mut pages = 0u64;
         let mut catalog_bytes = 16u64;
         let (mut counts, mut fps) = (0u64, 0u64);
-        for slab in &self.slabs {
+        for slab in self.depot.iter() {
             let slab = slab.lock();
             let objects = slab.objects() as usize;
             let used = |per_page: usize| {
@@ -430,7 +434,7 @@ impl Inner {
         }
         pages += dirs(counts) + dirs(fps);
         catalog_bytes += top(counts) + top(fps);
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             let map = vol.pages.read();
             pages += map.iter().filter(|p| p.lock().entries.is_some()).count() as u64;
             pages += dirs(map.len() as u64);

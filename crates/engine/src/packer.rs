@@ -8,25 +8,29 @@
 //! as packing waste. A full block is written at once; a partial one is written
 //! sector by sector at commit, so a flush costs at most one rewritten sector.
 
+use crate::devices::Devices;
 use crate::error::{within, within_mut};
-use crate::pool::Inner;
-use crate::slab::{ObjRec, Slab};
+use crate::geometry::PoolGeometry;
+use crate::journal::Journal;
+use crate::slab::ObjRec;
+use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Codec, Location, ObjectId};
 use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
+use parking_lot::Mutex;
 
 /// The open block of a packer.
-pub struct OpenBlock {
+struct OpenBlock {
     /// Slab it is in.
-    pub slab: u32,
+    slab: u32,
     /// Block index within the slab.
-    pub block: u32,
+    block: u32,
     /// Its bytes so far.
-    pub buf: Box<[u8; BLOCK_BYTES]>,
+    buf: Box<[u8; BLOCK_BYTES]>,
     /// Bytes filled.
-    pub fill: usize,
+    fill: usize,
     /// Bytes already written to the device.
-    pub written: usize,
+    written: usize,
 }
 
 /// Whole blocks a zone gathers into one write: random data costs one system call
@@ -34,71 +38,101 @@ pub struct OpenBlock {
 pub const RUN_BLOCKS: u32 = 16;
 
 /// A run of consecutive blocks a zone fills with whole (uncompressed) blocks.
-pub struct OpenRun {
+struct OpenRun {
     /// Slab it is in.
-    pub slab: u32,
+    slab: u32,
     /// First block of the run within the slab.
-    pub first: u32,
+    first: u32,
     /// Blocks allocated to the run (consecutive).
-    pub len: u32,
+    len: u32,
     /// Blocks filled so far.
-    pub filled: u32,
+    filled: u32,
     /// Blocks already written to the device.
-    pub written: u32,
+    written: u32,
     /// The run's bytes.
-    pub buf: Vec<u8>,
+    buf: Vec<u8>,
 }
 
 /// One zone's packer: an open block for fragments and an open run for whole blocks.
 #[derive(Default)]
-pub struct Packer {
+struct Packer {
     /// The open block, if any.
-    pub open: Option<OpenBlock>,
+    open: Option<OpenBlock>,
     /// The open run of whole blocks, if any.
-    pub run: Option<OpenRun>,
+    run: Option<OpenRun>,
 }
 
-impl Inner {
-    /// Global data block number of a slab's block.
-    pub(crate) fn pbn(&self, slab: u32, block: u32) -> u64 {
-        u64::from(slab) * u64::from(crate::geometry::SLAB_BLOCKS) + u64::from(block)
+/// What the packers work with: the slabs they allocate from, the data device they
+/// write (through the latch), where the data region starts, and the journal they
+/// ask for a checkpoint when space runs out.
+pub(crate) struct Space<'a> {
+    pub(crate) depot: &'a SlabDepot,
+    pub(crate) devices: &'a Devices,
+    pub(crate) geometry: &'a PoolGeometry,
+    pub(crate) journal: &'a Journal,
+}
+
+/// The zones' packers, one per zone: the whole packing policy (which slab a zone
+/// fills, when a fragment spans into the next block, when a block or run closes).
+pub(crate) struct Zones {
+    packers: Vec<Mutex<Packer>>,
+}
+
+impl Zones {
+    /// `zones` packers, each with nothing open (at least one).
+    pub(crate) fn new(zones: usize) -> Self {
+        Zones {
+            packers: (0..zones.max(1))
+                .map(|_| Mutex::new(Packer::default()))
+                .collect(),
+        }
     }
 
-    fn write_open_block(&self, open: &mut OpenBlock, upto: usize) -> Result<()> {
+    /// Zones (packers).
+    pub(crate) fn count(&self) -> usize {
+        self.packers.len()
+    }
+
+    fn packer(&self, zone: usize) -> &Mutex<Packer> {
+        zone.checked_rem(self.packers.len())
+            .and_then(|z| self.packers.get(z))
+            .expect("zones are made non-empty at open")
+    }
+
+    fn write_open_block(&self, space: &Space<'_>, open: &mut OpenBlock, upto: usize) -> Result<()> {
         let from = open.written / SECTOR_BYTES * SECTOR_BYTES;
         let to = upto.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
         if to <= from {
             return Ok(());
         }
-        let offset = self.data_offset_bytes
-            + self.pbn(open.slab, open.block) * BLOCK_BYTES as u64
+        let offset = space.geometry.data_offset_bytes()
+            + space.depot.pbn(open.slab, open.block) * BLOCK_BYTES as u64
             + from as u64;
         let bytes = within(
             open.buf.as_slice(),
             from..to,
             "an open packed block's sectors",
         )?;
-        let result = self.data.write_at(bytes, offset);
-        self.check_io(result)?;
+        let result = space.devices.data().write_at(bytes, offset);
+        space.devices.check_io(result)?;
         open.written = upto;
         Ok(())
     }
 
     /// Close the open block: write what is unwritten and drop the packer's hold.
-    fn close_block(&self, zone: usize, mut open: OpenBlock) -> Result<()> {
+    fn close_block(&self, space: &Space<'_>, zone: usize, mut open: OpenBlock) -> Result<()> {
         let fill = open.fill;
-        let written = self.write_open_block(&mut open, fill);
-        let mut slab = self.slab(open.slab).lock();
-        slab.open_blocks
-            .retain(|&(b, z)| !(b == open.block && z == zone));
-        let dropped = self.check_invariant(slab.drop_block(open.block));
+        let written = self.write_open_block(space, &mut open, fill);
+        let mut slab = space.depot.slab(open.slab).lock();
+        slab.remove_open_block(open.block, zone);
+        let dropped = space.devices.check_invariant(slab.drop_block(open.block));
         written.and(dropped)
     }
 
     /// Open a fresh block in a slab with room for a fragment (block and object).
-    fn open_block(&self, zone: usize) -> Result<OpenBlock> {
-        for s in self.slab_order(zone) {
-            let mut slab = self.slab(s).lock();
+    fn open_block(&self, space: &Space<'_>, zone: usize) -> Result<OpenBlock> {
+        for s in space.depot.order(zone, self.count()) {
+            let mut slab = space.depot.slab(s).lock();
             if slab.free_objects() == 0 || slab.free_objects() <= slab.free_blocks() / 2 {
                 // Objects are the scarcer resource here; keep them for whole blocks.
                 if slab.free_objects() == 0 {
@@ -107,7 +141,7 @@ impl Inner {
             }
             if let Some(block) = slab.alloc_block() {
                 slab.hold_block(block);
-                slab.open_blocks.push((block, zone));
+                slab.add_open_block(block, zone);
                 return Ok(OpenBlock {
                     slab: s,
                     block,
@@ -117,13 +151,14 @@ impl Inner {
                 });
             }
         }
-        self.journal.request_checkpoint();
+        space.journal.request_checkpoint();
         Err(EngineError::NoSpace("no free data blocks left".into()))
     }
 
     /// Store a compressed fragment; returns its object (with one reference) and location.
     pub(crate) fn pack(
         &self,
+        space: &Space<'_>,
         zone: usize,
         bytes: &[u8],
         fingerprint: &[u8; 32],
@@ -134,12 +169,12 @@ impl Inner {
         for _attempt in 0..4 {
             let mut open = match packer.open.take() {
                 Some(o) => o,
-                None => self.open_block(zone)?,
+                None => self.open_block(space, zone)?,
             };
-            let mut slab = self.slab(open.slab).lock();
+            let mut slab = space.depot.slab(open.slab).lock();
             let Some(object) = slab.alloc_object() else {
                 drop(slab);
-                self.close_block(zone, open)?;
+                self.close_block(space, zone, open)?;
                 continue;
             };
             let start = open.fill;
@@ -147,10 +182,11 @@ impl Inner {
             if spans && !slab.alloc_block_at(open.block + 1) {
                 slab.unalloc_object(object);
                 drop(slab);
-                self.close_block(zone, open)?;
+                self.close_block(space, zone, open)?;
                 continue;
             }
-            let addr_bytes = self.pbn(open.slab, open.block) * BLOCK_BYTES as u64 + start as u64;
+            let addr_bytes =
+                space.depot.pbn(open.slab, open.block) * BLOCK_BYTES as u64 + start as u64;
             let location = Location::Fragment {
                 addr_bytes,
                 len_bytes: len as u16,
@@ -164,9 +200,7 @@ impl Inner {
                     fingerprint: *fingerprint,
                 };
             }
-            let object_id = ObjectId(
-                u64::from(open.slab) * u64::from(self.objects_per_slab) + u64::from(object),
-            );
+            let object_id = space.depot.object_id(open.slab, object);
             let first = (BLOCK_BYTES - start).min(len);
             within_mut(
                 open.buf.as_mut_slice(),
@@ -179,10 +213,10 @@ impl Inner {
                 let next = open.block + 1;
                 slab.hold_block(next); // the fragment's hold
                 slab.hold_block(next); // the packer's hold on its new open block
-                slab.open_blocks.push((next, zone));
+                slab.add_open_block(next, zone);
                 let slab_index = open.slab;
                 drop(slab);
-                self.close_block(zone, open)?;
+                self.close_block(space, zone, open)?;
                 let mut buf = Box::new([0u8; BLOCK_BYTES]);
                 let rest = len - first;
                 within_mut(buf.as_mut_slice(), 0..rest, "a packed block")?.copy_from_slice(within(
@@ -199,7 +233,7 @@ impl Inner {
                 });
             } else if open.fill == BLOCK_BYTES {
                 drop(slab);
-                self.close_block(zone, open)?;
+                self.close_block(space, zone, open)?;
             } else {
                 drop(slab);
                 packer.open = Some(open);
@@ -211,82 +245,67 @@ impl Inner {
         ))
     }
 
-    /// Whether a write that found no free block may succeed after another checkpoint:
-    /// some slab has a free block (and object), or blocks waiting to become free.
-    pub(crate) fn space_to_retry(&self) -> bool {
-        (0..self.slab_count).any(|s| {
-            let slab = self.slab(s).lock();
-            (slab.free_blocks() > 0 && slab.free_objects() > 0) || slab.pending_blocks() > 0
-        })
-    }
-
     /// Close every zone's open block and run, so their unused blocks become
     /// pending-free (reusable after the next checkpoint): a full pool's last resort.
-    pub(crate) fn release_open_space(&self) -> Result<()> {
-        for zone in 0..self.zone_count() {
+    pub(crate) fn release_open_space(&self, space: &Space<'_>) -> Result<()> {
+        for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
             if let Some(run) = packer.run.take() {
-                self.close_run(zone, run)?;
+                self.close_run(space, zone, run)?;
             }
             if let Some(open) = packer.open.take() {
-                self.close_block(zone, open)?;
+                self.close_block(space, zone, open)?;
             }
         }
         Ok(())
     }
 
     /// Write the unwritten part of every open block and run (before a commit's data sync).
-    pub(crate) fn flush_packers(&self) -> Result<()> {
-        for zone in 0..self.zone_count() {
+    pub(crate) fn flush(&self, space: &Space<'_>) -> Result<()> {
+        for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
             if let Some(open) = packer.open.as_mut() {
                 let fill = open.fill;
-                self.write_open_block(open, fill)?;
+                self.write_open_block(space, open, fill)?;
             }
             if let Some(run) = packer.run.as_mut() {
-                self.write_run(run)?;
+                self.write_run(space, run)?;
             }
         }
         Ok(())
     }
 
-    fn write_run(&self, run: &mut OpenRun) -> Result<()> {
+    fn write_run(&self, space: &Space<'_>, run: &mut OpenRun) -> Result<()> {
         if run.written == run.filled {
             return Ok(());
         }
         let from = run.written as usize * BLOCK_BYTES;
         let to = run.filled as usize * BLOCK_BYTES;
-        let offset = self.data_offset_bytes
-            + self.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
+        let offset = space.geometry.data_offset_bytes()
+            + space.depot.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
         let bytes = within(&run.buf, from..to, "an open run's blocks")?;
-        let r = self.data.write_at(bytes, offset);
-        self.check_io(r)?;
+        let r = space.devices.data().write_at(bytes, offset);
+        space.devices.check_io(r)?;
         run.written = run.filled;
         Ok(())
     }
 
     /// Close a run: write what is unwritten, drop the zone's hold on every block of it
     /// (blocks never filled become free again at the next checkpoint).
-    fn close_run(&self, zone: usize, mut run: OpenRun) -> Result<()> {
-        let written = self.write_run(&mut run);
-        let mut slab = self.slab(run.slab).lock();
+    fn close_run(&self, space: &Space<'_>, zone: usize, mut run: OpenRun) -> Result<()> {
+        let written = self.write_run(space, &mut run);
+        let mut slab = space.depot.slab(run.slab).lock();
         for b in run.first..run.first + run.len {
-            if let Some(i) = slab
-                .open_blocks
-                .iter()
-                .position(|&(ob, z)| ob == b && z == zone)
-            {
-                slab.open_blocks.swap_remove(i);
-            }
-            self.check_invariant(slab.drop_block(b))?;
+            slab.remove_open_run_block(b, zone);
+            space.devices.check_invariant(slab.drop_block(b))?;
         }
         written
     }
 
     /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
-    fn open_run(&self, zone: usize) -> Result<OpenRun> {
-        for s in self.slab_order(zone) {
-            let mut slab = self.slab(s).lock();
+    fn open_run(&self, space: &Space<'_>, zone: usize) -> Result<OpenRun> {
+        for s in space.depot.order(zone, self.count()) {
+            let mut slab = space.depot.slab(s).lock();
             if slab.free_objects() == 0 {
                 continue;
             }
@@ -299,7 +318,7 @@ impl Inner {
             }
             for b in first..first + len {
                 slab.hold_block(b);
-                slab.open_blocks.push((b, zone));
+                slab.add_open_block(b, zone);
             }
             return Ok(OpenRun {
                 slab: s,
@@ -311,10 +330,10 @@ impl Inner {
             });
         }
         // Space freed since the last checkpoint is not reusable before it: ask for one.
-        self.journal.request_checkpoint();
+        space.journal.request_checkpoint();
         Err(EngineError::NoSpace(format!(
             "all {} data blocks are in use",
-            self.data_blocks
+            space.geometry.data_blocks()
         )))
     }
 
@@ -322,6 +341,7 @@ impl Inner {
     /// data block number. The bytes reach the device when the run fills or at commit.
     pub(crate) fn store_whole(
         &self,
+        space: &Space<'_>,
         zone: usize,
         block: &[u8],
         fingerprint: &[u8; 32],
@@ -330,16 +350,16 @@ impl Inner {
         for _attempt in 0..4 {
             let mut run = match packer.run.take() {
                 Some(r) => r,
-                None => self.open_run(zone)?,
+                None => self.open_run(space, zone)?,
             };
-            let mut slab = self.slab(run.slab).lock();
+            let mut slab = space.depot.slab(run.slab).lock();
             let Some(object) = slab.alloc_object() else {
                 drop(slab);
-                self.close_run(zone, run)?;
+                self.close_run(space, zone, run)?;
                 continue;
             };
             let b = run.first + run.filled;
-            let pbn = self.pbn(run.slab, b);
+            let pbn = space.depot.pbn(run.slab, b);
             slab.hold_block(b);
             if let Some(rec) = slab.rec_mut_stored(object) {
                 *rec = ObjRec {
@@ -354,11 +374,9 @@ impl Inner {
                 dst.copy_from_slice(block);
             }
             run.filled += 1;
-            let object_id = ObjectId(
-                u64::from(run.slab) * u64::from(self.objects_per_slab) + u64::from(object),
-            );
+            let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {
-                self.close_run(zone, run)?;
+                self.close_run(space, zone, run)?;
             } else {
                 packer.run = Some(run);
             }
@@ -398,13 +416,5 @@ impl Inner {
             }
         }
         false
-    }
-
-    /// The zone whose packer has `(slab, block)` open, if any.
-    pub(crate) fn open_zone(slab: &Slab, block: u32) -> Option<usize> {
-        slab.open_blocks
-            .iter()
-            .find(|(b, _)| *b == block)
-            .map(|(_, z)| *z)
     }
 }

@@ -8,29 +8,32 @@
 
 use crate::block_map::VolumeState;
 use crate::counters::Counters;
-use crate::dir_tree::DirTree;
+use crate::devices::Devices;
+use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
-use crate::index::DedupIndex;
 use crate::journal::{read_journal, Journal, Work};
-use crate::packer::Packer;
-use crate::slab::Slab;
+use crate::open_repair::OpenRepair;
+use crate::packer::{Space, Zones};
+use crate::slab_depot::SlabDepot;
+use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
-use fewerbytes_format::catalog::{validate_name, MAX_VOLUMES};
+use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
-use fewerbytes_format::page::{PageKind, PageRef};
+use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
     FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
-use fewerbytes_storage::{FileStorage, Storage, StorageError};
+use fewerbytes_storage::{FileStorage, Storage};
 use parking_lot::{Mutex, RwLock};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub(crate) use crate::checkpoint::{page_slot, PageStore};
+use crate::checkpointer::Checkpointer;
+use crate::page_store::page_slot;
 
 /// Lock stripes serializing writes to the same logical block, so a read-modify-write
 /// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
@@ -40,31 +43,6 @@ pub const LBN_STRIPES: usize = 4096;
 /// Blocks per step of a large request: bounds the journal space one step reserves
 /// and how long it holds the gate.
 pub const BLOCKS_PER_STEP: u64 = 64;
-
-/// Metadata bytes written, by region.
-#[derive(Default)]
-pub(crate) struct RegionBytes {
-    pub super_bytes: AtomicU64,
-    pub journal_bytes: AtomicU64,
-    pub map_bytes: AtomicU64,
-    pub object_bytes: AtomicU64,
-    pub fingerprint_bytes: AtomicU64,
-    pub dir_bytes: AtomicU64,
-    pub catalog_bytes: AtomicU64,
-}
-
-impl RegionBytes {
-    pub fn count_page(&self, kind: PageKind) {
-        let c = match kind {
-            PageKind::Map => &self.map_bytes,
-            PageKind::Objects | PageKind::Counts => &self.object_bytes,
-            PageKind::Fingerprints => &self.fingerprint_bytes,
-            PageKind::Directory => &self.dir_bytes,
-            PageKind::Catalog | PageKind::Counters => &self.catalog_bytes,
-        };
-        c.fetch_add(BLOCK_BYTES as u64, Ordering::Relaxed);
-    }
-}
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,172 +56,62 @@ enum OpenMode {
     Repair,
 }
 
-/// Everything the pool's threads share.
+/// Everything the pool's threads share: the parts, each owning its state.
 pub(crate) struct Inner {
-    pub data: Arc<dyn Storage>,
-    pub meta: Arc<dyn Storage>,
-    pub separate_metadata: bool,
-    pub data_path: String,
-    pub meta_path: Option<String>,
-    pub nonce: u64,
-    pub key: [u8; 32],
-    pub data_offset_bytes: u64,
-    pub data_blocks: u64,
-    pub objects_per_slab: u32,
-    pub slab_count: u32,
-    pub journal_start_block: u64,
-    pub journal_sectors: u64,
-    pub pages_start_block: u64,
-    pub page_slots: u64,
-    pub overcommit: bool,
-    pub addressable_blocks: u64,
-    pub sb: Mutex<SuperBlock>,
+    /// Layout and identity, read-only, from the super block.
+    pub geometry: PoolGeometry,
+    /// The devices and the read-only latch.
+    pub devices: Devices,
     pub gate: RwLock<()>,
-    pub volumes: RwLock<Vec<Option<Arc<VolumeState>>>>,
-    pub next_volume_id: AtomicU64,
-    pub slabs: Vec<Mutex<Slab>>,
-    pub packers: Vec<Mutex<Packer>>,
-    pub index: DedupIndex,
-    pub journal: Journal,
+    /// The volume list.
+    pub volumes: Volumes,
+    /// Slabs: reference counts, free space.
+    pub depot: SlabDepot,
+    /// The zones' packers.
+    pub zones: Zones,
+    pub journal: Arc<Journal>,
     pub stripes: Vec<Mutex<()>>,
-    pub page_store: Mutex<PageStore>,
-    /// Directory tree of the count table (version 2; of the object table while a
-    /// version-1 pool is loaded).
-    pub count_dirs: Mutex<DirTree>,
-    /// Directory tree of the fingerprint table (version 2).
-    pub fp_dirs: Mutex<DirTree>,
-    pub slots_to_free: Mutex<Vec<u32>>,
-    /// Opened read-only: no checkpoint, no upgrade, no write of any kind.
-    pub opened_read_only: bool,
-    pub checkpoint_lock: Mutex<()>,
-    pub commit_lock: Mutex<()>,
-    pub read_only: AtomicBool,
-    pub read_only_reason: Mutex<String>,
+    /// The super block, page store, directory trees and lock of the checkpoints.
+    pub checkpointer: Checkpointer,
     pub counters: Counters,
-    pub meta_written: RegionBytes,
-    pub checkpoints: AtomicU64,
-    pub commits: AtomicU64,
     pub threads: usize,
-    pub closed: AtomicBool,
     /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
     pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
     /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
     /// page-store slot at the next checkpoint, so their number is bounded (see
     /// `wants_checkpoint`).
     pub dirty_pages: Arc<AtomicU64>,
-    /// Fragments freed since the compactor last looked.
-    pub fragment_frees: AtomicU64,
     /// Packed blocks emptied by compaction since open.
     pub compacted_blocks: AtomicU64,
     /// Opened by `check --repair`: what the open may restore (`repair.rs`).
-    pub repair: crate::repair::OpenRepair,
+    pub repair: OpenRepair,
 }
 
 impl Inner {
-    pub fn slab(&self, s: u32) -> &Mutex<Slab> {
-        // Slab numbers come from `slab_order` and from objects checked by
-        // `valid_object` (every map entry at open, every journal record at replay): one
-        // past the end is a bug, and must not wrap round to another slab's records.
-        self.slabs
-            .get(s as usize)
-            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.slabs.len()))
-    }
-    pub fn packer(&self, zone: usize) -> &Mutex<Packer> {
-        pick(&self.packers, zone)
-    }
-    pub fn zone_count(&self) -> usize {
-        self.packers.len()
-    }
-    /// Slabs in the order zone `zone` tries them: its own first, then the rest.
-    pub fn slab_order(&self, zone: usize) -> impl Iterator<Item = u32> + '_ {
-        let zones = self.zone_count();
-        let n = self.slab_count as usize;
-        let own = (zone % zones..n).step_by(zones);
-        let rest = (0..n).filter(move |s| s % zones != zone % zones);
-        own.chain(rest).map(|s| s as u32)
-    }
-
-    /// Latch the pool read-only on an I/O failure.
-    pub fn check_io<T>(&self, r: std::result::Result<T, StorageError>) -> Result<T> {
-        r.map_err(|e| {
-            let err = EngineError::Io(e);
-            self.latch(&err);
-            err
-        })
-    }
-
-    pub fn latch(&self, err: &EngineError) {
-        if matches!(
-            err,
-            EngineError::Io(_) | EngineError::Corrupt { .. } | EngineError::Invariant(_)
-        ) {
-            self.latch_with(format!("latched read-only after: {err}"));
+    /// What the packers work with.
+    pub fn space(&self) -> Space<'_> {
+        Space {
+            depot: &self.depot,
+            devices: &self.devices,
+            geometry: &self.geometry,
+            journal: &self.journal,
         }
     }
 
-    /// Latch the pool read-only for `why` (the first reason wins).
-    pub fn latch_with(&self, why: String) {
-        if !self.read_only.swap(true, Ordering::SeqCst) {
-            tracing::error!("{why}");
-            *self.read_only_reason.lock() = why.clone();
-            self.journal.fail(why);
-        }
-    }
-
-    /// Latch the pool read-only if `r` reports a broken invariant (a count below zero).
-    pub fn check_invariant<T>(&self, r: Result<T>) -> Result<T> {
-        r.inspect_err(|e| self.latch(e))
-    }
-
-    pub fn ensure_writable(&self) -> Result<()> {
-        if self.read_only.load(Ordering::Acquire) {
-            return Err(EngineError::ReadOnly(self.read_only_reason.lock().clone()));
-        }
-        if self.closed.load(Ordering::Acquire) {
-            return Err(EngineError::ReadOnly("the pool is closed".into()));
-        }
-        Ok(())
-    }
-
-    /// One group commit: data of the batch durable, then its journal sectors.
+    /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
+    /// device made durable, then the journal's batch. A failure latches the pool.
     pub fn commit(&self) -> Result<()> {
-        let _c = self.commit_lock.lock();
-        let batch = self.journal.take_batch();
-        let result = (|| {
-            self.flush_packers()?;
-            let r = self.data.flush();
-            self.check_io(r)?;
-            if batch.bytes.is_empty() {
-                return Ok(0);
-            }
-            let r = self.journal.write_batch(self.meta.as_ref(), &batch);
-            let (sectors, bytes) = match r {
-                Ok(v) => v,
-                Err(e) => {
-                    self.latch(&e);
-                    return Err(e);
-                }
-            };
-            self.meta_written
-                .journal_bytes
-                .fetch_add(bytes, Ordering::Relaxed);
-            if self.separate_metadata || sectors > 0 {
-                let r = self.meta.flush();
-                self.check_io(r)?;
-            }
-            Ok(sectors)
-        })();
-        match result {
-            Ok(sectors) => {
-                self.journal.batch_durable(&batch, sectors);
-                self.commits.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(e) => {
-                self.latch(&e);
-                Err(e)
-            }
-        }
+        let data_durable = || {
+            self.zones.flush(&self.space())?;
+            let r = self.devices.data().flush();
+            self.devices.check_io(r)
+        };
+        let r = self.journal.commit(
+            self.devices.meta(),
+            self.devices.separate_metadata(),
+            data_durable,
+        );
+        r.inspect_err(|e| self.devices.latch(e))
     }
 
     fn commit_loop(self: Arc<Self>) {
@@ -272,28 +140,10 @@ impl Inner {
         // Saturating: a heuristic's input; the page store itself refuses a slot past
         // its last, so "none free" is the honest reading of any excess.
         let free = self
-            .page_slots
-            .saturating_sub(self.page_store.lock().used());
+            .geometry
+            .page_slots()
+            .saturating_sub(self.checkpointer.page_store().used());
         self.dirty_pages.load(Ordering::Relaxed) * 2 > free
-    }
-
-    pub fn volume_by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
-        self.volumes
-            .read()
-            .iter()
-            .flatten()
-            .find(|v| v.is_named(name))
-            .cloned()
-            .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
-    }
-
-    pub fn allocated_blocks(&self) -> u64 {
-        self.volumes
-            .read()
-            .iter()
-            .flatten()
-            .map(|v| v.size_blocks())
-            .sum()
     }
 }
 
@@ -612,7 +462,7 @@ impl Pool {
                     opts,
                     mode,
                 )?;
-                if pool.inner.nonce != label.nonce {
+                if pool.inner.geometry.nonce() != label.nonce {
                     return Err(EngineError::Refused(format!(
                         "{} belongs to another pool than the metadata device {}",
                         path.display(),
@@ -781,6 +631,7 @@ impl Pool {
             None => (data.clone(), None),
         };
         let sb = Self::read_super(meta_dev.as_ref())?;
+        let meta = meta_path.map(|p| (meta_dev.clone(), p));
         if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
             return Err(EngineError::Refused(
                 "the pool's metadata layout does not match the devices given".into(),
@@ -796,84 +647,32 @@ impl Pool {
             })
             .clamp(1, 64);
         let zones = threads.min(sb.slab_count as usize).max(1);
+        let geometry = PoolGeometry::from_super(&sb);
         let dirty_pages = Arc::new(AtomicU64::new(0));
-        let slabs = (0..sb.slab_count)
-            .map(|s| {
-                let first = u64::from(s) * u64::from(sb.slab_blocks);
-                let blocks = (sb.data_blocks - first).min(u64::from(sb.slab_blocks)) as u32;
-                Mutex::new(Slab::new(
-                    s,
-                    first,
-                    blocks,
-                    sb.objects_per_slab,
-                    dirty_pages.clone(),
-                ))
-            })
-            .collect();
-        let open_gen = sb.open_gen;
+        let journal = Arc::new(Journal::new(
+            geometry.nonce(),
+            geometry.journal_start_block(),
+            geometry.journal_sectors(),
+            sb.journal_replay_seq,
+            sb.journal_replay_seq,
+            sb.open_gen + 1,
+        ));
         let inner = Arc::new(Inner {
-            data: data.clone(),
-            meta: meta_dev.clone(),
-            separate_metadata: separate,
-            data_path: data.name().to_string(),
-            meta_path,
-            nonce: sb.nonce,
-            key: sb.fingerprint_key,
-            data_offset_bytes: sb.data_offset_bytes,
-            data_blocks: sb.data_blocks,
-            objects_per_slab: sb.objects_per_slab,
-            slab_count: sb.slab_count,
-            journal_start_block: sb.journal_start_block,
-            journal_sectors: sb.journal_sectors,
-            pages_start_block: sb.pages_start_block,
-            page_slots: sb.page_slots,
-            overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
-            // The reserve stays out of what volumes may address: overwriting a full
-            // thick pool stores the new copy before the old one is freed. Saturating:
-            // a reserve past the data region (only a tiny or damaged pool) leaves
-            // nothing addressable, so every write is refused rather than wrap round.
-            addressable_blocks: if sb.flags & FLAG_OVERCOMMIT != 0 {
-                sb.data_blocks.saturating_sub(sb.reserve_blocks)
-                    * crate::geometry::OVERCOMMIT_FACTOR
-            } else {
-                sb.data_blocks.saturating_sub(sb.reserve_blocks)
-            },
-            index: DedupIndex::new(sb.index_entries),
-            journal: Journal::new(
-                sb.nonce,
-                sb.journal_start_block,
-                sb.journal_sectors,
-                sb.journal_replay_seq,
-                sb.journal_replay_seq,
-                open_gen + 1,
-            ),
-            sb: Mutex::new(sb.clone()),
+            devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
+            depot: SlabDepot::new(&geometry, &dirty_pages),
+            zones: Zones::new(zones),
+            journal,
+            checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),
+            geometry,
             gate: RwLock::new(()),
-            volumes: RwLock::new(Vec::new()),
-            next_volume_id: AtomicU64::new(1),
-            slabs,
-            packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
+            volumes: Volumes::new(),
             stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
-            page_store: Mutex::new(PageStore::new(sb.page_slots)),
-            count_dirs: Mutex::new(DirTree::default()),
-            fp_dirs: Mutex::new(DirTree::default()),
-            slots_to_free: Mutex::new(Vec::new()),
-            opened_read_only: mode == OpenMode::ReadOnly,
-            checkpoint_lock: Mutex::new(()),
-            commit_lock: Mutex::new(()),
-            read_only: AtomicBool::new(false),
-            read_only_reason: Mutex::new(String::new()),
             counters: Counters::default(),
-            meta_written: RegionBytes::default(),
-            checkpoints: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
             threads,
-            closed: AtomicBool::new(false),
             compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
             dirty_pages,
-            fragment_frees: AtomicU64::new(0),
             compacted_blocks: AtomicU64::new(0),
-            repair: crate::repair::OpenRepair::new(mode == OpenMode::Repair),
+            repair: OpenRepair::new(mode == OpenMode::Repair),
         });
         inner.load(&sb)?;
         let thread_inner = inner.clone();
@@ -898,26 +697,27 @@ impl Pool {
     /// Geometry and settings.
     pub fn info(&self) -> PoolInfo {
         let i = &self.inner;
-        let sb = i.sb.lock().clone();
+        let g = &i.geometry;
+        let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
         PoolInfo {
-            path: i.data_path.clone(),
-            metadata_path: i.meta_path.clone(),
-            data_device_bytes: sb.data_device_bytes,
-            metadata_device_bytes: sb.metadata_device_bytes,
-            data_bytes: i.data_blocks * block,
-            metadata_bytes: (2 + sb.journal_sectors / 8 + sb.page_slots) * block,
-            addressable_bytes: i.addressable_blocks * block,
-            allocated_bytes: i.allocated_blocks() * block,
-            overcommit: i.overcommit,
-            reserve_bytes: sb.reserve_blocks * block,
-            slab_count: sb.slab_count,
-            slab_blocks: sb.slab_blocks,
-            objects_per_slab: sb.objects_per_slab,
-            journal_bytes: sb.journal_sectors * fewerbytes_format::SECTOR_BYTES as u64,
-            index_entries: i.index.capacity(),
-            dedup_window_bytes: i.index.capacity() * block,
-            index_memory_bytes: i.index.memory_bytes(),
+            path: i.devices.data_path(),
+            metadata_path: i.devices.meta_path(),
+            data_device_bytes: g.data_device_bytes(),
+            metadata_device_bytes: g.metadata_device_bytes(),
+            data_bytes: g.data_blocks() * block,
+            metadata_bytes: g.metadata_blocks() * block,
+            addressable_bytes: g.addressable_blocks() * block,
+            allocated_bytes: i.volumes.allocated_blocks() * block,
+            overcommit: g.overcommit(),
+            reserve_bytes: g.reserve_blocks() * block,
+            slab_count: g.slab_count(),
+            slab_blocks: g.slab_blocks(),
+            objects_per_slab: g.objects_per_slab(),
+            journal_bytes: g.journal_sectors() * fewerbytes_format::SECTOR_BYTES as u64,
+            index_entries: i.depot.index().capacity(),
+            dedup_window_bytes: i.depot.index().capacity() * block,
+            index_memory_bytes: i.depot.index().memory_bytes(),
             threads: i.threads,
             mode: self.mode(),
             format_version: sb.version,
@@ -931,7 +731,7 @@ impl Pool {
                     .collect(),
                 pid: sb.holder.pid,
                 since_unix: sb.holder.open_unix,
-                current: !i.opened_read_only,
+                current: !i.devices.opened_read_only(),
             }),
         }
     }
@@ -940,20 +740,17 @@ impl Pool {
     pub fn latched_reason(&self) -> Option<String> {
         // A pool opened read-only writes nothing, so it never latches: its memory is
         // what its devices hold.
-        if self.inner.opened_read_only {
+        if self.inner.devices.opened_read_only() {
             return None;
         }
-        self.inner
-            .read_only
-            .load(Ordering::Acquire)
-            .then(|| self.inner.read_only_reason.lock().clone())
+        self.inner.devices.latched()
     }
 
     /// Normal, latched read-only, or opened read-only.
     pub fn mode(&self) -> Mode {
-        if self.inner.opened_read_only {
+        if self.inner.devices.opened_read_only() {
             Mode::OpenedReadOnly
-        } else if self.inner.read_only.load(Ordering::Acquire) {
+        } else if self.inner.devices.latched().is_some() {
             Mode::ReadOnly
         } else {
             Mode::Normal
@@ -971,10 +768,10 @@ impl Pool {
         });
         for (o, n) in own {
             let (s, i) = (
-                (o / u64::from(self.inner.objects_per_slab)) as u32,
-                (o % u64::from(self.inner.objects_per_slab)) as u32,
+                (o / u64::from(self.inner.geometry.objects_per_slab())) as u32,
+                (o % u64::from(self.inner.geometry.objects_per_slab())) as u32,
             );
-            let rec = self.inner.slab(s).lock().rec(i);
+            let rec = self.inner.depot.slab(s).lock().rec(i);
             if rec.refcount == n {
                 if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
                     exclusive += loc.stored_bytes();
@@ -985,50 +782,37 @@ impl Pool {
             name: v.name(),
             id: v.id,
             size_bytes: v.size_blocks() * block,
-            logical_used_bytes: v.mapped.load(Ordering::Relaxed).max(0) as u64 * block,
-            zero_bytes: v.zeros.load(Ordering::Relaxed).max(0) as u64 * block,
+            logical_used_bytes: v.mapped_blocks() * block,
+            zero_bytes: v.zero_blocks() * block,
             exclusive_stored_bytes: exclusive,
-            users: v.users.load(Ordering::Relaxed),
+            users: v.users(),
         }
     }
 
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        self.inner
-            .volumes
-            .read()
-            .iter()
-            .flatten()
-            .map(|v| (v.name(), v.size_blocks() * BLOCK_BYTES as u64))
-            .collect()
+        self.inner.volumes.sizes(BLOCK_BYTES as u64)
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let vols: Vec<Arc<VolumeState>> = self
-            .inner
-            .volumes
-            .read()
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let vols = self.inner.volumes.all();
         vols.iter().map(|v| self.volume_info(v)).collect()
     }
 
     fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
         let i = &self.inner;
-        let allocated = i.allocated_blocks();
-        if allocated + extra_blocks > i.addressable_blocks {
+        let allocated = i.volumes.allocated_blocks();
+        if allocated + extra_blocks > i.geometry.addressable_blocks() {
             let block = BLOCK_BYTES as u64;
             return Err(EngineError::Refused(format!(
                 "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
                 human_bytes(extra_blocks * block),
-                human_bytes(i.addressable_blocks * block),
+                human_bytes(i.geometry.addressable_blocks() * block),
                 human_bytes(allocated * block),
-                human_bytes((i.addressable_blocks - allocated.min(i.addressable_blocks)) * block),
-                if i.overcommit { "" } else { "; create the pool with --overcommit to promise more than it stores" }
+                human_bytes((i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks())) * block),
+                if i.geometry.overcommit() { "" } else { "; create the pool with --overcommit to promise more than it stores" }
             )));
         }
         Ok(())
@@ -1050,49 +834,23 @@ impl Pool {
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
 
-    fn free_slot(vols: &[Option<Arc<VolumeState>>]) -> Result<u16> {
-        match vols.iter().position(Option::is_none) {
-            Some(s) => Ok(s as u16),
-            None if vols.len() < MAX_VOLUMES => Ok(vols.len() as u16),
-            None => Err(EngineError::Refused(format!(
-                "a pool holds at most {MAX_VOLUMES} volumes"
-            ))),
-        }
-    }
-
-    fn insert_volume(vols: &mut Vec<Option<Arc<VolumeState>>>, vol: Arc<VolumeState>) {
-        let slot = vol.slot as usize;
-        if vols.len() <= slot {
-            vols.resize(slot + 1, None);
-        }
-        if let Some(v) = vols.get_mut(slot) {
-            *v = Some(vol);
-        }
-    }
-
     /// Create a volume; refused past the pool's addressable size unless overcommitted.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
         validate_name(name).map_err(EngineError::Refused)?;
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
-        i.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        if i.volume_by_name(name).is_ok() {
+        if i.volumes.exists(name) {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
         self.check_capacity(
             size_blocks,
             &format!("volume '{name}' of {}", human_bytes(size_bytes)),
         )?;
-        let vol = {
-            let mut vols = i.volumes.write();
-            let slot = Self::free_slot(&vols)?;
-            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
-            let vol = Arc::new(VolumeState::new(slot, id, name.to_string(), size_blocks));
-            Self::insert_volume(&mut vols, vol.clone());
-            vol
-        };
+        let vol = i.volumes.make(name, size_blocks)?;
+        i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))
     }
@@ -1100,31 +858,30 @@ impl Pool {
     /// Delete a volume; refused while handles are open unless `force`.
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
         let i = &self.inner;
-        i.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
-        let users = vol.users.load(Ordering::Acquire);
+        let vol = i.volumes.by_name(name)?;
+        let users = vol.users();
         if users > 0 && !force {
             return Err(EngineError::VolumeInUse {
                 name: name.to_string(),
                 users,
             });
         }
-        vol.deleted.store(true, Ordering::Release);
+        vol.mark_deleted();
         let mut released = Vec::new();
         vol.for_each_mapped(|_, e| released.extend(e.object()));
         {
-            let mut free = i.slots_to_free.lock();
+            let mut free = Vec::new();
             for page in vol.pages.read().iter() {
                 free.extend(page_slot(&page.lock().durable));
             }
             free.extend(vol.dirs.lock().slots());
+            i.checkpointer.free_after_next(free);
         }
-        if let Some(v) = i.volumes.write().get_mut(vol.slot as usize) {
-            *v = None;
-        }
-        i.release_objects(&released)?;
+        i.volumes.remove(vol.slot);
+        i.depot.release_objects(&i.devices, &released)?;
         i.checkpoint_locked(gate, true)
     }
 
@@ -1137,10 +894,10 @@ impl Pool {
     ) -> Result<VolumeInfo> {
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
-        i.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
+        let vol = i.volumes.by_name(name)?;
         let old = vol.size_blocks();
         if size_blocks > old {
             self.check_capacity(
@@ -1174,12 +931,13 @@ impl Pool {
                     }
                 }
                 let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
-                let mut free = i.slots_to_free.lock();
+                let mut free = Vec::new();
                 for page in pages.iter().skip(keep) {
                     free.extend(page_slot(&page.lock().durable));
                 }
+                i.checkpointer.free_after_next(free);
             }
-            i.release_objects(&released)?;
+            i.depot.release_objects(&i.devices, &released)?;
         }
         vol.set_size(size_blocks);
         i.checkpoint_locked(gate, true)?;
@@ -1190,11 +948,11 @@ impl Pool {
     pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
         validate_name(dst).map_err(EngineError::Refused)?;
         let i = &self.inner;
-        i.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let source = i.volume_by_name(src)?;
-        if i.volume_by_name(dst).is_ok() {
+        let source = i.volumes.by_name(src)?;
+        if i.volumes.exists(dst) {
             return Err(EngineError::VolumeExists(dst.to_string()));
         }
         let size_blocks = source.size_blocks();
@@ -1205,12 +963,7 @@ impl Pool {
                 human_bytes(size_blocks * BLOCK_BYTES as u64)
             ),
         )?;
-        let vol = {
-            let vols = i.volumes.write();
-            let slot = Self::free_slot(&vols)?;
-            let id = i.next_volume_id.fetch_add(1, Ordering::Relaxed);
-            Arc::new(VolumeState::new(slot, id, dst.to_string(), size_blocks))
-        };
+        let vol = i.volumes.make(dst, size_blocks)?;
         let mut shared = Vec::new();
         {
             let from = source.pages.read();
@@ -1228,12 +981,9 @@ impl Pool {
                 }
             }
         }
-        vol.mapped
-            .store(source.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
-        vol.zeros
-            .store(source.zeros.load(Ordering::Relaxed), Ordering::Relaxed);
-        i.add_references(&shared)?;
-        Self::insert_volume(&mut i.volumes.write(), vol.clone());
+        vol.copy_usage(&source);
+        i.depot.add_references(&i.devices, &shared)?;
+        i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))
     }
@@ -1245,16 +995,16 @@ impl Pool {
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
         validate_name(new_name).map_err(EngineError::Refused)?;
         let i = &self.inner;
-        i.ensure_writable()?;
-        let _ck = i.checkpoint_lock.lock();
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(name)?;
-        if i.volume_by_name(new_name).is_ok() {
+        let vol = i.volumes.by_name(name)?;
+        if i.volumes.exists(new_name) {
             return Err(EngineError::VolumeExists(new_name.to_string()));
         }
         // A client attached the volume by its old name (its NBD export): a disk is
         // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
-        let users = vol.users.load(Ordering::Acquire);
+        let users = vol.users();
         if users > 0 {
             return Err(EngineError::Refused(format!(
                 "volume '{name}' is open by {users} client(s): disconnect them to rename it"
@@ -1267,7 +1017,7 @@ impl Pool {
 
     /// Open a handle on a volume.
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
-        let vol = self.inner.volume_by_name(name)?;
+        let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
     }
 
@@ -1295,7 +1045,7 @@ impl Pool {
 
     fn shutdown(&self) -> Result<()> {
         let i = &self.inner;
-        if i.closed.swap(true, Ordering::SeqCst) {
+        if i.devices.close() {
             return Ok(());
         }
         {
@@ -1305,15 +1055,13 @@ impl Pool {
         if let Some(h) = self.compact_thread.lock().take() {
             let _ = h.join();
         }
-        let result = if i.opened_read_only {
+        let result = if i.devices.opened_read_only() {
             Ok(())
-        } else if i.read_only.load(Ordering::Acquire) {
-            Err(EngineError::ClosedLatched(
-                i.read_only_reason.lock().clone(),
-            ))
+        } else if let Some(why) = i.devices.latched() {
+            Err(EngineError::ClosedLatched(why))
         } else {
             // A clean close clears the open-by-host marker.
-            i.sb.lock().holder = Holder::default();
+            i.checkpointer.super_block().holder = Holder::default();
             i.checkpoint()
         };
         i.journal.shutdown();
@@ -1340,7 +1088,7 @@ impl Inner {
             tracing::warn!(
                 "{}: the pool is marked open by {}: that opener did not close it (it \
                  stopped without closing, or another host still has the device open)",
-                self.meta.name(),
+                self.devices.meta().name(),
                 describe_holder(&sb.holder)
             );
         }
@@ -1348,9 +1096,7 @@ impl Inner {
             let catalog = self.load_catalog()?;
             self.load_counters()?;
             self.load_objects(&catalog)?;
-            self.next_volume_id
-                .store(catalog.next_volume_id.max(1), Ordering::Relaxed);
-            let mut vols = self.volumes.write();
+            self.volumes.set_next_id(catalog.next_volume_id);
             // Volumes are created and grown only within the addressable blocks, and a
             // volume's map is sized from its size: a damaged size must not size it.
             let mut volume_blocks_total = 0u64;
@@ -1369,12 +1115,12 @@ impl Inner {
                 }
                 volume_blocks_total =
                     volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-                if volume_blocks_total > self.addressable_blocks {
+                if volume_blocks_total > self.geometry.addressable_blocks() {
                     return Err(corrupt(format!(
                         "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
                         record.name,
                         record.size_bytes,
-                        self.addressable_blocks * BLOCK_BYTES as u64
+                        self.geometry.addressable_blocks() * BLOCK_BYTES as u64
                     )));
                 }
                 let vol = Arc::new(VolumeState::new(
@@ -1384,14 +1130,14 @@ impl Inner {
                     record.size_bytes / BLOCK_BYTES as u64,
                 ));
                 self.load_map(record, &vol)?;
-                Pool::insert_volume(&mut vols, vol);
+                self.volumes.insert(vol);
             }
         }
         let (records, _next) = read_journal(
-            self.meta.as_ref(),
-            self.nonce,
-            self.journal_start_block,
-            self.journal_sectors,
+            self.devices.meta(),
+            self.geometry.nonce(),
+            self.geometry.journal_start_block(),
+            self.geometry.journal_sectors(),
             sb.journal_replay_seq,
             sb.open_gen,
         )?;
@@ -1401,9 +1147,8 @@ impl Inner {
         }
         self.restore_counts()?;
         self.rebuild()?;
-        if self.opened_read_only {
-            self.read_only.store(true, Ordering::SeqCst);
-            *self.read_only_reason.lock() = "opened read-only".into();
+        if self.devices.opened_read_only() {
+            self.devices.latch_opened_read_only();
             return Ok(());
         }
         let upgrade = sb.version == FORMAT_VERSION_1;
@@ -1413,7 +1158,7 @@ impl Inner {
         // A fresh checkpoint in the new open generation retires the replayed journal
         // and records who holds the pool.
         {
-            let mut current = self.sb.lock();
+            let mut current = self.checkpointer.super_block();
             current.open_gen = sb.open_gen + 1;
             current.holder = this_holder();
         }
@@ -1425,7 +1170,7 @@ impl Inner {
             self.checkpoint()?;
             tracing::info!(
                 "{}: upgraded to format version {FORMAT_VERSION}",
-                self.meta.name()
+                self.devices.meta().name()
             );
         }
         Ok(())

@@ -11,7 +11,6 @@ use crate::{EngineError, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 fn corrupt(reason: String) -> EngineError {
     EngineError::Corrupt {
@@ -23,29 +22,10 @@ fn corrupt(reason: String) -> EngineError {
 }
 
 impl Inner {
-    pub(crate) fn split_object(&self, o: ObjectId) -> (u32, u32) {
-        (
-            (o.0 / u64::from(self.objects_per_slab)) as u32,
-            (o.0 % u64::from(self.objects_per_slab)) as u32,
-        )
-    }
-
-    pub(crate) fn valid_object(&self, o: ObjectId) -> bool {
-        o.0 < u64::from(self.slab_count) * u64::from(self.objects_per_slab)
-    }
-
-    /// Whether a location lies in the data region and in the slab its object belongs to.
-    pub(crate) fn valid_location(&self, slab: u32, loc: Location) -> bool {
-        let (first, count) = loc.blocks();
-        let slab_first = u64::from(slab) * u64::from(crate::geometry::SLAB_BLOCKS);
-        let slab_end = (slab_first + u64::from(crate::geometry::SLAB_BLOCKS)).min(self.data_blocks);
-        first >= slab_first && first + count <= slab_end
-    }
-
     /// Apply journal records in order.
     pub(crate) fn replay(&self, records: &[Record]) -> Result<()> {
         let mut deltas: HashMap<u64, i64> = HashMap::new();
-        let vols = self.volumes.read();
+        let vols = self.volumes.by_slot();
         let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
             if let Some(o) = new.object() {
                 *deltas.entry(o.0).or_insert(0) += 1;
@@ -64,13 +44,13 @@ impl Inner {
                     let o = ObjectId(object);
                     let loc = Location::decode(location)
                         .map_err(|e| corrupt(format!("record {n}: {e}")))?;
-                    let (s, i) = self.split_object(o);
-                    if !self.valid_object(o) || !self.valid_location(s, loc) {
+                    let (s, i) = self.depot.split_object(o);
+                    if !self.depot.valid_object(o) || !self.depot.valid_location(s, loc) {
                         return Err(corrupt(format!(
                             "record {n}: object {object} at {loc:?} is outside the pool"
                         )));
                     }
-                    let mut slab = self.slab(s).lock();
+                    let mut slab = self.depot.slab(s).lock();
                     if let Some(rec) = slab.rec_mut_stored(i) {
                         rec.location = location;
                         rec.fingerprint = fingerprint;
@@ -79,7 +59,7 @@ impl Inner {
                 Record::MapSet { volume, lbn, entry } => {
                     let vol = volume_in(&vols, volume, n)?;
                     if lbn >= vol.size_blocks()
-                        || entry.object().is_some_and(|o| !self.valid_object(o))
+                        || entry.object().is_some_and(|o| !self.depot.valid_object(o))
                     {
                         return Err(corrupt(format!(
                             "record {n}: block {lbn} of volume '{}' or its entry is out of range",
@@ -132,8 +112,8 @@ impl Inner {
             if d == 0 {
                 continue;
             }
-            let (s, i) = self.split_object(ObjectId(o));
-            let mut slab = self.slab(s).lock();
+            let (s, i) = self.depot.split_object(ObjectId(o));
+            let mut slab = self.depot.slab(s).lock();
             let Some(rec) = slab.rec_mut(i) else {
                 return Err(corrupt(format!("object {o} outside its slab")));
             };
@@ -155,8 +135,8 @@ impl Inner {
 
     /// Rebuild allocation state, the index and usage counts from the tables.
     pub(crate) fn rebuild(&self) -> Result<()> {
-        for s in 0..self.slab_count {
-            let mut slab = self.slab(s).lock();
+        for s in 0..self.geometry.slab_count() {
+            let mut slab = self.depot.slab(s).lock();
             for (i, rec) in slab.rebuild() {
                 let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
                     region: "slab object page",
@@ -164,7 +144,7 @@ impl Inner {
                     device: "metadata",
                     reason: format!("object {i} of slab {s}: {e}"),
                 })?;
-                if !self.valid_location(s, loc) {
+                if !self.depot.valid_location(s, loc) {
                     return Err(EngineError::Corrupt {
                         region: "slab object page",
                         block: 0,
@@ -172,19 +152,21 @@ impl Inner {
                         reason: format!("object {i} of slab {s} lies outside its slab"),
                     });
                 }
-                self.index.insert(
+                self.depot.index().insert(
                     &rec.fingerprint,
-                    ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i)),
+                    ObjectId(
+                        u64::from(s) * u64::from(self.geometry.objects_per_slab()) + u64::from(i),
+                    ),
                 );
             }
         }
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             let (mut mapped, mut zeros) = (0i64, 0i64);
             let mut bad = None;
             vol.for_each_mapped(|lbn, e| match e {
                 MapEntry::Object(o) => {
                     mapped += 1;
-                    if !self.valid_object(o) {
+                    if !self.depot.valid_object(o) {
                         bad = Some(lbn);
                     }
                 }
@@ -202,8 +184,7 @@ impl Inner {
                     ),
                 });
             }
-            vol.mapped.store(mapped, Ordering::Relaxed);
-            vol.zeros.store(zeros, Ordering::Relaxed);
+            vol.set_usage(mapped, zeros);
         }
         Ok(())
     }

@@ -75,23 +75,6 @@ pub struct RepairReport {
     pub damage_left: Vec<String>,
 }
 
-/// What an open for repair may do, and what it did (reported by the repair).
-pub(crate) struct OpenRepair {
-    /// Opened by [`Pool::open_for_repair`].
-    enabled: bool,
-    /// Counts the open restored, one sentence each.
-    restored: parking_lot::Mutex<Vec<String>>,
-}
-
-impl OpenRepair {
-    pub(crate) fn new(enabled: bool) -> OpenRepair {
-        OpenRepair {
-            enabled,
-            restored: parking_lot::Mutex::new(Vec::new()),
-        }
-    }
-}
-
 /// A map entry naming an object that is not stored.
 struct Dangling {
     volume: String,
@@ -109,17 +92,17 @@ impl Pool {
     ) -> Result<RepairReport> {
         let i = &self.inner;
         if options.apply {
-            i.ensure_writable()?;
+            i.devices.ensure_writable()?;
         }
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         if options.apply {
             // Open blocks and runs hold blocks no record names; closing them makes
             // every holder one a record accounts for.
-            i.release_open_space()?;
+            i.zones.release_open_space(&i.space())?;
         }
         let mut report = RepairReport {
-            repairs: std::mem::take(&mut *i.repair.restored.lock()),
+            repairs: i.repair.take_restored(),
             ..RepairReport::default()
         };
         // Holders against the records as they are (a freed leak's blocks are not a
@@ -153,13 +136,13 @@ impl Inner {
     pub(crate) fn restore_counts(&self) -> Result<()> {
         // Object id → (references, the first volume and block naming it).
         let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             vol.for_each_mapped(|lbn, e| {
-                let Some(o) = e.object().filter(|&o| self.valid_object(o)) else {
+                let Some(o) = e.object().filter(|&o| self.depot.valid_object(o)) else {
                     return;
                 };
-                let (s, idx) = self.split_object(o);
-                let rec = self.slab(s).lock().rec(idx);
+                let (s, idx) = self.depot.split_object(o);
+                let rec = self.depot.slab(s).lock().rec(idx);
                 if rec.refcount == 0 && rec.fingerprint != [0; 32] {
                     found.entry(o.0).or_insert_with(|| (0, vol.name(), lbn)).0 += 1;
                 }
@@ -168,7 +151,7 @@ impl Inner {
         let Some((&first, (refs, volume, lbn))) = found.iter().next() else {
             return Ok(());
         };
-        if !self.repair.enabled {
+        if !self.repair.enabled() {
             return Err(EngineError::Corrupt {
                 region: "slab object page",
                 block: 0,
@@ -185,9 +168,9 @@ impl Inner {
             if !self.stored(o) {
                 continue;
             }
-            let (s, idx) = self.split_object(o);
+            let (s, idx) = self.depot.split_object(o);
             let count = refs.min(u64::from(REFCOUNT_MAX)) as u32;
-            if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+            if let Some(rec) = self.depot.slab(s).lock().rec_mut(idx) {
                 rec.refcount = count;
             }
             let sentence = match self.read_object(o, &mut buf, Wait::Yes) {
@@ -195,7 +178,7 @@ impl Inner {
                     "object {id}: reference count 0 → {count} (its data matches its fingerprint)"
                 ),
                 Err(EngineError::Corrupt { reason, .. }) => {
-                    if let Some(rec) = self.slab(s).lock().rec_mut(idx) {
+                    if let Some(rec) = self.depot.slab(s).lock().rec_mut(idx) {
                         rec.refcount = 0;
                     }
                     format!(
@@ -205,7 +188,7 @@ impl Inner {
                 Err(e) => return Err(e),
             };
             tracing::warn!("{sentence}");
-            self.repair.restored.lock().push(sentence);
+            self.repair.record(sentence);
         }
         Ok(())
     }
@@ -213,13 +196,13 @@ impl Inner {
     /// Whether object `o` is stored: its record has a fingerprint and a location in
     /// its own slab. A free record is all zeros.
     fn stored(&self, o: ObjectId) -> bool {
-        if !self.valid_object(o) {
+        if !self.depot.valid_object(o) {
             return false;
         }
-        let (s, idx) = self.split_object(o);
-        let rec = self.slab(s).lock().rec(idx);
+        let (s, idx) = self.depot.split_object(o);
+        let rec = self.depot.slab(s).lock().rec(idx);
         rec.fingerprint != [0; 32]
-            && Location::decode(rec.location).is_ok_and(|loc| self.valid_location(s, loc))
+            && Location::decode(rec.location).is_ok_and(|loc| self.depot.valid_location(s, loc))
     }
 
     /// References from every map, per object id; entries naming objects that are not
@@ -230,7 +213,7 @@ impl Inner {
         progress: &dyn Fn(RepairPhase, u64, u64),
         report: &mut RepairReport,
     ) -> HashMap<u64, u64> {
-        let vols: Vec<_> = self.volumes.read().iter().flatten().cloned().collect();
+        let vols = self.volumes.all();
         let pages_total: u64 = vols.iter().map(|v| v.pages.read().len() as u64).sum();
         let mut pages_done = 0u64;
         let mut refs: HashMap<u64, u64> = HashMap::new();
@@ -278,7 +261,7 @@ impl Inner {
             ));
             report.lost_bytes += BLOCK;
             if apply {
-                if let Ok(vol) = self.volume_by_name(&d.volume) {
+                if let Ok(vol) = self.volumes.by_name(&d.volume) {
                     let pages = vol.pages.read();
                     if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
                         page.lock().set(
@@ -301,9 +284,9 @@ impl Inner {
         progress: &dyn Fn(RepairPhase, u64, u64),
         report: &mut RepairReport,
     ) {
-        let objects_per_slab = u64::from(self.objects_per_slab);
-        for s in 0..self.slab_count {
-            let mut slab = self.slab(s).lock();
+        let objects_per_slab = u64::from(self.geometry.objects_per_slab());
+        for s in 0..self.geometry.slab_count() {
+            let mut slab = self.depot.slab(s).lock();
             for idx in 0..slab.objects() {
                 let rec = slab.rec(idx);
                 if rec.refcount == 0 && rec.fingerprint == [0; 32] {
@@ -330,7 +313,7 @@ impl Inner {
                         if let Some(r) = slab.rec_mut(idx) {
                             *r = Default::default();
                         }
-                        self.index.remove(&rec.fingerprint, ObjectId(id));
+                        self.depot.index().remove(&rec.fingerprint, ObjectId(id));
                     }
                 } else {
                     report.repairs.push(format!(
@@ -347,7 +330,7 @@ impl Inner {
             progress(
                 RepairPhase::CheckingObjects,
                 u64::from(s) + 1,
-                u64::from(self.slab_count),
+                u64::from(self.geometry.slab_count()),
             );
         }
         // Every counted reference was to a stored object, whose record the loop saw.
@@ -362,9 +345,9 @@ impl Inner {
         } else {
             "would be corrected"
         };
-        for s in 0..self.slab_count {
-            let slab = self.slab(s).lock();
-            let mut found = vec![0u32; slab.blocks as usize];
+        for s in 0..self.geometry.slab_count() {
+            let slab = self.depot.slab(s).lock();
+            let mut found = vec![0u32; slab.block_count() as usize];
             for idx in 0..slab.objects() {
                 let rec = slab.rec(idx);
                 if rec.refcount == 0 {
@@ -374,7 +357,7 @@ impl Inner {
                     let (first, count) = loc.blocks();
                     for b in first..first + count {
                         if let Some(h) = b
-                            .checked_sub(slab.first_pbn)
+                            .checked_sub(slab.first_pbn())
                             .and_then(|local| found.get_mut(local as usize))
                         {
                             *h += 1;
@@ -382,7 +365,7 @@ impl Inner {
                     }
                 }
             }
-            for &(b, _) in &slab.open_blocks {
+            for b in slab.open_block_numbers() {
                 if let Some(h) = found.get_mut(b as usize) {
                     *h += 1;
                 }
@@ -412,10 +395,10 @@ impl Inner {
         progress: &dyn Fn(RepairPhase, u64, u64),
         report: &mut RepairReport,
     ) -> Result<()> {
-        let objects_per_slab = u64::from(self.objects_per_slab);
+        let objects_per_slab = u64::from(self.geometry.objects_per_slab());
         let mut live = Vec::new();
-        for s in 0..self.slab_count {
-            let slab = self.slab(s).lock();
+        for s in 0..self.geometry.slab_count() {
+            let slab = self.depot.slab(s).lock();
             live.extend(
                 (0..slab.objects())
                     .filter(|&idx| slab.rec(idx).refcount > 0)
@@ -442,7 +425,7 @@ impl Inner {
             return Ok(());
         }
         let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for vol in self.volumes.read().iter().flatten() {
+        for vol in self.volumes.all() {
             vol.for_each_mapped(|lbn, e| {
                 if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
                     users.entry(o.0).or_default().push(format!(
@@ -475,7 +458,7 @@ impl Pool {
     /// The object `lbn` of `volume` maps to, if any.
     #[doc(hidden)]
     pub fn object_of(&self, volume: &str, lbn: u64) -> Result<Option<u64>> {
-        let vol = self.inner.volume_by_name(volume)?;
+        let vol = self.inner.volumes.by_name(volume)?;
         Ok(vol.get(lbn).object().map(|o| o.0))
     }
 
@@ -483,10 +466,10 @@ impl Pool {
     #[doc(hidden)]
     pub fn damage_reference_count(&self, object: u64, count: u32) -> Result<()> {
         let i = &self.inner;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let (s, idx) = i.split_object(ObjectId(object));
-        if let Some(rec) = i.slab(s).lock().rec_mut(idx) {
+        let (s, idx) = i.depot.split_object(ObjectId(object));
+        if let Some(rec) = i.depot.slab(s).lock().rec_mut(idx) {
             rec.refcount = count;
         }
         i.checkpoint_locked(gate, true)
@@ -497,9 +480,9 @@ impl Pool {
     #[doc(hidden)]
     pub fn damage_map_entry(&self, volume: &str, lbn: u64, object: Option<u64>) -> Result<()> {
         let i = &self.inner;
-        let _ck = i.checkpoint_lock.lock();
+        let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
-        let vol = i.volume_by_name(volume)?;
+        let vol = i.volumes.by_name(volume)?;
         let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
         {
             let pages = vol.pages.read();

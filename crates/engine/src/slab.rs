@@ -100,14 +100,47 @@ impl Bitmap {
     }
 }
 
+/// What one slab holds, for statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlabUsage {
+    /// Blocks in use. Blocks freed since the last checkpoint stay allocated until it
+    /// (their bytes may still be named by a durable mapping) but are not counted here.
+    pub used_blocks: u64,
+    /// Blocks freed since the last checkpoint.
+    pub pending_blocks: u64,
+    /// Live objects.
+    pub objects: u64,
+    /// References beyond each object's first: blocks dedup saved.
+    pub dedup_saved_blocks: u64,
+    /// Live objects stored as compressed fragments.
+    pub fragments: u64,
+    /// Their compressed bytes.
+    pub fragment_bytes: u64,
+    /// Live objects stored as whole blocks.
+    pub whole_blocks: u64,
+}
+
+impl SlabUsage {
+    /// Add another slab's usage.
+    pub fn add(&mut self, other: &SlabUsage) {
+        self.used_blocks += other.used_blocks;
+        self.pending_blocks += other.pending_blocks;
+        self.objects += other.objects;
+        self.dedup_saved_blocks += other.dedup_saved_blocks;
+        self.fragments += other.fragments;
+        self.fragment_bytes += other.fragment_bytes;
+        self.whole_blocks += other.whole_blocks;
+    }
+}
+
 /// One slab.
 pub struct Slab {
     /// Slab number.
-    pub index: u32,
+    index: u32,
     /// First data block (data-region relative).
-    pub first_pbn: u64,
+    first_pbn: u64,
     /// Data blocks in this slab (the last slab may be short).
-    pub blocks: u32,
+    blocks: u32,
     /// Object pages, allocated when first used.
     pub pages: Vec<Option<ObjPage>>,
     /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each.
@@ -124,7 +157,7 @@ pub struct Slab {
     pending_objects: Vec<u32>,
     pending_blocks: Vec<u32>,
     /// Blocks open in a packer, and which zone's packer (for reads of unwritten bytes).
-    pub open_blocks: Vec<(u32, usize)>,
+    open_blocks: Vec<(u32, usize)>,
     /// Pages of the pool turned dirty since the last checkpoint (shared pool-wide).
     dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -157,6 +190,79 @@ impl Slab {
             open_blocks: Vec::new(),
             dirty_pages,
         }
+    }
+
+    /// What the slab holds now.
+    pub fn usage(&self) -> SlabUsage {
+        let mut u = SlabUsage {
+            used_blocks: u64::from(self.used_blocks() - self.pending_blocks()),
+            pending_blocks: u64::from(self.pending_blocks()),
+            ..SlabUsage::default()
+        };
+        for page in self.pages.iter().flatten() {
+            for rec in page.recs.iter().filter(|r| r.refcount > 0) {
+                u.objects += 1;
+                u.dedup_saved_blocks += u64::from(rec.refcount - 1);
+                match Location::decode(rec.location) {
+                    Ok(Location::Fragment { len_bytes, .. }) => {
+                        u.fragments += 1;
+                        u.fragment_bytes += u64::from(len_bytes);
+                    }
+                    Ok(Location::Block { .. }) => u.whole_blocks += 1,
+                    Err(_) => {}
+                }
+            }
+        }
+        u
+    }
+
+    /// First data block (data-region relative).
+    pub fn first_pbn(&self) -> u64 {
+        self.first_pbn
+    }
+
+    /// Data blocks in this slab.
+    pub fn block_count(&self) -> u32 {
+        self.blocks
+    }
+
+    /// Note that zone `zone`'s packer holds block `b` open.
+    pub fn add_open_block(&mut self, b: u32, zone: usize) {
+        self.open_blocks.push((b, zone));
+    }
+
+    /// Zone `zone`'s packer no longer holds block `b` open (every note of it).
+    pub fn remove_open_block(&mut self, b: u32, zone: usize) {
+        self.open_blocks.retain(|&(ob, z)| !(ob == b && z == zone));
+    }
+
+    /// Zone `zone`'s packer no longer holds block `b` of its run open (one note).
+    pub fn remove_open_run_block(&mut self, b: u32, zone: usize) {
+        if let Some(i) = self
+            .open_blocks
+            .iter()
+            .position(|&(ob, z)| ob == b && z == zone)
+        {
+            self.open_blocks.swap_remove(i);
+        }
+    }
+
+    /// Whether some packer holds block `b` open.
+    pub fn is_open(&self, b: u32) -> bool {
+        self.open_blocks.iter().any(|(ob, _)| *ob == b)
+    }
+
+    /// The blocks a packer holds open.
+    pub fn open_block_numbers(&self) -> Vec<u32> {
+        self.open_blocks.iter().map(|(b, _)| *b).collect()
+    }
+
+    /// The zone whose packer has block `block` open, if any.
+    pub fn open_zone(&self, block: u32) -> Option<usize> {
+        self.open_blocks
+            .iter()
+            .find(|(b, _)| *b == block)
+            .map(|(_, z)| *z)
     }
 
     /// Object slots in this slab.

@@ -2,6 +2,7 @@
 
 use crate::api::*;
 use crate::pool::Pool;
+use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::IoSnapshot;
@@ -21,44 +22,32 @@ impl Pool {
     /// Statistics.
     pub fn stats(&self) -> PoolStats {
         let i = &self.inner;
-        let mut pending_blocks = 0u64;
-        let (mut used_blocks, mut objects, mut fragments, mut fragment_bytes, mut whole, mut saved) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        for s in 0..i.slab_count {
-            let slab = i.slab(s).lock();
-            // Blocks freed since the last checkpoint stay allocated until it (their
-            // bytes may still be named by a durable mapping) but are no longer used.
-            used_blocks += u64::from(slab.used_blocks() - slab.pending_blocks());
-            pending_blocks += u64::from(slab.pending_blocks());
-            for page in slab.pages.iter().flatten() {
-                for rec in page.recs.iter().filter(|r| r.refcount > 0) {
-                    objects += 1;
-                    saved += u64::from(rec.refcount - 1);
-                    match Location::decode(rec.location) {
-                        Ok(Location::Fragment { len_bytes, .. }) => {
-                            fragments += 1;
-                            fragment_bytes += u64::from(len_bytes);
-                        }
-                        Ok(Location::Block { .. }) => whole += 1,
-                        Err(_) => {}
-                    }
-                }
-            }
+        let mut total = SlabUsage::default();
+        for slab in i.depot.iter() {
+            total.add(&slab.lock().usage());
         }
+        let SlabUsage {
+            used_blocks,
+            pending_blocks,
+            objects,
+            dedup_saved_blocks: saved,
+            fragments,
+            fragment_bytes,
+            whole_blocks: whole,
+        } = total;
         // Saturating, here and for the waste below: display figures. A miscount
         // shows as zero; `check` (the audit below) is what reports counts that disagree.
         let packed_blocks = used_blocks.saturating_sub(whole);
         let volumes: Vec<VolumeStats> = i
             .volumes
-            .read()
+            .all()
             .iter()
-            .flatten()
             .map(|v| VolumeStats {
                 name: v.name(),
                 size_bytes: v.size_blocks() * BLOCK,
-                logical_used_bytes: v.mapped.load(Relaxed).max(0) as u64 * BLOCK,
-                zero_bytes: v.zeros.load(Relaxed).max(0) as u64 * BLOCK,
-                counters: v.counters.snapshot(),
+                logical_used_bytes: v.mapped_blocks() * BLOCK,
+                zero_bytes: v.zero_blocks() * BLOCK,
+                counters: v.counters().snapshot(),
             })
             .collect();
         let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
@@ -70,14 +59,14 @@ impl Pool {
             100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
         };
         let info = self.info();
-        let m = &i.meta_written;
         let (journal_used, journal_sectors) = i.journal.usage();
         PoolStats {
-            path: i.data_path.clone(),
+            path: i.devices.data_path(),
             mode: self.mode(),
-            data_bytes: i.data_blocks * BLOCK,
+            data_bytes: i.geometry.data_blocks() * BLOCK,
             data_used_bytes,
-            data_free_bytes: (i.data_blocks - (used_blocks + pending_blocks).min(i.data_blocks))
+            data_free_bytes: (i.geometry.data_blocks()
+                - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
                 * BLOCK,
             data_freeing_bytes: pending_blocks * BLOCK,
             metadata_bytes: info.metadata_bytes,
@@ -93,29 +82,21 @@ impl Pool {
             compacted_blocks: i.compacted_blocks.load(Relaxed),
             dedup_saved_blocks: saved,
             counters: i.counters.snapshot(),
-            data_device: device_io(i.data.counters().snapshot()),
-            metadata_device: if i.separate_metadata {
-                device_io(i.meta.counters().snapshot())
+            data_device: device_io(i.devices.data().counters().snapshot()),
+            metadata_device: if i.devices.separate_metadata() {
+                device_io(i.devices.meta().counters().snapshot())
             } else {
-                device_io(i.data.counters().snapshot())
+                device_io(i.devices.data().counters().snapshot())
             },
-            metadata_written_by_region: vec![
-                ("super block".into(), m.super_bytes.load(Relaxed)),
-                ("journal".into(), m.journal_bytes.load(Relaxed)),
-                ("block map pages".into(), m.map_bytes.load(Relaxed)),
-                ("slab object pages".into(), m.object_bytes.load(Relaxed)),
-                (
-                    "fingerprint pages".into(),
-                    m.fingerprint_bytes.load(Relaxed),
-                ),
-                ("directory pages".into(), m.dir_bytes.load(Relaxed)),
-                ("catalog pages".into(), m.catalog_bytes.load(Relaxed)),
-            ],
-            checkpoints: i.checkpoints.load(Relaxed),
-            journal_commits: i.commits.load(Relaxed),
+            metadata_written_by_region: i
+                .checkpointer
+                .written()
+                .by_region(i.journal.written_bytes()),
+            checkpoints: i.checkpointer.taken(),
+            journal_commits: i.journal.commits(),
             threads: i.threads,
             limits: vec![
-                ("zones (packers)".into(), i.zone_count() as u64),
+                ("zones (packers)".into(), i.zones.count() as u64),
                 ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
                 (
                     "read-modify-write attempts".into(),
@@ -131,10 +112,13 @@ impl Pool {
                     "journal commit threshold bytes".into(),
                     crate::journal::COMMIT_BYTES_THRESHOLD,
                 ),
-                ("index entries".into(), i.index.capacity()),
-                ("index memory bytes".into(), i.index.memory_bytes()),
-                ("page store slots".into(), i.page_slots),
-                ("page store slots in use".into(), i.page_store.lock().used()),
+                ("index entries".into(), i.depot.index().capacity()),
+                ("index memory bytes".into(), i.depot.index().memory_bytes()),
+                ("page store slots".into(), i.geometry.page_slots()),
+                (
+                    "page store slots in use".into(),
+                    i.checkpointer.page_store().used(),
+                ),
             ],
             volumes,
         }
@@ -143,13 +127,17 @@ impl Pool {
     /// Every on-disk region.
     pub fn regions(&self) -> Vec<Region> {
         let i = &self.inner;
-        let sb = i.sb.lock().clone();
-        let meta_dev = if i.separate_metadata {
+        let g = &i.geometry;
+        let version = i.checkpointer.super_block().version;
+        let meta_dev = if i.devices.separate_metadata() {
             "metadata"
         } else {
             "data"
         };
-        let meta_path = i.meta_path.clone().unwrap_or_else(|| i.data_path.clone());
+        let meta_path = i
+            .devices
+            .meta_path()
+            .unwrap_or_else(|| i.devices.data_path());
         let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
             name: name.into(),
             device: device.into(),
@@ -165,30 +153,36 @@ impl Pool {
                 "recovery journal",
                 meta_dev,
                 &meta_path,
-                sb.journal_start_block,
-                sb.journal_sectors / 8,
+                g.journal_start_block(),
+                g.journal_sectors() / 8,
             ),
             region(
-                if sb.version == fewerbytes_format::FORMAT_VERSION_1 {
+                if version == fewerbytes_format::FORMAT_VERSION_1 {
                     "page store (block maps, slab object tables, directories, catalog)"
                 } else {
                     "page store (block maps, object counts, fingerprints, directories, catalog)"
                 },
                 meta_dev,
                 &meta_path,
-                sb.pages_start_block,
-                sb.page_slots,
+                g.pages_start_block(),
+                g.page_slots(),
             ),
         ];
-        if i.separate_metadata {
-            out.push(region("data device label", "data", &i.data_path, 0, 2));
+        if i.devices.separate_metadata() {
+            out.push(region(
+                "data device label",
+                "data",
+                &i.devices.data_path(),
+                0,
+                2,
+            ));
         }
         out.push(region(
             "data (slabs)",
             "data",
-            &i.data_path,
-            sb.data_offset_bytes / BLOCK,
-            sb.data_blocks,
+            &i.devices.data_path(),
+            g.data_offset_bytes() / BLOCK,
+            g.data_blocks(),
         ));
         out
     }
@@ -204,7 +198,10 @@ impl Pool {
             let _gate = i.gate.write();
             AuditSnapshot::take(i)
         };
-        snapshot.check(i.slab_count, u64::from(i.objects_per_slab))
+        snapshot.check(
+            i.geometry.slab_count(),
+            u64::from(i.geometry.objects_per_slab()),
+        )
     }
 }
 
@@ -228,12 +225,12 @@ struct SlabSnapshot {
 impl AuditSnapshot {
     fn take(i: &crate::pool::Inner) -> AuditSnapshot {
         let mut refs = Vec::new();
-        for vol in i.volumes.read().iter().flatten() {
+        for vol in i.volumes.all() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
         }
-        let slabs = (0..i.slab_count)
+        let slabs = (0..i.geometry.slab_count())
             .map(|s| {
-                let slab = i.slab(s).lock();
+                let slab = i.depot.slab(s).lock();
                 let records = (0..slab.objects())
                     .filter_map(|idx| {
                         let rec = slab.rec(idx);
@@ -245,10 +242,10 @@ impl AuditSnapshot {
                     })
                     .collect();
                 SlabSnapshot {
-                    first_pbn: slab.first_pbn,
+                    first_pbn: slab.first_pbn(),
                     records,
-                    holders: (0..slab.blocks).map(|b| slab.holders(b)).collect(),
-                    open_blocks: slab.open_blocks.iter().map(|(b, _)| *b).collect(),
+                    holders: (0..slab.block_count()).map(|b| slab.holders(b)).collect(),
+                    open_blocks: slab.open_block_numbers(),
                 }
             })
             .collect();

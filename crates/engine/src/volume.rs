@@ -10,9 +10,10 @@ use crate::counters::add;
 use crate::error::within_mut;
 use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
 use crate::recovery::range_result;
-use crate::slab::{ObjRec, REFCOUNT_MAX};
+use crate::slab::ObjRec;
 use crate::{EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
+use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
 use std::cell::{Cell, RefCell};
@@ -22,9 +23,9 @@ use std::sync::Arc;
 /// A compressed form is kept only if it saves at least an eighth of the block.
 pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
 /// Journal bytes one block may need: a new object and a map change.
-const JOURNAL_BYTES_PER_BLOCK: u64 = 48 + 16;
+const JOURNAL_BYTES_PER_BLOCK: u64 = (NEW_OBJECT_BYTES + MAP_SET_BYTES) as u64;
 /// Journal bytes one page of a range operation needs.
-const JOURNAL_BYTES_PER_RANGE: u64 = 24;
+const JOURNAL_BYTES_PER_RANGE: u64 = RANGE_SET_BYTES as u64;
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
 thread_local! {
@@ -52,7 +53,7 @@ struct Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.vol.users.fetch_sub(1, Ordering::AcqRel);
+        self.vol.detach();
     }
 }
 
@@ -64,7 +65,7 @@ pub struct Volume {
 
 impl Volume {
     pub(crate) fn new(pool: Arc<Pool>, vol: Arc<VolumeState>) -> Self {
-        vol.users.fetch_add(1, Ordering::AcqRel);
+        vol.attach();
         Volume {
             h: Arc::new(Handle { pool, vol }),
         }
@@ -86,7 +87,7 @@ impl Volume {
 
     fn check(&self, op: &'static str, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         let size_bytes = self.size_bytes();
@@ -130,7 +131,7 @@ impl Volume {
     /// The read path, under the gate. Returns false if it stopped rather than wait.
     fn read_blocks(&self, offset_bytes: u64, buf: &mut [u8], wait: Wait) -> Result<bool> {
         let inner = self.inner();
-        if self.h.vol.deleted.load(Ordering::Acquire) {
+        if self.h.vol.is_deleted() {
             return Err(EngineError::VolumeGone(self.h.vol.name()));
         }
         let mut block = [0u8; BLOCK_BYTES];
@@ -158,7 +159,7 @@ impl Volume {
             pos += n;
         }
         add(&inner.counters.guest_bytes_read, buf.len() as u64);
-        add(&self.h.vol.counters.guest_bytes_read, buf.len() as u64);
+        add(&self.h.vol.counters().guest_bytes_read, buf.len() as u64);
         Ok(true)
     }
 
@@ -168,7 +169,7 @@ impl Volume {
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check("write", offset_bytes, data.len() as u64)?;
         let inner = self.inner();
-        inner.ensure_writable()?;
+        inner.devices.ensure_writable()?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {
@@ -189,7 +190,10 @@ impl Volume {
             pos += n;
         }
         add(&inner.counters.guest_bytes_written, data.len() as u64);
-        add(&self.h.vol.counters.guest_bytes_written, data.len() as u64);
+        add(
+            &self.h.vol.counters().guest_bytes_written,
+            data.len() as u64,
+        );
         if fua {
             self.h.pool.flush()?;
         }
@@ -210,11 +214,11 @@ impl Volume {
         loop {
             match self.write_step(offset_bytes, data) {
                 Err(EngineError::NoSpace(why)) => {
-                    inner.release_open_space()?;
+                    inner.zones.release_open_space(&inner.space())?;
                     inner.checkpoint()?;
                     rounds += 1;
                     // The bound only guards against a livelock nobody has seen.
-                    if rounds >= RECLAIM_ROUNDS_MAX || !inner.space_to_retry() {
+                    if rounds >= RECLAIM_ROUNDS_MAX || !inner.depot.space_to_retry() {
                         return Err(EngineError::NoSpace(why));
                     }
                 }
@@ -227,7 +231,7 @@ impl Volume {
         let inner = self.inner();
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         if offset_bytes + data.len() as u64 > vol.size_blocks() * BLOCK {
@@ -262,7 +266,7 @@ impl Volume {
     pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
         self.range_op("write_zeroes", offset_bytes, len_bytes, MapEntry::Zero, fua)?;
         add(&self.inner().counters.write_zeroes_bytes, len_bytes);
-        add(&self.h.vol.counters.write_zeroes_bytes, len_bytes);
+        add(&self.h.vol.counters().write_zeroes_bytes, len_bytes);
         Ok(())
     }
 
@@ -270,7 +274,7 @@ impl Volume {
     pub fn trim(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
         self.range_op("trim", offset_bytes, len_bytes, MapEntry::Unmapped, fua)?;
         add(&self.inner().counters.trimmed_bytes, len_bytes);
-        add(&self.h.vol.counters.trimmed_bytes, len_bytes);
+        add(&self.h.vol.counters().trimmed_bytes, len_bytes);
         Ok(())
     }
 
@@ -284,7 +288,7 @@ impl Volume {
     ) -> Result<()> {
         self.check(op, offset_bytes, len_bytes)?;
         let inner = self.inner();
-        inner.ensure_writable()?;
+        inner.devices.ensure_writable()?;
         let end = offset_bytes + len_bytes;
         let first_full = offset_bytes.div_ceil(BLOCK);
         let last_full = end / BLOCK;
@@ -362,7 +366,7 @@ impl Volume {
         let inner = self.inner();
         let _gate = inner.gate.read();
         let vol = &self.h.vol;
-        if vol.deleted.load(Ordering::Acquire) {
+        if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         let end = end.min(vol.size_blocks());
@@ -400,13 +404,13 @@ impl Volume {
             steps += 1;
         }
         drop(pages);
-        inner.release_objects(&released)?;
+        inner.depot.release_objects(&inner.devices, &released)?;
         Ok(lbn)
     }
 
     /// Make every acknowledged write (on any handle of the pool) durable.
     pub fn flush(&self) -> Result<()> {
-        add(&self.h.vol.counters.flushes, 1);
+        add(&self.h.vol.counters().flushes, 1);
         self.h.pool.flush()
     }
 
@@ -456,7 +460,7 @@ impl Volume {
 
 /// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
 /// block stored and then dropped because a range operation won the race.
-const JOURNAL_BYTES_PER_RMW_RETRY: u64 = 48;
+const JOURNAL_BYTES_PER_RMW_RETRY: u64 = NEW_OBJECT_BYTES as u64;
 
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;
@@ -489,7 +493,7 @@ impl Inner {
     }
 
     fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
-        *blake3::keyed_hash(&self.key, block).as_bytes()
+        *blake3::keyed_hash(self.geometry.fingerprint_key(), block).as_bytes()
     }
 
     /// Read one block into `out` (4096 bytes). Caller holds the gate and no stripe
@@ -542,8 +546,8 @@ impl Inner {
     /// block its location starts at (`location`, its record's raw location word),
     /// or by its slab's first block when the location itself is bad.
     fn corrupt_object(&self, o: ObjectId, location: u64, reason: String) -> EngineError {
-        let (s, _) = self.split_object(o);
-        let data_first_block = self.data_offset_bytes / BLOCK;
+        let (s, _) = self.depot.split_object(o);
+        let data_first_block = self.geometry.data_offset_bytes() / BLOCK;
         let (block, what) = match Location::decode(location) {
             Ok(loc) => {
                 let pbn = loc.blocks().0;
@@ -570,9 +574,9 @@ impl Inner {
     }
 
     pub(crate) fn read_object(&self, o: ObjectId, out: &mut [u8], wait: Wait) -> Result<bool> {
-        let (s, i) = self.split_object(o);
+        let (s, i) = self.depot.split_object(o);
         let (rec, open) = {
-            let slab = self.slab(s).lock();
+            let slab = self.depot.slab(s).lock();
             let rec = slab.rec(i);
             let loc = Location::decode(rec.location)
                 .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
@@ -580,7 +584,7 @@ impl Inner {
             // A location touches at most two blocks: no allocation on the read path.
             let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
             for (b, zone) in open.iter_mut().take(count as usize) {
-                *zone = Inner::open_zone(&slab, (*b - slab.first_pbn) as u32);
+                *zone = slab.open_zone((*b - slab.first_pbn()) as u32);
             }
             (rec, open)
         };
@@ -611,8 +615,12 @@ impl Inner {
     /// changed, and a bad sector under one block must not stop writes to the rest.
     fn read_data(&self, buf: &mut [u8], offset_bytes: u64, wait: Wait) -> Result<bool> {
         let r = match wait {
-            Wait::Yes => self.data.read_at(buf, offset_bytes).map(|()| true),
-            Wait::No => self.data.read_at_cached(buf, offset_bytes),
+            Wait::Yes => self
+                .devices
+                .data()
+                .read_at(buf, offset_bytes)
+                .map(|()| true),
+            Wait::No => self.devices.data().read_at_cached(buf, offset_bytes),
         };
         Ok(r?)
     }
@@ -625,7 +633,7 @@ impl Inner {
         out: &mut [u8],
         wait: Wait,
     ) -> Result<bool> {
-        let s = self.split_object(o).0;
+        let s = self.depot.split_object(o).0;
         let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
         let location = Location::decode(rec.location)
             .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
@@ -633,12 +641,13 @@ impl Inner {
         match location {
             Location::Block { pbn } => {
                 let zone = open.first().and_then(|(_, z)| *z);
-                if zone
-                    .is_some_and(|z| self.read_open_block(z, s, (pbn - slab_first) as u32, 0, out))
-                {
+                if zone.is_some_and(|z| {
+                    self.zones
+                        .read_open_block(z, s, (pbn - slab_first) as u32, 0, out)
+                }) {
                     return Ok(true);
                 }
-                self.read_data(out, self.data_offset_bytes + pbn * BLOCK, wait)
+                self.read_data(out, self.geometry.data_offset_bytes() + pbn * BLOCK, wait)
             }
             Location::Fragment {
                 addr_bytes,
@@ -656,12 +665,13 @@ impl Inner {
                     let n = (BLOCK_BYTES - from).min(len - done);
                     let dst = within_mut(&mut packed, done..done + n, "a fragment's bytes")?;
                     let from_packer = zone.is_some_and(|z| {
-                        self.read_open_block(z, s, (b - slab_first) as u32, from, dst)
+                        self.zones
+                            .read_open_block(z, s, (b - slab_first) as u32, from, dst)
                     });
                     if !from_packer
                         && !self.read_data(
                             dst,
-                            self.data_offset_bytes + block_start + from as u64,
+                            self.geometry.data_offset_bytes() + block_start + from as u64,
                             wait,
                         )?
                     {
@@ -692,129 +702,6 @@ impl Inner {
         }
     }
 
-    /// Take a reference to `o` if it still holds `fp` and can take one more.
-    fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
-        if !self.valid_object(o) {
-            return false;
-        }
-        let (s, i) = self.split_object(o);
-        let mut slab = self.slab(s).lock();
-        let rec = slab.rec(i);
-        if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
-            return false;
-        }
-        if let Some(r) = slab.rec_mut(i) {
-            r.refcount += 1;
-        }
-        true
-    }
-
-    /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
-    /// All or none: past an object's [`REFCOUNT_MAX`] (refused) or at a free one (a
-    /// broken invariant, which latches), the references added are taken back.
-    pub(crate) fn add_references(&self, objects: &[ObjectId]) -> Result<()> {
-        let mut added: Vec<(u32, Vec<u32>)> = Vec::new();
-        for (s, indexes) in self.by_slab(objects) {
-            let failed = {
-                let mut slab = self.slab(s).lock();
-                indexes
-                    .iter()
-                    .enumerate()
-                    .find_map(|(n, &i)| slab.add_ref(i).err().map(|e| (n, e)))
-            };
-            let Some((n, e)) = failed else {
-                added.push((s, indexes));
-                continue;
-            };
-            added.push((s, indexes.into_iter().take(n).collect()));
-            // Each of these had a reference before ours: none is freed here.
-            for (s, indexes) in added {
-                let mut slab = self.slab(s).lock();
-                for i in indexes {
-                    self.check_invariant(slab.drop_ref(i))?;
-                }
-            }
-            self.latch(&e);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Drop one reference of each of `objects` (a delete, a trim), taking each slab's
-    /// lock once; freed objects leave the index. A count below zero latches the pool
-    /// and is returned once the rest are released.
-    pub(crate) fn release_objects(&self, objects: &[ObjectId]) -> Result<()> {
-        let mut broken = Ok(());
-        for (s, indexes) in self.by_slab(objects) {
-            let mut freed: Vec<(u32, ObjRec)> = Vec::new();
-            {
-                let mut slab = self.slab(s).lock();
-                for i in indexes {
-                    match slab.drop_ref(i) {
-                        Ok(Some(rec)) => freed.push((i, rec)),
-                        Ok(None) => {}
-                        Err(e) => broken = broken.and(self.check_invariant(Err(e))),
-                    }
-                }
-            }
-            for (i, rec) in freed {
-                let o = ObjectId(u64::from(s) * u64::from(self.objects_per_slab) + u64::from(i));
-                self.forget_freed(o, &rec);
-            }
-        }
-        broken
-    }
-
-    /// Object indexes grouped by slab: (slab, its indexes), only slabs with some.
-    /// Reference changes commute, so the order within a slab does not matter. Many
-    /// objects (a delete) go into one bucket per slab; few (a small trim) are sorted,
-    /// so their cost never grows with the pool's slab count.
-    fn by_slab(&self, objects: &[ObjectId]) -> Vec<(u32, Vec<u32>)> {
-        if objects.len() < self.slab_count as usize {
-            let mut pairs: Vec<(u32, u32)> =
-                objects.iter().map(|&o| self.split_object(o)).collect();
-            pairs.sort_unstable();
-            return pairs
-                .chunk_by(|a, b| a.0 == b.0)
-                .map(|run| {
-                    let slab = run.first().map_or(0, |p| p.0);
-                    (slab, run.iter().map(|p| p.1).collect())
-                })
-                .collect();
-        }
-        let mut groups = vec![Vec::new(); self.slab_count as usize];
-        for &o in objects {
-            let (s, i) = self.split_object(o);
-            if let Some(g) = groups.get_mut(s as usize) {
-                g.push(i);
-            }
-        }
-        (0..self.slab_count)
-            .zip(groups)
-            .filter(|(_, g)| !g.is_empty())
-            .collect()
-    }
-
-    /// What follows an object's last reference going: it leaves the index, and a
-    /// dead fragment may leave its packed block mostly empty (the compactor's cue).
-    fn forget_freed(&self, o: ObjectId, rec: &ObjRec) {
-        self.index.remove(&rec.fingerprint, o);
-        if rec.location & (1 << 63) != 0 {
-            self.fragment_frees.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Drop a reference; a freed object leaves the index. A count below zero
-    /// latches the pool.
-    pub(crate) fn release_object(&self, o: ObjectId) -> Result<()> {
-        let (s, i) = self.split_object(o);
-        let freed = self.slab(s).lock().drop_ref(i);
-        if let Some(rec) = self.check_invariant(freed)? {
-            self.forget_freed(o, &rec);
-        }
-        Ok(())
-    }
-
     /// Store a new block (compressed or whole) with one reference; journals it.
     /// Counted in the pool's and the writing volume's counters.
     fn store_new(
@@ -823,14 +710,15 @@ impl Inner {
         fp: &[u8; 32],
         vol_counters: &crate::counters::Counters,
     ) -> Result<ObjectId> {
-        let zone = my_zone(self.zone_count());
+        let zone = my_zone(self.zones.count());
         let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
             let mut scratch = scratch.borrow_mut();
             let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
             if n > COMPRESSED_BYTES_MAX {
                 return Ok(None);
             }
-            match self.pack(
+            match self.zones.pack(
+                &self.space(),
                 zone,
                 crate::error::within(&scratch, 0..n, "a compressed block")?,
                 fp,
@@ -847,7 +735,7 @@ impl Inner {
                 v
             }
             None => {
-                let (object, pbn) = self.store_whole(zone, block, fp)?;
+                let (object, pbn) = self.zones.store_whole(&self.space(), zone, block, fp)?;
                 add(&self.counters.uncompressed_writes, 1);
                 add(&vol_counters.uncompressed_writes, 1);
                 (object, Location::Block { pbn })
@@ -860,7 +748,7 @@ impl Inner {
             location: location.encode(),
             fingerprint: *fp,
         });
-        self.index.insert(fp, object);
+        self.depot.index().insert(fp, object);
         Ok(object)
     }
 
@@ -877,32 +765,27 @@ impl Inner {
         expect: Option<MapEntry>,
     ) -> Result<bool> {
         add(&self.counters.blocks_written, 1);
-        add(&vol.counters.blocks_written, 1);
+        add(&vol.counters().blocks_written, 1);
         let entry = if is_zero(block) {
             add(&self.counters.zero_blocks_written, 1);
-            add(&vol.counters.zero_blocks_written, 1);
+            add(&vol.counters().zero_blocks_written, 1);
             MapEntry::Zero
         } else {
             let fp = self.fingerprint(block);
-            let (candidates, n) = self.index.lookup(&fp);
-            let mut found = None;
-            for o in candidates.iter().take(n).flatten() {
-                if self.take_advice(*o, &fp) {
-                    add(&self.counters.advice_valid, 1);
-                    add(&vol.counters.advice_valid, 1);
-                    found = Some(*o);
-                    break;
-                }
-                add(&self.counters.advice_stale, 1);
-                add(&vol.counters.advice_stale, 1);
+            let (found, stale) = self.depot.take_duplicate(&fp);
+            add(&self.counters.advice_stale, stale);
+            add(&vol.counters().advice_stale, stale);
+            if found.is_some() {
+                add(&self.counters.advice_valid, 1);
+                add(&vol.counters().advice_valid, 1);
             }
             match found {
                 Some(o) => {
                     add(&self.counters.dedup_hits, 1);
-                    add(&vol.counters.dedup_hits, 1);
+                    add(&vol.counters().dedup_hits, 1);
                     MapEntry::Object(o)
                 }
-                None => MapEntry::Object(self.store_new(block, &fp, &vol.counters)?),
+                None => MapEntry::Object(self.store_new(block, &fp, vol.counters())?),
             }
         };
         let old = {
@@ -910,7 +793,7 @@ impl Inner {
             let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o)?;
+                    self.depot.release_object(&self.devices, o)?;
                 }
                 return Err(EngineError::VolumeGone(vol.name()));
             };
@@ -920,7 +803,7 @@ impl Inner {
                 drop(page);
                 drop(pages);
                 if let Some(o) = entry.object() {
-                    self.release_object(o)?;
+                    self.depot.release_object(&self.devices, o)?;
                 }
                 return Ok(false);
             }
@@ -935,7 +818,7 @@ impl Inner {
         };
         vol.account(old, entry);
         if let Some(o) = old.object() {
-            self.release_object(o)?;
+            self.depot.release_object(&self.devices, o)?;
         }
         Ok(true)
     }

@@ -71,13 +71,35 @@ const TAG_MAP_SET: u8 = 1;
 const TAG_RANGE_SET: u8 = 2;
 const TAG_NEW_OBJECT: u8 = 3;
 
+/// Encoded size of a `MapSet` record.
+pub const MAP_SET_BYTES: usize = 16;
+/// Encoded size of a `RangeSet` record.
+pub const RANGE_SET_BYTES: usize = 24;
+/// Encoded size of a `NewObject` record.
+pub const NEW_OBJECT_BYTES: usize = 48;
+
+/// The largest record (`NewObject`): bounds the payload a sector may leave unused.
+pub const RECORD_BYTES_MAX: usize = NEW_OBJECT_BYTES;
+
+/// The encoded size of the record whose first byte (its tag) is `tag`, if `tag`
+/// names a record: lets a writer cut a stream of encoded records at record
+/// boundaries without decoding them.
+pub fn record_len_of_tag(tag: u8) -> Option<usize> {
+    match tag {
+        TAG_MAP_SET => Some(MAP_SET_BYTES),
+        TAG_RANGE_SET => Some(RANGE_SET_BYTES),
+        TAG_NEW_OBJECT => Some(NEW_OBJECT_BYTES),
+        _ => None,
+    }
+}
+
 impl Record {
     /// Encoded size.
     pub fn encoded_len(&self) -> usize {
         match self {
-            Record::MapSet { .. } => 16,
-            Record::RangeSet { .. } => 24,
-            Record::NewObject { .. } => 48,
+            Record::MapSet { .. } => MAP_SET_BYTES,
+            Record::RangeSet { .. } => RANGE_SET_BYTES,
+            Record::NewObject { .. } => NEW_OBJECT_BYTES,
         }
     }
 

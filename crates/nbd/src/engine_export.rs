@@ -1,8 +1,8 @@
 //! The adapter from the engine's `Pool` and `Volume` to [`ExportProvider`] and
 //! [`Export`]: each NBD connection opens its own `Volume` handle, and engine
-//! errors become NBD error values through `EngineError::errno`.
+//! errors become NBD error values here ([`errno_of`]): the engine knows no protocol.
 
-use crate::export::{Export, ExportDesc, ExportProvider};
+use crate::export::{Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOSPC, EPERM, ESHUTDOWN};
 use fewerbytes_engine::{EngineError, Pool, Volume};
 use std::sync::Arc;
 
@@ -60,10 +60,23 @@ struct VolumeExport {
     volume: Volume,
 }
 
+/// The NBD error value a client sees for an engine error: a refused write on a
+/// read-only pool is EPERM, a request past the end EINVAL, a full pool ENOSPC, a
+/// deleted volume ESHUTDOWN, and anything else (a device error, corruption) EIO.
+pub fn errno_of(e: &EngineError) -> u32 {
+    match e {
+        EngineError::ReadOnly(_) => EPERM,
+        EngineError::OutOfRange { .. } => EINVAL,
+        EngineError::NoSpace(_) => ENOSPC,
+        EngineError::VolumeGone(_) => ESHUTDOWN,
+        _ => EIO,
+    }
+}
+
 /// Log an engine error (its text is lost in the errno) and map it.
 fn errno(op: &'static str, e: EngineError) -> u32 {
-    let code = e.errno();
-    if code == crate::export::EIO {
+    let code = errno_of(&e);
+    if code == EIO {
         tracing::warn!(op, error = %e, "engine request failed");
     } else {
         tracing::debug!(op, error = %e, "engine request refused");
@@ -112,5 +125,34 @@ impl Export for VolumeExport {
             .extents(offset, len)
             .map(|runs| runs.into_iter().map(|x| (x.len_bytes, x.data)).collect())
             .map_err(|e| errno("extents", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_map_to_the_errno_a_client_acts_on() {
+        let cases = [
+            (EngineError::ReadOnly("latched".into()), EPERM),
+            (
+                EngineError::OutOfRange {
+                    volume: "a".into(),
+                    op: "read",
+                    offset_bytes: 1 << 30,
+                    len_bytes: 4096,
+                    size_bytes: 1 << 20,
+                },
+                EINVAL,
+            ),
+            (EngineError::NoSpace("full".into()), ENOSPC),
+            (EngineError::VolumeGone("a".into()), ESHUTDOWN),
+            (EngineError::Invariant("count below zero".into()), EIO),
+            (EngineError::Refused("no".into()), EIO),
+        ];
+        for (e, want) in cases {
+            assert_eq!(errno_of(&e), want, "{e}");
+        }
     }
 }

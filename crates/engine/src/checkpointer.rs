@@ -1,0 +1,100 @@
+//! The checkpointer's state: the super block of the last checkpoint, the page store,
+//! the directory trees of the object tables, the page-store slots to free once the
+//! next checkpoint is durable, the lock that lets one checkpoint (or volume
+//! operation) run at a time, and what the checkpoints wrote. The procedure that
+//! takes a checkpoint is `checkpoint.rs`; loading one is `load.rs`.
+
+use crate::counters::RegionBytes;
+use crate::dir_tree::DirTree;
+use crate::page_store::PageStore;
+use fewerbytes_format::superblock::SuperBlock;
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What the checkpoints keep between them.
+pub(crate) struct Checkpointer {
+    /// The super block of the last checkpoint (its changing fields: generation,
+    /// catalog, replay point, holder; the geometry is read from `PoolGeometry`).
+    super_block: Mutex<SuperBlock>,
+    page_store: Mutex<PageStore>,
+    /// Directory tree of the count table (version 2; of the object table while a
+    /// version-1 pool is loaded).
+    count_dirs: Mutex<DirTree>,
+    /// Directory tree of the fingerprint table (version 2).
+    fp_dirs: Mutex<DirTree>,
+    /// Slots whose pages are gone from the image (a deleted volume, a shrunk map):
+    /// freed by the next checkpoint, once its super block is durable.
+    slots_to_free: Mutex<Vec<u32>>,
+    /// One checkpoint or volume operation at a time.
+    serial: Mutex<()>,
+    /// Checkpoints taken since open.
+    taken: AtomicU64,
+    /// Metadata bytes written, by region.
+    written: RegionBytes,
+}
+
+impl Checkpointer {
+    /// The state of a pool opened from super block `sb`, with a page store of `page_slots`.
+    pub(crate) fn new(sb: SuperBlock, page_slots: u64) -> Self {
+        Checkpointer {
+            super_block: Mutex::new(sb),
+            page_store: Mutex::new(PageStore::new(page_slots)),
+            count_dirs: Mutex::new(DirTree::default()),
+            fp_dirs: Mutex::new(DirTree::default()),
+            slots_to_free: Mutex::new(Vec::new()),
+            serial: Mutex::new(()),
+            taken: AtomicU64::new(0),
+            written: RegionBytes::default(),
+        }
+    }
+
+    /// Run alone: no other checkpoint or volume operation until the guard drops.
+    pub(crate) fn serialize(&self) -> MutexGuard<'_, ()> {
+        self.serial.lock()
+    }
+
+    /// The super block of the last checkpoint.
+    pub(crate) fn super_block(&self) -> MutexGuard<'_, SuperBlock> {
+        self.super_block.lock()
+    }
+
+    /// The page store.
+    pub(crate) fn page_store(&self) -> MutexGuard<'_, PageStore> {
+        self.page_store.lock()
+    }
+
+    /// The directory tree of the count table.
+    pub(crate) fn count_dirs(&self) -> MutexGuard<'_, DirTree> {
+        self.count_dirs.lock()
+    }
+
+    /// The directory tree of the fingerprint table.
+    pub(crate) fn fp_dirs(&self) -> MutexGuard<'_, DirTree> {
+        self.fp_dirs.lock()
+    }
+
+    /// Free these slots once the next checkpoint is durable.
+    pub(crate) fn free_after_next(&self, slots: impl IntoIterator<Item = u32>) {
+        self.slots_to_free.lock().extend(slots);
+    }
+
+    /// The slots waiting to be freed (a snapshot retires them with its own).
+    pub(crate) fn take_slots_to_free(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.slots_to_free.lock())
+    }
+
+    /// One more checkpoint taken.
+    pub(crate) fn count_taken(&self) {
+        self.taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Checkpoints taken since open.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Metadata bytes written, by region.
+    pub(crate) fn written(&self) -> &RegionBytes {
+        &self.written
+    }
+}

@@ -1,0 +1,151 @@
+//! The pool's devices and its read-only latch.
+//!
+//! A pool has a data device and a metadata device, which are one device unless the
+//! pool keeps its metadata apart. The first failed write or flush, corruption found,
+//! or broken invariant latches the pool read-only: writes are refused from then on
+//! (EngineError::ReadOnly), reads go on, and the journal is failed so that every
+//! flush waiting on it returns. A pool opened read-only is latched from its open and
+//! writes nothing.
+
+use crate::journal::Journal;
+use crate::{EngineError, Result};
+use fewerbytes_storage::{Storage, StorageError};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The devices, the latch, and whether the pool is closed.
+pub(crate) struct Devices {
+    data: Arc<dyn Storage>,
+    meta: Arc<dyn Storage>,
+    separate_metadata: bool,
+    meta_path: Option<String>,
+    /// Opened read-only: no checkpoint, no upgrade, no write of any kind.
+    opened_read_only: bool,
+    latched: AtomicBool,
+    /// Why the latch was set (the first reason wins).
+    latch_reason: Mutex<String>,
+    closed: AtomicBool,
+    /// Failed by the latch, so that flushes waiting for a commit return.
+    journal: Arc<Journal>,
+}
+
+impl Devices {
+    /// The devices of an opening pool: `meta` with its path when metadata lives apart.
+    pub(crate) fn new(
+        data: Arc<dyn Storage>,
+        meta: Option<(Arc<dyn Storage>, String)>,
+        opened_read_only: bool,
+        journal: Arc<Journal>,
+    ) -> Self {
+        let separate_metadata = meta.is_some();
+        let (meta, meta_path) = match meta {
+            Some((m, p)) => (m, Some(p)),
+            None => (data.clone(), None),
+        };
+        Devices {
+            data,
+            meta,
+            separate_metadata,
+            meta_path,
+            opened_read_only,
+            latched: AtomicBool::new(false),
+            latch_reason: Mutex::new(String::new()),
+            closed: AtomicBool::new(false),
+            journal,
+        }
+    }
+
+    /// The data device.
+    pub(crate) fn data(&self) -> &dyn Storage {
+        self.data.as_ref()
+    }
+    /// The metadata device (the data device when metadata is not apart).
+    pub(crate) fn meta(&self) -> &dyn Storage {
+        self.meta.as_ref()
+    }
+    /// Metadata lives on its own device.
+    pub(crate) fn separate_metadata(&self) -> bool {
+        self.separate_metadata
+    }
+    /// The data device's name (its path).
+    pub(crate) fn data_path(&self) -> String {
+        self.data.name().to_string()
+    }
+    /// The metadata device's path, when metadata lives apart.
+    pub(crate) fn meta_path(&self) -> Option<String> {
+        self.meta_path.clone()
+    }
+
+    /// Opened read-only: nothing is ever written.
+    pub(crate) fn opened_read_only(&self) -> bool {
+        self.opened_read_only
+    }
+    /// Set the latch of a pool opened read-only, once loaded (no failure: no log,
+    /// and the journal stays as it is).
+    pub(crate) fn latch_opened_read_only(&self) {
+        self.latched.store(true, Ordering::SeqCst);
+        *self.latch_reason.lock() = "opened read-only".into();
+    }
+
+    /// A device result, latching the pool read-only on an I/O failure.
+    pub(crate) fn check_io<T>(&self, r: std::result::Result<T, StorageError>) -> Result<T> {
+        r.map_err(|e| {
+            let err = EngineError::Io(e);
+            self.latch(&err);
+            err
+        })
+    }
+
+    /// Latch the pool read-only if `err` is a device failure, corruption, or a
+    /// broken invariant.
+    pub(crate) fn latch(&self, err: &EngineError) {
+        if matches!(
+            err,
+            EngineError::Io(_) | EngineError::Corrupt { .. } | EngineError::Invariant(_)
+        ) {
+            self.latch_with(format!("latched read-only after: {err}"));
+        }
+    }
+
+    /// Latch the pool read-only for `why` (the first reason wins).
+    pub(crate) fn latch_with(&self, why: String) {
+        if !self.latched.swap(true, Ordering::SeqCst) {
+            tracing::error!("{why}");
+            *self.latch_reason.lock() = why.clone();
+            self.journal.fail(why);
+        }
+    }
+
+    /// Latch the pool read-only if `r` reports a broken invariant (a count below zero).
+    pub(crate) fn check_invariant<T>(&self, r: Result<T>) -> Result<T> {
+        r.inspect_err(|e| self.latch(e))
+    }
+
+    /// Why the pool is latched, if it is.
+    pub(crate) fn latched(&self) -> Option<String> {
+        self.latched
+            .load(Ordering::Acquire)
+            .then(|| self.latch_reason.lock().clone())
+    }
+
+    /// Refuse a change to a latched or closed pool.
+    pub(crate) fn ensure_writable(&self) -> Result<()> {
+        if let Some(why) = self.latched() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        if self.is_closed() {
+            return Err(EngineError::ReadOnly("the pool is closed".into()));
+        }
+        Ok(())
+    }
+
+    /// Mark the pool closed; returns whether it already was.
+    pub(crate) fn close(&self) -> bool {
+        self.closed.swap(true, Ordering::SeqCst)
+    }
+    /// The pool is closing or closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}

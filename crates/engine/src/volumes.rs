@@ -1,0 +1,124 @@
+//! The volume list: each volume's state by its catalog slot, and the id the next
+//! volume takes. A volume operation (create, clone, resize, rename, delete: `pool.rs`)
+//! changes the list with the pool's gate held exclusively, so a checkpoint's snapshot
+//! sees it whole; request threads only look volumes up.
+
+use crate::block_map::VolumeState;
+use crate::{EngineError, Result};
+use fewerbytes_format::catalog::MAX_VOLUMES;
+use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Every volume of the pool, by catalog slot.
+pub(crate) struct Volumes {
+    slots: RwLock<Vec<Option<Arc<VolumeState>>>>,
+    next_id: AtomicU64,
+}
+
+impl Volumes {
+    /// No volumes; the first takes id 1.
+    pub(crate) fn new() -> Self {
+        Volumes {
+            slots: RwLock::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The volume named `name`.
+    pub(crate) fn by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
+        self.slots
+            .read()
+            .iter()
+            .flatten()
+            .find(|v| v.is_named(name))
+            .cloned()
+            .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
+    }
+
+    /// Whether a volume is named `name`.
+    pub(crate) fn exists(&self, name: &str) -> bool {
+        self.slots.read().iter().flatten().any(|v| v.is_named(name))
+    }
+
+    /// Every volume, in slot order.
+    pub(crate) fn all(&self) -> Vec<Arc<VolumeState>> {
+        self.slots.read().iter().flatten().cloned().collect()
+    }
+
+    /// The slot table as it is now (an empty slot is `None`): replay names volumes by slot.
+    pub(crate) fn by_slot(&self) -> Vec<Option<Arc<VolumeState>>> {
+        self.slots.read().clone()
+    }
+
+    /// Names and sizes in bytes of every volume, cheaply (no per-block work).
+    pub(crate) fn sizes(&self, block_bytes: u64) -> Vec<(String, u64)> {
+        self.slots
+            .read()
+            .iter()
+            .flatten()
+            .map(|v| (v.name(), v.size_blocks() * block_bytes))
+            .collect()
+    }
+
+    /// Blocks the volumes' sizes add up to.
+    pub(crate) fn allocated_blocks(&self) -> u64 {
+        self.slots
+            .read()
+            .iter()
+            .flatten()
+            .map(|v| v.size_blocks())
+            .sum()
+    }
+
+    /// A new volume's state in the first free slot, with the next id; not yet listed
+    /// (see [`Self::insert`]).
+    pub(crate) fn make(&self, name: &str, size_blocks: u64) -> Result<Arc<VolumeState>> {
+        let vols = self.slots.read();
+        let slot = match vols.iter().position(Option::is_none) {
+            Some(s) => s as u16,
+            None if vols.len() < MAX_VOLUMES => vols.len() as u16,
+            None => {
+                return Err(EngineError::Refused(format!(
+                    "a pool holds at most {MAX_VOLUMES} volumes"
+                )))
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(VolumeState::new(
+            slot,
+            id,
+            name.to_string(),
+            size_blocks,
+        )))
+    }
+
+    /// List a volume in its slot.
+    pub(crate) fn insert(&self, vol: Arc<VolumeState>) {
+        let mut vols = self.slots.write();
+        let slot = vol.slot as usize;
+        if vols.len() <= slot {
+            vols.resize(slot + 1, None);
+        }
+        if let Some(v) = vols.get_mut(slot) {
+            *v = Some(vol);
+        }
+    }
+
+    /// Unlist the volume in `slot`.
+    pub(crate) fn remove(&self, slot: u16) {
+        if let Some(v) = self.slots.write().get_mut(usize::from(slot)) {
+            *v = None;
+        }
+    }
+
+    /// The id the next volume takes (the catalog records it).
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Continue ids from a loaded catalog.
+    pub(crate) fn set_next_id(&self, id: u64) {
+        self.next_id.store(id.max(1), Ordering::Relaxed);
+    }
+}
