@@ -74,8 +74,22 @@ pub fn read(path: &Path) -> Result<AllowList> {
 }
 
 /// Change the allow file: read, `change`, and replace it whole (written beside it,
-/// synced, renamed over it), so a server never reads half a file.
+/// synced, renamed over it, the directory synced), so a server never reads half a file
+/// and a change is durable on return. Changes are serialized by an exclusive `flock` on
+/// the file's directory, so two commands (or two control requests) changing limits at
+/// once both land: neither reads the list before the other has replaced it.
 pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
+    let dir = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let dir_file = std::fs::File::open(dir)
+        .with_context(|| format!("could not open {} to lock it", dir.display()))?;
+    // SAFETY: flock on a descriptor this function owns; the lock goes with the descriptor.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir_file), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("could not lock {}", dir.display()));
+    }
     let mut list = read(path)?;
     let before = list.clone();
     change(&mut list);
@@ -92,6 +106,9 @@ pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
     written.with_context(|| format!("could not write {}", staging.display()))?;
     std::fs::rename(&staging, path)
         .with_context(|| format!("could not replace {}", path.display()))?;
+    dir_file
+        .sync_all()
+        .with_context(|| format!("could not sync {}", dir.display()))?;
     Ok(())
 }
 
@@ -186,6 +203,31 @@ mod tests {
             Some(vec![]),
             "a broken file closes all"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn changes_made_at_once_all_land() {
+        let dir =
+            std::env::temp_dir().join(format!("fewerbytes-allow-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool.allow.json");
+        std::thread::scope(|scope| {
+            for n in 0..8 {
+                let path = &path;
+                scope.spawn(move || {
+                    for round in 0..10 {
+                        update(path, |list| {
+                            list.volumes
+                                .insert(format!("vm{n}-{round}"), vec![format!("id{n}")]);
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let list = read(&path).unwrap();
+        assert_eq!(list.volumes.len(), 80, "changes were lost: {list:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
