@@ -39,11 +39,16 @@ pub fn set_allow_file(path: PathBuf) {
     let _ = ALLOW_FILE.set(path);
 }
 
-/// The allow file: `--allow-file`, else `<pool>.allow.json`.
+/// The allow file: `--allow-file`, else `<pool>.allow.json` beside the pool file itself
+/// (symbolic links followed), so a pool named through a link and by its real path has
+/// one list.
 pub fn allow_path(pool_path: &Path) -> PathBuf {
     match ALLOW_FILE.get() {
         Some(path) => path.clone(),
-        None => with_suffix(pool_path, ".allow.json"),
+        None => {
+            let real = std::fs::canonicalize(pool_path).unwrap_or_else(|_| pool_path.to_path_buf());
+            with_suffix(&real, ".allow.json")
+        }
     }
 }
 
@@ -202,6 +207,23 @@ mod tests {
             policy.allowed("vm2"),
             Some(vec![]),
             "a broken file closes all"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pool_named_through_a_link_has_the_list_of_its_file() {
+        let dir =
+            std::env::temp_dir().join(format!("fewerbytes-allow-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = dir.join("pool.img");
+        std::fs::write(&real, b"").unwrap();
+        let link = dir.join("link.img");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(allow_path(&link), allow_path(&real));
+        assert_eq!(
+            allow_path(&real).file_name().unwrap(),
+            "pool.img.allow.json"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
