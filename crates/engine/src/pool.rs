@@ -736,6 +736,55 @@ impl Pool {
         }
     }
 
+    /// Statistics.
+    pub fn stats(&self) -> PoolStats {
+        crate::stats::pool_stats(&self.inner, self.info(), self.mode())
+    }
+
+    /// Every on-disk region.
+    pub fn regions(&self) -> Vec<Region> {
+        crate::stats::regions(&self.inner)
+    }
+
+    /// Reference-count audit: references from all maps against stored counts, and
+    /// block holders against live objects.
+    ///
+    /// Writes pause only while the state is copied (the referenced object ids, each
+    /// slab's live records and block holders); the comparison runs after.
+    pub fn audit(&self) -> AuditReport {
+        crate::stats::audit(&self.inner)
+    }
+
+    /// Check the pool and, with `options.apply`, repair it: see `repair.rs`.
+    /// `progress` is called now and then with the phase, work done and work in all.
+    pub fn repair(
+        &self,
+        options: &crate::RepairOptions,
+        progress: &dyn Fn(crate::RepairPhase, u64, u64),
+    ) -> Result<crate::RepairReport> {
+        crate::repair::repair(&self.inner, options, progress)
+    }
+
+    /// Test hook: the object `lbn` of `volume` maps to, if any.
+    #[doc(hidden)]
+    pub fn object_of(&self, volume: &str, lbn: u64) -> Result<Option<u64>> {
+        crate::repair::object_of(&self.inner, volume, lbn)
+    }
+
+    /// Test hook: set object `object`'s reference count to `count`, nothing else,
+    /// and checkpoint.
+    #[doc(hidden)]
+    pub fn damage_reference_count(&self, object: u64, count: u32) -> Result<()> {
+        crate::repair::damage_reference_count(&self.inner, object, count)
+    }
+
+    /// Test hook: set entry `lbn` of `volume` to `object` (`None`: unmapped) without
+    /// changing any reference count, and checkpoint.
+    #[doc(hidden)]
+    pub fn damage_map_entry(&self, volume: &str, lbn: u64, object: Option<u64>) -> Result<()> {
+        crate::repair::damage_map_entry(&self.inner, volume, lbn, object)
+    }
+
     /// Why the pool is latched read-only (the first failure), if it is.
     pub fn latched_reason(&self) -> Option<String> {
         // A pool opened read-only writes nothing, so it never latches: its memory is

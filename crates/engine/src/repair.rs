@@ -15,7 +15,7 @@
 //! person did not ask for: with `apply` unset it only reports what it would change.
 
 use crate::block_map::ENTRIES_PER_PAGE;
-use crate::pool::{Inner, Pool};
+use crate::pool::Inner;
 use crate::slab::REFCOUNT_MAX;
 use crate::volume::Wait;
 use crate::{EngineError, Result};
@@ -82,47 +82,44 @@ struct Dangling {
     object: u64,
 }
 
-impl Pool {
-    /// Check the pool and, with `options.apply`, repair it: see the module comment.
-    /// `progress` is called now and then with the phase, work done and work in all.
-    pub fn repair(
-        &self,
-        options: &RepairOptions,
-        progress: &dyn Fn(RepairPhase, u64, u64),
-    ) -> Result<RepairReport> {
-        let i = &self.inner;
-        if options.apply {
-            i.devices.ensure_writable()?;
-        }
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        if options.apply {
-            // Open blocks and runs hold blocks no record names; closing them makes
-            // every holder one a record accounts for.
-            i.zones.release_open_space(&i.space())?;
-        }
-        let mut report = RepairReport {
-            repairs: i.repair.take_restored(),
-            ..RepairReport::default()
-        };
-        // Holders against the records as they are (a freed leak's blocks are not a
-        // second finding), then the records against the maps.
-        i.check_holders(options.apply, &mut report);
-        let mut refs = i.count_references(options.apply, progress, &mut report);
-        i.repair_records(&mut refs, options.apply, progress, &mut report);
-        if options.verify_data {
-            i.verify_data(progress, &mut report)?;
-        }
-        if options.apply && !report.repairs.is_empty() {
-            progress(RepairPhase::Writing, 0, 1);
-            // Allocation, holders, the index and usage follow from the records now.
-            i.rebuild()?;
-            i.checkpoint_locked(gate, true)?;
-            progress(RepairPhase::Writing, 1, 1);
-            tracing::warn!("repair made {} change(s)", report.repairs.len());
-        }
-        Ok(report)
+/// Check the pool and, with `options.apply`, repair it: see the module comment.
+/// `progress` is called now and then with the phase, work done and work in all.
+pub(crate) fn repair(
+    i: &Inner,
+    options: &RepairOptions,
+    progress: &dyn Fn(RepairPhase, u64, u64),
+) -> Result<RepairReport> {
+    if options.apply {
+        i.devices.ensure_writable()?;
     }
+    let _ck = i.checkpointer.serialize();
+    let gate = i.gate.write();
+    if options.apply {
+        // Open blocks and runs hold blocks no record names; closing them makes
+        // every holder one a record accounts for.
+        i.zones.release_open_space(&i.space())?;
+    }
+    let mut report = RepairReport {
+        repairs: i.repair.take_restored(),
+        ..RepairReport::default()
+    };
+    // Holders against the records as they are (a freed leak's blocks are not a
+    // second finding), then the records against the maps.
+    i.check_holders(options.apply, &mut report);
+    let mut refs = i.count_references(options.apply, progress, &mut report);
+    i.repair_records(&mut refs, options.apply, progress, &mut report);
+    if options.verify_data {
+        i.verify_data(progress, &mut report)?;
+    }
+    if options.apply && !report.repairs.is_empty() {
+        progress(RepairPhase::Writing, 0, 1);
+        // Allocation, holders, the index and usage follow from the records now.
+        i.rebuild()?;
+        i.checkpoint_locked(gate, true)?;
+        progress(RepairPhase::Writing, 1, 1);
+        tracing::warn!("repair made {} change(s)", report.repairs.len());
+    }
+    Ok(report)
 }
 
 impl Inner {
@@ -452,47 +449,46 @@ impl Inner {
     }
 }
 
-/// Test hooks: damage a pool the way a bug would, through its memory and a
-/// checkpoint, so tests need not know the page format.
-impl Pool {
-    /// The object `lbn` of `volume` maps to, if any.
-    #[doc(hidden)]
-    pub fn object_of(&self, volume: &str, lbn: u64) -> Result<Option<u64>> {
-        let vol = self.inner.volumes.by_name(volume)?;
-        Ok(vol.get(lbn).object().map(|o| o.0))
-    }
+// Test hooks (`Pool::object_of`, `Pool::damage_*`): damage a pool the way a bug
+// would, through its memory and a checkpoint, so tests need not know the page format.
 
-    /// Set object `object`'s reference count to `count`, nothing else, and checkpoint.
-    #[doc(hidden)]
-    pub fn damage_reference_count(&self, object: u64, count: u32) -> Result<()> {
-        let i = &self.inner;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let (s, idx) = i.depot.split_object(ObjectId(object));
-        if let Some(rec) = i.depot.slab(s).lock().rec_mut(idx) {
-            rec.refcount = count;
-        }
-        i.checkpoint_locked(gate, true)
-    }
+/// The object `lbn` of `volume` maps to, if any.
+pub(crate) fn object_of(i: &Inner, volume: &str, lbn: u64) -> Result<Option<u64>> {
+    let vol = i.volumes.by_name(volume)?;
+    Ok(vol.get(lbn).object().map(|o| o.0))
+}
 
-    /// Set entry `lbn` of `volume` to `object` (`None`: unmapped) without changing
-    /// any reference count, and checkpoint.
-    #[doc(hidden)]
-    pub fn damage_map_entry(&self, volume: &str, lbn: u64, object: Option<u64>) -> Result<()> {
-        let i = &self.inner;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let vol = i.volumes.by_name(volume)?;
-        let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
-        {
-            let pages = vol.pages.read();
-            if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
-                let old = page
-                    .lock()
-                    .set((lbn % ENTRIES_PER_PAGE) as usize, entry, &i.dirty_pages);
-                vol.account(old, entry);
-            }
-        }
-        i.checkpoint_locked(gate, true)
+/// Set object `object`'s reference count to `count`, nothing else, and checkpoint.
+pub(crate) fn damage_reference_count(i: &Inner, object: u64, count: u32) -> Result<()> {
+    let _ck = i.checkpointer.serialize();
+    let gate = i.gate.write();
+    let (s, idx) = i.depot.split_object(ObjectId(object));
+    if let Some(rec) = i.depot.slab(s).lock().rec_mut(idx) {
+        rec.refcount = count;
     }
+    i.checkpoint_locked(gate, true)
+}
+
+/// Set entry `lbn` of `volume` to `object` (`None`: unmapped) without changing
+/// any reference count, and checkpoint.
+pub(crate) fn damage_map_entry(
+    i: &Inner,
+    volume: &str,
+    lbn: u64,
+    object: Option<u64>,
+) -> Result<()> {
+    let _ck = i.checkpointer.serialize();
+    let gate = i.gate.write();
+    let vol = i.volumes.by_name(volume)?;
+    let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
+    {
+        let pages = vol.pages.read();
+        if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
+            let old = page
+                .lock()
+                .set((lbn % ENTRIES_PER_PAGE) as usize, entry, &i.dirty_pages);
+            vol.account(old, entry);
+        }
+    }
+    i.checkpoint_locked(gate, true)
 }

@@ -1,7 +1,7 @@
 //! Statistics, the region list and the reference-count audit: where every byte went.
 
 use crate::api::*;
-use crate::pool::Pool;
+use crate::pool::Inner;
 use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
@@ -18,191 +18,185 @@ fn device_io(s: IoSnapshot) -> DeviceIo {
     }
 }
 
-impl Pool {
-    /// Statistics.
-    pub fn stats(&self) -> PoolStats {
-        let i = &self.inner;
-        let mut total = SlabUsage::default();
-        for slab in i.depot.iter() {
-            total.add(&slab.lock().usage());
-        }
-        let SlabUsage {
-            used_blocks,
-            pending_blocks,
-            objects,
-            dedup_saved_blocks: saved,
-            fragments,
-            fragment_bytes,
-            whole_blocks: whole,
-        } = total;
-        // Saturating, here and for the waste below: display figures. A miscount
-        // shows as zero; `check` (the audit below) is what reports counts that disagree.
-        let packed_blocks = used_blocks.saturating_sub(whole);
-        let volumes: Vec<VolumeStats> = i
-            .volumes
-            .all()
-            .iter()
-            .map(|v| VolumeStats {
-                name: v.name(),
-                size_bytes: v.size_blocks() * BLOCK,
-                logical_used_bytes: v.mapped_blocks() * BLOCK,
-                zero_bytes: v.zero_blocks() * BLOCK,
-                counters: v.counters().snapshot(),
-            })
-            .collect();
-        let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
-        let zero_bytes: u64 = volumes.iter().map(|v| v.zero_bytes).sum();
-        let data_used_bytes = used_blocks * BLOCK;
-        let saving_percent = if logical_used_bytes == 0 {
-            0.0
-        } else {
-            100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
-        };
-        let info = self.info();
-        let (journal_used, journal_sectors) = i.journal.usage();
-        PoolStats {
-            path: i.devices.data_path(),
-            mode: self.mode(),
-            data_bytes: i.geometry.data_blocks() * BLOCK,
-            data_used_bytes,
-            data_free_bytes: (i.geometry.data_blocks()
-                - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
-                * BLOCK,
-            data_freeing_bytes: pending_blocks * BLOCK,
-            metadata_bytes: info.metadata_bytes,
-            logical_used_bytes,
-            zero_bytes,
-            saving_percent,
-            objects,
-            compressed_fragments: fragments,
-            compressed_bytes: fragment_bytes,
-            packed_blocks,
-            packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
-            whole_blocks: whole,
-            compacted_blocks: i.compacted_blocks.load(Relaxed),
-            dedup_saved_blocks: saved,
-            counters: i.counters.snapshot(),
-            data_device: device_io(i.devices.data().counters().snapshot()),
-            metadata_device: if i.devices.separate_metadata() {
-                device_io(i.devices.meta().counters().snapshot())
-            } else {
-                device_io(i.devices.data().counters().snapshot())
-            },
-            metadata_written_by_region: i
-                .checkpointer
-                .written()
-                .by_region(i.journal.written_bytes()),
-            checkpoints: i.checkpointer.taken(),
-            journal_commits: i.journal.commits(),
-            threads: i.threads,
-            limits: vec![
-                ("zones (packers)".into(), i.zones.count() as u64),
-                ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
-                (
-                    "read-modify-write attempts".into(),
-                    u64::from(crate::partial::RMW_ATTEMPTS_MAX),
-                ),
-                (
-                    "blocks per request step".into(),
-                    crate::pool::BLOCKS_PER_STEP,
-                ),
-                ("journal sectors".into(), journal_sectors),
-                ("journal sectors in use".into(), journal_used),
-                (
-                    "journal commit threshold bytes".into(),
-                    crate::journal::COMMIT_BYTES_THRESHOLD,
-                ),
-                ("index entries".into(), i.depot.index().capacity()),
-                ("index memory bytes".into(), i.depot.index().memory_bytes()),
-                ("page store slots".into(), i.geometry.page_slots()),
-                (
-                    "page store slots in use".into(),
-                    i.checkpointer.page_store().used(),
-                ),
-            ],
-            volumes,
-        }
+/// Statistics (`Pool::stats`); `info` and `mode` are the pool's own.
+pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
+    let mut total = SlabUsage::default();
+    for slab in i.depot.iter() {
+        total.add(&slab.lock().usage());
     }
-
-    /// Every on-disk region.
-    pub fn regions(&self) -> Vec<Region> {
-        let i = &self.inner;
-        let g = &i.geometry;
-        let version = i.checkpointer.super_block().version;
-        let meta_dev = if i.devices.separate_metadata() {
-            "metadata"
+    let SlabUsage {
+        used_blocks,
+        pending_blocks,
+        objects,
+        dedup_saved_blocks: saved,
+        fragments,
+        fragment_bytes,
+        whole_blocks: whole,
+    } = total;
+    // Saturating, here and for the waste below: display figures. A miscount
+    // shows as zero; `check` (the audit below) is what reports counts that disagree.
+    let packed_blocks = used_blocks.saturating_sub(whole);
+    let volumes: Vec<VolumeStats> = i
+        .volumes
+        .all()
+        .iter()
+        .map(|v| VolumeStats {
+            name: v.name(),
+            size_bytes: v.size_blocks() * BLOCK,
+            logical_used_bytes: v.mapped_blocks() * BLOCK,
+            zero_bytes: v.zero_blocks() * BLOCK,
+            counters: v.counters().snapshot(),
+        })
+        .collect();
+    let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
+    let zero_bytes: u64 = volumes.iter().map(|v| v.zero_bytes).sum();
+    let data_used_bytes = used_blocks * BLOCK;
+    let saving_percent = if logical_used_bytes == 0 {
+        0.0
+    } else {
+        100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
+    };
+    let (journal_used, journal_sectors) = i.journal.usage();
+    PoolStats {
+        path: i.devices.data_path(),
+        mode,
+        data_bytes: i.geometry.data_blocks() * BLOCK,
+        data_used_bytes,
+        data_free_bytes: (i.geometry.data_blocks()
+            - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
+            * BLOCK,
+        data_freeing_bytes: pending_blocks * BLOCK,
+        metadata_bytes: info.metadata_bytes,
+        logical_used_bytes,
+        zero_bytes,
+        saving_percent,
+        objects,
+        compressed_fragments: fragments,
+        compressed_bytes: fragment_bytes,
+        packed_blocks,
+        packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
+        whole_blocks: whole,
+        compacted_blocks: i.compacted_blocks.load(Relaxed),
+        dedup_saved_blocks: saved,
+        counters: i.counters.snapshot(),
+        data_device: device_io(i.devices.data().counters().snapshot()),
+        metadata_device: if i.devices.separate_metadata() {
+            device_io(i.devices.meta().counters().snapshot())
         } else {
-            "data"
-        };
-        let meta_path = i
-            .devices
-            .meta_path()
-            .unwrap_or_else(|| i.devices.data_path());
-        let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
-            name: name.into(),
-            device: device.into(),
-            path: path.into(),
-            start_block: start,
-            blocks,
-            bytes: blocks * BLOCK,
-        };
-        let mut out = vec![
-            region("super block (copy 0)", meta_dev, &meta_path, 0, 1),
-            region("super block (copy 1)", meta_dev, &meta_path, 1, 1),
-            region(
-                "recovery journal",
-                meta_dev,
-                &meta_path,
-                g.journal_start_block(),
-                g.journal_sectors() / 8,
+            device_io(i.devices.data().counters().snapshot())
+        },
+        metadata_written_by_region: i
+            .checkpointer
+            .written()
+            .by_region(i.journal.written_bytes()),
+        checkpoints: i.checkpointer.taken(),
+        journal_commits: i.journal.commits(),
+        threads: i.threads,
+        limits: vec![
+            ("zones (packers)".into(), i.zones.count() as u64),
+            ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
+            (
+                "read-modify-write attempts".into(),
+                u64::from(crate::partial::RMW_ATTEMPTS_MAX),
             ),
-            region(
-                if version == fewerbytes_format::FORMAT_VERSION_1 {
-                    "page store (block maps, slab object tables, directories, catalog)"
-                } else {
-                    "page store (block maps, object counts, fingerprints, directories, catalog)"
-                },
-                meta_dev,
-                &meta_path,
-                g.pages_start_block(),
-                g.page_slots(),
+            (
+                "blocks per request step".into(),
+                crate::pool::BLOCKS_PER_STEP,
             ),
-        ];
-        if i.devices.separate_metadata() {
-            out.push(region(
-                "data device label",
-                "data",
-                &i.devices.data_path(),
-                0,
-                2,
-            ));
-        }
+            ("journal sectors".into(), journal_sectors),
+            ("journal sectors in use".into(), journal_used),
+            (
+                "journal commit threshold bytes".into(),
+                crate::journal::COMMIT_BYTES_THRESHOLD,
+            ),
+            ("index entries".into(), i.depot.index().capacity()),
+            ("index memory bytes".into(), i.depot.index().memory_bytes()),
+            ("page store slots".into(), i.geometry.page_slots()),
+            (
+                "page store slots in use".into(),
+                i.checkpointer.page_store().used(),
+            ),
+        ],
+        volumes,
+    }
+}
+
+/// Every on-disk region (`Pool::regions`).
+pub(crate) fn regions(i: &Inner) -> Vec<Region> {
+    let g = &i.geometry;
+    let version = i.checkpointer.super_block().version;
+    let meta_dev = if i.devices.separate_metadata() {
+        "metadata"
+    } else {
+        "data"
+    };
+    let meta_path = i
+        .devices
+        .meta_path()
+        .unwrap_or_else(|| i.devices.data_path());
+    let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
+        name: name.into(),
+        device: device.into(),
+        path: path.into(),
+        start_block: start,
+        blocks,
+        bytes: blocks * BLOCK,
+    };
+    let mut out = vec![
+        region("super block (copy 0)", meta_dev, &meta_path, 0, 1),
+        region("super block (copy 1)", meta_dev, &meta_path, 1, 1),
+        region(
+            "recovery journal",
+            meta_dev,
+            &meta_path,
+            g.journal_start_block(),
+            g.journal_sectors() / 8,
+        ),
+        region(
+            if version == fewerbytes_format::FORMAT_VERSION_1 {
+                "page store (block maps, slab object tables, directories, catalog)"
+            } else {
+                "page store (block maps, object counts, fingerprints, directories, catalog)"
+            },
+            meta_dev,
+            &meta_path,
+            g.pages_start_block(),
+            g.page_slots(),
+        ),
+    ];
+    if i.devices.separate_metadata() {
         out.push(region(
-            "data (slabs)",
+            "data device label",
             "data",
             &i.devices.data_path(),
-            g.data_offset_bytes() / BLOCK,
-            g.data_blocks(),
+            0,
+            2,
         ));
-        out
     }
+    out.push(region(
+        "data (slabs)",
+        "data",
+        &i.devices.data_path(),
+        g.data_offset_bytes() / BLOCK,
+        g.data_blocks(),
+    ));
+    out
+}
 
-    /// Reference-count audit: references from all maps against stored counts, and
-    /// block holders against live objects.
-    ///
-    /// Writes pause only while the state is copied (the referenced object ids, each
-    /// slab's live records and block holders); the comparison runs after.
-    pub fn audit(&self) -> AuditReport {
-        let i = &self.inner;
-        let snapshot = {
-            let _gate = i.gate.write();
-            AuditSnapshot::take(i)
-        };
-        snapshot.check(
-            i.geometry.slab_count(),
-            u64::from(i.geometry.objects_per_slab()),
-        )
-    }
+/// Reference-count audit: references from all maps against stored counts, and
+/// block holders against live objects.
+///
+/// Writes pause only while the state is copied (the referenced object ids, each
+/// slab's live records and block holders); the comparison runs after.
+pub(crate) fn audit(i: &Inner) -> AuditReport {
+    let snapshot = {
+        let _gate = i.gate.write();
+        AuditSnapshot::take(i)
+    };
+    snapshot.check(
+        i.geometry.slab_count(),
+        u64::from(i.geometry.objects_per_slab()),
+    )
 }
 
 /// What the audit compares, copied while writes are paused.
@@ -223,7 +217,7 @@ struct SlabSnapshot {
 }
 
 impl AuditSnapshot {
-    fn take(i: &crate::pool::Inner) -> AuditSnapshot {
+    fn take(i: &Inner) -> AuditSnapshot {
         let mut refs = Vec::new();
         for vol in i.volumes.all() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
