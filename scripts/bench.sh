@@ -30,6 +30,9 @@
 # write pays the delay as a seek would). Every server gets the same kind of drive; the run
 # measures the drive itself first (fio on the bare loop device) and prints it.
 #
+# The drives' backing files live in DRIVE_DIR (default /dev/shm: the plain drive is RAM, so
+# its figures are the servers' CPU and the loop device's, not the VM disk's).
+#
 # Output: docs/bench/results.csv, docs/bench/table.md, docs/bench/drive-bytes.svg, and the
 # section of docs/benchmarks.md between the "bench.sh results" markers (a quick run writes
 # into its own directory instead and leaves docs/ alone; OUT_DIR and UPDATE_DOC override).
@@ -60,6 +63,10 @@ SERVERS=${SERVERS:-qemu-nbd nbdkit qcow2-64k qcow2-128k fewerbytes}
 # (a quick run: 512 MiB dirty, a 193 s flush, 2.6 MiB/s), which alone would outlast the run.
 THROTTLED_SERVERS=${THROTTLED_SERVERS:-qemu-nbd qcow2-64k qcow2-128k fewerbytes}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
+# The drives' backing files: in RAM (tmpfs) by default. On the VM's ext4, deleting a file
+# that took a few GiB of random 4k writes (hundreds of thousands of extents) took up to two
+# minutes each, longer than the job; the loop device's counters are the same either way.
+DRIVE_DIR=${DRIVE_DIR:-/dev/shm}
 # A free port by default: other people's servers on this machine take the usual ones.
 PORT=${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 POOL_ARGS=${POOL_ARGS:-}
@@ -71,6 +78,7 @@ THROTTLE_DELAY=${THROTTLE_DELAY:-3ms}
 cargo build --release -q
 FB=$PWD/target/release/fewerbytes
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-bench.XXXXXX")
+drive_dir=$(mktemp -d "$DRIVE_DIR/fewerbytes-bench-drive.XXXXXX")
 mkdir -p "$OUT_DIR"
 csv=$dir/results.csv
 echo "set,workload,server,mib_s,read_lat_us,guest_bytes,drive_bytes,server_cpu_s,runtime_s" >"$csv"
@@ -93,18 +101,19 @@ release_drive() {
         wait "$fuse_pid" 2>/dev/null || true
         fuse_mount='' fuse_pid=''
     fi
-    rm -f "$dir"/drive.img
+    rm -f "$drive_dir/drive.img"
 }
 cleanup() {
     stop_server
     release_drive || true
-    rm -rf "$dir"
+    rm -rf "$dir" "$drive_dir"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 
 # new_drive BYTES THROTTLED: a fresh loop device over a sparse file, in $loop.
 new_drive() {
-    local bytes=$1 throttled=$2 file=$dir/drive.img
+    local bytes=$1 throttled=$2 file=$drive_dir/drive.img
     rm -f "$file"
     truncate -s "$bytes" "$file"
     if [[ $throttled == 1 ]]; then
