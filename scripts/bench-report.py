@@ -25,7 +25,7 @@ COLOURS = {
     "qcow2-128k": "#9467bd",
     "fewerbytes": "#d62728",
 }
-SETS = [("plain", "the drive (a loop device over a sparse file on the VM's disk)"),
+SETS = [("plain", "the plain drive (a loop device over a sparse file in tmpfs)"),
         ("throttled", "the throttled drive (a hard disk's speed)")]
 BEGIN = "<!-- bench.sh results: begin (scripts/bench.sh writes this section; edits are lost) -->"
 END = "<!-- bench.sh results: end -->"
