@@ -117,12 +117,19 @@ def tables(rows, order, servers):
     return "\n".join(out)
 
 
+def short(workload):
+    """'128k write QD8, seed mix' -> '128k mix': chart labels."""
+    size = workload.split()[0]
+    data = workload.rsplit(",", 1)[-1].strip()
+    return f"{size} {dict(seed_mix='mix', zero_blocks='zeros').get(data.replace(' ', '_'), data)}"
+
+
 def svg(rows, order, servers):
     groups = [(s, w) for s, _ in SETS for w in order.get(s, []) if not is_read(w)]
     bar_w, gap, left, top, plot_h = 14, 18, 60, 40, 260
     group_w = bar_w * len(servers) + gap
-    width = left + group_w * len(groups) + 20
-    label_h = 150
+    width = left + group_w * len(groups) + 80
+    label_h = 90
     height = top + plot_h + label_h + 30 + 18 * ((len(servers) + 2) // 3)
     values = [drive_share(rows[(s, w, k)]) for s, w in groups for k, _ in servers if (s, w, k) in rows]
     top_pct = max([100.0] + [v for v in values if v is not None])
@@ -135,7 +142,7 @@ def svg(rows, order, servers):
            f'font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{left}" y="20" font-size="14">Bytes reaching the drive, % of the bytes the guest wrote '
-           f'(scripts/bench.sh)</text>']
+           f'(scripts/bench.sh; HDD: the throttled drive)</text>']
     for pct in range(0, top_pct + 1, 25):
         out.append(f'<line x1="{left}" x2="{width - 20}" y1="{y(pct):.1f}" y2="{y(pct):.1f}" '
                    f'stroke="#ddd"/>')
@@ -155,7 +162,7 @@ def svg(rows, order, servers):
                 out.append(f'<text x="{x + bar_w / 2:.1f}" y="{y(v) - 3:.1f}" text-anchor="middle" '
                            f'font-size="9">{v:.0f}</text>')
         cx = x0 + bar_w * len(servers) / 2
-        label = html.escape(("throttled: " if set_key == "throttled" else "") + w)
+        label = html.escape(("HDD: " if set_key == "throttled" else "") + short(w))
         out.append(f'<text transform="translate({cx:.1f},{y(0) + 10:.1f}) rotate(40)" '
                    f'font-size="10">{label}</text>')
     ly = top + plot_h + label_h
