@@ -294,7 +294,7 @@ python3 scripts/bench-report.py --csv "$OUT_DIR/results.csv" --out-dir "$OUT_DIR
     --doc "$([[ $UPDATE_DOC == 1 ]] && echo docs/benchmarks.md)" \
     --command "RUNTIME=$RUNTIME BENCH_THROTTLED=$BENCH_THROTTLED $command" \
     --commit "$(git describe --always --dirty)" --when "$started–$finished UTC" \
-    --note "$RUNTIME s per job; write jobs on $JOBS×$JOB_SIZE (4k) or $JOB_SIZE (one job), throttled drive $JOBS×$THROTTLED_JOB_SIZE / $THROTTLED_JOB_SIZE; $(nproc) CPUs shared with other engineers' builds; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)" \
+    --note "$RUNTIME s per job; a volume of $JOBS×$JOB_SIZE (a 4k job of $JOBS covers $JOB_SIZE each, a one-job workload all of it), $JOBS×$THROTTLED_JOB_SIZE on the throttled drive; $(nproc) CPUs shared with other engineers' builds; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)" \
     --drive-note "$(cat "$dir/throttled-drive.txt" 2>/dev/null || true)" \
     --pool-info "$(grep -i 'window\|index' "$dir/pool-create.txt" 2>/dev/null | head -3 | tr '\n' ' ' || true)"
 cat "$OUT_DIR/table.md"
