@@ -2,7 +2,7 @@
 # One-command benchmark (issue 14): fio over NBD against fewerbytes and, in the same run,
 # against its peers on identical drives, counting the bytes that reach each drive.
 #
-#   scripts/bench.sh                         # the full run: both drives, ~25 min on 2 CPUs
+#   scripts/bench.sh                         # the full run: both drives, ~19 min on 2 shared CPUs
 #   RUNTIME=20 scripts/bench.sh              # seconds per job (default 12)
 #   BENCH_QUICK=1 scripts/bench.sh           # a few seconds per job, a subset (development)
 #   BENCH_THROTTLED=0 scripts/bench.sh       # the plain drive only (1: both, only: throttled)
@@ -12,7 +12,7 @@
 # Needs (Debian): fio, qemu-utils (qemu-nbd, qemu-img), nbdkit, nbdfuse, libnbd-bin
 # (nbdinfo), e2fsprogs, util-linux (losetup), python3; root, for loop devices and mounts.
 #
-# Servers, each on its own fresh loop device over a sparse file in BENCH_DIR:
+# Servers, each on its own fresh loop device over a sparse file in DRIVE_DIR:
 #   qemu-nbd     qemu-nbd -f raw --cache=none --aio=native on the loop device
 #   nbdkit       nbdkit file on the loop device (page cache)
 #   qcow2-64k    ext4 on the loop device, a qcow2 file (64k clusters, preallocation=metadata
@@ -27,8 +27,10 @@
 # The throttled drive stands for a hard disk: nbdkit's rate filter (rate=1200M bits/s, about
 # 150 MiB/s) and delay filter (delay-write=3ms) over a file, exposed as a file by nbdfuse,
 # with the loop device on that file (a loop device writes one request at a time, so each
-# write pays the delay as a seek would). Every server gets the same kind of drive; the run
-# measures the drive itself first (fio on the bare loop device) and prints it.
+# write pays the delay as a seek would; sequential writes pay it too, so 128k writes of a
+# raw peer run at ~30 MiB/s where a disk would stream). Every server gets the same kind of
+# drive (nbdkit file is left off it: THROTTLED_SERVERS, below); the run measures the drive
+# itself first (fio on the bare loop device) and prints it.
 #
 # The drives' backing files live in DRIVE_DIR (default /dev/shm: the plain drive is RAM, so
 # its figures are the servers' CPU and the loop device's, not the VM disk's).
