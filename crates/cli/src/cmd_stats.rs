@@ -1,7 +1,7 @@
 //! `stats` and `list-metadata`: what the pool holds and where its metadata lives.
 
 use anyhow::{bail, Result};
-use fewerbytes_engine::{PoolStats, Region};
+use fewerbytes_engine::{Mode, PoolStats, Region};
 use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
@@ -17,8 +17,14 @@ pub struct StatsArgs {
     #[arg(long, short)]
     verbose: bool,
     /// Print the statistics as JSON.
-    #[arg(long, conflicts_with = "verbose")]
+    #[arg(long, conflicts_with_all = ["verbose", "bytes", "no_header"])]
     json: bool,
+    /// Sizes in bytes rather than binary units (for scripts).
+    #[arg(long)]
+    bytes: bool,
+    /// Leave out the header line (for scripts).
+    #[arg(long)]
+    no_header: bool,
 }
 
 /// `list-metadata`.
@@ -39,7 +45,12 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         print_json(&stats)?;
         return Ok(ExitCode::SUCCESS);
     }
-    summary_table(&stats.pool).print();
+    let table = summary_table(&stats.pool, args.bytes);
+    if args.no_header {
+        table.print_rows();
+    } else {
+        table.print();
+    }
     if args.verbose {
         println!();
         for (key, value) in flatten(&serde_json::to_value(&*stats)?) {
@@ -49,10 +60,13 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The vdostats-like table: one row for the pool.
-pub fn summary_table(stats: &PoolStats) -> Table {
-    // As vdostats: the size is the whole pool, metadata included, so that
-    // Size = Used + Available and Use% says how close the pool is to full.
+/// The vdostats-like table: one row for the pool; sizes in bytes when `bytes`.
+pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
+    // As vdostats: the size is the whole pool, metadata included. Space freed by trims,
+    // overwrites and deletes is "Freeing" until the next checkpoint makes it
+    // available, so that Size = Used + Freeing + Available at every moment, and Use%
+    // says how close the pool is to full.
+    let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let size_bytes = stats.data_bytes + stats.metadata_bytes;
     let used_bytes = stats.data_used_bytes + stats.metadata_bytes;
     let saving = if stats.logical_used_bytes == 0 {
@@ -64,19 +78,33 @@ pub fn summary_table(stats: &PoolStats) -> Table {
         ("Device", Align::Left),
         ("Size", Align::Right),
         ("Used", Align::Right),
+        ("Freeing", Align::Right),
         ("Available", Align::Right),
         ("Use%", Align::Right),
         ("Space saving%", Align::Right),
+        ("Mode", Align::Left),
     ]);
     table.row(vec![
         stats.path.clone(),
-        format_size(size_bytes),
-        format_size(used_bytes),
-        format_size(stats.data_free_bytes),
+        size(size_bytes),
+        size(used_bytes),
+        size(stats.data_freeing_bytes),
+        size(stats.data_free_bytes),
         format!("{}%", percent_rounded_up(used_bytes, size_bytes)),
         saving,
+        mode_words(stats.mode).to_string(),
     ]);
     table
+}
+
+/// The pool's mode as the table says it: an open for inspection (`stats` on a pool no
+/// server holds, `serve --read-only`) is not the read-only that follows an I/O error.
+fn mode_words(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Normal => "normal",
+        Mode::ReadOnly => "read-only after an error",
+        Mode::OpenedReadOnly => "opened read-only",
+    }
 }
 
 /// Every leaf of the statistics as `path : value`, sorted by name within each level.
@@ -118,9 +146,21 @@ fn flatten_into(prefix: &str, value: &Value, out: &mut Vec<(String, String)>) {
             }
         }
         Value::Number(number) => {
-            let text = match (number.as_u64(), prefix.ends_with("bytes")) {
-                (Some(bytes), true) if bytes >= 1024 => format!("{bytes} ({})", format_size(bytes)),
-                (Some(n), _) => n.to_string(),
+            // Byte counts and 4 KiB block counts both show their size, so that every
+            // amount of space reads in the same unit.
+            let block = fewerbytes_engine::BLOCK_BYTES as u64;
+            let text = match (
+                number.as_u64(),
+                prefix.ends_with("bytes"),
+                prefix.ends_with("blocks"),
+            ) {
+                (Some(bytes), true, _) if bytes >= 1024 => {
+                    format!("{bytes} ({})", format_size(bytes))
+                }
+                (Some(blocks), _, true) if blocks > 0 => {
+                    format!("{blocks} ({})", format_size(blocks.saturating_mul(block)))
+                }
+                (Some(n), _, _) => n.to_string(),
                 _ => match number.as_f64() {
                     Some(f) => format!("{f:.2}"),
                     None => number.to_string(),
@@ -184,6 +224,7 @@ mod tests {
             "limits": [["journal_entries_max", 4096]],
             "volumes": [{"name": "vm1", "size_bytes": 4096}],
             "saving_percent": 87.5,
+            "dedup_saved_blocks": 3,
         });
         let lines = flatten(&value);
         assert!(lines.contains(&("data_used_bytes".into(), "8192 (8.00 KiB)".into())));
@@ -191,5 +232,6 @@ mod tests {
         assert!(lines.contains(&("volumes[vm1].name".into(), "vm1".into())));
         assert!(lines.contains(&("volumes[vm1].size_bytes".into(), "4096 (4.00 KiB)".into())));
         assert!(lines.contains(&("saving_percent".into(), "87.50".into())));
+        assert!(lines.contains(&("dedup_saved_blocks".into(), "3 (12.00 KiB)".into())));
     }
 }

@@ -561,6 +561,18 @@ pub fn with_local_pool<T>(
     run_and_close(pool_path, pool, body)
 }
 
+/// [`with_local_pool`] for commands that only read (`volume export`): the pool is
+/// opened read-only, so nothing is written to it, and a pool on a full file system,
+/// or one that did not close cleanly there, can still be read out.
+pub fn with_local_pool_read_only<T>(
+    pool_path: &Path,
+    options: &OpenOptions,
+    body: impl FnOnce(&Arc<Pool>) -> Result<T>,
+) -> Result<T> {
+    let pool = open_pool_read_only(pool_path, options)?;
+    run_and_close(pool_path, pool, body)
+}
+
 /// Run `body` on an open pool, then close it; the first error wins.
 pub fn run_and_close<T>(
     pool_path: &Path,

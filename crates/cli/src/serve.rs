@@ -3,8 +3,10 @@
 //!
 //! With no pool at the default path, a default one is made first (a sparse 16 GiB
 //! file with one volume, `disk0`), so one command gives a newcomer a served disk.
+//! With `--read-only` the pool is opened read-only: nothing is written to it, not
+//! even a checkpoint, so a pool on a full file system can be served and read out.
 //! SIGINT or SIGTERM stops accepting, closes connections, takes the final checkpoint
-//! and removes the sockets; a second signal exits at once. The stop never goes through
+//! (none when read-only) and removes the sockets; a second signal exits at once. The stop never goes through
 //! a socket's path (a signal writes to a pipe the main thread reads, and the accept
 //! loops are woken by shutdown(2) on their listening descriptors), so it works even
 //! when the socket files were deleted. Under a service manager, `READY=1` is sent once
@@ -19,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::control::{open_pool, with_suffix, Endpoints, Served};
+use crate::control::{open_pool, open_pool_read_only, with_suffix, Endpoints, Served};
 use crate::control_server::ControlServer;
 use crate::notify::Notifier;
 use crate::size::{format_size, round_down};
@@ -51,7 +53,8 @@ pub struct ServeArgs {
     /// The volume the empty export name ("") opens [default: the only volume].
     #[arg(long, value_name = "NAME")]
     default_volume: Option<String>,
-    /// Refuse writes (clients get EPERM).
+    /// Refuse writes (clients get EPERM), and write nothing to the pool: it is opened
+    /// read-only, so volume changes through the control socket are refused too.
     #[arg(long)]
     read_only: bool,
     /// Worker threads for hashing and compression [default: one per CPU].
@@ -73,12 +76,16 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         create_default_pool(path)?;
     }
     let stop = signals::install().context("could not install the SIGINT/SIGTERM handlers")?;
-    let pool = open_pool(
-        path,
-        &OpenOptions {
-            threads: args.threads,
-        },
-    )?;
+    let options = OpenOptions {
+        threads: args.threads,
+    };
+    // A read-only server writes nothing to the pool (no checkpoint at open or close),
+    // so it can serve a pool whose file system is full.
+    let pool = if args.read_only {
+        open_pool_read_only(path, &options)?
+    } else {
+        open_pool(path, &options)?
+    };
     let served = start(&args, path, &pool);
     let Started {
         server,
@@ -99,8 +106,13 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     }
     let signal = stop.wait();
     tracing::info!("{signal} received: stopping");
-    println!("Stopping: closing connections and taking the final checkpoint.");
-    notifier.stopping("Stopping: closing connections and taking the final checkpoint");
+    let stopping = if args.read_only {
+        "Stopping: closing connections (the pool was opened read-only: nothing to write)"
+    } else {
+        "Stopping: closing connections and taking the final checkpoint"
+    };
+    println!("{stopping}.");
+    notifier.stopping(stopping);
     control.stop();
     server.shutdown();
     drop(server);
@@ -109,7 +121,14 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         .with_context(|| format!("could not close pool {}", path.display()));
     // The NBD server removed its socket file (if it was still its own).
     closed?;
-    println!("Pool {} closed cleanly.", path.display());
+    if args.read_only {
+        println!(
+            "Pool {} closed (opened read-only: nothing written).",
+            path.display()
+        );
+    } else {
+        println!("Pool {} closed cleanly.", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

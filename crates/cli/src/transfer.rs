@@ -18,7 +18,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::control::{with_local_pool, Answer, ControlClient, Request};
+use crate::control::{with_local_pool, with_local_pool_read_only, Answer, ControlClient, Request};
 use crate::image_format;
 use crate::output::Progress;
 use crate::size::{format_size, round_up};
@@ -243,7 +243,7 @@ pub fn export(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<
             );
         }
     }
-    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+    with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
         let volume_bytes = volume.size_bytes();
         let target = FileOpenOptions::new()

@@ -581,14 +581,33 @@ fn seven_imports_of_one_image_store_it_once_and_export_it_unchanged() {
         "Device",
         "Size",
         "Used",
+        "Freeing",
         "Available",
         "Use%",
         "Space saving%",
+        "Mode",
     ] {
         assert!(header.contains(column), "missing column {column}: {table}");
     }
     let row = lines.next().unwrap_or_default();
     assert!(row.contains(path_str(&pool)), "no pool row: {table}");
+    // In bytes, the row adds up: Size = Used + Freeing + Available.
+    let row = fb(&pool, &["stats", "--bytes", "--no-header"])
+        .ok()
+        .stdout();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let number = |i: usize| -> u64 {
+        cells
+            .get(i)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("cell {i} of {row:?} is not a byte count"))
+    };
+    assert_eq!(
+        number(1),
+        number(2) + number(3) + number(4),
+        "Size != Used + Freeing + Available: {row}"
+    );
+    assert!(row.contains("opened read-only"), "{row}");
     let verbose = fb(&pool, &["stats", "--verbose"]).ok().stdout();
     assert!(verbose.contains("data_used_bytes"), "{verbose}");
     assert!(verbose.contains("volumes[vol3]"), "{verbose}");

@@ -16,9 +16,10 @@ use crate::BLOCK_BYTES;
 /// Most references in a table's top list: a volume of up to 4 × 252 map pages
 /// (1,008 × 504 blocks, 1.94 GiB) has one level of directories, as before trees.
 pub const MAX_TOP_REFS: usize = 4;
-/// Most directory levels of a table. Four levels reach 4 × 252⁴ (about 1.6 × 10¹⁰)
+/// Most directory levels of a table (a directory page's header holds its level, so the
+/// bound lives with the page layout). Four levels reach 4 × 252⁴ (about 1.6 × 10¹⁰)
 /// table pages, more than the largest table below needs.
-pub const MAX_DEPTH: u32 = 4;
+pub use crate::page::MAX_DEPTH;
 
 /// Logical blocks of the largest volume: a journal record holds an LBN in 40 bits.
 pub const MAX_VOLUME_BLOCKS: u64 = MAX_LBN + 1;

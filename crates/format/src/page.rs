@@ -4,7 +4,6 @@
 //! that wrote it, its kind, owner and index. In version 2 each is also named by its
 //! parent: a [`PageRef`] holds its address, crc and generation.
 
-use crate::dir_tree::MAX_DEPTH;
 use crate::{
     check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, BLOCK_BYTES,
     FORMAT_VERSION, FORMAT_VERSION_1,
@@ -28,6 +27,9 @@ pub const SLOTS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / 4;
 pub const PAGE_REF_BYTES: usize = 16;
 /// Page references per directory page of version 2.
 pub const REFS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / PAGE_REF_BYTES;
+/// Most directory levels of a table: a directory page's header holds its level, 1 to
+/// this (the tree's shape: [`crate::dir_tree`]).
+pub const MAX_DEPTH: u32 = 4;
 /// Bytes of one count record (version 2): location u64, refcount u32.
 pub const COUNT_RECORD_BYTES: usize = 12;
 /// Count records per object count page (version 2).

@@ -6,23 +6,37 @@
 //! boundary. It can also fail the Nth read, write or flush; after any injected
 //! failure it stays failed, as a real device that returned EIO is not trusted again.
 //!
-//! Images are kept in 4 KiB pages shared copy-on-write ([`Image`]), so copying one
-//! costs a pointer per page, not the device's bytes: a crash simulation makes
-//! thousands of images of the same pool. A device can also *record* every write and
+//! Images are kept in 4 KiB pages shared copy-on-write ([`Image`], `image.rs`), so
+//! copying one costs a pointer per page, not the device's bytes: a crash simulation
+//! makes thousands of images of the same pool. A device can also *record* every write and
 //! flush that reaches it into an [`IoLog`] shared with other devices; [`LogReplay`]
 //! then rebuilds, from one recorded run, the images a crash before any event of the
 //! log would have left, without running the workload again.
 //!
 //! Apart from those, a plan may name an unreadable range (a bad sector): reads
 //! touching it fail every time, and nothing else does.
+//!
+//! **Discards** are modelled as a drive may carry them out: the discarded pages read
+//! as zeros at once, and until the next flush a crash may or may not have done the
+//! discard, page by page and sector by sector. So a discard is kept, and recorded in
+//! the log, as an unflushed *write of zeros* ([`IoEvent::Write`]): every crash mode
+//! and every replay treats it as one, and a discarded page that durable state still
+//! names reads as zeros after some crash.
+//!
+//! **Space** can run out: a plan may give the device room for only so many bytes of
+//! written pages (a sparse file on a small file system, a thin volume). A write that
+//! needs a page past that fails with [`StorageError::NoSpace`], changes nothing, and
+//! does not latch the device; a discard gives its pages back; more room can be given
+//! at any time ([`FaultStorage::set_space_bytes`]). A device can also **grow**
+//! ([`FaultStorage::grow`]), seen by [`Storage::refresh_len`].
 
-use crate::{check_bounds, IoCounters, IoOp, Storage, StorageError};
+use crate::image::{Image, PAGE_BYTES};
+use crate::{check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, Storage, StorageError};
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-/// The unit in which images are shared (a page of the host, and the engine's block).
-const PAGE_BYTES: usize = 4096;
 /// The unit a crash can tear a write at (a disk sector).
 const TEAR_BYTES: usize = 512;
 
@@ -55,93 +69,23 @@ pub struct FaultPlan {
     /// Misdirect the write with this index to the byte offset given: it returns Ok
     /// and lands there instead (a drive that wrote the right bytes at the wrong place).
     pub misdirect_write: Option<(u64, u64)>,
-}
-
-/// A device's bytes as 4 KiB pages shared copy-on-write; a page never written is
-/// zeros and takes no memory. Cloning copies one pointer per page.
-#[derive(Clone)]
-pub struct Image {
-    len_bytes: u64,
-    pages: Vec<Option<Arc<[u8; PAGE_BYTES]>>>,
-}
-
-impl Image {
-    /// `len_bytes` of zeros.
-    pub fn zeroed(len_bytes: u64) -> Self {
-        Image {
-            len_bytes,
-            pages: vec![None; len_bytes.div_ceil(PAGE_BYTES as u64) as usize],
-        }
-    }
-
-    /// An image holding `bytes`.
-    pub fn from_bytes(bytes: &[u8]) -> Self {
-        let mut image = Image::zeroed(bytes.len() as u64);
-        for (page, chunk) in image.pages.iter_mut().zip(bytes.chunks(PAGE_BYTES)) {
-            if chunk.iter().any(|b| *b != 0) {
-                let mut copy = [0u8; PAGE_BYTES];
-                copy.iter_mut().zip(chunk).for_each(|(d, s)| *d = *s);
-                *page = Some(Arc::new(copy));
-            }
-        }
-        image
-    }
-
-    /// The image's bytes.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.len_bytes as usize];
-        self.read(&mut out, 0);
-        out
-    }
-
-    /// The image's length.
-    pub fn len_bytes(&self) -> u64 {
-        self.len_bytes
-    }
-
-    /// Copy `buf.len()` bytes at `offset_bytes` out (the caller checked the bounds).
-    pub fn read(&self, buf: &mut [u8], offset_bytes: u64) {
-        let mut at = offset_bytes as usize;
-        let mut rest = buf;
-        while !rest.is_empty() {
-            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
-            let n = (PAGE_BYTES - within).min(rest.len());
-            let (dst, tail) = rest.split_at_mut(n);
-            let src = self.pages.get(page).and_then(Option::as_ref);
-            match src.and_then(|p| p.get(within..within + n)) {
-                Some(src) => dst.copy_from_slice(src),
-                None => dst.fill(0),
-            }
-            rest = tail;
-            at += n;
-        }
-    }
-
-    /// Copy `data` in at `offset_bytes`; bytes past the end are dropped.
-    pub fn write(&mut self, data: &[u8], offset_bytes: u64) {
-        let mut at = offset_bytes as usize;
-        let mut rest = data;
-        while !rest.is_empty() {
-            let (page, within) = (at / PAGE_BYTES, at % PAGE_BYTES);
-            let n = (PAGE_BYTES - within).min(rest.len());
-            let (src, tail) = rest.split_at(n);
-            let Some(slot) = self.pages.get_mut(page) else {
-                return;
-            };
-            let page = Arc::make_mut(slot.get_or_insert_with(|| Arc::new([0u8; PAGE_BYTES])));
-            if let Some(dst) = page.get_mut(within..within + n) {
-                dst.copy_from_slice(src);
-            }
-            rest = tail;
-            at += n;
-        }
-    }
+    /// Room for this many bytes of written 4 KiB pages (a full file system under a
+    /// sparse file, a full thin pool): a write that needs a page not yet written
+    /// past that fails with [`StorageError::NoSpace`] and changes nothing; the
+    /// device does not latch, and the same write succeeds once a discard gave pages
+    /// back or [`FaultStorage::set_space_bytes`] gave more room. Pages the device
+    /// started with count as written when they hold anything but zeros.
+    pub space_bytes: Option<u64>,
+    /// The device cannot discard: [`Storage::discard`] says
+    /// [`DiscardOutcome::Unsupported`] and changes nothing.
+    pub discard_unsupported: bool,
 }
 
 /// One event a recording device saw, in the order the devices saw them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IoEvent {
-    /// A write that returned.
+    /// A write that returned, or a discard the device took (logged as the write of
+    /// zeros a crash may or may not keep; see the module's header).
     Write {
         /// Which device of the log (the number given to [`FaultStorage::record_into`]).
         device: usize,
@@ -335,6 +279,16 @@ struct State {
     durable: Image,
     live: Image,
     unflushed: Vec<(u64, Vec<u8>)>,
+    /// Per 4 KiB page of the device, whether it was written (and not discarded
+    /// since): what counts against [`FaultPlan::space_bytes`].
+    written: Vec<bool>,
+    /// How many of `written` are true.
+    written_pages: u64,
+    /// Whether discards are on ([`Storage::set_discard_enabled`]).
+    discard_enabled: bool,
+    /// The device's length now ([`FaultStorage::grow`]); reported once
+    /// [`Storage::refresh_len`] measures it.
+    device_bytes: u64,
     plan: FaultPlan,
     writes_seen: u64,
     flushes_seen: u64,
@@ -345,7 +299,8 @@ struct State {
 /// An in-memory device that can crash and fail on demand.
 pub struct FaultStorage {
     name: String,
-    len_bytes: u64,
+    /// As last measured (at creation, or by [`Storage::refresh_len`]).
+    len_bytes: AtomicU64,
     state: Mutex<State>,
     counters: IoCounters,
     /// Where writes and flushes are recorded, and this device's number there.
@@ -365,10 +320,15 @@ impl FaultStorage {
 
     /// A device whose durable content is `image` (shared, not copied).
     pub fn from_pages(name: &str, image: Image) -> Self {
+        let written: Vec<bool> = image.allocated_pages();
         FaultStorage {
             name: name.to_string(),
-            len_bytes: image.len_bytes(),
+            len_bytes: AtomicU64::new(image.len_bytes()),
             state: Mutex::new(State {
+                written_pages: written.iter().filter(|w| **w).count() as u64,
+                written,
+                discard_enabled: true,
+                device_bytes: image.len_bytes(),
                 live: image.clone(),
                 durable: image,
                 unflushed: Vec::new(),
@@ -396,6 +356,34 @@ impl FaultStorage {
         s.writes_seen = 0;
         s.flushes_seen = 0;
         s.reads_seen = 0;
+    }
+
+    /// Give the device room for `space_bytes` of written pages (`None`: no limit), as
+    /// [`FaultPlan::space_bytes`] does, leaving the rest of the plan and its counts
+    /// alone: a file system whose space was freed, a thin pool extended.
+    pub fn set_space_bytes(&self, space_bytes: Option<u64>) {
+        self.state.lock().plan.space_bytes = space_bytes;
+    }
+
+    /// Bytes of written pages the device holds now (4 KiB each): a sparse file's
+    /// allocated size. Discards lower it.
+    pub fn written_bytes(&self) -> u64 {
+        self.state.lock().written_pages * PAGE_BYTES as u64
+    }
+
+    /// The device grows to `len_bytes` (not shorter than it is), as a file extended
+    /// with `truncate` or a grown logical volume: the new bytes are zeros, durable
+    /// at once. Requests are checked against the old length until
+    /// [`Storage::refresh_len`] measures the new one. A log replay does not see the
+    /// growth: give it base images of the grown length.
+    pub fn grow(&self, len_bytes: u64) {
+        let mut s = self.state.lock();
+        assert!(len_bytes >= s.device_bytes, "a device only grows");
+        s.device_bytes = len_bytes;
+        s.durable.grow(len_bytes);
+        s.live.grow(len_bytes);
+        let pages = s.live.page_count();
+        s.written.resize(pages, false);
     }
 
     /// The image a crash would leave now, under `mode`.
@@ -427,6 +415,8 @@ impl FaultStorage {
             writes.iter().map(|(off, data)| (*off, data.as_slice())),
             mode,
         );
+        s.written = image.allocated_pages();
+        s.written_pages = s.written.iter().filter(|w| **w).count() as u64;
         s.live = image.clone();
         s.durable = image;
         s.plan = FaultPlan::default();
@@ -444,6 +434,16 @@ impl FaultStorage {
         self.state.lock().durable.clone()
     }
 
+    fn check_bounds(
+        &self,
+        op: IoOp,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> Result<(), StorageError> {
+        let device_bytes = self.len_bytes.load(Relaxed);
+        check_bounds(&self.name, op, offset_bytes, len_bytes, device_bytes)
+    }
+
     fn fail(&self, s: &mut State, op: IoOp) -> StorageError {
         s.failed = true;
         StorageError::Injected {
@@ -455,13 +455,7 @@ impl FaultStorage {
 
 impl Storage for FaultStorage {
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(
-            &self.name,
-            IoOp::Read,
-            offset_bytes,
-            buf.len() as u64,
-            self.len_bytes,
-        )?;
+        self.check_bounds(IoOp::Read, offset_bytes, buf.len() as u64)?;
         let mut s = self.state.lock();
         let index = s.reads_seen;
         s.reads_seen += 1;
@@ -488,13 +482,7 @@ impl Storage for FaultStorage {
     }
 
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
-        check_bounds(
-            &self.name,
-            IoOp::Write,
-            offset_bytes,
-            buf.len() as u64,
-            self.len_bytes,
-        )?;
+        self.check_bounds(IoOp::Write, offset_bytes, buf.len() as u64)?;
         let mut s = self.state.lock();
         let index = s.writes_seen;
         s.writes_seen += 1;
@@ -505,14 +493,33 @@ impl Storage for FaultStorage {
             self.counters.count_write(buf.len());
             return Ok(());
         }
+        let device_bytes = self.len_bytes.load(Relaxed);
         let offset_bytes = match s.plan.misdirect_write {
-            Some((i, to))
-                if i == index && to.saturating_add(buf.len() as u64) <= self.len_bytes =>
-            {
+            Some((i, to)) if i == index && to.saturating_add(buf.len() as u64) <= device_bytes => {
                 to
             }
             _ => offset_bytes,
         };
+        let pages = pages_of(offset_bytes, buf.len() as u64);
+        let new_pages = s
+            .written
+            .get(pages.clone())
+            .map_or(0, |w| w.iter().filter(|w| !**w).count() as u64);
+        if let Some(space_bytes) = s.plan.space_bytes {
+            if (s.written_pages + new_pages) * PAGE_BYTES as u64 > space_bytes {
+                return Err(StorageError::NoSpace {
+                    device: self.name.clone(),
+                    op: IoOp::Write,
+                    offset_bytes,
+                    len_bytes: buf.len() as u64,
+                    source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                });
+            }
+        }
+        if let Some(written) = s.written.get_mut(pages) {
+            written.fill(true);
+        }
+        s.written_pages += new_pages;
         s.live.write(buf, offset_bytes);
         s.unflushed.push((offset_bytes, buf.to_vec()));
         // Under the device's lock, so the log holds this device's writes in its order.
@@ -545,8 +552,54 @@ impl Storage for FaultStorage {
         Ok(())
     }
 
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<DiscardOutcome, StorageError> {
+        self.check_bounds(IoOp::Discard, offset_bytes, len_bytes)?;
+        let mut s = self.state.lock();
+        if s.failed {
+            return Err(self.fail(&mut s, IoOp::Discard));
+        }
+        if !s.discard_enabled {
+            return Ok(DiscardOutcome::Disabled);
+        }
+        if s.plan.discard_unsupported {
+            return Ok(DiscardOutcome::Unsupported);
+        }
+        let Some((offset, len)) = discard_pages(offset_bytes, len_bytes) else {
+            return Ok(DiscardOutcome::Discarded);
+        };
+        let pages = pages_of(offset, len);
+        if let Some(written) = s.written.get_mut(pages) {
+            let freed = written.iter().filter(|w| **w).count() as u64;
+            written.fill(false);
+            s.written_pages -= freed;
+        }
+        s.live.zero(offset, len);
+        let zeros = vec![0u8; len as usize];
+        // Under the device's lock, as a write: the log keeps this device's order.
+        if let Some((log, device)) = &self.log {
+            log.push(IoEvent::Write {
+                device: *device,
+                offset_bytes: offset,
+                data: zeros.clone(),
+            });
+        }
+        s.unflushed.push((offset, zeros));
+        self.counters.count_discard(len);
+        Ok(DiscardOutcome::Discarded)
+    }
+
+    fn set_discard_enabled(&self, enabled: bool) {
+        self.state.lock().discard_enabled = enabled;
+    }
+
     fn len_bytes(&self) -> u64 {
-        self.len_bytes
+        self.len_bytes.load(Relaxed)
+    }
+
+    fn refresh_len(&self) -> Result<u64, StorageError> {
+        let device_bytes = self.state.lock().device_bytes;
+        self.len_bytes.store(device_bytes, Relaxed);
+        Ok(device_bytes)
     }
 
     fn name(&self) -> &str {
@@ -556,6 +609,14 @@ impl Storage for FaultStorage {
     fn counters(&self) -> &IoCounters {
         &self.counters
     }
+}
+
+/// The 4 KiB pages `[offset_bytes, offset_bytes+len_bytes)` touches, as indices.
+fn pages_of(offset_bytes: u64, len_bytes: u64) -> std::ops::Range<usize> {
+    let page = PAGE_BYTES as u64;
+    let first = offset_bytes / page;
+    let end = offset_bytes.saturating_add(len_bytes).div_ceil(page);
+    first as usize..end.max(first) as usize
 }
 
 #[cfg(test)]
@@ -636,16 +697,139 @@ mod tests {
     }
 
     #[test]
-    fn an_image_shares_pages_until_written() {
-        let mut a = Image::from_bytes(&[7u8; 3 * PAGE_BYTES]);
-        let b = a.clone();
-        a.write(&[9; 10], PAGE_BYTES as u64 + 5);
-        let (mut x, mut y) = ([0u8; 20], [0u8; 20]);
-        a.read(&mut x, PAGE_BYTES as u64);
-        b.read(&mut y, PAGE_BYTES as u64);
-        assert_eq!(x[5..15], [9; 10], "the write is in the copy written");
-        assert_eq!(y, [7; 20], "the other copy is untouched");
-        assert_eq!(Image::zeroed(100).to_bytes(), vec![0u8; 100]);
+    fn a_discard_reads_zeros_and_a_crash_before_the_flush_may_undo_it() {
+        let dev = FaultStorage::new("t", 4 * 4096);
+        dev.write_at(&[5; 3 * 4096], 0).unwrap();
+        dev.flush().unwrap();
+        // Rounded inward: only page 1 lies whole inside [100, 100 + 2*4096).
+        let outcome = dev.discard(100, 2 * 4096).unwrap();
+        assert_eq!(outcome, DiscardOutcome::Discarded);
+        let mut buf = vec![0u8; 3 * 4096];
+        dev.read_at(&mut buf, 0).unwrap();
+        assert!(
+            buf[..4096].iter().all(|b| *b == 5),
+            "page 0 is outside the whole pages"
+        );
+        assert!(
+            buf[4096..8192].iter().all(|b| *b == 0),
+            "the discarded page reads zeros"
+        );
+        assert!(
+            buf[8192..].iter().all(|b| *b == 5),
+            "page 2 is outside the whole pages"
+        );
+        assert_eq!(
+            dev.crash_image(CrashMode::DropAll)[4096],
+            5,
+            "not flushed: undone"
+        );
+        assert_eq!(dev.crash_image(CrashMode::KeepAll)[4096], 0, "or done");
+        for seed in 0..16 {
+            let image = dev.crash_image(CrashMode::Random(seed));
+            assert!(
+                image[4096..8192].iter().all(|b| *b == 0 || *b == 5),
+                "seed {seed}"
+            );
+        }
+        dev.flush().unwrap();
+        assert_eq!(
+            dev.crash_image(CrashMode::DropAll)[4096],
+            0,
+            "flushed: done"
+        );
+        let io = dev.counters().snapshot();
+        assert_eq!((io.discards, io.discard_bytes), (1, 4096));
+        assert_eq!(io.writes, 1, "a discard is not counted as a write");
+    }
+
+    #[test]
+    fn a_discard_is_logged_as_a_write_of_zeros_and_replayed() {
+        let log = IoLog::new();
+        let dev = FaultStorage::new("a", 2 * 4096).record_into(log.clone(), 0);
+        dev.write_at(&[7; 8192], 0).unwrap();
+        dev.flush().unwrap();
+        dev.discard(0, 8192).unwrap();
+        let events = log.take();
+        assert_eq!(
+            events.last(),
+            Some(&IoEvent::Write {
+                device: 0,
+                offset_bytes: 0,
+                data: vec![0; 8192]
+            })
+        );
+        let mut replay = LogReplay::new(vec![Image::zeroed(2 * 4096)], &events);
+        replay.seek(events.len());
+        assert_eq!(
+            replay.crash_images(CrashMode::DropAll)[0].to_bytes(),
+            vec![7; 8192]
+        );
+        assert_eq!(
+            replay.crash_images(CrashMode::KeepAll)[0].to_bytes(),
+            vec![0; 8192]
+        );
+    }
+
+    #[test]
+    fn a_device_with_discards_off_or_unsupported_keeps_its_bytes() {
+        let dev = FaultStorage::new("t", 4096);
+        dev.write_at(&[1; 4096], 0).unwrap();
+        dev.set_discard_enabled(false);
+        assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Disabled);
+        dev.set_discard_enabled(true);
+        dev.set_plan(FaultPlan {
+            discard_unsupported: true,
+            ..FaultPlan::default()
+        });
+        assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Unsupported);
+        let mut buf = [0u8; 4096];
+        dev.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1; 4096]);
+        assert_eq!(dev.counters().snapshot().discards, 0);
+        assert!(dev.discard(4096, 1).is_err(), "past the end");
+    }
+
+    #[test]
+    fn a_full_device_refuses_new_pages_until_space_returns() {
+        let dev = FaultStorage::new("t", 8 * 4096);
+        dev.set_plan(FaultPlan {
+            space_bytes: Some(2 * 4096),
+            ..FaultPlan::default()
+        });
+        dev.write_at(&[1; 8192], 0).unwrap();
+        let err = dev.write_at(&[2; 512], 2 * 4096).unwrap_err();
+        assert!(err.is_no_space(), "{err}");
+        dev.write_at(&[3; 512], 4096).unwrap();
+        dev.flush().unwrap();
+        let mut buf = [9u8; 512];
+        dev.read_at(&mut buf, 2 * 4096).unwrap();
+        assert_eq!(buf, [0; 512], "the refused write changed nothing");
+        // A discard gives a page back, and the write goes through.
+        dev.discard(0, 4096).unwrap();
+        assert_eq!(dev.written_bytes(), 4096);
+        dev.write_at(&[2; 512], 2 * 4096).unwrap();
+        assert!(dev.write_at(&[4; 512], 3 * 4096).unwrap_err().is_no_space());
+        // More room, as when the host's file system was given space.
+        dev.set_space_bytes(None);
+        dev.write_at(&[4; 512], 3 * 4096).unwrap();
+        dev.flush().unwrap();
+        assert_eq!(dev.written_bytes(), 3 * 4096);
+    }
+
+    #[test]
+    fn a_grown_device_is_seen_after_refresh() {
+        let dev = FaultStorage::new("t", 4096);
+        dev.write_at(&[1; 4096], 0).unwrap();
+        dev.grow(3 * 4096);
+        assert_eq!(dev.len_bytes(), 4096, "not measured yet");
+        assert!(dev.write_at(&[2; 4096], 4096).is_err(), "past the old end");
+        assert_eq!(dev.refresh_len().unwrap(), 3 * 4096);
+        dev.write_at(&[2; 4096], 2 * 4096).unwrap();
+        let image = dev.crash_image(CrashMode::KeepAll);
+        assert_eq!(
+            (image.len(), image[0], image[4096], image[8192]),
+            (3 * 4096, 1, 0, 2)
+        );
     }
 
     #[test]

@@ -15,15 +15,21 @@
 //!   of the file finds the lock of an opener of the loop device, and the other way
 //!   round. A backing file that cannot be reached (unlinked, or replaced at its path)
 //!   cannot be locked, and the loop device is refused.
+//!
+//! A discard is `fallocate(PUNCH_HOLE | KEEP_SIZE)` on a file (the file system frees
+//! the blocks; the length stays) and the `BLKDISCARD` ioctl on a block device (the
+//! drive, thin volume or loop device below frees them). A file system or device
+//! that cannot discard says so once (`EOPNOTSUPP`), and later discards are not tried.
 
 use crate::loop_device::{backing_of, same_device};
-use crate::{check_bounds, IoCounters, IoOp, Storage, StorageError};
+use crate::{check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, Storage, StorageError};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Who holds a device's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +62,19 @@ const LOOP_DEPTH_MAX: usize = 8;
 const EXCLUSIVE_HOLDER: &str =
     "another opener the kernel knows of (a mount, a device-mapper target, or a program that opened it exclusively)";
 
+/// `BLKDISCARD` from `<linux/fs.h>`: `_IO(0x12, 119)`; its argument is a `[u64; 2]`
+/// of (offset, length) in bytes.
+const BLKDISCARD: libc::c_ulong = 0x1277;
+/// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+/// Whether discards are tried on a device ([`FileStorage::discard`]).
+const DISCARD_ON: u8 = 0;
+/// Turned off by the caller.
+const DISCARD_OFF: u8 = 1;
+/// The device or file system said it cannot discard.
+const DISCARD_UNSUPPORTED: u8 = 2;
+
 /// A file or block device.
 pub struct FileStorage {
     file: File,
@@ -65,7 +84,13 @@ pub struct FileStorage {
     #[expect(dead_code, reason = "held for its record locks, released on drop")]
     held: Vec<File>,
     name: String,
-    len_bytes: u64,
+    /// Whether this is a block device (discarded with `BLKDISCARD`, sized with
+    /// `BLKGETSIZE64`) rather than a regular file.
+    is_block: bool,
+    /// As last measured, at open or by [`Storage::refresh_len`].
+    len_bytes: AtomicU64,
+    /// `DISCARD_ON`, `DISCARD_OFF` or `DISCARD_UNSUPPORTED`.
+    discard: AtomicU8,
     /// Every identity this storage took in the process-wide table.
     identities: Vec<(u64, u64)>,
     counters: IoCounters,
@@ -88,19 +113,19 @@ fn io_err(
     len_bytes: u64,
     source: std::io::Error,
 ) -> StorageError {
-    StorageError::Io {
-        device: name.to_string(),
-        op,
-        offset_bytes,
-        len_bytes,
-        source,
-    }
+    StorageError::from_os(name, op, offset_bytes, len_bytes, source)
 }
 
 impl FileStorage {
     /// Whether `[offset, offset+len)` lies inside the device.
     fn check_bounds(&self, op: IoOp, offset_bytes: u64, len: usize) -> Result<(), StorageError> {
-        check_bounds(&self.name, op, offset_bytes, len as u64, self.len_bytes)
+        check_bounds(
+            &self.name,
+            op,
+            offset_bytes,
+            len as u64,
+            self.len_bytes.load(Relaxed),
+        )
     }
 
     /// Open an existing file or block device, read-write, and lock it exclusively.
@@ -126,11 +151,13 @@ impl FileStorage {
                 return Err(e);
             }
         }
-        let mut storage = FileStorage {
+        let storage = FileStorage {
             file,
             held,
             name,
-            len_bytes: 0,
+            is_block,
+            len_bytes: AtomicU64::new(0),
+            discard: AtomicU8::new(DISCARD_ON),
             identities,
             counters: IoCounters::default(),
             nowait: std::sync::atomic::AtomicBool::new(true),
@@ -143,9 +170,37 @@ impl FileStorage {
                     .map_err(|e| io_err(&storage.name, IoOp::Open, 0, want, e))?;
             }
         }
-        storage.len_bytes = device_len(&storage.file, is_block)
-            .map_err(|e| io_err(&storage.name, IoOp::Open, 0, 0, e))?;
+        storage.refresh_len()?;
         Ok(storage)
+    }
+
+    /// Punch a hole (a file) or issue `BLKDISCARD` (a block device) over
+    /// `[offset_bytes, offset_bytes+len_bytes)`, page-aligned by the caller.
+    fn discard_range(&self, offset_bytes: u64, len_bytes: u64) -> std::io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        if self.is_block {
+            let range: [u64; 2] = [offset_bytes, len_bytes];
+            // SAFETY: BLKDISCARD reads two u64s (offset, length) through the pointer,
+            // which points at `range`; the descriptor is owned by `self.file`.
+            let rc = unsafe { libc::ioctl(fd, BLKDISCARD as _, &range as *const [u64; 2]) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            return Ok(());
+        }
+        let (Ok(offset), Ok(len)) = (
+            libc::off_t::try_from(offset_bytes),
+            libc::off_t::try_from(len_bytes),
+        ) else {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on a descriptor owned by `self.file`; no memory is passed.
+        let rc = unsafe { libc::fallocate(fd, mode, offset, len) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -259,7 +314,7 @@ fn device_len(file: &File, is_block: bool) -> std::io::Result<u64> {
     }
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `size`.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), 0x8008_1272, &mut size as *mut u64) };
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -346,7 +401,6 @@ impl Storage for FileStorage {
     /// `EAGAIN` rather than wait for the device. Any refusal or short read is "would
     /// wait": the caller then reads the ordinary way, which reports real errors.
     fn read_at_cached(&self, buf: &mut [u8], offset_bytes: u64) -> Result<bool, StorageError> {
-        use std::sync::atomic::Ordering::Relaxed;
         self.check_bounds(IoOp::Read, offset_bytes, buf.len())?;
         if !self.nowait.load(Relaxed) {
             return Ok(false);
@@ -395,8 +449,59 @@ impl Storage for FileStorage {
         Ok(())
     }
 
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<DiscardOutcome, StorageError> {
+        check_bounds(
+            &self.name,
+            IoOp::Discard,
+            offset_bytes,
+            len_bytes,
+            self.len_bytes.load(Relaxed),
+        )?;
+        match self.discard.load(Relaxed) {
+            DISCARD_OFF => return Ok(DiscardOutcome::Disabled),
+            DISCARD_UNSUPPORTED => return Ok(DiscardOutcome::Unsupported),
+            _ => {}
+        }
+        let Some((offset, len)) = discard_pages(offset_bytes, len_bytes) else {
+            return Ok(DiscardOutcome::Discarded);
+        };
+        match self.discard_range(offset, len) {
+            Ok(()) => {
+                self.counters.count_discard(len);
+                Ok(DiscardOutcome::Discarded)
+            }
+            // EOPNOTSUPP: the file system has no hole punching, or the device no
+            // discard. ENOTTY: a block device without the ioctl.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => {
+                // Only ON becomes UNSUPPORTED: a caller's OFF stays off.
+                let _ = self.discard.compare_exchange(
+                    DISCARD_ON,
+                    DISCARD_UNSUPPORTED,
+                    Relaxed,
+                    Relaxed,
+                );
+                Ok(DiscardOutcome::Unsupported)
+            }
+            Err(e) => Err(io_err(&self.name, IoOp::Discard, offset, len, e)),
+        }
+    }
+
+    /// Off is remembered; on again tries the device again, even one that said it
+    /// cannot discard (it may have been reconfigured).
+    fn set_discard_enabled(&self, enabled: bool) {
+        let state = if enabled { DISCARD_ON } else { DISCARD_OFF };
+        self.discard.store(state, Relaxed);
+    }
+
     fn len_bytes(&self) -> u64 {
-        self.len_bytes
+        self.len_bytes.load(Relaxed)
+    }
+
+    fn refresh_len(&self) -> Result<u64, StorageError> {
+        let len = device_len(&self.file, self.is_block)
+            .map_err(|e| io_err(&self.name, IoOp::Open, 0, 0, e))?;
+        self.len_bytes.store(len, Relaxed);
+        Ok(len)
     }
 
     fn name(&self) -> &str {

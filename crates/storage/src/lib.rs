@@ -5,6 +5,11 @@
 //! length. Every implementation counts the bytes that cross it, so the engine's
 //! statistics report what reached each device, not what the engine meant to write.
 //!
+//! A device can also be told that a range is no longer needed ([`Storage::discard`]:
+//! a hole punched in a file, `BLKDISCARD` on a block device), says when it is full
+//! ([`StorageError::is_no_space`]) apart from any other failure, and reports a new
+//! length once it has grown ([`Storage::refresh_len`]).
+//!
 //! Implementations: [`FileStorage`] (a regular file or a block device) and
 //! [`FaultStorage`] (an in-memory device for tests that separates what is durable
 //! from what was written since the last flush, can crash, and can fail the Nth I/O).
@@ -17,10 +22,12 @@
 
 mod fault;
 mod file;
+mod image;
 mod loop_device;
 
-pub use fault::{CrashMode, FaultPlan, FaultStorage, Image, IoEvent, IoLog, LogReplay};
+pub use fault::{CrashMode, FaultPlan, FaultStorage, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
+pub use image::Image;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,6 +42,8 @@ pub enum IoOp {
     Flush,
     /// Opening or sizing the device.
     Open,
+    /// Giving a range back to the device (a punched hole, a block-device discard).
+    Discard,
 }
 
 impl std::fmt::Display for IoOp {
@@ -44,6 +53,7 @@ impl std::fmt::Display for IoOp {
             IoOp::Write => "write",
             IoOp::Flush => "flush",
             IoOp::Open => "open",
+            IoOp::Discard => "discard",
         })
     }
 }
@@ -63,6 +73,25 @@ pub enum StorageError {
         /// How much.
         len_bytes: u64,
         /// The OS error.
+        source: std::io::Error,
+    },
+    /// The device, or the file system it is a file on, has no space for a write or
+    /// a discard (`ENOSPC`, or `EDQUOT` past a quota). Unlike [`StorageError::Io`]
+    /// the device is not failing: the bytes of the range are unspecified (the write
+    /// may have landed in part), everything else is as it was, and the same write
+    /// succeeds once space is freed. A flush that fails for want of space is `Io`,
+    /// not this: writes it was to make durable may be lost, as with any failed flush.
+    #[error("{op} of {len_bytes} bytes at offset {offset_bytes} on {device} found no space (the device, or the file system it is on, is full): {source}")]
+    NoSpace {
+        /// The device's name (its path).
+        device: String,
+        /// What was attempted.
+        op: IoOp,
+        /// Where.
+        offset_bytes: u64,
+        /// How much.
+        len_bytes: u64,
+        /// The OS error (`ENOSPC` or `EDQUOT`).
         source: std::io::Error,
     },
     /// A request outside the device.
@@ -108,6 +137,43 @@ pub enum StorageError {
     },
 }
 
+impl StorageError {
+    /// Whether the device (or the file system under it) was full: the request can
+    /// succeed once space is freed, and the device is otherwise sound.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StorageError::NoSpace { .. })
+    }
+
+    /// The error for an OS failure of `op`: [`StorageError::NoSpace`] when a write or
+    /// a discard found no space (`ENOSPC`, `EDQUOT`), [`StorageError::Io`] otherwise.
+    pub fn from_os(
+        device: &str,
+        op: IoOp,
+        offset_bytes: u64,
+        len_bytes: u64,
+        source: std::io::Error,
+    ) -> StorageError {
+        let no_space = matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT));
+        let device = device.to_string();
+        match op {
+            IoOp::Write | IoOp::Discard if no_space => StorageError::NoSpace {
+                device,
+                op,
+                offset_bytes,
+                len_bytes,
+                source,
+            },
+            _ => StorageError::Io {
+                device,
+                op,
+                offset_bytes,
+                len_bytes,
+                source,
+            },
+        }
+    }
+}
+
 fn io_message(
     device: &str,
     op: IoOp,
@@ -137,6 +203,10 @@ pub struct IoCounters {
     pub writes: AtomicU64,
     /// Flush (fsync) calls.
     pub flushes: AtomicU64,
+    /// Bytes given back to the device by discards it took.
+    pub discard_bytes: AtomicU64,
+    /// Discard calls the device took (not those refused as unsupported or off).
+    pub discards: AtomicU64,
 }
 
 /// A point-in-time copy of [`IoCounters`].
@@ -152,6 +222,10 @@ pub struct IoSnapshot {
     pub writes: u64,
     /// Flush calls.
     pub flushes: u64,
+    /// Bytes given back to the device by discards it took.
+    pub discard_bytes: u64,
+    /// Discard calls the device took.
+    pub discards: u64,
 }
 
 impl IoCounters {
@@ -169,6 +243,11 @@ impl IoCounters {
     pub fn count_flush(&self) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
     }
+    /// Count a discard of `len_bytes` the device took.
+    pub fn count_discard(&self, len_bytes: u64) {
+        self.discard_bytes.fetch_add(len_bytes, Ordering::Relaxed);
+        self.discards.fetch_add(1, Ordering::Relaxed);
+    }
     /// Read all counters.
     pub fn snapshot(&self) -> IoSnapshot {
         IoSnapshot {
@@ -177,8 +256,30 @@ impl IoCounters {
             reads: self.reads.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
+            discard_bytes: self.discard_bytes.load(Ordering::Relaxed),
+            discards: self.discards.load(Ordering::Relaxed),
         }
     }
+}
+
+/// The unit of a discard: only the whole 4 KiB pages inside a range asked for are
+/// discarded (the range is rounded inward), so a discard never touches a byte
+/// outside the range, and every device (512-byte or 4 KiB sectors) takes it.
+pub const DISCARD_UNIT_BYTES: u64 = 4096;
+
+/// What a discard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardOutcome {
+    /// The device was told (or the range held no whole 4 KiB page, and nothing
+    /// needed telling). The range's bytes are unspecified until written again.
+    Discarded,
+    /// Discards are turned off for this device ([`Storage::set_discard_enabled`]):
+    /// nothing was done.
+    Disabled,
+    /// The device, or the file system the file is on, cannot discard: nothing was
+    /// done, and the device stays as sound as it was. Remembered, so asking again
+    /// costs nothing.
+    Unsupported,
 }
 
 /// A device a pool lives on.
@@ -186,6 +287,13 @@ impl IoCounters {
 /// Contract: a write that returned is visible to later reads; it is durable only
 /// after a later `flush` returns. A write may be torn at 512-byte boundaries by a
 /// crash. After an I/O error, callers must assume nothing about unflushed writes.
+/// A write that finds no space ([`StorageError::is_no_space`]) leaves its range
+/// unspecified and nothing else changed.
+///
+/// A discard gives the whole 4 KiB pages of a range back: until they are written
+/// again they read as zeros or as their old bytes (a drive's choice), and until the
+/// next flush returns a crash may leave either, page by page, as with a write of
+/// zeros that was not flushed. A caller discards only what no durable state names.
 pub trait Storage: Send + Sync {
     /// Read exactly `buf.len()` bytes at `offset_bytes`.
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError>;
@@ -200,12 +308,49 @@ pub trait Storage: Send + Sync {
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError>;
     /// Make every write that returned before this call durable.
     fn flush(&self) -> Result<(), StorageError>;
-    /// The device's length in bytes.
+    /// Give the whole 4 KiB pages of `[offset_bytes, offset_bytes+len_bytes)` back
+    /// to the device (see the trait's contract). A device that cannot discard says
+    /// [`DiscardOutcome::Unsupported`], never an error; errors are a range past the
+    /// end, no space (a hole punched in a file can need a new extent block), and
+    /// the device failing.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<DiscardOutcome, StorageError> {
+        check_bounds(
+            self.name(),
+            IoOp::Discard,
+            offset_bytes,
+            len_bytes,
+            self.len_bytes(),
+        )?;
+        Ok(DiscardOutcome::Unsupported)
+    }
+    /// Turn discards on (the default) or off for this device; while off,
+    /// [`Storage::discard`] does nothing and says [`DiscardOutcome::Disabled`].
+    fn set_discard_enabled(&self, enabled: bool) {
+        let _ = enabled;
+    }
+    /// The device's length in bytes, as last measured (at open, or by
+    /// [`Storage::refresh_len`]).
     fn len_bytes(&self) -> u64;
+    /// Measure the device's length again (a file extended with `truncate`, a loop
+    /// device after `losetup -c`, a grown logical volume), make it the length
+    /// [`Storage::len_bytes`] reports and requests are checked against, and return
+    /// it. A device that cannot change length returns the one it has.
+    fn refresh_len(&self) -> Result<u64, StorageError> {
+        Ok(self.len_bytes())
+    }
     /// The device's name for messages (a path).
     fn name(&self) -> &str;
     /// Bytes and calls that crossed this device.
     fn counters(&self) -> &IoCounters;
+}
+
+/// The whole [`DISCARD_UNIT_BYTES`] pages inside `[offset_bytes, offset_bytes+len_bytes)`,
+/// as (offset, length); `None` when there is none (or the range overflows).
+pub fn discard_pages(offset_bytes: u64, len_bytes: u64) -> Option<(u64, u64)> {
+    let end = offset_bytes.checked_add(len_bytes)?;
+    let start = offset_bytes.checked_next_multiple_of(DISCARD_UNIT_BYTES)?;
+    let end = end - end % DISCARD_UNIT_BYTES;
+    (start < end).then(|| (start, end - start))
 }
 
 /// Check that `[offset, offset+len)` lies inside a device of `device_bytes`.
@@ -225,5 +370,45 @@ pub fn check_bounds(
             len_bytes,
             device_bytes,
         }),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discard_covers_only_the_whole_pages_inside_its_range() {
+        assert_eq!(discard_pages(0, 8192), Some((0, 8192)));
+        assert_eq!(discard_pages(1, 8192), Some((4096, 4096)));
+        assert_eq!(discard_pages(1, 4096), None);
+        assert_eq!(discard_pages(4096, 4095), None);
+        assert_eq!(discard_pages(u64::MAX - 10, 5), None);
+        assert_eq!(discard_pages(4096, u64::MAX), None, "overflow");
+    }
+
+    #[test]
+    fn no_space_is_told_apart_from_other_failures() {
+        let full = |errno| {
+            StorageError::from_os(
+                "d",
+                IoOp::Write,
+                0,
+                1,
+                std::io::Error::from_raw_os_error(errno),
+            )
+        };
+        assert!(full(libc::ENOSPC).is_no_space());
+        assert!(full(libc::EDQUOT).is_no_space());
+        assert!(!full(libc::EIO).is_no_space());
+        let flush = StorageError::from_os(
+            "d",
+            IoOp::Flush,
+            0,
+            0,
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        assert!(!flush.is_no_space(), "a failed flush may have lost writes");
     }
 }
