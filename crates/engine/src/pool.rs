@@ -134,7 +134,9 @@ impl Inner {
     }
 
     /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
-    /// device made durable, then the journal's batch. A failure latches the pool.
+    /// device made durable, then the journal's batch. A failure latches the pool,
+    /// unless a device was only full: then nothing durable changed, and the journal
+    /// keeps the batch for the next commit (`journal.rs: stall`).
     pub fn commit(&self) -> Result<()> {
         let data_durable = || {
             self.zones.flush(&self.space())?;
@@ -146,7 +148,45 @@ impl Inner {
             self.devices.separate_metadata(),
             data_durable,
         );
-        r.inspect_err(|e| self.devices.latch(e))
+        r.inspect_err(|e| {
+            if !e.is_no_space() {
+                self.devices.latch(e)
+            }
+        })
+    }
+
+    /// Refuse, with the no-space error, a change that needs a commit while commits
+    /// find a device full; one commit is tried first, so the pool resumes by itself
+    /// as soon as space is back.
+    pub fn ensure_space(&self) -> Result<()> {
+        let Some(why) = self.journal.stalled() else {
+            return Ok(());
+        };
+        match self.commit() {
+            Err(e) if e.is_no_space() => Err(EngineError::NoSpace(format!(
+                "waiting for space on the device below: {why}"
+            ))),
+            other => other,
+        }
+    }
+
+    /// Before a checkpoint's snapshot: commits are not stalled and the packers'
+    /// data is written, or the no-space error, with nothing changed. A checkpoint
+    /// whose page writes then find the device full still latches the pool: its
+    /// snapshot took the dirty pages and cannot be taken back.
+    pub fn checkpoint_space(&self) -> Result<()> {
+        self.ensure_space()?;
+        match self.zones.flush(&self.space()) {
+            Err(e) if e.is_no_space() => {
+                // A commit finds the same: it stalls the journal, so the commit
+                // thread retries once a second instead of asking again at once.
+                let _ = self.commit();
+                Err(EngineError::NoSpace(format!(
+                    "no checkpoint while the device below is full: {e}"
+                )))
+            }
+            other => other,
+        }
     }
 
     fn commit_loop(self: Arc<Self>) {
@@ -901,6 +941,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
         let i = &self.inner;
         i.devices.ensure_writable()?;
+        i.ensure_space()?;
         let _ck = i.checkpoint_lock.lock();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
