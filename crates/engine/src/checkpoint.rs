@@ -379,9 +379,9 @@ impl Inner {
                 store.free(u64::from(*s));
             }
         }
-        for (s, objects, blocks) in &snapshot.pending {
-            self.depot.slab(*s).lock().release(objects, blocks);
-        }
+        // Durable: what it freed is discarded on the data device and reusable.
+        self.depot
+            .release_pending(&self.devices, &self.geometry, &snapshot.pending);
         *self.sb.lock() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
         self.journal

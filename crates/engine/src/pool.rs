@@ -189,6 +189,20 @@ impl Inner {
         }
     }
 
+    /// Give a new pool's whole data region back to its device (as `mkfs` does): a
+    /// device or file that held other data keeps none of it allocated. Only for a
+    /// pool that stores nothing yet.
+    fn discard_data_region(&self) {
+        let len_bytes = self.geometry.data_blocks() * BLOCK_BYTES as u64;
+        let r = self
+            .devices
+            .data()
+            .discard(self.geometry.data_offset_bytes(), len_bytes);
+        if let Err(e) = r {
+            tracing::warn!("the new pool's data region was not discarded: {e}");
+        }
+    }
+
     fn commit_loop(self: Arc<Self>) {
         loop {
             match self.journal.next_work() {
@@ -367,6 +381,9 @@ impl Pool {
         });
         Self::format(data, meta, meta_path, opts)?;
         let pool = Self::open(&opts.path, &OpenOptions::default())?;
+        if !opts.no_discard {
+            pool.inner.discard_data_region();
+        }
         let info = pool.info();
         pool.close()?;
         Ok(info)
@@ -1100,6 +1117,12 @@ impl Pool {
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
         let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
+    }
+
+    /// Turn discards of freed blocks on the data device on (the default) or off for
+    /// as long as the pool is open (`serve --no-discard`); nothing is stored.
+    pub fn set_discard_enabled(&self, enabled: bool) {
+        self.inner.devices.data().set_discard_enabled(enabled);
     }
 
     /// Run a compaction round over every slab now (the pool also runs one in the
