@@ -159,6 +159,14 @@ impl Journal {
             if s.shutdown {
                 return Err(EngineError::ReadOnly("the pool is closing".into()));
             }
+            if let Some(why) = &s.stalled {
+                // No checkpoint can free the ring while commits find a device full
+                // (a request waiting here when the stall began, or records of trims
+                // taken meanwhile): refuse with ENOSPC rather than wait for space.
+                return Err(EngineError::NoSpace(format!(
+                    "the journal is full and waits for space on the device below: {why}"
+                )));
+            }
             s.checkpoint_requested = true;
             self.wake.notify_one();
             self.progress.wait_for(&mut s, Duration::from_millis(100));
