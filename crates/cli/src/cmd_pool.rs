@@ -49,6 +49,10 @@ pub struct CreateArgs {
     /// (default: enough for the whole pool).
     #[arg(long, value_parser = parse_size_arg, value_name = "S")]
     index_memory: Option<u64>,
+    /// Do not discard the new pool's data region (by default it is given back to the
+    /// device, as mkfs does: a hole punched in a file, BLKDISCARD on a block device).
+    #[arg(long)]
+    no_discard: bool,
 }
 
 /// Run a `pool` subcommand.
@@ -74,6 +78,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         force: args.force,
         overcommit: args.overcommit,
         index_memory_bytes: args.index_memory,
+        no_discard: args.no_discard,
     };
     let info = Pool::create(&options)
         .with_context(|| format!("could not create a pool on {}", args.path.display()))?;

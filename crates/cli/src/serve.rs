@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// read-only, so volume changes through the control socket are refused too.
     #[arg(long)]
     read_only: bool,
+    /// Do not give blocks freed by trims, overwrites, deletes and compaction back to
+    /// the device (by default each checkpoint discards what it freed: a hole punched
+    /// in a pool file, BLKDISCARD on a block device). Nothing is stored in the pool.
+    #[arg(long)]
+    no_discard: bool,
     /// Worker threads for hashing and compression [default: one per CPU].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -171,6 +176,9 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     } else {
         open_pool(path, &options)?
     };
+    if args.no_discard {
+        pool.set_discard_enabled(false);
+    }
     let served = start(&args, path, &pool);
     let Started {
         server,

@@ -324,30 +324,70 @@ fn losing_one_super_block_copy_or_label_copy_keeps_the_pool() {
     fewerbytes_ok(&data, &["check"]);
 }
 
-/// A tmpfs of `size` mounted at `path`, unmounted when dropped (even on failure).
-struct SmallFilesystem {
-    path: PathBuf,
+/// A file whose writes fail with EIO while `fail_when` exists: `nbdfuse` over
+/// `nbdkit memory` with the `error` filter (a disk that starts failing). Unmounted
+/// when dropped, when the test fails as well.
+struct FailingFile {
+    mount: PathBuf,
+    file: PathBuf,
+    fail_when: PathBuf,
+    nbdfuse: Option<std::process::Child>,
 }
 
-impl SmallFilesystem {
-    fn mount(path: &Path, size: &str) -> SmallFilesystem {
-        std::fs::create_dir_all(path).expect("mount point");
-        run_ok(
-            tool("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(path),
-        );
-        SmallFilesystem {
-            path: path.to_path_buf(),
+impl FailingFile {
+    fn start(dir: &Path, bytes: u64) -> FailingFile {
+        let mount = dir.join("fuse");
+        std::fs::create_dir_all(&mount).expect("mkdir fuse");
+        let fail_when = dir.join("fail-writes");
+        let log = std::fs::File::create(dir.join("nbdfuse.log")).expect("nbdfuse log");
+        let nbdfuse = tool("nbdfuse")
+            .arg(&mount)
+            .args(["--command", "nbdkit", "-s", "memory"])
+            .arg(bytes.to_string())
+            .args([
+                "--filter=error",
+                "error-pwrite=EIO",
+                "error-pwrite-rate=100%",
+            ])
+            .arg(format!("error-pwrite-file={}", fail_when.display()))
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start nbdfuse");
+        let file = mount.join("nbd");
+        let started = std::time::Instant::now();
+        while std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) == 0 {
+            assert!(
+                started.elapsed() < CLIENT_LIMIT,
+                "nbdfuse did not expose {}",
+                file.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        FailingFile {
+            mount,
+            file,
+            fail_when,
+            nbdfuse: Some(nbdfuse),
+        }
+    }
+
+    /// From now on every write fails with EIO.
+    fn fail_writes(&self) {
+        std::fs::write(&self.fail_when, b"").expect("create the error filter's file");
     }
 }
 
-impl Drop for SmallFilesystem {
+impl Drop for FailingFile {
     fn drop(&mut self) {
-        let _ = Command::new(require_tool("umount"))
-            .arg(&self.path)
-            .status();
+        if let Some(mut child) = self.nbdfuse.take() {
+            let ran = run_with_limit(tool("umount").arg(&self.mount), CLIENT_LIMIT);
+            if !ran.status.success() {
+                let _ = run_with_limit(tool("umount").arg("-l").arg(&self.mount), CLIENT_LIMIT);
+            }
+            let _ = child.wait();
+        }
     }
 }
 
@@ -355,14 +395,19 @@ impl Drop for SmallFilesystem {
 fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
     // Bug: a pool latched read-only by an I/O failure closed "cleanly" with exit 0,
     // and `check` through the live latched pool reported a leaked reference that
-    // existed only in its memory. The failure here is real: the pool file is sparse
-    // on a 48 MiB tmpfs, and writing 96 MiB of random data fills it (ENOSPC).
+    // existed only in its memory. The failure here is real: the pool's file starts
+    // failing every write with EIO (nbdkit's error filter under nbdfuse). (A full
+    // file system is not a failure: it is ENOSPC and latches nothing,
+    // `full_host_fs.rs`.)
     let dir = TempDir::new("latch");
-    let small = SmallFilesystem::mount(&dir.join("small"), "48m");
-    let pool = small.path.join("p.pool");
-    fewerbytes_ok(&pool, &["pool", "create", path_str(&pool), "--size", "1G"]);
+    let failing = FailingFile::start(dir.path(), 256 * MIB);
+    // Through a link, so that the control socket is made beside it, not in the mount.
+    let pool = dir.join("p.pool");
+    std::os::unix::fs::symlink(&failing.file, &pool).expect("link to the file");
+    fewerbytes_ok(&pool, &["pool", "create", path_str(&pool)]);
     fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "128M"]);
     let mut server = Server::start(dir.path(), &pool, &[]);
+    failing.fail_writes();
     let image = dir.join("random.img");
     let mut bytes = vec![0u8; 96 << 20];
     common::data::Rng::new(14).fill(&mut bytes);
@@ -377,7 +422,7 @@ fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
     );
     assert!(
         !copied.status.success(),
-        "96 MiB of random data fit a 48 MiB file system?\n{}",
+        "96 MiB of random data written to a file that fails every write?\n{}",
         copied.report()
     );
 
@@ -403,7 +448,7 @@ fn a_pool_latched_by_a_failed_write_says_so_in_check_and_at_close() {
         server.log_text()
     );
     drop(server);
-    drop(small);
+    drop(failing);
 }
 
 #[test]

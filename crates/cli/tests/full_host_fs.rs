@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::data::Rng;
+use common::libnbd::python_nbd;
 use common::nbdinfo::{first_export, nbdinfo_json};
 use common::*;
 use std::io::Write;
@@ -189,6 +191,98 @@ fn read_only_commands_work_on_a_full_host_file_system() {
     // Space freed on the host: the pool opens read-write and takes changes again.
     std::fs::remove_file(&filler).expect("remove the filler");
     fewerbytes_ok(&pool, &["volume", "create", "after", "--size", "1M"]);
+    let check = fewerbytes_ok(&pool, &["check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+}
+
+/// While the host file system is full: a 4 MiB write of random bytes fails with
+/// ENOSPC (`errno` as libnbd sees it, the message as qemu-io prints it), the
+/// server stays up and read-write, reads and trims go on; once a file is deleted
+/// on the host the next write succeeds, without a restart, and reads back.
+const WHILE_FULL_PY: &str = r#"
+import errno, os, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+try:
+    h.pwrite(os.urandom(4 << 20), 0)
+    h.flush()
+    sys.exit("a write of 4 MiB of random bytes succeeded on a full host file system")
+except nbd.Error as e:
+    if e.errno not in (errno.ENOSPC, "ENOSPC"):
+        sys.exit(f"the write failed with errno {e.errno}, not ENOSPC: {e}")
+if h.pread(1 << 20, 16 << 20) != b"\x5a" * (1 << 20):
+    sys.exit("a read while full returned other bytes")
+h.trim(1 << 20, 32 << 20)
+print("ENOSPC, then a read and a trim")
+"#;
+
+const AFTER_SPACE_PY: &str = r#"
+import os, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+data = os.urandom(4 << 20)
+h.pwrite(data, 0)
+h.flush()
+if h.pread(len(data), 0) != data:
+    sys.exit("the write after space came back reads back other bytes")
+if h.pread(1 << 20, 16 << 20) != b"\x5a" * (1 << 20):
+    sys.exit("the write before the file system filled was lost")
+print("written and read back")
+"#;
+
+#[test]
+fn writes_on_a_full_host_file_system_fail_with_enospc_and_resume_when_space_is_freed() {
+    let dir = TempDir::new("enospc");
+    let fs = SmallFs::mount(&dir.join("host"), HOST_FS_SIZE);
+    let pool = fs.at.join("test.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "1G"]);
+    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "64M"]);
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    let uri = server.unix_uri("vm");
+    qemu_io(&uri, &["write -P 0x5a 16M 1M".into(), "flush".into()]);
+
+    let filler = fs.fill();
+    // Random bytes: nothing to compress or deduplicate, so new blocks are needed.
+    let random = dir.join("random.bin");
+    let mut bytes = vec![0u8; 4 << 20];
+    Rng::new(13).fill(&mut bytes);
+    std::fs::write(&random, &bytes).expect("write random.bin");
+    let write = run_with_limit(
+        tool("qemu-io")
+            .args(["-f", "raw", "-c"])
+            .arg(format!("write -s {} 8M 4M", random.display()))
+            .args(["-c", "flush"])
+            .arg(&uri),
+        CLIENT_LIMIT,
+    );
+    assert!(
+        write.all_output().contains("No space left on device"),
+        "qemu-io's write on a full host file system must fail with ENOSPC:\n{}",
+        write.report()
+    );
+    python_nbd(WHILE_FULL_PY, &[&uri]);
+    qemu_io(&uri, &["read -P 0x5a 16M 1M".into()]);
+    assert_eq!(
+        server.stats()["mode"],
+        "normal",
+        "a full host file system does not latch the pool:\n{}",
+        server.log_text()
+    );
+
+    std::fs::remove_file(&filler).expect("remove the filler");
+    python_nbd(AFTER_SPACE_PY, &[&uri]);
+    let status = server.stop();
+    assert!(
+        status.success(),
+        "the server exited with {status} after space came back:\n{}",
+        server.log_text()
+    );
+    drop(server);
     let check = fewerbytes_ok(&pool, &["check"]);
     assert!(
         check.stdout.contains("No problems found"),

@@ -22,6 +22,9 @@ pub struct CreateOptions {
     pub overcommit: bool,
     /// Memory for the dedup index (bounds its window). Default: enough for the whole pool.
     pub index_memory_bytes: Option<u64>,
+    /// Do not discard the data region at creation (a run-time choice: nothing of
+    /// it is stored in the pool).
+    pub no_discard: bool,
 }
 
 /// How to open a pool.
@@ -164,6 +167,12 @@ pub struct DeviceIo {
     pub write_bytes: u64,
     /// Flushes (fsync).
     pub flushes: u64,
+    /// Discards the device took (holes punched, BLKDISCARD): freed blocks given back.
+    #[serde(default)]
+    pub discards: u64,
+    /// Bytes given back by those discards.
+    #[serde(default)]
+    pub discard_bytes: u64,
 }
 
 /// Counters of the write path, for a pool or one volume.

@@ -343,6 +343,9 @@ impl Inner {
         if self.devices.opened_read_only() {
             return Err(EngineError::ReadOnly("opened read-only".into()));
         }
+        // A device with no room for the data written so far: refuse before the
+        // snapshot, which could not be taken back (`pool.rs: checkpoint_space`).
+        self.checkpoint_space()?;
         // No commit may be in flight while the replay point is chosen: its records are
         // in the image, and replaying them again on top of it would count them twice.
         let commit_guard = self.journal.pause_commits();
@@ -376,9 +379,9 @@ impl Inner {
                 store.free(u64::from(*s));
             }
         }
-        for (s, objects, blocks) in &snapshot.pending {
-            self.depot.slab(*s).lock().release(objects, blocks);
-        }
+        // Durable: what it freed is discarded on the data device and reusable.
+        self.depot
+            .release_pending(&self.devices, &self.geometry, &snapshot.pending);
         *self.checkpointer.super_block() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
         self.journal

@@ -112,10 +112,13 @@ impl Inner {
                 &buf,
                 self.geometry.data_offset_bytes() + run_pbn * BLOCK_BYTES as u64,
             );
-            if let Err(e) = self.devices.check_io(r) {
+            // A device with no space fails the round and changes nothing (no record
+            // points at the run yet): no latch.
+            if let Err(e) = self.devices.check_write_or_no_space(r) {
                 let mut slab = self.depot.slab(s).lock();
                 for b in first_block..first_block + run_len {
-                    // The I/O error is the one returned; the pool is latched already.
+                    // The write's error is the one returned (the pool is latched
+                    // already, unless the device had no space).
                     if let Err(broken) = slab.drop_block(b) {
                         tracing::error!("{broken}");
                     }

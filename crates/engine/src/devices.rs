@@ -97,6 +97,19 @@ impl Devices {
         })
     }
 
+    /// A write's result, latching the pool read-only on an I/O failure but not when
+    /// the device only had no space ([`StorageError::is_no_space`]): for writes whose
+    /// caller keeps what it wrote and tries again later (the packers' data).
+    pub(crate) fn check_write_or_no_space<T>(
+        &self,
+        r: std::result::Result<T, StorageError>,
+    ) -> Result<T> {
+        match r {
+            Err(e) if e.is_no_space() => Err(EngineError::Io(e)),
+            other => self.check_io(other),
+        }
+    }
+
     /// Latch the pool read-only if `err` is a device failure, corruption, or a
     /// broken invariant.
     pub(crate) fn latch(&self, err: &EngineError) {

@@ -60,7 +60,8 @@ pub enum EngineError {
         /// The volume's size.
         size_bytes: u64,
     },
-    /// The pool has no free data blocks or object slots left.
+    /// The pool has no free data blocks or object slots left, or the device below
+    /// has no space for what the pool must write (see [`EngineError::is_no_space`]).
     #[error("the pool is full: {0}")]
     NoSpace(String),
     /// No such volume.
@@ -89,6 +90,20 @@ pub enum EngineError {
     /// to run `fewerbytes check`, rather than be clamped and hidden.
     #[error("broken invariant: {0}")]
     Invariant(String),
+}
+
+impl EngineError {
+    /// Whether the request failed for want of space: the pool has no free block
+    /// ([`EngineError::NoSpace`]) or the device below, or the file system it is a
+    /// file on, is full (an [`EngineError::Io`] that [`StorageError::is_no_space`]).
+    /// Neither latches the pool: the same request succeeds once space is freed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            EngineError::NoSpace(_) => true,
+            EngineError::Io(e) => e.is_no_space(),
+            _ => false,
+        }
+    }
 }
 
 /// Shorthand.

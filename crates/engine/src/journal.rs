@@ -30,6 +30,9 @@ const SECTOR_RECORD_BYTES_MIN: u64 = (SECTOR_PAYLOAD_BYTES - (RECORD_BYTES_MAX -
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
 /// Ring fill (percent) at which the commit thread takes a checkpoint.
 pub const CHECKPOINT_RING_PERCENT: u64 = 50;
+/// How often a commit that found a device full is tried again without a flush
+/// asking: how soon a pool resumes by itself once space is freed.
+pub const STALLED_RETRY: Duration = Duration::from_secs(1);
 
 struct State {
     pending: Vec<u8>,
@@ -44,6 +47,12 @@ struct State {
     replay_seq: u64,
     open_gen: u32,
     failed: Option<String>,
+    /// The last commit found a device full: why. Its batch went back to the tail,
+    /// nothing durable changed, and commits are retried (`next_work`).
+    stalled: Option<String>,
+    /// Commits that found a device full since open: a flush waiting when one
+    /// fails is told so (ENOSPC) rather than left waiting for space.
+    stalls: u64,
     shutdown: bool,
     checkpoint_requested: bool,
 }
@@ -109,6 +118,8 @@ impl Journal {
                 replay_seq,
                 open_gen,
                 failed: None,
+                stalled: None,
+                stalls: 0,
                 shutdown: false,
                 checkpoint_requested: false,
             }),
@@ -147,6 +158,14 @@ impl Journal {
             }
             if s.shutdown {
                 return Err(EngineError::ReadOnly("the pool is closing".into()));
+            }
+            if let Some(why) = &s.stalled {
+                // No checkpoint can free the ring while commits find a device full
+                // (a request waiting here when the stall began, or records of trims
+                // taken meanwhile): refuse with ENOSPC rather than wait for space.
+                return Err(EngineError::NoSpace(format!(
+                    "the journal is full and waits for space on the device below: {why}"
+                )));
             }
             s.checkpoint_requested = true;
             self.wake.notify_one();
@@ -209,12 +228,17 @@ impl Journal {
             s.requested = target;
             self.wake.notify_one();
         }
+        let stalls = s.stalls;
         loop {
             if s.durable >= target {
                 return Ok(());
             }
             if let Some(why) = &s.failed {
                 return Err(EngineError::ReadOnly(why.clone()));
+            }
+            if s.stalls != stalls {
+                let why = s.stalled.clone().unwrap_or_default();
+                return Err(EngineError::NoSpace(why));
             }
             self.progress.wait(&mut s);
         }
@@ -226,6 +250,15 @@ impl Journal {
         loop {
             if s.shutdown {
                 return Work::Shutdown;
+            }
+            if s.stalled.is_some() && s.failed.is_none() {
+                // Retry once a second, or at once when a flush asks: space may
+                // have been freed (a file deleted on the host file system).
+                self.wake.wait_for(&mut s, STALLED_RETRY);
+                if s.shutdown {
+                    return Work::Shutdown;
+                }
+                return Work::Commit;
             }
             if s.failed.is_none() {
                 if s.checkpoint_requested {
@@ -276,8 +309,19 @@ impl Journal {
                 meta.flush()?;
             }
             Ok(sectors)
-        })()?;
+        })();
+        let sectors = match sectors {
+            Ok(n) => n,
+            Err(e) if e.is_no_space() => {
+                self.stall(batch, &e);
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         self.batch_durable(&batch, sectors);
+        if self.state.lock().stalled.take().is_some() {
+            tracing::info!("space is back: commits go on");
+        }
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -379,6 +423,30 @@ impl Journal {
         }
         s.durable = s.durable.max(batch.target);
         self.progress.notify_all();
+    }
+
+    /// A commit found a device full before its batch was durable: the batch goes back
+    /// to the front of the tail, to be written again by the next commit (at the same
+    /// sequence numbers; sectors it wrote hold records whose data was already
+    /// durable, so a crash replaying them is a crash during a commit), and waiting
+    /// flushes are told. Not a failure: the journal takes records and commits again.
+    fn stall(&self, batch: Batch, e: &EngineError) {
+        let mut s = self.state.lock();
+        let mut bytes = batch.bytes;
+        s.inflight_bytes = s.inflight_bytes.saturating_sub(bytes.len() as u64);
+        bytes.append(&mut s.pending);
+        s.pending = bytes;
+        if s.stalled.is_none() {
+            tracing::warn!("a commit found no space; writes wait for space: {e}");
+        }
+        s.stalled = Some(e.to_string());
+        s.stalls += 1;
+        self.progress.notify_all();
+    }
+
+    /// Why the last commit found no space, while commits are stalled for it.
+    pub fn stalled(&self) -> Option<String> {
+        self.state.lock().stalled.clone()
     }
 
     /// A batch failed: everything not durable fails, and the journal stays failed.

@@ -7,6 +7,12 @@
 //! and its length); when that block is taken, the tail of the open block is left
 //! as packing waste. A full block is written at once; a partial one is written
 //! sector by sector at commit, so a flush costs at most one rewritten sector.
+//!
+//! A block or run whose write finds the device full (`StorageError::NoSpace`) is
+//! not dropped: it waits, closed but unwritten, with its holds and its bytes (reads
+//! find it here), and every flush tries it again. While one waits, the zone stores
+//! nothing new (the store fails with the no-space error before anything changes),
+//! so at most the blocks one store closes wait in a zone.
 
 use crate::devices::Devices;
 use crate::error::{within, within_mut};
@@ -60,6 +66,10 @@ struct Packer {
     open: Option<OpenBlock>,
     /// The open run of whole blocks, if any.
     run: Option<OpenRun>,
+    /// Closed blocks whose write found the device full: written by the next flush.
+    unwritten_blocks: Vec<OpenBlock>,
+    /// Closed runs whose write found the device full: written by the next flush.
+    unwritten_runs: Vec<OpenRun>,
 }
 
 /// What the packers work with: the slabs they allocate from, the data device they
@@ -114,19 +124,61 @@ impl Zones {
             "an open packed block's sectors",
         )?;
         let result = space.devices.data().write_at(bytes, offset);
-        space.devices.check_io(result)?;
+        space.devices.check_write_or_no_space(result)?;
         open.written = upto;
         Ok(())
     }
 
-    /// Close the open block: write what is unwritten and drop the packer's hold.
-    fn close_block(&self, space: &Space<'_>, zone: usize, mut open: OpenBlock) -> Result<()> {
+    /// Close the open block: write what is unwritten and drop the packer's hold. A
+    /// write that finds the device full leaves the block in `unwritten`, held.
+    fn close_block(
+        &self,
+        space: &Space<'_>,
+        zone: usize,
+        mut open: OpenBlock,
+        unwritten: &mut Vec<OpenBlock>,
+    ) -> Result<()> {
         let fill = open.fill;
         let written = self.write_open_block(space, &mut open, fill);
+        if written.as_ref().is_err_and(|e| e.is_no_space()) {
+            unwritten.push(open);
+            return Ok(());
+        }
+        let dropped = Self::release_block(space, zone, &open);
+        written.and(dropped)
+    }
+
+    /// Drop the packer's hold on a closed block.
+    fn release_block(space: &Space<'_>, zone: usize, open: &OpenBlock) -> Result<()> {
         let mut slab = space.depot.slab(open.slab).lock();
         slab.remove_open_block(open.block, zone);
-        let dropped = space.devices.check_invariant(slab.drop_block(open.block));
-        written.and(dropped)
+        space.devices.check_invariant(slab.drop_block(open.block))
+    }
+
+    /// Write the zone's closed blocks and runs that found the device full, and let
+    /// them go; the first error (no space again) leaves the rest waiting.
+    fn write_unwritten(&self, space: &Space<'_>, zone: usize, packer: &mut Packer) -> Result<()> {
+        let mut result = Ok(());
+        for mut open in std::mem::take(&mut packer.unwritten_blocks) {
+            let fill = open.fill;
+            match self.write_open_block(space, &mut open, fill) {
+                Ok(()) => Self::release_block(space, zone, &open)?,
+                Err(e) => {
+                    packer.unwritten_blocks.push(open);
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        for mut run in std::mem::take(&mut packer.unwritten_runs) {
+            match self.write_run(space, &mut run) {
+                Ok(()) => Self::release_run(space, zone, &run)?,
+                Err(e) => {
+                    packer.unwritten_runs.push(run);
+                    result = result.and(Err(e));
+                }
+            }
+        }
+        result
     }
 
     /// Open a fresh block in a slab with room for a fragment (block and object).
@@ -166,6 +218,9 @@ impl Zones {
         let len = bytes.len();
         debug_assert!(len > 0 && len < BLOCK_BYTES);
         let mut packer = self.packer(zone).lock();
+        // Nothing new while earlier blocks wait for space: fail before any change.
+        self.write_unwritten(space, zone, &mut packer)?;
+        let packer = &mut *packer;
         for _attempt in 0..4 {
             let mut open = match packer.open.take() {
                 Some(o) => o,
@@ -174,7 +229,7 @@ impl Zones {
             let mut slab = space.depot.slab(open.slab).lock();
             let Some(object) = slab.alloc_object() else {
                 drop(slab);
-                self.close_block(space, zone, open)?;
+                self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
                 continue;
             };
             let start = open.fill;
@@ -182,7 +237,7 @@ impl Zones {
             if spans && !slab.alloc_block_at(open.block + 1) {
                 slab.unalloc_object(object);
                 drop(slab);
-                self.close_block(space, zone, open)?;
+                self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
                 continue;
             }
             let addr_bytes =
@@ -216,7 +271,7 @@ impl Zones {
                 slab.add_open_block(next, zone);
                 let slab_index = open.slab;
                 drop(slab);
-                self.close_block(space, zone, open)?;
+                self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
                 let mut buf = Box::new([0u8; BLOCK_BYTES]);
                 let rest = len - first;
                 within_mut(buf.as_mut_slice(), 0..rest, "a packed block")?.copy_from_slice(within(
@@ -233,7 +288,7 @@ impl Zones {
                 });
             } else if open.fill == BLOCK_BYTES {
                 drop(slab);
-                self.close_block(space, zone, open)?;
+                self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
             } else {
                 drop(slab);
                 packer.open = Some(open);
@@ -251,10 +306,10 @@ impl Zones {
         for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
             if let Some(run) = packer.run.take() {
-                self.close_run(space, zone, run)?;
+                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
             }
             if let Some(open) = packer.open.take() {
-                self.close_block(space, zone, open)?;
+                self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
             }
         }
         Ok(())
@@ -264,6 +319,7 @@ impl Zones {
     pub(crate) fn flush(&self, space: &Space<'_>) -> Result<()> {
         for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
+            self.write_unwritten(space, zone, &mut packer)?;
             if let Some(open) = packer.open.as_mut() {
                 let fill = open.fill;
                 self.write_open_block(space, open, fill)?;
@@ -285,21 +341,38 @@ impl Zones {
             + space.depot.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
         let bytes = within(&run.buf, from..to, "an open run's blocks")?;
         let r = space.devices.data().write_at(bytes, offset);
-        space.devices.check_io(r)?;
+        space.devices.check_write_or_no_space(r)?;
         run.written = run.filled;
         Ok(())
     }
 
     /// Close a run: write what is unwritten, drop the zone's hold on every block of it
-    /// (blocks never filled become free again at the next checkpoint).
-    fn close_run(&self, space: &Space<'_>, zone: usize, mut run: OpenRun) -> Result<()> {
+    /// (blocks never filled become free again at the next checkpoint). A write that
+    /// finds the device full leaves the run in `unwritten`, held.
+    fn close_run(
+        &self,
+        space: &Space<'_>,
+        zone: usize,
+        mut run: OpenRun,
+        unwritten: &mut Vec<OpenRun>,
+    ) -> Result<()> {
         let written = self.write_run(space, &mut run);
+        if written.as_ref().is_err_and(|e| e.is_no_space()) {
+            unwritten.push(run);
+            return Ok(());
+        }
+        Self::release_run(space, zone, &run)?;
+        written
+    }
+
+    /// Drop the zone's hold on every block of a closed run.
+    fn release_run(space: &Space<'_>, zone: usize, run: &OpenRun) -> Result<()> {
         let mut slab = space.depot.slab(run.slab).lock();
         for b in run.first..run.first + run.len {
             slab.remove_open_run_block(b, zone);
             space.devices.check_invariant(slab.drop_block(b))?;
         }
-        written
+        Ok(())
     }
 
     /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
@@ -347,6 +420,9 @@ impl Zones {
         fingerprint: &[u8; 32],
     ) -> Result<(ObjectId, u64)> {
         let mut packer = self.packer(zone).lock();
+        // Nothing new while earlier blocks wait for space: fail before any change.
+        self.write_unwritten(space, zone, &mut packer)?;
+        let packer = &mut *packer;
         for _attempt in 0..4 {
             let mut run = match packer.run.take() {
                 Some(r) => r,
@@ -355,7 +431,7 @@ impl Zones {
             let mut slab = space.depot.slab(run.slab).lock();
             let Some(object) = slab.alloc_object() else {
                 drop(slab);
-                self.close_run(space, zone, run)?;
+                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
                 continue;
             };
             let b = run.first + run.filled;
@@ -376,7 +452,7 @@ impl Zones {
             run.filled += 1;
             let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {
-                self.close_run(space, zone, run)?;
+                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
             } else {
                 packer.run = Some(run);
             }
@@ -396,7 +472,8 @@ impl Zones {
         out: &mut [u8],
     ) -> bool {
         let packer = self.packer(zone).lock();
-        if let Some(open) = &packer.open {
+        let blocks = packer.open.iter().chain(&packer.unwritten_blocks);
+        for open in blocks {
             if open.slab == slab && open.block == block {
                 // A range outside the block (a bug) is not copied: the caller
                 // reads the device, and the fingerprint check reports any mismatch.
@@ -406,7 +483,7 @@ impl Zones {
                 });
             }
         }
-        if let Some(run) = &packer.run {
+        for run in packer.run.iter().chain(&packer.unwritten_runs) {
             if run.slab == slab && block >= run.first && block < run.first + run.filled {
                 let at = (block - run.first) as usize * BLOCK_BYTES + from;
                 return run.buf.get(at..at + out.len()).is_some_and(|src| {

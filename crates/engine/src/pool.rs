@@ -99,7 +99,9 @@ impl Inner {
     }
 
     /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
-    /// device made durable, then the journal's batch. A failure latches the pool.
+    /// device made durable, then the journal's batch. A failure latches the pool,
+    /// unless a device was only full: then nothing durable changed, and the journal
+    /// keeps the batch for the next commit (`journal.rs: stall`).
     pub fn commit(&self) -> Result<()> {
         let data_durable = || {
             self.zones.flush(&self.space())?;
@@ -111,7 +113,59 @@ impl Inner {
             self.devices.separate_metadata(),
             data_durable,
         );
-        r.inspect_err(|e| self.devices.latch(e))
+        r.inspect_err(|e| {
+            if !e.is_no_space() {
+                self.devices.latch(e)
+            }
+        })
+    }
+
+    /// Refuse, with the no-space error, a change that needs a commit while commits
+    /// find a device full; one commit is tried first, so the pool resumes by itself
+    /// as soon as space is back.
+    pub fn ensure_space(&self) -> Result<()> {
+        let Some(why) = self.journal.stalled() else {
+            return Ok(());
+        };
+        match self.commit() {
+            Err(e) if e.is_no_space() => Err(EngineError::NoSpace(format!(
+                "waiting for space on the device below: {why}"
+            ))),
+            other => other,
+        }
+    }
+
+    /// Before a checkpoint's snapshot: commits are not stalled and the packers'
+    /// data is written, or the no-space error, with nothing changed. A checkpoint
+    /// whose page writes then find the device full still latches the pool: its
+    /// snapshot took the dirty pages and cannot be taken back.
+    pub fn checkpoint_space(&self) -> Result<()> {
+        self.ensure_space()?;
+        match self.zones.flush(&self.space()) {
+            Err(e) if e.is_no_space() => {
+                // A commit finds the same: it stalls the journal, so the commit
+                // thread retries once a second instead of asking again at once.
+                let _ = self.commit();
+                Err(EngineError::NoSpace(format!(
+                    "no checkpoint while the device below is full: {e}"
+                )))
+            }
+            other => other,
+        }
+    }
+
+    /// Give a new pool's whole data region back to its device (as `mkfs` does): a
+    /// device or file that held other data keeps none of it allocated. Only for a
+    /// pool that stores nothing yet.
+    fn discard_data_region(&self) {
+        let len_bytes = self.geometry.data_blocks() * BLOCK_BYTES as u64;
+        let r = self
+            .devices
+            .data()
+            .discard(self.geometry.data_offset_bytes(), len_bytes);
+        if let Err(e) = r {
+            tracing::warn!("the new pool's data region was not discarded: {e}");
+        }
     }
 
     fn commit_loop(self: Arc<Self>) {
@@ -292,6 +346,9 @@ impl Pool {
         });
         Self::format(data, meta, meta_path, opts)?;
         let pool = Self::open(&opts.path, &OpenOptions::default())?;
+        if !opts.no_discard {
+            pool.inner.discard_data_region();
+        }
         let info = pool.info();
         pool.close()?;
         Ok(info)
@@ -908,6 +965,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
         let i = &self.inner;
         i.devices.ensure_writable()?;
+        i.ensure_space()?;
         let _ck = i.checkpointer.serialize();
         let gate = i.gate.write();
         let vol = i.volumes.by_name(name)?;
@@ -1068,6 +1126,12 @@ impl Pool {
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
         let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
+    }
+
+    /// Turn discards of freed blocks on the data device on (the default) or off for
+    /// as long as the pool is open (`serve --no-discard`); nothing is stored.
+    pub fn set_discard_enabled(&self, enabled: bool) {
+        self.inner.devices.data().set_discard_enabled(enabled);
     }
 
     /// Run a compaction round over every slab now (the pool also runs one in the

@@ -6,6 +6,11 @@
 //! record, under its slab's lock, still holds the same full fingerprint and can take
 //! one more reference. A count reaching zero frees the object, which leaves the index;
 //! a count below zero is a broken invariant and latches the pool read-only.
+//!
+//! Blocks freed between checkpoints become allocatable only after the checkpoint
+//! that frees them is durable; just before, they are given back to the data device
+//! (`release_pending`): a hole punched in a pool file, a discard on an SSD or thin
+//! volume. Nothing durable names them then, and nothing can allocate them yet.
 
 use crate::devices::Devices;
 use crate::geometry::{PoolGeometry, SLAB_BLOCKS};
@@ -13,6 +18,8 @@ use crate::index::DedupIndex;
 use crate::slab::{ObjRec, Slab, REFCOUNT_MAX};
 use crate::Result;
 use fewerbytes_format::location::{Location, ObjectId};
+use fewerbytes_format::BLOCK_BYTES;
+use fewerbytes_storage::DiscardOutcome;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +59,45 @@ impl SlabDepot {
             data_blocks: geometry.data_blocks(),
             index: DedupIndex::new(geometry.index_entries()),
             fragment_frees: AtomicU64::new(0),
+        }
+    }
+
+    /// After a durable checkpoint: make the blocks and objects it freed (`pending`,
+    /// per slab, from its snapshot) allocatable, first discarding the freed blocks on
+    /// the data device in runs of adjacent blocks (one call per run). Under the
+    /// slab's lock, so no block is allocated between its discard and its release. A
+    /// failed discard is logged and changes nothing else: the blocks stay allocated
+    /// on the device, as they were before discards.
+    pub(crate) fn release_pending(
+        &self,
+        devices: &Devices,
+        geometry: &PoolGeometry,
+        pending: &[(u32, Vec<u32>, Vec<u32>)],
+    ) {
+        for (s, objects, blocks) in pending {
+            let mut slab = self.slab(*s).lock();
+            let mut freed: Vec<u32> = blocks
+                .iter()
+                .copied()
+                .filter(|&b| slab.holders(b) == 0 && slab.block_used(b))
+                .collect();
+            freed.sort_unstable();
+            freed.dedup();
+            for (first, count) in block_runs(&freed) {
+                let offset_bytes =
+                    geometry.data_offset_bytes() + self.pbn(*s, first) * BLOCK_BYTES as u64;
+                let len_bytes = u64::from(count) * BLOCK_BYTES as u64;
+                match devices.data().discard(offset_bytes, len_bytes) {
+                    Ok(DiscardOutcome::Discarded) => {}
+                    // Off, or a device that cannot: asking again costs nothing.
+                    Ok(DiscardOutcome::Disabled | DiscardOutcome::Unsupported) => break,
+                    Err(e) => {
+                        tracing::warn!("a discard of freed blocks failed (they stay allocated on the device): {e}");
+                        break;
+                    }
+                }
+            }
+            slab.release(objects, blocks);
         }
     }
 
@@ -267,5 +313,32 @@ impl SlabDepot {
         if rec.location & (1 << 63) != 0 {
             self.fragment_frees.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// Sorted, distinct block numbers as runs of adjacent blocks: (first, count).
+fn block_runs(sorted: &[u32]) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &b in sorted {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == b => *count += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod discard_tests {
+    use super::block_runs;
+
+    #[test]
+    fn freed_blocks_are_discarded_in_runs_of_adjacent_blocks() {
+        assert_eq!(block_runs(&[]), vec![]);
+        assert_eq!(block_runs(&[3]), vec![(3, 1)]);
+        assert_eq!(
+            block_runs(&[0, 1, 2, 5, 6, 9]),
+            vec![(0, 3), (5, 2), (9, 1)]
+        );
     }
 }

@@ -15,6 +15,8 @@ fn device_io(s: IoSnapshot) -> DeviceIo {
         read_bytes: s.read_bytes,
         write_bytes: s.write_bytes,
         flushes: s.flushes,
+        discards: s.discards,
+        discard_bytes: s.discard_bytes,
     }
 }
 

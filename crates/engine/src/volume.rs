@@ -170,6 +170,7 @@ impl Volume {
         self.check("write", offset_bytes, data.len() as u64)?;
         let inner = self.inner();
         inner.devices.ensure_writable()?;
+        inner.ensure_space()?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {

@@ -187,6 +187,11 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
         matches!(err, EngineError::NoSpace(_)),
         "a full pool must say so, got {err}"
     );
+    assert_eq!(
+        pool.stats().mode,
+        Mode::Normal,
+        "a full pool is not latched: it takes writes again once space is freed"
+    );
     assert!(
         written > data_blocks * 9 / 10,
         "only {written} of {data_blocks} blocks stored before the pool was full"

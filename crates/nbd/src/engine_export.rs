@@ -61,13 +61,14 @@ struct VolumeExport {
 }
 
 /// The NBD error value a client sees for an engine error: a refused write on a
-/// read-only pool is EPERM, a request past the end EINVAL, a full pool ENOSPC, a
+/// read-only pool is EPERM, a request past the end EINVAL, a full pool or a full
+/// device below it ENOSPC (QEMU's `werror=enospc` pauses the guest on it), a
 /// deleted volume ESHUTDOWN, and anything else (a device error, corruption) EIO.
 pub fn errno_of(e: &EngineError) -> u32 {
     match e {
+        e if e.is_no_space() => ENOSPC,
         EngineError::ReadOnly(_) => EPERM,
         EngineError::OutOfRange { .. } => EINVAL,
-        EngineError::NoSpace(_) => ENOSPC,
         EngineError::VolumeGone(_) => ESHUTDOWN,
         _ => EIO,
     }
@@ -147,6 +148,16 @@ mod tests {
                 EINVAL,
             ),
             (EngineError::NoSpace("full".into()), ENOSPC),
+            (
+                EngineError::Io(fewerbytes_engine::storage::StorageError::from_os(
+                    "pool",
+                    fewerbytes_engine::storage::IoOp::Write,
+                    0,
+                    4096,
+                    std::io::Error::from_raw_os_error(28),
+                )),
+                ENOSPC,
+            ),
             (EngineError::VolumeGone("a".into()), ESHUTDOWN),
             (EngineError::Invariant("count below zero".into()), EIO),
             (EngineError::Refused("no".into()), EIO),

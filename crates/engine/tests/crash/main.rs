@@ -341,13 +341,19 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     let c = *tally.coverage.lock();
     let _ = writeln!(
         std::io::stdout(),
-        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads",
+        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads, {} discards of freed blocks",
         tally.events.load(Ordering::Relaxed),
         c.checkpoints,
         c.journal_commits,
         c.journal_bytes >> 10,
         c.compacted_blocks,
-        c.workload_crashes
+        c.workload_crashes,
+        c.discards
+    );
+    // The proof that discards are safe is that crash points land after them.
+    assert!(
+        c.discards > 0 || seeds.len() < 8,
+        "no workload discarded a freed block: the crash points prove nothing about discards"
     );
     let failures = tally.failures.into_inner();
     assert!(

@@ -59,6 +59,9 @@ pub(crate) struct Coverage {
     pub(crate) journal_bytes: u64,
     pub(crate) compacted_blocks: u64,
     pub(crate) workload_crashes: u64,
+    /// Discards of freed blocks the data device took (logged as unflushed writes of
+    /// zeros, so crash points land after them and recovery must not need their bytes).
+    pub(crate) discards: u64,
 }
 
 impl Coverage {
@@ -68,6 +71,7 @@ impl Coverage {
         self.checkpoints += stats.checkpoints;
         self.journal_commits += stats.journal_commits;
         self.compacted_blocks += stats.compacted_blocks;
+        self.discards += stats.data_device.discards;
         self.journal_bytes += stats
             .metadata_written_by_region
             .iter()
@@ -83,6 +87,7 @@ impl Coverage {
         self.journal_bytes += other.journal_bytes;
         self.compacted_blocks += other.compacted_blocks;
         self.workload_crashes += other.workload_crashes;
+        self.discards += other.discards;
     }
 }
 

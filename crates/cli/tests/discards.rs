@@ -1,0 +1,96 @@
+//! Space freed in a pool reaches the host: after a volume is deleted through a
+//! running server, the pool file's allocated size (`st_blocks`, what `du` shows)
+//! falls by what the volume held, and `stats --verbose` counts the discards. With
+//! `serve --no-discard` the file keeps its blocks.
+
+mod common;
+
+use common::data::Rng;
+use common::*;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+const MIB: u64 = 1 << 20;
+
+/// Bytes the file system has allocated for `path` (`du`'s number).
+fn allocated_bytes(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .expect("stat the pool file")
+        .blocks()
+        * 512
+}
+
+/// A pool with volume "vm" holding 16 MiB of random bytes, served with `serve_args`;
+/// returns the server and the pool file's allocated size with the data in it.
+fn served_with_data(dir: &TempDir, serve_args: &[&str]) -> (Server, u64) {
+    let pool = dir.join("test.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "256M"]);
+    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "64M"]);
+    fewerbytes_ok(&pool, &["volume", "create", "keep", "--size", "4M"]);
+    let random = dir.join("random.bin");
+    let mut bytes = vec![0u8; (16 * MIB) as usize];
+    Rng::new(29).fill(&mut bytes);
+    std::fs::write(&random, &bytes).expect("write random.bin");
+    let server = Server::start(dir.path(), &pool, serve_args);
+    qemu_io(
+        &server.unix_uri("vm"),
+        &[
+            format!("write -s {} 0 16M", random.display()),
+            "flush".into(),
+        ],
+    );
+    qemu_io(
+        &server.unix_uri("keep"),
+        &["write -P 0x5a 0 1M".into(), "flush".into()],
+    );
+    let held = allocated_bytes(&pool);
+    (server, held)
+}
+
+#[test]
+fn a_deleted_volume_gives_its_space_back_to_the_host_file_system() {
+    let dir = TempDir::new("discards");
+    let (mut server, held) = served_with_data(&dir, &[]);
+    let pool = server.pool.clone();
+    server.cli_ok(&["volume", "delete", "vm"]);
+    let after = allocated_bytes(&pool);
+    assert!(
+        after + 15 * MIB <= held,
+        "the pool file holds {after} bytes after deleting 16 MiB of data (it held {held})"
+    );
+    let verbose = server.cli_ok(&["stats", "--verbose"]).stdout;
+    let discard_line = verbose
+        .lines()
+        .find(|l| l.contains("data_device.discard_bytes"))
+        .unwrap_or_else(|| panic!("stats --verbose has no data_device.discard_bytes:\n{verbose}"));
+    assert!(
+        !discard_line.trim_end().ends_with(" 0"),
+        "no discard counted: {discard_line}"
+    );
+    qemu_io(&server.unix_uri("keep"), &["read -P 0x5a 0 1M".into()]);
+    let status = server.stop();
+    assert!(status.success(), "{}", server.log_text());
+    drop(server);
+    let check = fewerbytes_ok(&pool, &["check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+}
+
+#[test]
+fn with_no_discard_the_pool_file_keeps_its_blocks() {
+    let dir = TempDir::new("nodiscard");
+    let (mut server, held) = served_with_data(&dir, &["--no-discard"]);
+    let pool = server.pool.clone();
+    server.cli_ok(&["volume", "delete", "vm"]);
+    assert!(
+        allocated_bytes(&pool) >= held,
+        "serve --no-discard punched holes in the pool file"
+    );
+    assert_eq!(server.stats()["data_device"]["discards"], 0);
+    let status = server.stop();
+    assert!(status.success(), "{}", server.log_text());
+}
