@@ -52,5 +52,6 @@ pub use memory_export::{MemoryExport, MemoryExports, MEMORY_BLOCK_BYTES};
 pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MAX_BYTES};
 pub use relay::RELAY_BUFFER_BYTES;
 pub use server::{Server, ServerStats};
+pub use shared::ExportUsers;
 pub use tls::{TlsCredentials, TlsError, TlsMode};
 pub use transmission::WORKER_IDLE_TIMEOUT;

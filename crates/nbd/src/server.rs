@@ -22,11 +22,12 @@ use crate::config::{
 };
 use crate::export::ExportProvider;
 use crate::negotiate::{self, Channel};
-use crate::shared::Shared;
+use crate::shared::{ExportUsers, Shared};
 use crate::stream::Stream;
 use crate::tls::TlsMode;
 use crate::transmission;
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -192,6 +193,12 @@ impl Server {
         self.shared.connections()
     }
 
+    /// Connections in transmission and the distinct clients holding them, by export
+    /// (exports no one uses are left out).
+    pub fn users(&self) -> BTreeMap<String, ExportUsers> {
+        self.shared.users()
+    }
+
     /// Requests in flight across all connections now.
     pub fn inflight_requests(&self) -> usize {
         self.shared.inflight_requests()
@@ -324,6 +331,7 @@ enum Listening {
 /// One connection from accept to close.
 fn serve_connection(shared: &Shared, id: u64, stream: Arc<Stream>, listening: Listening) {
     let peer = stream.peer();
+    let client = stream.client();
     tracing::debug!(id, %peer, "NBD connection opened");
     if let Err(e) = stream
         .set_read_timeout(Some(NEGOTIATION_TIMEOUT))
@@ -355,6 +363,7 @@ fn serve_connection(shared: &Shared, id: u64, stream: Arc<Stream>, listening: Li
                 let export = session.name.clone();
                 let tls = tls.describe();
                 tracing::info!(id, %peer, %export, %tls, "NBD client attached");
+                shared.attach(id, &export, client);
                 transmission::serve(shared, id, session, reader, Arc::clone(&plain));
                 tracing::info!(id, %peer, %export, "NBD client detached");
             }

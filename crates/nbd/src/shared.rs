@@ -1,8 +1,9 @@
 //! What a server's connections share: its configuration, its exports, the limits on
-//! requests in flight, and the registry of live connections with the flag that says
-//! the server is shutting down. The server (`server.rs`) owns one and hands it to
-//! every connection thread; negotiation and transmission read it, and never see the
-//! listeners.
+//! requests in flight, the registry of live connections (with, for those in
+//! transmission, their export and their client: who uses each export), and the flag
+//! that says the server is shutting down. The server (`server.rs`) owns one and hands
+//! it to every connection thread; negotiation and transmission read it, and never
+//! see the listeners.
 
 use crate::config::{
     ServerConfig, CONNECTION_RESERVED_REQUESTS, INFLIGHT_BUFFER_BYTES_MAX,
@@ -12,7 +13,7 @@ use crate::export::ExportProvider;
 use crate::inflight::{Inflight, InflightLimits};
 use crate::stream::Stream;
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,19 @@ use std::time::{Duration, Instant};
 struct Registry {
     next_id: u64,
     connections: HashMap<u64, Arc<Stream>>,
+    /// Connections in transmission: the export each serves, and its client (see
+    /// [`Stream::client`]; the connection id when the kernel cannot tell).
+    attached: HashMap<u64, (String, String)>,
+}
+
+/// Who uses one export now: connections in transmission, and the distinct clients
+/// that hold them (one client may hold several connections: multi-conn).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportUsers {
+    /// Connections in transmission on the export.
+    pub connections: usize,
+    /// Distinct clients among them (a TCP address, a unix peer process).
+    pub clients: usize,
 }
 
 /// A server's state that its connections share.
@@ -121,9 +135,36 @@ impl Shared {
         Some(id)
     }
 
+    /// Connection `id` is in transmission on `export`, for `client`.
+    pub(crate) fn attach(&self, id: u64, export: &str, client: Option<String>) {
+        let client = client.unwrap_or_else(|| format!("connection {id}"));
+        self.registry
+            .lock()
+            .attached
+            .insert(id, (export.to_string(), client));
+    }
+
+    /// Connections and distinct clients in transmission, by export.
+    pub(crate) fn users(&self) -> BTreeMap<String, ExportUsers> {
+        let registry = self.registry.lock();
+        let mut clients: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        let mut users: BTreeMap<String, ExportUsers> = BTreeMap::new();
+        for (export, client) in registry.attached.values() {
+            users.entry(export.clone()).or_default().connections += 1;
+            clients.entry(export).or_default().insert(client);
+        }
+        for (export, distinct) in clients {
+            if let Some(entry) = users.get_mut(export) {
+                entry.clients = distinct.len();
+            }
+        }
+        users
+    }
+
     pub(crate) fn unregister(&self, id: u64) {
         let mut registry = self.registry.lock();
         registry.connections.remove(&id);
+        registry.attached.remove(&id);
         if registry.connections.is_empty() {
             self.registry_empty.notify_all();
         }
