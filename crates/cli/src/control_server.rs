@@ -7,7 +7,9 @@
 //! admin deleted (or replaced) cannot keep `serve` from stopping.
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_engine::Pool;
+use fewerbytes_engine::{Pool, VolumeInfo};
+use fewerbytes_nbd::ExportUsers;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -245,7 +247,10 @@ fn serve_connection(
                     pool: pool.stats(),
                     nbd_server: Some(served.server.stats().into()),
                 }))),
-                other => execute(pool, &other),
+                other => execute(pool, &other).map(|mut answer| {
+                    count_clients(&mut answer, &served.server.users());
+                    answer
+                }),
             };
             // Changes at INFO, with their outcome; queries (list, stats, ...) at DEBUG.
             match (&answer, changes_pool) {
@@ -274,6 +279,29 @@ fn serve_connection(
     out.push('\n');
     (&stream).write_all(out.as_bytes())?;
     Ok(())
+}
+
+/// Make a volume's `users` count clients rather than connections. The engine counts
+/// open volume handles, one per NBD connection, so a client with several connections
+/// (QEMU's multi-conn, `nbdcopy --connections 4`) would count several times: its
+/// connections are taken out and its distinct clients put in (handles opened other
+/// than over NBD still count one each).
+fn count_clients(answer: &mut Answer, users: &BTreeMap<String, ExportUsers>) {
+    let count = |volume: &mut VolumeInfo| {
+        if let Some(export) = users.get(&volume.name) {
+            let connections = u32::try_from(export.connections).unwrap_or(u32::MAX);
+            let clients = u32::try_from(export.clients).unwrap_or(u32::MAX);
+            volume.users = volume
+                .users
+                .saturating_sub(connections)
+                .saturating_add(clients);
+        }
+    };
+    match answer {
+        Answer::Volumes(volumes) => volumes.iter_mut().for_each(count),
+        Answer::Volume(volume) => count(volume),
+        _ => {}
+    }
 }
 
 /// The user id of the process at the other end, from SO_PEERCRED.

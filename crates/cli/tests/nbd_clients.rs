@@ -1194,3 +1194,77 @@ fn default_serve_creates_pool_and_serves_disk0() {
     let server = Server::start(dir.path(), &pool, &[]);
     qemu_io(&server.unix_uri("disk0"), &["read -P 0x77 1G 1M".into()]);
 }
+
+// Regression test (issue 15): `volume list` counted every NBD connection as a user, so
+// one nbdcopy with four connections (multi-conn) showed 4 users where there is 1 client.
+#[test]
+fn users_count_clients_not_their_connections() {
+    require_tool("nbdkit");
+    let dir = TempDir::new("users");
+    let server = Server::start_new(dir.path(), &[("vol", "64M")], &[]);
+    let users = || {
+        let volumes = json(&server.cli_ok(&["volume", "list", "--json"]));
+        let vol = volumes
+            .as_array()
+            .and_then(|all| all.iter().find(|v| v["name"] == "vol"))
+            .cloned()
+            .expect("volume `vol` listed");
+        vol["users"].as_u64().expect("users is a number")
+    };
+    assert_eq!(users(), 0);
+    // The source answers each read after 30 s, so nbdcopy holds its four connections
+    // to `vol` while the test looks (`--no-extents`: it must read, not skip holes). It
+    // listens on its own socket: nbdcopy opens one connection to a `[ CMD ]` source,
+    // and uses multi-conn only when both ends offer it.
+    let source_socket = dir.join("slow-source.sock");
+    let mut source = tool("nbdkit")
+        .args(["-f", "--exit-with-parent", "-U"])
+        .arg(&source_socket)
+        .args(["--filter=delay", "memory", "64M", "rdelay=30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start nbdkit");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !source_socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nbdkit did not listen within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let source_uri = format!("nbd+unix:///?socket={}", source_socket.display());
+    let mut copy = tool("nbdcopy")
+        // nbdcopy opens at most one connection per thread (by default, one per CPU).
+        .args(["--connections", "4", "--threads", "4", "--no-extents", "--"])
+        .args([source_uri.as_str(), server.unix_uri("vol").as_str()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start nbdcopy");
+    let attached = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("NBD client attached") && l.contains("export=vol"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while attached(&server.log_text()) < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nbdcopy did not open 4 connections to `vol` within 60 s:\n{}",
+            server.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let with_copy = users();
+    // A second client, with one connection: two clients.
+    let held = HeldConnection::open(&server.unix_uri("vol"));
+    let with_both = users();
+    drop(held);
+    for child in [&mut copy, &mut source] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(with_copy, 1, "one nbdcopy with 4 connections is one user");
+    assert_eq!(with_both, 2, "nbdcopy and a second client are two users");
+}

@@ -15,13 +15,15 @@
 //! to some TLS identities answers `NBD_REP_ERR_TLS_REQD` to a client in clear and
 //! `NBD_REP_ERR_POLICY` to any other identity, and is left out of its `NBD_OPT_LIST`.
 
+use crate::config::{NEGOTIATION_TIMEOUT, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT};
 use crate::export::Export;
 use crate::protocol::*;
-use crate::server::{Channel, Server, REPLY_WRITE_TIMEOUT};
-use crate::stream::Stream;
+use crate::shared::Shared;
+use crate::stream::{Stream, StreamReader};
 use crate::tls::{Peer, TlsMode};
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Largest option payload accepted. Strings are at most 4096 bytes by the spec;
 /// 64 KiB leaves room for a SET_META_CONTEXT with many queries. Larger is garbage
@@ -43,6 +45,27 @@ pub(crate) struct Session {
     pub(crate) meta_context: bool,
     /// Writes are refused.
     pub(crate) read_only: bool,
+}
+
+/// A connection's way to its client during negotiation: the buffered reader, the
+/// stream replies go to, and whether TLS is up. STARTTLS replaces all three.
+pub(crate) struct Channel {
+    pub(crate) reader: BufReader<StreamReader>,
+    pub(crate) stream: Arc<Stream>,
+    pub(crate) peer: Peer,
+}
+
+impl Channel {
+    /// A channel in clear over `stream`, whose reads fail after `deadline` from now.
+    pub(crate) fn new(stream: Arc<Stream>, deadline: Option<Duration>) -> Channel {
+        let mut inner = StreamReader::new(Arc::clone(&stream));
+        inner.set_deadline(deadline);
+        Channel {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, inner),
+            stream,
+            peer: Peer::Clear,
+        }
+    }
 }
 
 /// Why negotiation ended without an export.
@@ -106,7 +129,7 @@ struct Agreed {
 /// Run the handshake on `channel` (replaced by its TLS relay after STARTTLS) for
 /// connection `id`. `Ok(None)`: the client aborted.
 pub(crate) fn negotiate(
-    server: &Server,
+    shared: &Shared,
     id: u64,
     mode: TlsMode,
     channel: &mut Channel,
@@ -133,7 +156,7 @@ pub(crate) fn negotiate(
             writer: &stream,
             option,
         };
-        if server.is_shutting_down() && option != OPT_ABORT {
+        if shared.is_shutting_down() && option != OPT_ABORT {
             if option == OPT_EXPORT_NAME {
                 return Err(NegotiationError::ExportRefused {
                     name: String::from_utf8_lossy(&data).into_owned(),
@@ -159,7 +182,7 @@ pub(crate) fn negotiate(
         }
         match option {
             OPT_STARTTLS if mode != TlsMode::Off && data.is_empty() && !peer.is_tls() => {
-                start_tls(server, id, channel, &mut replies)?;
+                start_tls(shared, id, channel, &mut replies)?;
                 // The spec: nothing agreed in clear holds inside TLS.
                 agreed = Agreed::default();
             }
@@ -167,7 +190,7 @@ pub(crate) fn negotiate(
                 replies.error(REP_ERR_INVALID, "TLS is already started")?;
             }
             OPT_EXPORT_NAME => {
-                return export_name(server, &peer, &agreed, &data, no_zeroes, &stream).map(Some);
+                return export_name(shared, &peer, &agreed, &data, no_zeroes, &stream).map(Some);
             }
             OPT_ABORT => {
                 // The client may already have gone; the spec says to tolerate that.
@@ -175,11 +198,11 @@ pub(crate) fn negotiate(
                 return Ok(None);
             }
             OPT_INFO | OPT_GO => {
-                if let Some(session) = info_or_go(server, &peer, &agreed, &data, &mut replies)? {
+                if let Some(session) = info_or_go(shared, &peer, &agreed, &data, &mut replies)? {
                     return Ok(Some(session));
                 }
             }
-            _ => answer_option(server, &peer, &mut agreed, &data, &mut replies)?,
+            _ => answer_option(shared, &peer, &mut agreed, &data, &mut replies)?,
         }
     }
     Err(NegotiationError::TooManyOptions(OPTIONS_PER_CONNECTION_MAX))
@@ -188,12 +211,12 @@ pub(crate) fn negotiate(
 /// Answer STARTTLS, run the handshake, and switch `channel` to the TLS relay's
 /// plaintext stream. Any failure ends the connection.
 fn start_tls(
-    server: &Server,
+    shared: &Shared,
     id: u64,
     channel: &mut Channel,
     replies: &mut Replies<'_>,
 ) -> Result<(), NegotiationError> {
-    let Some(tls) = &server.config.tls else {
+    let Some(tls) = &shared.config().tls else {
         return Err(NegotiationError::Io(io::Error::other(
             "TLS is not configured",
         )));
@@ -208,15 +231,15 @@ fn start_tls(
         .reader
         .get_ref()
         .deadline()
-        .unwrap_or_else(|| std::time::Instant::now() + crate::server::NEGOTIATION_TIMEOUT);
+        .unwrap_or_else(|| std::time::Instant::now() + NEGOTIATION_TIMEOUT);
     let (plain, peer) =
         tls.credentials
             .start(Arc::clone(&channel.stream), deadline, REPLY_WRITE_TIMEOUT)?;
     let plain = Arc::new(plain);
-    plain.set_read_timeout(Some(crate::server::NEGOTIATION_TIMEOUT))?;
+    plain.set_read_timeout(Some(NEGOTIATION_TIMEOUT))?;
     plain.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
     tracing::debug!(id, tls = %peer.describe(), "NBD TLS started");
-    server.replace_stream(id, Arc::clone(&plain));
+    shared.replace_stream(id, Arc::clone(&plain));
     let remaining = deadline.saturating_duration_since(std::time::Instant::now());
     *channel = Channel::new(plain, Some(remaining));
     channel.peer = peer;
@@ -225,8 +248,13 @@ fn start_tls(
 
 /// Whether the client `peer` may open `name` (canonical): the option error to answer
 /// if not.
-fn may_open(server: &Server, peer: &Peer, name: &str) -> Result<(), (u32, String)> {
-    let Some(allowed) = server.config.access.as_ref().and_then(|a| a.allowed(name)) else {
+fn may_open(shared: &Shared, peer: &Peer, name: &str) -> Result<(), (u32, String)> {
+    let Some(allowed) = shared
+        .config()
+        .access
+        .as_ref()
+        .and_then(|a| a.allowed(name))
+    else {
         return Ok(());
     };
     match peer {
@@ -279,14 +307,14 @@ fn read_option(reader: &mut impl Read) -> Result<(u32, Vec<u8>), NegotiationErro
 
 /// Answer an option that does not end negotiation.
 fn answer_option(
-    server: &Server,
+    shared: &Shared,
     peer: &Peer,
     agreed: &mut Agreed,
     data: &[u8],
     replies: &mut Replies<'_>,
 ) -> io::Result<()> {
     match replies.option {
-        OPT_LIST => list(server, peer, data, replies),
+        OPT_LIST => list(shared, peer, data, replies),
         OPT_STARTTLS if data.is_empty() => {
             replies.error(REP_ERR_POLICY, "TLS is not offered on this endpoint")
         }
@@ -306,7 +334,7 @@ fn answer_option(
             replies.error(REP_ERR_INVALID, "this option takes no data")
         }
         OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-            meta_context(server, peer, agreed, data, replies)
+            meta_context(shared, peer, agreed, data, replies)
         }
         option => {
             let text = format!("option {option} is not supported by this server");
@@ -348,15 +376,15 @@ fn read_u32(reader: &mut impl Read) -> io::Result<u32> {
 }
 
 /// The canonical name for what the client asked: "" is the default export.
-fn resolve_name(server: &Server, name: &str) -> Result<String, String> {
+fn resolve_name(shared: &Shared, name: &str) -> Result<String, String> {
     if !name.is_empty() {
         return Ok(name.to_string());
     }
-    server
-        .config
+    shared
+        .config()
         .default_export
         .clone()
-        .or_else(|| server.exports.default_name())
+        .or_else(|| shared.exports().default_name())
         .ok_or_else(|| {
             "no default export on this server: ask for an export by name (NBD_OPT_LIST lists them)"
                 .to_string()
@@ -365,14 +393,14 @@ fn resolve_name(server: &Server, name: &str) -> Result<String, String> {
 
 /// Open the export `name` asks for, if `peer` may: else the option error to answer.
 fn open(
-    server: &Server,
+    shared: &Shared,
     peer: &Peer,
     name: &str,
 ) -> Result<(String, Arc<dyn Export>), (u32, String)> {
-    let canonical = resolve_name(server, name).map_err(|e| (REP_ERR_UNKNOWN, e))?;
-    may_open(server, peer, &canonical)?;
-    let export = server
-        .exports
+    let canonical = resolve_name(shared, name).map_err(|e| (REP_ERR_UNKNOWN, e))?;
+    may_open(shared, peer, &canonical)?;
+    let export = shared
+        .exports()
         .open(&canonical)
         .map_err(|e| (REP_ERR_UNKNOWN, e))?;
     Ok((canonical, export))
@@ -400,7 +428,7 @@ fn transmission_flags(read_only: bool, mode: ReplyMode) -> u16 {
 }
 
 fn export_name(
-    server: &Server,
+    shared: &Shared,
     peer: &Peer,
     agreed: &Agreed,
     data: &[u8],
@@ -412,11 +440,11 @@ fn export_name(
     }
     let asked = String::from_utf8_lossy(data).into_owned();
     let (name, export) =
-        open(server, peer, &asked).map_err(|(_, reason)| NegotiationError::ExportRefused {
+        open(shared, peer, &asked).map_err(|(_, reason)| NegotiationError::ExportRefused {
             name: asked.clone(),
             reason,
         })?;
-    let read_only = server.config.read_only;
+    let read_only = shared.config().read_only;
     let mut out = Vec::with_capacity(10 + EXPORT_NAME_PADDING_BYTES);
     out.extend_from_slice(&export.size_bytes().to_be_bytes());
     out.extend_from_slice(&transmission_flags(read_only, agreed.mode).to_be_bytes());
@@ -435,13 +463,13 @@ fn export_name(
     })
 }
 
-fn list(server: &Server, peer: &Peer, data: &[u8], replies: &mut Replies<'_>) -> io::Result<()> {
+fn list(shared: &Shared, peer: &Peer, data: &[u8], replies: &mut Replies<'_>) -> io::Result<()> {
     if !data.is_empty() {
         return replies.error(REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
     }
-    for desc in server.exports.list() {
+    for desc in shared.exports().list() {
         // Only what this client may open.
-        if may_open(server, peer, &desc.name).is_err() {
+        if may_open(shared, peer, &desc.name).is_err() {
             continue;
         }
         let name_len = u32::try_from(desc.name.len()).unwrap_or(u32::MAX);
@@ -471,7 +499,7 @@ fn parse_info_request(data: &[u8]) -> Option<(&str, Vec<u16>)> {
 }
 
 fn info_or_go(
-    server: &Server,
+    shared: &Shared,
     peer: &Peer,
     agreed: &Agreed,
     data: &[u8],
@@ -482,14 +510,14 @@ fn info_or_go(
         replies.error(REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data")?;
         return Ok(None);
     };
-    let (name, export) = match open(server, peer, asked) {
+    let (name, export) = match open(shared, peer, asked) {
         Ok(opened) => opened,
         Err((kind, reason)) => {
             replies.error(kind, &reason)?;
             return Ok(None);
         }
     };
-    let read_only = server.config.read_only;
+    let read_only = shared.config().read_only;
 
     let mut info = Vec::with_capacity(14);
     info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
@@ -514,7 +542,7 @@ fn info_or_go(
         replies.send(REP_INFO, &info)?;
     }
     if requests.contains(&INFO_DESCRIPTION) {
-        if let Some(desc) = server.exports.list().into_iter().find(|d| d.name == name) {
+        if let Some(desc) = shared.exports().list().into_iter().find(|d| d.name == name) {
             info.clear();
             info.extend_from_slice(&INFO_DESCRIPTION.to_be_bytes());
             info.extend_from_slice(desc.description.as_bytes());
@@ -557,7 +585,7 @@ fn parse_meta_request(data: &[u8]) -> Option<(&str, Vec<&str>)> {
 }
 
 fn meta_context(
-    server: &Server,
+    shared: &Shared,
     peer: &Peer,
     agreed: &mut Agreed,
     data: &[u8],
@@ -577,7 +605,7 @@ fn meta_context(
     let Some((asked, queries)) = parse_meta_request(data) else {
         return replies.error(REP_ERR_INVALID, "malformed metadata context request");
     };
-    let name = match open(server, peer, asked) {
+    let name = match open(shared, peer, asked) {
         Ok((name, _export)) => name,
         Err((kind, reason)) => return replies.error(kind, &reason),
     };

@@ -10,9 +10,9 @@
 //! `max_inflight_per_connection` replies and the buffers they point into are in the
 //! server's byte budget until they are on the wire.
 
+use crate::inflight::Permit;
 use crate::protocol::{simple_reply, ChunkHeader, ReplyMode};
 use crate::stream::Stream;
-use crate::transmission::Permit;
 use parking_lot::Mutex;
 use std::io::{self, IoSlice, Write};
 use std::net::Shutdown;

@@ -78,6 +78,36 @@ impl Stream {
             Stream::Unix(_) => "unix".into(),
         }
     }
+
+    /// Who is at the other end, as one client: a TCP peer's address without its port,
+    /// a unix peer's process (SO_PEERCRED pid and uid). The several connections of
+    /// one client (QEMU's multi-conn, nbdcopy's `--connections`) give the same
+    /// answer; `None` when the kernel cannot tell.
+    pub(crate) fn client(&self) -> Option<String> {
+        match self {
+            Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip().to_string()),
+            Stream::Unix(s) => {
+                let mut cred = libc::ucred {
+                    pid: 0,
+                    uid: 0,
+                    gid: 0,
+                };
+                let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+                // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
+                // the fd is a live unix socket owned by `s` for the duration of the call.
+                let rc = unsafe {
+                    libc::getsockopt(
+                        s.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_PEERCRED,
+                        (&mut cred as *mut libc::ucred).cast(),
+                        &mut len,
+                    )
+                };
+                (rc == 0 && cred.pid != 0).then(|| format!("pid {} uid {}", cred.pid, cred.uid))
+            }
+        }
+    }
 }
 
 impl Read for &Stream {

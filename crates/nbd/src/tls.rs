@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Stack of a relay thread: OpenSSL's record layer needs a few KiB; buffers are on
-/// the heap. The same as the server's other threads (`server::THREAD_STACK_BYTES`).
+/// the heap. The same as the server's other threads (`config::THREAD_STACK_BYTES`).
 pub(crate) const RELAY_THREAD_STACK_BYTES: usize = 256 << 10;
 /// Longest PSK key accepted (OpenSSL's `PSK_MAX_PSK_LEN`).
 const PSK_KEY_MAX_BYTES: usize = 512;

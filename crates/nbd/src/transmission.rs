@@ -7,7 +7,7 @@
 //! until its reply is written. The reader takes one per-connection slot, one
 //! server-wide slot and, for reads and writes, its buffer's bytes from the
 //! byte budget (the connection's own reserve, then its share of the server-wide
-//! pool: see `server::InflightLimits`); at any limit it hands over the requests it holds and
+//! pool: see `inflight.rs`); at any limit it hands over the requests it holds and
 //! waits, and does not read the socket, until an earlier request completes. Nothing
 //! a client sends can grow the server's memory past those limits.
 //!
@@ -20,17 +20,18 @@
 //! the reader and each get a worker of their own, so a connection's other requests
 //! never queue behind them.
 
+use crate::config::{PAYLOAD_TIMEOUT, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX};
 use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
+use crate::inflight::{Inflight, Permit};
 use crate::negotiate::Session;
 use crate::protocol::*;
 use crate::reply::{Replies, Reply};
-use crate::server::{Inflight, Server, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES};
+use crate::shared::Shared;
 use crate::stream::{Stream, StreamReader};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{self, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -67,13 +68,8 @@ struct Conn {
     queue: Mutex<Queue>,
     /// Workers wait here for jobs.
     job_ready: Condvar,
-    /// The reader waits here for a per-connection slot.
-    slot_free: Condvar,
-    inflight_max: usize,
-    /// `Queue::inflight`, readable without the lock (the reader polls only while
-    /// it is zero: with requests in flight, the CPUs are better left to workers).
-    inflight_now: Arc<AtomicUsize>,
-    server_inflight: Arc<Inflight>,
+    /// This connection's requests in flight and its share of the server's limits.
+    inflight: Arc<Inflight>,
     /// Workers the reader keeps running quick jobs at once (one per CPU): more
     /// only take turns on the CPUs and cost wakeups.
     workers_running_max: usize,
@@ -84,8 +80,6 @@ struct Conn {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
-    /// Requests holding a per-connection slot (queued, running or replying).
-    inflight: usize,
     /// Workers waiting for a job.
     idle: usize,
     /// Jobs in `jobs` that may wait for the disk.
@@ -141,81 +135,6 @@ impl Job {
     }
 }
 
-/// A request's share of the limits, given back when its reply has been written.
-pub(crate) struct Permit {
-    conn: Arc<Conn>,
-    bytes: u64,
-}
-
-impl Permit {
-    /// Wait for a per-connection slot, then a server-wide one.
-    fn acquire(conn: &Arc<Conn>) -> Permit {
-        {
-            let mut queue = conn.queue.lock();
-            while queue.inflight >= conn.inflight_max {
-                conn.slot_free.wait(&mut queue);
-            }
-            queue.inflight += 1;
-            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
-        }
-        conn.server_inflight.acquire_request();
-        Permit {
-            conn: Arc::clone(conn),
-            bytes: 0,
-        }
-    }
-
-    /// A per-connection and a server-wide slot if both are free now.
-    fn try_acquire(conn: &Arc<Conn>) -> Option<Permit> {
-        {
-            let mut queue = conn.queue.lock();
-            if queue.inflight >= conn.inflight_max {
-                return None;
-            }
-            queue.inflight += 1;
-            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
-        }
-        if !conn.server_inflight.try_acquire_request() {
-            let mut queue = conn.queue.lock();
-            queue.inflight -= 1;
-            conn.inflight_now.store(queue.inflight, Ordering::Relaxed);
-            conn.slot_free.notify_one();
-            return None;
-        }
-        Some(Permit {
-            conn: Arc::clone(conn),
-            bytes: 0,
-        })
-    }
-
-    /// Wait until `bytes` of buffer fit the server-wide budget.
-    fn add_bytes(&mut self, bytes: u64) {
-        self.conn.server_inflight.acquire_bytes(bytes);
-        self.bytes += bytes;
-    }
-
-    /// Take `bytes` of the budget if they fit now.
-    fn try_add_bytes(&mut self, bytes: u64) -> bool {
-        let fit = self.conn.server_inflight.try_acquire_bytes(bytes);
-        if fit {
-            self.bytes += bytes;
-        }
-        fit
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.conn.server_inflight.release(self.bytes);
-        let mut queue = self.conn.queue.lock();
-        queue.inflight = queue.inflight.saturating_sub(1);
-        self.conn
-            .inflight_now
-            .store(queue.inflight, Ordering::Relaxed);
-        self.conn.slot_free.notify_one();
-    }
-}
-
 /// Why the reader stopped.
 #[derive(Debug)]
 enum End {
@@ -234,12 +153,13 @@ enum End {
 /// Serve requests until the client disconnects, then wait for every request in
 /// flight to be answered.
 pub(crate) fn serve(
-    server: &Arc<Server>,
+    shared: &Shared,
     id: u64,
     session: Session,
     mut reader: BufReader<StreamReader>,
     stream: Arc<Stream>,
 ) {
+    let config = shared.config();
     let conn = Arc::new(Conn {
         id,
         export: session.export,
@@ -247,16 +167,9 @@ pub(crate) fn serve(
         replies: Replies::new(id, stream),
         queue: Mutex::new(Queue::default()),
         job_ready: Condvar::new(),
-        slot_free: Condvar::new(),
-        inflight_max: server.config.max_inflight_per_connection,
-        inflight_now: Arc::new(AtomicUsize::new(0)),
-        server_inflight: server.inflight.for_connection(
-            crate::server::CONNECTION_RESERVED_REQUESTS
-                .min(server.config.max_inflight_per_connection),
-        ),
-        workers_running_max: server.workers_running_max,
-        workers_max: crate::server::WORKERS_PER_CONNECTION_MAX
-            .min(server.config.max_inflight_per_connection),
+        inflight: shared.inflight_for_connection(),
+        workers_running_max: shared.workers_running_max(),
+        workers_max: WORKERS_PER_CONNECTION_MAX.min(config.max_inflight_per_connection),
     });
     let mut workers = Workers {
         handles: Vec::new(),
@@ -269,7 +182,7 @@ pub(crate) fn serve(
     };
     reader
         .get_mut()
-        .set_spin(server.config.read_spin, Arc::clone(&conn.inflight_now));
+        .set_spin(config.read_spin, conn.inflight.requests_now());
     let mut batch = Vec::with_capacity(READ_BATCH_MAX);
     let mut end = read_requests(&conn, &mut reader, ctx, &mut workers, &mut batch);
     // Requests read before the end are still answered (DISC asks for that).
@@ -337,13 +250,13 @@ fn read_requests(
                 max: DISCARD_PAYLOAD_MAX_BYTES,
             });
         }
-        let mut permit = match Permit::try_acquire(conn) {
+        let mut permit = match Permit::try_acquire(&conn.inflight) {
             Some(permit) => permit,
             None => {
                 if let Err(e) = workers.dispatch(conn, batch) {
                     return End::NoWorker(e);
                 }
-                Permit::acquire(conn)
+                Permit::acquire(&conn.inflight)
             }
         };
         ctx.size_bytes = conn.export.size_bytes();
