@@ -13,8 +13,8 @@
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
+use crate::inner::Inner;
 use crate::page_store::{page_slot, PageStore};
-use crate::pool::Inner;
 use crate::slab::Slab;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};

@@ -8,7 +8,7 @@
 //! pending-free like any freed block, reusable only after the next checkpoint, so a
 //! crash finds either location intact.
 
-use crate::pool::Inner;
+use crate::inner::Inner;
 use crate::Result;
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Codec, Location};

@@ -22,6 +22,7 @@ mod dir_tree;
 mod error;
 pub mod geometry;
 mod index;
+mod inner;
 mod journal;
 mod load;
 mod open_repair;

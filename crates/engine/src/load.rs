@@ -10,7 +10,7 @@
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::DirTree;
-use crate::pool::Inner;
+use crate::inner::Inner;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};

@@ -26,8 +26,8 @@
 //!   is tried again the same way, under the block's stripe lock (`read_block`).
 
 use crate::block_map::{reads_alike, VolumeState};
-use crate::pool::Inner;
-use crate::volume::Wait;
+use crate::inner::Inner;
+use crate::inner::Wait;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::BLOCK_BYTES;

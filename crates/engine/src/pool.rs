@@ -11,9 +11,9 @@ use crate::counters::Counters;
 use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
-use crate::journal::{read_journal, Journal, Work};
+use crate::journal::{read_journal, Journal};
 use crate::open_repair::OpenRepair;
-use crate::packer::{Space, Zones};
+use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
@@ -33,16 +33,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
+use crate::inner::{Inner, LBN_STRIPES};
 use crate::page_store::page_slot;
-
-/// Lock stripes serializing writes to the same logical block, so a read-modify-write
-/// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
-/// 128 requests in flight, two unrelated blocks share a stripe rarely (3% of requests
-/// meet another at random), and the table is 4,096 words.
-pub const LBN_STRIPES: usize = 4096;
-/// Blocks per step of a large request: bounds the journal space one step reserves
-/// and how long it holds the gate.
-pub const BLOCKS_PER_STEP: u64 = 64;
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,166 +48,12 @@ enum OpenMode {
     Repair,
 }
 
-/// Everything the pool's threads share: the parts, each owning its state.
-pub(crate) struct Inner {
-    /// Layout and identity, read-only, from the super block.
-    pub geometry: PoolGeometry,
-    /// The devices and the read-only latch.
-    pub devices: Devices,
-    pub gate: RwLock<()>,
-    /// The volume list.
-    pub volumes: Volumes,
-    /// Slabs: reference counts, free space.
-    pub depot: SlabDepot,
-    /// The zones' packers.
-    pub zones: Zones,
-    pub journal: Arc<Journal>,
-    pub stripes: Vec<Mutex<()>>,
-    /// The super block, page store, directory trees and lock of the checkpoints.
-    pub checkpointer: Checkpointer,
-    pub counters: Counters,
-    pub threads: usize,
-    /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
-    pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
-    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
-    /// page-store slot at the next checkpoint, so their number is bounded (see
-    /// `wants_checkpoint`).
-    pub dirty_pages: Arc<AtomicU64>,
-    /// Packed blocks emptied by compaction since open.
-    pub compacted_blocks: AtomicU64,
-    /// Opened by `check --repair`: what the open may restore (`repair.rs`).
-    pub repair: OpenRepair,
-}
-
-impl Inner {
-    /// What the packers work with.
-    pub fn space(&self) -> Space<'_> {
-        Space {
-            depot: &self.depot,
-            devices: &self.devices,
-            geometry: &self.geometry,
-            journal: &self.journal,
-        }
-    }
-
-    /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
-    /// device made durable, then the journal's batch. A failure latches the pool,
-    /// unless a device was only full: then nothing durable changed, and the journal
-    /// keeps the batch for the next commit (`journal.rs: stall`).
-    pub fn commit(&self) -> Result<()> {
-        let data_durable = || {
-            self.zones.flush(&self.space())?;
-            let r = self.devices.data().flush();
-            self.devices.check_io(r)
-        };
-        let r = self.journal.commit(
-            self.devices.meta(),
-            self.devices.separate_metadata(),
-            data_durable,
-        );
-        r.inspect_err(|e| {
-            if !e.is_no_space() {
-                self.devices.latch(e)
-            }
-        })
-    }
-
-    /// Refuse, with the no-space error, a change that needs a commit while commits
-    /// find a device full; one commit is tried first, so the pool resumes by itself
-    /// as soon as space is back.
-    pub fn ensure_space(&self) -> Result<()> {
-        let Some(why) = self.journal.stalled() else {
-            return Ok(());
-        };
-        match self.commit() {
-            Err(e) if e.is_no_space() => Err(EngineError::NoSpace(format!(
-                "waiting for space on the device below: {why}"
-            ))),
-            other => other,
-        }
-    }
-
-    /// Before a checkpoint's snapshot: commits are not stalled and the packers'
-    /// data is written, or the no-space error, with nothing changed. A checkpoint
-    /// whose page writes then find the device full still latches the pool: its
-    /// snapshot took the dirty pages and cannot be taken back.
-    pub fn checkpoint_space(&self) -> Result<()> {
-        self.ensure_space()?;
-        match self.zones.flush(&self.space()) {
-            Err(e) if e.is_no_space() => {
-                // A commit finds the same: it stalls the journal, so the commit
-                // thread retries once a second instead of asking again at once.
-                let _ = self.commit();
-                Err(EngineError::NoSpace(format!(
-                    "no checkpoint while the device below is full: {e}"
-                )))
-            }
-            other => other,
-        }
-    }
-
-    /// Give a new pool's whole data region back to its device (as `mkfs` does): a
-    /// device or file that held other data keeps none of it allocated. Only for a
-    /// pool that stores nothing yet.
-    fn discard_data_region(&self) {
-        let len_bytes = self.geometry.data_blocks() * BLOCK_BYTES as u64;
-        let r = self
-            .devices
-            .data()
-            .discard(self.geometry.data_offset_bytes(), len_bytes);
-        if let Err(e) = r {
-            tracing::warn!("the new pool's data region was not discarded: {e}");
-        }
-    }
-
-    fn commit_loop(self: Arc<Self>) {
-        loop {
-            match self.journal.next_work() {
-                Work::Shutdown => return,
-                Work::Commit => {
-                    if self.commit().is_ok()
-                        && (self.journal.wants_checkpoint() || self.page_store_pressed())
-                    {
-                        self.journal.request_checkpoint();
-                    }
-                }
-                Work::Checkpoint => {
-                    if let Err(e) = self.checkpoint() {
-                        tracing::error!("checkpoint failed: {e}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether dirty pages would soon need more fresh slots than the page store has
-    /// free: a checkpoint then, well before a snapshot could run out of slots.
-    pub fn page_store_pressed(&self) -> bool {
-        // Saturating: a heuristic's input; the page store itself refuses a slot past
-        // its last, so "none free" is the honest reading of any excess.
-        let free = self
-            .geometry
-            .page_slots()
-            .saturating_sub(self.checkpointer.page_store().used());
-        self.dirty_pages.load(Ordering::Relaxed) * 2 > free
-    }
-}
-
 /// An open pool. Shared by `Arc`; the final checkpoint is taken by `close` or when
 /// the last handle drops.
 pub struct Pool {
     pub(crate) inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-/// One of a fixed set picked by a hash or zone number (`n` modulo the set's length).
-/// Every such set is made non-empty at open (at least one zone, [`LBN_STRIPES`]
-/// stripes).
-pub(crate) fn pick<T>(items: &[T], n: usize) -> &T {
-    n.checked_rem(items.len())
-        .and_then(|i| items.get(i))
-        .expect("zones and stripes are made non-empty at open")
 }
 
 fn now_unix() -> u64 {

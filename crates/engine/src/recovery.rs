@@ -6,7 +6,7 @@
 //! and applied at the end, where a negative or impossible count is corruption.
 
 use crate::block_map::ENTRIES_PER_PAGE;
-use crate::pool::Inner;
+use crate::inner::Inner;
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};

@@ -15,9 +15,9 @@
 //! person did not ask for: with `apply` unset it only reports what it would change.
 
 use crate::block_map::ENTRIES_PER_PAGE;
-use crate::pool::Inner;
+use crate::inner::Inner;
+use crate::inner::Wait;
 use crate::slab::REFCOUNT_MAX;
-use crate::volume::Wait;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;

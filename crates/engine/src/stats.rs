@@ -1,7 +1,7 @@
 //! Statistics, the region list and the reference-count audit: where every byte went.
 
 use crate::api::*;
-use crate::pool::Inner;
+use crate::inner::Inner;
 use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
@@ -96,14 +96,14 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         threads: i.threads,
         limits: vec![
             ("zones (packers)".into(), i.zones.count() as u64),
-            ("lbn lock stripes".into(), crate::pool::LBN_STRIPES as u64),
+            ("lbn lock stripes".into(), crate::inner::LBN_STRIPES as u64),
             (
                 "read-modify-write attempts".into(),
                 u64::from(crate::partial::RMW_ATTEMPTS_MAX),
             ),
             (
                 "blocks per request step".into(),
-                crate::pool::BLOCKS_PER_STEP,
+                crate::inner::BLOCKS_PER_STEP,
             ),
             ("journal sectors".into(), journal_sectors),
             ("journal sectors in use".into(), journal_used),

@@ -8,7 +8,8 @@
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::counters::add;
 use crate::error::within_mut;
-use crate::pool::{Inner, Pool, BLOCKS_PER_STEP};
+use crate::inner::{Inner, Wait, BLOCKS_PER_STEP};
+use crate::pool::Pool;
 use crate::recovery::range_result;
 use crate::slab::ObjRec;
 use crate::{EngineError, Extent, Result};
@@ -466,15 +467,6 @@ const JOURNAL_BYTES_PER_RMW_RETRY: u64 = NEW_OBJECT_BYTES as u64;
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;
 
-/// Whether a read may wait for the disk (or a checkpoint).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Wait {
-    /// Read whatever it takes.
-    Yes,
-    /// Stop, reporting false, where the read would wait.
-    No,
-}
-
 fn is_zero(block: &[u8]) -> bool {
     let (prefix, words, suffix) = unsafe {
         // SAFETY: any byte pattern is a valid u64; align_to only reinterprets the aligned middle.
@@ -490,7 +482,7 @@ impl Inner {
         let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
             .wrapping_mul(0xff51_afd7_ed55_8ccd)
             >> 40;
-        crate::pool::pick(&self.stripes, h as usize)
+        crate::inner::pick(&self.stripes, h as usize)
     }
 
     fn fingerprint(&self, block: &[u8]) -> [u8; 32] {

@@ -1,0 +1,191 @@
+//! `Inner`: what the pool's threads share — the parts, each owning its state — and the
+//! few questions that need more than one part (the space the packers may use, whether
+//! a checkpoint is due). `Pool` (pool.rs) opens and closes it; the operation files take it.
+
+use crate::counters::Counters;
+use crate::devices::Devices;
+use crate::geometry::PoolGeometry;
+use crate::journal::{Journal, Work};
+use crate::open_repair::OpenRepair;
+use crate::packer::{Space, Zones};
+use crate::slab_depot::SlabDepot;
+use crate::volumes::Volumes;
+use crate::{EngineError, Result};
+use fewerbytes_format::BLOCK_BYTES;
+use parking_lot::{Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::checkpointer::Checkpointer;
+
+/// Lock stripes serializing writes to the same logical block, so a read-modify-write
+/// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
+/// 128 requests in flight, two unrelated blocks share a stripe rarely (3% of requests
+/// meet another at random), and the table is 4,096 words.
+pub const LBN_STRIPES: usize = 4096;
+/// Blocks per step of a large request: bounds the journal space one step reserves
+/// and how long it holds the gate.
+pub const BLOCKS_PER_STEP: u64 = 64;
+
+/// Whether a read may wait for the disk (or a checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Read whatever it takes.
+    Yes,
+    /// Stop, reporting false, where the read would wait.
+    No,
+}
+
+/// Everything the pool's threads share: the parts, each owning its state.
+pub(crate) struct Inner {
+    /// Layout and identity, read-only, from the super block.
+    pub geometry: PoolGeometry,
+    /// The devices and the read-only latch.
+    pub devices: Devices,
+    pub gate: RwLock<()>,
+    /// The volume list.
+    pub volumes: Volumes,
+    /// Slabs: reference counts, free space.
+    pub depot: SlabDepot,
+    /// The zones' packers.
+    pub zones: Zones,
+    pub journal: Arc<Journal>,
+    pub stripes: Vec<Mutex<()>>,
+    /// The super block, page store, directory trees and lock of the checkpoints.
+    pub checkpointer: Checkpointer,
+    pub counters: Counters,
+    pub threads: usize,
+    /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
+    pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
+    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
+    /// page-store slot at the next checkpoint, so their number is bounded (see
+    /// `wants_checkpoint`).
+    pub dirty_pages: Arc<AtomicU64>,
+    /// Packed blocks emptied by compaction since open.
+    pub compacted_blocks: AtomicU64,
+    /// Opened by `check --repair`: what the open may restore (`repair.rs`).
+    pub repair: OpenRepair,
+}
+
+impl Inner {
+    /// What the packers work with.
+    pub fn space(&self) -> Space<'_> {
+        Space {
+            depot: &self.depot,
+            devices: &self.devices,
+            geometry: &self.geometry,
+            journal: &self.journal,
+        }
+    }
+
+    /// One group commit (`journal.rs`): the packers' unwritten bytes and the data
+    /// device made durable, then the journal's batch. A failure latches the pool,
+    /// unless a device was only full: then nothing durable changed, and the journal
+    /// keeps the batch for the next commit (`journal.rs: stall`).
+    pub fn commit(&self) -> Result<()> {
+        let data_durable = || {
+            self.zones.flush(&self.space())?;
+            let r = self.devices.data().flush();
+            self.devices.check_io(r)
+        };
+        let r = self.journal.commit(
+            self.devices.meta(),
+            self.devices.separate_metadata(),
+            data_durable,
+        );
+        r.inspect_err(|e| {
+            if !e.is_no_space() {
+                self.devices.latch(e)
+            }
+        })
+    }
+
+    /// Refuse, with the no-space error, a change that needs a commit while commits
+    /// find a device full; one commit is tried first, so the pool resumes by itself
+    /// as soon as space is back.
+    pub fn ensure_space(&self) -> Result<()> {
+        let Some(why) = self.journal.stalled() else {
+            return Ok(());
+        };
+        match self.commit() {
+            Err(e) if e.is_no_space() => Err(EngineError::NoSpace(format!(
+                "waiting for space on the device below: {why}"
+            ))),
+            other => other,
+        }
+    }
+
+    /// Before a checkpoint's snapshot: commits are not stalled and the packers'
+    /// data is written, or the no-space error, with nothing changed. A checkpoint
+    /// whose page writes then find the device full still latches the pool: its
+    /// snapshot took the dirty pages and cannot be taken back.
+    pub fn checkpoint_space(&self) -> Result<()> {
+        self.ensure_space()?;
+        match self.zones.flush(&self.space()) {
+            Err(e) if e.is_no_space() => {
+                // A commit finds the same: it stalls the journal, so the commit
+                // thread retries once a second instead of asking again at once.
+                let _ = self.commit();
+                Err(EngineError::NoSpace(format!(
+                    "no checkpoint while the device below is full: {e}"
+                )))
+            }
+            other => other,
+        }
+    }
+
+    /// Give a new pool's whole data region back to its device (as `mkfs` does): a
+    /// device or file that held other data keeps none of it allocated. Only for a
+    /// pool that stores nothing yet.
+    pub(crate) fn discard_data_region(&self) {
+        let len_bytes = self.geometry.data_blocks() * BLOCK_BYTES as u64;
+        let r = self
+            .devices
+            .data()
+            .discard(self.geometry.data_offset_bytes(), len_bytes);
+        if let Err(e) = r {
+            tracing::warn!("the new pool's data region was not discarded: {e}");
+        }
+    }
+
+    pub(crate) fn commit_loop(self: Arc<Self>) {
+        loop {
+            match self.journal.next_work() {
+                Work::Shutdown => return,
+                Work::Commit => {
+                    if self.commit().is_ok()
+                        && (self.journal.wants_checkpoint() || self.page_store_pressed())
+                    {
+                        self.journal.request_checkpoint();
+                    }
+                }
+                Work::Checkpoint => {
+                    if let Err(e) = self.checkpoint() {
+                        tracing::error!("checkpoint failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether dirty pages would soon need more fresh slots than the page store has
+    /// free: a checkpoint then, well before a snapshot could run out of slots.
+    pub fn page_store_pressed(&self) -> bool {
+        // Saturating: a heuristic's input; the page store itself refuses a slot past
+        // its last, so "none free" is the honest reading of any excess.
+        let free = self
+            .geometry
+            .page_slots()
+            .saturating_sub(self.checkpointer.page_store().used());
+        self.dirty_pages.load(Ordering::Relaxed) * 2 > free
+    }
+}
+
+/// One of a fixed set picked by a hash or zone number (`n` modulo the set's length).
+/// Every such set is made non-empty at open (at least one zone, [`LBN_STRIPES`]
+/// stripes).
+pub(crate) fn pick<T>(items: &[T], n: usize) -> &T {
+    n.checked_rem(items.len())
+        .and_then(|i| items.get(i))
+        .expect("zones and stripes are made non-empty at open")
+}
