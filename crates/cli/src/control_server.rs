@@ -306,22 +306,5 @@ fn count_clients(answer: &mut Answer, users: &BTreeMap<String, ExportUsers>) {
 
 /// The user id of the process at the other end, from SO_PEERCRED.
 fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the fd is
-    // a live unix socket owned by `stream` for the duration of the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some(cred.uid)
+    fewerbytes_nbd::peer_credentials(stream).map(|cred| cred.uid)
 }

@@ -53,5 +53,6 @@ pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MA
 pub use relay::RELAY_BUFFER_BYTES;
 pub use server::{Server, ServerStats};
 pub use shared::ExportUsers;
+pub use stream::peer_credentials;
 pub use tls::{TlsCredentials, TlsError, TlsMode};
 pub use transmission::WORKER_IDLE_TIMEOUT;

@@ -86,26 +86,9 @@ impl Stream {
     pub(crate) fn client(&self) -> Option<String> {
         match self {
             Stream::Tcp(s) => s.peer_addr().ok().map(|a| a.ip().to_string()),
-            Stream::Unix(s) => {
-                let mut cred = libc::ucred {
-                    pid: 0,
-                    uid: 0,
-                    gid: 0,
-                };
-                let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-                // SAFETY: `cred` and `len` are valid for writes of the sizes given, and
-                // the fd is a live unix socket owned by `s` for the duration of the call.
-                let rc = unsafe {
-                    libc::getsockopt(
-                        s.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_PEERCRED,
-                        (&mut cred as *mut libc::ucred).cast(),
-                        &mut len,
-                    )
-                };
-                (rc == 0 && cred.pid != 0).then(|| format!("pid {} uid {}", cred.pid, cred.uid))
-            }
+            Stream::Unix(s) => peer_credentials(s)
+                .filter(|cred| cred.pid != 0)
+                .map(|cred| format!("pid {} uid {}", cred.pid, cred.uid)),
         }
     }
 }
@@ -239,6 +222,29 @@ impl Read for StreamReader {
         self.gaps_short = start.elapsed() < self.spin * 2;
         read
     }
+}
+
+/// The process at the other end of a unix socket (SO_PEERCRED: pid, uid, gid), or
+/// `None` when the kernel cannot tell.
+pub fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given, and the fd is
+    // a live unix socket owned by `stream` for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred)
 }
 
 #[cfg(test)]
