@@ -76,14 +76,14 @@ pub struct Journal {
     sectors: u64,
 }
 
-/// What one commit takes from the tail.
+/// What one commit takes from the tail; only the journal looks inside.
 pub struct Batch {
     /// Encoded records.
-    pub bytes: Vec<u8>,
+    bytes: Vec<u8>,
     /// Record number this batch makes durable.
-    pub target: u64,
+    target: u64,
     /// First sector sequence it is written at.
-    pub first_seq: u64,
+    first_seq: u64,
 }
 
 /// What the commit thread should do next.
