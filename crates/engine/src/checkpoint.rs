@@ -142,22 +142,12 @@ impl Writeback<'_> {
                 ))
             })?
             .len();
-        while tree.levels.len() > depth {
-            if let Some(level) = tree.levels.pop() {
-                self.old_slots.extend(level.iter().filter_map(page_slot));
-            }
-        }
-        tree.levels.resize_with(depth, Vec::new);
         let mut dirty = dirty.to_vec();
-        let boundary = tree.pages.min(refs.len());
-        if tree.pages != refs.len() && boundary > 0 {
-            mark_dir(&mut dirty, boundary - 1);
+        if let Some(last) = tree.reshape(depth, refs.len(), &mut self.old_slots) {
+            mark_dir(&mut dirty, last);
         }
-        tree.pages = refs.len();
         for k in 0..depth {
-            let (below, rest) = tree.levels.split_at_mut(k);
-            let children: &[PageRef] = below.last().map_or(refs, Vec::as_slice);
-            let Some(dirs) = rest.first_mut() else {
+            let Some((children, dirs)) = tree.level_to_write(k, refs) else {
                 break;
             };
             let level = k as u8 + 1;

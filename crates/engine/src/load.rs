@@ -93,10 +93,7 @@ impl Inner {
     ) -> Result<(DirTree, Vec<PageRef>)> {
         if self.checkpointer.super_block().version == FORMAT_VERSION_1 {
             let refs = self.read_level(&root.top, owner, entries, 0)?;
-            let tree = DirTree {
-                levels: vec![root.top.clone()],
-                pages: entries,
-            };
+            let tree = DirTree::loaded(vec![root.top.clone()], entries);
             return Ok((tree, refs));
         }
         let sizes = level_sizes(entries as u64).unwrap_or_default();
@@ -128,10 +125,7 @@ impl Inner {
         }
         let level_1 = levels.first().map_or(&[][..], Vec::as_slice);
         let refs = self.read_level(level_1, owner, entries, 1)?;
-        let tree = DirTree {
-            levels,
-            pages: entries,
-        };
+        let tree = DirTree::loaded(levels, entries);
         Ok((tree, refs))
     }
 
