@@ -15,13 +15,13 @@ use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
 use crate::inner::Inner;
 use crate::page_store::{page_slot, PageStore};
-use crate::slab::Slab;
+use crate::slab::{ObjTable, Slab};
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
-    FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
+    FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
 };
 use fewerbytes_format::superblock::{SuperBlock, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2};
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
@@ -222,10 +222,10 @@ impl Writeback<'_> {
         payload: &mut [u8],
     ) -> Result<()> {
         let objects = slab.objects() as usize;
-        for c in 0..slab.count_refs.len() {
+        for c in 0..slab.table_pages(ObjTable::Counts) {
             let first = c * COUNTS_PER_PAGE;
             let end = (first + COUNTS_PER_PAGE).min(objects);
-            if pages_marked(slab, first, end, |p| p.dirty) {
+            if slab.table_page_changed(ObjTable::Counts, c) {
                 payload.fill(0);
                 let mut w = Writer::new(payload);
                 for i in first..end {
@@ -236,43 +236,32 @@ impl Writeback<'_> {
                     }
                     .encode(&mut w);
                 }
-                let current = slab.count_refs.get(c).copied().unwrap_or_default();
+                let current = slab.durable_ref(ObjTable::Counts, c);
                 let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
-                if let Some(slot) = slab.count_refs.get_mut(c) {
-                    *slot = r;
-                }
+                slab.set_durable(ObjTable::Counts, c, r);
                 mark_dir(&mut tables.count_dirty, tables.counts.len());
             }
-            tables
-                .counts
-                .push(slab.count_refs.get(c).copied().unwrap_or_default());
+            tables.counts.push(slab.durable_ref(ObjTable::Counts, c));
         }
-        for f in 0..slab.fp_refs.len() {
+        for f in 0..slab.table_pages(ObjTable::Fingerprints) {
             let first = f * FINGERPRINTS_PER_PAGE;
             let end = (first + FINGERPRINTS_PER_PAGE).min(objects);
-            if pages_marked(slab, first, end, |p| p.fp_dirty) {
+            if slab.table_page_changed(ObjTable::Fingerprints, f) {
                 payload.fill(0);
                 let mut w = Writer::new(payload);
                 for i in first..end {
                     w.put(&slab.rec(i as u32).fingerprint);
                 }
-                let current = slab.fp_refs.get(f).copied().unwrap_or_default();
+                let current = slab.durable_ref(ObjTable::Fingerprints, f);
                 let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
-                if let Some(slot) = slab.fp_refs.get_mut(f) {
-                    *slot = r;
-                }
+                slab.set_durable(ObjTable::Fingerprints, f, r);
                 mark_dir(&mut tables.fp_dirty, tables.fps.len());
             }
-            tables
-                .fps
-                .push(slab.fp_refs.get(f).copied().unwrap_or_default());
+            tables.fps.push(slab.durable_ref(ObjTable::Fingerprints, f));
         }
-        for page in slab.pages.iter_mut().flatten() {
-            page.dirty = false;
-            page.fp_dirty = false;
-        }
+        slab.snapshot_taken();
         Ok(())
     }
 }
@@ -283,22 +272,6 @@ struct ObjectTables {
     count_dirty: Vec<bool>,
     fps: Vec<PageRef>,
     fp_dirty: Vec<bool>,
-}
-
-/// Whether any in-memory page holding objects `first..end` has `mark` set.
-fn pages_marked(
-    slab: &Slab,
-    first: usize,
-    end: usize,
-    mark: impl Fn(&crate::slab::ObjPage) -> bool,
-) -> bool {
-    let pages = first / OBJECTS_PER_PAGE..end.div_ceil(OBJECTS_PER_PAGE);
-    slab.pages
-        .get(pages)
-        .unwrap_or(&[])
-        .iter()
-        .flatten()
-        .any(mark)
 }
 
 /// Mark the directory page above table page `index` dirty.

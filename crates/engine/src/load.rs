@@ -11,6 +11,7 @@ use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::DirTree;
 use crate::inner::Inner;
+use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
@@ -245,9 +246,7 @@ impl Inner {
         for (g, r) in counts.iter().enumerate() {
             let (s, c) = ((g / per_slab) as u32, g % per_slab);
             let mut slab = self.depot.slab(s).lock();
-            if let Some(slot) = slab.count_refs.get_mut(c) {
-                *slot = *r;
-            }
+            slab.set_durable(ObjTable::Counts, c, *r);
             if r.is_none() {
                 continue;
             }
@@ -272,9 +271,7 @@ impl Inner {
         for (g, r) in fps.iter().enumerate() {
             let (s, f) = ((g / per_slab) as u32, g % per_slab);
             let mut slab = self.depot.slab(s).lock();
-            if let Some(slot) = slab.fp_refs.get_mut(f) {
-                *slot = *r;
-            }
+            slab.set_durable(ObjTable::Fingerprints, f, *r);
             if r.is_none() {
                 continue;
             }
@@ -411,18 +408,12 @@ impl Inner {
         for slab in self.depot.iter() {
             let slab = slab.lock();
             let objects = slab.objects() as usize;
-            let used = |per_page: usize| {
-                (0..objects.div_ceil(per_page))
-                    .filter(|k| {
-                        let first = k * per_page / OBJECTS_PER_PAGE;
-                        let end = ((k + 1) * per_page).min(objects).div_ceil(OBJECTS_PER_PAGE);
-                        slab.pages
-                            .get(first..end)
-                            .is_some_and(|p| p.iter().any(Option::is_some))
-                    })
+            let used = |table: ObjTable| {
+                (0..objects.div_ceil(table.records_per_page()))
+                    .filter(|&k| slab.table_page_held(table, k))
                     .count() as u64
             };
-            pages += used(COUNTS_PER_PAGE) + used(FINGERPRINTS_PER_PAGE);
+            pages += used(ObjTable::Counts) + used(ObjTable::Fingerprints);
             counts += objects.div_ceil(COUNTS_PER_PAGE) as u64;
             fps += objects.div_ceil(FINGERPRINTS_PER_PAGE) as u64;
         }

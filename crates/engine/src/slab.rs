@@ -25,16 +25,35 @@ pub struct ObjRec {
     pub fingerprint: [u8; 32],
 }
 
+/// The two tables a checkpoint writes a slab's object records to (version 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjTable {
+    /// Locations and reference counts, [`COUNTS_PER_PAGE`] objects a page.
+    Counts,
+    /// Fingerprints, [`FINGERPRINTS_PER_PAGE`] objects a page.
+    Fingerprints,
+}
+
+impl ObjTable {
+    /// Object records one page of the table holds.
+    pub fn records_per_page(self) -> usize {
+        match self {
+            ObjTable::Counts => COUNTS_PER_PAGE,
+            ObjTable::Fingerprints => FINGERPRINTS_PER_PAGE,
+        }
+    }
+}
+
 /// A page of object records in memory, the unit of change tracking. On disk
 /// (version 2) its locations and counts go to count pages and its fingerprints to
 /// fingerprint pages (`checkpoint.rs`).
 pub struct ObjPage {
     /// The records.
-    pub recs: Box<[ObjRec; OBJECTS_PER_PAGE]>,
+    recs: Box<[ObjRec; OBJECTS_PER_PAGE]>,
     /// A location or count changed since the last checkpoint snapshot.
-    pub dirty: bool,
+    dirty: bool,
     /// A fingerprint changed (an object was stored) since the last snapshot.
-    pub fp_dirty: bool,
+    fp_dirty: bool,
 }
 
 impl ObjPage {
@@ -142,11 +161,11 @@ pub struct Slab {
     /// Data blocks in this slab (the last slab may be short).
     blocks: u32,
     /// Object pages, allocated when first used.
-    pub pages: Vec<Option<ObjPage>>,
+    pages: Vec<Option<ObjPage>>,
     /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each.
-    pub count_refs: Vec<PageRef>,
+    count_refs: Vec<PageRef>,
     /// The durable fingerprint pages (version 2), [`FINGERPRINTS_PER_PAGE`] each.
-    pub fp_refs: Vec<PageRef>,
+    fp_refs: Vec<PageRef>,
     objects_used: Bitmap,
     objects_used_count: u32,
     blocks_used: Bitmap,
@@ -341,6 +360,70 @@ impl Slab {
             if let Some(rec) = page.get_or_insert_with(ObjPage::empty).recs.get_mut(r) {
                 set(rec);
             }
+        }
+    }
+
+    /// Pages of `table` over this slab.
+    pub fn table_pages(&self, table: ObjTable) -> usize {
+        match table {
+            ObjTable::Counts => self.count_refs.len(),
+            ObjTable::Fingerprints => self.fp_refs.len(),
+        }
+    }
+
+    /// The object pages in memory under page `k` of `table`.
+    fn obj_pages_under(&self, table: ObjTable, k: usize) -> &[Option<ObjPage>] {
+        let per_page = table.records_per_page();
+        let first = k * per_page;
+        let end = (first + per_page).min(self.objects() as usize);
+        self.pages
+            .get(first / OBJECTS_PER_PAGE..end.div_ceil(OBJECTS_PER_PAGE))
+            .unwrap_or(&[])
+    }
+
+    /// Whether page `k` of `table` must be rewritten: one of its records changed
+    /// since the last checkpoint snapshot.
+    pub fn table_page_changed(&self, table: ObjTable, k: usize) -> bool {
+        self.obj_pages_under(table, k)
+            .iter()
+            .flatten()
+            .any(|p| match table {
+                ObjTable::Counts => p.dirty,
+                ObjTable::Fingerprints => p.fp_dirty,
+            })
+    }
+
+    /// Whether any object under page `k` of `table` is held in memory (the page
+    /// would be written by a full rewrite).
+    pub fn table_page_held(&self, table: ObjTable, k: usize) -> bool {
+        self.obj_pages_under(table, k).iter().any(Option::is_some)
+    }
+
+    /// Where page `k` of `table` lies durable (none when never written).
+    pub fn durable_ref(&self, table: ObjTable, k: usize) -> PageRef {
+        let refs = match table {
+            ObjTable::Counts => &self.count_refs,
+            ObjTable::Fingerprints => &self.fp_refs,
+        };
+        refs.get(k).copied().unwrap_or_default()
+    }
+
+    /// Page `k` of `table` is durable at `r`: a checkpoint wrote it, or loading read it.
+    pub fn set_durable(&mut self, table: ObjTable, k: usize, r: PageRef) {
+        let refs = match table {
+            ObjTable::Counts => &mut self.count_refs,
+            ObjTable::Fingerprints => &mut self.fp_refs,
+        };
+        if let Some(slot) = refs.get_mut(k) {
+            *slot = r;
+        }
+    }
+
+    /// A checkpoint snapshot took every change: clear the marks.
+    pub fn snapshot_taken(&mut self) {
+        for page in self.pages.iter_mut().flatten() {
+            page.dirty = false;
+            page.fp_dirty = false;
         }
     }
 
