@@ -72,12 +72,7 @@ fn a_deleted_volume_gives_its_space_back_to_the_host_file_system() {
     let status = server.stop();
     assert!(status.success(), "{}", server.log_text());
     drop(server);
-    let check = fewerbytes_ok(&pool, &["check"]);
-    assert!(
-        check.stdout.contains("No problems found"),
-        "{}",
-        check.report()
-    );
+    assert_check_clean(&pool);
 }
 
 #[test]

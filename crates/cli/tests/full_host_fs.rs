@@ -191,12 +191,7 @@ fn read_only_commands_work_on_a_full_host_file_system() {
     // Space freed on the host: the pool opens read-write and takes changes again.
     std::fs::remove_file(&filler).expect("remove the filler");
     fewerbytes_ok(&pool, &["volume", "create", "after", "--size", "1M"]);
-    let check = fewerbytes_ok(&pool, &["check"]);
-    assert!(
-        check.stdout.contains("No problems found"),
-        "{}",
-        check.report()
-    );
+    assert_check_clean(&pool);
 }
 
 /// While the host file system is full: a 4 MiB write of random bytes fails with
@@ -283,10 +278,5 @@ fn writes_on_a_full_host_file_system_fail_with_enospc_and_resume_when_space_is_f
         server.log_text()
     );
     drop(server);
-    let check = fewerbytes_ok(&pool, &["check"]);
-    assert!(
-        check.stdout.contains("No problems found"),
-        "{}",
-        check.report()
-    );
+    assert_check_clean(&pool);
 }

@@ -69,10 +69,5 @@ fn a_full_pool_fails_writes_with_enospc_and_takes_them_again_after_a_trim() {
     let status = server.stop();
     assert!(status.success(), "{}", server.log_text());
     drop(server);
-    let check = fewerbytes_ok(&pool, &["check"]);
-    assert!(
-        check.stdout.contains("No problems found"),
-        "{}",
-        check.report()
-    );
+    assert_check_clean(&pool);
 }

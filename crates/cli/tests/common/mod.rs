@@ -318,6 +318,18 @@ pub fn fewerbytes_ok(pool: &Path, args: &[&str]) -> Ran {
     ran
 }
 
+/// Runs `check` on the pool and fails the test unless it found no problem; returns the
+/// run for further assertions.
+pub fn assert_check_clean(pool: &Path) -> Ran {
+    let check = fewerbytes_ok(pool, &["check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+    check
+}
+
 /// The pool's volume names (`volume list --json`).
 pub fn volume_names(pool: &Path) -> Vec<String> {
     let ran = fewerbytes_ok(pool, &["volume", "list", "--json"]);
