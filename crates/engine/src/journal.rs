@@ -19,7 +19,7 @@ use fewerbytes_format::journal::{
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Usable record bytes per sector in the worst case: a sector may leave unused one
@@ -65,6 +65,9 @@ pub struct Journal {
     commit_lock: Mutex<()>,
     /// Group commits done since open.
     commits: AtomicU64,
+    /// `State::stalled` is set: kept beside it (written under the state lock) so that
+    /// the write path's question takes no lock.
+    stalled_now: AtomicBool,
     /// Journal bytes written since open.
     written_bytes: AtomicU64,
     /// Signalled when durability advances, space frees up, or the journal fails.
@@ -125,6 +128,7 @@ impl Journal {
             }),
             commit_lock: Mutex::new(()),
             commits: AtomicU64::new(0),
+            stalled_now: AtomicBool::new(false),
             written_bytes: AtomicU64::new(0),
             progress: Condvar::new(),
             wake: Condvar::new(),
@@ -319,7 +323,11 @@ impl Journal {
             Err(e) => return Err(e),
         };
         self.batch_durable(&batch, sectors);
-        if self.state.lock().stalled.take().is_some() {
+        let mut s = self.state.lock();
+        let resumed = s.stalled.take().is_some();
+        self.stalled_now.store(false, Ordering::Release);
+        drop(s);
+        if resumed {
             tracing::info!("space is back: commits go on");
         }
         self.commits.fetch_add(1, Ordering::Relaxed);
@@ -440,12 +448,18 @@ impl Journal {
             tracing::warn!("a commit found no space; writes wait for space: {e}");
         }
         s.stalled = Some(e.to_string());
+        self.stalled_now.store(true, Ordering::Release);
         s.stalls += 1;
         self.progress.notify_all();
     }
 
     /// Why the last commit found no space, while commits are stalled for it.
+    /// Every write asks, so the usual answer (not stalled) reads one atomic flag and
+    /// takes no lock.
     pub fn stalled(&self) -> Option<String> {
+        if !self.stalled_now.load(Ordering::Acquire) {
+            return None;
+        }
         self.state.lock().stalled.clone()
     }
 
