@@ -6,7 +6,6 @@ use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::IoSnapshot;
-use std::sync::atomic::Ordering::Relaxed;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
@@ -78,7 +77,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         packed_blocks,
         packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
         whole_blocks: whole,
-        compacted_blocks: i.compacted_blocks.load(Relaxed),
+        compacted_blocks: i.compactor.compacted_blocks(),
         dedup_saved_blocks: saved,
         counters: i.counters.snapshot(),
         data_device: device_io(i.devices.data().counters().snapshot()),
@@ -93,7 +92,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             .by_region(i.journal.written_bytes()),
         checkpoints: i.checkpointer.taken(),
         journal_commits: i.journal.commits(),
-        threads: i.threads,
+        threads: i.zones.threads(),
         limits: vec![
             ("zones (packers)".into(), i.zones.count() as u64),
             (
