@@ -219,7 +219,9 @@ impl Pool {
         // More entries than object slots could never be used, and the super block
         // refuses them (opening sizes the index from this field).
         let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(INDEX_ENTRIES_MIN),
+            Some(bytes) => {
+                crate::index::DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN)
+            }
             None => geo.data_blocks,
         }
         .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
@@ -554,7 +556,7 @@ impl Pool {
         ));
         let inner = Arc::new(Inner {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
-            depot: SlabDepot::new(&geometry, &dirty_pages),
+            depot: SlabDepot::new(&geometry, &dirty_pages, opts.index_memory_bytes),
             zones: Zones::new(zones),
             journal,
             checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),

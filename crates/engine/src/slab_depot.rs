@@ -37,8 +37,14 @@ pub(crate) struct SlabDepot {
 }
 
 impl SlabDepot {
-    /// Empty slabs laid out as `geometry` says; pages they turn dirty count in `dirty_pages`.
-    pub(crate) fn new(geometry: &PoolGeometry, dirty_pages: &Arc<AtomicU64>) -> Self {
+    /// Empty slabs laid out as `geometry` says; pages they turn dirty count in
+    /// `dirty_pages`. The index holds the window the pool records, or takes
+    /// `index_memory` bytes when given (a budget for this open).
+    pub(crate) fn new(
+        geometry: &PoolGeometry,
+        dirty_pages: &Arc<AtomicU64>,
+        index_memory: Option<u64>,
+    ) -> Self {
         let slab_blocks = geometry.slab_blocks();
         let slabs = (0..geometry.slab_count())
             .map(|s| {
@@ -53,11 +59,16 @@ impl SlabDepot {
                 ))
             })
             .collect();
+        let objects = u64::from(geometry.slab_count()) * u64::from(geometry.objects_per_slab());
+        let index = match index_memory {
+            Some(bytes) => DedupIndex::with_memory(bytes, objects),
+            None => DedupIndex::new(geometry.index_entries(), objects),
+        };
         SlabDepot {
             slabs,
             objects_per_slab: geometry.objects_per_slab(),
             data_blocks: geometry.data_blocks(),
-            index: DedupIndex::new(geometry.index_entries()),
+            index,
             fragment_frees: AtomicU64::new(0),
         }
     }
@@ -180,34 +191,44 @@ impl SlabDepot {
     }
 
     /// A stored object holding `fp`, with one reference taken, if the index's advice
-    /// names one that checks out; and how many candidates were stale.
+    /// names one that checks out; and how many candidates were stale. A candidate
+    /// is a group of consecutive objects (one object but in pools of more than 2^24).
     pub(crate) fn take_duplicate(&self, fp: &[u8; 32]) -> (Option<ObjectId>, u64) {
         let (candidates, n) = self.index.lookup(fp);
         let mut stale = 0;
-        for o in candidates.iter().take(n).flatten() {
-            if self.take_advice(*o, fp) {
-                return (Some(*o), stale);
+        for &g in candidates.iter().take(n) {
+            if let Some(o) = self.take_advice(self.index.objects_of(g), fp) {
+                return (Some(o), stale);
             }
             stale += 1;
         }
         (None, stale)
     }
 
-    /// Take a reference to `o` if it still holds `fp` and can take one more.
-    fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
-        if !self.valid_object(o) {
-            return false;
+    /// Take a reference to an object of `objects` that still holds `fp` and can
+    /// take one more.
+    fn take_advice(&self, objects: std::ops::Range<u64>, fp: &[u8; 32]) -> Option<ObjectId> {
+        let mut o = objects.start;
+        while o < objects.end {
+            if !self.valid_object(ObjectId(o)) {
+                return None;
+            }
+            let (s, first) = self.split_object(ObjectId(o));
+            let end = (u64::from(first) + objects.end - o).min(u64::from(self.objects_per_slab));
+            let mut slab = self.slab(s).lock();
+            for i in first..end as u32 {
+                let rec = slab.rec(i);
+                if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
+                    continue;
+                }
+                if let Some(r) = slab.rec_mut(i) {
+                    r.refcount += 1;
+                }
+                return Some(self.object_id(s, i));
+            }
+            o += end - u64::from(first);
         }
-        let (s, i) = self.split_object(o);
-        let mut slab = self.slab(s).lock();
-        let rec = slab.rec(i);
-        if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
-            return false;
-        }
-        if let Some(r) = slab.rec_mut(i) {
-            r.refcount += 1;
-        }
-        true
+        None
     }
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.
