@@ -19,8 +19,11 @@
 //! Past its window (a smaller `--index-memory`, or more distinct data than the
 //! window) the index degrades gracefully: every new fingerprint still enters, and
 //! the entry a failed move leaves without a place — a random older one — is
-//! dropped. The index then holds a uniform sample of the stored blocks, as many as
-//! its slots hold, and a second copy finds about that share of its blocks.
+//! dropped. The index then holds a sample of the stored blocks (recent ones the
+//! likeliest), as many as its slots hold, and is *lossy*: the slab depot then also
+//! tries the objects stored just after a thread's last hit (`take_duplicate`), so a
+//! second copy of data written in order is found from a sampled hit onwards, as
+//! dm-vdo's sparse index finds a chapter from a sampled entry.
 //!
 //! Advice is never trusted: the caller compares the full fingerprint stored in the
 //! object records and checks the object is live, so a false tag match costs a
@@ -29,6 +32,7 @@
 
 use fewerbytes_format::location::ObjectId;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Shards (hash zones); a power of two so the shard is a mask of the key.
 pub const INDEX_SHARDS: usize = 64;
@@ -115,6 +119,10 @@ const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 /// The index.
 pub struct DedupIndex {
     shards: Vec<Mutex<Shard>>,
+    /// Whether an entry was ever dropped since open (the index holds a sample).
+    lossy: AtomicBool,
+    /// Dedup hits found next to an earlier hit rather than in the index.
+    neighbour_hits: AtomicU64,
     buckets_per_shard: u64,
     /// Objects of the pool (object ids are below this).
     objects: u64,
@@ -200,6 +208,8 @@ impl DedupIndex {
             .collect();
         DedupIndex {
             shards,
+            lossy: AtomicBool::new(false),
+            neighbour_hits: AtomicU64::new(0),
             buckets_per_shard,
             objects,
             group_shift,
@@ -346,6 +356,23 @@ impl DedupIndex {
         // `value` has no place: dropped (past the window, a random older entry).
         shard.held -= 1;
         shard.dropped += 1;
+        self.lossy.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the index has dropped an entry since open: it then holds a sample
+    /// of the stored blocks, not all of them.
+    pub fn lossy(&self) -> bool {
+        self.lossy.load(Ordering::Relaxed)
+    }
+
+    /// Count a dedup hit found next to an earlier one (the caller's lookup).
+    pub fn count_neighbour_hit(&self) {
+        self.neighbour_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Dedup hits found next to an earlier one since open.
+    pub fn neighbour_hits(&self) -> u64 {
+        self.neighbour_hits.load(Ordering::Relaxed)
     }
 
     /// Forget `object` under `fp` (it was freed). With groups of several objects,

@@ -24,6 +24,14 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Objects after a thread's last dedup hit that a miss tries, once the index is lossy.
+const NEIGHBOURS: u64 = 8;
+
+thread_local! {
+    /// This thread's last dedup hit: (the depot, by address; the object).
+    static LAST_HIT: std::cell::Cell<Option<(usize, ObjectId)>> = const { std::cell::Cell::new(None) };
+}
+
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
 pub(crate) struct SlabDepot {
@@ -193,16 +201,39 @@ impl SlabDepot {
     /// A stored object holding `fp`, with one reference taken, if the index's advice
     /// names one that checks out; and how many candidates were stale. A candidate
     /// is a group of consecutive objects (one object but in pools of more than 2^24).
+    ///
+    /// Once the index has dropped entries (past its window it holds a sample), a
+    /// miss tries the objects just after the last one this thread found: a second
+    /// copy of data written in order finds its blocks in the order the first copy
+    /// stored them, so one sampled hit leads to its neighbours (as dm-vdo's sparse
+    /// index loads the chapter of a sampled hit).
     pub(crate) fn take_duplicate(&self, fp: &[u8; 32]) -> (Option<ObjectId>, u64) {
         let (candidates, n) = self.index.lookup(fp);
         let mut stale = 0;
         for &g in candidates.iter().take(n) {
             if let Some(o) = self.take_advice(self.index.objects_of(g), fp) {
+                self.remember_hit(o);
                 return (Some(o), stale);
             }
             stale += 1;
         }
+        if self.index.lossy() {
+            let me = self as *const SlabDepot as usize;
+            if let Some((_, last)) = LAST_HIT.get().filter(|(depot, _)| *depot == me) {
+                let next = last.0 + 1;
+                if let Some(o) = self.take_advice(next..next + NEIGHBOURS, fp) {
+                    self.index.count_neighbour_hit();
+                    self.remember_hit(o);
+                    return (Some(o), stale);
+                }
+            }
+        }
         (None, stale)
+    }
+
+    /// Note `o` as this thread's last dedup hit (for the neighbours of a sample).
+    fn remember_hit(&self, o: ObjectId) {
+        LAST_HIT.set(Some((self as *const SlabDepot as usize, o)));
     }
 
     /// Take a reference to an object of `objects` that still holds `fp` and can

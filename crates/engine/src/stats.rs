@@ -116,6 +116,10 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             ("index slots".into(), i.depot.index().slots()),
             ("index entries held".into(), index_held),
             ("index entries dropped since open".into(), index_dropped),
+            (
+                "dedup hits next to an earlier hit".into(),
+                i.depot.index().neighbour_hits(),
+            ),
             ("index memory bytes".into(), i.depot.index().memory_bytes()),
             ("page store slots".into(), i.geometry.page_slots()),
             (
