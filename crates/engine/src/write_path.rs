@@ -223,7 +223,7 @@ pub(crate) fn write_block_hashed(
         }
     };
     let old = {
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
             drop(pages);
             if let Some(o) = entry.object() {
@@ -241,10 +241,10 @@ pub(crate) fn write_block_hashed(
             }
             return Ok(false);
         }
-        let old = page.set(i, entry, &inner.dirty_pages);
+        let old = page.set(i, entry, inner.checkpointer.dirty_pages());
         // Appended under the page lock: journal order matches map order per block.
         inner.journal.append(&Record::MapSet {
-            volume: vol.slot,
+            volume: vol.slot(),
             lbn,
             entry,
         });
