@@ -32,6 +32,7 @@ mod partial;
 mod pool;
 mod recovery;
 mod repair;
+mod reservation;
 mod slab;
 mod slab_depot;
 mod stats;

@@ -595,6 +595,10 @@ impl Pool {
         let g = &i.geometry;
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
+        let ledger = i
+            .volumes
+            .reservations()
+            .ledger(&i.volumes.all(), &i.depot, g);
         PoolInfo {
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
@@ -604,6 +608,15 @@ impl Pool {
             metadata_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
             allocated_bytes: i.volumes.allocated_blocks() * block,
+            promised_bytes: i.volumes.allocated_blocks() * block,
+            reserved_bytes: ledger.reserved_blocks * block,
+            reserved_unused_bytes: ledger.withheld_blocks * block,
+            used_bytes: (g.data_blocks() - ledger.free_blocks.min(g.data_blocks())) * block,
+            reservable_bytes: ledger
+                .free_blocks
+                .saturating_sub(g.reserve_blocks())
+                .saturating_sub(ledger.withheld_blocks)
+                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             slab_count: g.slab_count(),
@@ -722,6 +735,8 @@ impl Pool {
                 }
             }
         }
+        let (reservation_bytes, reservation_unused_bytes, thin) =
+            crate::reservation::volume_figures(self.inner.volumes.reservations().of(v.id), v);
         VolumeInfo {
             name: v.name(),
             id: v.id,
@@ -730,6 +745,9 @@ impl Pool {
             zero_bytes: v.zero_blocks() * block,
             exclusive_stored_bytes: exclusive,
             users: v.users(),
+            reservation_bytes,
+            reservation_unused_bytes,
+            thin,
         }
     }
 
@@ -745,21 +763,26 @@ impl Pool {
         vols.iter().map(|v| self.volume_info(v)).collect()
     }
 
-    fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
+    /// Refuse a reservation the pool cannot honour (`reservation.rs`).
+    fn check_reservation(
+        &self,
+        what: &str,
+        id: Option<u64>,
+        size_blocks: u64,
+        used_blocks: u64,
+        p: Provisioning,
+    ) -> Result<()> {
         let i = &self.inner;
-        let allocated = i.volumes.allocated_blocks();
-        if allocated + extra_blocks > i.geometry.addressable_blocks() {
-            let block = BLOCK_BYTES as u64;
-            return Err(EngineError::Refused(format!(
-                "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
-                human_bytes(extra_blocks * block),
-                human_bytes(i.geometry.addressable_blocks() * block),
-                human_bytes(allocated * block),
-                human_bytes((i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks())) * block),
-                if i.geometry.overcommit() { "" } else { "; create the pool with --overcommit to promise more than it stores" }
-            )));
-        }
-        Ok(())
+        i.volumes.reservations().check_honour(
+            &i.volumes.all(),
+            &i.depot,
+            &i.geometry,
+            what,
+            id,
+            size_blocks,
+            used_blocks,
+            p,
+        )
     }
 
     fn size_blocks_of(size_bytes: u64) -> Result<u64> {
@@ -778,8 +801,20 @@ impl Pool {
         Ok(size_bytes / BLOCK_BYTES as u64)
     }
 
-    /// Create a volume; refused past the pool's addressable size unless overcommitted.
+    /// Create a thick volume (it reserves its size); refused when the pool cannot
+    /// honour the reservation.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+        self.create_volume_with(name, size_bytes, Provisioning::Thick)
+    }
+
+    /// Create a volume reserving as `p` says; refused when the pool cannot honour
+    /// the reservation (never when thin).
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        p: Provisioning,
+    ) -> Result<VolumeInfo> {
         validate_name(name).map_err(EngineError::Refused)?;
         let size_blocks = Self::size_blocks_of(size_bytes)?;
         let i = &self.inner;
@@ -789,11 +824,15 @@ impl Pool {
         if i.volumes.exists(name) {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
-        self.check_capacity(
-            size_blocks,
+        self.check_reservation(
             &format!("volume '{name}' of {}", human_bytes(size_bytes)),
+            None,
+            size_blocks,
+            0,
+            p,
         )?;
         let vol = i.volumes.make(name, size_blocks)?;
+        i.volumes.reservations().set(vol.id, p);
         i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
         Ok(self.volume_info(&vol))
@@ -845,9 +884,12 @@ impl Pool {
         let vol = i.volumes.by_name(name)?;
         let old = vol.size_blocks();
         if size_blocks > old {
-            self.check_capacity(
-                size_blocks - old,
+            self.check_reservation(
                 &format!("growing '{name}' to {}", human_bytes(size_bytes)),
+                Some(vol.id),
+                size_blocks,
+                vol.mapped_blocks(),
+                i.volumes.reservations().of(vol.id),
             )?;
         } else if size_blocks < old {
             if !allow_shrink {
@@ -889,8 +931,15 @@ impl Pool {
         Ok(self.volume_info(&vol))
     }
 
-    /// Clone a volume: shares every block by reference.
+    /// Clone a volume: shares every block by reference. The clone is thick (see
+    /// [`Self::clone_volume_with`]).
     pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
+        self.clone_volume_with(src, dst, Provisioning::Thick)
+    }
+
+    /// Clone a volume reserving as `p` says. The clone maps what its source maps,
+    /// so it has used that much of its reservation already (`reservation.rs`).
+    pub fn clone_volume_with(&self, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
         validate_name(dst).map_err(EngineError::Refused)?;
         let i = &self.inner;
         i.devices.ensure_writable()?;
@@ -901,12 +950,15 @@ impl Pool {
             return Err(EngineError::VolumeExists(dst.to_string()));
         }
         let size_blocks = source.size_blocks();
-        self.check_capacity(
-            size_blocks,
+        self.check_reservation(
             &format!(
                 "clone '{dst}' of {}",
                 human_bytes(size_blocks * BLOCK_BYTES as u64)
             ),
+            None,
+            size_blocks,
+            source.mapped_blocks(),
+            p,
         )?;
         let vol = i.volumes.make(dst, size_blocks)?;
         let mut shared = Vec::new();
@@ -928,8 +980,33 @@ impl Pool {
         }
         vol.copy_usage(&source);
         i.depot.add_references(&i.devices, &shared)?;
+        i.volumes.reservations().set(vol.id, p);
         i.volumes.insert(vol.clone());
         i.checkpoint_locked(gate, true)?;
+        Ok(self.volume_info(&vol))
+    }
+
+    /// Change what a volume reserves (`volume set`): refused, with nothing changed,
+    /// when the pool cannot honour it. Durable on return, as every volume change.
+    pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {
+        let i = &self.inner;
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
+        let gate = i.gate.write();
+        let vol = i.volumes.by_name(name)?;
+        self.check_reservation(
+            &format!("volume '{name}'"),
+            Some(vol.id),
+            vol.size_blocks(),
+            vol.mapped_blocks(),
+            p,
+        )?;
+        let before = i.volumes.reservations().of(vol.id);
+        i.volumes.reservations().set(vol.id, p);
+        if let Err(e) = i.checkpoint_locked(gate, true) {
+            i.volumes.reservations().set(vol.id, before);
+            return Err(e);
+        }
         Ok(self.volume_info(&vol))
     }
 
@@ -1048,8 +1125,11 @@ impl Inner {
             self.load_counters()?;
             self.load_objects(&catalog)?;
             self.volumes.set_next_id(catalog.next_volume_id);
-            // Volumes are created and grown only within the addressable blocks, and a
-            // volume's map is sized from its size: a damaged size must not size it.
+            self.volumes
+                .reservations()
+                .load(&catalog, self.geometry.overcommit());
+            // A volume's map is sized from its size: a damaged size must not size it.
+            let promise_max = crate::reservation::promise_max_blocks(&self.geometry);
             let mut volume_blocks_total = 0u64;
             for record in &catalog.volumes {
                 let corrupt = |reason: String| EngineError::Corrupt {
@@ -1066,12 +1146,12 @@ impl Inner {
                 }
                 volume_blocks_total =
                     volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-                if volume_blocks_total > self.geometry.addressable_blocks() {
+                if volume_blocks_total > promise_max {
                     return Err(corrupt(format!(
                         "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
                         record.name,
                         record.size_bytes,
-                        self.geometry.addressable_blocks() * BLOCK_BYTES as u64
+                        promise_max * BLOCK_BYTES as u64
                     )));
                 }
                 let vol = Arc::new(VolumeState::new(
