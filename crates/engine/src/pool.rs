@@ -11,7 +11,7 @@ use crate::counters::Counters;
 use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
-use crate::journal::{read_journal, Journal};
+use crate::journal::Journal;
 use crate::open_repair::OpenRepair;
 use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
@@ -24,16 +24,17 @@ use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
     FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
 };
-use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
+use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
-use crate::inner::{Inner, LBN_STRIPES};
+use crate::inner::Inner;
+use crate::lbn_locks::LbnLocks;
 use crate::page_store::page_slot;
 
 /// How an open treats the pool.
@@ -54,53 +55,6 @@ pub struct Pool {
     pub(crate) inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// The open-by-host marker of this process: host name, boot id, pid, now. Each part
-/// is best effort (a person reads it); unknown parts stay empty.
-fn this_holder() -> Holder {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
-    let mut host_bytes = host
-        .len()
-        .min(fewerbytes_format::superblock::MAX_HOST_BYTES);
-    while !host.is_char_boundary(host_bytes) {
-        host_bytes -= 1;
-    }
-    let mut boot_id = [0u8; 16];
-    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = text
-            .trim()
-            .chars()
-            .filter_map(|c| c.to_digit(16))
-            .map(|d| d as u8)
-            .collect();
-        for (b, pair) in boot_id.iter_mut().zip(hex.chunks(2)) {
-            *b = pair.iter().fold(0, |acc, d| acc << 4 | d);
-        }
-    }
-    Holder {
-        pid: std::process::id(),
-        open_unix: now_unix().max(1),
-        boot_id,
-        host: host.get(..host_bytes).unwrap_or_default().to_string(),
-    }
-}
-
-fn describe_holder(h: &Holder) -> String {
-    let boot: String = h.boot_id.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "host '{}' (boot id {boot}), pid {}, at {} (unix time)",
-        h.host, h.pid, h.open_unix
-    )
 }
 
 fn random_u64() -> u64 {
@@ -252,7 +206,7 @@ impl Pool {
             data_device_bytes: data.len_bytes(),
             reserve_blocks: crate::geometry::reserve_blocks_for(geo.data_blocks),
             index_entries,
-            created_unix: now_unix(),
+            created_unix: crate::load::now_unix(),
             catalog: Vec::new(),
             counters: PageRef::NONE,
             holder: Holder::default(),
@@ -559,9 +513,8 @@ impl Pool {
             journal,
             checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),
             geometry,
-            gate: RwLock::new(()),
             volumes: Volumes::new(),
-            stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
+            locks: LbnLocks::new(),
             counters: Counters::default(),
             threads,
             compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
@@ -569,16 +522,16 @@ impl Pool {
             compacted_blocks: AtomicU64::new(0),
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
-        inner.load(&sb)?;
+        crate::load::load(&inner, &sb)?;
         let thread_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("fewerbytes-commit".into())
-            .spawn(move || thread_inner.commit_loop())
+            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
             .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
         let compact_inner = inner.clone();
         let compactor = std::thread::Builder::new()
             .name("fewerbytes-compact".into())
-            .spawn(move || compact_inner.compact_loop())
+            .spawn(move || crate::compact::compact_loop(&compact_inner))
             .map_err(|e| {
                 EngineError::Refused(format!("cannot start the compaction thread: {e}"))
             })?;
@@ -820,7 +773,7 @@ impl Pool {
         let i = &self.inner;
         i.devices.ensure_writable()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         if i.volumes.exists(name) {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
@@ -834,7 +787,7 @@ impl Pool {
         let vol = i.volumes.make(name, size_blocks)?;
         i.volumes.reservations().set(vol.id, p);
         i.volumes.insert(vol.clone());
-        i.checkpoint_locked(gate, true)?;
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
         Ok(self.volume_info(&vol))
     }
 
@@ -844,7 +797,7 @@ impl Pool {
         i.devices.ensure_writable()?;
         i.ensure_space()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         let vol = i.volumes.by_name(name)?;
         let users = vol.users();
         if users > 0 && !force {
@@ -866,7 +819,7 @@ impl Pool {
         }
         i.volumes.remove(vol.slot);
         i.depot.release_objects(&i.devices, &released)?;
-        i.checkpoint_locked(gate, true)
+        crate::checkpoint::checkpoint_locked(i, gate, true)
     }
 
     /// Grow a volume (or shrink with `allow_shrink`).
@@ -880,7 +833,7 @@ impl Pool {
         let i = &self.inner;
         i.devices.ensure_writable()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         let vol = i.volumes.by_name(name)?;
         let old = vol.size_blocks();
         if size_blocks > old {
@@ -927,7 +880,7 @@ impl Pool {
             i.depot.release_objects(&i.devices, &released)?;
         }
         vol.set_size(size_blocks);
-        i.checkpoint_locked(gate, true)?;
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
         Ok(self.volume_info(&vol))
     }
 
@@ -944,7 +897,7 @@ impl Pool {
         let i = &self.inner;
         i.devices.ensure_writable()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         let source = i.volumes.by_name(src)?;
         if i.volumes.exists(dst) {
             return Err(EngineError::VolumeExists(dst.to_string()));
@@ -982,7 +935,7 @@ impl Pool {
         i.depot.add_references(&i.devices, &shared)?;
         i.volumes.reservations().set(vol.id, p);
         i.volumes.insert(vol.clone());
-        i.checkpoint_locked(gate, true)?;
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
         Ok(self.volume_info(&vol))
     }
 
@@ -992,7 +945,7 @@ impl Pool {
         let i = &self.inner;
         i.devices.ensure_writable()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         let vol = i.volumes.by_name(name)?;
         self.check_reservation(
             &format!("volume '{name}'"),
@@ -1003,7 +956,7 @@ impl Pool {
         )?;
         let before = i.volumes.reservations().of(vol.id);
         i.volumes.reservations().set(vol.id, p);
-        if let Err(e) = i.checkpoint_locked(gate, true) {
+        if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
             i.volumes.reservations().set(vol.id, before);
             return Err(e);
         }
@@ -1019,7 +972,7 @@ impl Pool {
         let i = &self.inner;
         i.devices.ensure_writable()?;
         let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
+        let gate = i.locks.exclusive();
         let vol = i.volumes.by_name(name)?;
         if i.volumes.exists(new_name) {
             return Err(EngineError::VolumeExists(new_name.to_string()));
@@ -1033,7 +986,7 @@ impl Pool {
             )));
         }
         vol.rename(new_name);
-        i.checkpoint_locked(gate, true)?;
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
         Ok(self.volume_info(&vol))
     }
 
@@ -1052,7 +1005,7 @@ impl Pool {
     /// Run a compaction round over every slab now (the pool also runs one in the
     /// background after fragments are freed). Returns the packed blocks emptied.
     pub fn compact(&self) -> Result<u64> {
-        self.inner.compact_all()
+        crate::compact::compact_all(&self.inner)
     }
 
     /// Make every acknowledged write durable.
@@ -1090,7 +1043,7 @@ impl Pool {
         } else {
             // A clean close clears the open-by-host marker.
             i.checkpointer.super_block().holder = Holder::default();
-            i.checkpoint()
+            crate::checkpoint::checkpoint(i)
         };
         i.journal.shutdown();
         if let Some(h) = self.commit_thread.lock().take() {
@@ -1105,105 +1058,5 @@ impl Drop for Pool {
         if let Err(e) = self.shutdown() {
             tracing::error!("closing the pool failed: {e}");
         }
-    }
-}
-
-impl Inner {
-    /// Load the checkpoint, replay the journal, rebuild derived state, and write a
-    /// fresh checkpoint in the new open generation.
-    fn load(self: &Arc<Self>, sb: &SuperBlock) -> Result<()> {
-        if sb.holder.is_set() {
-            tracing::warn!(
-                "{}: the pool is marked open by {}: that opener did not close it (it \
-                 stopped without closing, or another host still has the device open)",
-                self.devices.meta().name(),
-                describe_holder(&sb.holder)
-            );
-        }
-        if sb.generation > 0 {
-            let catalog = self.load_catalog()?;
-            self.load_counters()?;
-            self.load_objects(&catalog)?;
-            self.volumes.set_next_id(catalog.next_volume_id);
-            self.volumes
-                .reservations()
-                .load(&catalog, self.geometry.overcommit());
-            // A volume's map is sized from its size: a damaged size must not size it.
-            let promise_max = crate::reservation::promise_max_blocks(&self.geometry);
-            let mut volume_blocks_total = 0u64;
-            for record in &catalog.volumes {
-                let corrupt = |reason: String| EngineError::Corrupt {
-                    region: "catalog",
-                    block: 0,
-                    device: "metadata",
-                    reason,
-                };
-                if !record.size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-                    return Err(corrupt(format!(
-                        "volume '{}' size {} is not whole blocks",
-                        record.name, record.size_bytes
-                    )));
-                }
-                volume_blocks_total =
-                    volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-                if volume_blocks_total > promise_max {
-                    return Err(corrupt(format!(
-                        "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
-                        record.name,
-                        record.size_bytes,
-                        promise_max * BLOCK_BYTES as u64
-                    )));
-                }
-                let vol = Arc::new(VolumeState::new(
-                    record.slot,
-                    record.id,
-                    record.name.clone(),
-                    record.size_bytes / BLOCK_BYTES as u64,
-                ));
-                self.load_map(record, &vol)?;
-                self.volumes.insert(vol);
-            }
-        }
-        let (records, _next) = read_journal(
-            self.devices.meta(),
-            self.geometry.nonce(),
-            self.geometry.journal_start_block(),
-            self.geometry.journal_sectors(),
-            sb.journal_replay_seq,
-            sb.open_gen,
-        )?;
-        if sb.generation > 0 && !records.is_empty() {
-            tracing::info!("replaying {} journal records", records.len());
-            self.replay(&records)?;
-        }
-        self.restore_counts()?;
-        self.rebuild()?;
-        if self.devices.opened_read_only() {
-            self.devices.latch_opened_read_only();
-            return Ok(());
-        }
-        let upgrade = sb.version == FORMAT_VERSION_1;
-        if upgrade {
-            self.prepare_upgrade()?;
-        }
-        // A fresh checkpoint in the new open generation retires the replayed journal
-        // and records who holds the pool.
-        {
-            let mut current = self.checkpointer.super_block();
-            current.open_gen = sb.open_gen + 1;
-            current.holder = this_holder();
-        }
-        self.checkpoint()?;
-        if upgrade {
-            // The other super block copy still holds version 1: one more checkpoint
-            // overwrites it, so version-1 code refuses the pool by its version rather
-            // than open that older checkpoint.
-            self.checkpoint()?;
-            tracing::info!(
-                "{}: upgraded to format version {FORMAT_VERSION}",
-                self.devices.meta().name()
-            );
-        }
-        Ok(())
     }
 }

@@ -104,10 +104,13 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         threads: i.threads,
         limits: vec![
             ("zones (packers)".into(), i.zones.count() as u64),
-            ("lbn lock stripes".into(), crate::inner::LBN_STRIPES as u64),
+            (
+                "lbn lock stripes".into(),
+                crate::lbn_locks::LBN_STRIPES as u64,
+            ),
             (
                 "read-modify-write attempts".into(),
-                u64::from(crate::partial::RMW_ATTEMPTS_MAX),
+                u64::from(crate::read_path::RMW_ATTEMPTS_MAX),
             ),
             (
                 "blocks per request step".into(),
@@ -200,7 +203,7 @@ pub(crate) fn regions(i: &Inner) -> Vec<Region> {
 /// slab's live records and block holders); the comparison runs after.
 pub(crate) fn audit(i: &Inner) -> AuditReport {
     let snapshot = {
-        let _gate = i.gate.write();
+        let _gate = i.locks.exclusive();
         AuditSnapshot::take(i)
     };
     snapshot.check(
