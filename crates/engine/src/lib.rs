@@ -16,6 +16,7 @@ mod block_map;
 mod checkpoint;
 mod checkpointer;
 mod compact;
+mod compactor;
 mod counters;
 mod devices;
 mod dir_tree;
@@ -39,6 +40,7 @@ mod slab;
 mod slab_depot;
 mod stats;
 mod volume;
+mod volume_ops;
 mod volumes;
 mod write_path;
 

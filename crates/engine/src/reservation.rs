@@ -162,7 +162,7 @@ impl Reservations {
         let by_id = self.by_id.read();
         let (mut reserved, mut held) = (0u64, 0u64);
         for v in volumes {
-            let p = by_id.get(&v.id).copied().unwrap_or_default();
+            let p = by_id.get(&v.id()).copied().unwrap_or_default();
             reserved += reserved_blocks(p, v.size_blocks());
             held += withheld(p, v.size_blocks(), v.mapped_blocks());
         }
@@ -190,7 +190,7 @@ impl Reservations {
     ) -> Result<()> {
         let others: Vec<Arc<VolumeState>> = volumes
             .iter()
-            .filter(|v| Some(v.id) != id)
+            .filter(|v| Some(v.id()) != id)
             .cloned()
             .collect();
         let promised: u64 = others.iter().map(|v| v.size_blocks()).sum();
@@ -254,7 +254,7 @@ impl Reservations {
         }
         let _one = self.recount.lock();
         let l = self.ledger(&volumes(), depot, geometry);
-        let own = withheld(self.of(vol.id), vol.size_blocks(), vol.mapped_blocks());
+        let own = withheld(self.of(vol.id()), vol.size_blocks(), vol.mapped_blocks());
         // After the write: free - blocks, and the volume's own withheld space smaller
         // by what the write used of it.
         let must_stay_free = l.withheld_blocks - own.min(l.withheld_blocks) + own - own.min(blocks);

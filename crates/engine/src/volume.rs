@@ -51,7 +51,7 @@ impl Volume {
     }
 
     fn inner(&self) -> &Inner {
-        &self.h.pool.inner
+        self.h.pool.inner()
     }
 
     /// The volume's name.
@@ -239,7 +239,7 @@ impl Volume {
             let within = (at % BLOCK) as usize;
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
             let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
-            let stripe = inner.locks.stripe(vol.id, lbn).lock();
+            let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
                 crate::write_path::write_block(inner, vol, lbn, src, None)?;
             } else {
@@ -360,20 +360,20 @@ impl Volume {
         }
         let end = end.min(vol.size_blocks());
         let mut released = Vec::new();
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         let mut steps = 0;
         while lbn < end && steps < BLOCKS_PER_STEP {
             let p = lbn / ENTRIES_PER_PAGE;
             let page_end = ((p + 1) * ENTRIES_PER_PAGE).min(end);
             if let Some(page) = pages.get(p as usize) {
                 let mut page = page.lock();
-                if page.entries.is_some() {
+                if page.is_written() {
                     let mut changed = false;
                     for l in lbn..page_end {
                         let i = (l % ENTRIES_PER_PAGE) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, &inner.dirty_pages);
+                            page.set(i, new, inner.checkpointer.dirty_pages());
                             vol.account(old, new);
                             released.extend(old.object());
                             changed = true;
@@ -381,7 +381,7 @@ impl Volume {
                     }
                     if changed {
                         inner.journal.append(&Record::RangeSet {
-                            volume: vol.slot,
+                            volume: vol.slot(),
                             lbn,
                             count: page_end - lbn,
                             entry,
@@ -410,7 +410,7 @@ impl Volume {
         let mut out: Vec<Extent> = Vec::new();
         let end = offset_bytes + len_bytes;
         let mut at = offset_bytes;
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         while at < end {
             let lbn = at / BLOCK;
             let next = ((lbn + 1) * BLOCK).min(end);
@@ -418,7 +418,7 @@ impl Volume {
             let (data, run_end) = match page {
                 Some(p) => {
                     let p = p.lock();
-                    if p.entries.is_none() {
+                    if !p.is_written() {
                         // A never-written page is one hole.
                         (
                             false,

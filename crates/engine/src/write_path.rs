@@ -130,7 +130,7 @@ pub(crate) fn write_block(
         }
     };
     let old = {
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
             drop(pages);
             if let Some(o) = entry.object() {
@@ -148,10 +148,10 @@ pub(crate) fn write_block(
             }
             return Ok(false);
         }
-        let old = page.set(i, entry, &inner.dirty_pages);
+        let old = page.set(i, entry, inner.checkpointer.dirty_pages());
         // Appended under the page lock: journal order matches map order per block.
         inner.journal.append(&Record::MapSet {
-            volume: vol.slot,
+            volume: vol.slot(),
             lbn,
             entry,
         });
