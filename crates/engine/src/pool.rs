@@ -175,7 +175,9 @@ impl Pool {
         // More entries than object slots could never be used, and the super block
         // refuses them (opening sizes the index from this field).
         let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(INDEX_ENTRIES_MIN),
+            Some(bytes) => {
+                crate::index::DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN)
+            }
             None => geo.data_blocks,
         }
         .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
@@ -509,7 +511,11 @@ impl Pool {
         ));
         let inner = Arc::new(Inner {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
-            depot: SlabDepot::new(&geometry, checkpointer.dirty_pages()),
+            depot: SlabDepot::new(
+                &geometry,
+                checkpointer.dirty_pages(),
+                opts.index_memory_bytes,
+            ),
             zones: Zones::new(threads, sb.slab_count),
             journal,
             geometry,

@@ -58,6 +58,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
     };
     let (journal_used, journal_sectors) = i.journal.usage();
+    let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
         path: i.devices.data_path(),
         mode,
@@ -114,6 +115,13 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 crate::journal::COMMIT_BYTES_THRESHOLD,
             ),
             ("index entries".into(), i.depot.index().capacity()),
+            ("index slots".into(), i.depot.index().slots()),
+            ("index entries held".into(), index_held),
+            ("index entries dropped since open".into(), index_dropped),
+            (
+                "dedup hits next to an earlier hit".into(),
+                i.depot.index().neighbour_hits(),
+            ),
             ("index memory bytes".into(), i.depot.index().memory_bytes()),
             ("page store slots".into(), i.geometry.page_slots()),
             (
