@@ -21,6 +21,7 @@ mod counters;
 mod devices;
 mod dir_tree;
 mod error;
+mod fingerprint;
 pub mod geometry;
 mod index;
 mod inner;
