@@ -27,7 +27,6 @@ use fewerbytes_format::page::{
 use fewerbytes_format::superblock::{SuperBlock, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2};
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
-use std::sync::atomic::Ordering;
 
 /// Owner id of the directory pages of the slab object table (version 1) and of the
 /// count table (version 2).
@@ -360,7 +359,7 @@ pub(crate) fn checkpoint_locked(
 fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let generation = inner.checkpointer.super_block().generation + 1;
     // Every page dirty now is written by this snapshot.
-    inner.dirty_pages.store(0, Ordering::Relaxed);
+    inner.checkpointer.dirty_pages_taken();
     let mut wb = Writeback {
         store: inner.checkpointer.page_store(),
         pages: Vec::new(),
@@ -404,42 +403,37 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let volumes = inner.volumes.all();
     let mut records = Vec::new();
     for vol in volumes.iter() {
-        let map = vol.pages.read();
+        let map = vol.map_pages();
         let mut map_refs = Vec::with_capacity(map.len());
         let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
         for (p, page) in map.iter().enumerate() {
             let mut page = page.lock();
-            if page.dirty {
+            if page.is_dirty() {
                 let mut w = Writer::new(&mut payload);
-                match &page.entries {
+                match page.encoded_entries() {
                     Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                     None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                 }
-                let name = PageName::table(PageKind::Map, vol.id, p as u64);
-                page.durable = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable)?;
-                page.dirty = false;
+                let name = PageName::table(PageKind::Map, vol.id(), p as u64);
+                let at = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable())?;
+                page.written(at);
                 if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
                     *d = true;
                 }
             }
-            map_refs.push(page.durable);
+            map_refs.push(page.durable());
         }
-        let mut dirs = vol.dirs.lock();
-        wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id)?;
+        let mut dirs = vol.dirs();
+        wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id())?;
         let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
-        // Issue 13 makes reservations per volume; today a volume of a pool
-        // without overcommit holds its size, and one with overcommit is thin.
+        let (reservation_bytes, thin) = inner.volumes.reservations().record(vol.id(), size_bytes);
         records.push(VolumeRecord {
-            slot: vol.slot,
-            id: vol.id,
+            slot: vol.slot(),
+            id: vol.id(),
             name: vol.name(),
             size_bytes,
-            reservation_bytes: if inner.geometry.overcommit() {
-                0
-            } else {
-                size_bytes
-            },
-            thin: inner.geometry.overcommit(),
+            reservation_bytes,
+            thin,
             map: dirs.root(),
         });
     }

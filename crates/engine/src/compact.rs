@@ -14,7 +14,6 @@ use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Codec, Location};
 use fewerbytes_format::BLOCK_BYTES;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How often the compactor looks for freed fragments.
@@ -169,9 +168,7 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
             inner.devices.check_invariant(slab.drop_block(b))?;
         }
     }
-    inner
-        .compacted_blocks
-        .fetch_add(emptied_before, Ordering::Relaxed);
+    inner.compactor.emptied(emptied_before);
     Ok(emptied_before)
 }
 
@@ -257,14 +254,10 @@ pub(crate) fn compact_loop(inner: &Inner) {
     // find work, the next one follows without waiting for new frees.
     let mut more = false;
     while !inner.devices.is_closed() {
-        {
-            // Closing the pool wakes this wait (it checks `closed` under the lock).
-            let (lock, wake) = &inner.compactor_wake;
-            let mut guard = lock.lock();
-            if !inner.devices.is_closed() {
-                wake.wait_for(&mut guard, COMPACT_INTERVAL);
-            }
-        }
+        // Closing the pool wakes this sleep.
+        inner
+            .compactor
+            .sleep(COMPACT_INTERVAL, || inner.devices.is_closed());
         if inner.devices.is_closed() {
             break;
         }

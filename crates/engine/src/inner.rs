@@ -15,11 +15,10 @@ use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{EngineError, Result};
 use fewerbytes_format::BLOCK_BYTES;
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::checkpointer::Checkpointer;
+use crate::compactor::Compactor;
 
 /// Blocks per step of a large request: bounds the journal space one step reserves
 /// and how long it holds the gate.
@@ -52,15 +51,8 @@ pub(crate) struct Inner {
     /// The super block, page store, directory trees and lock of the checkpoints.
     pub checkpointer: Checkpointer,
     pub counters: Counters,
-    pub threads: usize,
-    /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
-    pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
-    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
-    /// page-store slot at the next checkpoint, so their number is bounded (see
-    /// `wants_checkpoint`).
-    pub dirty_pages: Arc<AtomicU64>,
-    /// Packed blocks emptied by compaction since open.
-    pub compacted_blocks: AtomicU64,
+    /// The compactor's wake-up and what it emptied.
+    pub compactor: Compactor,
     /// Opened by `check --repair`: what the open may restore (`repair.rs`).
     pub repair: OpenRepair,
 }
@@ -155,6 +147,6 @@ impl Inner {
             .geometry
             .page_slots()
             .saturating_sub(self.checkpointer.page_store().used());
-        self.dirty_pages.load(Ordering::Relaxed) * 2 > free
+        self.checkpointer.dirty_page_count() * 2 > free
     }
 }

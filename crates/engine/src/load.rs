@@ -350,10 +350,10 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
 
 /// Load one volume's block map.
 pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) -> Result<()> {
-    let pages_len = vol.pages.read().len();
+    let pages_len = vol.map_pages().len();
     let (tree, refs) = read_tree(inner, &record.map, record.id, pages_len)?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    let pages = vol.pages.read();
+    let pages = vol.map_pages();
     for (p, r) in refs.iter().enumerate() {
         if r.is_none() {
             continue;
@@ -366,12 +366,10 @@ pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) 
             for e in entries.iter_mut() {
                 *e = reader.u64()?;
             }
-            page.entries = Some(entries);
-            page.durable = *r;
-            page.dirty = false;
+            page.loaded(entries, *r);
         }
     }
-    *vol.dirs.lock() = tree;
+    *vol.dirs() = tree;
     Ok(())
 }
 
@@ -407,11 +405,9 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<()> {
         slab.lock().mark_all_dirty();
     }
     for vol in inner.volumes.all() {
-        *vol.dirs.lock() = DirTree::default();
-        for page in vol.pages.read().iter() {
-            let mut page = page.lock();
-            page.durable = PageRef::NONE;
-            page.dirty = page.entries.is_some();
+        *vol.dirs() = DirTree::default();
+        for page in vol.map_pages().iter() {
+            page.lock().forget_durable();
         }
     }
     Ok(())
@@ -445,8 +441,8 @@ fn upgrade_pages(inner: &Inner) -> u64 {
     pages += dirs(counts) + dirs(fps);
     catalog_bytes += top(counts) + top(fps);
     for vol in inner.volumes.all() {
-        let map = vol.pages.read();
-        pages += map.iter().filter(|p| p.lock().entries.is_some()).count() as u64;
+        let map = vol.map_pages();
+        pages += map.iter().filter(|p| p.lock().is_written()).count() as u64;
         pages += dirs(map.len() as u64);
         catalog_bytes += 40 + vol.name().len() as u64 + top(map.len() as u64);
     }
@@ -469,8 +465,12 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
         crate::load::load_counters(inner)?;
         crate::load::load_objects(inner, &catalog)?;
         inner.volumes.set_next_id(catalog.next_volume_id);
-        // Volumes are created and grown only within the addressable blocks, and a
-        // volume's map is sized from its size: a damaged size must not size it.
+        inner
+            .volumes
+            .reservations()
+            .load(&catalog, inner.geometry.overcommit());
+        // A volume's map is sized from its size: a damaged size must not size it.
+        let promise_max = crate::reservation::promise_max_blocks(&inner.geometry);
         let mut volume_blocks_total = 0u64;
         for record in &catalog.volumes {
             let corrupt = |reason: String| EngineError::Corrupt {
@@ -487,12 +487,12 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             }
             volume_blocks_total =
                 volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-            if volume_blocks_total > inner.geometry.addressable_blocks() {
+            if volume_blocks_total > promise_max {
                 return Err(corrupt(format!(
                     "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
                     record.name,
                     record.size_bytes,
-                    inner.geometry.addressable_blocks() * BLOCK_BYTES as u64
+                    promise_max * BLOCK_BYTES as u64
                 )));
             }
             let vol = Arc::new(VolumeState::new(

@@ -1,4 +1,5 @@
-//! The pool: its devices, its tables, the commit thread, and volume management.
+//! The pool: create, open and close; its public face, which hands volume operations
+//! to `volume_ops.rs`, statistics to `stats.rs` and repair to `repair.rs`.
 //!
 //! Concurrency: request threads hold the *gate* shared while they change state;
 //! a checkpoint snapshot and volume operations (create, delete, resize, clone)
@@ -6,7 +7,6 @@
 //! state is split by zone: block-map pages (logical), slabs and packers
 //! (physical), index shards (hash), each behind its own lock.
 
-use crate::block_map::VolumeState;
 use crate::counters::Counters;
 use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
@@ -17,8 +17,6 @@ use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
-use fewerbytes_format::catalog::validate_name;
-use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
@@ -28,14 +26,13 @@ use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage};
 use parking_lot::Mutex;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
+use crate::compactor::Compactor;
 use crate::inner::Inner;
 use crate::lbn_locks::LbnLocks;
-use crate::page_store::page_slot;
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +49,7 @@ enum OpenMode {
 /// An open pool. Shared by `Arc`; the final checkpoint is taken by `close` or when
 /// the last handle drops.
 pub struct Pool {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -96,6 +93,11 @@ fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
 }
 
 impl Pool {
+    /// What the pool's threads share (a `Volume` handle works through it).
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// Format the device(s) as a new pool.
     pub fn create(opts: &CreateOptions) -> Result<PoolInfo> {
         if let Some(size) = opts.size_bytes {
@@ -497,9 +499,8 @@ impl Pool {
                     .unwrap_or(1)
             })
             .clamp(1, 64);
-        let zones = threads.min(sb.slab_count as usize).max(1);
         let geometry = PoolGeometry::from_super(&sb);
-        let dirty_pages = Arc::new(AtomicU64::new(0));
+        let checkpointer = Checkpointer::new(sb.clone(), geometry.page_slots());
         let journal = Arc::new(Journal::new(
             geometry.nonce(),
             geometry.journal_start_block(),
@@ -510,18 +511,19 @@ impl Pool {
         ));
         let inner = Arc::new(Inner {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
-            depot: SlabDepot::new(&geometry, &dirty_pages, opts.index_memory_bytes),
-            zones: Zones::new(zones),
+            depot: SlabDepot::new(
+                &geometry,
+                checkpointer.dirty_pages(),
+                opts.index_memory_bytes,
+            ),
+            zones: Zones::new(threads, sb.slab_count),
             journal,
-            checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),
             geometry,
             volumes: Volumes::new(),
             locks: LbnLocks::new(),
             counters: Counters::default(),
-            threads,
-            compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
-            dirty_pages,
-            compacted_blocks: AtomicU64::new(0),
+            compactor: Compactor::new(),
+            checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
         crate::load::load(&inner, &sb)?;
@@ -550,6 +552,10 @@ impl Pool {
         let g = &i.geometry;
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
+        let ledger = i
+            .volumes
+            .reservations()
+            .ledger(&i.volumes.all(), &i.depot, g);
         PoolInfo {
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
@@ -559,6 +565,15 @@ impl Pool {
             metadata_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
             allocated_bytes: i.volumes.allocated_blocks() * block,
+            promised_bytes: i.volumes.allocated_blocks() * block,
+            reserved_bytes: ledger.reserved_blocks * block,
+            reserved_unused_bytes: ledger.withheld_blocks * block,
+            used_bytes: (g.data_blocks() - ledger.free_blocks.min(g.data_blocks())) * block,
+            reservable_bytes: ledger
+                .free_blocks
+                .saturating_sub(g.reserve_blocks())
+                .saturating_sub(ledger.withheld_blocks)
+                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             slab_count: g.slab_count(),
@@ -568,7 +583,7 @@ impl Pool {
             index_entries: i.depot.index().capacity(),
             dedup_window_bytes: i.depot.index().capacity() * block,
             index_memory_bytes: i.depot.index().memory_bytes(),
-            threads: i.threads,
+            threads: i.zones.threads(),
             mode: self.mode(),
             format_version: sb.version,
             open_marker: sb.holder.is_set().then(|| OpenMarker {
@@ -656,133 +671,37 @@ impl Pool {
         }
     }
 
-    fn volume_info(&self, v: &VolumeState) -> VolumeInfo {
-        let block = BLOCK_BYTES as u64;
-        let mut exclusive = 0u64;
-        let mut own: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
-        v.for_each_mapped(|_, e| {
-            if let Some(o) = e.object() {
-                *own.entry(o.0).or_insert(0) += 1;
-            }
-        });
-        for (o, n) in own {
-            let (s, i) = (
-                (o / u64::from(self.inner.geometry.objects_per_slab())) as u32,
-                (o % u64::from(self.inner.geometry.objects_per_slab())) as u32,
-            );
-            let rec = self.inner.depot.slab(s).lock().rec(i);
-            if rec.refcount == n {
-                if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
-                    exclusive += loc.stored_bytes();
-                }
-            }
-        }
-        VolumeInfo {
-            name: v.name(),
-            id: v.id,
-            size_bytes: v.size_blocks() * block,
-            logical_used_bytes: v.mapped_blocks() * block,
-            zero_bytes: v.zero_blocks() * block,
-            exclusive_stored_bytes: exclusive,
-            users: v.users(),
-        }
-    }
-
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        self.inner.volumes.sizes(BLOCK_BYTES as u64)
+        crate::volume_ops::sizes(&self.inner)
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let vols = self.inner.volumes.all();
-        vols.iter().map(|v| self.volume_info(v)).collect()
+        crate::volume_ops::list(&self.inner)
     }
 
-    fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
-        let i = &self.inner;
-        let allocated = i.volumes.allocated_blocks();
-        if allocated + extra_blocks > i.geometry.addressable_blocks() {
-            let block = BLOCK_BYTES as u64;
-            return Err(EngineError::Refused(format!(
-                "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
-                human_bytes(extra_blocks * block),
-                human_bytes(i.geometry.addressable_blocks() * block),
-                human_bytes(allocated * block),
-                human_bytes((i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks())) * block),
-                if i.geometry.overcommit() { "" } else { "; create the pool with --overcommit to promise more than it stores" }
-            )));
-        }
-        Ok(())
-    }
-
-    fn size_blocks_of(size_bytes: u64) -> Result<u64> {
-        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-            return Err(EngineError::Refused(format!(
-                "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
-            )));
-        }
-        if size_bytes > MAX_VOLUME_BYTES {
-            return Err(EngineError::Refused(format!(
-                "a volume is at most {} (journal records address 2^40 blocks), not {}",
-                human_bytes(MAX_VOLUME_BYTES),
-                human_bytes(size_bytes)
-            )));
-        }
-        Ok(size_bytes / BLOCK_BYTES as u64)
-    }
-
-    /// Create a volume; refused past the pool's addressable size unless overcommitted.
+    /// Create a thick volume (it reserves its size); refused when the pool cannot
+    /// honour the reservation.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
-        validate_name(name).map_err(EngineError::Refused)?;
-        let size_blocks = Self::size_blocks_of(size_bytes)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.locks.exclusive();
-        if i.volumes.exists(name) {
-            return Err(EngineError::VolumeExists(name.to_string()));
-        }
-        self.check_capacity(
-            size_blocks,
-            &format!("volume '{name}' of {}", human_bytes(size_bytes)),
-        )?;
-        let vol = i.volumes.make(name, size_blocks)?;
-        i.volumes.insert(vol.clone());
-        crate::checkpoint::checkpoint_locked(i, gate, true)?;
-        Ok(self.volume_info(&vol))
+        self.create_volume_with(name, size_bytes, Provisioning::Thick)
+    }
+
+    /// Create a volume reserving as `p` says; refused when the pool cannot honour
+    /// the reservation (never when thin).
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        p: Provisioning,
+    ) -> Result<VolumeInfo> {
+        crate::volume_ops::create(&self.inner, name, size_bytes, p)
     }
 
     /// Delete a volume; refused while handles are open unless `force`.
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        i.ensure_space()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.locks.exclusive();
-        let vol = i.volumes.by_name(name)?;
-        let users = vol.users();
-        if users > 0 && !force {
-            return Err(EngineError::VolumeInUse {
-                name: name.to_string(),
-                users,
-            });
-        }
-        vol.mark_deleted();
-        let mut released = Vec::new();
-        vol.for_each_mapped(|_, e| released.extend(e.object()));
-        {
-            let mut free = Vec::new();
-            for page in vol.pages.read().iter() {
-                free.extend(page_slot(&page.lock().durable));
-            }
-            free.extend(vol.dirs.lock().slots());
-            i.checkpointer.free_after_next(free);
-        }
-        i.volumes.remove(vol.slot);
-        i.depot.release_objects(&i.devices, &released)?;
-        crate::checkpoint::checkpoint_locked(i, gate, true)
+        crate::volume_ops::delete(&self.inner, name, force)
     }
 
     /// Grow a volume (or shrink with `allow_shrink`).
@@ -792,100 +711,25 @@ impl Pool {
         size_bytes: u64,
         allow_shrink: bool,
     ) -> Result<VolumeInfo> {
-        let size_blocks = Self::size_blocks_of(size_bytes)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.locks.exclusive();
-        let vol = i.volumes.by_name(name)?;
-        let old = vol.size_blocks();
-        if size_blocks > old {
-            self.check_capacity(
-                size_blocks - old,
-                &format!("growing '{name}' to {}", human_bytes(size_bytes)),
-            )?;
-        } else if size_blocks < old {
-            if !allow_shrink {
-                return Err(EngineError::Refused(format!(
-                    "shrinking '{name}' from {} to {} discards its data past the new end; pass --shrink to do it",
-                    human_bytes(old * BLOCK_BYTES as u64),
-                    human_bytes(size_bytes)
-                )));
-            }
-            let mut released = Vec::new();
-            {
-                let pages = vol.pages.read();
-                for lbn in size_blocks..old {
-                    let p = (lbn / crate::block_map::ENTRIES_PER_PAGE) as usize;
-                    if let Some(page) = pages.get(p) {
-                        let mut page = page.lock();
-                        if page.entries.is_some() {
-                            let old_entry = page.set(
-                                (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
-                                fewerbytes_format::location::MapEntry::Unmapped,
-                                &i.dirty_pages,
-                            );
-                            vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
-                            released.extend(old_entry.object());
-                        }
-                    }
-                }
-                let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
-                let mut free = Vec::new();
-                for page in pages.iter().skip(keep) {
-                    free.extend(page_slot(&page.lock().durable));
-                }
-                i.checkpointer.free_after_next(free);
-            }
-            i.depot.release_objects(&i.devices, &released)?;
-        }
-        vol.set_size(size_blocks);
-        crate::checkpoint::checkpoint_locked(i, gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::resize(&self.inner, name, size_bytes, allow_shrink)
     }
 
-    /// Clone a volume: shares every block by reference.
+    /// Clone a volume: shares every block by reference. The clone is thick (see
+    /// [`Self::clone_volume_with`]).
     pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
-        validate_name(dst).map_err(EngineError::Refused)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.locks.exclusive();
-        let source = i.volumes.by_name(src)?;
-        if i.volumes.exists(dst) {
-            return Err(EngineError::VolumeExists(dst.to_string()));
-        }
-        let size_blocks = source.size_blocks();
-        self.check_capacity(
-            size_blocks,
-            &format!(
-                "clone '{dst}' of {}",
-                human_bytes(size_blocks * BLOCK_BYTES as u64)
-            ),
-        )?;
-        let vol = i.volumes.make(dst, size_blocks)?;
-        let mut shared = Vec::new();
-        {
-            let from = source.pages.read();
-            let to = vol.pages.read();
-            for (p, q) in from.iter().zip(to.iter()) {
-                let p = p.lock();
-                if let Some(entries) = &p.entries {
-                    let mut q = q.lock();
-                    q.entries = Some(entries.clone());
-                    q.dirty = true;
-                    i.dirty_pages.fetch_add(1, Ordering::Relaxed);
-                    shared.extend(entries.iter().filter_map(|e| {
-                        fewerbytes_format::location::MapEntry::decode(*e).object()
-                    }));
-                }
-            }
-        }
-        vol.copy_usage(&source);
-        i.depot.add_references(&i.devices, &shared)?;
-        i.volumes.insert(vol.clone());
-        crate::checkpoint::checkpoint_locked(i, gate, true)?;
-        Ok(self.volume_info(&vol))
+        self.clone_volume_with(src, dst, Provisioning::Thick)
+    }
+
+    /// Clone a volume reserving as `p` says. The clone maps what its source maps,
+    /// so it has used that much of its reservation already (`reservation.rs`).
+    pub fn clone_volume_with(&self, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::volume_ops::clone(&self.inner, src, dst, p)
+    }
+
+    /// Change what a volume reserves (`volume set`): refused, with nothing changed,
+    /// when the pool cannot honour it. Durable on return, as every volume change.
+    pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::volume_ops::set_provisioning(&self.inner, name, p)
     }
 
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
@@ -893,26 +737,7 @@ impl Pool {
     /// leaves the old name or the new one, never both. A volume with open handles
     /// (NBD clients) is refused: they attached it by the old name.
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
-        validate_name(new_name).map_err(EngineError::Refused)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.locks.exclusive();
-        let vol = i.volumes.by_name(name)?;
-        if i.volumes.exists(new_name) {
-            return Err(EngineError::VolumeExists(new_name.to_string()));
-        }
-        // A client attached the volume by its old name (its NBD export): a disk is
-        // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
-        let users = vol.users();
-        if users > 0 {
-            return Err(EngineError::Refused(format!(
-                "volume '{name}' is open by {users} client(s): disconnect them to rename it"
-            )));
-        }
-        vol.rename(new_name);
-        crate::checkpoint::checkpoint_locked(i, gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::rename(&self.inner, name, new_name)
     }
 
     /// Open a handle on a volume.
@@ -954,10 +779,7 @@ impl Pool {
         if i.devices.close() {
             return Ok(());
         }
-        {
-            let _guard = i.compactor_wake.0.lock();
-            i.compactor_wake.1.notify_all();
-        }
+        i.compactor.wake();
         if let Some(h) = self.compact_thread.lock().take() {
             let _ = h.join();
         }

@@ -39,7 +39,7 @@ pub(crate) fn read_block(
     match first {
         Err(e) if reads_alike(vol.get(lbn), entry) => Err(in_volume(e, vol, lbn)),
         Err(_) => {
-            let stripe = inner.locks.stripe(vol.id, lbn);
+            let stripe = inner.locks.stripe(vol.id(), lbn);
             let _held = match wait {
                 Wait::Yes => stripe.lock(),
                 Wait::No => match stripe.try_lock() {

@@ -65,12 +65,16 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
                         vol.name()
                     )));
                 }
-                let pages = vol.pages.read();
+                let pages = vol.map_pages();
                 let mut page = pages
                     .get((lbn / ENTRIES_PER_PAGE) as usize)
                     .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
                     .lock();
-                let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry, &inner.dirty_pages);
+                let old = page.set(
+                    (lbn % ENTRIES_PER_PAGE) as usize,
+                    entry,
+                    inner.checkpointer.dirty_pages(),
+                );
                 change(&mut deltas, old, entry);
             }
             Record::RangeSet {
@@ -89,17 +93,17 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
                         vol.name()
                     )));
                 }
-                let pages = vol.pages.read();
+                let pages = vol.map_pages();
                 for l in lbn..lbn + count {
                     if let Some(page) = pages.get((l / ENTRIES_PER_PAGE) as usize) {
                         let mut page = page.lock();
-                        if page.entries.is_none() {
+                        if !page.is_written() {
                             continue;
                         }
                         let i = (l % ENTRIES_PER_PAGE) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, &inner.dirty_pages);
+                            page.set(i, new, inner.checkpointer.dirty_pages());
                             change(&mut deltas, old, new);
                         }
                     }

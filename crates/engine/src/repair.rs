@@ -210,12 +210,12 @@ fn count_references(
     report: &mut RepairReport,
 ) -> HashMap<u64, u64> {
     let vols = inner.volumes.all();
-    let pages_total: u64 = vols.iter().map(|v| v.pages.read().len() as u64).sum();
+    let pages_total: u64 = vols.iter().map(|v| v.map_pages().len() as u64).sum();
     let mut pages_done = 0u64;
     let mut refs: HashMap<u64, u64> = HashMap::new();
     let mut dangling = Vec::new();
     for vol in &vols {
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         for (p, page) in pages.iter().enumerate() {
             let page = page.lock();
             for k in 0..ENTRIES_PER_PAGE as usize {
@@ -258,12 +258,12 @@ fn count_references(
         report.lost_bytes += BLOCK;
         if apply {
             if let Ok(vol) = inner.volumes.by_name(&d.volume) {
-                let pages = vol.pages.read();
+                let pages = vol.map_pages();
                 if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
                     page.lock().set(
                         (d.lbn % ENTRIES_PER_PAGE) as usize,
                         MapEntry::Zero,
-                        &inner.dirty_pages,
+                        inner.checkpointer.dirty_pages(),
                     );
                 }
             }
@@ -480,11 +480,13 @@ pub(crate) fn damage_map_entry(
     let vol = i.volumes.by_name(volume)?;
     let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
     {
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
-            let old = page
-                .lock()
-                .set((lbn % ENTRIES_PER_PAGE) as usize, entry, &i.dirty_pages);
+            let old = page.lock().set(
+                (lbn % ENTRIES_PER_PAGE) as usize,
+                entry,
+                i.checkpointer.dirty_pages(),
+            );
             vol.account(old, entry);
         }
     }

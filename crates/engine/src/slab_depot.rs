@@ -24,7 +24,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Objects after a thread's last dedup hit that a miss tries, once the index is lossy.
+/// Objects after the end of each of a thread's recent runs of hits that a miss tries,
+/// once the index is lossy.
 const NEIGHBOURS: u64 = 8;
 
 /// Runs of hits a thread follows at once.

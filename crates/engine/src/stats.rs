@@ -6,7 +6,6 @@ use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::IoSnapshot;
-use std::sync::atomic::Ordering::Relaxed;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
@@ -47,6 +46,11 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             size_bytes: v.size_blocks() * BLOCK,
             logical_used_bytes: v.mapped_blocks() * BLOCK,
             zero_bytes: v.zero_blocks() * BLOCK,
+            reservation_bytes: crate::reservation::volume_figures(
+                i.volumes.reservations().of(v.id()),
+                v,
+            )
+            .0,
             counters: v.counters().snapshot(),
         })
         .collect();
@@ -69,6 +73,9 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
             * BLOCK,
         data_freeing_bytes: pending_blocks * BLOCK,
+        promised_bytes: info.promised_bytes,
+        reserved_bytes: info.reserved_bytes,
+        reserved_unused_bytes: info.reserved_unused_bytes,
         metadata_bytes: info.metadata_bytes,
         logical_used_bytes,
         zero_bytes,
@@ -79,7 +86,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         packed_blocks,
         packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
         whole_blocks: whole,
-        compacted_blocks: i.compacted_blocks.load(Relaxed),
+        compacted_blocks: i.compactor.compacted_blocks(),
         dedup_saved_blocks: saved,
         counters: i.counters.snapshot(),
         data_device: device_io(i.devices.data().counters().snapshot()),
@@ -94,7 +101,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             .by_region(i.journal.written_bytes()),
         checkpoints: i.checkpointer.taken(),
         journal_commits: i.journal.commits(),
-        threads: i.threads,
+        threads: i.zones.threads(),
         limits: vec![
             ("zones (packers)".into(), i.zones.count() as u64),
             (

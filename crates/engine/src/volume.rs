@@ -51,7 +51,7 @@ impl Volume {
     }
 
     fn inner(&self) -> &Inner {
-        &self.h.pool.inner
+        self.h.pool.inner()
     }
 
     /// The volume's name.
@@ -150,6 +150,15 @@ impl Volume {
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         inner.ensure_space()?;
+        // Space other volumes' reservations hold back is not for this write.
+        let blocks = (offset_bytes + data.len() as u64).div_ceil(BLOCK) - offset_bytes / BLOCK;
+        inner.volumes.reservations().admit_write(
+            || inner.volumes.all(),
+            &inner.depot,
+            &inner.geometry,
+            &self.h.vol,
+            blocks,
+        )?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {
@@ -209,6 +218,8 @@ impl Volume {
 
     fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
+        // Hashing needs no lock: done before the gate, all blocks together.
+        let hashed = crate::write_path::StepFingerprints::of(inner, offset_bytes, data);
         let _gate = inner.locks.shared();
         let vol = &self.h.vol;
         if vol.is_deleted() {
@@ -224,20 +235,23 @@ impl Volume {
             });
         }
         let mut pos = 0usize;
+        let mut piece = 0usize;
         while pos < data.len() {
             let at = offset_bytes + pos as u64;
             let lbn = at / BLOCK;
             let within = (at % BLOCK) as usize;
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
             let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
-            let stripe = inner.locks.stripe(vol.id, lbn).lock();
+            let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
-                crate::write_path::write_block(inner, vol, lbn, src, None)?;
+                let fp = hashed.get(piece);
+                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp)?;
             } else {
                 crate::partial::write_partial(inner, vol, lbn, within, src)?;
             }
             drop(stripe);
             pos += n;
+            piece += 1;
         }
         Ok(())
     }
@@ -351,20 +365,20 @@ impl Volume {
         }
         let end = end.min(vol.size_blocks());
         let mut released = Vec::new();
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         let mut steps = 0;
         while lbn < end && steps < BLOCKS_PER_STEP {
             let p = lbn / ENTRIES_PER_PAGE;
             let page_end = ((p + 1) * ENTRIES_PER_PAGE).min(end);
             if let Some(page) = pages.get(p as usize) {
                 let mut page = page.lock();
-                if page.entries.is_some() {
+                if page.is_written() {
                     let mut changed = false;
                     for l in lbn..page_end {
                         let i = (l % ENTRIES_PER_PAGE) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, &inner.dirty_pages);
+                            page.set(i, new, inner.checkpointer.dirty_pages());
                             vol.account(old, new);
                             released.extend(old.object());
                             changed = true;
@@ -372,7 +386,7 @@ impl Volume {
                     }
                     if changed {
                         inner.journal.append(&Record::RangeSet {
-                            volume: vol.slot,
+                            volume: vol.slot(),
                             lbn,
                             count: page_end - lbn,
                             entry,
@@ -401,7 +415,7 @@ impl Volume {
         let mut out: Vec<Extent> = Vec::new();
         let end = offset_bytes + len_bytes;
         let mut at = offset_bytes;
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         while at < end {
             let lbn = at / BLOCK;
             let next = ((lbn + 1) * BLOCK).min(end);
@@ -409,7 +423,7 @@ impl Volume {
             let (data, run_end) = match page {
                 Some(p) => {
                     let p = p.lock();
-                    if p.entries.is_none() {
+                    if !p.is_written() {
                         // A never-written page is one hole.
                         (
                             false,
