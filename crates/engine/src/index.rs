@@ -21,7 +21,7 @@
 //! the entry a failed move leaves without a place — a random older one — is
 //! dropped. The index then holds a sample of the stored blocks (recent ones the
 //! likeliest), as many as its slots hold, and is *lossy*: the slab depot then also
-//! tries the objects stored just after a thread's last hit (`take_duplicate`), so a
+//! tries the objects stored just after a thread's latest hits (`take_duplicate`), so a
 //! second copy of data written in order is found from a sampled hit onwards, as
 //! dm-vdo's sparse index finds a chapter from a sampled entry.
 //!

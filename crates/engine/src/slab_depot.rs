@@ -24,12 +24,18 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Objects after a thread's last dedup hit that a miss tries, once the index is lossy.
+/// Objects after the end of each of a thread's recent runs of hits that a miss tries,
+/// once the index is lossy.
 const NEIGHBOURS: u64 = 8;
 
+/// Runs of hits a thread follows at once.
+const RUNS: usize = 4;
+
 thread_local! {
-    /// This thread's last dedup hit: (the depot, by address; the object).
-    static LAST_HIT: std::cell::Cell<Option<(usize, ObjectId)>> = const { std::cell::Cell::new(None) };
+    /// This thread's latest dedup hits, each the end of a run of consecutive objects,
+    /// most recent first: (the depot, by address; the object).
+    static RECENT_HITS: std::cell::Cell<[Option<(usize, ObjectId)>; RUNS]> =
+        const { std::cell::Cell::new([None; RUNS]) };
 }
 
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
@@ -219,7 +225,11 @@ impl SlabDepot {
         }
         if self.index.lossy() {
             let me = self as *const SlabDepot as usize;
-            if let Some((_, last)) = LAST_HIT.get().filter(|(depot, _)| *depot == me) {
+            let anchors = RECENT_HITS.get();
+            for (depot, last) in anchors.iter().flatten() {
+                if *depot != me {
+                    continue;
+                }
                 let next = last.0 + 1;
                 if let Some(o) = self.take_advice(next..next + NEIGHBOURS, fp) {
                     self.index.count_neighbour_hit();
@@ -231,9 +241,23 @@ impl SlabDepot {
         (None, stale)
     }
 
-    /// Note `o` as this thread's last dedup hit (for the neighbours of a sample).
+    /// Note `o` as this thread's latest dedup hit (for the neighbours of a sample):
+    /// it continues the run of a recent hit just before it, or starts a run of its
+    /// own in place of the least recent.
     fn remember_hit(&self, o: ObjectId) {
-        LAST_HIT.set(Some((self as *const SlabDepot as usize, o)));
+        let me = self as *const SlabDepot as usize;
+        let mut anchors = RECENT_HITS.get();
+        let continues = anchors.iter().position(|a| {
+            a.is_some_and(|(depot, last)| depot == me && last.0 < o.0 && o.0 <= last.0 + NEIGHBOURS)
+        });
+        let at = continues.unwrap_or(RUNS - 1);
+        if let Some(run) = anchors.get_mut(..=at) {
+            run.rotate_right(1);
+        }
+        if let Some(first) = anchors.first_mut() {
+            *first = Some((me, o));
+        }
+        RECENT_HITS.set(anchors);
     }
 
     /// Take a reference to an object of `objects` that still holds `fp` and can
