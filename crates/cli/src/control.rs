@@ -186,6 +186,9 @@ pub struct StatsReport {
     /// Connections, requests in flight and limits of the NBD server holding the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd_server: Option<NbdServerStats>,
+    /// The server's `--warn-at` mark and whether the pool is past it (served only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_at: Option<crate::low_water::WarnAt>,
 }
 
 /// The NBD server's gauges and limits (`fewerbytes_nbd::ServerStats`, serializable).
@@ -218,6 +221,8 @@ pub struct Served {
     pub endpoints: Endpoints,
     /// The NBD server, for its statistics.
     pub server: Arc<Server>,
+    /// The `--warn-at` mark.
+    pub low_water: Arc<crate::low_water::LowWater>,
 }
 
 /// Where a server listens for NBD clients.
@@ -293,6 +298,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),
             nbd_server: None,
+            warn_at: None,
         })),
         Request::Regions => Answer::Regions(pool.regions()),
         // A latched pool's memory may hold changes its devices never took (a

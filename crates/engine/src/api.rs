@@ -245,6 +245,11 @@ pub struct PoolStats {
     pub dedup_saved_blocks: u64,
     /// Counters since the pool was opened.
     pub counters: WriteCounters,
+    /// Counters since the pool was made: those its last checkpoint kept (the counters
+    /// page) plus those since open. Writes after the last checkpoint before a crash
+    /// are not in them.
+    #[serde(default)]
+    pub counters_total: WriteCounters,
     /// Data device I/O since open.
     pub data_device: DeviceIo,
     /// Metadata device I/O since open (same device when not separate).

@@ -18,6 +18,7 @@ use crate::page_store::{page_slot, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
+use fewerbytes_format::counters::encode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
@@ -68,6 +69,8 @@ struct Snapshot {
     old_slots: Vec<u32>,
     pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
     superblock: SuperBlock,
+    /// The counters the snapshot's counters page holds, if it writes one.
+    counters: Option<Vec<u64>>,
 }
 
 /// The pages a snapshot writes: each goes to a fresh slot, and the slot it replaces
@@ -346,6 +349,9 @@ impl Inner {
         self.depot
             .release_pending(&self.devices, &self.geometry, &snapshot.pending);
         *self.checkpointer.super_block() = snapshot.superblock.clone();
+        if let Some(values) = snapshot.counters {
+            self.counters.written(values);
+        }
         self.journal.batch_durable(&batch, 0);
         self.journal
             .checkpointed(snapshot.superblock.journal_replay_seq);
@@ -467,6 +473,14 @@ impl Inner {
         // Old catalog pages beyond the new catalog's length retire too.
         wb.old_slots
             .extend(sb.catalog.iter().skip(chunks).filter_map(page_slot));
+        // The pool's counters, when they changed since the page the pool has.
+        let counters = self.counters.to_write();
+        if let Some(values) = &counters {
+            payload.fill(0);
+            let count = encode_counters(values, &mut payload);
+            let name = PageName::table(PageKind::Counters, 0, 0);
+            sb.counters = wb.place(name, count, &payload, sb.counters)?;
+        }
         if sb.version == FORMAT_VERSION_1 {
             // This snapshot is the upgrade: every page above went to a free slot.
             sb.flags |= FLAG_UPGRADED_FROM_V1;
@@ -482,6 +496,7 @@ impl Inner {
             old_slots: wb.old_slots,
             pending,
             superblock: sb,
+            counters,
         })
     }
 
