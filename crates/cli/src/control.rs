@@ -99,6 +99,8 @@ pub enum Request {
     Regions,
     /// `check`.
     Audit,
+    /// `pool grow`.
+    GrowPool,
     /// Where the server serves NBD (answered by a server only, never locally).
     Endpoints,
 }
@@ -138,6 +140,7 @@ impl Request {
             Request::Stats => "stats".into(),
             Request::Regions => "list-metadata".into(),
             Request::Audit => "check".into(),
+            Request::GrowPool => "pool grow".into(),
             Request::Endpoints => "endpoints".into(),
         }
     }
@@ -151,6 +154,7 @@ impl Request {
                 | Request::CloneVolume { .. }
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
+                | Request::GrowPool
         )
     }
 }
@@ -175,6 +179,8 @@ pub enum Answer {
     Audit(AuditReport),
     /// Where the server serves NBD.
     Endpoints(Endpoints),
+    /// What `pool grow` did.
+    Grown(fewerbytes_engine::GrowReport),
 }
 
 /// What `stats` reports: the pool's statistics and, when served, the NBD server's.
@@ -313,6 +319,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             }
             None => Answer::Audit(pool.audit()),
         },
+        Request::GrowPool => Answer::Grown(pool.grow()?),
         Request::Endpoints => {
             return Err(EngineError::Refused(
                 "the pool is not being served, so it has no NBD endpoints".into(),

@@ -25,6 +25,9 @@ pub struct CreateOptions {
     /// Do not discard the data region at creation (a run-time choice: nothing of
     /// it is stored in the pool).
     pub no_discard: bool,
+    /// Size the metadata for a data device of this size, so that `pool grow` can take
+    /// it up to there later (the page store keeps its size). Default: the device's.
+    pub max_size_bytes: Option<u64>,
 }
 
 /// How to open a pool.
@@ -45,6 +48,20 @@ pub enum Mode {
     /// Opened read-only ([`crate::Pool::open_read_only`]): an inspection that writes
     /// nothing, not a failure.
     OpenedReadOnly,
+}
+
+/// What `pool grow` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrowReport {
+    /// The data device's length now.
+    pub device_bytes: u64,
+    /// The data region before.
+    pub old_data_bytes: u64,
+    /// The data region now.
+    pub data_bytes: u64,
+    /// Device space past the data region that it did not take: the page store has
+    /// no room for the pages of more data.
+    pub untaken_bytes: u64,
 }
 
 /// What `pool create` made.

@@ -21,6 +21,7 @@ mod devices;
 mod dir_tree;
 mod error;
 pub mod geometry;
+mod grow;
 mod index;
 mod inner;
 mod journal;
