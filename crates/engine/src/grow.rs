@@ -42,7 +42,7 @@ pub(crate) fn grow(inner: &Inner) -> Result<GrowReport> {
         return Err(EngineError::ReadOnly(why));
     }
     let _serial = inner.checkpointer.serialize();
-    let gate = inner.gate.write();
+    let gate = inner.locks.exclusive();
     let r = inner.devices.data().refresh_len();
     let device_bytes = inner.devices.check_io(r)?;
     let g = &inner.geometry;
@@ -92,7 +92,7 @@ pub(crate) fn grow(inner: &Inner) -> Result<GrowReport> {
         crate::geometry::human_bytes(new_blocks * block),
         crate::geometry::human_bytes(device_bytes)
     );
-    inner.checkpoint_locked(gate, true)?;
+    crate::checkpoint::checkpoint_locked(inner, gate, true)?;
     report.data_bytes = new_blocks * block;
     report.untaken_bytes = (want_blocks - new_blocks) * block;
     Ok(report)

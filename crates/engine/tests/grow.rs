@@ -28,7 +28,10 @@ fn open(dev: &Arc<FaultStorage>) -> Arc<Pool> {
     Pool::open_devices(
         dev.clone() as Arc<dyn Storage>,
         None,
-        &OpenOptions { threads: Some(2) },
+        &OpenOptions {
+            threads: Some(2),
+            ..OpenOptions::default()
+        },
     )
     .expect("open")
 }
