@@ -104,12 +104,9 @@ fn require_guest_tool(name: &str) {
 fn serve_guest_pool(dir: &Path, image: &GuestImage) -> Server {
     let pool = dir.join("vm.pool");
     let pool_str = pool.to_str().expect("utf-8 temp path");
-    // Overcommitted: seven clones of a 3 GiB disk address more than the pool holds,
+    // Thin clones: seven clones of a 3 GiB disk promise more than the pool holds,
     // though they store little more than the template.
-    fewerbytes_ok(
-        &pool,
-        &["pool", "create", pool_str, "--size", "8G", "--overcommit"],
-    );
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "8G"]);
     fewerbytes_ok(
         &pool,
         &["volume", "create", "template", "--size", &image.size],
@@ -462,7 +459,7 @@ fn guest_boots_from_a_volume_writes_trims_and_powers_off() {
     let image = guest_image();
     let dir = TempDir::new("guest");
     let mut server = serve_guest_pool(dir.path(), &image);
-    server.cli_ok(&["volume", "clone", "template", "vm1"]);
+    server.cli_ok(&["volume", "clone", "template", "vm1", "--thin"]);
     let before = server.stats();
 
     let mut guest = Guest::boot(&server, dir.path(), "vm1", 1);
@@ -495,7 +492,7 @@ fn boot_storm_seven_clones_of_a_template_boot_at_once() {
     let mut server = serve_guest_pool(dir.path(), &image);
     let names: Vec<String> = (1..=STORM_GUESTS).map(|i| format!("vm{i}")).collect();
     for name in &names {
-        server.cli_ok(&["volume", "clone", "template", name]);
+        server.cli_ok(&["volume", "clone", "template", name, "--thin"]);
     }
     let before = server.stats();
     let template_bytes = data_used_bytes(&before);
@@ -633,7 +630,7 @@ fn a_guest_on_a_full_pool_pauses_on_enospc_and_resumes_after_a_delete() {
     let image = guest_image();
     let dir = TempDir::new("enospc");
     let server = serve_guest_pool(dir.path(), &image);
-    server.cli_ok(&["volume", "clone", "template", "vm1"]);
+    server.cli_ok(&["volume", "clone", "template", "vm1", "--thin"]);
 
     // The guest's second disk is on a small pool (96 MiB, 85 MiB of it for data)
     // that `filler` already half fills with random data.
@@ -641,12 +638,15 @@ fn a_guest_on_a_full_pool_pauses_on_enospc_and_resumes_after_a_delete() {
     std::fs::create_dir_all(&small_dir).expect("mkdir small");
     let small = small_dir.join("small.pool");
     let small_str = small.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&small, &["pool", "create", small_str, "--size", "96M"]);
     fewerbytes_ok(
         &small,
-        &["pool", "create", small_str, "--size", "96M", "--overcommit"],
+        &["volume", "create", "data", "--size", "256M", "--thin"],
     );
-    fewerbytes_ok(&small, &["volume", "create", "data", "--size", "256M"]);
-    fewerbytes_ok(&small, &["volume", "create", "filler", "--size", "64M"]);
+    fewerbytes_ok(
+        &small,
+        &["volume", "create", "filler", "--size", "64M", "--thin"],
+    );
     let mut small_server = Server::start(&small_dir, &small, &[]);
     common::libnbd::python_nbd(
         RANDOM_WRITE_PY,
