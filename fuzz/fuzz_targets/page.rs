@@ -9,6 +9,7 @@
 //! from the page's own crc and generation (so the reference check passes).
 #![no_main]
 
+use fewerbytes_format::counters::{decode_counters, MAX_COUNTERS};
 use fewerbytes_format::location::{Location, MapEntry};
 use fewerbytes_format::page::{
     decode_page, decode_page_ref, ref_generation, CountRecord, ObjectRecord, PageKind, PageRef,
@@ -103,7 +104,12 @@ fuzz_target!(|data: &[u8]| {
                 while PageRef::decode(&mut r).is_ok() {}
             }
         }
-        PageKind::Counters => while r.u64().is_ok() {},
+        PageKind::Counters => {
+            if let Ok(values) = decode_counters(header.count, payload) {
+                assert_eq!(values.len(), header.count as usize);
+                assert!(values.len() <= MAX_COUNTERS);
+            }
+        }
         PageKind::Catalog => {
             let used = payload.get(..header.count as usize).unwrap_or(payload);
             let _ = fewerbytes_format::catalog::Catalog::decode(used);

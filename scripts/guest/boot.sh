@@ -14,7 +14,8 @@
 # prompt on the console).
 # Environment: GUEST_TIMEOUT (seconds, default 900; past it QEMU is killed and the
 # exit status is 124), GUEST_MEM (MiB, default 512), GUEST_CPUS (default 1),
-# FEWERBYTES_GUEST_ACCEL (kvm or tcg, default: probed). Exit status is QEMU's.
+# FEWERBYTES_GUEST_ACCEL (kvm or tcg, default: probed), GUEST_QEMU_ARGS (more QEMU
+# arguments, split on spaces: a second -drive, a -qmp socket). Exit status is QEMU's.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -31,10 +32,12 @@ else
     serial=file:$log
     : >"$log"
 fi
+read -ra extra <<<"${GUEST_QEMU_ARGS:-}"
 exec timeout --kill-after=10 "${GUEST_TIMEOUT:-900}" "$QEMU" \
     -accel "$accel" -cpu "$cpu" -m "${GUEST_MEM:-512}" -smp "${GUEST_CPUS:-1}" \
     -nodefaults -no-user-config -display none -monitor none -no-reboot \
     -serial "$serial" -nic none \
     -kernel "$KERNEL" -initrd "$INITRD" \
     -append "root=/dev/vda rw console=ttyS0 panic=-1 quiet udev.event_timeout=600 $*" \
-    -drive "file=$uri,format=raw,if=virtio,cache=none,discard=unmap,detect-zeroes=unmap"
+    -drive "file=$uri,format=raw,if=virtio,cache=none,discard=unmap,detect-zeroes=unmap" \
+    "${extra[@]}"

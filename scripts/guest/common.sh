@@ -11,7 +11,7 @@ FB_GUEST_CACHE=${FEWERBYTES_GUEST_CACHE:-/var/cache/fewerbytes-test}
 FB_GUEST_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # Bump when the guest recipe (packages, rootfs files, image size) changes: the
 # image cached under the old name is then rebuilt.
-FB_GUEST_RECIPE=3
+FB_GUEST_RECIPE=4
 FB_GUEST_SUITE=bookworm
 FB_GUEST_DIR=$FB_GUEST_CACHE/guest-$FB_GUEST_SUITE-r$FB_GUEST_RECIPE
 FB_QEMU_DIR=$FB_GUEST_CACHE/qemu-system-x86

@@ -6,7 +6,7 @@ use fewerbytes_engine::{CreateOptions, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::control::{inspect_pool, Answer, Request};
+use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::print_json;
 use crate::size::{format_size, parse_size_arg};
 
@@ -18,6 +18,13 @@ pub enum PoolCommand {
     /// Geometry, settings and what the pool can still address.
     Info {
         /// Print PoolInfo as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take the space the pool's device gained (`truncate -s` of a file, `losetup -c`
+    /// of a loop device, `lvextend`) into the data region; while served too.
+    Grow {
+        /// Print what was done as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -53,6 +60,11 @@ pub struct CreateArgs {
     /// device, as mkfs does: a hole punched in a file, BLKDISCARD on a block device).
     #[arg(long)]
     no_discard: bool,
+    /// Size the metadata so that `pool grow` can later take the device up to this
+    /// size (the metadata regions keep their size when the data region grows; by
+    /// default they are sized for the device as it is).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    max_size: Option<u64>,
 }
 
 /// Run a `pool` subcommand.
@@ -60,6 +72,7 @@ pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
         PoolCommand::Create(args) => create(args),
         PoolCommand::Info { json } => info(pool_path, json),
+        PoolCommand::Grow { json } => grow(pool_path, json),
     }
 }
 
@@ -86,6 +99,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         overcommit: false,
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
+        max_size_bytes: args.max_size,
     };
     let info = Pool::create(&options)
         .with_context(|| format!("could not create a pool on {}", args.path.display()))?;
@@ -119,6 +133,41 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         format_size(info.index_memory_bytes),
         format_size(info.reserve_bytes)
     )
+}
+
+fn grow(pool_path: &Path, json: bool) -> Result<ExitCode> {
+    let report = with_pool(pool_path, |pool| match pool.call(&Request::GrowPool)? {
+        Answer::Grown(report) => Ok(report),
+        other => bail!("unexpected answer to pool grow: {other:?}"),
+    })?;
+    if json {
+        print_json(&report)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if report.data_bytes == report.old_data_bytes {
+        println!(
+            "Pool {} not grown: its data region ({}) already takes its device ({}).",
+            pool_path.display(),
+            format_size(report.data_bytes),
+            format_size(report.device_bytes)
+        );
+    } else {
+        println!(
+            "Pool {} grown: data region {} -> {} (device {}).",
+            pool_path.display(),
+            format_size(report.old_data_bytes),
+            format_size(report.data_bytes),
+            format_size(report.device_bytes)
+        );
+    }
+    if report.untaken_bytes > 0 {
+        println!(
+            "{} of the device is left untaken: the metadata page store has no room for \
+             the pages of more data (`pool create --max-size` plans for growth).",
+            format_size(report.untaken_bytes)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {

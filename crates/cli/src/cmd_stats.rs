@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::control::{inspect_pool, Answer, Request};
+use crate::low_water::WarnAt;
 use crate::output::{percent_rounded_up, print_json, Align, Table};
 use crate::size::format_size;
 
@@ -45,7 +46,7 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         print_json(&stats)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let table = summary_table(&stats.pool, args.bytes);
+    let table = summary_table(&stats.pool, stats.warn_at, args.bytes);
     if args.no_header {
         table.print_rows();
     } else {
@@ -60,8 +61,9 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The vdostats-like table: one row for the pool; sizes in bytes when `bytes`.
-pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
+/// The vdostats-like table: one row for the pool; sizes in bytes when `bytes`;
+/// the server's `--warn-at` mark when served.
+pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) -> Table {
     // As vdostats: the size is the whole pool, metadata included. Space freed by trims,
     // overwrites and deletes is "Freeing" until the next checkpoint makes it
     // available, so that Size = Used + Freeing + Available at every moment, and Use%
@@ -86,6 +88,7 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         ("Space saving%", Align::Right),
         ("Reserved", Align::Right),
         ("Promised", Align::Right),
+        ("Warn at", Align::Right),
         ("Mode", Align::Left),
     ]);
     table.row(vec![
@@ -98,6 +101,11 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         saving,
         size(stats.reserved_bytes),
         size(stats.promised_bytes),
+        match warn_at {
+            None => "-".to_string(),
+            Some(w) if w.crossed => format!("{}% (crossed)", w.percent),
+            Some(w) => format!("{}%", w.percent),
+        },
         mode_words(stats.mode).to_string(),
     ]);
     table

@@ -117,6 +117,8 @@ pub enum Request {
     Regions,
     /// `check`.
     Audit,
+    /// `pool grow`.
+    GrowPool,
     /// Where the server serves NBD (answered by a server only, never locally).
     Endpoints,
 }
@@ -187,6 +189,7 @@ impl Request {
             Request::Stats => "stats".into(),
             Request::Regions => "list-metadata".into(),
             Request::Audit => "check".into(),
+            Request::GrowPool => "pool grow".into(),
             Request::Endpoints => "endpoints".into(),
         }
     }
@@ -201,6 +204,7 @@ impl Request {
                 | Request::SetVolume { .. }
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
+                | Request::GrowPool
         )
     }
 }
@@ -225,6 +229,8 @@ pub enum Answer {
     Audit(AuditReport),
     /// Where the server serves NBD.
     Endpoints(Endpoints),
+    /// What `pool grow` did.
+    Grown(fewerbytes_engine::GrowReport),
 }
 
 /// What `stats` reports: the pool's statistics and, when served, the NBD server's.
@@ -236,6 +242,9 @@ pub struct StatsReport {
     /// Connections, requests in flight and limits of the NBD server holding the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nbd_server: Option<NbdServerStats>,
+    /// The server's `--warn-at` mark and whether the pool is past it (served only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_at: Option<crate::low_water::WarnAt>,
 }
 
 /// The NBD server's gauges and limits (`fewerbytes_nbd::ServerStats`, serializable).
@@ -268,6 +277,8 @@ pub struct Served {
     pub endpoints: Endpoints,
     /// The NBD server, for its statistics.
     pub server: Arc<Server>,
+    /// The `--warn-at` mark.
+    pub low_water: Arc<crate::low_water::LowWater>,
 }
 
 /// Where a server listens for NBD clients.
@@ -352,6 +363,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),
             nbd_server: None,
+            warn_at: None,
         })),
         Request::Regions => Answer::Regions(pool.regions()),
         // A latched pool's memory may hold changes its devices never took (a
@@ -366,6 +378,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             }
             None => Answer::Audit(pool.audit()),
         },
+        Request::GrowPool => Answer::Grown(pool.grow()?),
         Request::Endpoints => {
             return Err(EngineError::Refused(
                 "the pool is not being served, so it has no NBD endpoints".into(),

@@ -243,10 +243,15 @@ fn serve_connection(
             let changes_pool = request.changes_pool();
             let answer = match request {
                 Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
-                Request::Stats => Ok(Answer::Stats(Box::new(StatsReport {
-                    pool: pool.stats(),
-                    nbd_server: Some(served.server.stats().into()),
-                }))),
+                Request::Stats => {
+                    let stats = pool.stats();
+                    served.low_water.observe(&stats);
+                    Ok(Answer::Stats(Box::new(StatsReport {
+                        warn_at: Some(served.low_water.status()),
+                        pool: stats,
+                        nbd_server: Some(served.server.stats().into()),
+                    })))
+                }
                 other => execute(pool, &other).map(|mut answer| {
                     count_clients(&mut answer, &served.server.users());
                     answer

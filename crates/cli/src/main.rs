@@ -16,6 +16,7 @@ mod control;
 mod control_server;
 mod image_format;
 mod logging;
+mod low_water;
 mod notify;
 mod output;
 mod serve;

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use crate::access::{allow_path, AllowFile};
 use crate::control::{open_pool, open_pool_read_only, with_suffix, Endpoints, Served};
 use crate::control_server::ControlServer;
+use crate::low_water::LowWater;
 use crate::notify::Notifier;
 use crate::size::{format_size, round_down};
 use crate::PoolPath;
@@ -63,6 +64,10 @@ pub struct ServeArgs {
     /// in a pool file, BLKDISCARD on a block device). Nothing is stored in the pool.
     #[arg(long)]
     no_discard: bool,
+    /// Log a warning when the pool's Use% (as `stats` shows it) reaches PERCENT, and
+    /// again after it fell below and reaches it again; `stats` shows the mark.
+    #[arg(long, value_name = "PERCENT", default_value_t = crate::low_water::DEFAULT_WARN_AT_PERCENT, value_parser = crate::low_water::parse_percent)]
+    warn_at: u8,
     /// Worker threads for hashing and compression [default: one per CPU].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -191,6 +196,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         control,
         socket,
         tcp,
+        low_water,
     } = match served {
         Ok(parts) => parts,
         Err(e) => {
@@ -198,6 +204,13 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
                 tracing::warn!("closing the pool after a failed start: {close_error:#}");
             }
             return Err(e);
+        }
+    };
+    let watcher = match low_water.watch(Arc::clone(&pool)) {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            tracing::warn!("cannot watch --warn-at {}%: {e:#}", args.warn_at);
+            None
         }
     };
     if notifier.is_active() {
@@ -213,6 +226,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     println!("{stopping}.");
     notifier.stopping(stopping);
     control.stop();
+    drop(watcher);
     server.shutdown();
     drop(server);
     let closed = pool
@@ -255,6 +269,8 @@ struct Started {
     socket: PathBuf,
     /// The TCP address bound, unless `--no-tcp`.
     tcp: Option<String>,
+    /// The `--warn-at` mark.
+    low_water: Arc<LowWater>,
 }
 
 /// Listen on every endpoint and print how to connect.
@@ -313,9 +329,11 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         unix_socket: Some(socket.clone()),
         tcp: tcp.clone(),
     };
+    let low_water = Arc::new(LowWater::new(args.warn_at));
     let served = Arc::new(Served {
         endpoints,
         server: Arc::clone(&server),
+        low_water: Arc::clone(&low_water),
     });
     let control = match ControlServer::start(pool_path, Arc::clone(pool), served) {
         Ok(control) => control,
@@ -337,6 +355,7 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         control,
         socket,
         tcp,
+        low_water,
     })
 }
 
@@ -363,6 +382,10 @@ fn print_banner(
     println!(
         "  control socket {} (fewerbytes volume/stats commands go through it)",
         control.display()
+    );
+    println!(
+        "  warns when the pool is {}% used (--warn-at)",
+        args.warn_at
     );
     if volumes.is_empty() {
         println!("No volumes yet: `fewerbytes --pool {} volume create NAME --size 10G` adds one while this runs.", pool_path.display());

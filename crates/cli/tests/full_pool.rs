@@ -71,3 +71,92 @@ fn a_full_pool_fails_writes_with_enospc_and_takes_them_again_after_a_trim() {
     drop(server);
     assert_check_clean(&pool);
 }
+
+/// Writes `argv[2]` MiB of random bytes from offset 0 and flushes; with `trim`,
+/// trims the whole export and flushes instead.
+const WRITE_OR_TRIM_PY: &str = r#"
+import os, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+if sys.argv[2] == "trim":
+    h.trim(h.get_size(), 0)
+else:
+    for i in range(int(sys.argv[2])):
+        h.pwrite(os.urandom(1 << 20), i << 20)
+h.flush()
+"#;
+
+/// The warning `serve --warn-at 50` logs each time the pool reaches the mark.
+const WARNING: &str = "past --warn-at 50%";
+
+/// `stats` through the server: the JSON's `warn_at`, and the plain table's row.
+fn warn_at(server: &Server) -> (serde_json::Value, String) {
+    let json = server.stats()["warn_at"].clone();
+    let table = server.cli_ok(&["stats"]).stdout;
+    assert!(table.contains("Warn at"), "no Warn at column:\n{table}");
+    (json, table)
+}
+
+#[test]
+fn warn_at_warns_once_each_time_the_pool_reaches_the_mark_and_stats_show_it() {
+    let dir = TempDir::new("warnat");
+    let pool = dir.join("test.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "64M"]);
+    fewerbytes_ok(
+        &pool,
+        &["volume", "create", "vm", "--size", "128M", "--thin"],
+    );
+    let server = Server::start(dir.path(), &pool, &["--warn-at", "50%"]);
+    let uri = server.unix_uri("vm");
+    let (json, table) = warn_at(&server);
+    assert_eq!(json["percent"], 50, "{json}");
+    assert_eq!(
+        json["crossed"], false,
+        "an empty pool is below the mark: {json}"
+    );
+    assert!(
+        table.contains("50%") && !table.contains("crossed"),
+        "{table}"
+    );
+
+    // 40 MiB of random data fills a 64 MiB pool past half.
+    python_nbd(WRITE_OR_TRIM_PY, &[&uri, "40"]);
+    let (json, table) = warn_at(&server);
+    assert_eq!(json["crossed"], true, "{json}\n{table}");
+    assert!(table.contains("50% (crossed)"), "{table}");
+    // Looking again (and the watcher's own looks) do not warn again.
+    warn_at(&server);
+    assert_eq!(
+        server.log_text().matches(WARNING).count(),
+        1,
+        "{}",
+        server.log_text()
+    );
+
+    // Below the mark after a trim; reaching it again warns again.
+    python_nbd(WRITE_OR_TRIM_PY, &[&uri, "trim"]);
+    let (json, table) = warn_at(&server);
+    assert_eq!(json["crossed"], false, "{json}\n{table}");
+    assert!(
+        server.log_text().contains("below --warn-at 50% again"),
+        "{}",
+        server.log_text()
+    );
+    python_nbd(WRITE_OR_TRIM_PY, &[&uri, "40"]);
+    let (json, _) = warn_at(&server);
+    assert_eq!(json["crossed"], true, "{json}");
+    assert_eq!(
+        server.log_text().matches(WARNING).count(),
+        2,
+        "{}",
+        server.log_text()
+    );
+
+    // Without a server, stats show no mark (it is the server's).
+    let mut server = server;
+    assert!(server.stop().success(), "{}", server.log_text());
+    drop(server);
+    let table = fewerbytes_ok(&pool, &["stats"]).stdout;
+    assert!(!table.contains("crossed"), "{table}");
+}

@@ -9,7 +9,9 @@
 //! unless KVM runs the guest's kernel here. After each guest powers off, the server is
 //! stopped, `fewerbytes check` audits the pool, and the volume is read back through a
 //! read-only server, nbdfuse and a read-only loop device: `fsck.ext4 -n` must be clean
-//! and every file the guest reported must have the checksum it printed.
+//! and every file the guest reported must have the checksum it printed. A guest whose
+//! second disk is on a pool that fills pauses (QEMU's `werror=enospc`), and resumes
+//! with `cont` over QMP once a volume is deleted.
 
 mod common;
 
@@ -125,16 +127,33 @@ struct Guest {
 
 impl Guest {
     fn boot(server: &Server, dir: &Path, volume: &str, seed: u64) -> Guest {
+        let args = [
+            "fb.job=basic".to_string(),
+            format!("fb.seed={seed}"),
+            format!("fb.mib={GUEST_DATA_MIB}"),
+        ];
+        Guest::boot_job(server, dir, volume, seed, &args, "")
+    }
+
+    /// Boots `volume` with `kernel_args` and more QEMU arguments (`qemu_args`, split
+    /// on spaces by boot.sh).
+    fn boot_job(
+        server: &Server,
+        dir: &Path,
+        volume: &str,
+        seed: u64,
+        kernel_args: &[String],
+        qemu_args: &str,
+    ) -> Guest {
         let console = dir.join(format!("{volume}.console"));
         let output = dir.join(format!("{volume}.qemu"));
         let out = std::fs::File::create(&output).expect("qemu output file");
         let child = Command::new(repo_root().join("scripts/guest/boot.sh"))
             .arg(server.unix_uri(volume))
             .arg(&console)
-            .arg("fb.job=basic")
-            .arg(format!("fb.seed={seed}"))
-            .arg(format!("fb.mib={GUEST_DATA_MIB}"))
+            .args(kernel_args)
             .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
+            .env("GUEST_QEMU_ARGS", qemu_args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("clone"))
             .stderr(out)
@@ -147,6 +166,19 @@ impl Guest {
             output,
             child: Some(child),
         }
+    }
+
+    /// Whether QEMU has exited.
+    fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => child.try_wait().ok().flatten().is_some(),
+            None => true,
+        }
+    }
+
+    /// The serial console so far.
+    fn console_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
     }
 
     /// Waits for QEMU to exit (the guest powered off); fails past `deadline`.
@@ -499,4 +531,209 @@ fn boot_storm_seven_clones_of_a_template_boot_at_once() {
     for (name, console) in names.iter().zip(&consoles) {
         verify_volume_offline(&ro, dir.path(), name, console);
     }
+}
+
+/// A QMP client on QEMU's monitor socket: commands and their answers, and the
+/// events that arrive between them.
+struct Qmp {
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
+    events: Vec<serde_json::Value>,
+}
+
+impl Qmp {
+    /// Connects once QEMU listens (it makes the socket as it starts), and leaves
+    /// capabilities negotiation mode.
+    fn connect(path: &Path, guest: &mut Guest, deadline: Instant) -> Qmp {
+        let stream = loop {
+            if let Ok(stream) = std::os::unix::net::UnixStream::connect(path) {
+                break stream;
+            }
+            assert!(
+                !guest.exited() && Instant::now() < deadline,
+                "QEMU's QMP socket {} never answered.\n{}",
+                path.display(),
+                guest.describe()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("QMP read timeout");
+        let mut qmp = Qmp {
+            reader: std::io::BufReader::new(stream.try_clone().expect("clone QMP stream")),
+            writer: stream,
+            events: Vec::new(),
+        };
+        let greeting = qmp.read_line().expect("QMP greeting");
+        assert!(
+            greeting.get("QMP").is_some(),
+            "not a QMP greeting: {greeting}"
+        );
+        qmp.execute("qmp_capabilities").expect("qmp_capabilities");
+        qmp
+    }
+
+    fn read_line(&mut self) -> Option<serde_json::Value> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(n) if n > 0 => serde_json::from_str(&line).ok(),
+            _ => None,
+        }
+    }
+
+    /// Runs `command`; its `return` value, or `None` once QEMU is gone.
+    fn execute(&mut self, command: &str) -> Option<serde_json::Value> {
+        use std::io::Write;
+        let request = format!("{{\"execute\": \"{command}\"}}\n");
+        self.writer.write_all(request.as_bytes()).ok()?;
+        loop {
+            let answer = self.read_line()?;
+            if answer.get("event").is_some() {
+                self.events.push(answer);
+                continue;
+            }
+            if let Some(value) = answer.get("return") {
+                return Some(value.clone());
+            }
+            panic!("QMP {command} failed: {answer}");
+        }
+    }
+
+    /// `query-status`'s status ("running", "io-error", ...), or `None` once QEMU is gone.
+    fn status(&mut self) -> Option<String> {
+        let status = self.execute("query-status")?;
+        Some(status["status"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+/// Writes `argv[2]` MiB of random bytes to the export at `argv[1]` and flushes.
+const RANDOM_WRITE_PY: &str = r#"
+import os, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    h.pwrite(os.urandom(1 << 20), i << 20)
+h.flush()
+"#;
+
+/// MiB of random data the guest writes to its disk on the small pool: more than is
+/// free while `filler` holds its data, less than is free once it is deleted.
+const ENOSPC_GUEST_MIB: u64 = 48;
+/// MiB of random data `filler` holds.
+const FILLER_MIB: u64 = 48;
+
+#[test]
+fn a_guest_on_a_full_pool_pauses_on_enospc_and_resumes_after_a_delete() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let image = guest_image();
+    let dir = TempDir::new("enospc");
+    let server = serve_guest_pool(dir.path(), &image);
+    server.cli_ok(&["volume", "clone", "template", "vm1", "--thin"]);
+
+    // The guest's second disk is on a small pool (96 MiB, 85 MiB of it for data)
+    // that `filler` already half fills with random data.
+    let small_dir = dir.join("small");
+    std::fs::create_dir_all(&small_dir).expect("mkdir small");
+    let small = small_dir.join("small.pool");
+    let small_str = small.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&small, &["pool", "create", small_str, "--size", "96M"]);
+    fewerbytes_ok(
+        &small,
+        &["volume", "create", "data", "--size", "256M", "--thin"],
+    );
+    fewerbytes_ok(
+        &small,
+        &["volume", "create", "filler", "--size", "64M", "--thin"],
+    );
+    let mut small_server = Server::start(&small_dir, &small, &[]);
+    common::libnbd::python_nbd(
+        RANDOM_WRITE_PY,
+        &[&small_server.unix_uri("filler"), &FILLER_MIB.to_string()],
+    );
+
+    // QEMU's defaults spelled out: a write that fails with ENOSPC stops the VM
+    // (werror=enospc), any other error goes to the guest.
+    let qmp_path = dir.join("qmp.sock");
+    let qemu_args = format!(
+        "-drive file={},format=raw,if=virtio,cache=none,werror=enospc \
+         -qmp unix:{},server=on,wait=off",
+        small_server.unix_uri("data"),
+        qmp_path.display()
+    );
+    let kernel_args = [
+        "fb.job=enospc".to_string(),
+        format!("fb.mib={ENOSPC_GUEST_MIB}"),
+    ];
+    let mut guest = Guest::boot_job(&server, dir.path(), "vm1", 1, &kernel_args, &qemu_args);
+    let deadline = Instant::now() + GUEST_LIMIT;
+    let mut qmp = Qmp::connect(&qmp_path, &mut guest, deadline);
+
+    // The pool fills under the guest's write: QEMU pauses it.
+    loop {
+        let status = qmp.status();
+        if status.as_deref() == Some("io-error") {
+            break;
+        }
+        assert!(
+            status.is_some() && !guest.exited() && Instant::now() < deadline,
+            "the guest did not pause on the full pool (status {status:?}).\n{}",
+            guest.describe()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let nospace = qmp.events.iter().find(|e| e["event"] == "BLOCK_IO_ERROR");
+    eprintln!("paused on the full pool: {nospace:?}");
+    assert!(
+        nospace.is_some_and(|e| e["data"]["nospace"] == true && e["data"]["action"] == "stop"),
+        "QEMU paused without a BLOCK_IO_ERROR event for ENOSPC: {:?}",
+        qmp.events
+    );
+    let console = guest.console_text();
+    assert!(
+        console.contains("FEWERBYTES-GUEST filling") && !console.contains("FEWERBYTES-GUEST done"),
+        "paused, the guest should be in the middle of its write:\n{}",
+        guest.describe()
+    );
+    assert_eq!(
+        small_server.stats()["mode"],
+        "normal",
+        "a full pool is not latched:\n{}",
+        small_server.log_text()
+    );
+
+    // Space comes back: a volume deleted through the CLI. `cont` resumes the guest,
+    // whose write completes; it must not pause again.
+    small_server.cli_ok(&["volume", "delete", "filler"]);
+    qmp.execute("cont").expect("cont");
+    while !guest.exited() {
+        let status = qmp.status();
+        assert_ne!(
+            status.as_deref(),
+            Some("io-error"),
+            "the guest paused again after the delete freed {FILLER_MIB} MiB.\n{}",
+            guest.describe()
+        );
+        if status.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not finish.\n{}",
+            guest.describe()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let console = guest.wait(deadline);
+    assert!(
+        console.sums.iter().any(|(path, _)| path == "/random.bin"),
+        "the guest printed no checksum of its file.\n{}",
+        guest.describe()
+    );
+
+    // Afterwards, on the host: the pool audits clean, the disk's file system is
+    // clean and the file reads back as the guest wrote it.
+    let ro = check_and_serve_read_only(&mut small_server, &small_dir);
+    verify_volume_offline(&ro, &small_dir, "data", &console);
 }

@@ -26,6 +26,9 @@ pub struct CreateOptions {
     /// Do not discard the data region at creation (a run-time choice: nothing of
     /// it is stored in the pool).
     pub no_discard: bool,
+    /// Size the metadata for a data device of this size, so that `pool grow` can take
+    /// it up to there later (the page store keeps its size). Default: the device's.
+    pub max_size_bytes: Option<u64>,
 }
 
 /// How much of the pool a volume holds back for itself (`reservation.rs`).
@@ -66,6 +69,20 @@ pub enum Mode {
     /// Opened read-only ([`crate::Pool::open_read_only`]): an inspection that writes
     /// nothing, not a failure.
     OpenedReadOnly,
+}
+
+/// What `pool grow` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GrowReport {
+    /// The data device's length now.
+    pub device_bytes: u64,
+    /// The data region before.
+    pub old_data_bytes: u64,
+    /// The data region now.
+    pub data_bytes: u64,
+    /// Device space past the data region that it did not take: the page store has
+    /// no room for the pages of more data.
+    pub untaken_bytes: u64,
 }
 
 /// What `pool create` made.
@@ -302,6 +319,11 @@ pub struct PoolStats {
     pub dedup_saved_blocks: u64,
     /// Counters since the pool was opened.
     pub counters: WriteCounters,
+    /// Counters since the pool was made: those its last checkpoint kept (the counters
+    /// page) plus those since open. Writes after the last checkpoint before a crash
+    /// are not in them.
+    #[serde(default)]
+    pub counters_total: WriteCounters,
     /// Data device I/O since open.
     pub data_device: DeviceIo,
     /// Metadata device I/O since open (same device when not separate).

@@ -19,6 +19,7 @@ use crate::page_store::{page_slot, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
+use fewerbytes_format::counters::encode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
@@ -68,6 +69,8 @@ struct Snapshot {
     old_slots: Vec<u32>,
     pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
     superblock: SuperBlock,
+    /// The counters the snapshot's counters page holds, if it writes one.
+    counters: Option<Vec<u64>>,
 }
 
 /// The pages a snapshot writes: each goes to a fresh slot, and the slot it replaces
@@ -347,6 +350,9 @@ pub(crate) fn checkpoint_locked(
         .depot
         .release_pending(&inner.devices, &inner.geometry, &snapshot.pending);
     *inner.checkpointer.super_block() = snapshot.superblock.clone();
+    if let Some(values) = snapshot.counters {
+        inner.counters.written(values);
+    }
     inner.journal.batch_durable(&batch, 0);
     inner
         .journal
@@ -463,6 +469,14 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     // Old catalog pages beyond the new catalog's length retire too.
     wb.old_slots
         .extend(sb.catalog.iter().skip(chunks).filter_map(page_slot));
+    // The pool's counters, when they changed since the page the pool has.
+    let counters = inner.counters.to_write();
+    if let Some(values) = &counters {
+        payload.fill(0);
+        let count = encode_counters(values, &mut payload);
+        let name = PageName::table(PageKind::Counters, 0, 0);
+        sb.counters = wb.place(name, count, &payload, sb.counters)?;
+    }
     if sb.version == FORMAT_VERSION_1 {
         // This snapshot is the upgrade: every page above went to a free slot.
         sb.flags |= FLAG_UPGRADED_FROM_V1;
@@ -478,6 +492,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         old_slots: wb.old_slots,
         pending,
         superblock: sb,
+        counters,
     })
 }
 

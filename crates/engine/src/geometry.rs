@@ -7,8 +7,11 @@
 
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
-use fewerbytes_format::superblock::{SuperBlock, FLAG_OVERCOMMIT, MAX_CATALOG_PAGES};
+use fewerbytes_format::superblock::{
+    SuperBlock, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, MAX_CATALOG_PAGES,
+};
 use fewerbytes_format::BLOCK_BYTES;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Data blocks per slab (32 MiB). A slab is the unit of physical allocation and
 /// owns its object table; it bounds the memory of one allocation bitmap.
@@ -103,7 +106,28 @@ impl Geometry {
         metadata_device_blocks: Option<u64>,
         overcommit: bool,
     ) -> Result<Self> {
+        Geometry::compute_growable(data_device_blocks, metadata_device_blocks, overcommit, 0)
+    }
+
+    /// As [`Geometry::compute`], with a page store sized for a data device of
+    /// `max_data_device_blocks` (if larger), so that `pool grow` can take the device
+    /// up to that size later: the page store keeps its size when the data grows.
+    pub fn compute_growable(
+        data_device_blocks: u64,
+        metadata_device_blocks: Option<u64>,
+        overcommit: bool,
+        max_data_device_blocks: u64,
+    ) -> Result<Self> {
         let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
+        // The page store's size for a data region of `data_blocks` that may grow by
+        // what the larger device would add.
+        let grown = |data_blocks: u64| {
+            data_blocks + max_data_device_blocks.saturating_sub(data_device_blocks)
+        };
+        let page_slots_for = |data_blocks: u64, addressable: u64| {
+            let extra = grown(data_blocks) - data_blocks;
+            page_slots_for(data_blocks + extra, addressable + extra * factor)
+        };
         let journal_start_block = 2;
         let geometry = match metadata_device_blocks {
             None => {
@@ -214,20 +238,22 @@ impl Geometry {
 }
 
 /// An open pool's layout and identity as its super block fixed them at format time.
-/// Read-only once the pool is open, and the one place the engine reads them from:
-/// the super block held for checkpoints carries the same fields, but only its
-/// changing ones (generation, catalog, replay point, holder) are read there.
-#[derive(Debug, Clone)]
+/// Read-only once the pool is open, but for the size of the data region, which
+/// `pool grow` extends (`grow.rs`: `grow_to`, under the gate, before the checkpoint
+/// that records it); and the one place the engine reads them from: the super block
+/// held for checkpoints carries the same fields, but only its changing ones
+/// (generation, catalog, replay point, holder) are read there.
+#[derive(Debug)]
 pub(crate) struct PoolGeometry {
     nonce: u64,
     fingerprint_key: [u8; 32],
-    data_device_bytes: u64,
-    metadata_device_bytes: u64,
+    data_device_bytes: AtomicU64,
+    metadata_device_bytes: AtomicU64,
     data_offset_bytes: u64,
-    data_blocks: u64,
+    data_blocks: AtomicU64,
     slab_blocks: u32,
     objects_per_slab: u32,
-    slab_count: u32,
+    slab_count: AtomicU32,
     journal_start_block: u64,
     journal_sectors: u64,
     pages_start_block: u64,
@@ -235,6 +261,7 @@ pub(crate) struct PoolGeometry {
     reserve_blocks: u64,
     index_entries: u64,
     overcommit: bool,
+    separate_metadata: bool,
 }
 
 impl PoolGeometry {
@@ -243,13 +270,13 @@ impl PoolGeometry {
         PoolGeometry {
             nonce: sb.nonce,
             fingerprint_key: sb.fingerprint_key,
-            data_device_bytes: sb.data_device_bytes,
-            metadata_device_bytes: sb.metadata_device_bytes,
+            data_device_bytes: AtomicU64::new(sb.data_device_bytes),
+            metadata_device_bytes: AtomicU64::new(sb.metadata_device_bytes),
             data_offset_bytes: sb.data_offset_bytes,
-            data_blocks: sb.data_blocks,
+            data_blocks: AtomicU64::new(sb.data_blocks),
             slab_blocks: sb.slab_blocks,
             objects_per_slab: sb.objects_per_slab,
-            slab_count: sb.slab_count,
+            slab_count: AtomicU32::new(sb.slab_count),
             journal_start_block: sb.journal_start_block,
             journal_sectors: sb.journal_sectors,
             pages_start_block: sb.pages_start_block,
@@ -257,6 +284,7 @@ impl PoolGeometry {
             reserve_blocks: sb.reserve_blocks,
             index_entries: sb.index_entries,
             overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
+            separate_metadata: sb.flags & FLAG_SEPARATE_METADATA != 0,
         }
     }
     /// The pool's identity in every page header and journal sector.
@@ -272,13 +300,14 @@ impl PoolGeometry {
     pub(crate) fn fingerprint_many(&self, blocks: &[&[u8]], out: &mut [[u8; 32]]) {
         crate::fingerprint::keyed_many(&self.fingerprint_key, blocks, out);
     }
-    /// The data device's length at format time.
+    /// The data device's length at format time (or at the last `pool grow`).
     pub(crate) fn data_device_bytes(&self) -> u64 {
-        self.data_device_bytes
+        self.data_device_bytes.load(Ordering::Acquire)
     }
-    /// The metadata device's length at format time.
+    /// The metadata device's length at format time (or at the last `pool grow` of a
+    /// single-device pool).
     pub(crate) fn metadata_device_bytes(&self) -> u64 {
-        self.metadata_device_bytes
+        self.metadata_device_bytes.load(Ordering::Acquire)
     }
     /// Byte offset of the data region on the data device.
     pub(crate) fn data_offset_bytes(&self) -> u64 {
@@ -286,7 +315,7 @@ impl PoolGeometry {
     }
     /// 4 KiB blocks in the data region.
     pub(crate) fn data_blocks(&self) -> u64 {
-        self.data_blocks
+        self.data_blocks.load(Ordering::Acquire)
     }
     /// Data blocks per slab, as recorded.
     pub(crate) fn slab_blocks(&self) -> u32 {
@@ -298,7 +327,7 @@ impl PoolGeometry {
     }
     /// Slabs in the data region.
     pub(crate) fn slab_count(&self) -> u32 {
-        self.slab_count
+        self.slab_count.load(Ordering::Acquire)
     }
     /// First block of the journal ring on the metadata device.
     pub(crate) fn journal_start_block(&self) -> u64 {
@@ -338,12 +367,58 @@ impl PoolGeometry {
     /// or damaged pool) leaves nothing addressable, so every write is refused rather
     /// than wrap round.
     pub(crate) fn addressable_blocks(&self) -> u64 {
-        let stored = self.data_blocks.saturating_sub(self.reserve_blocks);
+        self.addressable_for(self.data_blocks())
+    }
+
+    /// What volumes may address with a data region of `data_blocks`.
+    fn addressable_for(&self, data_blocks: u64) -> u64 {
+        let stored = data_blocks.saturating_sub(self.reserve_blocks);
         if self.overcommit {
             stored * OVERCOMMIT_FACTOR
         } else {
             stored
         }
+    }
+
+    /// The largest data region, up to `want_blocks`, whose pages the page store can
+    /// hold at worst (every object record and map page in use, with the
+    /// copy-on-write slack: `page_slots_for`): the page store keeps its size when the
+    /// data region grows. At least the current data region.
+    pub(crate) fn data_blocks_covered(&self, want_blocks: u64) -> u64 {
+        let fits = |d: u64| page_slots_for(d, self.addressable_for(d)) <= self.page_slots;
+        let (mut lo, mut hi) = (self.data_blocks(), want_blocks);
+        if hi <= lo || fits(hi) {
+            return hi.max(lo);
+        }
+        // page_slots_for grows with the data region: the last size that fits.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The data region is now `data_blocks` in `slab_count` slabs on a data device of
+    /// `data_device_bytes` (`grow.rs`, with the gate held and the slab depot already
+    /// holding the slabs, so that no reader sees a slab the depot lacks).
+    pub(crate) fn grow_to(&self, data_device_bytes: u64, data_blocks: u64, slab_count: u32) {
+        self.data_device_bytes
+            .store(data_device_bytes, Ordering::Release);
+        if !self.separate_metadata {
+            self.metadata_device_bytes
+                .store(data_device_bytes, Ordering::Release);
+        }
+        self.data_blocks.store(data_blocks, Ordering::Release);
+        self.slab_count.store(slab_count, Ordering::Release);
+    }
+
+    /// Whether metadata lives on its own device.
+    pub(crate) fn separate_metadata(&self) -> bool {
+        self.separate_metadata
     }
 }
 

@@ -23,6 +23,7 @@ mod dir_tree;
 mod error;
 mod fingerprint;
 pub mod geometry;
+mod grow;
 mod index;
 mod inner;
 mod journal;

@@ -17,6 +17,7 @@ use crate::journal::read_journal;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
+use fewerbytes_format::counters::decode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
     decode_page, decode_page_ref, CountRecord, ObjectRecord, PageHeader, PageKind, PageRef,
@@ -228,15 +229,22 @@ pub(crate) fn load_catalog(inner: &Inner) -> Result<Catalog> {
     Ok(catalog)
 }
 
-/// Verify the counters page the super block names, if any, and keep its slot in
-/// use: this version defines no counters, but keeps the page of one that does.
+/// Load the pool's cumulative counters from the counters page the super block
+/// names, if any (a pool without one, or a version-1 pool, starts them at 0).
 pub(crate) fn load_counters(inner: &Inner) -> Result<()> {
     let reference = inner.checkpointer.super_block().counters;
     if reference.is_none() {
         return Ok(());
     }
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    read_page(inner, &mut buf, PageKind::Counters, &reference, 0, 0)?;
+    let (header, payload) = read_page(inner, &mut buf, PageKind::Counters, &reference, 0, 0)?;
+    let values = decode_counters(header.count, payload).map_err(|e| EngineError::Corrupt {
+        region: PageKind::Counters.name(),
+        block: inner.geometry.pages_start_block() + reference.page_store_slot().unwrap_or(0),
+        device: "metadata",
+        reason: e.to_string(),
+    })?;
+    inner.counters.load_kept(values);
     Ok(())
 }
 
@@ -446,7 +454,8 @@ fn upgrade_pages(inner: &Inner) -> u64 {
         pages += dirs(map.len() as u64);
         catalog_bytes += 40 + vol.name().len() as u64 + top(map.len() as u64);
     }
-    pages + catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64)
+    // And the counters page.
+    pages + catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64) + 1
 }
 
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a

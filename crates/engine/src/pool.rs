@@ -121,8 +121,10 @@ impl Pool {
         let meta = match &opts.metadata_path {
             Some(p) => {
                 let data_blocks = data.len_bytes() / BLOCK_BYTES as u64;
-                let need = Geometry::metadata_blocks_needed(data_blocks, opts.overcommit)
-                    * BLOCK_BYTES as u64;
+                let planned =
+                    data_blocks.max(opts.max_size_bytes.unwrap_or(0) / BLOCK_BYTES as u64);
+                let need =
+                    Geometry::metadata_blocks_needed(planned, opts.overcommit) * BLOCK_BYTES as u64;
                 let size = opts
                     .metadata_size_bytes
                     .unwrap_or(need.div_ceil(1 << 20) << 20);
@@ -166,7 +168,13 @@ impl Pool {
         }
         let data_blocks_dev = data.len_bytes() / BLOCK_BYTES as u64;
         let meta_blocks_dev = meta.as_ref().map(|m| m.len_bytes() / BLOCK_BYTES as u64);
-        let geo = Geometry::compute(data_blocks_dev, meta_blocks_dev, opts.overcommit)?;
+        let max_blocks = opts.max_size_bytes.unwrap_or(0) / BLOCK_BYTES as u64;
+        let geo = Geometry::compute_growable(
+            data_blocks_dev,
+            meta_blocks_dev,
+            opts.overcommit,
+            max_blocks,
+        )?;
         let nonce = random_u64();
         let mut key = [0u8; 32];
         for chunk in key.chunks_mut(8) {
@@ -515,6 +523,7 @@ impl Pool {
                 &geometry,
                 checkpointer.dirty_pages(),
                 opts.index_memory_bytes,
+                crate::grow::max_slabs(&geometry),
             ),
             zones: Zones::new(threads, sb.slab_count),
             journal,
@@ -756,6 +765,12 @@ impl Pool {
     /// background after fragments are freed). Returns the packed blocks emptied.
     pub fn compact(&self) -> Result<u64> {
         crate::compact::compact_all(&self.inner)
+    }
+
+    /// Take the space the data device gained (`pool grow`, online): the data region
+    /// grows as far as the page store can describe, recorded by a checkpoint.
+    pub fn grow(&self) -> Result<GrowReport> {
+        crate::grow::grow(&self.inner)
     }
 
     /// Make every acknowledged write durable.

@@ -81,6 +81,11 @@ impl Bitmap {
             cursor: 0,
         }
     }
+    /// Room for `bits` bits; the new ones clear.
+    fn grow(&mut self, bits: u32) {
+        self.bits = bits;
+        self.words.resize(bits.div_ceil(64) as usize, 0);
+    }
     /// Whether bit `i` is set.
     pub fn get(&self, i: u32) -> bool {
         self.words
@@ -209,6 +214,16 @@ impl Slab {
             open_blocks: Vec::new(),
             dirty_pages,
         }
+    }
+
+    /// The last slab of a grown data region: `blocks` now, free past the old end.
+    pub fn grow_blocks(&mut self, blocks: u32) {
+        if blocks <= self.blocks {
+            return;
+        }
+        self.blocks = blocks;
+        self.blocks_used.grow(blocks);
+        self.holders.resize(blocks as usize, 0);
     }
 
     /// What the slab holds now.

@@ -21,8 +21,8 @@ use fewerbytes_format::location::{Location, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::DiscardOutcome;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Objects after the end of each of a thread's recent runs of hits that a miss tries,
 /// once the index is lossy.
@@ -41,9 +41,15 @@ thread_local! {
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
 pub(crate) struct SlabDepot {
-    slabs: Vec<Mutex<Slab>>,
+    /// Room for every slab the pool may grow to (`pool grow`); the first `count` are
+    /// set. A slab, once set, never moves, so a reference to it stays good while
+    /// slabs are added.
+    slabs: Vec<OnceLock<Mutex<Slab>>>,
+    count: AtomicU32,
     objects_per_slab: u32,
-    data_blocks: u64,
+    data_blocks: AtomicU64,
+    /// Pages the slabs turn dirty (for slabs added by a grow).
+    dirty_pages: Arc<AtomicU64>,
     /// Advice on where a fingerprint was stored (hash zones).
     index: DedupIndex,
     /// Fragments freed since the compactor last looked.
@@ -53,38 +59,74 @@ pub(crate) struct SlabDepot {
 impl SlabDepot {
     /// Empty slabs laid out as `geometry` says; pages they turn dirty count in
     /// `dirty_pages`. The index holds the window the pool records, or takes
-    /// `index_memory` bytes when given (a budget for this open).
+    /// `index_memory` bytes when given (a budget for this open). `max_slabs`: the
+    /// most slabs the pool may grow to while open (at least the geometry's); the
+    /// index's object groups are sized for them.
     pub(crate) fn new(
         geometry: &PoolGeometry,
         dirty_pages: &Arc<AtomicU64>,
         index_memory: Option<u64>,
+        max_slabs: u32,
     ) -> Self {
-        let slab_blocks = geometry.slab_blocks();
-        let slabs = (0..geometry.slab_count())
-            .map(|s| {
-                let first = u64::from(s) * u64::from(slab_blocks);
-                let blocks = (geometry.data_blocks() - first).min(u64::from(slab_blocks)) as u32;
-                Mutex::new(Slab::new(
-                    s,
-                    first,
-                    blocks,
-                    geometry.objects_per_slab(),
-                    dirty_pages.clone(),
-                ))
-            })
-            .collect();
-        let objects = u64::from(geometry.slab_count()) * u64::from(geometry.objects_per_slab());
+        let count = geometry.slab_count();
+        let slabs: Vec<OnceLock<Mutex<Slab>>> =
+            (0..count.max(max_slabs)).map(|_| OnceLock::new()).collect();
+        let objects = slabs.len() as u64 * u64::from(geometry.objects_per_slab());
         let index = match index_memory {
             Some(bytes) => DedupIndex::with_memory(bytes, objects),
             None => DedupIndex::new(geometry.index_entries(), objects),
         };
-        SlabDepot {
+        let depot = SlabDepot {
             slabs,
+            count: AtomicU32::new(0),
             objects_per_slab: geometry.objects_per_slab(),
-            data_blocks: geometry.data_blocks(),
+            data_blocks: AtomicU64::new(0),
+            dirty_pages: dirty_pages.clone(),
             index,
             fragment_frees: AtomicU64::new(0),
+        };
+        depot.grow(geometry.data_blocks());
+        depot
+    }
+
+    /// Slabs a data region of `data_blocks` is cut into.
+    pub(crate) fn slabs_for(data_blocks: u64) -> u64 {
+        data_blocks.div_ceil(u64::from(SLAB_BLOCKS))
+    }
+
+    /// Extend the data region to `data_blocks`: the last slab takes the blocks up to
+    /// its full size, new empty slabs the rest. Returns false, changing nothing, past
+    /// the slabs the depot has room for. Callers hold the gate for writing (no
+    /// allocation runs), and the geometry follows only after (`grow.rs`).
+    pub(crate) fn grow(&self, data_blocks: u64) -> bool {
+        let old_blocks = self.data_blocks.load(Ordering::Acquire);
+        let old_count = self.count();
+        let new_count = Self::slabs_for(data_blocks);
+        if data_blocks < old_blocks || new_count > self.slabs.len() as u64 {
+            return false;
         }
+        let slab_blocks = u64::from(SLAB_BLOCKS);
+        let blocks_of = |s: u64| (data_blocks - s * slab_blocks).min(slab_blocks) as u32;
+        if let Some(last) = old_count.checked_sub(1) {
+            self.slab(last)
+                .lock()
+                .grow_blocks(blocks_of(u64::from(last)));
+        }
+        for s in u64::from(old_count)..new_count {
+            let slab = Slab::new(
+                s as u32,
+                s * slab_blocks,
+                blocks_of(s),
+                self.objects_per_slab,
+                self.dirty_pages.clone(),
+            );
+            if let Some(cell) = self.slabs.get(s as usize) {
+                let _ = cell.set(Mutex::new(slab));
+            }
+        }
+        self.data_blocks.store(data_blocks, Ordering::Release);
+        self.count.store(new_count as u32, Ordering::Release);
+        true
     }
 
     /// After a durable checkpoint: make the blocks and objects it freed (`pending`,
@@ -133,22 +175,31 @@ impl SlabDepot {
         // is a bug, and must not wrap round to another slab's records.
         self.slabs
             .get(s as usize)
-            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.slabs.len()))
+            .and_then(OnceLock::get)
+            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.count()))
     }
 
     /// Slabs in the pool.
     pub(crate) fn count(&self) -> u32 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// The most slabs the depot has room for (`pool grow`).
+    pub(crate) fn capacity(&self) -> u32 {
         self.slabs.len() as u32
     }
 
     /// Every slab, in order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Mutex<Slab>> + '_ {
-        self.slabs.iter()
+        self.slabs
+            .iter()
+            .take(self.count() as usize)
+            .filter_map(OnceLock::get)
     }
 
     /// Slabs in the order zone `zone` of `zones` tries them: its own first, then the rest.
     pub(crate) fn order(&self, zone: usize, zones: usize) -> impl Iterator<Item = u32> + '_ {
-        let n = self.slabs.len();
+        let n = self.count() as usize;
         let own = (zone % zones..n).step_by(zones);
         let rest = (0..n).filter(move |s| s % zones != zone % zones);
         own.chain(rest).map(|s| s as u32)
@@ -176,7 +227,8 @@ impl SlabDepot {
     pub(crate) fn valid_location(&self, slab: u32, loc: Location) -> bool {
         let (first, count) = loc.blocks();
         let slab_first = u64::from(slab) * u64::from(SLAB_BLOCKS);
-        let slab_end = (slab_first + u64::from(SLAB_BLOCKS)).min(self.data_blocks);
+        let slab_end =
+            (slab_first + u64::from(SLAB_BLOCKS)).min(self.data_blocks.load(Ordering::Acquire));
         first >= slab_first && first + count <= slab_end
     }
 
@@ -188,7 +240,7 @@ impl SlabDepot {
     /// Whether a write that found no free block may succeed after another checkpoint:
     /// some slab has a free block (and object), or blocks waiting to become free.
     pub(crate) fn space_to_retry(&self) -> bool {
-        self.slabs.iter().any(|slab| {
+        self.iter().any(|slab| {
             let slab = slab.lock();
             (slab.free_blocks() > 0 && slab.free_objects() > 0) || slab.pending_blocks() > 0
         })
@@ -357,7 +409,7 @@ impl SlabDepot {
     /// objects (a delete) go into one bucket per slab; few (a small trim) are sorted,
     /// so their cost never grows with the pool's slab count.
     fn by_slab(&self, objects: &[ObjectId]) -> Vec<(u32, Vec<u32>)> {
-        if objects.len() < self.slabs.len() {
+        if objects.len() < self.count() as usize {
             let mut pairs: Vec<(u32, u32)> =
                 objects.iter().map(|&o| self.split_object(o)).collect();
             pairs.sort_unstable();
@@ -369,7 +421,7 @@ impl SlabDepot {
                 })
                 .collect();
         }
-        let mut groups = vec![Vec::new(); self.slabs.len()];
+        let mut groups = vec![Vec::new(); self.count() as usize];
         for &o in objects {
             let (s, i) = self.split_object(o);
             if let Some(g) = groups.get_mut(s as usize) {

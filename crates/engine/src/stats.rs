@@ -89,6 +89,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         compacted_blocks: i.compactor.compacted_blocks(),
         dedup_saved_blocks: saved,
         counters: i.counters.snapshot(),
+        counters_total: i.counters.total(),
         data_device: device_io(i.devices.data().counters().snapshot()),
         metadata_device: if i.devices.separate_metadata() {
             device_io(i.devices.meta().counters().snapshot())

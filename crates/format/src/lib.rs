@@ -12,6 +12,7 @@
 
 mod bytes;
 pub mod catalog;
+pub mod counters;
 pub mod dir_tree;
 pub mod journal;
 pub mod location;

@@ -80,7 +80,7 @@ pub enum PageKind {
     Counts = 5,
     /// Fingerprints of one slab's objects (version 2).
     Fingerprints = 6,
-    /// Persistent counters (version 2; none written yet).
+    /// The pool's cumulative counters, kept across restarts (version 2; `counters.rs`).
     Counters = 7,
 }
 
