@@ -36,6 +36,7 @@ mod pool;
 mod read_path;
 mod recovery;
 mod repair;
+mod reservation;
 mod slab;
 mod slab_depot;
 mod stats;

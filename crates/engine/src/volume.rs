@@ -150,6 +150,15 @@ impl Volume {
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         inner.ensure_space()?;
+        // Space other volumes' reservations hold back is not for this write.
+        let blocks = (offset_bytes + data.len() as u64).div_ceil(BLOCK) - offset_bytes / BLOCK;
+        inner.volumes.reservations().admit_write(
+            || inner.volumes.all(),
+            &inner.depot,
+            &inner.geometry,
+            &self.h.vol,
+            blocks,
+        )?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {
