@@ -8,6 +8,7 @@
 #   BENCH_THROTTLED=0 scripts/bench.sh       # the plain drive only (1: both, only: throttled)
 #   SERVERS="fewerbytes qemu-nbd" WORKLOADS="4k-mix 128k-mix" scripts/bench.sh
 #   POOL_ARGS="--compression zstd" scripts/bench.sh   # passed to `fewerbytes pool create`
+#   FB=/tmp/fb-new scripts/bench.sh         # that binary instead of building this tree's
 #   FB_BEFORE=/tmp/fb-old SERVERS="qemu-nbd fewerbytes-before fewerbytes" scripts/bench.sh
 #                                            # an earlier build as one more server, same run
 #
@@ -81,8 +82,11 @@ UPDATE_DOC=${UPDATE_DOC:-1}
 THROTTLE_RATE=${THROTTLE_RATE:-1200M}
 THROTTLE_DELAY=${THROTTLE_DELAY:-3ms}
 
-cargo build --release -q
-FB=$PWD/target/release/fewerbytes
+# FB: the fewerbytes binary (default: this tree's, built now).
+if [[ -z ${FB:-} ]]; then
+    cargo build --release -q
+    FB=$PWD/target/release/fewerbytes
+fi
 FB_BEFORE=${FB_BEFORE:-}
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-bench.XXXXXX")
 drive_dir=$(mktemp -d "$DRIVE_DIR/fewerbytes-bench-drive.XXXXXX")

@@ -15,7 +15,7 @@ use crate::stream::{Polling, Stream};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     workers_running_max: usize,
     /// Taken by the one reader that polls its socket (see [`Polling`]).
     poll_slot: Arc<AtomicBool>,
+    /// Connections in transmission (`Registry::attached`), readable without the lock.
+    transmitting: Arc<AtomicUsize>,
     shutting_down: AtomicBool,
     registry: Mutex<Registry>,
     registry_empty: Condvar,
@@ -70,6 +72,7 @@ impl Shared {
             inflight,
             workers_running_max: workers_running_max(),
             poll_slot: Arc::new(AtomicBool::new(false)),
+            transmitting: Arc::new(AtomicUsize::new(0)),
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
             registry_empty: Condvar::new(),
@@ -107,6 +110,7 @@ impl Shared {
         Polling {
             server_requests: self.inflight.requests_now(),
             slot: Arc::clone(&self.poll_slot),
+            transmitting: Arc::clone(&self.transmitting),
         }
     }
 
@@ -150,10 +154,10 @@ impl Shared {
     /// Connection `id` is in transmission on `export`, for `client`.
     pub(crate) fn attach(&self, id: u64, export: &str, client: Option<String>) {
         let client = client.unwrap_or_else(|| format!("connection {id}"));
-        self.registry
-            .lock()
-            .attached
-            .insert(id, (export.to_string(), client));
+        let mut registry = self.registry.lock();
+        registry.attached.insert(id, (export.to_string(), client));
+        self.transmitting
+            .store(registry.attached.len(), Ordering::Relaxed);
     }
 
     /// Connections and distinct clients in transmission, by export.
@@ -177,6 +181,8 @@ impl Shared {
         let mut registry = self.registry.lock();
         registry.connections.remove(&id);
         registry.attached.remove(&id);
+        self.transmitting
+            .store(registry.attached.len(), Ordering::Relaxed);
         if registry.connections.is_empty() {
             self.registry_empty.notify_all();
         }

@@ -130,11 +130,11 @@ impl Write for &Stream {
 /// During transmission it may poll before it sleeps: while the client's requests
 /// come back to back (the last one came within `spin`, by polling or soon after
 /// the reader went to sleep), the next read polls for up to `spin` first. One long
-/// gap, and reads sleep at once again until gaps are short. Polling pays only when
-/// the server has nothing else to run (a client at queue depth 1): it waits while
-/// any connection has a request in flight, and one reader of the server polls at a
-/// time (see [`Polling`]). Without those two rules, four connections at queue depth
-/// 32 spent about a fifth of the server's CPU on failed polls (1.26 M of 1.30 M
+/// gap, and reads sleep at once again until gaps are short. Polling pays only for a
+/// lone client waiting on each answer (queue depth 1): a reader polls only while its
+/// connection is the server's only one in transmission, no request is in flight, and
+/// no other reader polls (see [`Polling`]). Four connections at queue depth 32 spent
+/// about a fifth of the server's CPU on failed polls otherwise (1.26 M of 1.30 M
 /// `recvfrom` calls in 4 s found nothing), CPU the client and the workers needed.
 pub(crate) struct StreamReader {
     stream: Arc<Stream>,
@@ -157,6 +157,8 @@ pub(crate) struct Polling {
     pub(crate) server_requests: Arc<AtomicUsize>,
     /// Held by the reader that polls now; others sleep at once.
     pub(crate) slot: Arc<AtomicBool>,
+    /// Connections in transmission: no polling unless this one is alone.
+    pub(crate) transmitting: Arc<AtomicUsize>,
 }
 
 impl Polling {
@@ -166,6 +168,7 @@ impl Polling {
         Polling {
             server_requests: Arc::new(AtomicUsize::new(0)),
             slot: Arc::new(AtomicBool::new(false)),
+            transmitting: Arc::new(AtomicUsize::new(1)),
         }
     }
 }
@@ -204,10 +207,10 @@ impl StreamReader {
                 .inflight
                 .as_ref()
                 .is_some_and(|n| n.load(Ordering::Relaxed) == 0)
-            && self
-                .polling
-                .as_ref()
-                .is_some_and(|p| p.server_requests.load(Ordering::Relaxed) == 0)
+            && self.polling.as_ref().is_some_and(|p| {
+                p.transmitting.load(Ordering::Relaxed) <= 1
+                    && p.server_requests.load(Ordering::Relaxed) == 0
+            })
     }
 
     /// Take the server's polling slot; `None` if another reader holds it.
@@ -353,6 +356,10 @@ mod tests {
         assert!(!reader.may_spin());
         polling.server_requests.store(0, Ordering::Relaxed);
         assert!(reader.may_spin());
+        // Other connections in transmission: never (their clients need the CPUs).
+        polling.transmitting.store(2, Ordering::Relaxed);
+        assert!(!reader.may_spin());
+        polling.transmitting.store(1, Ordering::Relaxed);
         // One reader polls at a time.
         let held = reader.take_poll_slot().expect("the slot is free");
         assert!(reader.take_poll_slot().is_none(), "a second poller");
