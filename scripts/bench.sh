@@ -3,11 +3,13 @@
 # against its peers on identical drives, counting the bytes that reach each drive.
 #
 #   scripts/bench.sh                         # the full run: both drives, ~19 min on 2 shared CPUs
+#                                            # before the fewerbytes-zstd peer was added
 #   RUNTIME=20 scripts/bench.sh              # seconds per job (default 12)
 #   BENCH_QUICK=1 scripts/bench.sh           # a few seconds per job, a subset (development)
 #   BENCH_THROTTLED=0 scripts/bench.sh       # the plain drive only (1: both, only: throttled)
 #   SERVERS="fewerbytes qemu-nbd" WORKLOADS="4k-mix 128k-mix" scripts/bench.sh
-#   POOL_ARGS="--compression zstd" scripts/bench.sh   # passed to `fewerbytes pool create`
+#   POOL_ARGS="--index-memory 64M" scripts/bench.sh   # passed to `fewerbytes pool create`
+#   SERVERS="fewerbytes fewerbytes-zstd" scripts/bench.sh   # LZ4 (the default) against zstd
 #
 # Needs (Debian): fio, qemu-utils (qemu-nbd, qemu-img), nbdkit, nbdfuse, libnbd-bin
 # (nbdinfo), e2fsprogs, util-linux (losetup), python3; root, for loop devices and mounts.
@@ -19,6 +21,7 @@
 #                as a Proxmox "dir" storage creates it) served by qemu-nbd as above
 #   qcow2-128k   the same with cluster_size=128k,extended_l2=on
 #   fewerbytes   a pool on the loop device, one volume
+#   fewerbytes-zstd  the same, made with --compression zstd
 # Bytes reaching the drive are the loop device's own counter (/sys/block/loopN/stat,
 # sectors written) before and after each job; the final flush (fio end_fsync=1) is counted,
 # and throughput is the bytes written divided by the wall time of the whole fio run, so a
@@ -59,11 +62,11 @@ THROTTLED_JOB_SIZE=${THROTTLED_JOB_SIZE:-256M}
 WORKLOADS=${WORKLOADS:-4k-mix 4k-random 128k-mix 128k-random 1m-mix zeros randread-qd32 randread-qd1}
 THROTTLED_WORKLOADS=${THROTTLED_WORKLOADS:-4k-mix 4k-random 128k-mix 128k-random 1m-mix zeros}
 BENCH_THROTTLED=${BENCH_THROTTLED:-1}
-SERVERS=${SERVERS:-qemu-nbd nbdkit qcow2-64k qcow2-128k fewerbytes}
+SERVERS=${SERVERS:-qemu-nbd nbdkit qcow2-64k qcow2-128k fewerbytes fewerbytes-zstd}
 # nbdkit file is left off the throttled drive by default: it leaves 4k random writes in the
 # page cache, and its final flush then writes them one by one at the drive's ~300 writes/s
 # (a quick run: 512 MiB dirty, a 193 s flush, 2.6 MiB/s), which alone would outlast the run.
-THROTTLED_SERVERS=${THROTTLED_SERVERS:-qemu-nbd qcow2-64k qcow2-128k fewerbytes}
+THROTTLED_SERVERS=${THROTTLED_SERVERS:-qemu-nbd qcow2-64k qcow2-128k fewerbytes fewerbytes-zstd}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 # The drives' backing files: in RAM (tmpfs) by default. On the VM's ext4, deleting a file
 # that took a few GiB of random 4k writes (hundreds of thousands of extents) took up to two
@@ -141,10 +144,12 @@ wait_ready() {
 start_server() {
     local server=$1 volume_bytes=$2 throttled=$3
     case $server in
-        fewerbytes)
+        fewerbytes | fewerbytes-zstd)
             new_drive $((volume_bytes * 2)) "$throttled"
+            local codec=()
+            [[ $server == fewerbytes-zstd ]] && codec=(--compression zstd)
             # shellcheck disable=SC2086 # POOL_ARGS is a list of words
-            "$FB" pool create "$loop" $POOL_ARGS >"$dir/pool-create.txt"
+            "$FB" pool create "$loop" "${codec[@]}" $POOL_ARGS >"$dir/pool-create.txt"
             "$FB" --pool "$loop" volume create vol --size "$volume_bytes" >/dev/null
             "$FB" --pool "$loop" --control-socket "$dir/ctl" serve --socket "$dir/sock" \
                 --listen "127.0.0.1:$PORT" >"$dir/serve.log" 2>&1 &

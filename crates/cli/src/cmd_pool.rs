@@ -1,12 +1,13 @@
-//! `pool create` and `pool info`: making a pool and showing what it can hold.
+//! `pool create`, `pool info` and `pool set`: making a pool, showing what it can
+//! hold, changing its settings.
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use fewerbytes_engine::{CreateOptions, Mode, Pool, PoolInfo};
+use fewerbytes_engine::{Compression, CreateOptions, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::control::{inspect_pool, Answer, Request};
+use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::print_json;
 use crate::size::{format_size, parse_size_arg};
 
@@ -20,6 +21,13 @@ pub enum PoolCommand {
         /// Print PoolInfo as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Change a setting of the pool (through its server if it is served).
+    Set {
+        /// How new blocks are compressed from now on: lz4, zstd, zstd:LEVEL (-7 to
+        /// 22) or none. Blocks already stored keep their codec.
+        #[arg(long, value_name = "CODEC")]
+        compression: Compression,
     },
 }
 
@@ -49,6 +57,10 @@ pub struct CreateArgs {
     /// (default: enough for the whole pool).
     #[arg(long, value_parser = parse_size_arg, value_name = "S")]
     index_memory: Option<u64>,
+    /// How new blocks are compressed: lz4 (fast), zstd (level 3: fewer bytes for
+    /// more CPU), zstd:LEVEL (-7 to 22) or none.
+    #[arg(long, value_name = "CODEC", default_value = "lz4")]
+    compression: Compression,
     /// Do not discard the new pool's data region (by default it is given back to the
     /// device, as mkfs does: a hole punched in a file, BLKDISCARD on a block device).
     #[arg(long)]
@@ -60,6 +72,7 @@ pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
         PoolCommand::Create(args) => create(args),
         PoolCommand::Info { json } => info(pool_path, json),
+        PoolCommand::Set { compression } => set(pool_path, compression),
     }
 }
 
@@ -78,6 +91,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         force: args.force,
         overcommit: args.overcommit,
         index_memory_bytes: args.index_memory,
+        compression: args.compression,
         no_discard: args.no_discard,
     };
     let info = Pool::create(&options)
@@ -113,11 +127,25 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         String::new()
     };
     format!(
-        "Pool {} created: {devices}; dedup window {} (index {} of memory){overcommit}.",
+        "Pool {} created: {devices}; dedup window {} (index {} of memory); compression {}{overcommit}.",
         info.path,
         format_size(info.dedup_window_bytes),
-        format_size(info.index_memory_bytes)
+        format_size(info.index_memory_bytes),
+        info.compression
     )
+}
+
+fn set(pool_path: &Path, compression: Compression) -> Result<ExitCode> {
+    let request = Request::SetCompression { compression };
+    let info = with_pool(pool_path, |pool| match pool.call(&request)? {
+        Answer::PoolInfo(info) => Ok(info),
+        other => bail!("unexpected answer to pool set: {other:?}"),
+    })?;
+    println!(
+        "Pool {}: new blocks are compressed with {}; stored blocks keep their codec.",
+        info.path, info.compression
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
@@ -166,6 +194,7 @@ fn print_info(info: &PoolInfo) {
             ),
         ),
         ("Journal", format_size(info.journal_bytes)),
+        ("Compression", info.compression.to_string()),
         (
             "Dedup window",
             format!(

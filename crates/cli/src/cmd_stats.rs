@@ -83,6 +83,7 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         ("Use%", Align::Right),
         ("Space saving%", Align::Right),
         ("Mode", Align::Left),
+        ("Compression", Align::Left),
     ]);
     table.row(vec![
         stats.path.clone(),
@@ -93,6 +94,7 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         format!("{}%", percent_rounded_up(used_bytes, size_bytes)),
         saving,
         mode_words(stats.mode).to_string(),
+        stats.compression.to_string(),
     ]);
     table
 }

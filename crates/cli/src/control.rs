@@ -19,7 +19,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
-    AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Region, VolumeInfo,
+    AuditReport, Compression, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Region,
+    VolumeInfo,
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,8 @@ pub enum Request {
     DeleteVolume { name: String, force: bool },
     /// `volume rename`.
     RenameVolume { name: String, new_name: String },
+    /// `pool set --compression`.
+    SetCompression { compression: Compression },
     /// `stats`.
     Stats,
     /// `list-metadata`.
@@ -135,6 +138,9 @@ impl Request {
             Request::RenameVolume { name, new_name } => {
                 format!("rename volume '{name}' to '{new_name}'")
             }
+            Request::SetCompression { compression } => {
+                format!("set the pool's compression to {compression}")
+            }
             Request::Stats => "stats".into(),
             Request::Regions => "list-metadata".into(),
             Request::Audit => "check".into(),
@@ -151,6 +157,7 @@ impl Request {
                 | Request::CloneVolume { .. }
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
+                | Request::SetCompression { .. }
         )
     }
 }
@@ -289,6 +296,10 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::RenameVolume { name, new_name } => {
             Answer::Volume(pool.rename_volume(name, new_name)?)
+        }
+        Request::SetCompression { compression } => {
+            pool.set_compression(*compression)?;
+            Answer::PoolInfo(pool.info())
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::checkpointer::Checkpointer;
+use crate::codec::PoolCodec;
 
 /// Lock stripes serializing writes to the same logical block, so a read-modify-write
 /// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
@@ -49,6 +50,8 @@ pub(crate) struct Inner {
     pub depot: SlabDepot,
     /// The zones' packers.
     pub zones: Zones,
+    /// How new blocks are compressed.
+    pub codec: PoolCodec,
     pub journal: Arc<Journal>,
     pub stripes: Vec<Mutex<()>>,
     /// The super block, page store, directory trees and lock of the checkpoints.

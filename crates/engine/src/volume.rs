@@ -2,7 +2,7 @@
 //!
 //! The life of a 4 KiB write (ARCHITECTURE.md has the numbered version):
 //! zero check → keyed BLAKE3 → index advice checked against the stored
-//! fingerprint → reference to the existing object, or LZ4 and the packer (or a
+//! fingerprint → reference to the existing object, or compression (codec.rs) and the packer (or a
 //! whole block) → journal record → block-map update → old reference dropped.
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
@@ -17,12 +17,10 @@ use fewerbytes_format::journal::Record;
 use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A compressed form is kept only if it saves at least an eighth of the block.
-pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
 /// Journal bytes one block may need: a new object and a map change.
 const JOURNAL_BYTES_PER_BLOCK: u64 = (NEW_OBJECT_BYTES + MAP_SET_BYTES) as u64;
 /// Journal bytes one page of a range operation needs.
@@ -31,7 +29,6 @@ const BLOCK: u64 = BLOCK_BYTES as u64;
 
 thread_local! {
     static ZONE: Cell<usize> = const { Cell::new(usize::MAX) };
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; lz4_flex::block::get_maximum_output_size(BLOCK_BYTES)]);
 }
 
 static NEXT_ZONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -645,7 +642,7 @@ impl Inner {
             Location::Fragment {
                 addr_bytes,
                 len_bytes,
-                ..
+                codec,
             } => {
                 let len = usize::from(len_bytes);
                 let mut packed = [0u8; BLOCK_BYTES];
@@ -672,17 +669,12 @@ impl Inner {
                     }
                     done += n;
                 }
-                let n = lz4_flex::block::decompress_into(
+                let n = crate::codec::decompress(
+                    codec,
                     crate::error::within(&packed, 0..len, "a fragment's bytes")?,
                     out,
                 )
-                .map_err(|e| {
-                    self.corrupt_object(
-                        o,
-                        rec.location,
-                        format!("LZ4 fragment does not decode: {e}"),
-                    )
-                })?;
+                .map_err(|why| self.corrupt_object(o, rec.location, why))?;
                 if n != BLOCK_BYTES {
                     return Err(self.corrupt_object(
                         o,
@@ -704,23 +696,14 @@ impl Inner {
         vol_counters: &crate::counters::Counters,
     ) -> Result<ObjectId> {
         let zone = my_zone(self.zones.count());
-        let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
-            let mut scratch = scratch.borrow_mut();
-            let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
-            if n > COMPRESSED_BYTES_MAX {
-                return Ok(None);
-            }
-            match self.zones.pack(
-                &self.space(),
-                zone,
-                crate::error::within(&scratch, 0..n, "a compressed block")?,
-                fp,
-            ) {
-                Ok(v) => Ok(Some(v)),
-                Err(EngineError::NoSpace(_)) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })?;
+        let packed = crate::codec::compress(self.codec.get(), block, |codec, bytes| {
+            self.zones.pack(&self.space(), zone, bytes, codec, fp)
+        });
+        let compressed = match packed {
+            Some(Ok(v)) => Some(v),
+            None | Some(Err(EngineError::NoSpace(_))) => None,
+            Some(Err(e)) => return Err(e),
+        };
         let (object, location) = match compressed {
             Some(v) => {
                 add(&self.counters.compressed_writes, 1);
