@@ -175,8 +175,8 @@ const CHI_SQUARE_GIVE_UP: u64 = 400;
 /// a histogram of every 7th byte (586 of 4,096) close to uniform. Such a block is
 /// stored whole without trying a codec. A block whose bytes are uniform but repeat
 /// (a random 2 KiB written twice) would compress and is missed: rare on disks, and
-/// the cost is one block stored whole.
-pub(crate) fn looks_incompressible(block: &[u8]) -> bool {
+/// the cost is one block stored whole. Public for `examples/codecbench.rs`.
+pub fn looks_incompressible(block: &[u8]) -> bool {
     let mut counts = [0u32; 256];
     let mut n = 0u64;
     for b in block.iter().step_by(SAMPLE_STRIDE) {

@@ -170,7 +170,10 @@ fn a_corrupt_zstd_fragment_is_a_corruption_error_naming_it() {
     let pool = Pool::open_devices(
         Arc::new(FaultStorage::from_image("data", image)) as Arc<dyn Storage>,
         None,
-        &OpenOptions { threads: Some(2) },
+        &OpenOptions {
+            threads: Some(2),
+            ..Default::default()
+        },
     )
     .expect("open: fragments are read when asked for");
     let v = pool.open_volume("v").expect("volume");
