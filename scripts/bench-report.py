@@ -18,6 +18,7 @@ SERVERS = [
     ("qcow2-128k", "qcow2 128k+l2 on ext4"),
     ("fewerbytes-before", "fewerbytes before (FB_BEFORE)"),
     ("fewerbytes", "fewerbytes"),
+    ("fewerbytes-zstd", "fewerbytes zstd"),
 ]
 COLOURS = {
     "qemu-nbd": "#7f7f7f",
@@ -26,6 +27,7 @@ COLOURS = {
     "qcow2-128k": "#9467bd",
     "fewerbytes-before": "#ff9896",
     "fewerbytes": "#d62728",
+    "fewerbytes-zstd": "#ff9896",
 }
 SETS = [("plain", "the plain drive (a loop device over a sparse file in tmpfs)"),
         ("throttled", "the throttled drive (a hard disk's speed)")]
@@ -60,7 +62,8 @@ def is_latency(workload):
 
 def tables(rows, order, servers):
     out = []
-    # fewerbytes-before is an earlier build of fewerbytes itself, never a peer.
+    # The peers are the other servers: fewerbytes-zstd is fewerbytes with zstd, and
+    # fewerbytes-before an earlier build of fewerbytes itself, never a peer.
     peers = [s for s, _ in servers if not s.startswith("fewerbytes")]
     for set_key, set_name in SETS:
         if set_key not in order:
@@ -175,7 +178,7 @@ def svg(rows, order, servers):
             out.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar_w - 2}" '
                        f'height="{max(y(0) - y(v), 0.5):.1f}" fill="{COLOURS[k]}">'
                        f'<title>{html.escape(name)}, {html.escape(w)} ({set_key}): {v:.1f}%</title></rect>')
-            if k == "fewerbytes":
+            if k.startswith("fewerbytes"):
                 out.append(f'<text x="{x + bar_w / 2:.1f}" y="{y(v) - 3:.1f}" text-anchor="middle" '
                            f'font-size="9">{v:.0f}</text>')
         cx = x0 + bar_w * len(servers) / 2

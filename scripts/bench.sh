@@ -3,6 +3,7 @@
 # against its peers on identical drives, counting the bytes that reach each drive.
 #
 #   scripts/bench.sh                         # the full run: both drives, ~19 min on 2 shared CPUs
+#                                            # before the fewerbytes-zstd peer was added
 #   RUNTIME=20 scripts/bench.sh              # seconds per job (default 12)
 #   BENCH_QUICK=1 scripts/bench.sh           # a few seconds per job, a subset (development)
 #   BENCH_THROTTLED=0 scripts/bench.sh       # the plain drive only (1: both, only: throttled)
@@ -11,6 +12,7 @@
 #   FB=/tmp/fb-new scripts/bench.sh         # that binary instead of building this tree's
 #   FB_BEFORE=/tmp/fb-old SERVERS="qemu-nbd fewerbytes-before fewerbytes" scripts/bench.sh
 #                                            # an earlier build as one more server, same run
+#   SERVERS="fewerbytes fewerbytes-zstd" scripts/bench.sh   # LZ4 (the default) against zstd
 #
 # Needs (Debian): fio, qemu-utils (qemu-nbd, qemu-img), nbdkit, nbdfuse, libnbd-bin
 # (nbdinfo), e2fsprogs, util-linux (losetup), python3; root, for loop devices and mounts.
@@ -24,6 +26,7 @@
 #   fewerbytes   a pool on the loop device, one volume
 #   fewerbytes-before   the same with the binary FB_BEFORE (an earlier build: before/after
 #                in one run, alternating with the others; never counted as a peer)
+#   fewerbytes-zstd  the same, made with --compression zstd
 # Bytes reaching the drive are the loop device's own counter (/sys/block/loopN/stat,
 # sectors written) before and after each job; the final flush (fio end_fsync=1) is counted,
 # and throughput is the bytes written divided by the wall time of the whole fio run, so a
@@ -64,11 +67,11 @@ THROTTLED_JOB_SIZE=${THROTTLED_JOB_SIZE:-256M}
 WORKLOADS=${WORKLOADS:-4k-mix 4k-random 128k-mix 128k-random 1m-mix zeros randread-qd32 randread-qd1}
 THROTTLED_WORKLOADS=${THROTTLED_WORKLOADS:-4k-mix 4k-random 128k-mix 128k-random 1m-mix zeros}
 BENCH_THROTTLED=${BENCH_THROTTLED:-1}
-SERVERS=${SERVERS:-qemu-nbd nbdkit qcow2-64k qcow2-128k fewerbytes}
+SERVERS=${SERVERS:-qemu-nbd nbdkit qcow2-64k qcow2-128k fewerbytes fewerbytes-zstd}
 # nbdkit file is left off the throttled drive by default: it leaves 4k random writes in the
 # page cache, and its final flush then writes them one by one at the drive's ~300 writes/s
 # (a quick run: 512 MiB dirty, a 193 s flush, 2.6 MiB/s), which alone would outlast the run.
-THROTTLED_SERVERS=${THROTTLED_SERVERS:-qemu-nbd qcow2-64k qcow2-128k fewerbytes}
+THROTTLED_SERVERS=${THROTTLED_SERVERS:-qemu-nbd qcow2-64k qcow2-128k fewerbytes fewerbytes-zstd}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 # The drives' backing files: in RAM (tmpfs) by default. On the VM's ext4, deleting a file
 # that took a few GiB of random 4k writes (hundreds of thousands of extents) took up to two
@@ -150,15 +153,17 @@ wait_ready() {
 start_server() {
     local server=$1 volume_bytes=$2 throttled=$3
     case $server in
-        fewerbytes | fewerbytes-before)
+        fewerbytes | fewerbytes-before | fewerbytes-zstd)
             local fb=$FB
             if [[ $server == fewerbytes-before ]]; then
                 [[ -x $FB_BEFORE ]] || { echo "fewerbytes-before needs FB_BEFORE, a fewerbytes binary" >&2; exit 1; }
                 fb=$FB_BEFORE
             fi
             new_drive $((volume_bytes * 2)) "$throttled"
+            local codec=()
+            [[ $server == fewerbytes-zstd ]] && codec=(--compression zstd)
             # shellcheck disable=SC2086 # POOL_ARGS is a list of words
-            "$fb" pool create "$loop" $POOL_ARGS >"$dir/pool-create.txt"
+            "$fb" pool create "$loop" "${codec[@]}" $POOL_ARGS >"$dir/pool-create.txt"
             "$fb" --pool "$loop" volume create vol --size "$volume_bytes" >/dev/null
             "$fb" --pool "$loop" --control-socket "$dir/ctl" serve --socket "$dir/sock" \
                 --listen "127.0.0.1:$PORT" >"$dir/serve.log" 2>&1 &

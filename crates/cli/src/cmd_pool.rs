@@ -1,8 +1,9 @@
-//! `pool create` and `pool info`: making a pool and showing what it can hold.
+//! `pool create`, `pool info` and `pool set`: making a pool, showing what it can
+//! hold, changing its settings.
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use fewerbytes_engine::{CreateOptions, Mode, Pool, PoolInfo};
+use fewerbytes_engine::{Compression, CreateOptions, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -27,6 +28,13 @@ pub enum PoolCommand {
         /// Print what was done as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Change a setting of the pool (through its server if it is served).
+    Set {
+        /// How new blocks are compressed from now on: lz4, zstd, zstd:LEVEL (-7 to
+        /// 22) or none. Blocks already stored keep their codec.
+        #[arg(long, value_name = "CODEC")]
+        compression: Compression,
     },
 }
 
@@ -56,6 +64,10 @@ pub struct CreateArgs {
     /// (default: enough for the whole pool).
     #[arg(long, value_parser = parse_size_arg, value_name = "S")]
     index_memory: Option<u64>,
+    /// How new blocks are compressed: lz4 (fast), zstd (level 3: fewer bytes for
+    /// more CPU), zstd:LEVEL (-7 to 22) or none.
+    #[arg(long, value_name = "CODEC", default_value = "lz4")]
+    compression: Compression,
     /// Do not discard the new pool's data region (by default it is given back to the
     /// device, as mkfs does: a hole punched in a file, BLKDISCARD on a block device).
     #[arg(long)]
@@ -73,6 +85,7 @@ pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
         PoolCommand::Create(args) => create(args),
         PoolCommand::Info { json } => info(pool_path, json),
         PoolCommand::Grow { json } => grow(pool_path, json),
+        PoolCommand::Set { compression } => set(pool_path, compression),
     }
 }
 
@@ -98,6 +111,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         force: args.force,
         overcommit: false,
         index_memory_bytes: args.index_memory,
+        compression: args.compression,
         no_discard: args.no_discard,
         max_size_bytes: args.max_size,
     };
@@ -126,11 +140,12 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         ),
     };
     format!(
-        "Pool {} created: {devices}; dedup window {} (index {} of memory); volumes are \
-         thick unless made with --thin, and {} is kept for trims and deletes.",
+        "Pool {} created: {devices}; dedup window {} (index {} of memory); compression \
+         {}; volumes are thick unless made with --thin, and {} is kept for trims and deletes.",
         info.path,
         format_size(info.dedup_window_bytes),
         format_size(info.index_memory_bytes),
+        info.compression,
         format_size(info.reserve_bytes)
     )
 }
@@ -167,6 +182,19 @@ fn grow(pool_path: &Path, json: bool) -> Result<ExitCode> {
             format_size(report.untaken_bytes)
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn set(pool_path: &Path, compression: Compression) -> Result<ExitCode> {
+    let request = Request::SetCompression { compression };
+    let info = with_pool(pool_path, |pool| match pool.call(&request)? {
+        Answer::PoolInfo(info) => Ok(info),
+        other => bail!("unexpected answer to pool set: {other:?}"),
+    })?;
+    println!(
+        "Pool {}: new blocks are compressed with {}; stored blocks keep their codec.",
+        info.path, info.compression
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -228,6 +256,7 @@ fn print_info(info: &PoolInfo) {
             ),
         ),
         ("Journal", format_size(info.journal_bytes)),
+        ("Compression", info.compression.to_string()),
         (
             "Dedup window",
             format!(

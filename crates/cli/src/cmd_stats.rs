@@ -90,6 +90,7 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
         ("Promised", Align::Right),
         ("Warn at", Align::Right),
         ("Mode", Align::Left),
+        ("Compression", Align::Left),
     ]);
     table.row(vec![
         stats.path.clone(),
@@ -107,6 +108,7 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
             Some(w) => format!("{}%", w.percent),
         },
         mode_words(stats.mode).to_string(),
+        stats.compression.to_string(),
     ]);
     table
 }

@@ -19,8 +19,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
-    AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Provisioning, Region,
-    VolumeInfo,
+    AuditReport, Compression, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Provisioning,
+    Region, VolumeInfo,
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
@@ -111,6 +111,8 @@ pub enum Request {
     DeleteVolume { name: String, force: bool },
     /// `volume rename`.
     RenameVolume { name: String, new_name: String },
+    /// `pool set --compression`.
+    SetCompression { compression: Compression },
     /// `stats`.
     Stats,
     /// `list-metadata`.
@@ -186,6 +188,9 @@ impl Request {
             Request::RenameVolume { name, new_name } => {
                 format!("rename volume '{name}' to '{new_name}'")
             }
+            Request::SetCompression { compression } => {
+                format!("set the pool's compression to {compression}")
+            }
             Request::Stats => "stats".into(),
             Request::Regions => "list-metadata".into(),
             Request::Audit => "check".into(),
@@ -205,6 +210,7 @@ impl Request {
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
                 | Request::GrowPool
+                | Request::SetCompression { .. }
         )
     }
 }
@@ -359,6 +365,10 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::RenameVolume { name, new_name } => {
             Answer::Volume(pool.rename_volume(name, new_name)?)
+        }
+        Request::SetCompression { compression } => {
+            pool.set_compression(*compression)?;
+            Answer::PoolInfo(pool.info())
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),

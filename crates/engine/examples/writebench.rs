@@ -1,9 +1,12 @@
 //! In-process write throughput of the engine (no NBD): THREADS threads write the
 //! seed's mix (75% duplicate, 50% compressible) as 4 KiB random writes, then flush.
+//! With `random` as the fourth argument every block is new random data instead; a
+//! fifth names the pool's compression (lz4, zstd, zstd:LEVEL, none).
 //!
 //!   cargo run --release -p fewerbytes-engine --example writebench -- /var/tmp/wb.pool 4 65536
+//!   cargo run --release -p fewerbytes-engine --example writebench -- /var/tmp/wb.pool 2 65536 random zstd
 
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_engine::{Compression, CreateOptions, OpenOptions, Pool};
 use rand::{Rng, RngCore, SeedableRng};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,11 +20,20 @@ fn main() {
     );
     let threads: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let writes: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(65536);
+    let random = args.get(4).is_some_and(|s| s == "random");
+    let compression: Compression = args
+        .get(5)
+        .map(|s| {
+            s.parse()
+                .expect("compression: lz4, zstd, zstd:LEVEL or none")
+        })
+        .unwrap_or_default();
     let _ = std::fs::remove_file(&path);
     let volume_bytes: u64 = 2 << 30;
     Pool::create(&CreateOptions {
         path: path.clone(),
         size_bytes: Some(4 << 30),
+        compression,
         ..Default::default()
     })
     .expect("create");
@@ -49,7 +61,10 @@ fn main() {
                 let mut fresh = vec![0u8; 4096];
                 for _ in 0..writes / threads {
                     let lbn = rng.gen_range(0..volume_bytes / 4096);
-                    if rng.gen_range(0..4) == 0 {
+                    if random {
+                        rng.fill_bytes(&mut fresh);
+                        vol.write(lbn * 4096, &fresh, false).unwrap();
+                    } else if rng.gen_range(0..4) == 0 {
                         for c in fresh.chunks_mut(512) {
                             rng.fill_bytes(&mut c[..256]);
                         }
@@ -66,7 +81,8 @@ fn main() {
     let secs = start.elapsed().as_secs_f64();
     let st = pool.stats();
     println!(
-        "{threads} threads, {writes} writes: {:.0} writes/s, {:.1} MiB/s; data written {:.1}% of guest bytes, {} checkpoints, {} commits",
+        "{threads} threads, {writes} writes ({}, {compression}): {:.0} writes/s, {:.1} MiB/s; data written {:.1}% of guest bytes, {} checkpoints, {} commits",
+        if random { "random" } else { "mix" },
         writes as f64 / secs,
         writes as f64 * 4096.0 / secs / 1048576.0,
         100.0 * st.data_device.write_bytes as f64 / (writes * 4096) as f64,

@@ -23,6 +23,8 @@ pub struct CreateOptions {
     /// Memory for the dedup index (bounds its window; recorded as the window).
     /// Default: a window of the whole pool.
     pub index_memory_bytes: Option<u64>,
+    /// How new blocks are compressed (LZ4 by default).
+    pub compression: crate::Compression,
     /// Do not discard the data region at creation (a run-time choice: nothing of
     /// it is stored in the pool).
     pub no_discard: bool,
@@ -146,6 +148,9 @@ pub struct PoolInfo {
     pub mode: Mode,
     /// Format version.
     pub format_version: u32,
+    /// How new blocks are compressed (fragments keep the codec they were written with).
+    #[serde(default)]
+    pub compression: crate::Compression,
     /// The open-by-host marker of the super block, when set (`docs/format.md`).
     #[serde(default)]
     pub open_marker: Option<OpenMarker>,
@@ -307,6 +312,12 @@ pub struct PoolStats {
     pub compressed_fragments: u64,
     /// Bytes of live compressed fragments.
     pub compressed_bytes: u64,
+    /// Of the compressed fragments, those written with zstd (the rest with LZ4).
+    #[serde(default)]
+    pub zstd_fragments: u64,
+    /// How new blocks are compressed now.
+    #[serde(default)]
+    pub compression: crate::Compression,
     /// Blocks holding packed fragments.
     pub packed_blocks: u64,
     /// Bytes in packed blocks held by no live fragment.

@@ -128,10 +128,15 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
         let slab_first = slab.first_pbn();
         let mut at = 0u64;
         for (v, bytes) in moved.iter().take(i).skip(start) {
+            // A fragment moves with the codec it was written with.
+            let codec = match v.location {
+                Location::Fragment { codec, .. } => codec,
+                Location::Block { .. } => Codec::Lz4,
+            };
             let new = Location::Fragment {
                 addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
                 len_bytes: bytes.len() as u16,
-                codec: Codec::Lz4,
+                codec,
             };
             at += bytes.len() as u64;
             let rec = slab.rec(v.object);

@@ -18,6 +18,7 @@ use fewerbytes_format::BLOCK_BYTES;
 use std::sync::Arc;
 
 use crate::checkpointer::Checkpointer;
+use crate::codec::PoolCodec;
 use crate::compactor::Compactor;
 
 /// Blocks per step of a large request: bounds the journal space one step reserves
@@ -47,6 +48,8 @@ pub(crate) struct Inner {
     pub depot: SlabDepot,
     /// The zones' packers.
     pub zones: Zones,
+    /// How new blocks are compressed.
+    pub codec: PoolCodec,
     pub journal: Arc<Journal>,
     /// The super block, page store, directory trees and lock of the checkpoints.
     pub checkpointer: Checkpointer,

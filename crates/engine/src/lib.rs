@@ -1,7 +1,7 @@
 //! The fewerbytes pool engine.
 //!
 //! A pool stores the 4 KiB blocks of many volumes once each: zero blocks become a
-//! map entry, duplicates a reference, new blocks an LZ4 fragment packed byte by byte
+//! map entry, duplicates a reference, new blocks an LZ4 or zstd fragment packed byte by byte
 //! (or a whole block when compression saves less than an eighth). `Pool` owns the
 //! devices; `Volume` is a handle that frontends read and write through.
 //!
@@ -15,6 +15,7 @@ mod api;
 mod block_map;
 mod checkpoint;
 mod checkpointer;
+mod codec;
 mod compact;
 mod compactor;
 mod counters;
@@ -47,6 +48,7 @@ mod volumes;
 mod write_path;
 
 pub use api::*;
+pub use codec::{looks_incompressible, Compression};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;

@@ -222,12 +222,13 @@ impl Zones {
         Err(EngineError::NoSpace("no free data blocks left".into()))
     }
 
-    /// Store a compressed fragment; returns its object (with one reference) and location.
+    /// Store a fragment compressed with `codec`; returns its object (with one reference) and location.
     pub(crate) fn pack(
         &self,
         space: &Space<'_>,
         zone: usize,
         bytes: &[u8],
+        codec: Codec,
         fingerprint: &[u8; 32],
     ) -> Result<(ObjectId, Location)> {
         let len = bytes.len();
@@ -260,7 +261,7 @@ impl Zones {
             let location = Location::Fragment {
                 addr_bytes,
                 len_bytes: len as u16,
-                codec: Codec::Lz4,
+                codec,
             };
             slab.hold_block(open.block);
             if let Some(rec) = slab.rec_mut_stored(object) {

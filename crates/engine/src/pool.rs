@@ -30,9 +30,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
+use crate::codec::{Compression, PoolCodec};
 use crate::compactor::Compactor;
 use crate::inner::Inner;
 use crate::lbn_locks::LbnLocks;
+use fewerbytes_format::superblock::FLAG_CODECS;
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +195,13 @@ impl Pool {
             FLAG_SEPARATE_METADATA
         } else {
             0
-        } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
+        } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 }
+            | if matches!(opts.compression, Compression::Zstd { .. }) {
+                FLAG_CODECS
+            } else {
+                0
+            };
+        let (compression, compression_level) = opts.compression.to_super();
         let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
         let sb = SuperBlock {
             version: FORMAT_VERSION,
@@ -219,6 +227,8 @@ impl Pool {
             reserve_blocks: crate::geometry::reserve_blocks_for(geo.data_blocks),
             index_entries,
             created_unix: crate::load::now_unix(),
+            compression,
+            compression_level,
             catalog: Vec::new(),
             counters: PageRef::NONE,
             holder: Holder::default(),
@@ -526,6 +536,10 @@ impl Pool {
                 crate::grow::max_slabs(&geometry),
             ),
             zones: Zones::new(threads, sb.slab_count),
+            codec: PoolCodec::new(Compression::from_super(
+                sb.compression,
+                sb.compression_level,
+            )),
             journal,
             geometry,
             volumes: Volumes::new(),
@@ -595,6 +609,7 @@ impl Pool {
             threads: i.zones.threads(),
             mode: self.mode(),
             format_version: sb.version,
+            compression: i.codec.get(),
             open_marker: sb.holder.is_set().then(|| OpenMarker {
                 host: sb.holder.host.clone(),
                 boot_id: sb
@@ -753,6 +768,28 @@ impl Pool {
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
         let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
+    }
+
+    /// Compress new blocks with `compression` from now on; stored fragments keep the
+    /// codec they were written with (each location records its own). Made durable
+    /// by a checkpoint before the first block is compressed with it, so the super
+    /// block's flag that keeps LZ4-only readers out (`FLAG_CODECS`) is on the device
+    /// before any zstd fragment is.
+    pub fn set_compression(&self, compression: Compression) -> Result<()> {
+        let i = &self.inner;
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
+        let gate = i.locks.exclusive();
+        {
+            let mut sb = i.checkpointer.super_block();
+            (sb.compression, sb.compression_level) = compression.to_super();
+            if matches!(compression, Compression::Zstd { .. }) {
+                sb.flags |= FLAG_CODECS;
+            }
+        }
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
+        i.codec.set(compression);
+        Ok(())
     }
 
     /// Turn discards of freed blocks on the data device on (the default) or off for

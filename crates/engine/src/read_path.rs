@@ -173,7 +173,7 @@ fn read_location(
         Location::Fragment {
             addr_bytes,
             len_bytes,
-            ..
+            codec,
         } => {
             let len = usize::from(len_bytes);
             let mut packed = [0u8; BLOCK_BYTES];
@@ -202,18 +202,12 @@ fn read_location(
                 }
                 done += n;
             }
-            let n = lz4_flex::block::decompress_into(
+            let n = crate::codec::decompress(
+                codec,
                 crate::error::within(&packed, 0..len, "a fragment's bytes")?,
                 out,
             )
-            .map_err(|e| {
-                corrupt_object(
-                    inner,
-                    o,
-                    rec.location,
-                    format!("LZ4 fragment does not decode: {e}"),
-                )
-            })?;
+            .map_err(|why| corrupt_object(inner, o, rec.location, why))?;
             if n != BLOCK_BYTES {
                 return Err(corrupt_object(
                     inner,

@@ -6,7 +6,7 @@
 //! until the next checkpoint makes the state that freed them durable. Until then a
 //! crash could bring back a mapping to them, so their bytes must stay intact.
 
-use fewerbytes_format::location::Location;
+use fewerbytes_format::location::{Codec, Location};
 use fewerbytes_format::page::{PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE};
 
 use crate::error::{EngineError, Result};
@@ -140,6 +140,8 @@ pub struct SlabUsage {
     pub fragments: u64,
     /// Their compressed bytes.
     pub fragment_bytes: u64,
+    /// Of the fragments, those compressed with zstd (the others with LZ4).
+    pub zstd_fragments: u64,
     /// Live objects stored as whole blocks.
     pub whole_blocks: u64,
 }
@@ -153,6 +155,7 @@ impl SlabUsage {
         self.dedup_saved_blocks += other.dedup_saved_blocks;
         self.fragments += other.fragments;
         self.fragment_bytes += other.fragment_bytes;
+        self.zstd_fragments += other.zstd_fragments;
         self.whole_blocks += other.whole_blocks;
     }
 }
@@ -238,9 +241,12 @@ impl Slab {
                 u.objects += 1;
                 u.dedup_saved_blocks += u64::from(rec.refcount - 1);
                 match Location::decode(rec.location) {
-                    Ok(Location::Fragment { len_bytes, .. }) => {
+                    Ok(Location::Fragment {
+                        len_bytes, codec, ..
+                    }) => {
                         u.fragments += 1;
                         u.fragment_bytes += u64::from(len_bytes);
+                        u.zstd_fragments += u64::from(codec == Codec::Zstd);
                     }
                     Ok(Location::Block { .. }) => u.whole_blocks += 1,
                     Err(_) => {}

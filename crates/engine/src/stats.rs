@@ -32,6 +32,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         dedup_saved_blocks: saved,
         fragments,
         fragment_bytes,
+        zstd_fragments,
         whole_blocks: whole,
     } = total;
     // Saturating, here and for the waste below: display figures. A miscount
@@ -83,6 +84,8 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         objects,
         compressed_fragments: fragments,
         compressed_bytes: fragment_bytes,
+        zstd_fragments,
+        compression: info.compression,
         packed_blocks,
         packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
         whole_blocks: whole,

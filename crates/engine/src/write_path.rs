@@ -1,5 +1,6 @@
 //! The block write path: one whole block, zero-checked, fingerprinted, deduplicated
-//! against the index's advice or stored new (compressed and packed, or whole), its
+//! against the index's advice or stored new (compressed by the pool's codec,
+//! `codec.rs`, and packed, or whole), its
 //! map entry set and journalled.
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
@@ -10,15 +11,11 @@ use crate::{EngineError, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
-
-/// A compressed form is kept only if it saves at least an eighth of the block.
-pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
 
 thread_local! {
     static ZONE: Cell<usize> = const { Cell::new(usize::MAX) };
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; lz4_flex::block::get_maximum_output_size(BLOCK_BYTES)]);
 }
 
 static NEXT_ZONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -53,23 +50,14 @@ fn store_new(
     vol_counters: &crate::counters::Counters,
 ) -> Result<ObjectId> {
     let zone = my_zone(inner.zones.count());
-    let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
-        let mut scratch = scratch.borrow_mut();
-        let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
-        if n > COMPRESSED_BYTES_MAX {
-            return Ok(None);
-        }
-        match inner.zones.pack(
-            &inner.space(),
-            zone,
-            crate::error::within(&scratch, 0..n, "a compressed block")?,
-            fp,
-        ) {
-            Ok(v) => Ok(Some(v)),
-            Err(EngineError::NoSpace(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
-    })?;
+    let packed = crate::codec::compress(inner.codec.get(), block, |codec, bytes| {
+        inner.zones.pack(&inner.space(), zone, bytes, codec, fp)
+    });
+    let compressed = match packed {
+        Some(Ok(v)) => Some(v),
+        None | Some(Err(EngineError::NoSpace(_))) => None,
+        Some(Err(e)) => return Err(e),
+    };
     let (object, location) = match compressed {
         Some(v) => {
             add(&inner.counters.compressed_writes, 1);

@@ -164,8 +164,12 @@ fn name(v: u8) -> String {
     format!("v{v}")
 }
 
-fn run(ops: Vec<Op>) {
-    let mut t = create(64 << 20, None);
+fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
+    let options = fewerbytes_engine::CreateOptions {
+        compression,
+        ..Default::default()
+    };
+    let mut t = create_with(64 << 20, None, &options);
     let mut model = Model {
         vols: BTreeMap::new(),
         maybe: BTreeMap::new(),
@@ -311,6 +315,19 @@ proptest! {
     })]
     #[test]
     fn engine_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
-        run(ops);
+        run(ops, fewerbytes_engine::Compression::Lz4);
+    }
+}
+
+proptest! {
+    // A zstd pool: the same model, fewer cases (32 by default, 512 with
+    // `FEWERBYTES_SOAK=1`); only how fragments are encoded differs.
+    #![proptest_config(ProptestConfig {
+        cases: if std::env::var("FEWERBYTES_SOAK").is_ok_and(|v| v == "1") { 512 } else { 32 },
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn engine_matches_model_with_zstd(ops in proptest::collection::vec(op(), 1..60)) {
+        run(ops, fewerbytes_engine::Compression::Zstd { level: 3 });
     }
 }

@@ -52,6 +52,8 @@ impl MapEntry {
 pub enum Codec {
     /// LZ4 block format (`lz4_flex::block`), no size prefix.
     Lz4 = 1,
+    /// A zstd frame (RFC 8878) without checksum, dictionary or content size.
+    Zstd = 2,
 }
 
 /// Where a stored object's bytes are.
@@ -59,7 +61,7 @@ pub enum Codec {
 /// Encoding (u64): bit 63 clear: a whole 4 KiB block, bits 0–47 its data block
 /// number. Bit 63 set: a compressed fragment, bits 0–47 the byte address of its
 /// first byte in the data region, bits 48–59 its length in bytes (1–4095), bits
-/// 60–62 its codec. A fragment may span two consecutive data blocks.
+/// 60–62 its codec (1 LZ4, 2 zstd). A fragment may span two consecutive data blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Location {
     /// An uncompressed 4 KiB block.
@@ -111,6 +113,7 @@ impl Location {
         }
         let codec = match (raw >> 60) & 0x7 {
             1 => Codec::Lz4,
+            2 => Codec::Zstd,
             c => {
                 return Err(FormatError::Invalid {
                     what: "location",
@@ -172,8 +175,9 @@ mod tests {
         }
 
         #[test]
-        fn fragment_round_trips(addr in 0u64..(1 << 48), len in 1u16..4096) {
-            let loc = Location::Fragment { addr_bytes: addr, len_bytes: len, codec: Codec::Lz4 };
+        fn fragment_round_trips(addr in 0u64..(1 << 48), len in 1u16..4096, zstd in any::<bool>()) {
+            let codec = if zstd { Codec::Zstd } else { Codec::Lz4 };
+            let loc = Location::Fragment { addr_bytes: addr, len_bytes: len, codec };
             prop_assert_eq!(Location::decode(loc.encode()).ok(), Some(loc));
         }
 

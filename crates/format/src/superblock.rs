@@ -68,8 +68,24 @@ pub const FLAG_UPGRADED_FROM_V1: u32 = 4;
 /// Flag (version 2): metadata pages live in the data region (issue 13). This version
 /// refuses a pool with it set.
 pub const FLAG_DATA_REGION_PAGES: u32 = 8;
+/// Flag (version 2): fragments may be compressed with a codec other than LZ4 (zstd).
+/// Set when the pool's compression becomes zstd and never cleared, so a reader that
+/// knows only LZ4 refuses the pool instead of finding fragments it cannot decode.
+pub const FLAG_CODECS: u32 = 16;
 /// The flags this version knows; a version-2 super block with any other is refused.
-const FLAGS_KNOWN_V2: u32 = FLAG_SEPARATE_METADATA | FLAG_OVERCOMMIT | FLAG_UPGRADED_FROM_V1;
+const FLAGS_KNOWN_V2: u32 =
+    FLAG_SEPARATE_METADATA | FLAG_OVERCOMMIT | FLAG_UPGRADED_FROM_V1 | FLAG_CODECS;
+
+/// `compression` (offset 148): LZ4. Pools made before the field hold 0, also LZ4.
+pub const COMPRESSION_LZ4: u8 = 1;
+/// `compression` (offset 148): zstd at `compression_level`.
+pub const COMPRESSION_ZSTD: u8 = 2;
+/// `compression` (offset 148): none; every new block is stored whole.
+pub const COMPRESSION_NONE: u8 = 3;
+/// Lowest zstd level a super block may record (zstd's fast levels are negative).
+pub const ZSTD_LEVEL_MIN: i8 = -7;
+/// Highest zstd level a super block may record (zstd's maximum).
+pub const ZSTD_LEVEL_MAX: i8 = 22;
 
 /// The open-by-host marker (version 2): who has the pool open. Set by the checkpoint
 /// an open takes, cleared by the one a clean close takes.
@@ -139,6 +155,11 @@ pub struct SuperBlock {
     pub index_entries: u64,
     /// Creation time, seconds since the epoch.
     pub created_unix: u64,
+    /// How new blocks are compressed (`COMPRESSION_*`; 0 in pools made before the
+    /// field: LZ4). Each fragment records its own codec, so reads never depend on it.
+    pub compression: u8,
+    /// The zstd level with `COMPRESSION_ZSTD` (0: zstd's default); 0 otherwise.
+    pub compression_level: i8,
     /// The catalog pages, in order (version 1: slots only).
     pub catalog: Vec<PageRef>,
     /// The counters page (version 2; none written yet).
@@ -174,7 +195,9 @@ impl SuperBlock {
         w.u64(self.page_slots);
         w.u64(self.journal_replay_seq);
         w.u32(self.catalog_bytes);
-        w.u32(0);
+        w.u8(self.compression);
+        w.u8(self.compression_level as u8);
+        w.u16(0);
         w.u64(self.metadata_device_bytes);
         w.u64(self.data_device_bytes);
         w.u64(self.reserve_blocks);
@@ -239,7 +262,9 @@ impl SuperBlock {
         let page_slots = r.u64()?;
         let journal_replay_seq = r.u64()?;
         let catalog_bytes = r.u32()?;
-        r.u32()?;
+        let compression = r.u8()?;
+        let compression_level = r.u8()? as i8;
+        r.u16()?;
         let metadata_device_bytes = r.u64()?;
         let data_device_bytes = r.u64()?;
         let reserve_blocks = r.u64()?;
@@ -271,6 +296,7 @@ impl SuperBlock {
                 ),
             });
         }
+        check_compression(what, compression, compression_level)?;
         if slab_blocks == 0
             || objects_per_slab == 0
             || journal_sectors == 0
@@ -363,10 +389,29 @@ impl SuperBlock {
             reserve_blocks,
             index_entries,
             created_unix,
+            compression,
+            compression_level,
             catalog,
             counters,
             holder,
             upgraded_generation,
+        })
+    }
+}
+
+/// The compression field: a known codec, and a level only with zstd.
+fn check_compression(what: &'static str, codec: u8, level: i8) -> Result<(), FormatError> {
+    let valid = match codec {
+        0 | COMPRESSION_LZ4 | COMPRESSION_NONE => level == 0,
+        COMPRESSION_ZSTD => (ZSTD_LEVEL_MIN..=ZSTD_LEVEL_MAX).contains(&level),
+        _ => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(FormatError::Invalid {
+            what,
+            reason: format!("unknown compression {codec} (level {level})"),
         })
     }
 }
@@ -635,6 +680,8 @@ mod tests {
             reserve_blocks: 4,
             index_entries: 3024,
             created_unix: 1_700_000_000,
+            compression: COMPRESSION_ZSTD,
+            compression_level: -3,
             catalog: vec![
                 PageRef {
                     address: 3,
@@ -661,6 +708,8 @@ mod tests {
     fn sample_v1() -> SuperBlock {
         SuperBlock {
             version: FORMAT_VERSION_1,
+            compression: 0,
+            compression_level: 0,
             catalog: vec![PageRef::slot_only(3), PageRef::slot_only(4)],
             holder: Holder::default(),
             ..sample()
@@ -683,6 +732,30 @@ mod tests {
         assert_invalid(decode_with(|sb| sb.flags |= 1 << 20), "flags 0x100002");
         let upgraded = decode_with(|sb| sb.flags |= FLAG_UPGRADED_FROM_V1);
         assert!(upgraded.is_ok(), "{upgraded:?}");
+    }
+
+    #[test]
+    fn compression_is_a_known_codec_with_a_level_only_for_zstd() {
+        assert_invalid(
+            decode_with(|sb| sb.compression = 4),
+            "unknown compression 4",
+        );
+        assert_invalid(
+            decode_with(|sb| {
+                sb.compression = COMPRESSION_LZ4;
+                sb.compression_level = 1;
+            }),
+            "unknown compression 1 (level 1)",
+        );
+        assert_invalid(
+            decode_with(|sb| sb.compression_level = ZSTD_LEVEL_MAX + 1),
+            "unknown compression 2",
+        );
+        let lz4 = decode_with(|sb| {
+            sb.compression = 0;
+            sb.compression_level = 0;
+        });
+        assert!(lz4.is_ok(), "{lz4:?}");
     }
 
     #[test]

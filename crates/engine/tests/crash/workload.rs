@@ -197,6 +197,12 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let full = seed % 16 == FULL_POOL_SEED_CLASS;
     // One seed in three puts the metadata on a device of its own.
     let separate = seed % 3 == 2;
+    // One seed in four compresses with zstd.
+    let compression = if seed % 4 == 1 {
+        fewerbytes_engine::Compression::Zstd { level: 3 }
+    } else {
+        fewerbytes_engine::Compression::Lz4
+    };
     let (data_bytes, meta_bytes) = if separate {
         let data_blocks = smallest_separate_data_blocks();
         let meta_blocks = Geometry::metadata_blocks_needed(data_blocks, false);
@@ -210,7 +216,10 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         data.clone() as Arc<dyn Storage>,
         meta.clone().map(|m| m as Arc<dyn Storage>),
         meta.as_ref().map(|_| "meta".to_string()),
-        &CreateOptions::default(),
+        &CreateOptions {
+            compression,
+            ..CreateOptions::default()
+        },
     )
     .expect("format");
     let mut bases = vec![data.crash_pages(CrashMode::KeepAll)];
