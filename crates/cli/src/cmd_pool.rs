@@ -79,6 +79,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         overcommit: args.overcommit,
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
+        page_slots: None,
     };
     let info = Pool::create(&options)
         .with_context(|| format!("could not create a pool on {}", args.path.display()))?;

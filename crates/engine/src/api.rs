@@ -25,6 +25,9 @@ pub struct CreateOptions {
     /// Do not discard the data region at creation (a run-time choice: nothing of
     /// it is stored in the pool).
     pub no_discard: bool,
+    /// Page-store slots, when fewer than the geometry's (at least 2): metadata
+    /// pages go to data blocks sooner. For tests of that path; `None` for pools.
+    pub page_slots: Option<u64>,
 }
 
 /// How to open a pool.
@@ -221,6 +224,10 @@ pub struct PoolStats {
     pub data_freeing_bytes: u64,
     /// Metadata region bytes.
     pub metadata_bytes: u64,
+    /// Data-region blocks holding metadata pages (the page store had no free slot),
+    /// in bytes: neither data used nor free.
+    #[serde(default)]
+    pub metadata_in_data_bytes: u64,
     /// Logical bytes mapped to data across all volumes.
     pub logical_used_bytes: u64,
     /// Blocks mapped to zero across all volumes, in bytes.

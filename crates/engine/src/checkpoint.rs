@@ -14,16 +14,20 @@
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
 use crate::inner::Inner;
-use crate::page_store::{page_slot, PageStore};
+use crate::page_store::{address_block, page_address, PageStore};
 use crate::slab::{ObjTable, Slab};
+use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
+use fewerbytes_format::page::ADDRESS_DATA_REGION;
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
     FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{SuperBlock, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2};
+use fewerbytes_format::superblock::{
+    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
+};
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
 use std::sync::atomic::Ordering;
@@ -33,6 +37,10 @@ use std::sync::atomic::Ordering;
 pub const OBJECT_TABLE_OWNER: u64 = u64::MAX;
 /// Owner id of the fingerprint table's directory pages (version 2).
 pub const FINGERPRINT_TABLE_OWNER: u64 = u64::MAX - 1;
+
+/// Data blocks a snapshot takes from the depot at a time for pages past the free
+/// slots; those left over are freed when it is durable.
+const SPILL_BATCH_BLOCKS: u64 = 64;
 
 /// What a page is, as its header names it.
 struct PageName {
@@ -57,7 +65,8 @@ impl PageName {
 
 /// One page ready to write.
 struct Encoded {
-    slot: u32,
+    /// A page-store slot, or a data block with bit 63 set.
+    address: u64,
     kind: PageKind,
     bytes: Box<[u8; BLOCK_BYTES]>,
 }
@@ -65,17 +74,26 @@ struct Encoded {
 /// What a snapshot produced.
 struct Snapshot {
     pages: Vec<Encoded>,
-    old_slots: Vec<u32>,
+    old_slots: Vec<u64>,
     pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
     superblock: SuperBlock,
+    /// Data blocks taken for pages and not used.
+    unused_blocks: Vec<u64>,
 }
 
-/// The pages a snapshot writes: each goes to a fresh slot, and the slot it replaces
-/// is retired once the snapshot is durable.
+/// The pages a snapshot writes: each goes to a fresh slot (or, with none free, to a
+/// data block taken for it before the snapshot), and the address it replaces is
+/// retired once the snapshot is durable.
 struct Writeback<'a> {
     store: parking_lot::MutexGuard<'a, PageStore>,
     pages: Vec<Encoded>,
-    old_slots: Vec<u32>,
+    old_slots: Vec<u64>,
+    /// Where data blocks come from for pages that find no free slot.
+    depot: &'a SlabDepot,
+    /// Free data blocks taken from it and not used yet.
+    spare: Vec<u64>,
+    /// A page went to the data region.
+    spilled: bool,
     nonce: u64,
     generation: u64,
 }
@@ -90,19 +108,32 @@ impl Writeback<'_> {
         payload: &[u8],
         current: PageRef,
     ) -> Result<PageRef> {
-        // Sizing and the dirty-page trigger keep the store from running out; if it
-        // does, the checkpoint cannot complete, and the pool must stop taking writes
-        // rather than retry forever.
-        let slot = self.store.alloc().ok_or_else(|| {
-            EngineError::NoSpace("the metadata page store has no free slot for a checkpoint".into())
-        })?;
+        // Slots first, then free data blocks (`Inner::metadata_room` checked there is
+        // room for both). Past those the checkpoint cannot complete, and the pool
+        // must stop taking writes rather than retry forever.
+        let address = match self.store.alloc() {
+            Some(slot) => u64::from(slot),
+            None => {
+                if self.spare.is_empty() {
+                    self.spare = self.depot.take_metadata_blocks(SPILL_BATCH_BLOCKS);
+                }
+                let pbn = self.spare.pop().ok_or_else(|| {
+                    EngineError::NoSpace(
+                        "no free page-store slot or data block for a checkpoint's page".into(),
+                    )
+                })?;
+                self.spilled = true;
+                pbn | ADDRESS_DATA_REGION
+            }
+        };
+        self.store.mark_address(address);
         let header = PageHeader {
             version: FORMAT_VERSION,
             kind: name.kind,
             level: name.level,
             count,
             nonce: self.nonce,
-            slot: u64::from(slot),
+            slot: address,
             generation: self.generation,
             owner: name.owner,
             index: name.index,
@@ -110,16 +141,27 @@ impl Writeback<'_> {
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
         let crc = encode_page(&header, payload, &mut bytes);
         self.pages.push(Encoded {
-            slot,
+            address,
             kind: name.kind,
             bytes,
         });
-        self.old_slots.extend(page_slot(&current));
+        self.old_slots.extend(page_address(&current));
         Ok(PageRef {
-            address: u64::from(slot),
+            address,
             crc,
             generation: ref_generation(self.generation),
         })
+    }
+
+    /// While a slab is locked (the depot passes it over): with no free slot and no
+    /// spare block, take the next page's block from that slab, which may be the
+    /// pool's only one with free blocks.
+    fn top_up(&mut self, slab: &mut Slab) {
+        if self.spare.is_empty() && self.store.free_slots() == 0 {
+            if let Some(b) = slab.alloc_block_for_metadata() {
+                self.spare.push(slab.first_pbn() + u64::from(b));
+            }
+        }
     }
 
     /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
@@ -179,7 +221,7 @@ impl Writeback<'_> {
         }
         while dirs.len() > want {
             if let Some(r) = dirs.pop() {
-                self.old_slots.extend(page_slot(&r));
+                self.old_slots.extend(page_address(&r));
             }
         }
         dirs.resize(want, PageRef::NONE);
@@ -237,6 +279,7 @@ impl Writeback<'_> {
                     .encode(&mut w);
                 }
                 let current = slab.durable_ref(ObjTable::Counts, c);
+                self.top_up(slab);
                 let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Counts, c, r);
@@ -254,6 +297,7 @@ impl Writeback<'_> {
                     w.put(&slab.rec(i as u32).fingerprint);
                 }
                 let current = slab.durable_ref(ObjTable::Fingerprints, f);
+                self.top_up(slab);
                 let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Fingerprints, f, r);
@@ -309,6 +353,9 @@ impl Inner {
         // A device with no room for the data written so far: refuse before the
         // snapshot, which could not be taken back (`pool.rs: checkpoint_space`).
         self.checkpoint_space()?;
+        // Room for its pages in slots and data blocks: a snapshot that cannot finish
+        // cannot be taken back.
+        self.metadata_room()?;
         // No commit may be in flight while the replay point is chosen: its records are
         // in the image, and replaying them again on top of it would count them twice.
         let commit_guard = self.journal.pause_commits();
@@ -336,15 +383,21 @@ impl Inner {
             self.devices.latch(&e);
             return Err(e);
         }
-        {
+        let moved_blocks: Vec<u64> = {
             let mut store = self.checkpointer.page_store();
-            for s in &snapshot.old_slots {
-                store.free(u64::from(*s));
-            }
-        }
-        // Durable: what it freed is discarded on the data device and reusable.
+            snapshot
+                .old_slots
+                .iter()
+                .filter_map(|a| store.free_address(*a))
+                .collect()
+        };
+        // Durable: what it freed is discarded on the data device and reusable, data
+        // blocks whose pages moved as well.
+        self.depot.return_unused_blocks(&snapshot.unused_blocks);
         self.depot
             .release_pending(&self.devices, &self.geometry, &snapshot.pending);
+        self.depot
+            .release_metadata_blocks(&self.devices, &self.geometry, &moved_blocks);
         *self.checkpointer.super_block() = snapshot.superblock.clone();
         self.journal.batch_durable(&batch, 0);
         self.journal
@@ -353,7 +406,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Encode every dirty page into fresh slots. Runs with the gate held.
+    /// Encode every dirty page into fresh slots, or data blocks past them. Runs
+    /// with the gate held.
     fn snapshot(&self) -> Result<Snapshot> {
         let generation = self.checkpointer.super_block().generation + 1;
         // Every page dirty now is written by this snapshot.
@@ -362,6 +416,9 @@ impl Inner {
             store: self.checkpointer.page_store(),
             pages: Vec::new(),
             old_slots: self.checkpointer.take_slots_to_free(),
+            depot: &self.depot,
+            spare: Vec::new(),
+            spilled: false,
             nonce: self.geometry.nonce(),
             generation,
         };
@@ -466,7 +523,11 @@ impl Inner {
         }
         // Old catalog pages beyond the new catalog's length retire too.
         wb.old_slots
-            .extend(sb.catalog.iter().skip(chunks).filter_map(page_slot));
+            .extend(sb.catalog.iter().skip(chunks).filter_map(page_address));
+        if wb.spilled {
+            // Page references may now name data blocks (docs/format.md, flags).
+            sb.flags |= FLAG_DATA_REGION_PAGES;
+        }
         if sb.version == FORMAT_VERSION_1 {
             // This snapshot is the upgrade: every page above went to a free slot.
             sb.flags |= FLAG_UPGRADED_FROM_V1;
@@ -482,6 +543,7 @@ impl Inner {
             old_slots: wb.old_slots,
             pending,
             superblock: sb,
+            unused_blocks: wb.spare,
         })
     }
 
@@ -491,13 +553,28 @@ impl Inner {
         let r = self.devices.data().flush();
         self.devices.check_io(r)?;
         let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
-        sorted.sort_by_key(|p| p.slot);
+        sorted.sort_by_key(|p| p.address);
+        let mut in_data_region = false;
         for page in sorted {
-            let at =
-                (self.geometry.pages_start_block() + u64::from(page.slot)) * BLOCK_BYTES as u64;
-            let r = self.devices.meta().write_at(&page.bytes[..], at);
+            let (device, at) = match address_block(page.address) {
+                Some(pbn) => {
+                    in_data_region = true;
+                    let at = self.geometry.data_offset_bytes() + pbn * BLOCK_BYTES as u64;
+                    (self.devices.data(), at)
+                }
+                None => {
+                    let block = self.geometry.pages_start_block() + page.address;
+                    (self.devices.meta(), block * BLOCK_BYTES as u64)
+                }
+            };
+            let r = device.write_at(&page.bytes[..], at);
             self.devices.check_io(r)?;
             self.checkpointer.written().count_page(page.kind);
+        }
+        // One device: the flush below covers both regions.
+        if in_data_region && self.devices.separate_metadata() {
+            let r = self.devices.data().flush();
+            self.devices.check_io(r)?;
         }
         let r = self.devices.meta().flush();
         self.devices.check_io(r)?;

@@ -11,6 +11,7 @@ use crate::packer::{Space, Zones};
 use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{EngineError, Result};
+use fewerbytes_format::dir_tree::MAX_DEPTH;
 use fewerbytes_format::BLOCK_BYTES;
 use parking_lot::{Mutex, RwLock};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,15 +170,38 @@ impl Inner {
     }
 
     /// Whether dirty pages would soon need more fresh slots than the page store has
-    /// free: a checkpoint then, well before a snapshot could run out of slots.
+    /// free: a checkpoint then, before many pages have to go to the data region
+    /// (`PageStore::pressed`).
     pub fn page_store_pressed(&self) -> bool {
-        // Saturating: a heuristic's input; the page store itself refuses a slot past
-        // its last, so "none free" is the honest reading of any excess.
-        let free = self
-            .geometry
-            .page_slots()
-            .saturating_sub(self.checkpointer.page_store().used());
-        self.dirty_pages.load(Ordering::Relaxed) * 2 > free
+        let dirty = self.dirty_pages.load(Ordering::Relaxed);
+        self.checkpointer
+            .page_store()
+            .pressed(dirty, self.depot.metadata_headroom_blocks())
+    }
+
+    /// Before a checkpoint's snapshot (the gate held, so no page turns dirty): the
+    /// no-space error, with nothing changed, when its pages may not fit in the page
+    /// store's free slots and the data region's free blocks together. The bound is
+    /// generous: three pages for each dirty page (an object page's records lie in
+    /// one count page and up to two fingerprint pages), a level-1 directory page for
+    /// each, every upper and reshaped level of every table, and the whole catalog.
+    pub fn metadata_room(&self) -> Result<()> {
+        let dirty = self.dirty_pages.load(Ordering::Relaxed);
+        let tables = self.volumes.all().len() as u64 + 2;
+        let catalog = self.checkpointer.super_block().catalog.len() as u64 + 2;
+        let bound = dirty * 4 + tables * 2 * MAX_DEPTH as u64 + catalog;
+        let free_slots = self.checkpointer.page_store().free_slots();
+        if bound <= free_slots {
+            return Ok(());
+        }
+        let free_blocks = self.depot.free_blocks();
+        if bound > free_slots + free_blocks {
+            return Err(EngineError::NoSpace(format!(
+                "a checkpoint may need {bound} metadata pages, and the page store has \
+                 {free_slots} free slots and the data region {free_blocks} free blocks"
+            )));
+        }
+        Ok(())
     }
 }
 

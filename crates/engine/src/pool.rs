@@ -21,8 +21,9 @@ use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
-    index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
-    FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
+    index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC,
+    FLAG_DATA_REGION_PAGES, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN,
+    SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use fewerbytes_storage::{FileStorage, Storage};
@@ -34,7 +35,7 @@ use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
 use crate::inner::{Inner, LBN_STRIPES};
-use crate::page_store::page_slot;
+use crate::page_store::page_address;
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +211,11 @@ impl Pool {
         }
         let data_blocks_dev = data.len_bytes() / BLOCK_BYTES as u64;
         let meta_blocks_dev = meta.as_ref().map(|m| m.len_bytes() / BLOCK_BYTES as u64);
-        let geo = Geometry::compute(data_blocks_dev, meta_blocks_dev, opts.overcommit)?;
+        let mut geo = Geometry::compute(data_blocks_dev, meta_blocks_dev, opts.overcommit)?;
+        if let Some(slots) = opts.page_slots {
+            // Fewer slots leave the rest of the region unused; never more than it has.
+            geo.page_slots = slots.clamp(2, geo.page_slots);
+        }
         let nonce = random_u64();
         let mut key = [0u8; 32];
         for chunk in key.chunks_mut(8) {
@@ -227,7 +232,9 @@ impl Pool {
             FLAG_SEPARATE_METADATA
         } else {
             0
-        } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 };
+        } | if opts.overcommit { FLAG_OVERCOMMIT } else { 0 }
+            // Pages past the page store's free slots go to data blocks.
+            | FLAG_DATA_REGION_PAGES;
         let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
         let sb = SuperBlock {
             version: FORMAT_VERSION,
@@ -820,7 +827,7 @@ impl Pool {
         {
             let mut free = Vec::new();
             for page in vol.pages.read().iter() {
-                free.extend(page_slot(&page.lock().durable));
+                free.extend(page_address(&page.lock().durable));
             }
             free.extend(vol.dirs.lock().slots());
             i.checkpointer.free_after_next(free);
@@ -878,7 +885,7 @@ impl Pool {
                 let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
                 let mut free = Vec::new();
                 for page in pages.iter().skip(keep) {
-                    free.extend(page_slot(&page.lock().durable));
+                    free.extend(page_address(&page.lock().durable));
                 }
                 i.checkpointer.free_after_next(free);
             }

@@ -186,6 +186,10 @@ impl Inner {
             }
             vol.set_usage(mapped, zeros);
         }
+        // Data blocks holding metadata pages: known from the references loaded (and
+        // those the page store holds since), not from the object records.
+        let blocks = self.checkpointer.page_store().data_block_list();
+        self.depot.hold_metadata_blocks(&self.geometry, &blocks)?;
         Ok(())
     }
 }

@@ -342,6 +342,8 @@ impl Inner {
         } else {
             "would be corrected"
         };
+        // Blocks holding metadata pages are allocated with no holder.
+        let pages = self.checkpointer.page_store();
         for s in 0..self.geometry.slab_count() {
             let slab = self.depot.slab(s).lock();
             let mut found = vec![0u32; slab.block_count() as usize];
@@ -375,7 +377,11 @@ impl Inner {
                     report.repairs.push(format!(
                         "slab {s} block {b}: {have} holders recorded, {want} found: {verb}"
                     ));
-                } else if want == 0 && slab.block_used(b) && !pending.contains(&b) {
+                } else if want == 0
+                    && slab.block_used(b)
+                    && !pending.contains(&b)
+                    && !pages.holds_block(slab.first_pbn() + u64::from(b))
+                {
                     report.repairs.push(format!(
                         "slab {s} block {b}: allocated but holds no data: {}",
                         if apply { "freed" } else { "would be freed" }

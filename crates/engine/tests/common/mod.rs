@@ -18,14 +18,18 @@ pub struct TestPool {
 }
 
 pub fn create(bytes: u64, meta_bytes: Option<u64>) -> TestPool {
+    create_with(bytes, meta_bytes, &CreateOptions::default())
+}
+
+/// A pool on an in-memory device, made with `opts` (its path and sizes unused).
+pub fn create_with(bytes: u64, meta_bytes: Option<u64>, opts: &CreateOptions) -> TestPool {
     let dev = Arc::new(FaultStorage::new("data", bytes));
     let meta = meta_bytes.map(|m| Arc::new(FaultStorage::new("meta", m)));
-    let opts = CreateOptions::default();
     Pool::format(
         dev.clone() as Arc<dyn Storage>,
         meta.clone().map(|m| m as Arc<dyn Storage>),
         meta.as_ref().map(|_| "meta".to_string()),
-        &opts,
+        opts,
     )
     .expect("format");
     let mut t = TestPool {
