@@ -5,6 +5,7 @@
 //! the page store. Data device: the data region (after the metadata regions on a
 //! single device; after the label's two copies on a separate data device), cut into slabs.
 
+use crate::slab_depot::metadata_headroom_of;
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
 use fewerbytes_format::superblock::{
@@ -44,11 +45,15 @@ pub const RESERVE_PERCENT: u64 = 1;
 /// The reserve's floor (2 MiB).
 pub const RESERVE_BLOCKS_MIN: u64 = 512;
 
-/// Blocks held back in a pool of `data_blocks`.
+/// Blocks held back in a new pool of `data_blocks`: [`RESERVE_PERCENT`] (at least
+/// [`RESERVE_BLOCKS_MIN`]) for overwrites, plus the headroom every slab keeps for
+/// metadata pages (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`), which volumes must
+/// not count on either.
 pub fn reserve_blocks_for(data_blocks: u64) -> u64 {
-    (data_blocks * RESERVE_PERCENT / 100)
-        .max(RESERVE_BLOCKS_MIN)
-        .min(data_blocks / 4)
+    let slab = u64::from(SLAB_BLOCKS);
+    let headroom = (data_blocks / slab) * u64::from(metadata_headroom_of(SLAB_BLOCKS))
+        + u64::from(metadata_headroom_of((data_blocks % slab) as u32));
+    ((data_blocks * RESERVE_PERCENT / 100).max(RESERVE_BLOCKS_MIN) + headroom).min(data_blocks / 4)
 }
 
 /// The smallest pool worth making.

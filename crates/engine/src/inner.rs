@@ -181,23 +181,26 @@ impl Inner {
 
     /// Before a checkpoint's snapshot (the gate held, so no page turns dirty): the
     /// no-space error, with nothing changed, when its pages may not fit in the page
-    /// store's free slots and the data region's free blocks together. The bound is
-    /// generous: three pages for each dirty page (an object page's records lie in
-    /// one count page and up to two fingerprint pages), a level-1 directory page for
-    /// each, every upper and reshaped level of every table, and the whole catalog.
+    /// store's free slots and the data region's free blocks together. Counted only
+    /// when the dirty pages could pass the free slots (`metadata_room.rs`).
     pub fn metadata_room(&self) -> Result<()> {
         let dirty = self.dirty_pages.load(Ordering::Relaxed);
-        let tables = self.volumes.all().len() as u64 + 2;
-        let catalog = self.checkpointer.super_block().catalog.len() as u64 + 2;
-        let bound = dirty * 4 + tables * 2 * MAX_DEPTH as u64 + catalog;
         let free_slots = self.checkpointer.page_store().free_slots();
-        if bound <= free_slots {
+        let catalog = self.checkpointer.super_block().catalog.len() as u64;
+        let volumes = self.volumes.all();
+        // Cheap first: four pages a dirty page, directories for every table.
+        let quick = dirty * 4 + (volumes.len() as u64 + 2) * 2 * MAX_DEPTH as u64 + catalog + 2;
+        if quick <= free_slots {
+            return Ok(());
+        }
+        let need = crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog);
+        if need <= free_slots {
             return Ok(());
         }
         let free_blocks = self.depot.free_blocks();
-        if bound > free_slots + free_blocks {
+        if need > free_slots + free_blocks {
             return Err(EngineError::NoSpace(format!(
-                "a checkpoint may need {bound} metadata pages, and the page store has \
+                "a checkpoint needs up to {need} metadata pages, and the page store has \
                  {free_slots} free slots and the data region {free_blocks} free blocks"
             )));
         }

@@ -25,6 +25,7 @@ mod index;
 mod inner;
 mod journal;
 mod load;
+mod metadata_room;
 mod open_repair;
 mod packer;
 mod page_store;

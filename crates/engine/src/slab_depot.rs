@@ -27,8 +27,14 @@ use std::sync::Arc;
 /// Free blocks of each slab that data may not take, in a pool whose metadata pages
 /// may go to data blocks (flags bit 3): a checkpoint writes its pages before it frees
 /// the ones they replace, so a full pool still needs room for one checkpoint's
-/// pages (256 KiB a slab, 0.8%; inside the 1% reserve thick volumes leave).
-pub(crate) const METADATA_HEADROOM_BLOCKS: u32 = 64;
+/// pages (128 KiB a slab, 0.4%; a new pool's reserve holds it beside the 1% that
+/// thick volumes leave for overwrites, `geometry.rs: reserve_blocks_for`).
+pub const METADATA_HEADROOM_BLOCKS: u32 = 32;
+
+/// The headroom of a slab of `blocks` blocks (a short last slab keeps less).
+pub fn metadata_headroom_of(blocks: u32) -> u32 {
+    METADATA_HEADROOM_BLOCKS.min(blocks / 8)
+}
 
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
@@ -50,7 +56,7 @@ impl SlabDepot {
         let slab_blocks = geometry.slab_blocks();
         let headroom = |blocks: u32| {
             if geometry.data_region_pages() {
-                METADATA_HEADROOM_BLOCKS.min(blocks / 8)
+                metadata_headroom_of(blocks)
             } else {
                 0
             }
