@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The saving lost when the dedup index gets less memory (issue 14: `--index-memory`).
-# Imports a corpus into fresh pools whose index has the default memory, then 1/2, 1/4 and
-# 1/8 of it (thin: --overcommit, so two copies of a large image fit), and prints the data
+# Imports a corpus into fresh pools whose index has the default memory, then 1/2, 1/4, 1/8
+# and 1/16 of it (thin: --overcommit, so two copies of a large image fit), and prints the data
 # stored and the space saving `stats` reports, and the data a second import of it adds.
 #
 #   scripts/bench-index-budget.sh                     # the seed mix, 3 GiB, and a rootfs if given
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 MIX_SIZE=${MIX_SIZE:-3G}
 POOL_SIZE=${POOL_SIZE:-4G}
 ROOTFS=${ROOTFS:-}
-DIVISORS=${DIVISORS:-1 2 4 8}
+DIVISORS=${DIVISORS:-1 2 4 8 16}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 
 cargo build --release -q
@@ -32,9 +32,8 @@ corpora=("mix|$dir/mix.img")
 [[ -n $ROOTFS ]] && corpora+=("rootfs|$ROOTFS")
 
 "$FB" pool create "$dir/probe" --size "$POOL_SIZE" >/dev/null
-default_memory=$("$FB" --pool "$dir/probe" pool info |
-    sed -n 's/^Dedup window: .*(\([0-9]*\) index entries.*/\1/p')
-default_memory=$((default_memory * 8))
+default_memory=$("$FB" --pool "$dir/probe" pool info --json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["index_memory_bytes"])')
 rm -f "$dir/probe"*
 
 echo "| corpus | index memory | window | data stored | space saving (stats) | second copy: data added |"

@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// Worker threads for hashing and compression [default: one per CPU].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Memory for the dedup index while serving, instead of the window the pool
+    /// records: a smaller budget keeps a sample of the stored blocks (`pool info`
+    /// shows the window it gives). The index is rebuilt at every open.
+    #[arg(long, value_parser = crate::size::parse_size_arg, value_name = "S")]
+    index_memory: Option<u64>,
     /// Microseconds a connection polls for a client's next request before sleeping,
     /// while the client sends back to back with nothing in flight (queue depth 1:
     /// halves read latency on a VM); 0 never polls, for hosts that want the CPU.
@@ -168,6 +173,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     let stop = signals::install().context("could not install the SIGINT/SIGTERM handlers")?;
     let options = OpenOptions {
         threads: args.threads,
+        index_memory_bytes: args.index_memory,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.

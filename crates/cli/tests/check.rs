@@ -37,7 +37,14 @@ fn path_str(path: &Path) -> &str {
 
 /// Open the (closed) pool file in this process, damage it, close it.
 fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
-    let opened = Pool::open(pool, &OpenOptions { threads: Some(1) }).expect("open the pool");
+    let opened = Pool::open(
+        pool,
+        &OpenOptions {
+            threads: Some(1),
+            index_memory_bytes: None,
+        },
+    )
+    .expect("open the pool");
     change(&opened);
     opened.close().expect("close the pool");
 }

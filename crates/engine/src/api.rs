@@ -20,7 +20,8 @@ pub struct CreateOptions {
     pub force: bool,
     /// Allow volume sizes to sum past what the pool can store.
     pub overcommit: bool,
-    /// Memory for the dedup index (bounds its window). Default: enough for the whole pool.
+    /// Memory for the dedup index (bounds its window; recorded as the window).
+    /// Default: a window of the whole pool.
     pub index_memory_bytes: Option<u64>,
     /// Do not discard the data region at creation (a run-time choice: nothing of
     /// it is stored in the pool).
@@ -35,6 +36,9 @@ pub struct CreateOptions {
 pub struct OpenOptions {
     /// Worker threads for hashing and compression; default: one per CPU.
     pub threads: Option<usize>,
+    /// Memory for the dedup index for this open, instead of the window the pool
+    /// records (the index is rebuilt at every open, so it may differ each time).
+    pub index_memory_bytes: Option<u64>,
 }
 
 /// Operating mode, as vdostats reports it.
@@ -81,7 +85,7 @@ pub struct PoolInfo {
     pub objects_per_slab: u32,
     /// Journal ring size.
     pub journal_bytes: u64,
-    /// Dedup index entries; each covers one distinct 4 KiB block.
+    /// Dedup index entries the window holds; each covers one distinct 4 KiB block.
     pub index_entries: u64,
     /// The window: bytes of distinct data the index can remember.
     pub dedup_window_bytes: u64,

@@ -8,7 +8,7 @@ use crate::counters::Counters;
 use crate::dir_tree::DirTree;
 use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// Entries per page, as a u64 for LBN arithmetic.
@@ -18,11 +18,11 @@ pub const ENTRIES_PER_PAGE: u64 = MAP_ENTRIES_PER_PAGE as u64;
 #[derive(Default)]
 pub struct MapPage {
     /// Encoded entries; `None` while the page has never been written (all unmapped).
-    pub entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
+    entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
     /// Changed since the last checkpoint snapshot.
-    pub dirty: bool,
+    dirty: bool,
     /// Its durable copy (none: never written).
-    pub durable: PageRef,
+    durable: PageRef,
 }
 
 impl MapPage {
@@ -49,28 +49,84 @@ impl MapPage {
         if let Some(e) = entries.get_mut(i) {
             *e = entry.encode();
         }
+        self.turn_dirty(dirty_pages);
+        old
+    }
+
+    fn turn_dirty(&mut self, dirty_pages: &AtomicU64) {
         if !self.dirty {
             self.dirty = true;
             dirty_pages.fetch_add(1, Ordering::Relaxed);
         }
-        old
+    }
+
+    /// Whether the page was ever written (else every entry is unmapped).
+    pub fn is_written(&self) -> bool {
+        self.entries.is_some()
+    }
+
+    /// The encoded entries, if the page was ever written.
+    pub fn encoded_entries(&self) -> Option<&[u64; MAP_ENTRIES_PER_PAGE]> {
+        self.entries.as_deref()
+    }
+
+    /// Whether the page changed since the last checkpoint snapshot.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Its durable copy (none: never written).
+    pub fn durable(&self) -> PageRef {
+        self.durable
+    }
+
+    /// A checkpoint wrote the page at `at`: that is its durable copy now.
+    pub fn written(&mut self, at: PageRef) {
+        self.durable = at;
+        self.dirty = false;
+    }
+
+    /// The page as loaded from its durable copy at `from`.
+    pub fn loaded(&mut self, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
+        self.entries = Some(entries);
+        self.durable = from;
+        self.dirty = false;
+    }
+
+    /// The page has no durable copy any more (a version-1 pool's upgrade writes every
+    /// page afresh): dirty if it holds entries.
+    pub fn forget_durable(&mut self) {
+        self.durable = PageRef::NONE;
+        self.dirty = self.entries.is_some();
+    }
+
+    /// A clone's page: the entries of `from`, dirty. Returns the entries copied.
+    pub fn copy_from<'a>(
+        &mut self,
+        from: &'a MapPage,
+        dirty_pages: &AtomicU64,
+    ) -> Option<&'a [u64; MAP_ENTRIES_PER_PAGE]> {
+        let entries = from.entries.as_ref()?;
+        self.entries = Some(entries.clone());
+        self.turn_dirty(dirty_pages);
+        Some(entries)
     }
 }
 
 /// A volume's state in memory.
 pub struct VolumeState {
     /// Slot in the catalog (names the volume in journal records).
-    pub slot: u16,
+    slot: u16,
     /// Unique id.
-    pub id: u64,
+    id: u64,
     /// Name (changed only by a rename, with the gate held exclusively).
     name: RwLock<String>,
     /// Size in 4 KiB blocks.
     size_blocks: AtomicU64,
     /// Map pages (the vector is resized under the write lock).
-    pub pages: RwLock<Vec<Mutex<MapPage>>>,
+    pages: RwLock<Vec<Mutex<MapPage>>>,
     /// Directory tree of the durable map (checkpoint-owned).
-    pub dirs: Mutex<DirTree>,
+    dirs: Mutex<DirTree>,
     /// Open handles.
     users: AtomicU32,
     /// Set when deleted; handles fail from then on.
@@ -115,6 +171,27 @@ impl VolumeState {
             zeros: AtomicI64::new(0),
             counters: Counters::default(),
         }
+    }
+
+    /// Slot in the catalog (names the volume in journal records).
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+
+    /// Unique id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The map pages, held so the map is not resized meanwhile (a page is changed
+    /// under its own lock).
+    pub fn map_pages(&self) -> RwLockReadGuard<'_, Vec<Mutex<MapPage>>> {
+        self.pages.read()
+    }
+
+    /// The directory tree of the durable map (the checkpoint's and the load's).
+    pub fn dirs(&self) -> MutexGuard<'_, DirTree> {
+        self.dirs.lock()
     }
 
     /// Counters since open.

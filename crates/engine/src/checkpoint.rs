@@ -14,6 +14,7 @@
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
 use crate::inner::Inner;
+use crate::journal::Work;
 use crate::page_store::{address_block, page_address, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::slab_depot::SlabDepot;
@@ -30,7 +31,6 @@ use fewerbytes_format::superblock::{
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
-use std::sync::atomic::Ordering;
 
 /// Owner id of the directory pages of the slab object table (version 1) and of the
 /// count table (version 2).
@@ -329,266 +329,289 @@ fn mark_dir(dirty: &mut Vec<bool>, index: usize) {
     }
 }
 
-impl Inner {
-    /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
-    pub(crate) fn checkpoint(&self) -> Result<()> {
-        let _ck = self.checkpointer.serialize();
-        let gate = self.gate.write();
-        self.checkpoint_locked(gate, false)
-    }
+/// Take a checkpoint (the commit thread, or a caller holding no pool locks).
+pub(crate) fn checkpoint(inner: &Inner) -> Result<()> {
+    let _ck = inner.checkpointer.serialize();
+    let gate = inner.locks.exclusive();
+    checkpoint_locked(inner, gate, false)
+}
 
-    /// Take a checkpoint with the gate held; with `hold`, keep it until the super
-    /// block is durable (volume operations, which are not journalled).
-    pub(crate) fn checkpoint_locked(
-        &self,
-        gate: RwLockWriteGuard<'_, ()>,
-        hold: bool,
-    ) -> Result<()> {
-        if let Some(why) = self.journal.failure() {
-            return Err(EngineError::ReadOnly(why));
-        }
-        if self.devices.opened_read_only() {
-            return Err(EngineError::ReadOnly("opened read-only".into()));
-        }
-        // A device with no room for the data written so far: refuse before the
-        // snapshot, which could not be taken back (`pool.rs: checkpoint_space`).
-        self.checkpoint_space()?;
-        // Room for its pages in slots and data blocks: a snapshot that cannot finish
-        // cannot be taken back.
-        self.metadata_room()?;
-        // No commit may be in flight while the replay point is chosen: its records are
-        // in the image, and replaying them again on top of it would count them twice.
-        let commit_guard = self.journal.pause_commits();
-        let batch = self.journal.take_batch();
-        let snapshot = match self.snapshot() {
-            Ok(s) => s,
-            Err(e) => {
-                // A checkpoint that cannot be taken cannot be retried into success:
-                // stop taking writes (journal space would never come back).
-                self.devices
-                    .latch_with(format!("latched read-only: a checkpoint failed: {e}"));
-                return Err(e);
-            }
-        };
-        drop(commit_guard);
-        let guard = if hold {
-            Some(gate)
-        } else {
-            drop(gate);
-            None
-        };
-        let result = self.write_snapshot(&snapshot);
-        drop(guard);
-        if let Err(e) = result {
-            self.devices.latch(&e);
+/// Take a checkpoint with the gate held; with `hold`, keep it until the super
+/// block is durable (volume operations, which are not journalled).
+pub(crate) fn checkpoint_locked(
+    inner: &Inner,
+    gate: RwLockWriteGuard<'_, ()>,
+    hold: bool,
+) -> Result<()> {
+    if let Some(why) = inner.journal.failure() {
+        return Err(EngineError::ReadOnly(why));
+    }
+    if inner.devices.opened_read_only() {
+        return Err(EngineError::ReadOnly("opened read-only".into()));
+    }
+    // A device with no room for the data written so far: refuse before the
+    // snapshot, which could not be taken back (`inner.rs: checkpoint_space`).
+    inner.checkpoint_space()?;
+    // Room for its pages in slots and data blocks: a snapshot that cannot finish
+    // cannot be taken back.
+    inner.metadata_room()?;
+    // No commit may be in flight while the replay point is chosen: its records are
+    // in the image, and replaying them again on top of it would count them twice.
+    let commit_guard = inner.journal.pause_commits();
+    let batch = inner.journal.take_batch();
+    let snapshot = match snapshot(inner) {
+        Ok(s) => s,
+        Err(e) => {
+            // A checkpoint that cannot be taken cannot be retried into success:
+            // stop taking writes (journal space would never come back).
+            inner
+                .devices
+                .latch_with(format!("latched read-only: a checkpoint failed: {e}"));
             return Err(e);
         }
-        let moved_blocks: Vec<u64> = {
-            let mut store = self.checkpointer.page_store();
-            snapshot
-                .old_slots
-                .iter()
-                .filter_map(|a| store.free_address(*a))
-                .collect()
-        };
-        // Durable: what it freed is discarded on the data device and reusable, data
-        // blocks whose pages moved as well.
-        self.depot.return_unused_blocks(&snapshot.unused_blocks);
-        self.depot
-            .release_pending(&self.devices, &self.geometry, &snapshot.pending);
-        self.depot
-            .release_metadata_blocks(&self.devices, &self.geometry, &moved_blocks);
-        *self.checkpointer.super_block() = snapshot.superblock.clone();
-        self.journal.batch_durable(&batch, 0);
-        self.journal
-            .checkpointed(snapshot.superblock.journal_replay_seq);
-        self.checkpointer.count_taken();
-        Ok(())
+    };
+    drop(commit_guard);
+    let guard = if hold {
+        Some(gate)
+    } else {
+        drop(gate);
+        None
+    };
+    let result = write_snapshot(inner, &snapshot);
+    drop(guard);
+    if let Err(e) = result {
+        inner.devices.latch(&e);
+        return Err(e);
+    }
+    let moved_blocks: Vec<u64> = {
+        let mut store = inner.checkpointer.page_store();
+        snapshot
+            .old_slots
+            .iter()
+            .filter_map(|a| store.free_address(*a))
+            .collect()
+    };
+    // Durable: what it freed is discarded on the data device and reusable, data
+    // blocks whose pages moved as well.
+    inner.depot.return_unused_blocks(&snapshot.unused_blocks);
+    inner
+        .depot
+        .release_pending(&inner.devices, &inner.geometry, &snapshot.pending);
+    inner
+        .depot
+        .release_metadata_blocks(&inner.devices, &inner.geometry, &moved_blocks);
+    *inner.checkpointer.super_block() = snapshot.superblock.clone();
+    inner.journal.batch_durable(&batch, 0);
+    inner
+        .journal
+        .checkpointed(snapshot.superblock.journal_replay_seq);
+    inner.checkpointer.count_taken();
+    Ok(())
+}
+
+/// Encode every dirty page into fresh slots, or data blocks past them. Runs with
+/// the gate held.
+fn snapshot(inner: &Inner) -> Result<Snapshot> {
+    let generation = inner.checkpointer.super_block().generation + 1;
+    // Every page dirty now is written by this snapshot.
+    inner.checkpointer.dirty_pages_taken();
+    let mut wb = Writeback {
+        store: inner.checkpointer.page_store(),
+        pages: Vec::new(),
+        old_slots: inner.checkpointer.take_slots_to_free(),
+        depot: &inner.depot,
+        spare: Vec::new(),
+        spilled: false,
+        nonce: inner.geometry.nonce(),
+        generation,
+    };
+    let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
+    // Object count and fingerprint pages.
+    let mut tables = ObjectTables {
+        counts: Vec::new(),
+        count_dirty: Vec::new(),
+        fps: Vec::new(),
+        fp_dirty: Vec::new(),
+    };
+    let mut pending = Vec::new();
+    for s in 0..inner.geometry.slab_count() {
+        let mut slab = inner.depot.slab(s).lock();
+        let (objects, blocks) = slab.take_pending();
+        if !objects.is_empty() || !blocks.is_empty() {
+            pending.push((s, objects, blocks));
+        }
+        wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
+    }
+    let mut count_dirs = inner.checkpointer.count_dirs();
+    wb.write_tree(
+        &mut count_dirs,
+        &tables.counts,
+        &tables.count_dirty,
+        OBJECT_TABLE_OWNER,
+    )?;
+    let mut fp_dirs = inner.checkpointer.fp_dirs();
+    wb.write_tree(
+        &mut fp_dirs,
+        &tables.fps,
+        &tables.fp_dirty,
+        FINGERPRINT_TABLE_OWNER,
+    )?;
+
+    // Volumes.
+    let volumes = inner.volumes.all();
+    let mut records = Vec::new();
+    for vol in volumes.iter() {
+        let map = vol.map_pages();
+        let mut map_refs = Vec::with_capacity(map.len());
+        let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
+        for (p, page) in map.iter().enumerate() {
+            let mut page = page.lock();
+            if page.is_dirty() {
+                let mut w = Writer::new(&mut payload);
+                match page.encoded_entries() {
+                    Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
+                    None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
+                }
+                let name = PageName::table(PageKind::Map, vol.id(), p as u64);
+                let at = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable())?;
+                page.written(at);
+                if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
+                    *d = true;
+                }
+            }
+            map_refs.push(page.durable());
+        }
+        let mut dirs = vol.dirs();
+        wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id())?;
+        let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
+        // Issue 13 makes reservations per volume; today a volume of a pool
+        // without overcommit holds its size, and one with overcommit is thin.
+        records.push(VolumeRecord {
+            slot: vol.slot(),
+            id: vol.id(),
+            name: vol.name(),
+            size_bytes,
+            reservation_bytes: if inner.geometry.overcommit() {
+                0
+            } else {
+                size_bytes
+            },
+            thin: inner.geometry.overcommit(),
+            map: dirs.root(),
+        });
     }
 
-    /// Encode every dirty page into fresh slots, or data blocks past them. Runs
-    /// with the gate held.
-    fn snapshot(&self) -> Result<Snapshot> {
-        let generation = self.checkpointer.super_block().generation + 1;
-        // Every page dirty now is written by this snapshot.
-        self.dirty_pages.store(0, Ordering::Relaxed);
-        let mut wb = Writeback {
-            store: self.checkpointer.page_store(),
-            pages: Vec::new(),
-            old_slots: self.checkpointer.take_slots_to_free(),
-            depot: &self.depot,
-            spare: Vec::new(),
-            spilled: false,
-            nonce: self.geometry.nonce(),
-            generation,
-        };
-        let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-        // Object count and fingerprint pages.
-        let mut tables = ObjectTables {
-            counts: Vec::new(),
-            count_dirty: Vec::new(),
-            fps: Vec::new(),
-            fp_dirty: Vec::new(),
-        };
-        let mut pending = Vec::new();
-        for s in 0..self.geometry.slab_count() {
-            let mut slab = self.depot.slab(s).lock();
-            let (objects, blocks) = slab.take_pending();
-            if !objects.is_empty() || !blocks.is_empty() {
-                pending.push((s, objects, blocks));
-            }
-            wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
-        }
-        let mut count_dirs = self.checkpointer.count_dirs();
-        wb.write_tree(
-            &mut count_dirs,
-            &tables.counts,
-            &tables.count_dirty,
-            OBJECT_TABLE_OWNER,
-        )?;
-        let mut fp_dirs = self.checkpointer.fp_dirs();
-        wb.write_tree(
-            &mut fp_dirs,
-            &tables.fps,
-            &tables.fp_dirty,
-            FINGERPRINT_TABLE_OWNER,
-        )?;
-
-        // Volumes.
-        let volumes = self.volumes.all();
-        let mut records = Vec::new();
-        for vol in volumes.iter() {
-            let map = vol.pages.read();
-            let mut map_refs = Vec::with_capacity(map.len());
-            let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
-            for (p, page) in map.iter().enumerate() {
-                let mut page = page.lock();
-                if page.dirty {
-                    let mut w = Writer::new(&mut payload);
-                    match &page.entries {
-                        Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
-                        None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
-                    }
-                    let name = PageName::table(PageKind::Map, vol.id, p as u64);
-                    page.durable =
-                        wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable)?;
-                    page.dirty = false;
-                    if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
-                        *d = true;
-                    }
-                }
-                map_refs.push(page.durable);
-            }
-            let mut dirs = vol.dirs.lock();
-            wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id)?;
-            let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
-            // Issue 13 makes reservations per volume; today a volume of a pool
-            // without overcommit holds its size, and one with overcommit is thin.
-            records.push(VolumeRecord {
-                slot: vol.slot,
-                id: vol.id,
-                name: vol.name(),
-                size_bytes,
-                reservation_bytes: if self.geometry.overcommit() {
-                    0
-                } else {
-                    size_bytes
-                },
-                thin: self.geometry.overcommit(),
-                map: dirs.root(),
-            });
-        }
-
-        // Catalog, rewritten whole.
-        let catalog = Catalog {
-            version: FORMAT_VERSION,
-            next_volume_id: self.volumes.next_id(),
-            objects: count_dirs.root(),
-            fingerprints: fp_dirs.root(),
-            volumes: records,
-        };
-        let stream = catalog.encode();
-        let mut sb = self.checkpointer.super_block().clone();
-        let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
-        if chunks > MAX_CATALOG_PAGES_V2 {
-            return Err(EngineError::Refused(format!(
-                "the catalog needs {chunks} pages (max {MAX_CATALOG_PAGES_V2})"
-            )));
-        }
-        let mut catalog_refs = Vec::with_capacity(chunks);
-        for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
-            let old = sb.catalog.get(i).copied().unwrap_or_default();
-            let name = PageName::table(PageKind::Catalog, 0, i as u64);
-            catalog_refs.push(wb.place(name, chunk.len() as u32, chunk, old)?);
-        }
-        // Old catalog pages beyond the new catalog's length retire too.
-        wb.old_slots
-            .extend(sb.catalog.iter().skip(chunks).filter_map(page_address));
-        if wb.spilled {
-            // Page references may now name data blocks (docs/format.md, flags).
-            sb.flags |= FLAG_DATA_REGION_PAGES;
-        }
-        if sb.version == FORMAT_VERSION_1 {
-            // This snapshot is the upgrade: every page above went to a free slot.
-            sb.flags |= FLAG_UPGRADED_FROM_V1;
-            sb.upgraded_generation = generation;
-        }
-        sb.version = FORMAT_VERSION;
-        sb.generation = generation;
-        sb.catalog = catalog_refs;
-        sb.catalog_bytes = stream.len() as u32;
-        sb.journal_replay_seq = self.journal.next_seq();
-        Ok(Snapshot {
-            pages: wb.pages,
-            old_slots: wb.old_slots,
-            pending,
-            superblock: sb,
-            unused_blocks: wb.spare,
-        })
+    // Catalog, rewritten whole.
+    let catalog = Catalog {
+        version: FORMAT_VERSION,
+        next_volume_id: inner.volumes.next_id(),
+        objects: count_dirs.root(),
+        fingerprints: fp_dirs.root(),
+        volumes: records,
+    };
+    let stream = catalog.encode();
+    let mut sb = inner.checkpointer.super_block().clone();
+    let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
+    if chunks > MAX_CATALOG_PAGES_V2 {
+        return Err(EngineError::Refused(format!(
+            "the catalog needs {chunks} pages (max {MAX_CATALOG_PAGES_V2})"
+        )));
     }
+    let mut catalog_refs = Vec::with_capacity(chunks);
+    for (i, chunk) in stream.chunks(PAGE_PAYLOAD_BYTES).enumerate() {
+        let old = sb.catalog.get(i).copied().unwrap_or_default();
+        let name = PageName::table(PageKind::Catalog, 0, i as u64);
+        catalog_refs.push(wb.place(name, chunk.len() as u32, chunk, old)?);
+    }
+    // Old catalog pages beyond the new catalog's length retire too.
+    wb.old_slots
+        .extend(sb.catalog.iter().skip(chunks).filter_map(page_address));
+    if wb.spilled {
+        // Page references may now name data blocks (docs/format.md, flags).
+        sb.flags |= FLAG_DATA_REGION_PAGES;
+    }
+    if sb.version == FORMAT_VERSION_1 {
+        // This snapshot is the upgrade: every page above went to a free slot.
+        sb.flags |= FLAG_UPGRADED_FROM_V1;
+        sb.upgraded_generation = generation;
+    }
+    sb.version = FORMAT_VERSION;
+    sb.generation = generation;
+    sb.catalog = catalog_refs;
+    sb.catalog_bytes = stream.len() as u32;
+    sb.journal_replay_seq = inner.journal.next_seq();
+    Ok(Snapshot {
+        pages: wb.pages,
+        old_slots: wb.old_slots,
+        pending,
+        superblock: sb,
+        unused_blocks: wb.spare,
+    })
+}
 
-    fn write_snapshot(&self, snap: &Snapshot) -> Result<()> {
-        // The image refers to data written before the snapshot: make it durable first.
-        self.zones.flush(&self.space())?;
-        let r = self.devices.data().flush();
-        self.devices.check_io(r)?;
-        let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
-        sorted.sort_by_key(|p| p.address);
-        let mut in_data_region = false;
-        for page in sorted {
-            let (device, at) = match address_block(page.address) {
-                Some(pbn) => {
-                    in_data_region = true;
-                    let at = self.geometry.data_offset_bytes() + pbn * BLOCK_BYTES as u64;
-                    (self.devices.data(), at)
+fn write_snapshot(inner: &Inner, snap: &Snapshot) -> Result<()> {
+    // The image refers to data written before the snapshot: make it durable first.
+    inner.zones.flush(&inner.space())?;
+    let r = inner.devices.data().flush();
+    inner.devices.check_io(r)?;
+    let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
+    sorted.sort_by_key(|p| p.address);
+    let mut in_data_region = false;
+    for page in sorted {
+        let (device, at) = match address_block(page.address) {
+            Some(pbn) => {
+                in_data_region = true;
+                let at = inner.geometry.data_offset_bytes() + pbn * BLOCK_BYTES as u64;
+                (inner.devices.data(), at)
+            }
+            None => {
+                let block = inner.geometry.pages_start_block() + page.address;
+                (inner.devices.meta(), block * BLOCK_BYTES as u64)
+            }
+        };
+        let r = device.write_at(&page.bytes[..], at);
+        inner.devices.check_io(r)?;
+        inner.checkpointer.written().count_page(page.kind);
+    }
+    // One device: the flush below covers both regions.
+    if in_data_region && inner.devices.separate_metadata() {
+        let r = inner.devices.data().flush();
+        inner.devices.check_io(r)?;
+    }
+    let r = inner.devices.meta().flush();
+    inner.devices.check_io(r)?;
+    let mut block = [0u8; BLOCK_BYTES];
+    snap.superblock.encode(&mut block);
+    let copy = snap.superblock.generation % 2;
+    let r = inner
+        .devices
+        .meta()
+        .write_at(&block, copy * BLOCK_BYTES as u64);
+    inner.devices.check_io(r)?;
+    inner.checkpointer.written().count_super_block();
+    let r = inner.devices.meta().flush();
+    inner.devices.check_io(r)?;
+    Ok(())
+}
+
+/// The commit thread: each group commit the journal asks for, and a checkpoint
+/// when one is due.
+pub(crate) fn commit_loop(inner: &Inner) {
+    loop {
+        match inner.journal.next_work() {
+            Work::Shutdown => return,
+            Work::Commit => {
+                if inner.commit().is_ok()
+                    && (inner.journal.wants_checkpoint() || inner.page_store_pressed())
+                {
+                    inner.journal.request_checkpoint();
                 }
-                None => {
-                    let block = self.geometry.pages_start_block() + page.address;
-                    (self.devices.meta(), block * BLOCK_BYTES as u64)
+            }
+            Work::Checkpoint => {
+                if let Err(e) = checkpoint(inner) {
+                    tracing::error!("checkpoint failed: {e}");
                 }
-            };
-            let r = device.write_at(&page.bytes[..], at);
-            self.devices.check_io(r)?;
-            self.checkpointer.written().count_page(page.kind);
+            }
         }
-        // One device: the flush below covers both regions.
-        if in_data_region && self.devices.separate_metadata() {
-            let r = self.devices.data().flush();
-            self.devices.check_io(r)?;
-        }
-        let r = self.devices.meta().flush();
-        self.devices.check_io(r)?;
-        let mut block = [0u8; BLOCK_BYTES];
-        snap.superblock.encode(&mut block);
-        let copy = snap.superblock.generation % 2;
-        let r = self
-            .devices
-            .meta()
-            .write_at(&block, copy * BLOCK_BYTES as u64);
-        self.devices.check_io(r)?;
-        self.checkpointer.written().count_super_block();
-        let r = self.devices.meta().flush();
-        self.devices.check_io(r)?;
-        Ok(())
     }
 }

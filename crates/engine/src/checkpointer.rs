@@ -10,6 +10,7 @@ use crate::page_store::PageStore;
 use fewerbytes_format::superblock::SuperBlock;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// What the checkpoints keep between them.
 pub(crate) struct Checkpointer {
@@ -32,6 +33,10 @@ pub(crate) struct Checkpointer {
     taken: AtomicU64,
     /// Metadata bytes written, by region.
     written: RegionBytes,
+    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
+    /// page-store slot at the next checkpoint, so their number is bounded (see
+    /// `Inner::page_store_pressed`). Map pages and slabs add to it.
+    dirty_pages: Arc<AtomicU64>,
 }
 
 impl Checkpointer {
@@ -46,7 +51,23 @@ impl Checkpointer {
             serial: Mutex::new(()),
             taken: AtomicU64::new(0),
             written: RegionBytes::default(),
+            dirty_pages: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The count of pages turned dirty, which map pages and slabs add to.
+    pub(crate) fn dirty_pages(&self) -> &Arc<AtomicU64> {
+        &self.dirty_pages
+    }
+
+    /// Pages turned dirty since the last snapshot.
+    pub(crate) fn dirty_page_count(&self) -> u64 {
+        self.dirty_pages.load(Ordering::Relaxed)
+    }
+
+    /// A snapshot took every dirty page.
+    pub(crate) fn dirty_pages_taken(&self) {
+        self.dirty_pages.store(0, Ordering::Relaxed);
     }
 
     /// Run alone: no other checkpoint or volume operation until the guard drops.

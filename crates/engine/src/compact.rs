@@ -14,7 +14,6 @@ use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Codec, Location};
 use fewerbytes_format::BLOCK_BYTES;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How often the compactor looks for freed fragments.
@@ -35,248 +34,241 @@ struct Victim {
     location: Location,
 }
 
-impl Inner {
-    /// One compaction round over slab `s`: returns the number of blocks emptied.
-    pub(crate) fn compact_slab(&self, s: u32) -> Result<u64> {
-        // Journal space for the worst case: every fragment of every victim moves.
-        let reserve =
-            (COMPACT_FRAGMENTS_PER_ROUND * fewerbytes_format::journal::RECORD_BYTES_MAX) as u64;
-        self.journal.reserve(reserve)?;
-        let result = self.compact_slab_reserved(s);
-        self.journal.unreserve(reserve);
-        result
-    }
+/// One compaction round over slab `s`: returns the number of blocks emptied.
+pub(crate) fn compact_slab(inner: &Inner, s: u32) -> Result<u64> {
+    // Journal space for the worst case: every fragment of every victim moves.
+    let reserve =
+        (COMPACT_FRAGMENTS_PER_ROUND * fewerbytes_format::journal::RECORD_BYTES_MAX) as u64;
+    inner.journal.reserve(reserve)?;
+    let result = compact_slab_reserved(inner, s);
+    inner.journal.unreserve(reserve);
+    result
+}
 
-    fn compact_slab_reserved(&self, s: u32) -> Result<u64> {
-        self.devices.ensure_writable()?;
-        let _gate = self.gate.read();
-        let victims = self.find_victims(s);
-        if victims.is_empty() {
-            return Ok(0);
-        }
-        // Read every victim fragment's bytes (victim blocks are closed, so on the device).
-        let mut moved: Vec<(Victim, Vec<u8>)> = Vec::with_capacity(victims.len());
-        for v in victims {
-            if let Location::Fragment {
-                addr_bytes,
-                len_bytes,
-                ..
-            } = v.location
-            {
-                let mut bytes = vec![0u8; usize::from(len_bytes)];
-                // A failed read ends this round without latching the pool: nothing
-                // was changed yet (see `read_data`).
-                self.devices
-                    .data()
-                    .read_at(&mut bytes, self.geometry.data_offset_bytes() + addr_bytes)?;
-                moved.push((v, bytes));
-            }
-        }
-        // Pack them byte-contiguously into runs of consecutive fresh blocks of the same
-        // slab (a fragment may span blocks of a run, as the packer's do).
-        let mut emptied_before = 0u64;
-        let mut i = 0;
-        while i < moved.len() {
-            let remaining: usize = moved.iter().skip(i).map(|(_, b)| b.len()).sum();
-            let want = remaining.div_ceil(BLOCK_BYTES) as u32;
-            let (first_block, run_len) = {
-                let mut slab = self.depot.slab(s).lock();
-                let Some(first) = slab.alloc_block() else {
-                    break;
-                };
-                let mut len = 1;
-                while len < want && slab.alloc_block_at(first + len) {
-                    len += 1;
-                }
-                for b in first..first + len {
-                    slab.hold_block(b); // the compactor's hold until records point here
-                }
-                (first, len)
-            };
-            let capacity = run_len as usize * BLOCK_BYTES;
-            let mut buf = vec![0u8; capacity];
-            let mut fill = 0usize;
-            let start = i;
-            while let Some((_, bytes)) = moved.get(i) {
-                if fill + bytes.len() > capacity {
-                    break;
-                }
-                if let Some(dst) = buf.get_mut(fill..fill + bytes.len()) {
-                    dst.copy_from_slice(bytes);
-                }
-                fill += bytes.len();
-                i += 1;
-            }
-            let run_pbn = self.depot.pbn(s, first_block);
-            let r = self.devices.data().write_at(
-                &buf,
-                self.geometry.data_offset_bytes() + run_pbn * BLOCK_BYTES as u64,
-            );
-            // A device with no space fails the round and changes nothing (no record
-            // points at the run yet): no latch.
-            if let Err(e) = self.devices.check_write_or_no_space(r) {
-                let mut slab = self.depot.slab(s).lock();
-                for b in first_block..first_block + run_len {
-                    // The write's error is the one returned (the pool is latched
-                    // already, unless the device had no space).
-                    if let Err(broken) = slab.drop_block(b) {
-                        tracing::error!("{broken}");
-                    }
-                }
-                return Err(e);
-            }
-            let mut slab = self.depot.slab(s).lock();
-            let slab_first = slab.first_pbn();
-            let mut at = 0u64;
-            for (v, bytes) in moved.iter().take(i).skip(start) {
-                let new = Location::Fragment {
-                    addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
-                    len_bytes: bytes.len() as u16,
-                    codec: Codec::Lz4,
-                };
-                at += bytes.len() as u64;
-                let rec = slab.rec(v.object);
-                // The object may have been freed or moved since it was chosen.
-                if rec.refcount == 0 || rec.location != v.location.encode() {
-                    continue;
-                }
-                let (new_first, new_count) = new.blocks();
-                for b in new_first..new_first + new_count {
-                    slab.hold_block((b - slab_first) as u32);
-                }
-                if let Some(r) = slab.rec_mut(v.object) {
-                    r.location = new.encode();
-                }
-                let (first, count) = v.location.blocks();
-                for b in first..first + count {
-                    let local = (b - slab_first) as u32;
-                    let before = slab.holders(local);
-                    self.devices.check_invariant(slab.drop_block(local))?;
-                    if before == 1 {
-                        emptied_before += 1;
-                    }
-                }
-                // Under the slab lock: a free of this object cannot come between the
-                // move and its record.
-                self.journal.append(&Record::NewObject {
-                    object: u64::from(s) * u64::from(self.geometry.objects_per_slab())
-                        + u64::from(v.object),
-                    location: new.encode(),
-                    fingerprint: rec.fingerprint,
-                });
-            }
-            for b in first_block..first_block + run_len {
-                self.devices.check_invariant(slab.drop_block(b))?;
-            }
-        }
-        self.compacted_blocks
-            .fetch_add(emptied_before, Ordering::Relaxed);
-        Ok(emptied_before)
+fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
+    inner.devices.ensure_writable()?;
+    let _gate = inner.locks.shared();
+    let victims = find_victims(inner, s);
+    if victims.is_empty() {
+        return Ok(0);
     }
-
-    /// Fragments touching closed packed blocks of slab `s` that are less than
-    /// `COMPACT_LIVE_PERCENT_MAX` live, up to `COMPACT_BLOCKS_PER_ROUND` blocks.
-    fn find_victims(&self, s: u32) -> Vec<Victim> {
-        let slab = self.depot.slab(s).lock();
-        let mut live: HashMap<u32, (u64, bool)> = HashMap::new(); // block → (live bytes, holds a whole block)
-        let mut fragments: Vec<Victim> = Vec::new();
-        for i in 0..slab.objects() {
-            let rec = slab.rec(i);
-            if rec.refcount == 0 {
-                continue;
-            }
-            let Ok(loc) = Location::decode(rec.location) else {
-                continue;
-            };
-            let (first, count) = loc.blocks();
-            for b in first..first + count {
-                let e = live
-                    .entry((b - slab.first_pbn()) as u32)
-                    .or_insert((0, false));
-                match loc {
-                    Location::Block { .. } => e.1 = true,
-                    Location::Fragment {
-                        addr_bytes,
-                        len_bytes,
-                        ..
-                    } => {
-                        let start = addr_bytes.max(b * BLOCK_BYTES as u64);
-                        let end =
-                            (addr_bytes + u64::from(len_bytes)).min((b + 1) * BLOCK_BYTES as u64);
-                        e.0 += end - start;
-                    }
-                }
-            }
-            if matches!(loc, Location::Fragment { .. }) {
-                fragments.push(Victim {
-                    object: i,
-                    location: loc,
-                });
-            }
+    // Read every victim fragment's bytes (victim blocks are closed, so on the device).
+    let mut moved: Vec<(Victim, Vec<u8>)> = Vec::with_capacity(victims.len());
+    for v in victims {
+        if let Location::Fragment {
+            addr_bytes,
+            len_bytes,
+            ..
+        } = v.location
+        {
+            let mut bytes = vec![0u8; usize::from(len_bytes)];
+            // A failed read ends this round without latching the pool: nothing
+            // was changed yet (see `read_data`).
+            inner
+                .devices
+                .data()
+                .read_at(&mut bytes, inner.geometry.data_offset_bytes() + addr_bytes)?;
+            moved.push((v, bytes));
         }
-        let is_victim = |b: u32| {
-            live.get(&b).is_some_and(|&(bytes, whole)| {
-                !whole
-                    && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
-                    && !slab.is_open(b)
-            })
+    }
+    // Pack them byte-contiguously into runs of consecutive fresh blocks of the same
+    // slab (a fragment may span blocks of a run, as the packer's do).
+    let mut emptied_before = 0u64;
+    let mut i = 0;
+    while i < moved.len() {
+        let remaining: usize = moved.iter().skip(i).map(|(_, b)| b.len()).sum();
+        let want = remaining.div_ceil(BLOCK_BYTES) as u32;
+        let (first_block, run_len) = {
+            let mut slab = inner.depot.slab(s).lock();
+            let Some(first) = slab.alloc_block() else {
+                break;
+            };
+            let mut len = 1;
+            while len < want && slab.alloc_block_at(first + len) {
+                len += 1;
+            }
+            for b in first..first + len {
+                slab.hold_block(b); // the compactor's hold until records point here
+            }
+            (first, len)
         };
-        let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
-        chosen.sort_unstable();
-        chosen.truncate(COMPACT_BLOCKS_PER_ROUND);
-        let chosen: std::collections::HashSet<u32> = chosen.into_iter().collect();
-        // Every fragment touching a victim moves, so victims end up empty (a fragment
-        // that also touches another closed block just leaves it).
-        // A fragment reaching into a block a packer still has open is left alone: its
-        // bytes there are only in memory.
-        fragments.retain(|v| {
-            let (first, count) = v.location.blocks();
-            let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn()) as u32);
-            let touches_victim = blocks.clone().any(|b| chosen.contains(&b));
-            touches_victim && !blocks.any(|b| slab.is_open(b))
-        });
-        fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
-        fragments
-    }
-
-    /// Compact every slab once; returns the blocks emptied.
-    pub(crate) fn compact_all(&self) -> Result<u64> {
-        let mut total = 0;
-        for s in 0..self.geometry.slab_count() {
-            if self.devices.is_closed() {
+        let capacity = run_len as usize * BLOCK_BYTES;
+        let mut buf = vec![0u8; capacity];
+        let mut fill = 0usize;
+        let start = i;
+        while let Some((_, bytes)) = moved.get(i) {
+            if fill + bytes.len() > capacity {
                 break;
             }
-            total += self.compact_slab(s)?;
+            if let Some(dst) = buf.get_mut(fill..fill + bytes.len()) {
+                dst.copy_from_slice(bytes);
+            }
+            fill += bytes.len();
+            i += 1;
         }
-        Ok(total)
-    }
-
-    /// The compactor thread: after fragments were freed, a round over every slab.
-    pub(crate) fn compact_loop(&self) {
-        // A round empties a bounded number of blocks per slab: while rounds still
-        // find work, the next one follows without waiting for new frees.
-        let mut more = false;
-        while !self.devices.is_closed() {
-            {
-                // Closing the pool wakes this wait (it checks `closed` under the lock).
-                let (lock, wake) = &self.compactor_wake;
-                let mut guard = lock.lock();
-                if !self.devices.is_closed() {
-                    wake.wait_for(&mut guard, COMPACT_INTERVAL);
+        let run_pbn = inner.depot.pbn(s, first_block);
+        let r = inner.devices.data().write_at(
+            &buf,
+            inner.geometry.data_offset_bytes() + run_pbn * BLOCK_BYTES as u64,
+        );
+        // A device with no space fails the round and changes nothing (no record
+        // points at the run yet): no latch.
+        if let Err(e) = inner.devices.check_write_or_no_space(r) {
+            let mut slab = inner.depot.slab(s).lock();
+            for b in first_block..first_block + run_len {
+                // The write's error is the one returned (the pool is latched
+                // already, unless the device had no space).
+                if let Err(broken) = slab.drop_block(b) {
+                    tracing::error!("{broken}");
                 }
             }
-            if self.devices.is_closed() {
-                break;
-            }
-            if self.depot.take_fragment_frees() == 0 && !more {
+            return Err(e);
+        }
+        let mut slab = inner.depot.slab(s).lock();
+        let slab_first = slab.first_pbn();
+        let mut at = 0u64;
+        for (v, bytes) in moved.iter().take(i).skip(start) {
+            let new = Location::Fragment {
+                addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
+                len_bytes: bytes.len() as u16,
+                codec: Codec::Lz4,
+            };
+            at += bytes.len() as u64;
+            let rec = slab.rec(v.object);
+            // The object may have been freed or moved since it was chosen.
+            if rec.refcount == 0 || rec.location != v.location.encode() {
                 continue;
             }
-            match self.compact_all() {
-                Ok(emptied) => more = emptied > 0,
-                Err(e) => {
-                    tracing::debug!("compaction stopped: {e}");
-                    more = false;
+            let (new_first, new_count) = new.blocks();
+            for b in new_first..new_first + new_count {
+                slab.hold_block((b - slab_first) as u32);
+            }
+            if let Some(r) = slab.rec_mut(v.object) {
+                r.location = new.encode();
+            }
+            let (first, count) = v.location.blocks();
+            for b in first..first + count {
+                let local = (b - slab_first) as u32;
+                let before = slab.holders(local);
+                inner.devices.check_invariant(slab.drop_block(local))?;
+                if before == 1 {
+                    emptied_before += 1;
                 }
+            }
+            // Under the slab lock: a free of this object cannot come between the
+            // move and its record.
+            inner.journal.append(&Record::NewObject {
+                object: u64::from(s) * u64::from(inner.geometry.objects_per_slab())
+                    + u64::from(v.object),
+                location: new.encode(),
+                fingerprint: rec.fingerprint,
+            });
+        }
+        for b in first_block..first_block + run_len {
+            inner.devices.check_invariant(slab.drop_block(b))?;
+        }
+    }
+    inner.compactor.emptied(emptied_before);
+    Ok(emptied_before)
+}
+
+/// Fragments touching closed packed blocks of slab `s` that are less than
+/// `COMPACT_LIVE_PERCENT_MAX` live, up to `COMPACT_BLOCKS_PER_ROUND` blocks.
+fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
+    let slab = inner.depot.slab(s).lock();
+    let mut live: HashMap<u32, (u64, bool)> = HashMap::new(); // block → (live bytes, holds a whole block)
+    let mut fragments: Vec<Victim> = Vec::new();
+    for i in 0..slab.objects() {
+        let rec = slab.rec(i);
+        if rec.refcount == 0 {
+            continue;
+        }
+        let Ok(loc) = Location::decode(rec.location) else {
+            continue;
+        };
+        let (first, count) = loc.blocks();
+        for b in first..first + count {
+            let e = live
+                .entry((b - slab.first_pbn()) as u32)
+                .or_insert((0, false));
+            match loc {
+                Location::Block { .. } => e.1 = true,
+                Location::Fragment {
+                    addr_bytes,
+                    len_bytes,
+                    ..
+                } => {
+                    let start = addr_bytes.max(b * BLOCK_BYTES as u64);
+                    let end = (addr_bytes + u64::from(len_bytes)).min((b + 1) * BLOCK_BYTES as u64);
+                    e.0 += end - start;
+                }
+            }
+        }
+        if matches!(loc, Location::Fragment { .. }) {
+            fragments.push(Victim {
+                object: i,
+                location: loc,
+            });
+        }
+    }
+    let is_victim = |b: u32| {
+        live.get(&b).is_some_and(|&(bytes, whole)| {
+            !whole
+                && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
+                && !slab.is_open(b)
+        })
+    };
+    let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
+    chosen.sort_unstable();
+    chosen.truncate(COMPACT_BLOCKS_PER_ROUND);
+    let chosen: std::collections::HashSet<u32> = chosen.into_iter().collect();
+    // Every fragment touching a victim moves, so victims end up empty (a fragment
+    // that also touches another closed block just leaves it).
+    // A fragment reaching into a block a packer still has open is left alone: its
+    // bytes there are only in memory.
+    fragments.retain(|v| {
+        let (first, count) = v.location.blocks();
+        let mut blocks = (first..first + count).map(|b| (b - slab.first_pbn()) as u32);
+        let touches_victim = blocks.clone().any(|b| chosen.contains(&b));
+        touches_victim && !blocks.any(|b| slab.is_open(b))
+    });
+    fragments.truncate(COMPACT_FRAGMENTS_PER_ROUND);
+    fragments
+}
+
+/// Compact every slab once; returns the blocks emptied.
+pub(crate) fn compact_all(inner: &Inner) -> Result<u64> {
+    let mut total = 0;
+    for s in 0..inner.geometry.slab_count() {
+        if inner.devices.is_closed() {
+            break;
+        }
+        total += compact_slab(inner, s)?;
+    }
+    Ok(total)
+}
+
+/// The compactor thread: after fragments were freed, a round over every slab.
+pub(crate) fn compact_loop(inner: &Inner) {
+    // A round empties a bounded number of blocks per slab: while rounds still
+    // find work, the next one follows without waiting for new frees.
+    let mut more = false;
+    while !inner.devices.is_closed() {
+        // Closing the pool wakes this sleep.
+        inner
+            .compactor
+            .sleep(COMPACT_INTERVAL, || inner.devices.is_closed());
+        if inner.devices.is_closed() {
+            break;
+        }
+        if inner.depot.take_fragment_frees() == 0 && !more {
+            continue;
+        }
+        match compact_all(inner) {
+            Ok(emptied) => more = emptied > 0,
+            Err(e) => {
+                tracing::debug!("compaction stopped: {e}");
+                more = false;
             }
         }
     }

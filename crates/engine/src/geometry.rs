@@ -298,9 +298,9 @@ impl PoolGeometry {
     pub(crate) fn nonce(&self) -> u64 {
         self.nonce
     }
-    /// The key of the keyed fingerprints.
-    pub(crate) fn fingerprint_key(&self) -> &[u8; 32] {
-        &self.fingerprint_key
+    /// A block's fingerprint: keyed BLAKE3-256 under the pool's key.
+    pub(crate) fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
+        *blake3::keyed_hash(&self.fingerprint_key, block).as_bytes()
     }
     /// The data device's length at format time.
     pub(crate) fn data_device_bytes(&self) -> u64 {

@@ -1,230 +1,583 @@
 //! The dedup index: advice, in bounded memory, on where a fingerprint was stored.
 //!
-//! A set-associative table of (fingerprint tag, object) pairs, split into shards
-//! (hash zones) each behind its own lock. The first 8 bytes of the fingerprint pick
-//! the shard and bucket; the next 3 are the entry's tag, so a lookup's 4 comparisons
-//! find a wrong candidate about once in 4 million, and that costs only a refused
-//! advice. An entry is 8 bytes: a 24-bit tag and a 40-bit object id (a trillion
-//! objects). A full bucket evicts an entry, so the index remembers at most `entries`
-//! distinct blocks: that is the dedup window.
+//! A bucketized cuckoo table of bit-packed 30-bit slots, split into shards (hash
+//! zones) each behind its own lock. A slot holds a short fingerprint tag and a
+//! *group*: the object id, or for pools of more than 2^24 objects the object id
+//! shifted right so that it fits in 24 bits (a group of 2, 4, … consecutive objects,
+//! which the caller scans). The first 8 bytes of the fingerprint pick the shard and
+//! the first bucket; the tag (from the next bytes) picks the second bucket
+//! (partial-key cuckoo hashing: `second = (hash(tag) − first) mod buckets`, so an
+//! entry can move between its two buckets knowing only its tag). A lookup reads 16
+//! slots; a full pair of buckets moves entries to their other bucket, so nothing is
+//! dropped until the table is nearly full.
+//!
+//! The window — the distinct blocks whose second copy is found — is the slots times
+//! [`HONEST_LOAD_PERMILLE`]: below that load no insert was ever seen to fail (see
+//! `the_window_holds_every_entry` and docs/benchmarks.md). 30 bits per slot at 95%
+//! load is 3.95 bytes of memory per 4 KiB block of window (0.99 GiB per TiB).
+//!
+//! Past its window (a smaller `--index-memory`, or more distinct data than the
+//! window) the index degrades gracefully: every new fingerprint still enters, and
+//! the entry a failed move leaves without a place — a random older one — is
+//! dropped. The index then holds a sample of the stored blocks (recent ones the
+//! likeliest), as many as its slots hold, and is *lossy*: the slab depot then also
+//! tries the objects stored just after a thread's last hit (`take_duplicate`), so a
+//! second copy of data written in order is found from a sampled hit onwards, as
+//! dm-vdo's sparse index finds a chapter from a sampled entry.
+//!
 //! Advice is never trusted: the caller compares the full fingerprint stored in the
-//! object record and checks the object is live. The index is not persisted; it is
-//! rebuilt from the slab object records at open.
+//! object records and checks the object is live, so a false tag match costs a
+//! compare and a lost entry a missed dedup, never a wrong one. The index is not
+//! persisted; it is rebuilt from the slab object records at open.
 
 use fewerbytes_format::location::ObjectId;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Entries per bucket: a lookup compares at most this many prefixes.
-pub const BUCKET_ENTRIES: usize = 4;
-/// Shards (hash zones); a power of two so the shard is a mask of the prefix.
+/// Shards (hash zones); a power of two so the shard is a mask of the key.
 pub const INDEX_SHARDS: usize = 64;
-/// Bytes of memory per entry.
-pub const ENTRY_BYTES: u64 = 8;
-/// Bits of an entry that hold the object id.
-const OBJECT_BITS: u32 = 40;
-const OBJECT_MASK: u64 = (1 << OBJECT_BITS) - 1;
-
-/// `tag << 40 | object`; 0 marks an empty entry (tags are never 0).
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-struct Entry(u64);
-
-impl Entry {
-    /// `None` for an object id too large to fit (never advised, so never deduplicated
-    /// against; pools that large do not exist).
-    fn new(tag: u32, object: ObjectId) -> Option<Entry> {
-        (object.0 <= OBJECT_MASK).then_some(Entry(u64::from(tag) << OBJECT_BITS | object.0))
-    }
-    fn tag(self) -> u32 {
-        (self.0 >> OBJECT_BITS) as u32
-    }
-    fn object(self) -> ObjectId {
-        ObjectId(self.0 & OBJECT_MASK)
-    }
-    fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-}
+/// Slots per bucket.
+pub const BUCKET_SLOTS: usize = 8;
+/// Bits of memory per slot: tag and group.
+pub const SLOT_BITS: u32 = 30;
+/// Load (per mille of the slots) up to which the table keeps every entry: the
+/// window it reports. Measured: inserting random fingerprints, the first failed
+/// move came at 97.6–98.4% load (`the_window_holds_every_entry` prints it).
+pub const HONEST_LOAD_PERMILLE: u64 = 975;
+/// Most bits a slot gives the group; the rest (at least 6) are the tag.
+const GROUP_BITS_MAX: u32 = 24;
+/// Load (per mille of a shard's slots) past which an insert tries only a few moves.
+const FULL_PERMILLE: u64 = 995;
+/// Moves an insert tries before dropping an entry, below and above `FULL_PERMILLE`.
+const MAX_KICKS: usize = 500;
+const KICKS_PAST_WINDOW: usize = 16;
+/// Candidates a lookup returns at most: the slots of two buckets.
+pub const MAX_CANDIDATES: usize = 2 * BUCKET_SLOTS;
 
 struct Shard {
-    buckets: Vec<[Entry; BUCKET_ENTRIES]>,
-    next_victim: usize,
+    /// The slots, bit-packed, `SLOT_BITS` each; one spare word at the end.
+    words: Vec<u64>,
+    /// Slots in use.
+    held: u64,
+    /// Entries dropped for want of a place.
+    dropped: u64,
+    /// xorshift state for the random walk.
+    rng: u64,
 }
+
+impl Shard {
+    fn get(&self, slot: u64) -> u64 {
+        let bit = slot * u64::from(SLOT_BITS);
+        let (w, sh) = ((bit / 64) as usize, (bit % 64) as u32);
+        let lo = self.words.get(w).copied().unwrap_or(0) >> sh;
+        let hi = if sh + SLOT_BITS > 64 {
+            self.words.get(w + 1).copied().unwrap_or(0) << (64 - sh)
+        } else {
+            0
+        };
+        (lo | hi) & SLOT_MASK
+    }
+
+    fn set(&mut self, slot: u64, value: u64) {
+        let bit = slot * u64::from(SLOT_BITS);
+        let (w, sh) = ((bit / 64) as usize, (bit % 64) as u32);
+        if let Some(word) = self.words.get_mut(w) {
+            *word = (*word & !(SLOT_MASK << sh)) | (value << sh);
+        }
+        if sh + SLOT_BITS > 64 {
+            let spill = sh + SLOT_BITS - 64;
+            if let Some(word) = self.words.get_mut(w + 1) {
+                *word = (*word & !((1u64 << spill) - 1)) | (value >> (64 - sh));
+            }
+        }
+    }
+
+    /// Put `value` in an empty slot of `bucket`; false when the bucket is full.
+    fn put(&mut self, bucket: u64, value: u64) -> bool {
+        let first = bucket * BUCKET_SLOTS as u64;
+        for slot in first..first + BUCKET_SLOTS as u64 {
+            if self.get(slot) == 0 {
+                self.set(slot, value);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
+}
+
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 /// The index.
 pub struct DedupIndex {
     shards: Vec<Mutex<Shard>>,
+    /// Whether an entry was ever dropped since open (the index holds a sample).
+    lossy: AtomicBool,
+    /// Dedup hits found next to an earlier hit rather than in the index.
+    neighbour_hits: AtomicU64,
     buckets_per_shard: u64,
+    /// Objects of the pool (object ids are below this).
+    objects: u64,
+    /// log2 of the objects per group.
+    group_shift: u32,
+    /// Bits of a slot holding the group (+ 1, so an empty slot is 0).
+    group_bits: u32,
 }
 
-/// Where a fingerprint lives (its first 8 bytes), and its tag (the next 3, never 0).
-fn key_of(fp: &[u8; 32]) -> (u64, u32) {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(fp.get(..8).unwrap_or(&[0; 8]));
-    let mut t = [0u8; 4];
-    t[..3].copy_from_slice(fp.get(8..11).unwrap_or(&[0; 3]));
-    (u64::from_le_bytes(b), u32::from_le_bytes(t).max(1))
+/// Bits needed to write `x`.
+fn bits_of(x: u64) -> u32 {
+    64 - x.leading_zeros()
 }
 
 impl DedupIndex {
-    /// An index remembering about `entries` blocks.
-    pub fn new(entries: u64) -> Self {
-        let buckets_total = (entries / BUCKET_ENTRIES as u64).max(INDEX_SHARDS as u64);
-        let buckets_per_shard = buckets_total.div_ceil(INDEX_SHARDS as u64);
+    /// An index whose window is at least `window` blocks (the super block's
+    /// `index_entries`), for a pool of `objects` object slots.
+    pub fn new(window: u64, objects: u64) -> Self {
+        Self::with_buckets(Self::buckets_for_window(window), objects)
+    }
+
+    /// An index taking at most `bytes` of memory (at least one bucket a shard), and
+    /// no more than a window of `objects` blocks needs.
+    pub fn with_memory(bytes: u64, objects: u64) -> Self {
+        let buckets = Self::buckets_for_memory(bytes).min(Self::buckets_for_window(objects));
+        Self::with_buckets(buckets, objects)
+    }
+
+    /// The window (blocks) an index of at most `bytes` of memory holds.
+    pub fn window_for_memory(bytes: u64) -> u64 {
+        Self::window_of_slots(Self::buckets_for_memory(bytes) * SLOTS_PER_SHARD_BUCKET)
+    }
+
+    /// Buckets per shard in at most `bytes` (at least one).
+    fn buckets_for_memory(bytes: u64) -> u64 {
+        // Each shard has a spare word and rounds up to a word.
+        let words = (bytes / 8).saturating_sub(2 * INDEX_SHARDS as u64);
+        let slots = words * 64 / u64::from(SLOT_BITS);
+        (slots / SLOTS_PER_SHARD_BUCKET).max(1)
+    }
+
+    /// The window of a table of `slots`: the blocks that, spread over the shards
+    /// by their fingerprints, leave every shard below [`HONEST_LOAD_PERMILLE`] —
+    /// the mean per shard plus two standard deviations (a shard's share is
+    /// binomial), which matters only for small tables.
+    fn window_of_slots(slots: u64) -> u64 {
+        let limit = (slots / INDEX_SHARDS as u64 * HONEST_LOAD_PERMILLE) as f64 / 1000.0;
+        // m + 2√m = limit, for m the mean per shard.
+        let root = -1.0 + (1.0 + limit).sqrt();
+        (root * root) as u64 * INDEX_SHARDS as u64
+    }
+
+    /// Buckets per shard whose window is at least `window`.
+    fn buckets_for_window(window: u64) -> u64 {
+        let mean = window.max(1).div_ceil(INDEX_SHARDS as u64) as f64;
+        let limit = mean + 2.0 * mean.sqrt();
+        let slots = (limit * 1000.0 / HONEST_LOAD_PERMILLE as f64).ceil() as u64;
+        let mut buckets = slots.div_ceil(BUCKET_SLOTS as u64).max(1);
+        while Self::window_of_slots(buckets * SLOTS_PER_SHARD_BUCKET) < window {
+            buckets += 1;
+        }
+        buckets
+    }
+
+    fn with_buckets(buckets_per_shard: u64, objects: u64) -> Self {
+        let bits = buckets_per_shard * BUCKET_SLOTS as u64 * u64::from(SLOT_BITS);
+        let words = bits.div_ceil(64) as usize + 1;
+        let objects = objects.max(1);
+        let mut group_shift = 0;
+        while bits_of(objects.div_ceil(1 << group_shift)) > GROUP_BITS_MAX {
+            group_shift += 1;
+        }
+        let group_bits = bits_of(objects.div_ceil(1 << group_shift));
         let shards = (0..INDEX_SHARDS)
-            .map(|_| {
+            .map(|s| {
                 Mutex::new(Shard {
-                    buckets: vec![[Entry::default(); BUCKET_ENTRIES]; buckets_per_shard as usize],
-                    next_victim: 0,
+                    words: vec![0; words],
+                    held: 0,
+                    dropped: 0,
+                    rng: 0x9e37_79b9_7f4a_7c15 ^ (s as u64 + 1),
                 })
             })
             .collect();
         DedupIndex {
             shards,
+            lossy: AtomicBool::new(false),
+            neighbour_hits: AtomicU64::new(0),
             buckets_per_shard,
+            objects,
+            group_shift,
+            group_bits,
         }
     }
 
-    /// Entries the index holds at most.
+    /// The window: distinct blocks the index holds, every one found again.
     pub fn capacity(&self) -> u64 {
-        self.buckets_per_shard * INDEX_SHARDS as u64 * BUCKET_ENTRIES as u64
+        Self::window_of_slots(self.slots())
     }
 
-    /// Bytes of memory it takes.
+    /// Slots of the table.
+    pub fn slots(&self) -> u64 {
+        self.buckets_per_shard * SLOTS_PER_SHARD_BUCKET
+    }
+
+    /// Bytes of memory the table takes.
     pub fn memory_bytes(&self) -> u64 {
-        self.capacity() * ENTRY_BYTES
+        self.shards
+            .first()
+            .map_or(0, |s| s.lock().words.len() as u64 * 8)
+            * INDEX_SHARDS as u64
     }
 
-    fn place(&self, key: u64) -> (usize, usize) {
+    /// Entries held now, and entries dropped for want of a place since open.
+    pub fn held_and_dropped(&self) -> (u64, u64) {
+        self.shards.iter().fold((0, 0), |(h, d), s| {
+            let s = s.lock();
+            (h + s.held, d + s.dropped)
+        })
+    }
+
+    /// Objects per group: a candidate names this many consecutive objects.
+    pub fn group_objects(&self) -> u64 {
+        1 << self.group_shift
+    }
+
+    /// The objects of group `g` (clipped to the pool's objects).
+    pub fn objects_of(&self, g: u64) -> std::ops::Range<u64> {
+        let first = g << self.group_shift;
+        first.min(self.objects)..(first + self.group_objects()).min(self.objects)
+    }
+
+    fn tag_bits(&self) -> u32 {
+        SLOT_BITS - self.group_bits
+    }
+
+    /// Shard, first bucket and tag of a fingerprint.
+    fn place(&self, fp: &[u8; 32]) -> (usize, u64, u64) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(fp.get(..8).unwrap_or(&[0; 8]));
+        let key = u64::from_le_bytes(b);
+        b.copy_from_slice(fp.get(8..16).unwrap_or(&[0; 8]));
+        let tag = u64::from_le_bytes(b) & ((1 << self.tag_bits()) - 1);
         let shard = (key as usize) % INDEX_SHARDS;
-        let bucket = ((key >> 8) % self.buckets_per_shard) as usize;
-        (shard, bucket)
+        let bucket = (key >> 6) % self.buckets_per_shard;
+        (shard, bucket, tag)
     }
 
-    /// Candidate objects for `fp` (at most `BUCKET_ENTRIES`).
-    pub fn lookup(&self, fp: &[u8; 32]) -> ([Option<ObjectId>; BUCKET_ENTRIES], usize) {
-        let (key, tag) = key_of(fp);
-        let (s, b) = self.place(key);
-        let mut out = [None; BUCKET_ENTRIES];
+    /// The other bucket of an entry with `tag` in `bucket`.
+    fn other(&self, bucket: u64, tag: u64) -> u64 {
+        let h = tag.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+        let n = self.buckets_per_shard;
+        (h % n + n - bucket) % n
+    }
+
+    fn value(&self, tag: u64, object: ObjectId) -> Option<u64> {
+        (object.0 < self.objects)
+            .then(|| (tag << self.group_bits) | ((object.0 >> self.group_shift) + 1))
+    }
+
+    fn tag_of(&self, value: u64) -> u64 {
+        value >> self.group_bits
+    }
+
+    /// Candidate groups for `fp`, distinct (at most [`MAX_CANDIDATES`]): the
+    /// objects each names are [`Self::objects_of`].
+    pub fn lookup(&self, fp: &[u8; 32]) -> ([u64; MAX_CANDIDATES], usize) {
+        let (s, b1, tag) = self.place(fp);
+        let b2 = self.other(b1, tag);
+        let mut out = [0; MAX_CANDIDATES];
         let mut n = 0;
-        if let Some(shard) = self.shards.get(s) {
-            let shard = shard.lock();
-            if let Some(bucket) = shard.buckets.get(b) {
-                for e in bucket.iter().filter(|e| !e.is_empty() && e.tag() == tag) {
-                    if let Some(slot) = out.get_mut(n) {
-                        *slot = Some(e.object());
+        let Some(shard) = self.shards.get(s) else {
+            return (out, 0);
+        };
+        let shard = shard.lock();
+        let group_mask = (1 << self.group_bits) - 1;
+        for bucket in [b1, b2] {
+            let first = bucket * BUCKET_SLOTS as u64;
+            for slot in first..first + BUCKET_SLOTS as u64 {
+                let v = shard.get(slot);
+                if v == 0 || v >> self.group_bits != tag {
+                    continue;
+                }
+                let g = (v & group_mask) - 1;
+                if !out.iter().take(n).any(|&x| x == g) {
+                    if let Some(o) = out.get_mut(n) {
+                        *o = g;
                         n += 1;
                     }
                 }
+            }
+            if b2 == b1 {
+                break;
             }
         }
         (out, n)
     }
 
-    /// The entry `fp` → `object` would be, its shard (locked) and its bucket index;
-    /// `None` for an object id too large for an entry.
-    fn locate(
-        &self,
-        fp: &[u8; 32],
-        object: ObjectId,
-    ) -> Option<(Entry, parking_lot::MutexGuard<'_, Shard>, usize)> {
-        let (key, tag) = key_of(fp);
-        let entry = Entry::new(tag, object)?;
-        let (s, b) = self.place(key);
-        Some((entry, self.shards.get(s)?.lock(), b))
-    }
-
     /// Remember that `fp` is stored as `object`.
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
-        let Some((entry, mut shard, b)) = self.locate(fp, object) else {
+        let (s, b1, tag) = self.place(fp);
+        let Some(mut value) = self.value(tag, object) else {
             return;
         };
-        let victim = shard.next_victim;
-        let Some(bucket) = shard.buckets.get_mut(b) else {
+        let Some(shard) = self.shards.get(s) else {
             return;
         };
-        let pos = bucket
-            .iter()
-            .position(|e| *e == entry)
-            .or_else(|| bucket.iter().position(|e| e.is_empty()));
-        let i = pos.unwrap_or(victim % BUCKET_ENTRIES);
-        if let Some(e) = bucket.get_mut(i) {
-            *e = entry;
+        let mut shard = shard.lock();
+        let b2 = self.other(b1, tag);
+        shard.held += 1;
+        if shard.put(b1, value) || shard.put(b2, value) {
+            return;
         }
-        if pos.is_none() {
-            shard.next_victim = shard.next_victim.wrapping_add(1);
+        // Both full: move entries to their other bucket (a random walk).
+        let kicks =
+            if shard.held * 1000 <= self.buckets_per_shard * BUCKET_SLOTS as u64 * FULL_PERMILLE {
+                MAX_KICKS
+            } else {
+                KICKS_PAST_WINDOW
+            };
+        let mut bucket = if shard.random() & 1 == 0 { b1 } else { b2 };
+        for _ in 0..kicks {
+            let slot = bucket * BUCKET_SLOTS as u64 + shard.random() % BUCKET_SLOTS as u64;
+            let evicted = shard.get(slot);
+            shard.set(slot, value);
+            value = evicted;
+            bucket = self.other(bucket, self.tag_of(value));
+            if shard.put(bucket, value) {
+                return;
+            }
         }
+        // `value` has no place: dropped (past the window, a random older entry).
+        shard.held -= 1;
+        shard.dropped += 1;
+        self.lossy.store(true, Ordering::Relaxed);
     }
 
-    /// Forget `object` under `fp` (it was freed).
+    /// Whether the index has dropped an entry since open: it then holds a sample
+    /// of the stored blocks, not all of them.
+    pub fn lossy(&self) -> bool {
+        self.lossy.load(Ordering::Relaxed)
+    }
+
+    /// Count a dedup hit found next to an earlier one (the caller's lookup).
+    pub fn count_neighbour_hit(&self) {
+        self.neighbour_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Dedup hits found next to an earlier one since open.
+    pub fn neighbour_hits(&self) -> u64 {
+        self.neighbour_hits.load(Ordering::Relaxed)
+    }
+
+    /// Forget `object` under `fp` (it was freed). With groups of several objects,
+    /// an identical entry of another object of the group may go instead: that one
+    /// then names a group still holding `fp`'s twin, at worst a missed dedup.
     pub fn remove(&self, fp: &[u8; 32], object: ObjectId) {
-        let Some((entry, mut shard, b)) = self.locate(fp, object) else {
+        let (s, b1, tag) = self.place(fp);
+        let Some(value) = self.value(tag, object) else {
             return;
         };
-        if let Some(bucket) = shard.buckets.get_mut(b) {
-            for e in bucket.iter_mut().filter(|e| **e == entry) {
-                *e = Entry::default();
+        let Some(shard) = self.shards.get(s) else {
+            return;
+        };
+        let mut shard = shard.lock();
+        for bucket in [b1, self.other(b1, tag)] {
+            let first = bucket * BUCKET_SLOTS as u64;
+            for slot in first..first + BUCKET_SLOTS as u64 {
+                if shard.get(slot) == value {
+                    shard.set(slot, 0);
+                    shard.held -= 1;
+                    return;
+                }
             }
         }
     }
 }
 
+/// Slots per bucket of every shard (buckets per shard × this = slots).
+const SLOTS_PER_SHARD_BUCKET: u64 = (BUCKET_SLOTS * INDEX_SHARDS) as u64;
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn inserted_advice_is_found_and_removed() {
-        let idx = DedupIndex::new(1024);
-        let fp = [7u8; 32];
-        idx.insert(&fp, ObjectId(42));
-        let (c, n) = idx.lookup(&fp);
-        assert_eq!(n, 1);
-        assert_eq!(c[0], Some(ObjectId(42)));
-        idx.remove(&fp, ObjectId(42));
-        assert_eq!(idx.lookup(&fp).1, 0);
+    fn fp_of(i: u64, seed: u64) -> [u8; 32] {
+        let mut fp = [0u8; 32];
+        let mut x = i.wrapping_add(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        for chunk in fp.chunks_mut(8) {
+            // splitmix64
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            chunk.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        }
+        fp
+    }
+
+    fn finds(idx: &DedupIndex, fp: &[u8; 32], object: u64) -> bool {
+        let (c, n) = idx.lookup(fp);
+        c.iter()
+            .take(n)
+            .any(|&g| idx.objects_of(g).contains(&object))
     }
 
     #[test]
-    fn entries_keep_tag_and_object_apart() {
-        let e = Entry::new(0xab_cdef, ObjectId(OBJECT_MASK)).expect("fits");
-        assert_eq!((e.tag(), e.object()), (0xab_cdef, ObjectId(OBJECT_MASK)));
-        assert!(Entry::new(1, ObjectId(OBJECT_MASK + 1)).is_none());
-        // Two fingerprints that differ only past the tag share a bucket and a tag:
-        // both are offered, and the caller's full comparison tells them apart.
-        let idx = DedupIndex::new(1024);
+    fn inserted_advice_is_found_and_removed() {
+        let idx = DedupIndex::new(1024, 1 << 20);
+        let fp = [7u8; 32];
+        idx.insert(&fp, ObjectId(42));
+        let (c, n) = idx.lookup(&fp);
+        assert_eq!((n, c[0]), (1, 42));
+        idx.remove(&fp, ObjectId(42));
+        assert_eq!(idx.lookup(&fp).1, 0);
+        assert_eq!(idx.held_and_dropped(), (0, 0));
+    }
+
+    #[test]
+    fn slots_keep_tag_and_group_apart() {
+        let mut shard = Shard {
+            words: vec![0; 8],
+            held: 0,
+            dropped: 0,
+            rng: 1,
+        };
+        for slot in 0..16 {
+            shard.set(slot, (slot * 0x0123_4567 + 1) & SLOT_MASK);
+        }
+        for slot in 0..16 {
+            assert_eq!(shard.get(slot), (slot * 0x0123_4567 + 1) & SLOT_MASK);
+        }
+        shard.set(2, SLOT_MASK);
+        shard.set(2, 5);
+        assert_eq!(
+            (shard.get(1), shard.get(2), shard.get(3)),
+            (
+                (0x0123_4567 + 1) & SLOT_MASK,
+                5,
+                (3 * 0x0123_4567 + 1) & SLOT_MASK
+            )
+        );
+        // Large pools: groups of objects, the tag never shorter than 6 bits.
+        let big = DedupIndex::new(1024, 805_000_000);
+        assert_eq!((big.group_objects(), big.tag_bits()), (64, 6));
+        assert_eq!(big.objects_of(3), 192..256);
+        let small = DedupIndex::new(1024, 1000);
+        assert_eq!((small.group_objects(), small.tag_bits()), (1, 20));
+        // Two fingerprints that differ only past the tag share buckets and a tag: both are offered.
+        let idx = DedupIndex::new(1024, 1 << 20);
         let (a, mut b) = ([9u8; 32], [9u8; 32]);
         b[31] = 0;
         idx.insert(&a, ObjectId(1));
         idx.insert(&b, ObjectId(2));
         let (c, n) = idx.lookup(&a);
         assert_eq!(n, 2);
-        assert!(c.contains(&Some(ObjectId(1))) && c.contains(&Some(ObjectId(2))));
-        // One whose tag differs is not offered.
+        assert!(c[..2].contains(&1) && c[..2].contains(&2));
         let mut other = a;
-        other[9] ^= 1;
+        other[8] ^= 1;
         assert_eq!(idx.lookup(&other).1, 0);
+        // An object id past the pool's objects is never advised.
+        idx.insert(&[3; 32], ObjectId(1 << 20));
+        assert_eq!(idx.lookup(&[3; 32]).1, 0);
+    }
+
+    /// The window the index reports is honest: filled to it, every entry is found
+    /// (but for at most 0.2% in tables of a few buckets a shard).
+    /// Prints the load at the first dropped entry (the margin above the window).
+    #[test]
+    fn the_window_holds_every_entry() {
+        for (window, objects, seed) in [
+            (100_000, 1 << 20, 1),
+            (400_000, 1 << 26, 2),
+            (2_000_000, 1 << 26, 5),
+            (3_000, 1 << 16, 4),
+            (30_000, 1 << 16, 3),
+        ] {
+            let idx = DedupIndex::new(window, objects);
+            let window = idx.capacity();
+            for i in 0..window {
+                idx.insert(&fp_of(i, seed), ObjectId(i % objects));
+            }
+            // Large tables drop nothing; a table of a few buckets a shard a few.
+            let (held, dropped) = idx.held_and_dropped();
+            assert!(
+                held + dropped == window && dropped * 500 <= window,
+                "{dropped} of {window}"
+            );
+            let found = (0..window)
+                .filter(|&i| finds(&idx, &fp_of(i, seed), i % objects))
+                .count() as u64;
+            assert_eq!(found, held);
+            if window >= 100_000 {
+                assert_eq!(dropped, 0);
+            }
+            let mut i = window;
+            while idx.held_and_dropped().1 == 0 {
+                idx.insert(&fp_of(i, seed), ObjectId(i % objects));
+                i += 1;
+            }
+            let per_shard = idx.buckets_per_shard * BUCKET_SLOTS as u64;
+            let shard_load = idx
+                .shards
+                .iter()
+                .map(|s| s.lock())
+                .find(|s| s.dropped > 0)
+                .map_or(0, |s| s.held + s.dropped);
+            eprintln!(
+                "{} slots ({per_shard} a shard): window {window} ({:.2}% load); first entry dropped at \
+                 {:.2}% load, {:.2}% in its shard",
+                idx.slots(),
+                100.0 * window as f64 / idx.slots() as f64,
+                100.0 * i as f64 / idx.slots() as f64,
+                100.0 * shard_load as f64 / per_shard as f64,
+            );
+        }
+    }
+
+    /// Past the window, the index keeps about as many entries as it has slots, a
+    /// uniform sample: half the slots' worth of data twice over finds about half.
+    #[test]
+    fn past_the_window_a_sample_is_kept() {
+        let idx = DedupIndex::new(50_000, 1 << 22);
+        let n = idx.slots() * 2;
+        for i in 0..n {
+            idx.insert(&fp_of(i, 7), ObjectId(i));
+        }
+        let (held, dropped) = idx.held_and_dropped();
+        assert!(
+            held <= idx.slots() && held >= idx.slots() * 97 / 100,
+            "{held}"
+        );
+        assert_eq!(held + dropped, n);
+        let found = (0..n).filter(|&i| finds(&idx, &fp_of(i, 7), i)).count() as u64;
+        assert!(found * 100 >= n * 45 && found <= held, "{found} of {n}");
+        // The first and the second half are sampled alike (no cliff for old data).
+        let first = (0..n / 2).filter(|&i| finds(&idx, &fp_of(i, 7), i)).count() as u64;
+        assert!(first * 100 >= (n / 2) * 35, "{first} of {}", n / 2);
     }
 
     #[test]
-    fn a_full_index_stays_within_its_capacity() {
-        let idx = DedupIndex::new(256);
-        for i in 0..10_000u64 {
-            let mut fp = [0u8; 32];
-            fp[..8].copy_from_slice(&i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
-            idx.insert(&fp, ObjectId(i));
+    fn memory_is_under_four_bytes_per_block_of_window() {
+        // Small tables pay more per block: the shards' shares vary more.
+        for window in [1 << 20, 3 << 20] {
+            let idx = DedupIndex::new(window, 1 << 24);
+            assert!(idx.capacity() >= window);
+            assert!(
+                idx.memory_bytes() <= idx.capacity() * 4 + 16 * INDEX_SHARDS as u64,
+                "{window}"
+            );
         }
-        let held: usize = idx
-            .shards
-            .iter()
-            .map(|s| {
-                s.lock()
-                    .buckets
-                    .iter()
-                    .flatten()
-                    .filter(|e| !e.is_empty())
-                    .count()
-            })
-            .sum();
-        assert!(held as u64 <= idx.capacity());
+        let bytes = 4 << 20;
+        let idx = DedupIndex::with_memory(bytes, 1 << 24);
+        assert!(idx.memory_bytes() <= bytes);
+        assert_eq!(idx.capacity(), DedupIndex::window_for_memory(bytes));
+        assert!(idx.capacity() * 4 >= bytes * 99 / 100);
     }
 }

@@ -1,11 +1,14 @@
 //! `Inner`: what the pool's threads share — the parts, each owning its state — and the
-//! few questions that need more than one part (the space the packers may use, whether
-//! a checkpoint is due). `Pool` (pool.rs) opens and closes it; the operation files take it.
+//! few questions that need more than one part (the space the packers may use, the group
+//! commit, whether a checkpoint is due). `Pool` (pool.rs) opens and closes it; the
+//! operation files (checkpoint, load, recovery, repair, compaction, the read and write
+//! paths) are functions that take it.
 
 use crate::counters::Counters;
 use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
-use crate::journal::{Journal, Work};
+use crate::journal::Journal;
+use crate::lbn_locks::LbnLocks;
 use crate::open_repair::OpenRepair;
 use crate::packer::{Space, Zones};
 use crate::slab_depot::SlabDepot;
@@ -13,17 +16,11 @@ use crate::volumes::Volumes;
 use crate::{EngineError, Result};
 use fewerbytes_format::dir_tree::MAX_DEPTH;
 use fewerbytes_format::BLOCK_BYTES;
-use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::checkpointer::Checkpointer;
+use crate::compactor::Compactor;
 
-/// Lock stripes serializing writes to the same logical block, so a read-modify-write
-/// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
-/// 128 requests in flight, two unrelated blocks share a stripe rarely (3% of requests
-/// meet another at random), and the table is 4,096 words.
-pub const LBN_STRIPES: usize = 4096;
 /// Blocks per step of a large request: bounds the journal space one step reserves
 /// and how long it holds the gate.
 pub const BLOCKS_PER_STEP: u64 = 64;
@@ -43,7 +40,8 @@ pub(crate) struct Inner {
     pub geometry: PoolGeometry,
     /// The devices and the read-only latch.
     pub devices: Devices,
-    pub gate: RwLock<()>,
+    /// The gate and the lock stripes.
+    pub locks: LbnLocks,
     /// The volume list.
     pub volumes: Volumes,
     /// Slabs: reference counts, free space.
@@ -51,19 +49,11 @@ pub(crate) struct Inner {
     /// The zones' packers.
     pub zones: Zones,
     pub journal: Arc<Journal>,
-    pub stripes: Vec<Mutex<()>>,
     /// The super block, page store, directory trees and lock of the checkpoints.
     pub checkpointer: Checkpointer,
     pub counters: Counters,
-    pub threads: usize,
-    /// Wakes the compactor early when the pool closes (it otherwise sleeps between rounds).
-    pub compactor_wake: (Mutex<()>, parking_lot::Condvar),
-    /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
-    /// page-store slot at the next checkpoint, so their number is bounded (see
-    /// `wants_checkpoint`).
-    pub dirty_pages: Arc<AtomicU64>,
-    /// Packed blocks emptied by compaction since open.
-    pub compacted_blocks: AtomicU64,
+    /// The compactor's wake-up and what it emptied.
+    pub compactor: Compactor,
     /// Opened by `check --repair`: what the open may restore (`repair.rs`).
     pub repair: OpenRepair,
 }
@@ -149,31 +139,11 @@ impl Inner {
         }
     }
 
-    pub(crate) fn commit_loop(self: Arc<Self>) {
-        loop {
-            match self.journal.next_work() {
-                Work::Shutdown => return,
-                Work::Commit => {
-                    if self.commit().is_ok()
-                        && (self.journal.wants_checkpoint() || self.page_store_pressed())
-                    {
-                        self.journal.request_checkpoint();
-                    }
-                }
-                Work::Checkpoint => {
-                    if let Err(e) = self.checkpoint() {
-                        tracing::error!("checkpoint failed: {e}");
-                    }
-                }
-            }
-        }
-    }
-
     /// Whether dirty pages would soon need more fresh slots than the page store has
     /// free: a checkpoint then, before many pages have to go to the data region
     /// (`PageStore::pressed`).
     pub fn page_store_pressed(&self) -> bool {
-        let dirty = self.dirty_pages.load(Ordering::Relaxed);
+        let dirty = self.checkpointer.dirty_page_count();
         self.checkpointer
             .page_store()
             .pressed(dirty, self.depot.metadata_headroom_blocks())
@@ -184,7 +154,7 @@ impl Inner {
     /// store's free slots and the data region's free blocks together. Counted only
     /// when the dirty pages could pass the free slots (`metadata_room.rs`).
     pub fn metadata_room(&self) -> Result<()> {
-        let dirty = self.dirty_pages.load(Ordering::Relaxed);
+        let dirty = self.checkpointer.dirty_page_count();
         let free_slots = self.checkpointer.page_store().free_slots();
         let catalog = self.checkpointer.super_block().catalog.len() as u64;
         let volumes = self.volumes.all();
@@ -206,13 +176,4 @@ impl Inner {
         }
         Ok(())
     }
-}
-
-/// One of a fixed set picked by a hash or zone number (`n` modulo the set's length).
-/// Every such set is made non-empty at open (at least one zone, [`LBN_STRIPES`]
-/// stripes).
-pub(crate) fn pick<T>(items: &[T], n: usize) -> &T {
-    n.checked_rem(items.len())
-        .and_then(|i| items.get(i))
-        .expect("zones and stripes are made non-empty at open")
 }

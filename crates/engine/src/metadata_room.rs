@@ -41,11 +41,11 @@ pub(crate) fn pages_to_write(
         pages += changed.len() as u64 + directory_pages(&changed, total);
     }
     for vol in volumes {
-        let map = vol.pages.read();
+        let map = vol.map_pages();
         let changed: Vec<usize> = map
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.lock().dirty)
+            .filter(|(_, p)| p.lock().is_dirty())
             .map(|(k, _)| k)
             .collect();
         pages += changed.len() as u64 + directory_pages(&changed, map.len());

@@ -86,16 +86,24 @@ pub(crate) struct Space<'a> {
 /// fills, when a fragment spans into the next block, when a block or run closes).
 pub(crate) struct Zones {
     packers: Vec<Mutex<Packer>>,
+    /// The worker threads the pool was opened with.
+    threads: usize,
 }
 
 impl Zones {
-    /// `zones` packers, each with nothing open (at least one).
-    pub(crate) fn new(zones: usize) -> Self {
+    /// One zone per worker thread, capped by the slab count (a zone prefers slabs
+    /// of its own), each packer with nothing open; at least one.
+    pub(crate) fn new(threads: usize, slab_count: u32) -> Self {
+        let zones = threads.min(slab_count as usize).max(1);
         Zones {
-            packers: (0..zones.max(1))
-                .map(|_| Mutex::new(Packer::default()))
-                .collect(),
+            packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
+            threads,
         }
+    }
+
+    /// The worker threads the pool was opened with.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
     }
 
     /// Zones (packers).

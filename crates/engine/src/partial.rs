@@ -4,7 +4,7 @@
 //!
 //! How a block is held during its read-modify-write (ARCHITECTURE.md, "Partial
 //! blocks", says the same):
-//! - The caller holds the block's **stripe lock** (`Inner::stripe`) from the read to
+//! - The caller holds the block's **stripe lock** (`LbnLocks::stripe`) from the read to
 //!   the map update. Every write of a block takes it, whole or partial, so two writes
 //!   of the same block — two partial ones, or a partial and an aligned one — never
 //!   overlap: each starts from what the other left. An aligned write whose stripe has
@@ -25,84 +25,37 @@
 //!   shared throughout. A plain read that loses a race with any write of its block
 //!   is tried again the same way, under the block's stripe lock (`read_block`).
 
-use crate::block_map::{reads_alike, VolumeState};
+use crate::block_map::VolumeState;
 use crate::inner::Inner;
 use crate::inner::Wait;
+use crate::read_path::{read_object_settled, RMW_ATTEMPTS_MAX};
 use crate::{EngineError, Result};
-use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::BLOCK_BYTES;
 
-/// Attempts one read-modify-write makes before it reports a failure. Two suffice:
-/// only a range operation can change the entry under the stripe lock, and after one
-/// has, the entry reads as zeros and any further range operation leaves it reading
-/// as zeros, which `reads_alike` accepts. The third is a margin for an argument
-/// that should never fail; the fourth would be a bug, reported rather than looped on.
-pub(crate) const RMW_ATTEMPTS_MAX: u32 = 3;
-
-impl Inner {
-    /// Read block `lbn` into `block` while holding its stripe lock: only a range
-    /// operation can change the entry meanwhile, and only to one that reads as zeros,
-    /// so a read that lost that race is tried again once at most (within
-    /// `RMW_ATTEMPTS_MAX`). Returns whether it read everything (false only with
-    /// `Wait::No`) and the entry it read.
-    pub(crate) fn read_object_settled(
-        &self,
-        vol: &VolumeState,
-        lbn: u64,
-        block: &mut [u8],
-        wait: Wait,
-    ) -> Result<(bool, MapEntry)> {
-        let mut base = vol.get(lbn);
-        let mut attempts = 1;
-        loop {
-            let read = match base {
-                MapEntry::Unmapped | MapEntry::Zero => {
-                    block.fill(0);
-                    Ok(true)
-                }
-                MapEntry::Object(o) => self.read_object(o, block, wait),
-            };
-            match read {
-                Ok(done) => return Ok((done, base)),
-                Err(e) => {
-                    // A range operation may have dropped the object's last reference
-                    // between the two looks; then read what it left.
-                    let now = vol.get(lbn);
-                    if reads_alike(now, base) || attempts >= RMW_ATTEMPTS_MAX {
-                        return Err(e);
-                    }
-                    base = now;
-                    attempts += 1;
-                }
-            }
+/// Write `src` at byte `within` of block `lbn`, keeping the block's other bytes.
+/// Caller holds the gate (shared) and the block's stripe lock; `within + src.len()`
+/// is at most one block.
+pub(crate) fn write_partial(
+    inner: &Inner,
+    vol: &VolumeState,
+    lbn: u64,
+    within: usize,
+    src: &[u8],
+) -> Result<()> {
+    debug_assert!(within + src.len() <= BLOCK_BYTES);
+    let mut block = [0u8; BLOCK_BYTES];
+    for _ in 0..RMW_ATTEMPTS_MAX {
+        let (_, base) = read_object_settled(inner, vol, lbn, &mut block, Wait::Yes)?;
+        if let Some(dst) = block.get_mut(within..within + src.len()) {
+            dst.copy_from_slice(src);
+        }
+        if crate::write_path::write_block(inner, vol, lbn, &block, Some(base))? {
+            return Ok(());
         }
     }
-
-    /// Write `src` at byte `within` of block `lbn`, keeping the block's other bytes.
-    /// Caller holds the gate (shared) and the block's stripe lock; `within + src.len()`
-    /// is at most one block.
-    pub(crate) fn write_partial(
-        &self,
-        vol: &VolumeState,
-        lbn: u64,
-        within: usize,
-        src: &[u8],
-    ) -> Result<()> {
-        debug_assert!(within + src.len() <= BLOCK_BYTES);
-        let mut block = [0u8; BLOCK_BYTES];
-        for _ in 0..RMW_ATTEMPTS_MAX {
-            let (_, base) = self.read_object_settled(vol, lbn, &mut block, Wait::Yes)?;
-            if let Some(dst) = block.get_mut(within..within + src.len()) {
-                dst.copy_from_slice(src);
-            }
-            if self.write_block(vol, lbn, &block, Some(base))? {
-                return Ok(());
-            }
-        }
-        Err(EngineError::Refused(format!(
-            "read-modify-write of block {lbn} of volume '{}' lost its race {RMW_ATTEMPTS_MAX} times \
-             (a bug: only range operations may change a block under its stripe lock)",
-            vol.name()
-        )))
-    }
+    Err(EngineError::Refused(format!(
+        "read-modify-write of block {lbn} of volume '{}' lost its race {RMW_ATTEMPTS_MAX} times \
+         (a bug: only range operations may change a block under its stripe lock)",
+        vol.name()
+    )))
 }

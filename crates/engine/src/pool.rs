@@ -1,4 +1,5 @@
-//! The pool: its devices, its tables, the commit thread, and volume management.
+//! The pool: create, open and close; its public face, which hands volume operations
+//! to `volume_ops.rs`, statistics to `stats.rs` and repair to `repair.rs`.
 //!
 //! Concurrency: request threads hold the *gate* shared while they change state;
 //! a checkpoint snapshot and volume operations (create, delete, resize, clone)
@@ -6,36 +7,33 @@
 //! state is split by zone: block-map pages (logical), slabs and packers
 //! (physical), index shards (hash), each behind its own lock.
 
-use crate::block_map::VolumeState;
 use crate::counters::Counters;
 use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
 use crate::geometry::{human_bytes, Geometry, SLAB_BLOCKS};
-use crate::journal::{read_journal, Journal};
+use crate::journal::Journal;
 use crate::open_repair::OpenRepair;
 use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
-use fewerbytes_format::catalog::validate_name;
-use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
     index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC,
     FLAG_DATA_REGION_PAGES, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN,
     SUPER_MAGIC,
 };
-use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
+use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
-use crate::inner::{Inner, LBN_STRIPES};
-use crate::page_store::page_address;
+use crate::compactor::Compactor;
+use crate::inner::Inner;
+use crate::lbn_locks::LbnLocks;
 
 /// How an open treats the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,56 +50,9 @@ enum OpenMode {
 /// An open pool. Shared by `Arc`; the final checkpoint is taken by `close` or when
 /// the last handle drops.
 pub struct Pool {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// The open-by-host marker of this process: host name, boot id, pid, now. Each part
-/// is best effort (a person reads it); unknown parts stay empty.
-fn this_holder() -> Holder {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
-    let mut host_bytes = host
-        .len()
-        .min(fewerbytes_format::superblock::MAX_HOST_BYTES);
-    while !host.is_char_boundary(host_bytes) {
-        host_bytes -= 1;
-    }
-    let mut boot_id = [0u8; 16];
-    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = text
-            .trim()
-            .chars()
-            .filter_map(|c| c.to_digit(16))
-            .map(|d| d as u8)
-            .collect();
-        for (b, pair) in boot_id.iter_mut().zip(hex.chunks(2)) {
-            *b = pair.iter().fold(0, |acc, d| acc << 4 | d);
-        }
-    }
-    Holder {
-        pid: std::process::id(),
-        open_unix: now_unix().max(1),
-        boot_id,
-        host: host.get(..host_bytes).unwrap_or_default().to_string(),
-    }
-}
-
-fn describe_holder(h: &Holder) -> String {
-    let boot: String = h.boot_id.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "host '{}' (boot id {boot}), pid {}, at {} (unix time)",
-        h.host, h.pid, h.open_unix
-    )
 }
 
 fn random_u64() -> u64 {
@@ -143,6 +94,11 @@ fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
 }
 
 impl Pool {
+    /// What the pool's threads share (a `Volume` handle works through it).
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// Format the device(s) as a new pool.
     pub fn create(opts: &CreateOptions) -> Result<PoolInfo> {
         if let Some(size) = opts.size_bytes {
@@ -224,7 +180,9 @@ impl Pool {
         // More entries than object slots could never be used, and the super block
         // refuses them (opening sizes the index from this field).
         let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => (bytes / crate::index::ENTRY_BYTES).max(INDEX_ENTRIES_MIN),
+            Some(bytes) => {
+                crate::index::DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN)
+            }
             None => geo.data_blocks,
         }
         .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
@@ -259,7 +217,7 @@ impl Pool {
             data_device_bytes: data.len_bytes(),
             reserve_blocks: crate::geometry::reserve_blocks_for(geo.data_blocks),
             index_entries,
-            created_unix: now_unix(),
+            created_unix: crate::load::now_unix(),
             catalog: Vec::new(),
             counters: PageRef::NONE,
             holder: Holder::default(),
@@ -548,9 +506,8 @@ impl Pool {
                     .unwrap_or(1)
             })
             .clamp(1, 64);
-        let zones = threads.min(sb.slab_count as usize).max(1);
         let geometry = PoolGeometry::from_super(&sb);
-        let dirty_pages = Arc::new(AtomicU64::new(0));
+        let checkpointer = Checkpointer::new(sb.clone(), geometry.page_slots());
         let journal = Arc::new(Journal::new(
             geometry.nonce(),
             geometry.journal_start_block(),
@@ -561,31 +518,31 @@ impl Pool {
         ));
         let inner = Arc::new(Inner {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
-            depot: SlabDepot::new(&geometry, &dirty_pages),
-            zones: Zones::new(zones),
+            depot: SlabDepot::new(
+                &geometry,
+                checkpointer.dirty_pages(),
+                opts.index_memory_bytes,
+            ),
+            zones: Zones::new(threads, sb.slab_count),
             journal,
-            checkpointer: Checkpointer::new(sb.clone(), geometry.page_slots()),
             geometry,
-            gate: RwLock::new(()),
             volumes: Volumes::new(),
-            stripes: (0..LBN_STRIPES).map(|_| Mutex::new(())).collect(),
+            locks: LbnLocks::new(),
             counters: Counters::default(),
-            threads,
-            compactor_wake: (Mutex::new(()), parking_lot::Condvar::new()),
-            dirty_pages,
-            compacted_blocks: AtomicU64::new(0),
+            compactor: Compactor::new(),
+            checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
-        inner.load(&sb)?;
+        crate::load::load(&inner, &sb)?;
         let thread_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("fewerbytes-commit".into())
-            .spawn(move || thread_inner.commit_loop())
+            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
             .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
         let compact_inner = inner.clone();
         let compactor = std::thread::Builder::new()
             .name("fewerbytes-compact".into())
-            .spawn(move || compact_inner.compact_loop())
+            .spawn(move || crate::compact::compact_loop(&compact_inner))
             .map_err(|e| {
                 EngineError::Refused(format!("cannot start the compaction thread: {e}"))
             })?;
@@ -620,7 +577,7 @@ impl Pool {
             index_entries: i.depot.index().capacity(),
             dedup_window_bytes: i.depot.index().capacity() * block,
             index_memory_bytes: i.depot.index().memory_bytes(),
-            threads: i.threads,
+            threads: i.zones.threads(),
             mode: self.mode(),
             format_version: sb.version,
             open_marker: sb.holder.is_set().then(|| OpenMarker {
@@ -708,133 +665,25 @@ impl Pool {
         }
     }
 
-    fn volume_info(&self, v: &VolumeState) -> VolumeInfo {
-        let block = BLOCK_BYTES as u64;
-        let mut exclusive = 0u64;
-        let mut own: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
-        v.for_each_mapped(|_, e| {
-            if let Some(o) = e.object() {
-                *own.entry(o.0).or_insert(0) += 1;
-            }
-        });
-        for (o, n) in own {
-            let (s, i) = (
-                (o / u64::from(self.inner.geometry.objects_per_slab())) as u32,
-                (o % u64::from(self.inner.geometry.objects_per_slab())) as u32,
-            );
-            let rec = self.inner.depot.slab(s).lock().rec(i);
-            if rec.refcount == n {
-                if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
-                    exclusive += loc.stored_bytes();
-                }
-            }
-        }
-        VolumeInfo {
-            name: v.name(),
-            id: v.id,
-            size_bytes: v.size_blocks() * block,
-            logical_used_bytes: v.mapped_blocks() * block,
-            zero_bytes: v.zero_blocks() * block,
-            exclusive_stored_bytes: exclusive,
-            users: v.users(),
-        }
-    }
-
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        self.inner.volumes.sizes(BLOCK_BYTES as u64)
+        crate::volume_ops::sizes(&self.inner)
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        let vols = self.inner.volumes.all();
-        vols.iter().map(|v| self.volume_info(v)).collect()
-    }
-
-    fn check_capacity(&self, extra_blocks: u64, what: &str) -> Result<()> {
-        let i = &self.inner;
-        let allocated = i.volumes.allocated_blocks();
-        if allocated + extra_blocks > i.geometry.addressable_blocks() {
-            let block = BLOCK_BYTES as u64;
-            return Err(EngineError::Refused(format!(
-                "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
-                human_bytes(extra_blocks * block),
-                human_bytes(i.geometry.addressable_blocks() * block),
-                human_bytes(allocated * block),
-                human_bytes((i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks())) * block),
-                if i.geometry.overcommit() { "" } else { "; create the pool with --overcommit to promise more than it stores" }
-            )));
-        }
-        Ok(())
-    }
-
-    fn size_blocks_of(size_bytes: u64) -> Result<u64> {
-        if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-            return Err(EngineError::Refused(format!(
-                "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
-            )));
-        }
-        if size_bytes > MAX_VOLUME_BYTES {
-            return Err(EngineError::Refused(format!(
-                "a volume is at most {} (journal records address 2^40 blocks), not {}",
-                human_bytes(MAX_VOLUME_BYTES),
-                human_bytes(size_bytes)
-            )));
-        }
-        Ok(size_bytes / BLOCK_BYTES as u64)
+        crate::volume_ops::list(&self.inner)
     }
 
     /// Create a volume; refused past the pool's addressable size unless overcommitted.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
-        validate_name(name).map_err(EngineError::Refused)?;
-        let size_blocks = Self::size_blocks_of(size_bytes)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        if i.volumes.exists(name) {
-            return Err(EngineError::VolumeExists(name.to_string()));
-        }
-        self.check_capacity(
-            size_blocks,
-            &format!("volume '{name}' of {}", human_bytes(size_bytes)),
-        )?;
-        let vol = i.volumes.make(name, size_blocks)?;
-        i.volumes.insert(vol.clone());
-        i.checkpoint_locked(gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::create(&self.inner, name, size_bytes)
     }
 
     /// Delete a volume; refused while handles are open unless `force`.
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        i.ensure_space()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let vol = i.volumes.by_name(name)?;
-        let users = vol.users();
-        if users > 0 && !force {
-            return Err(EngineError::VolumeInUse {
-                name: name.to_string(),
-                users,
-            });
-        }
-        vol.mark_deleted();
-        let mut released = Vec::new();
-        vol.for_each_mapped(|_, e| released.extend(e.object()));
-        {
-            let mut free = Vec::new();
-            for page in vol.pages.read().iter() {
-                free.extend(page_address(&page.lock().durable));
-            }
-            free.extend(vol.dirs.lock().slots());
-            i.checkpointer.free_after_next(free);
-        }
-        i.volumes.remove(vol.slot);
-        i.depot.release_objects(&i.devices, &released)?;
-        i.checkpoint_locked(gate, true)
+        crate::volume_ops::delete(&self.inner, name, force)
     }
 
     /// Grow a volume (or shrink with `allow_shrink`).
@@ -844,100 +693,12 @@ impl Pool {
         size_bytes: u64,
         allow_shrink: bool,
     ) -> Result<VolumeInfo> {
-        let size_blocks = Self::size_blocks_of(size_bytes)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let vol = i.volumes.by_name(name)?;
-        let old = vol.size_blocks();
-        if size_blocks > old {
-            self.check_capacity(
-                size_blocks - old,
-                &format!("growing '{name}' to {}", human_bytes(size_bytes)),
-            )?;
-        } else if size_blocks < old {
-            if !allow_shrink {
-                return Err(EngineError::Refused(format!(
-                    "shrinking '{name}' from {} to {} discards its data past the new end; pass --shrink to do it",
-                    human_bytes(old * BLOCK_BYTES as u64),
-                    human_bytes(size_bytes)
-                )));
-            }
-            let mut released = Vec::new();
-            {
-                let pages = vol.pages.read();
-                for lbn in size_blocks..old {
-                    let p = (lbn / crate::block_map::ENTRIES_PER_PAGE) as usize;
-                    if let Some(page) = pages.get(p) {
-                        let mut page = page.lock();
-                        if page.entries.is_some() {
-                            let old_entry = page.set(
-                                (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
-                                fewerbytes_format::location::MapEntry::Unmapped,
-                                &i.dirty_pages,
-                            );
-                            vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
-                            released.extend(old_entry.object());
-                        }
-                    }
-                }
-                let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
-                let mut free = Vec::new();
-                for page in pages.iter().skip(keep) {
-                    free.extend(page_address(&page.lock().durable));
-                }
-                i.checkpointer.free_after_next(free);
-            }
-            i.depot.release_objects(&i.devices, &released)?;
-        }
-        vol.set_size(size_blocks);
-        i.checkpoint_locked(gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::resize(&self.inner, name, size_bytes, allow_shrink)
     }
 
     /// Clone a volume: shares every block by reference.
     pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
-        validate_name(dst).map_err(EngineError::Refused)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let source = i.volumes.by_name(src)?;
-        if i.volumes.exists(dst) {
-            return Err(EngineError::VolumeExists(dst.to_string()));
-        }
-        let size_blocks = source.size_blocks();
-        self.check_capacity(
-            size_blocks,
-            &format!(
-                "clone '{dst}' of {}",
-                human_bytes(size_blocks * BLOCK_BYTES as u64)
-            ),
-        )?;
-        let vol = i.volumes.make(dst, size_blocks)?;
-        let mut shared = Vec::new();
-        {
-            let from = source.pages.read();
-            let to = vol.pages.read();
-            for (p, q) in from.iter().zip(to.iter()) {
-                let p = p.lock();
-                if let Some(entries) = &p.entries {
-                    let mut q = q.lock();
-                    q.entries = Some(entries.clone());
-                    q.dirty = true;
-                    i.dirty_pages.fetch_add(1, Ordering::Relaxed);
-                    shared.extend(entries.iter().filter_map(|e| {
-                        fewerbytes_format::location::MapEntry::decode(*e).object()
-                    }));
-                }
-            }
-        }
-        vol.copy_usage(&source);
-        i.depot.add_references(&i.devices, &shared)?;
-        i.volumes.insert(vol.clone());
-        i.checkpoint_locked(gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::clone(&self.inner, src, dst)
     }
 
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
@@ -945,26 +706,7 @@ impl Pool {
     /// leaves the old name or the new one, never both. A volume with open handles
     /// (NBD clients) is refused: they attached it by the old name.
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
-        validate_name(new_name).map_err(EngineError::Refused)?;
-        let i = &self.inner;
-        i.devices.ensure_writable()?;
-        let _ck = i.checkpointer.serialize();
-        let gate = i.gate.write();
-        let vol = i.volumes.by_name(name)?;
-        if i.volumes.exists(new_name) {
-            return Err(EngineError::VolumeExists(new_name.to_string()));
-        }
-        // A client attached the volume by its old name (its NBD export): a disk is
-        // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
-        let users = vol.users();
-        if users > 0 {
-            return Err(EngineError::Refused(format!(
-                "volume '{name}' is open by {users} client(s): disconnect them to rename it"
-            )));
-        }
-        vol.rename(new_name);
-        i.checkpoint_locked(gate, true)?;
-        Ok(self.volume_info(&vol))
+        crate::volume_ops::rename(&self.inner, name, new_name)
     }
 
     /// Open a handle on a volume.
@@ -982,7 +724,7 @@ impl Pool {
     /// Run a compaction round over every slab now (the pool also runs one in the
     /// background after fragments are freed). Returns the packed blocks emptied.
     pub fn compact(&self) -> Result<u64> {
-        self.inner.compact_all()
+        crate::compact::compact_all(&self.inner)
     }
 
     /// Make every acknowledged write durable.
@@ -1006,10 +748,7 @@ impl Pool {
         if i.devices.close() {
             return Ok(());
         }
-        {
-            let _guard = i.compactor_wake.0.lock();
-            i.compactor_wake.1.notify_all();
-        }
+        i.compactor.wake();
         if let Some(h) = self.compact_thread.lock().take() {
             let _ = h.join();
         }
@@ -1020,7 +759,7 @@ impl Pool {
         } else {
             // A clean close clears the open-by-host marker.
             i.checkpointer.super_block().holder = Holder::default();
-            i.checkpoint()
+            crate::checkpoint::checkpoint(i)
         };
         i.journal.shutdown();
         if let Some(h) = self.commit_thread.lock().take() {
@@ -1035,102 +774,5 @@ impl Drop for Pool {
         if let Err(e) = self.shutdown() {
             tracing::error!("closing the pool failed: {e}");
         }
-    }
-}
-
-impl Inner {
-    /// Load the checkpoint, replay the journal, rebuild derived state, and write a
-    /// fresh checkpoint in the new open generation.
-    fn load(self: &Arc<Self>, sb: &SuperBlock) -> Result<()> {
-        if sb.holder.is_set() {
-            tracing::warn!(
-                "{}: the pool is marked open by {}: that opener did not close it (it \
-                 stopped without closing, or another host still has the device open)",
-                self.devices.meta().name(),
-                describe_holder(&sb.holder)
-            );
-        }
-        if sb.generation > 0 {
-            let catalog = self.load_catalog()?;
-            self.load_counters()?;
-            self.load_objects(&catalog)?;
-            self.volumes.set_next_id(catalog.next_volume_id);
-            // Volumes are created and grown only within the addressable blocks, and a
-            // volume's map is sized from its size: a damaged size must not size it.
-            let mut volume_blocks_total = 0u64;
-            for record in &catalog.volumes {
-                let corrupt = |reason: String| EngineError::Corrupt {
-                    region: "catalog",
-                    block: 0,
-                    device: "metadata",
-                    reason,
-                };
-                if !record.size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
-                    return Err(corrupt(format!(
-                        "volume '{}' size {} is not whole blocks",
-                        record.name, record.size_bytes
-                    )));
-                }
-                volume_blocks_total =
-                    volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-                if volume_blocks_total > self.geometry.addressable_blocks() {
-                    return Err(corrupt(format!(
-                        "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
-                        record.name,
-                        record.size_bytes,
-                        self.geometry.addressable_blocks() * BLOCK_BYTES as u64
-                    )));
-                }
-                let vol = Arc::new(VolumeState::new(
-                    record.slot,
-                    record.id,
-                    record.name.clone(),
-                    record.size_bytes / BLOCK_BYTES as u64,
-                ));
-                self.load_map(record, &vol)?;
-                self.volumes.insert(vol);
-            }
-        }
-        let (records, _next) = read_journal(
-            self.devices.meta(),
-            self.geometry.nonce(),
-            self.geometry.journal_start_block(),
-            self.geometry.journal_sectors(),
-            sb.journal_replay_seq,
-            sb.open_gen,
-        )?;
-        if sb.generation > 0 && !records.is_empty() {
-            tracing::info!("replaying {} journal records", records.len());
-            self.replay(&records)?;
-        }
-        self.restore_counts()?;
-        self.rebuild()?;
-        if self.devices.opened_read_only() {
-            self.devices.latch_opened_read_only();
-            return Ok(());
-        }
-        let upgrade = sb.version == FORMAT_VERSION_1;
-        if upgrade {
-            self.prepare_upgrade()?;
-        }
-        // A fresh checkpoint in the new open generation retires the replayed journal
-        // and records who holds the pool.
-        {
-            let mut current = self.checkpointer.super_block();
-            current.open_gen = sb.open_gen + 1;
-            current.holder = this_holder();
-        }
-        self.checkpoint()?;
-        if upgrade {
-            // The other super block copy still holds version 1: one more checkpoint
-            // overwrites it, so version-1 code refuses the pool by its version rather
-            // than open that older checkpoint.
-            self.checkpoint()?;
-            tracing::info!(
-                "{}: upgraded to format version {FORMAT_VERSION}",
-                self.devices.meta().name()
-            );
-        }
-        Ok(())
     }
 }

@@ -21,177 +21,179 @@ fn corrupt(reason: String) -> EngineError {
     }
 }
 
-impl Inner {
-    /// Apply journal records in order.
-    pub(crate) fn replay(&self, records: &[Record]) -> Result<()> {
-        let mut deltas: HashMap<u64, i64> = HashMap::new();
-        let vols = self.volumes.by_slot();
-        let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
-            if let Some(o) = new.object() {
-                *deltas.entry(o.0).or_insert(0) += 1;
-            }
-            if let Some(o) = old.object() {
-                *deltas.entry(o.0).or_insert(0) -= 1;
-            }
-        };
-        for (n, record) in records.iter().enumerate() {
-            match *record {
-                Record::NewObject {
-                    object,
-                    location,
-                    fingerprint,
-                } => {
-                    let o = ObjectId(object);
-                    let loc = Location::decode(location)
-                        .map_err(|e| corrupt(format!("record {n}: {e}")))?;
-                    let (s, i) = self.depot.split_object(o);
-                    if !self.depot.valid_object(o) || !self.depot.valid_location(s, loc) {
-                        return Err(corrupt(format!(
-                            "record {n}: object {object} at {loc:?} is outside the pool"
-                        )));
-                    }
-                    let mut slab = self.depot.slab(s).lock();
-                    if let Some(rec) = slab.rec_mut_stored(i) {
-                        rec.location = location;
-                        rec.fingerprint = fingerprint;
-                    }
+/// Apply journal records in order.
+pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
+    let mut deltas: HashMap<u64, i64> = HashMap::new();
+    let vols = inner.volumes.by_slot();
+    let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
+        if let Some(o) = new.object() {
+            *deltas.entry(o.0).or_insert(0) += 1;
+        }
+        if let Some(o) = old.object() {
+            *deltas.entry(o.0).or_insert(0) -= 1;
+        }
+    };
+    for (n, record) in records.iter().enumerate() {
+        match *record {
+            Record::NewObject {
+                object,
+                location,
+                fingerprint,
+            } => {
+                let o = ObjectId(object);
+                let loc =
+                    Location::decode(location).map_err(|e| corrupt(format!("record {n}: {e}")))?;
+                let (s, i) = inner.depot.split_object(o);
+                if !inner.depot.valid_object(o) || !inner.depot.valid_location(s, loc) {
+                    return Err(corrupt(format!(
+                        "record {n}: object {object} at {loc:?} is outside the pool"
+                    )));
                 }
-                Record::MapSet { volume, lbn, entry } => {
-                    let vol = volume_in(&vols, volume, n)?;
-                    if lbn >= vol.size_blocks()
-                        || entry.object().is_some_and(|o| !self.depot.valid_object(o))
-                    {
-                        return Err(corrupt(format!(
-                            "record {n}: block {lbn} of volume '{}' or its entry is out of range",
-                            vol.name()
-                        )));
-                    }
-                    let pages = vol.pages.read();
-                    let mut page = pages
-                        .get((lbn / ENTRIES_PER_PAGE) as usize)
-                        .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
-                        .lock();
-                    let old = page.set((lbn % ENTRIES_PER_PAGE) as usize, entry, &self.dirty_pages);
-                    change(&mut deltas, old, entry);
+                let mut slab = inner.depot.slab(s).lock();
+                if let Some(rec) = slab.rec_mut_stored(i) {
+                    rec.location = location;
+                    rec.fingerprint = fingerprint;
                 }
-                Record::RangeSet {
-                    volume,
-                    lbn,
-                    count,
+            }
+            Record::MapSet { volume, lbn, entry } => {
+                let vol = volume_in(&vols, volume, n)?;
+                if lbn >= vol.size_blocks()
+                    || entry.object().is_some_and(|o| !inner.depot.valid_object(o))
+                {
+                    return Err(corrupt(format!(
+                        "record {n}: block {lbn} of volume '{}' or its entry is out of range",
+                        vol.name()
+                    )));
+                }
+                let pages = vol.map_pages();
+                let mut page = pages
+                    .get((lbn / ENTRIES_PER_PAGE) as usize)
+                    .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
+                    .lock();
+                let old = page.set(
+                    (lbn % ENTRIES_PER_PAGE) as usize,
                     entry,
-                } => {
-                    let vol = volume_in(&vols, volume, n)?;
-                    if lbn
-                        .checked_add(count)
-                        .is_none_or(|end| end > vol.size_blocks())
-                    {
-                        return Err(corrupt(format!(
-                            "record {n}: range {lbn}+{count} past the end of volume '{}'",
-                            vol.name()
-                        )));
-                    }
-                    let pages = vol.pages.read();
-                    for l in lbn..lbn + count {
-                        if let Some(page) = pages.get((l / ENTRIES_PER_PAGE) as usize) {
-                            let mut page = page.lock();
-                            if page.entries.is_none() {
-                                continue;
-                            }
-                            let i = (l % ENTRIES_PER_PAGE) as usize;
-                            let old = page.get(i);
-                            if let Some(new) = range_result(old, entry) {
-                                page.set(i, new, &self.dirty_pages);
-                                change(&mut deltas, old, new);
-                            }
+                    inner.checkpointer.dirty_pages(),
+                );
+                change(&mut deltas, old, entry);
+            }
+            Record::RangeSet {
+                volume,
+                lbn,
+                count,
+                entry,
+            } => {
+                let vol = volume_in(&vols, volume, n)?;
+                if lbn
+                    .checked_add(count)
+                    .is_none_or(|end| end > vol.size_blocks())
+                {
+                    return Err(corrupt(format!(
+                        "record {n}: range {lbn}+{count} past the end of volume '{}'",
+                        vol.name()
+                    )));
+                }
+                let pages = vol.map_pages();
+                for l in lbn..lbn + count {
+                    if let Some(page) = pages.get((l / ENTRIES_PER_PAGE) as usize) {
+                        let mut page = page.lock();
+                        if !page.is_written() {
+                            continue;
+                        }
+                        let i = (l % ENTRIES_PER_PAGE) as usize;
+                        let old = page.get(i);
+                        if let Some(new) = range_result(old, entry) {
+                            page.set(i, new, inner.checkpointer.dirty_pages());
+                            change(&mut deltas, old, new);
                         }
                     }
                 }
             }
         }
-        for (o, d) in deltas {
-            if d == 0 {
-                continue;
-            }
-            let (s, i) = self.depot.split_object(ObjectId(o));
-            let mut slab = self.depot.slab(s).lock();
-            let Some(rec) = slab.rec_mut(i) else {
-                return Err(corrupt(format!("object {o} outside its slab")));
-            };
-            let count = i64::from(rec.refcount) + d;
-            if count < 0 || count > i64::from(crate::slab::REFCOUNT_MAX) {
-                return Err(corrupt(format!(
-                    "object {o} would have {count} references after replay"
-                )));
-            }
-            rec.refcount = count as u32;
-            if rec.refcount > 0 && rec.location == 0 && rec.fingerprint == [0; 32] {
-                return Err(corrupt(format!(
-                    "object {o} is referenced but was never stored"
-                )));
-            }
-        }
-        Ok(())
     }
+    for (o, d) in deltas {
+        if d == 0 {
+            continue;
+        }
+        let (s, i) = inner.depot.split_object(ObjectId(o));
+        let mut slab = inner.depot.slab(s).lock();
+        let Some(rec) = slab.rec_mut(i) else {
+            return Err(corrupt(format!("object {o} outside its slab")));
+        };
+        let count = i64::from(rec.refcount) + d;
+        if count < 0 || count > i64::from(crate::slab::REFCOUNT_MAX) {
+            return Err(corrupt(format!(
+                "object {o} would have {count} references after replay"
+            )));
+        }
+        rec.refcount = count as u32;
+        if rec.refcount > 0 && rec.location == 0 && rec.fingerprint == [0; 32] {
+            return Err(corrupt(format!(
+                "object {o} is referenced but was never stored"
+            )));
+        }
+    }
+    Ok(())
+}
 
-    /// Rebuild allocation state, the index and usage counts from the tables.
-    pub(crate) fn rebuild(&self) -> Result<()> {
-        for s in 0..self.geometry.slab_count() {
-            let mut slab = self.depot.slab(s).lock();
-            for (i, rec) in slab.rebuild() {
-                let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
+/// Rebuild allocation state, the index and usage counts from the tables.
+pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
+    for s in 0..inner.geometry.slab_count() {
+        let mut slab = inner.depot.slab(s).lock();
+        for (i, rec) in slab.rebuild() {
+            let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
+                region: "slab object page",
+                block: 0,
+                device: "metadata",
+                reason: format!("object {i} of slab {s}: {e}"),
+            })?;
+            if !inner.depot.valid_location(s, loc) {
+                return Err(EngineError::Corrupt {
                     region: "slab object page",
                     block: 0,
                     device: "metadata",
-                    reason: format!("object {i} of slab {s}: {e}"),
-                })?;
-                if !self.depot.valid_location(s, loc) {
-                    return Err(EngineError::Corrupt {
-                        region: "slab object page",
-                        block: 0,
-                        device: "metadata",
-                        reason: format!("object {i} of slab {s} lies outside its slab"),
-                    });
-                }
-                self.depot.index().insert(
-                    &rec.fingerprint,
-                    ObjectId(
-                        u64::from(s) * u64::from(self.geometry.objects_per_slab()) + u64::from(i),
-                    ),
-                );
-            }
-        }
-        for vol in self.volumes.all() {
-            let (mut mapped, mut zeros) = (0i64, 0i64);
-            let mut bad = None;
-            vol.for_each_mapped(|lbn, e| match e {
-                MapEntry::Object(o) => {
-                    mapped += 1;
-                    if !self.depot.valid_object(o) {
-                        bad = Some(lbn);
-                    }
-                }
-                MapEntry::Zero => zeros += 1,
-                MapEntry::Unmapped => {}
-            });
-            if let Some(lbn) = bad {
-                return Err(EngineError::Corrupt {
-                    region: "block map page",
-                    block: 0,
-                    device: "metadata",
-                    reason: format!(
-                        "block {lbn} of volume '{}' names an object outside the pool",
-                        vol.name()
-                    ),
+                    reason: format!("object {i} of slab {s} lies outside its slab"),
                 });
             }
-            vol.set_usage(mapped, zeros);
+            inner.depot.index().insert(
+                &rec.fingerprint,
+                ObjectId(
+                    u64::from(s) * u64::from(inner.geometry.objects_per_slab()) + u64::from(i),
+                ),
+            );
         }
-        // Data blocks holding metadata pages: known from the references loaded (and
-        // those the page store holds since), not from the object records.
-        let blocks = self.checkpointer.page_store().data_block_list();
-        self.depot.hold_metadata_blocks(&self.geometry, &blocks)?;
-        Ok(())
     }
+    for vol in inner.volumes.all() {
+        let (mut mapped, mut zeros) = (0i64, 0i64);
+        let mut bad = None;
+        vol.for_each_mapped(|lbn, e| match e {
+            MapEntry::Object(o) => {
+                mapped += 1;
+                if !inner.depot.valid_object(o) {
+                    bad = Some(lbn);
+                }
+            }
+            MapEntry::Zero => zeros += 1,
+            MapEntry::Unmapped => {}
+        });
+        if let Some(lbn) = bad {
+            return Err(EngineError::Corrupt {
+                region: "block map page",
+                block: 0,
+                device: "metadata",
+                reason: format!(
+                    "block {lbn} of volume '{}' names an object outside the pool",
+                    vol.name()
+                ),
+            });
+        }
+        vol.set_usage(mapped, zeros);
+    }
+    // Data blocks holding metadata pages: known from the references loaded (and
+    // those the page store holds since), not from the object records.
+    let blocks = inner.checkpointer.page_store().data_block_list();
+    inner.depot.hold_metadata_blocks(&inner.geometry, &blocks)?;
+    Ok(())
 }
 
 /// The volume a record names by slot.

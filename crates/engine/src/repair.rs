@@ -93,7 +93,7 @@ pub(crate) fn repair(
         i.devices.ensure_writable()?;
     }
     let _ck = i.checkpointer.serialize();
-    let gate = i.gate.write();
+    let gate = i.locks.exclusive();
     if options.apply {
         // Open blocks and runs hold blocks no record names; closing them makes
         // every holder one a record accounts for.
@@ -105,354 +105,352 @@ pub(crate) fn repair(
     };
     // Holders against the records as they are (a freed leak's blocks are not a
     // second finding), then the records against the maps.
-    i.check_holders(options.apply, &mut report);
-    let mut refs = i.count_references(options.apply, progress, &mut report);
-    i.repair_records(&mut refs, options.apply, progress, &mut report);
+    check_holders(i, options.apply, &mut report);
+    let mut refs = count_references(i, options.apply, progress, &mut report);
+    repair_records(i, &mut refs, options.apply, progress, &mut report);
     if options.verify_data {
-        i.verify_data(progress, &mut report)?;
+        verify_data(i, progress, &mut report)?;
     }
     if options.apply && !report.repairs.is_empty() {
         progress(RepairPhase::Writing, 0, 1);
         // Allocation, holders, the index and usage follow from the records now.
-        i.rebuild()?;
-        i.checkpoint_locked(gate, true)?;
+        crate::recovery::rebuild(i)?;
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
         progress(RepairPhase::Writing, 1, 1);
         tracing::warn!("repair made {} change(s)", report.repairs.len());
     }
     Ok(report)
 }
 
-impl Inner {
-    /// At open, after replay: records with no references whose object the block maps
-    /// still name. The open's rebuild would free them (a record without references is
-    /// an object stored but never mapped before a crash), so their entries would name
-    /// nothing. A normal open refuses the pool instead; an open for repair restores
-    /// each count from the maps when the object's data still matches its fingerprint
-    /// (the record keeps its location and fingerprint), and leaves it to be freed, its
-    /// entries read as lost by the repair, when it does not.
-    pub(crate) fn restore_counts(&self) -> Result<()> {
-        // Object id → (references, the first volume and block naming it).
-        let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
-        for vol in self.volumes.all() {
-            vol.for_each_mapped(|lbn, e| {
-                let Some(o) = e.object().filter(|&o| self.depot.valid_object(o)) else {
-                    return;
-                };
-                let (s, idx) = self.depot.split_object(o);
-                let rec = self.depot.slab(s).lock().rec(idx);
-                if rec.refcount == 0 && rec.fingerprint != [0; 32] {
-                    found.entry(o.0).or_insert_with(|| (0, vol.name(), lbn)).0 += 1;
+/// At open, after replay: records with no references whose object the block maps
+/// still name. The open's rebuild would free them (a record without references is
+/// an object stored but never mapped before a crash), so their entries would name
+/// nothing. A normal open refuses the pool instead; an open for repair restores
+/// each count from the maps when the object's data still matches its fingerprint
+/// (the record keeps its location and fingerprint), and leaves it to be freed, its
+/// entries read as lost by the repair, when it does not.
+pub(crate) fn restore_counts(inner: &Inner) -> Result<()> {
+    // Object id → (references, the first volume and block naming it).
+    let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
+    for vol in inner.volumes.all() {
+        vol.for_each_mapped(|lbn, e| {
+            let Some(o) = e.object().filter(|&o| inner.depot.valid_object(o)) else {
+                return;
+            };
+            let (s, idx) = inner.depot.split_object(o);
+            let rec = inner.depot.slab(s).lock().rec(idx);
+            if rec.refcount == 0 && rec.fingerprint != [0; 32] {
+                found.entry(o.0).or_insert_with(|| (0, vol.name(), lbn)).0 += 1;
+            }
+        });
+    }
+    let Some((&first, (refs, volume, lbn))) = found.iter().next() else {
+        return Ok(());
+    };
+    if !inner.repair.enabled() {
+        return Err(EngineError::Corrupt {
+            region: "slab object page",
+            block: 0,
+            device: "metadata",
+            reason: format!(
+                "{} object(s) record no references while block maps refer to them                      (object {first}: {refs}, the first from block {lbn} of volume '{volume}');                      `fewerbytes check --repair` restores their counts",
+                found.len()
+            ),
+        });
+    }
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    for (id, (refs, ..)) in found {
+        let o = ObjectId(id);
+        if !stored(inner, o) {
+            continue;
+        }
+        let (s, idx) = inner.depot.split_object(o);
+        let count = refs.min(u64::from(REFCOUNT_MAX)) as u32;
+        if let Some(rec) = inner.depot.slab(s).lock().rec_mut(idx) {
+            rec.refcount = count;
+        }
+        let sentence = match crate::read_path::read_object(inner, o, &mut buf, Wait::Yes) {
+            Ok(_) => format!(
+                "object {id}: reference count 0 → {count} (its data matches its fingerprint)"
+            ),
+            Err(EngineError::Corrupt { reason, .. }) => {
+                if let Some(rec) = inner.depot.slab(s).lock().rec_mut(idx) {
+                    rec.refcount = 0;
                 }
-            });
-        }
-        let Some((&first, (refs, volume, lbn))) = found.iter().next() else {
-            return Ok(());
+                format!(
+                    "object {id}: reference count 0 but maps hold {count}, and its data                          cannot be used ({reason}): not restored"
+                )
+            }
+            Err(e) => return Err(e),
         };
-        if !self.repair.enabled() {
-            return Err(EngineError::Corrupt {
-                region: "slab object page",
-                block: 0,
-                device: "metadata",
-                reason: format!(
-                    "{} object(s) record no references while block maps refer to them                      (object {first}: {refs}, the first from block {lbn} of volume '{volume}');                      `fewerbytes check --repair` restores their counts",
-                    found.len()
-                ),
-            });
+        tracing::warn!("{sentence}");
+        inner.repair.record(sentence);
+    }
+    Ok(())
+}
+
+/// Whether object `o` is stored: its record has a fingerprint and a location in
+/// its own slab. A free record is all zeros.
+fn stored(inner: &Inner, o: ObjectId) -> bool {
+    if !inner.depot.valid_object(o) {
+        return false;
+    }
+    let (s, idx) = inner.depot.split_object(o);
+    let rec = inner.depot.slab(s).lock().rec(idx);
+    rec.fingerprint != [0; 32]
+        && Location::decode(rec.location).is_ok_and(|loc| inner.depot.valid_location(s, loc))
+}
+
+/// References from every map, per object id; entries naming objects that are not
+/// stored are reported (and, with `apply`, set to ZERO) and not counted.
+fn count_references(
+    inner: &Inner,
+    apply: bool,
+    progress: &dyn Fn(RepairPhase, u64, u64),
+    report: &mut RepairReport,
+) -> HashMap<u64, u64> {
+    let vols = inner.volumes.all();
+    let pages_total: u64 = vols.iter().map(|v| v.map_pages().len() as u64).sum();
+    let mut pages_done = 0u64;
+    let mut refs: HashMap<u64, u64> = HashMap::new();
+    let mut dangling = Vec::new();
+    for vol in &vols {
+        let pages = vol.map_pages();
+        for (p, page) in pages.iter().enumerate() {
+            let page = page.lock();
+            for k in 0..ENTRIES_PER_PAGE as usize {
+                // Counted as `audit` counts: entries naming objects.
+                let MapEntry::Object(o) = page.get(k) else {
+                    continue;
+                };
+                report.map_entries_checked += 1;
+                if stored(inner, o) {
+                    *refs.entry(o.0).or_insert(0) += 1;
+                } else {
+                    dangling.push(Dangling {
+                        volume: vol.name(),
+                        lbn: p as u64 * ENTRIES_PER_PAGE + k as u64,
+                        object: o.0,
+                    });
+                }
+            }
+            pages_done += 1;
+            if pages_done.is_multiple_of(256) {
+                progress(RepairPhase::ReadingMaps, pages_done, pages_total);
+            }
         }
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        for (id, (refs, ..)) in found {
-            let o = ObjectId(id);
-            if !self.stored(o) {
+    }
+    progress(RepairPhase::ReadingMaps, pages_total, pages_total);
+    for d in dangling {
+        let (first, last) = (d.lbn * BLOCK, (d.lbn + 1) * BLOCK - 1);
+        report.repairs.push(format!(
+            "volume {}: block {} (bytes {first}-{last}) referred to object {}, which is \
+             not stored: {} zeros (its data is lost)",
+            d.volume,
+            d.lbn,
+            d.object,
+            if apply {
+                "now reads as"
+            } else {
+                "would read as"
+            }
+        ));
+        report.lost_bytes += BLOCK;
+        if apply {
+            if let Ok(vol) = inner.volumes.by_name(&d.volume) {
+                let pages = vol.map_pages();
+                if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
+                    page.lock().set(
+                        (d.lbn % ENTRIES_PER_PAGE) as usize,
+                        MapEntry::Zero,
+                        inner.checkpointer.dirty_pages(),
+                    );
+                }
+            }
+        }
+    }
+    refs
+}
+
+/// Make each record's count the references found; free what nothing refers to.
+fn repair_records(
+    inner: &Inner,
+    refs: &mut HashMap<u64, u64>,
+    apply: bool,
+    progress: &dyn Fn(RepairPhase, u64, u64),
+    report: &mut RepairReport,
+) {
+    let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
+    for s in 0..inner.geometry.slab_count() {
+        let mut slab = inner.depot.slab(s).lock();
+        for idx in 0..slab.objects() {
+            let rec = slab.rec(idx);
+            if rec.refcount == 0 && rec.fingerprint == [0; 32] {
                 continue;
             }
-            let (s, idx) = self.depot.split_object(o);
-            let count = refs.min(u64::from(REFCOUNT_MAX)) as u32;
-            if let Some(rec) = self.depot.slab(s).lock().rec_mut(idx) {
-                rec.refcount = count;
+            let id = u64::from(s) * objects_per_slab + u64::from(idx);
+            report.objects_checked += 1;
+            let found = refs.remove(&id).unwrap_or(0);
+            let want = found.min(u64::from(REFCOUNT_MAX)) as u32;
+            if rec.refcount == want {
+                continue;
             }
-            let sentence = match self.read_object(o, &mut buf, Wait::Yes) {
-                Ok(_) => format!(
-                    "object {id}: reference count 0 → {count} (its data matches its fingerprint)"
-                ),
-                Err(EngineError::Corrupt { reason, .. }) => {
-                    if let Some(rec) = self.depot.slab(s).lock().rec_mut(idx) {
-                        rec.refcount = 0;
-                    }
-                    format!(
-                        "object {id}: reference count 0 but maps hold {count}, and its data                          cannot be used ({reason}): not restored"
-                    )
-                }
-                Err(e) => return Err(e),
-            };
-            tracing::warn!("{sentence}");
-            self.repair.record(sentence);
-        }
-        Ok(())
-    }
-
-    /// Whether object `o` is stored: its record has a fingerprint and a location in
-    /// its own slab. A free record is all zeros.
-    fn stored(&self, o: ObjectId) -> bool {
-        if !self.depot.valid_object(o) {
-            return false;
-        }
-        let (s, idx) = self.depot.split_object(o);
-        let rec = self.depot.slab(s).lock().rec(idx);
-        rec.fingerprint != [0; 32]
-            && Location::decode(rec.location).is_ok_and(|loc| self.depot.valid_location(s, loc))
-    }
-
-    /// References from every map, per object id; entries naming objects that are not
-    /// stored are reported (and, with `apply`, set to ZERO) and not counted.
-    fn count_references(
-        &self,
-        apply: bool,
-        progress: &dyn Fn(RepairPhase, u64, u64),
-        report: &mut RepairReport,
-    ) -> HashMap<u64, u64> {
-        let vols = self.volumes.all();
-        let pages_total: u64 = vols.iter().map(|v| v.pages.read().len() as u64).sum();
-        let mut pages_done = 0u64;
-        let mut refs: HashMap<u64, u64> = HashMap::new();
-        let mut dangling = Vec::new();
-        for vol in &vols {
-            let pages = vol.pages.read();
-            for (p, page) in pages.iter().enumerate() {
-                let page = page.lock();
-                for k in 0..ENTRIES_PER_PAGE as usize {
-                    // Counted as `audit` counts: entries naming objects.
-                    let MapEntry::Object(o) = page.get(k) else {
-                        continue;
-                    };
-                    report.map_entries_checked += 1;
-                    if self.stored(o) {
-                        *refs.entry(o.0).or_insert(0) += 1;
-                    } else {
-                        dangling.push(Dangling {
-                            volume: vol.name(),
-                            lbn: p as u64 * ENTRIES_PER_PAGE + k as u64,
-                            object: o.0,
-                        });
-                    }
-                }
-                pages_done += 1;
-                if pages_done.is_multiple_of(256) {
-                    progress(RepairPhase::ReadingMaps, pages_done, pages_total);
-                }
-            }
-        }
-        progress(RepairPhase::ReadingMaps, pages_total, pages_total);
-        for d in dangling {
-            let (first, last) = (d.lbn * BLOCK, (d.lbn + 1) * BLOCK - 1);
-            report.repairs.push(format!(
-                "volume {}: block {} (bytes {first}-{last}) referred to object {}, which is \
-                 not stored: {} zeros (its data is lost)",
-                d.volume,
-                d.lbn,
-                d.object,
+            if want == 0 {
+                let stored = Location::decode(rec.location)
+                    .map(|l| l.stored_bytes())
+                    .unwrap_or(0);
+                report.repairs.push(format!(
+                    "object {id}: reference count {} → 0, no map refers to it: {} \
+                     ({stored} bytes of data)",
+                    rec.refcount,
+                    if apply { "freed" } else { "would be freed" }
+                ));
                 if apply {
-                    "now reads as"
-                } else {
-                    "would read as"
+                    if let Some(r) = slab.rec_mut(idx) {
+                        *r = Default::default();
+                    }
+                    inner.depot.index().remove(&rec.fingerprint, ObjectId(id));
                 }
-            ));
-            report.lost_bytes += BLOCK;
-            if apply {
-                if let Ok(vol) = self.volumes.by_name(&d.volume) {
-                    let pages = vol.pages.read();
-                    if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
-                        page.lock().set(
-                            (d.lbn % ENTRIES_PER_PAGE) as usize,
-                            MapEntry::Zero,
-                            &self.dirty_pages,
-                        );
+            } else {
+                report.repairs.push(format!(
+                    "object {id}: reference count {} → {want}",
+                    rec.refcount
+                ));
+                if apply {
+                    if let Some(r) = slab.rec_mut(idx) {
+                        r.refcount = want;
                     }
                 }
             }
         }
-        refs
+        progress(
+            RepairPhase::CheckingObjects,
+            u64::from(s) + 1,
+            u64::from(inner.geometry.slab_count()),
+        );
     }
+    // Every counted reference was to a stored object, whose record the loop saw.
+    debug_assert!(refs.is_empty(), "references to unseen objects: {refs:?}");
+}
 
-    /// Make each record's count the references found; free what nothing refers to.
-    fn repair_records(
-        &self,
-        refs: &mut HashMap<u64, u64>,
-        apply: bool,
-        progress: &dyn Fn(RepairPhase, u64, u64),
-        report: &mut RepairReport,
-    ) {
-        let objects_per_slab = u64::from(self.geometry.objects_per_slab());
-        for s in 0..self.geometry.slab_count() {
-            let mut slab = self.depot.slab(s).lock();
-            for idx in 0..slab.objects() {
-                let rec = slab.rec(idx);
-                if rec.refcount == 0 && rec.fingerprint == [0; 32] {
-                    continue;
-                }
-                let id = u64::from(s) * objects_per_slab + u64::from(idx);
-                report.objects_checked += 1;
-                let found = refs.remove(&id).unwrap_or(0);
-                let want = found.min(u64::from(REFCOUNT_MAX)) as u32;
-                if rec.refcount == want {
-                    continue;
-                }
-                if want == 0 {
-                    let stored = Location::decode(rec.location)
-                        .map(|l| l.stored_bytes())
-                        .unwrap_or(0);
-                    report.repairs.push(format!(
-                        "object {id}: reference count {} → 0, no map refers to it: {} \
-                         ({stored} bytes of data)",
-                        rec.refcount,
-                        if apply { "freed" } else { "would be freed" }
-                    ));
-                    if apply {
-                        if let Some(r) = slab.rec_mut(idx) {
-                            *r = Default::default();
-                        }
-                        self.depot.index().remove(&rec.fingerprint, ObjectId(id));
-                    }
-                } else {
-                    report.repairs.push(format!(
-                        "object {id}: reference count {} → {want}",
-                        rec.refcount
-                    ));
-                    if apply {
-                        if let Some(r) = slab.rec_mut(idx) {
-                            r.refcount = want;
-                        }
+/// Block holders and allocation against the records (and the blocks packers
+/// hold open): each difference is reported; the rebuild after a repair fixes it.
+fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
+    let verb = if apply {
+        "corrected"
+    } else {
+        "would be corrected"
+    };
+    // Blocks holding metadata pages are allocated with no holder.
+    let pages = inner.checkpointer.page_store();
+    for s in 0..inner.geometry.slab_count() {
+        let slab = inner.depot.slab(s).lock();
+        let mut found = vec![0u32; slab.block_count() as usize];
+        for idx in 0..slab.objects() {
+            let rec = slab.rec(idx);
+            if rec.refcount == 0 {
+                continue;
+            }
+            if let Ok(loc) = Location::decode(rec.location) {
+                let (first, count) = loc.blocks();
+                for b in first..first + count {
+                    if let Some(h) = b
+                        .checked_sub(slab.first_pbn())
+                        .and_then(|local| found.get_mut(local as usize))
+                    {
+                        *h += 1;
                     }
                 }
             }
-            progress(
-                RepairPhase::CheckingObjects,
-                u64::from(s) + 1,
-                u64::from(self.geometry.slab_count()),
-            );
         }
-        // Every counted reference was to a stored object, whose record the loop saw.
-        debug_assert!(refs.is_empty(), "references to unseen objects: {refs:?}");
+        for b in slab.open_block_numbers() {
+            if let Some(h) = found.get_mut(b as usize) {
+                *h += 1;
+            }
+        }
+        let pending = slab.pending_block_list();
+        for (b, &want) in found.iter().enumerate() {
+            let b = b as u32;
+            let have = slab.holders(b);
+            if u32::from(have) != want {
+                report.repairs.push(format!(
+                    "slab {s} block {b}: {have} holders recorded, {want} found: {verb}"
+                ));
+            } else if want == 0
+                && slab.block_used(b)
+                && !pending.contains(&b)
+                && !pages.holds_block(slab.first_pbn() + u64::from(b))
+            {
+                report.repairs.push(format!(
+                    "slab {s} block {b}: allocated but holds no data: {}",
+                    if apply { "freed" } else { "would be freed" }
+                ));
+            }
+        }
     }
+}
 
-    /// Block holders and allocation against the records (and the blocks packers
-    /// hold open): each difference is reported; the rebuild after a repair fixes it.
-    fn check_holders(&self, apply: bool, report: &mut RepairReport) {
-        let verb = if apply {
-            "corrected"
-        } else {
-            "would be corrected"
-        };
-        // Blocks holding metadata pages are allocated with no holder.
-        let pages = self.checkpointer.page_store();
-        for s in 0..self.geometry.slab_count() {
-            let slab = self.depot.slab(s).lock();
-            let mut found = vec![0u32; slab.block_count() as usize];
-            for idx in 0..slab.objects() {
-                let rec = slab.rec(idx);
-                if rec.refcount == 0 {
-                    continue;
-                }
-                if let Ok(loc) = Location::decode(rec.location) {
-                    let (first, count) = loc.blocks();
-                    for b in first..first + count {
-                        if let Some(h) = b
-                            .checked_sub(slab.first_pbn())
-                            .and_then(|local| found.get_mut(local as usize))
-                        {
-                            *h += 1;
-                        }
-                    }
-                }
+/// Read every stored object back and check it against its fingerprint; each one
+/// that fails is damage left in place, named with the volume bytes it backs.
+fn verify_data(
+    inner: &Inner,
+    progress: &dyn Fn(RepairPhase, u64, u64),
+    report: &mut RepairReport,
+) -> Result<()> {
+    let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
+    let mut live = Vec::new();
+    for s in 0..inner.geometry.slab_count() {
+        let slab = inner.depot.slab(s).lock();
+        live.extend(
+            (0..slab.objects())
+                .filter(|&idx| slab.rec(idx).refcount > 0)
+                .map(|idx| u64::from(s) * objects_per_slab + u64::from(idx)),
+        );
+    }
+    let total = live.len() as u64;
+    let mut bad: BTreeMap<u64, String> = BTreeMap::new();
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    for (n, &id) in live.iter().enumerate() {
+        match crate::read_path::read_object(inner, ObjectId(id), &mut buf, Wait::Yes) {
+            Ok(_) => {}
+            Err(EngineError::Corrupt { reason, .. }) => {
+                bad.insert(id, reason);
             }
-            for b in slab.open_block_numbers() {
-                if let Some(h) = found.get_mut(b as usize) {
-                    *h += 1;
-                }
-            }
-            let pending = slab.pending_block_list();
-            for (b, &want) in found.iter().enumerate() {
-                let b = b as u32;
-                let have = slab.holders(b);
-                if u32::from(have) != want {
-                    report.repairs.push(format!(
-                        "slab {s} block {b}: {have} holders recorded, {want} found: {verb}"
-                    ));
-                } else if want == 0
-                    && slab.block_used(b)
-                    && !pending.contains(&b)
-                    && !pages.holds_block(slab.first_pbn() + u64::from(b))
-                {
-                    report.repairs.push(format!(
-                        "slab {s} block {b}: allocated but holds no data: {}",
-                        if apply { "freed" } else { "would be freed" }
-                    ));
-                }
-            }
+            Err(e) => return Err(e),
+        }
+        if (n as u64).is_multiple_of(1024) {
+            progress(RepairPhase::VerifyingData, n as u64, total);
         }
     }
-
-    /// Read every stored object back and check it against its fingerprint; each one
-    /// that fails is damage left in place, named with the volume bytes it backs.
-    fn verify_data(
-        &self,
-        progress: &dyn Fn(RepairPhase, u64, u64),
-        report: &mut RepairReport,
-    ) -> Result<()> {
-        let objects_per_slab = u64::from(self.geometry.objects_per_slab());
-        let mut live = Vec::new();
-        for s in 0..self.geometry.slab_count() {
-            let slab = self.depot.slab(s).lock();
-            live.extend(
-                (0..slab.objects())
-                    .filter(|&idx| slab.rec(idx).refcount > 0)
-                    .map(|idx| u64::from(s) * objects_per_slab + u64::from(idx)),
-            );
-        }
-        let total = live.len() as u64;
-        let mut bad: BTreeMap<u64, String> = BTreeMap::new();
-        let mut buf = vec![0u8; BLOCK_BYTES];
-        for (n, &id) in live.iter().enumerate() {
-            match self.read_object(ObjectId(id), &mut buf, Wait::Yes) {
-                Ok(_) => {}
-                Err(EngineError::Corrupt { reason, .. }) => {
-                    bad.insert(id, reason);
-                }
-                Err(e) => return Err(e),
-            }
-            if (n as u64).is_multiple_of(1024) {
-                progress(RepairPhase::VerifyingData, n as u64, total);
-            }
-        }
-        progress(RepairPhase::VerifyingData, total, total);
-        if bad.is_empty() {
-            return Ok(());
-        }
-        let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for vol in self.volumes.all() {
-            vol.for_each_mapped(|lbn, e| {
-                if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
-                    users.entry(o.0).or_default().push(format!(
-                        "volume {} block {lbn} (bytes {}-{})",
-                        vol.name(),
-                        lbn * BLOCK,
-                        (lbn + 1) * BLOCK - 1
-                    ));
-                }
-            });
-        }
-        for (id, reason) in bad {
-            let named = users.remove(&id).unwrap_or_default();
-            report.damage_left.push(format!(
-                "{reason}; it backs {}",
-                if named.is_empty() {
-                    "no volume block".to_string()
-                } else {
-                    named.join(", ")
-                }
-            ));
-        }
-        Ok(())
+    progress(RepairPhase::VerifyingData, total, total);
+    if bad.is_empty() {
+        return Ok(());
     }
+    let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for vol in inner.volumes.all() {
+        vol.for_each_mapped(|lbn, e| {
+            if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
+                users.entry(o.0).or_default().push(format!(
+                    "volume {} block {lbn} (bytes {}-{})",
+                    vol.name(),
+                    lbn * BLOCK,
+                    (lbn + 1) * BLOCK - 1
+                ));
+            }
+        });
+    }
+    for (id, reason) in bad {
+        let named = users.remove(&id).unwrap_or_default();
+        report.damage_left.push(format!(
+            "{reason}; it backs {}",
+            if named.is_empty() {
+                "no volume block".to_string()
+            } else {
+                named.join(", ")
+            }
+        ));
+    }
+    Ok(())
 }
 
 // Test hooks (`Pool::object_of`, `Pool::damage_*`): damage a pool the way a bug
@@ -467,12 +465,12 @@ pub(crate) fn object_of(i: &Inner, volume: &str, lbn: u64) -> Result<Option<u64>
 /// Set object `object`'s reference count to `count`, nothing else, and checkpoint.
 pub(crate) fn damage_reference_count(i: &Inner, object: u64, count: u32) -> Result<()> {
     let _ck = i.checkpointer.serialize();
-    let gate = i.gate.write();
+    let gate = i.locks.exclusive();
     let (s, idx) = i.depot.split_object(ObjectId(object));
     if let Some(rec) = i.depot.slab(s).lock().rec_mut(idx) {
         rec.refcount = count;
     }
-    i.checkpoint_locked(gate, true)
+    crate::checkpoint::checkpoint_locked(i, gate, true)
 }
 
 /// Set entry `lbn` of `volume` to `object` (`None`: unmapped) without changing
@@ -484,17 +482,19 @@ pub(crate) fn damage_map_entry(
     object: Option<u64>,
 ) -> Result<()> {
     let _ck = i.checkpointer.serialize();
-    let gate = i.gate.write();
+    let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(volume)?;
     let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
     {
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
-            let old = page
-                .lock()
-                .set((lbn % ENTRIES_PER_PAGE) as usize, entry, &i.dirty_pages);
+            let old = page.lock().set(
+                (lbn % ENTRIES_PER_PAGE) as usize,
+                entry,
+                i.checkpointer.dirty_pages(),
+            );
             vol.account(old, entry);
         }
     }
-    i.checkpoint_locked(gate, true)
+    crate::checkpoint::checkpoint_locked(i, gate, true)
 }

@@ -36,6 +36,14 @@ pub fn metadata_headroom_of(blocks: u32) -> u32 {
     METADATA_HEADROOM_BLOCKS.min(blocks / 8)
 }
 
+/// Objects after a thread's last dedup hit that a miss tries, once the index is lossy.
+const NEIGHBOURS: u64 = 8;
+
+thread_local! {
+    /// This thread's last dedup hit: (the depot, by address; the object).
+    static LAST_HIT: std::cell::Cell<Option<(usize, ObjectId)>> = const { std::cell::Cell::new(None) };
+}
+
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
 pub(crate) struct SlabDepot {
@@ -51,8 +59,14 @@ pub(crate) struct SlabDepot {
 }
 
 impl SlabDepot {
-    /// Empty slabs laid out as `geometry` says; pages they turn dirty count in `dirty_pages`.
-    pub(crate) fn new(geometry: &PoolGeometry, dirty_pages: &Arc<AtomicU64>) -> Self {
+    /// Empty slabs laid out as `geometry` says; pages they turn dirty count in
+    /// `dirty_pages`. The index holds the window the pool records, or takes
+    /// `index_memory` bytes when given (a budget for this open).
+    pub(crate) fn new(
+        geometry: &PoolGeometry,
+        dirty_pages: &Arc<AtomicU64>,
+        index_memory: Option<u64>,
+    ) -> Self {
         let slab_blocks = geometry.slab_blocks();
         let headroom = |blocks: u32| {
             if geometry.data_region_pages() {
@@ -78,11 +92,16 @@ impl SlabDepot {
                 Mutex::new(slab)
             })
             .collect();
+        let objects = u64::from(geometry.slab_count()) * u64::from(geometry.objects_per_slab());
+        let index = match index_memory {
+            Some(bytes) => DedupIndex::with_memory(bytes, objects),
+            None => DedupIndex::new(geometry.index_entries(), objects),
+        };
         SlabDepot {
             slabs,
             objects_per_slab: geometry.objects_per_slab(),
             data_blocks: geometry.data_blocks(),
-            index: DedupIndex::new(geometry.index_entries()),
+            index,
             fragment_frees: AtomicU64::new(0),
             metadata_headroom,
         }
@@ -314,34 +333,67 @@ impl SlabDepot {
     }
 
     /// A stored object holding `fp`, with one reference taken, if the index's advice
-    /// names one that checks out; and how many candidates were stale.
+    /// names one that checks out; and how many candidates were stale. A candidate
+    /// is a group of consecutive objects (one object but in pools of more than 2^24).
+    ///
+    /// Once the index has dropped entries (past its window it holds a sample), a
+    /// miss tries the objects just after the last one this thread found: a second
+    /// copy of data written in order finds its blocks in the order the first copy
+    /// stored them, so one sampled hit leads to its neighbours (as dm-vdo's sparse
+    /// index loads the chapter of a sampled hit).
     pub(crate) fn take_duplicate(&self, fp: &[u8; 32]) -> (Option<ObjectId>, u64) {
         let (candidates, n) = self.index.lookup(fp);
         let mut stale = 0;
-        for o in candidates.iter().take(n).flatten() {
-            if self.take_advice(*o, fp) {
-                return (Some(*o), stale);
+        for &g in candidates.iter().take(n) {
+            if let Some(o) = self.take_advice(self.index.objects_of(g), fp) {
+                self.remember_hit(o);
+                return (Some(o), stale);
             }
             stale += 1;
+        }
+        if self.index.lossy() {
+            let me = self as *const SlabDepot as usize;
+            if let Some((_, last)) = LAST_HIT.get().filter(|(depot, _)| *depot == me) {
+                let next = last.0 + 1;
+                if let Some(o) = self.take_advice(next..next + NEIGHBOURS, fp) {
+                    self.index.count_neighbour_hit();
+                    self.remember_hit(o);
+                    return (Some(o), stale);
+                }
+            }
         }
         (None, stale)
     }
 
-    /// Take a reference to `o` if it still holds `fp` and can take one more.
-    fn take_advice(&self, o: ObjectId, fp: &[u8; 32]) -> bool {
-        if !self.valid_object(o) {
-            return false;
+    /// Note `o` as this thread's last dedup hit (for the neighbours of a sample).
+    fn remember_hit(&self, o: ObjectId) {
+        LAST_HIT.set(Some((self as *const SlabDepot as usize, o)));
+    }
+
+    /// Take a reference to an object of `objects` that still holds `fp` and can
+    /// take one more.
+    fn take_advice(&self, objects: std::ops::Range<u64>, fp: &[u8; 32]) -> Option<ObjectId> {
+        let mut o = objects.start;
+        while o < objects.end {
+            if !self.valid_object(ObjectId(o)) {
+                return None;
+            }
+            let (s, first) = self.split_object(ObjectId(o));
+            let end = (u64::from(first) + objects.end - o).min(u64::from(self.objects_per_slab));
+            let mut slab = self.slab(s).lock();
+            for i in first..end as u32 {
+                let rec = slab.rec(i);
+                if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
+                    continue;
+                }
+                if let Some(r) = slab.rec_mut(i) {
+                    r.refcount += 1;
+                }
+                return Some(self.object_id(s, i));
+            }
+            o += end - u64::from(first);
         }
-        let (s, i) = self.split_object(o);
-        let mut slab = self.slab(s).lock();
-        let rec = slab.rec(i);
-        if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
-            return false;
-        }
-        if let Some(r) = slab.rec_mut(i) {
-            r.refcount += 1;
-        }
-        true
+        None
     }
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.

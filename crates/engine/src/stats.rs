@@ -6,7 +6,6 @@ use crate::slab::SlabUsage;
 use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::IoSnapshot;
-use std::sync::atomic::Ordering::Relaxed;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
@@ -62,6 +61,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
     };
     let (journal_used, journal_sectors) = i.journal.usage();
+    let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
         path: i.devices.data_path(),
         mode,
@@ -82,7 +82,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         packed_blocks,
         packing_waste_bytes: (packed_blocks * BLOCK).saturating_sub(fragment_bytes),
         whole_blocks: whole,
-        compacted_blocks: i.compacted_blocks.load(Relaxed),
+        compacted_blocks: i.compactor.compacted_blocks(),
         dedup_saved_blocks: saved,
         counters: i.counters.snapshot(),
         data_device: device_io(i.devices.data().counters().snapshot()),
@@ -97,13 +97,16 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             .by_region(i.journal.written_bytes()),
         checkpoints: i.checkpointer.taken(),
         journal_commits: i.journal.commits(),
-        threads: i.threads,
+        threads: i.zones.threads(),
         limits: vec![
             ("zones (packers)".into(), i.zones.count() as u64),
-            ("lbn lock stripes".into(), crate::inner::LBN_STRIPES as u64),
+            (
+                "lbn lock stripes".into(),
+                crate::lbn_locks::LBN_STRIPES as u64,
+            ),
             (
                 "read-modify-write attempts".into(),
-                u64::from(crate::partial::RMW_ATTEMPTS_MAX),
+                u64::from(crate::read_path::RMW_ATTEMPTS_MAX),
             ),
             (
                 "blocks per request step".into(),
@@ -116,6 +119,13 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 crate::journal::COMMIT_BYTES_THRESHOLD,
             ),
             ("index entries".into(), i.depot.index().capacity()),
+            ("index slots".into(), i.depot.index().slots()),
+            ("index entries held".into(), index_held),
+            ("index entries dropped since open".into(), index_dropped),
+            (
+                "dedup hits next to an earlier hit".into(),
+                i.depot.index().neighbour_hits(),
+            ),
             ("index memory bytes".into(), i.depot.index().memory_bytes()),
             ("page store slots".into(), i.geometry.page_slots()),
             (
@@ -244,7 +254,7 @@ fn block_runs(sorted: &[u64]) -> Vec<(u64, u64)> {
 /// slab's live records and block holders); the comparison runs after.
 pub(crate) fn audit(i: &Inner) -> AuditReport {
     let snapshot = {
-        let _gate = i.gate.write();
+        let _gate = i.locks.exclusive();
         AuditSnapshot::take(i)
     };
     snapshot.check(

@@ -1,4 +1,5 @@
-//! `Volume`: a handle on one volume, and the read and write paths.
+//! `Volume`: a handle on one volume: requests checked and cut into steps, each
+//! block handed to the read path (`read_path.rs`) or the write path (`write_path.rs`).
 //!
 //! The life of a 4 KiB write (ARCHITECTURE.md has the numbered version):
 //! zero check → keyed BLAKE3 → index advice checked against the stored
@@ -11,41 +12,18 @@ use crate::error::within_mut;
 use crate::inner::{Inner, Wait, BLOCKS_PER_STEP};
 use crate::pool::Pool;
 use crate::recovery::range_result;
-use crate::slab::ObjRec;
 use crate::{EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
-use fewerbytes_format::location::{Location, MapEntry, ObjectId};
+use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::BLOCK_BYTES;
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A compressed form is kept only if it saves at least an eighth of the block.
-pub const COMPRESSED_BYTES_MAX: usize = BLOCK_BYTES - BLOCK_BYTES / 8;
 /// Journal bytes one block may need: a new object and a map change.
 const JOURNAL_BYTES_PER_BLOCK: u64 = (NEW_OBJECT_BYTES + MAP_SET_BYTES) as u64;
 /// Journal bytes one page of a range operation needs.
 const JOURNAL_BYTES_PER_RANGE: u64 = RANGE_SET_BYTES as u64;
 const BLOCK: u64 = BLOCK_BYTES as u64;
-
-thread_local! {
-    static ZONE: Cell<usize> = const { Cell::new(usize::MAX) };
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0u8; lz4_flex::block::get_maximum_output_size(BLOCK_BYTES)]);
-}
-
-static NEXT_ZONE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// The zone (packer and preferred slabs) of the calling thread: threads spread
-/// over zones round-robin so their packers and slabs do not contend.
-fn my_zone(zones: usize) -> usize {
-    ZONE.with(|z| {
-        if z.get() == usize::MAX {
-            z.set(NEXT_ZONE.fetch_add(1, Ordering::Relaxed));
-        }
-        z.get() % zones
-    })
-}
 
 struct Handle {
     pool: Arc<Pool>,
@@ -73,7 +51,7 @@ impl Volume {
     }
 
     fn inner(&self) -> &Inner {
-        &self.h.pool.inner
+        self.h.pool.inner()
     }
 
     /// The volume's name.
@@ -111,7 +89,7 @@ impl Volume {
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check("read", offset_bytes, buf.len() as u64)?;
         let inner = self.inner();
-        let _gate = inner.gate.read();
+        let _gate = inner.locks.shared();
         self.read_blocks(offset_bytes, buf, Wait::Yes).map(|_| ())
     }
 
@@ -123,7 +101,7 @@ impl Volume {
     pub fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
         self.check("read", offset_bytes, buf.len() as u64)?;
         let inner = self.inner();
-        let Some(_gate) = inner.gate.try_read() else {
+        let Some(_gate) = inner.locks.try_shared() else {
             return Ok(false);
         };
         self.read_blocks(offset_bytes, buf, Wait::No)
@@ -144,9 +122,9 @@ impl Volume {
             let n = (BLOCK_BYTES - within).min(buf.len() - pos);
             let out = within_mut(buf, pos..pos + n, "a read's buffer")?;
             let done = if within == 0 && n == BLOCK_BYTES {
-                inner.read_block(&self.h.vol, lbn, out, wait)?
+                crate::read_path::read_block(inner, &self.h.vol, lbn, out, wait)?
             } else {
-                let done = inner.read_block(&self.h.vol, lbn, &mut block, wait)?;
+                let done = crate::read_path::read_block(inner, &self.h.vol, lbn, &mut block, wait)?;
                 out.copy_from_slice(crate::error::within(
                     &block,
                     within..within + n,
@@ -217,7 +195,7 @@ impl Volume {
             match self.write_step(offset_bytes, data) {
                 Err(EngineError::NoSpace(why)) => {
                     inner.zones.release_open_space(&inner.space())?;
-                    inner.checkpoint()?;
+                    crate::checkpoint::checkpoint(inner)?;
                     rounds += 1;
                     // The bound only guards against a livelock nobody has seen.
                     if rounds >= RECLAIM_ROUNDS_MAX || !inner.depot.space_to_retry() {
@@ -231,7 +209,7 @@ impl Volume {
 
     fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
-        let _gate = inner.gate.read();
+        let _gate = inner.locks.shared();
         let vol = &self.h.vol;
         if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
@@ -252,11 +230,11 @@ impl Volume {
             let within = (at % BLOCK) as usize;
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
             let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
-            let stripe = inner.stripe(vol, lbn).lock();
+            let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
-                inner.write_block(vol, lbn, src, None)?;
+                crate::write_path::write_block(inner, vol, lbn, src, None)?;
             } else {
-                inner.write_partial(vol, lbn, within, src)?;
+                crate::partial::write_partial(inner, vol, lbn, within, src)?;
             }
             drop(stripe);
             pos += n;
@@ -366,27 +344,27 @@ impl Volume {
     /// `BLOCKS_PER_STEP` pages. Returns where it stopped.
     fn range_step(&self, mut lbn: u64, end: u64, entry: MapEntry) -> Result<u64> {
         let inner = self.inner();
-        let _gate = inner.gate.read();
+        let _gate = inner.locks.shared();
         let vol = &self.h.vol;
         if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
         let end = end.min(vol.size_blocks());
         let mut released = Vec::new();
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         let mut steps = 0;
         while lbn < end && steps < BLOCKS_PER_STEP {
             let p = lbn / ENTRIES_PER_PAGE;
             let page_end = ((p + 1) * ENTRIES_PER_PAGE).min(end);
             if let Some(page) = pages.get(p as usize) {
                 let mut page = page.lock();
-                if page.entries.is_some() {
+                if page.is_written() {
                     let mut changed = false;
                     for l in lbn..page_end {
                         let i = (l % ENTRIES_PER_PAGE) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, &inner.dirty_pages);
+                            page.set(i, new, inner.checkpointer.dirty_pages());
                             vol.account(old, new);
                             released.extend(old.object());
                             changed = true;
@@ -394,7 +372,7 @@ impl Volume {
                     }
                     if changed {
                         inner.journal.append(&Record::RangeSet {
-                            volume: vol.slot,
+                            volume: vol.slot(),
                             lbn,
                             count: page_end - lbn,
                             entry,
@@ -423,7 +401,7 @@ impl Volume {
         let mut out: Vec<Extent> = Vec::new();
         let end = offset_bytes + len_bytes;
         let mut at = offset_bytes;
-        let pages = vol.pages.read();
+        let pages = vol.map_pages();
         while at < end {
             let lbn = at / BLOCK;
             let next = ((lbn + 1) * BLOCK).min(end);
@@ -431,7 +409,7 @@ impl Volume {
             let (data, run_end) = match page {
                 Some(p) => {
                     let p = p.lock();
-                    if p.entries.is_none() {
+                    if !p.is_written() {
                         // A never-written page is one hole.
                         (
                             false,
@@ -466,375 +444,3 @@ const JOURNAL_BYTES_PER_RMW_RETRY: u64 = NEW_OBJECT_BYTES as u64;
 
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;
-
-fn is_zero(block: &[u8]) -> bool {
-    let (prefix, words, suffix) = unsafe {
-        // SAFETY: any byte pattern is a valid u64; align_to only reinterprets the aligned middle.
-        block.align_to::<u64>()
-    };
-    prefix.iter().all(|b| *b == 0)
-        && words.iter().all(|w| *w == 0)
-        && suffix.iter().all(|b| *b == 0)
-}
-
-impl Inner {
-    pub(crate) fn stripe(&self, vol: &VolumeState, lbn: u64) -> &parking_lot::Mutex<()> {
-        let h = (lbn ^ (vol.id.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
-            .wrapping_mul(0xff51_afd7_ed55_8ccd)
-            >> 40;
-        crate::inner::pick(&self.stripes, h as usize)
-    }
-
-    fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
-        *blake3::keyed_hash(self.geometry.fingerprint_key(), block).as_bytes()
-    }
-
-    /// Read one block into `out` (4096 bytes). Caller holds the gate and no stripe
-    /// lock. Returns false (with `Wait::No`) if the block's bytes are not at hand
-    /// without waiting.
-    ///
-    /// A write of the block may drop the object being read between the map lookup
-    /// and the read of its record (its record is cleared; its bytes stay until a
-    /// checkpoint, which the gate holds off). That is a race, not corruption: the
-    /// read starts again under the block's stripe lock, where no write of the block
-    /// runs, and a range operation can only leave it reading as zeros
-    /// (`partial::read_object_settled`).
-    pub(crate) fn read_block(
-        &self,
-        vol: &VolumeState,
-        lbn: u64,
-        out: &mut [u8],
-        wait: Wait,
-    ) -> Result<bool> {
-        let entry = vol.get(lbn);
-        let first = match entry {
-            MapEntry::Unmapped | MapEntry::Zero => {
-                out.fill(0);
-                return Ok(true);
-            }
-            MapEntry::Object(o) => self.read_object(o, out, wait),
-        };
-        match first {
-            Err(e) if crate::block_map::reads_alike(vol.get(lbn), entry) => {
-                Err(in_volume(e, vol, lbn))
-            }
-            Err(_) => {
-                let stripe = self.stripe(vol, lbn);
-                let _held = match wait {
-                    Wait::Yes => stripe.lock(),
-                    Wait::No => match stripe.try_lock() {
-                        Some(held) => held,
-                        None => return Ok(false),
-                    },
-                };
-                self.read_object_settled(vol, lbn, out, wait)
-                    .map(|read| read.0)
-                    .map_err(|e| in_volume(e, vol, lbn))
-            }
-            done => done,
-        }
-    }
-
-    /// A stored object whose bytes (or record) fail their checks, named by the data
-    /// block its location starts at (`location`, its record's raw location word),
-    /// or by its slab's first block when the location itself is bad.
-    fn corrupt_object(&self, o: ObjectId, location: u64, reason: String) -> EngineError {
-        let (s, _) = self.depot.split_object(o);
-        let data_first_block = self.geometry.data_offset_bytes() / BLOCK;
-        let (block, what) = match Location::decode(location) {
-            Ok(loc) => {
-                let pbn = loc.blocks().0;
-                let what = match loc {
-                    Location::Block { .. } => format!("object {} (data block {pbn})", o.0),
-                    Location::Fragment { len_bytes, .. } => format!(
-                        "object {} (a {len_bytes}-byte fragment in data block {pbn})",
-                        o.0
-                    ),
-                };
-                (data_first_block + pbn, what)
-            }
-            Err(_) => (
-                data_first_block + u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS),
-                format!("object {} of slab {s}", o.0),
-            ),
-        };
-        EngineError::Corrupt {
-            region: "data",
-            block,
-            device: "data",
-            reason: format!("{what}: {reason}"),
-        }
-    }
-
-    pub(crate) fn read_object(&self, o: ObjectId, out: &mut [u8], wait: Wait) -> Result<bool> {
-        let (s, i) = self.depot.split_object(o);
-        let (rec, open) = {
-            let slab = self.depot.slab(s).lock();
-            let rec = slab.rec(i);
-            let loc = Location::decode(rec.location)
-                .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
-            let (first, count) = loc.blocks();
-            // A location touches at most two blocks: no allocation on the read path.
-            let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
-            for (b, zone) in open.iter_mut().take(count as usize) {
-                *zone = slab.open_zone((*b - slab.first_pbn()) as u32);
-            }
-            (rec, open)
-        };
-        if rec.refcount == 0 {
-            return Err(self.corrupt_object(
-                o,
-                rec.location,
-                "mapped but has no references".into(),
-            ));
-        }
-        if !self.read_location(o, &rec, open, out, wait)? {
-            return Ok(false);
-        }
-        // Every stored block keeps its fingerprint: a block that no longer matches it
-        // is reported, never returned (1.8 µs per block on these machines).
-        if self.fingerprint(out) != rec.fingerprint {
-            return Err(self.corrupt_object(
-                o,
-                rec.location,
-                "stored data does not match its fingerprint".into(),
-            ));
-        }
-        Ok(true)
-    }
-
-    /// Read data-device bytes; with `Wait::No`, only if they are cached (false if not).
-    /// A failed read fails its request and does not latch the pool: nothing was
-    /// changed, and a bad sector under one block must not stop writes to the rest.
-    fn read_data(&self, buf: &mut [u8], offset_bytes: u64, wait: Wait) -> Result<bool> {
-        let r = match wait {
-            Wait::Yes => self
-                .devices
-                .data()
-                .read_at(buf, offset_bytes)
-                .map(|()| true),
-            Wait::No => self.devices.data().read_at_cached(buf, offset_bytes),
-        };
-        Ok(r?)
-    }
-
-    fn read_location(
-        &self,
-        o: ObjectId,
-        rec: &ObjRec,
-        open: [(u64, Option<usize>); 2],
-        out: &mut [u8],
-        wait: Wait,
-    ) -> Result<bool> {
-        let s = self.depot.split_object(o).0;
-        let slab_first = u64::from(s) * u64::from(crate::geometry::SLAB_BLOCKS);
-        let location = Location::decode(rec.location)
-            .map_err(|e| self.corrupt_object(o, rec.location, e.to_string()))?;
-        let (_, blocks) = location.blocks();
-        match location {
-            Location::Block { pbn } => {
-                let zone = open.first().and_then(|(_, z)| *z);
-                if zone.is_some_and(|z| {
-                    self.zones
-                        .read_open_block(z, s, (pbn - slab_first) as u32, 0, out)
-                }) {
-                    return Ok(true);
-                }
-                self.read_data(out, self.geometry.data_offset_bytes() + pbn * BLOCK, wait)
-            }
-            Location::Fragment {
-                addr_bytes,
-                len_bytes,
-                ..
-            } => {
-                let len = usize::from(len_bytes);
-                let mut packed = [0u8; BLOCK_BYTES];
-                let mut done = 0usize;
-                // Bytes past the first block are always within `len`, so at most
-                // `blocks` (1 or 2) entries of `open` are used.
-                for (b, zone) in open.into_iter().take(blocks as usize) {
-                    let block_start = b * BLOCK;
-                    let from = (addr_bytes + done as u64 - block_start) as usize;
-                    let n = (BLOCK_BYTES - from).min(len - done);
-                    let dst = within_mut(&mut packed, done..done + n, "a fragment's bytes")?;
-                    let from_packer = zone.is_some_and(|z| {
-                        self.zones
-                            .read_open_block(z, s, (b - slab_first) as u32, from, dst)
-                    });
-                    if !from_packer
-                        && !self.read_data(
-                            dst,
-                            self.geometry.data_offset_bytes() + block_start + from as u64,
-                            wait,
-                        )?
-                    {
-                        return Ok(false);
-                    }
-                    done += n;
-                }
-                let n = lz4_flex::block::decompress_into(
-                    crate::error::within(&packed, 0..len, "a fragment's bytes")?,
-                    out,
-                )
-                .map_err(|e| {
-                    self.corrupt_object(
-                        o,
-                        rec.location,
-                        format!("LZ4 fragment does not decode: {e}"),
-                    )
-                })?;
-                if n != BLOCK_BYTES {
-                    return Err(self.corrupt_object(
-                        o,
-                        rec.location,
-                        format!("fragment decodes to {n} bytes, not {BLOCK_BYTES}"),
-                    ));
-                }
-                Ok(true)
-            }
-        }
-    }
-
-    /// Store a new block (compressed or whole) with one reference; journals it.
-    /// Counted in the pool's and the writing volume's counters.
-    fn store_new(
-        &self,
-        block: &[u8],
-        fp: &[u8; 32],
-        vol_counters: &crate::counters::Counters,
-    ) -> Result<ObjectId> {
-        let zone = my_zone(self.zones.count());
-        let compressed = SCRATCH.with(|scratch| -> Result<Option<(ObjectId, Location)>> {
-            let mut scratch = scratch.borrow_mut();
-            let n = lz4_flex::block::compress_into(block, &mut scratch).unwrap_or(usize::MAX);
-            if n > COMPRESSED_BYTES_MAX {
-                return Ok(None);
-            }
-            match self.zones.pack(
-                &self.space(),
-                zone,
-                crate::error::within(&scratch, 0..n, "a compressed block")?,
-                fp,
-            ) {
-                Ok(v) => Ok(Some(v)),
-                Err(EngineError::NoSpace(_)) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })?;
-        let (object, location) = match compressed {
-            Some(v) => {
-                add(&self.counters.compressed_writes, 1);
-                add(&vol_counters.compressed_writes, 1);
-                v
-            }
-            None => {
-                let (object, pbn) = self.zones.store_whole(&self.space(), zone, block, fp)?;
-                add(&self.counters.uncompressed_writes, 1);
-                add(&vol_counters.uncompressed_writes, 1);
-                (object, Location::Block { pbn })
-            }
-        };
-        // Journalled before anyone can find it in the index, so a reference to it
-        // can never be durable before the object itself.
-        self.journal.append(&Record::NewObject {
-            object: object.0,
-            location: location.encode(),
-            fingerprint: *fp,
-        });
-        self.depot.index().insert(fp, object);
-        Ok(object)
-    }
-
-    /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
-    ///
-    /// With `expect`, the map is updated only if the block's entry still reads like
-    /// it (`block_map::reads_alike`); otherwise nothing changes and the result is
-    /// `false` (a read-modify-write lost a race with a range operation).
-    pub(crate) fn write_block(
-        &self,
-        vol: &VolumeState,
-        lbn: u64,
-        block: &[u8],
-        expect: Option<MapEntry>,
-    ) -> Result<bool> {
-        add(&self.counters.blocks_written, 1);
-        add(&vol.counters().blocks_written, 1);
-        let entry = if is_zero(block) {
-            add(&self.counters.zero_blocks_written, 1);
-            add(&vol.counters().zero_blocks_written, 1);
-            MapEntry::Zero
-        } else {
-            let fp = self.fingerprint(block);
-            let (found, stale) = self.depot.take_duplicate(&fp);
-            add(&self.counters.advice_stale, stale);
-            add(&vol.counters().advice_stale, stale);
-            if found.is_some() {
-                add(&self.counters.advice_valid, 1);
-                add(&vol.counters().advice_valid, 1);
-            }
-            match found {
-                Some(o) => {
-                    add(&self.counters.dedup_hits, 1);
-                    add(&vol.counters().dedup_hits, 1);
-                    MapEntry::Object(o)
-                }
-                None => MapEntry::Object(self.store_new(block, &fp, vol.counters())?),
-            }
-        };
-        let old = {
-            let pages = vol.pages.read();
-            let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
-                drop(pages);
-                if let Some(o) = entry.object() {
-                    self.depot.release_object(&self.devices, o)?;
-                }
-                return Err(EngineError::VolumeGone(vol.name()));
-            };
-            let mut page = page.lock();
-            let i = (lbn % ENTRIES_PER_PAGE) as usize;
-            if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(i), e)) {
-                drop(page);
-                drop(pages);
-                if let Some(o) = entry.object() {
-                    self.depot.release_object(&self.devices, o)?;
-                }
-                return Ok(false);
-            }
-            let old = page.set(i, entry, &self.dirty_pages);
-            // Appended under the page lock: journal order matches map order per block.
-            self.journal.append(&Record::MapSet {
-                volume: vol.slot,
-                lbn,
-                entry,
-            });
-            old
-        };
-        vol.account(old, entry);
-        if let Some(o) = old.object() {
-            self.depot.release_object(&self.devices, o)?;
-        }
-        Ok(true)
-    }
-}
-
-/// A data corruption error with the volume and offset it was read for.
-fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
-    match e {
-        EngineError::Corrupt {
-            region: "data",
-            block,
-            device,
-            reason,
-        } => EngineError::Corrupt {
-            region: "data",
-            block,
-            device,
-            reason: format!(
-                "volume '{}' at offset {}: {reason}",
-                vol.name(),
-                lbn * BLOCK
-            ),
-        },
-        other => other,
-    }
-}

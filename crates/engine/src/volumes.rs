@@ -1,5 +1,5 @@
 //! The volume list: each volume's state by its catalog slot, and the id the next
-//! volume takes. A volume operation (create, clone, resize, rename, delete: `pool.rs`)
+//! volume takes. A volume operation (create, clone, resize, rename, delete: `volume_ops.rs`)
 //! changes the list with the pool's gate held exclusively, so a checkpoint's snapshot
 //! sees it whole; request threads only look volumes up.
 
@@ -96,7 +96,7 @@ impl Volumes {
     /// List a volume in its slot.
     pub(crate) fn insert(&self, vol: Arc<VolumeState>) {
         let mut vols = self.slots.write();
-        let slot = vol.slot as usize;
+        let slot = vol.slot() as usize;
         if vols.len() <= slot {
             vols.resize(slot + 1, None);
         }

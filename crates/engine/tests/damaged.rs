@@ -60,7 +60,10 @@ fn open_image(image: Vec<u8>) -> Result<Arc<Pool>, EngineError> {
     Pool::open_devices(
         dev as Arc<dyn Storage>,
         None,
-        &OpenOptions { threads: Some(1) },
+        &OpenOptions {
+            threads: Some(1),
+            index_memory_bytes: None,
+        },
     )
 }
 

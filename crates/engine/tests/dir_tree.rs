@@ -18,7 +18,10 @@ use std::sync::Arc;
 
 const POOL_BYTES: u64 = 300 << 30;
 const VOLUME_BYTES: u64 = 1 << 40;
-const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+const OPTS: OpenOptions = OpenOptions {
+    threads: Some(1),
+    index_memory_bytes: None,
+};
 
 /// First, middle and last block of the volume, each with its own content.
 fn probes() -> [(u64, u8); 3] {

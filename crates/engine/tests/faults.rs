@@ -99,7 +99,10 @@ fn corruption_anywhere_is_detected_or_harmless() {
             fewerbytes_engine::Pool::open_devices(
                 dev.clone(),
                 None,
-                &fewerbytes_engine::OpenOptions { threads: Some(1) },
+                &fewerbytes_engine::OpenOptions {
+                    threads: Some(1),
+                    index_memory_bytes: None,
+                },
             )
         }))
         .unwrap_or_else(|_| panic!("opening with block {blk} corrupted panicked"));
@@ -157,7 +160,10 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
     let pool = fewerbytes_engine::Pool::open_devices(
         dev as Arc<dyn Storage>,
         None,
-        &fewerbytes_engine::OpenOptions { threads: Some(1) },
+        &fewerbytes_engine::OpenOptions {
+            threads: Some(1),
+            index_memory_bytes: None,
+        },
     )
     .unwrap();
     let data_blocks = pool.info().data_bytes / BLOCK as u64;
@@ -328,7 +334,10 @@ fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block
     let pool = fewerbytes_engine::Pool::open_devices(
         dev,
         None,
-        &fewerbytes_engine::OpenOptions { threads: Some(1) },
+        &fewerbytes_engine::OpenOptions {
+            threads: Some(1),
+            index_memory_bytes: None,
+        },
     )
     .expect("open");
     let mut buf = vec![0u8; BLOCK];

@@ -82,7 +82,10 @@ fn open(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
     Ok((dev, pool))
 }
 
-const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+const OPTS: OpenOptions = OpenOptions {
+    threads: Some(1),
+    index_memory_bytes: None,
+};
 
 /// The versions of the two super block copies of `image`, each `None` if invalid.
 fn super_block_versions(image: &[u8]) -> [Option<u32>; 2] {

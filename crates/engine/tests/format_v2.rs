@@ -11,7 +11,10 @@ use fewerbytes_format::page::{
 use fewerbytes_format::FORMAT_VERSION;
 use std::sync::Arc;
 
-const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+const OPTS: OpenOptions = OpenOptions {
+    threads: Some(1),
+    index_memory_bytes: None,
+};
 
 fn open_image(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
     let dev = Arc::new(FaultStorage::from_image("data", image));

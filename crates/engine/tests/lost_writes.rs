@@ -21,7 +21,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const DEVICE_BYTES: u64 = 64 << 20;
-const OPTS: OpenOptions = OpenOptions { threads: Some(1) };
+const OPTS: OpenOptions = OpenOptions {
+    threads: Some(1),
+    index_memory_bytes: None,
+};
 
 /// A `FaultStorage` that remembers the offset of every write, so a test knows what
 /// write k was.

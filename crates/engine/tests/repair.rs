@@ -271,7 +271,10 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
     let pool = Pool::open_devices_for_repair(
         t.dev.clone() as Arc<dyn Storage>,
         None,
-        &OpenOptions { threads: Some(2) },
+        &OpenOptions {
+            threads: Some(2),
+            index_memory_bytes: None,
+        },
     )?;
     t.pool = Some(pool);
     Ok(())
@@ -290,7 +293,10 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
     let refused = Pool::open_devices(
         t.dev.clone() as Arc<dyn Storage>,
         None,
-        &OpenOptions { threads: Some(2) },
+        &OpenOptions {
+            threads: Some(2),
+            index_memory_bytes: None,
+        },
     );
     match refused {
         Err(e @ EngineError::Corrupt { .. }) => {

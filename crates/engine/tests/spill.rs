@@ -180,7 +180,10 @@ fn a_damaged_page_in_a_data_block_is_reported_as_corruption_of_that_block() {
     let err = Pool::open_devices(
         dev as Arc<dyn fewerbytes_engine::storage::Storage>,
         None,
-        &fewerbytes_engine::OpenOptions { threads: Some(2) },
+        &fewerbytes_engine::OpenOptions {
+            threads: Some(2),
+            ..Default::default()
+        },
     )
     .err()
     .expect("the open fails");

@@ -132,7 +132,10 @@ fn a_read_error_fails_that_request_alone() {
         Pool::open_devices(
             Arc::clone(&dev) as Arc<dyn Storage>,
             None,
-            &OpenOptions { threads: Some(2) },
+            &OpenOptions {
+                threads: Some(2),
+                index_memory_bytes: None,
+            },
         )
         .expect("open pool")
     };

@@ -50,7 +50,10 @@ impl TestPool {
         let pool = Pool::open_devices(
             self.dev.clone() as Arc<dyn Storage>,
             meta,
-            &OpenOptions { threads: Some(2) },
+            &OpenOptions {
+                threads: Some(2),
+                index_memory_bytes: None,
+            },
         )
         .expect("open");
         self.pool = Some(pool);

@@ -131,7 +131,10 @@ impl Devices {
             self.meta
                 .clone()
                 .map(|m| (m as Arc<dyn Storage>, "meta".to_string())),
-            &OpenOptions { threads: Some(2) },
+            &OpenOptions {
+                threads: Some(2),
+                index_memory_bytes: None,
+            },
         )
     }
 

@@ -1,0 +1,281 @@
+//! Volume operations: create, clone, resize, rename, delete, and a volume's usage.
+//! Each runs alone (the checkpointer's serial lock) with the gate held exclusively,
+//! and ends with a checkpoint taken under that gate, so a crash leaves the pool
+//! before the operation or after it. The block read and write paths are apart
+//! (`read_path.rs`, `write_path.rs`); `Pool` (pool.rs) hands these on.
+
+use crate::block_map::VolumeState;
+use crate::geometry::human_bytes;
+use crate::inner::Inner;
+use crate::page_store::page_address;
+use crate::{api::*, EngineError, Result};
+use fewerbytes_format::catalog::validate_name;
+use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
+use fewerbytes_format::BLOCK_BYTES;
+
+pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
+    let block = BLOCK_BYTES as u64;
+    let mut exclusive = 0u64;
+    let mut own: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+    v.for_each_mapped(|_, e| {
+        if let Some(o) = e.object() {
+            *own.entry(o.0).or_insert(0) += 1;
+        }
+    });
+    for (o, n) in own {
+        let (s, i) = (
+            (o / u64::from(inner.geometry.objects_per_slab())) as u32,
+            (o % u64::from(inner.geometry.objects_per_slab())) as u32,
+        );
+        let rec = inner.depot.slab(s).lock().rec(i);
+        if rec.refcount == n {
+            if let Ok(loc) = fewerbytes_format::location::Location::decode(rec.location) {
+                exclusive += loc.stored_bytes();
+            }
+        }
+    }
+    VolumeInfo {
+        name: v.name(),
+        id: v.id(),
+        size_bytes: v.size_blocks() * block,
+        logical_used_bytes: v.mapped_blocks() * block,
+        zero_bytes: v.zero_blocks() * block,
+        exclusive_stored_bytes: exclusive,
+        users: v.users(),
+    }
+}
+
+/// Names and sizes of all volumes, cheaply (no per-block work): for frontends
+/// that list exports on every connection.
+pub(crate) fn sizes(inner: &Inner) -> Vec<(String, u64)> {
+    inner.volumes.sizes(BLOCK_BYTES as u64)
+}
+
+/// All volumes, with their usage (walks every block map: for management, not per request).
+pub(crate) fn list(inner: &Inner) -> Vec<VolumeInfo> {
+    let vols = inner.volumes.all();
+    vols.iter().map(|v| info(inner, v)).collect()
+}
+
+fn check_capacity(inner: &Inner, extra_blocks: u64, what: &str) -> Result<()> {
+    let i = inner;
+    let allocated = i.volumes.allocated_blocks();
+    if allocated + extra_blocks > i.geometry.addressable_blocks() {
+        let block = BLOCK_BYTES as u64;
+        return Err(EngineError::Refused(format!(
+            "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
+            human_bytes(extra_blocks * block),
+            human_bytes(i.geometry.addressable_blocks() * block),
+            human_bytes(allocated * block),
+            human_bytes(
+                (i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks()))
+                    * block
+            ),
+            if i.geometry.overcommit() {
+                ""
+            } else {
+                "; create the pool with --overcommit to promise more than it stores"
+            }
+        )));
+    }
+    Ok(())
+}
+
+fn size_blocks_of(size_bytes: u64) -> Result<u64> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_BYTES as u64) {
+        return Err(EngineError::Refused(format!(
+            "a volume size must be a positive multiple of 4096 bytes, not {size_bytes}"
+        )));
+    }
+    if size_bytes > MAX_VOLUME_BYTES {
+        return Err(EngineError::Refused(format!(
+            "a volume is at most {} (journal records address 2^40 blocks), not {}",
+            human_bytes(MAX_VOLUME_BYTES),
+            human_bytes(size_bytes)
+        )));
+    }
+    Ok(size_bytes / BLOCK_BYTES as u64)
+}
+
+/// Create a volume; refused past the pool's addressable size unless overcommitted.
+pub(crate) fn create(inner: &Inner, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+    validate_name(name).map_err(EngineError::Refused)?;
+    let size_blocks = size_blocks_of(size_bytes)?;
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    if i.volumes.exists(name) {
+        return Err(EngineError::VolumeExists(name.to_string()));
+    }
+    check_capacity(
+        inner,
+        size_blocks,
+        &format!("volume '{name}' of {}", human_bytes(size_bytes)),
+    )?;
+    let vol = i.volumes.make(name, size_blocks)?;
+    i.volumes.insert(vol.clone());
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Delete a volume; refused while handles are open unless `force`.
+pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
+    let i = inner;
+    i.devices.ensure_writable()?;
+    i.ensure_space()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    let users = vol.users();
+    if users > 0 && !force {
+        return Err(EngineError::VolumeInUse {
+            name: name.to_string(),
+            users,
+        });
+    }
+    vol.mark_deleted();
+    let mut released = Vec::new();
+    vol.for_each_mapped(|_, e| released.extend(e.object()));
+    {
+        let mut free = Vec::new();
+        for page in vol.map_pages().iter() {
+            free.extend(page_address(&page.lock().durable()));
+        }
+        free.extend(vol.dirs().slots());
+        i.checkpointer.free_after_next(free);
+    }
+    i.volumes.remove(vol.slot());
+    i.depot.release_objects(&i.devices, &released)?;
+    crate::checkpoint::checkpoint_locked(i, gate, true)
+}
+
+/// Grow a volume (or shrink with `allow_shrink`).
+pub(crate) fn resize(
+    inner: &Inner,
+    name: &str,
+    size_bytes: u64,
+    allow_shrink: bool,
+) -> Result<VolumeInfo> {
+    let size_blocks = size_blocks_of(size_bytes)?;
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    let old = vol.size_blocks();
+    if size_blocks > old {
+        check_capacity(
+            inner,
+            size_blocks - old,
+            &format!("growing '{name}' to {}", human_bytes(size_bytes)),
+        )?;
+    } else if size_blocks < old {
+        if !allow_shrink {
+            return Err(EngineError::Refused(format!(
+                "shrinking '{name}' from {} to {} discards its data past the new end; pass --shrink to do it",
+                human_bytes(old * BLOCK_BYTES as u64),
+                human_bytes(size_bytes)
+            )));
+        }
+        let mut released = Vec::new();
+        {
+            let pages = vol.map_pages();
+            for lbn in size_blocks..old {
+                let p = (lbn / crate::block_map::ENTRIES_PER_PAGE) as usize;
+                if let Some(page) = pages.get(p) {
+                    let mut page = page.lock();
+                    if page.is_written() {
+                        let old_entry = page.set(
+                            (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
+                            fewerbytes_format::location::MapEntry::Unmapped,
+                            i.checkpointer.dirty_pages(),
+                        );
+                        vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
+                        released.extend(old_entry.object());
+                    }
+                }
+            }
+            let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
+            let mut free = Vec::new();
+            for page in pages.iter().skip(keep) {
+                free.extend(page_address(&page.lock().durable()));
+            }
+            i.checkpointer.free_after_next(free);
+        }
+        i.depot.release_objects(&i.devices, &released)?;
+    }
+    vol.set_size(size_blocks);
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Clone a volume: shares every block by reference.
+pub(crate) fn clone(inner: &Inner, src: &str, dst: &str) -> Result<VolumeInfo> {
+    validate_name(dst).map_err(EngineError::Refused)?;
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let source = i.volumes.by_name(src)?;
+    if i.volumes.exists(dst) {
+        return Err(EngineError::VolumeExists(dst.to_string()));
+    }
+    let size_blocks = source.size_blocks();
+    check_capacity(
+        inner,
+        size_blocks,
+        &format!(
+            "clone '{dst}' of {}",
+            human_bytes(size_blocks * BLOCK_BYTES as u64)
+        ),
+    )?;
+    let vol = i.volumes.make(dst, size_blocks)?;
+    let mut shared = Vec::new();
+    {
+        let from = source.map_pages();
+        let to = vol.map_pages();
+        for (p, q) in from.iter().zip(to.iter()) {
+            let p = p.lock();
+            if let Some(entries) = q.lock().copy_from(&p, i.checkpointer.dirty_pages()) {
+                shared.extend(
+                    entries
+                        .iter()
+                        .filter_map(|e| fewerbytes_format::location::MapEntry::decode(*e).object()),
+                );
+            }
+        }
+    }
+    vol.copy_usage(&source);
+    i.depot.add_references(&i.devices, &shared)?;
+    i.volumes.insert(vol.clone());
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
+/// checkpoint taken with the gate held, as every volume operation is, so a crash
+/// leaves the old name or the new one, never both. A volume with open handles
+/// (NBD clients) is refused: they attached it by the old name.
+pub(crate) fn rename(inner: &Inner, name: &str, new_name: &str) -> Result<VolumeInfo> {
+    validate_name(new_name).map_err(EngineError::Refused)?;
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    if i.volumes.exists(new_name) {
+        return Err(EngineError::VolumeExists(new_name.to_string()));
+    }
+    // A client attached the volume by its old name (its NBD export): a disk is
+    // renamed while nothing uses it, as Proxmox renames a stopped VM's disk.
+    let users = vol.users();
+    if users > 0 {
+        return Err(EngineError::Refused(format!(
+            "volume '{name}' is open by {users} client(s): disconnect them to rename it"
+        )));
+    }
+    vol.rename(new_name);
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
