@@ -16,6 +16,7 @@ SERVERS = [
     ("nbdkit", "nbdkit file"),
     ("qcow2-64k", "qcow2 64k on ext4"),
     ("qcow2-128k", "qcow2 128k+l2 on ext4"),
+    ("fewerbytes-before", "fewerbytes before (FB_BEFORE)"),
     ("fewerbytes", "fewerbytes"),
 ]
 COLOURS = {
@@ -23,6 +24,7 @@ COLOURS = {
     "nbdkit": "#bcbd22",
     "qcow2-64k": "#1f77b4",
     "qcow2-128k": "#9467bd",
+    "fewerbytes-before": "#ff9896",
     "fewerbytes": "#d62728",
 }
 SETS = [("plain", "the plain drive (a loop device over a sparse file in tmpfs)"),
@@ -58,7 +60,8 @@ def is_latency(workload):
 
 def tables(rows, order, servers):
     out = []
-    peers = [s for s, _ in servers if s != "fewerbytes"]
+    # fewerbytes-before is an earlier build of fewerbytes itself, never a peer.
+    peers = [s for s, _ in servers if not s.startswith("fewerbytes")]
     for set_key, set_name in SETS:
         if set_key not in order:
             continue
@@ -66,6 +69,9 @@ def tables(rows, order, servers):
         head = ["workload"] + [name for _, name in servers]
         if "fewerbytes" in dict(servers) and peers:
             head += ["fewerbytes vs best peer", "bytes reaching the drive: fewerbytes / best peer"]
+        before = "fewerbytes" in dict(servers) and "fewerbytes-before" in dict(servers)
+        if before:
+            head += ["fewerbytes vs before"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for w in order[set_key]:
@@ -88,6 +94,17 @@ def tables(rows, order, servers):
                     cells.append("–")
                 else:
                     cells.append(f"**{drive_share(fb):.1f}%** / {drive_share(best):.1f}%")
+            elif fb is not None and peers:
+                cells += ["–", "–"]
+            if before:
+                old_row = rows.get((set_key, w, "fewerbytes-before"))
+                if fb is None or old_row is None:
+                    cells.append("–")
+                elif is_latency(w):
+                    ratio = float(fb["read_lat_us"]) / float(old_row["read_lat_us"])
+                    cells.append(f"{ratio:.2f}× the latency")
+                else:
+                    cells.append(f"{float(fb['mib_s']) / float(old_row['mib_s']):.2f}×")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
         writes = [w for w in order[set_key] if not is_read(w)]

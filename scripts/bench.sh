@@ -8,6 +8,8 @@
 #   BENCH_THROTTLED=0 scripts/bench.sh       # the plain drive only (1: both, only: throttled)
 #   SERVERS="fewerbytes qemu-nbd" WORKLOADS="4k-mix 128k-mix" scripts/bench.sh
 #   POOL_ARGS="--compression zstd" scripts/bench.sh   # passed to `fewerbytes pool create`
+#   FB_BEFORE=/tmp/fb-old SERVERS="qemu-nbd fewerbytes-before fewerbytes" scripts/bench.sh
+#                                            # an earlier build as one more server, same run
 #
 # Needs (Debian): fio, qemu-utils (qemu-nbd, qemu-img), nbdkit, nbdfuse, libnbd-bin
 # (nbdinfo), e2fsprogs, util-linux (losetup), python3; root, for loop devices and mounts.
@@ -19,6 +21,8 @@
 #                as a Proxmox "dir" storage creates it) served by qemu-nbd as above
 #   qcow2-128k   the same with cluster_size=128k,extended_l2=on
 #   fewerbytes   a pool on the loop device, one volume
+#   fewerbytes-before   the same with the binary FB_BEFORE (an earlier build: before/after
+#                in one run, alternating with the others; never counted as a peer)
 # Bytes reaching the drive are the loop device's own counter (/sys/block/loopN/stat,
 # sectors written) before and after each job; the final flush (fio end_fsync=1) is counted,
 # and throughput is the bytes written divided by the wall time of the whole fio run, so a
@@ -79,6 +83,7 @@ THROTTLE_DELAY=${THROTTLE_DELAY:-3ms}
 
 cargo build --release -q
 FB=$PWD/target/release/fewerbytes
+FB_BEFORE=${FB_BEFORE:-}
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-bench.XXXXXX")
 drive_dir=$(mktemp -d "$DRIVE_DIR/fewerbytes-bench-drive.XXXXXX")
 mkdir -p "$OUT_DIR"
@@ -141,12 +146,17 @@ wait_ready() {
 start_server() {
     local server=$1 volume_bytes=$2 throttled=$3
     case $server in
-        fewerbytes)
+        fewerbytes | fewerbytes-before)
+            local fb=$FB
+            if [[ $server == fewerbytes-before ]]; then
+                [[ -x $FB_BEFORE ]] || { echo "fewerbytes-before needs FB_BEFORE, a fewerbytes binary" >&2; exit 1; }
+                fb=$FB_BEFORE
+            fi
             new_drive $((volume_bytes * 2)) "$throttled"
             # shellcheck disable=SC2086 # POOL_ARGS is a list of words
-            "$FB" pool create "$loop" $POOL_ARGS >"$dir/pool-create.txt"
-            "$FB" --pool "$loop" volume create vol --size "$volume_bytes" >/dev/null
-            "$FB" --pool "$loop" --control-socket "$dir/ctl" serve --socket "$dir/sock" \
+            "$fb" pool create "$loop" $POOL_ARGS >"$dir/pool-create.txt"
+            "$fb" --pool "$loop" volume create vol --size "$volume_bytes" >/dev/null
+            "$fb" --pool "$loop" --control-socket "$dir/ctl" serve --socket "$dir/sock" \
                 --listen "127.0.0.1:$PORT" >"$dir/serve.log" 2>&1 &
             server_pid=$! uri="nbd://127.0.0.1:$PORT/vol"
             ;;

@@ -41,9 +41,9 @@ pub struct CreateArgs {
     /// Overwrite a device that already holds a pool or data in its first MiB.
     #[arg(long)]
     force: bool,
-    /// Let volume sizes add up to more than the pool can store (a reserve keeps trim and
-    /// delete working when it fills).
-    #[arg(long)]
+    /// Deprecated, and ignored: volumes are thick or thin each on their own now
+    /// (`volume create --thin`, `volume clone --thin`, `volume set`).
+    #[arg(long, hide = true)]
     overcommit: bool,
     /// Memory for the dedup index; bounds how much distinct data it remembers
     /// (default: enough for the whole pool).
@@ -70,13 +70,20 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
             args.path.display()
         );
     }
+    if args.overcommit {
+        eprintln!(
+            "warning: --overcommit is deprecated and does nothing: every volume is thick \
+             (reserves its size) or thin on its own now; make thin volumes and clones with \
+             `volume create --thin`, `volume clone --thin`, or `volume set NAME --thin`"
+        );
+    }
     let options = CreateOptions {
         path: args.path.clone(),
         size_bytes: args.size,
         metadata_path: args.metadata_device.clone(),
         metadata_size_bytes: args.metadata_size,
         force: args.force,
-        overcommit: args.overcommit,
+        overcommit: false,
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
         page_slots: None,
@@ -91,13 +98,13 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
 pub fn created_sentence(info: &PoolInfo) -> String {
     let devices = match &info.metadata_path {
         None => format!(
-            "{} device, can address {} of volumes; metadata {}",
+            "{} device, can address {} of thick volumes; metadata {}",
             format_size(info.data_device_bytes),
             format_size(info.addressable_bytes),
             format_size(info.metadata_bytes)
         ),
         Some(metadata_path) => format!(
-            "{} data device, can address {} of volumes; metadata {} on {} ({} device)",
+            "{} data device, can address {} of thick volumes; metadata {} on {} ({} device)",
             format_size(info.data_device_bytes),
             format_size(info.addressable_bytes),
             format_size(info.metadata_bytes),
@@ -105,19 +112,13 @@ pub fn created_sentence(info: &PoolInfo) -> String {
             format_size(info.metadata_device_bytes)
         ),
     };
-    let overcommit = if info.overcommit {
-        format!(
-            "; overcommit allowed, {} reserved for trim and delete",
-            format_size(info.reserve_bytes)
-        )
-    } else {
-        String::new()
-    };
     format!(
-        "Pool {} created: {devices}; dedup window {} (index {} of memory){overcommit}.",
+        "Pool {} created: {devices}; dedup window {} (index {} of memory); volumes are \
+         thick unless made with --thin, and {} is kept for trims and deletes.",
         info.path,
         format_size(info.dedup_window_bytes),
-        format_size(info.index_memory_bytes)
+        format_size(info.index_memory_bytes),
+        format_size(info.reserve_bytes)
     )
 }
 
@@ -135,7 +136,6 @@ fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
 }
 
 fn print_info(info: &PoolInfo) {
-    let free_bytes = info.addressable_bytes.saturating_sub(info.allocated_bytes);
     let lines: Vec<(&str, String)> = vec![
         ("Pool", info.path.clone()),
         ("Data device", format_size(info.data_device_bytes)),
@@ -148,16 +148,29 @@ fn print_info(info: &PoolInfo) {
         ),
         ("Data region", format_size(info.data_bytes)),
         ("Metadata regions", format_size(info.metadata_bytes)),
-        ("Can address", format_size(info.addressable_bytes)),
-        ("Allocated to volumes", format_size(info.allocated_bytes)),
-        ("Still addressable", format_size(free_bytes)),
+        ("Used", format_size(info.used_bytes)),
         (
-            "Overcommit",
-            if info.overcommit {
-                format!("yes, reserve {}", format_size(info.reserve_bytes))
-            } else {
-                "no (thick on thick)".to_string()
-            },
+            "Promised",
+            format!(
+                "{} (volume sizes added up)",
+                format_size(info.promised_bytes)
+            ),
+        ),
+        (
+            "Reserved",
+            format!(
+                "{} ({} not yet used, held back from other volumes)",
+                format_size(info.reserved_bytes),
+                format_size(info.reserved_unused_bytes)
+            ),
+        ),
+        ("Free to reserve", format_size(info.reservable_bytes)),
+        (
+            "Kept for trims",
+            format!(
+                "{} (no reservation takes it)",
+                format_size(info.reserve_bytes)
+            ),
         ),
         (
             "Slabs",

@@ -65,7 +65,9 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
     // As vdostats: the size is the whole pool, metadata included. Space freed by trims,
     // overwrites and deletes is "Freeing" until the next checkpoint makes it
     // available, so that Size = Used + Freeing + Available at every moment, and Use%
-    // says how close the pool is to full.
+    // says how close the pool is to full. Reserved (what volumes hold aside, thick
+    // ones their size) and Promised (volume sizes added up) say how far the pool is
+    // committed beyond what it stores.
     let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let size_bytes = stats.data_bytes + stats.metadata_bytes;
     // Metadata pages in data-region blocks are used space too (not in data_used).
@@ -83,6 +85,8 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         ("Available", Align::Right),
         ("Use%", Align::Right),
         ("Space saving%", Align::Right),
+        ("Reserved", Align::Right),
+        ("Promised", Align::Right),
         ("Mode", Align::Left),
     ]);
     table.row(vec![
@@ -93,6 +97,8 @@ pub fn summary_table(stats: &PoolStats, bytes: bool) -> Table {
         size(stats.data_free_bytes),
         format!("{}%", percent_rounded_up(used_bytes, size_bytes)),
         saving,
+        size(stats.reserved_bytes),
+        size(stats.promised_bytes),
         mode_words(stats.mode).to_string(),
     ]);
     table

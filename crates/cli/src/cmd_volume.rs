@@ -1,4 +1,4 @@
-//! `volume create|list|info|resize|clone|rename|delete|allow|import|export`: the VM
+//! `volume create|list|info|resize|clone|set|rename|delete|allow|import|export`: the VM
 //! disks of a pool. Which TLS identities may open a volume lives in the allow file
 //! (`access`), which create, clone, rename, delete and allow keep up to date: an
 //! entry is written before the volume appears under a name, and removed only after
@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use fewerbytes_engine::VolumeInfo;
+use fewerbytes_engine::{Provisioning, VolumeInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -22,24 +22,29 @@ use crate::transfer;
 /// `fewerbytes volume …`
 #[derive(Subcommand)]
 pub enum VolumeCommand {
-    /// Create a volume; refused past what the pool can address unless it overcommits.
+    /// Create a volume. Thick by default: it reserves its whole size, and is refused
+    /// when the pool cannot hold that aside; --thin reserves nothing, --reserve some.
     Create {
         /// Name (also its NBD export name).
         name: String,
         /// Size (512, 4K, 64M, 10G, 1T; binary units).
         #[arg(long, value_parser = parse_size_arg, value_name = "S")]
         size: u64,
+        #[command(flatten)]
+        reserve: ReserveArgs,
         /// Only these TLS identities may open it over NBD (PSK identities or client
         /// certificate CNs, comma-separated); see `volume allow`.
         #[arg(long, value_parser = access::parse_identities, value_name = "ID,ID")]
         allow: Option<access::Identities>,
     },
-    /// Every volume: size, logical used, zeros, stored bytes only it holds, users.
+    /// Every volume: size, logical used, zeros, stored bytes only it holds, users,
+    /// thick or thin, reserved and reserved-but-unused space.
     List {
         #[command(flatten)]
         format: ListFormat,
     },
-    /// One volume: size, logical used, zeros, stored bytes only it holds, users.
+    /// One volume: size, logical used, zeros, stored bytes only it holds, users,
+    /// thick or thin, reserved and reserved-but-unused space.
     Info {
         /// Name.
         name: String,
@@ -58,11 +63,24 @@ pub enum VolumeCommand {
         shrink: bool,
     },
     /// Clone a volume instantly: the copy shares every block by reference.
+    ///
+    /// Thick by default, as a new volume: the clone reserves its size, less the blocks
+    /// it already maps. Linked clones for many VMs from one template: --thin.
     Clone {
         /// The volume to copy.
         src: String,
         /// The new volume's name.
         dst: String,
+        #[command(flatten)]
+        reserve: ReserveArgs,
+    },
+    /// Change what a volume reserves: --thick (its whole size), --thin (nothing) or
+    /// --reserve S. Refused, with the numbers, when the pool cannot hold it aside.
+    Set {
+        /// Name.
+        name: String,
+        #[command(flatten)]
+        reserve: SetReserveArgs,
     },
     /// Give a volume another name (and so another NBD export name).
     ///
@@ -125,6 +143,67 @@ pub enum VolumeCommand {
     },
 }
 
+/// What a new volume or clone reserves (`volume create`, `volume clone`).
+#[derive(clap::Args)]
+pub struct ReserveArgs {
+    /// Reserve nothing: writes fail (ENOSPC) when the pool has no space left outside
+    /// other volumes' reservations.
+    #[arg(long, conflicts_with_all = ["reserve", "thick"])]
+    thin: bool,
+    /// Reserve this much of the pool for it (at most its size counts).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S", conflicts_with = "thick")]
+    reserve: Option<u64>,
+    /// Reserve its whole size (the default).
+    #[arg(long)]
+    thick: bool,
+}
+
+impl ReserveArgs {
+    fn provisioning(&self) -> Provisioning {
+        match (self.thin, self.reserve) {
+            (true, _) => Provisioning::THIN,
+            (false, Some(bytes)) => Provisioning::Reserve(bytes),
+            (false, None) => Provisioning::Thick,
+        }
+    }
+}
+
+/// What `volume set` changes a volume to: exactly one of the three.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct SetReserveArgs {
+    /// Reserve nothing.
+    #[arg(long)]
+    thin: bool,
+    /// Reserve this much (at most its size counts).
+    #[arg(long, value_parser = parse_size_arg, value_name = "S")]
+    reserve: Option<u64>,
+    /// Reserve its whole size, and follow it through resizes.
+    #[arg(long)]
+    thick: bool,
+}
+
+impl SetReserveArgs {
+    fn provisioning(&self) -> Provisioning {
+        ReserveArgs {
+            thin: self.thin,
+            reserve: self.reserve,
+            thick: self.thick,
+        }
+        .provisioning()
+    }
+}
+
+/// "thick, reserves 20.00 GiB", "thin, reserves nothing" or "thin with a reservation,
+/// reserves 2.00 GiB".
+fn reservation_in_words(volume: &VolumeInfo) -> String {
+    match (volume.thin, volume.reservation_bytes) {
+        (false, bytes) => format!("thick, reserves {}", format_size(bytes)),
+        (true, 0) => "thin, reserves nothing".to_string(),
+        (true, bytes) => format!("thin with a reservation, reserves {}", format_size(bytes)),
+    }
+}
+
 /// How `volume list` and `volume info` print.
 #[derive(clap::Args)]
 pub struct ListFormat {
@@ -154,7 +233,12 @@ impl ListFormat {
 /// Run a `volume` subcommand.
 pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
     match command {
-        VolumeCommand::Create { name, size, allow } => {
+        VolumeCommand::Create {
+            name,
+            size,
+            reserve,
+            allow,
+        } => {
             let allow_path = match allow {
                 Some(_) => access::allow_path_to_write(pool_path)?,
                 None => access::allow_path(pool_path),
@@ -169,6 +253,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 &Request::CreateVolume {
                     name: name.clone(),
                     size_bytes: size,
+                    provisioning: reserve.provisioning(),
                 },
             );
             let volume = match created {
@@ -183,9 +268,10 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 }
             };
             println!(
-                "Volume '{}' created: {}.",
+                "Volume '{}' created: {} ({}).",
                 volume.name,
-                format_size(volume.size_bytes)
+                format_size(volume.size_bytes),
+                reservation_in_words(&volume)
             );
         }
         VolumeCommand::List { format } => {
@@ -224,20 +310,40 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes)
             );
         }
-        VolumeCommand::Clone { src, dst } => {
+        VolumeCommand::Clone { src, dst, reserve } => {
             // The copy holds the same bytes: it keeps the same limit.
             copy_allowed(pool_path, &src, &dst)?;
-            let volume = expect_volume(
+            let cloned = expect_volume(
                 pool_path,
                 &Request::CloneVolume {
                     src: src.clone(),
-                    dst,
+                    dst: dst.clone(),
+                    provisioning: reserve.provisioning(),
                 },
-            )?;
+            );
+            let volume = match cloned {
+                Ok(volume) => volume,
+                Err(e) => {
+                    if !volume_exists(pool_path, &dst) {
+                        let _ = forget_allowed(pool_path, &dst);
+                    }
+                    return Err(e);
+                }
+            };
             println!(
-                "Volume '{}' cloned from '{src}': {}, sharing every block.",
+                "Volume '{}' cloned from '{src}': {}, sharing every block ({}).",
                 volume.name,
-                format_size(volume.size_bytes)
+                format_size(volume.size_bytes),
+                reservation_in_words(&volume)
+            );
+        }
+        VolumeCommand::Set { name, reserve } => {
+            let provisioning = reserve.provisioning();
+            let volume = expect_volume(pool_path, &Request::SetVolume { name, provisioning })?;
+            println!(
+                "Volume '{}' is now {}.",
+                volume.name,
+                reservation_in_words(&volume)
             );
         }
         VolumeCommand::Rename { name, new_name } => {
@@ -367,6 +473,9 @@ fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
         ("Zero", Align::Right),
         ("Exclusive stored", Align::Right),
         ("Users", Align::Right),
+        ("Type", Align::Left),
+        ("Reserved", Align::Right),
+        ("Reserved unused", Align::Right),
     ]);
     for volume in volumes {
         table.row(vec![
@@ -376,6 +485,14 @@ fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
             size(volume.zero_bytes),
             size(volume.exclusive_stored_bytes),
             volume.users.to_string(),
+            match (volume.thin, volume.reservation_bytes) {
+                (false, _) => "thick",
+                (true, 0) => "thin",
+                (true, _) => "reserve",
+            }
+            .to_string(),
+            size(volume.reservation_bytes),
+            size(volume.reservation_unused_bytes),
         ]);
     }
     table

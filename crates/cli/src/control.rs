@@ -19,7 +19,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
-    AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Region, VolumeInfo,
+    AuditReport, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Provisioning, Region,
+    VolumeInfo,
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
@@ -80,7 +81,13 @@ pub enum Request {
     /// `volume list`.
     ListVolumes,
     /// `volume create`.
-    CreateVolume { name: String, size_bytes: u64 },
+    CreateVolume {
+        name: String,
+        size_bytes: u64,
+        /// What it reserves (absent: thick).
+        #[serde(default, skip_serializing_if = "is_thick")]
+        provisioning: Provisioning,
+    },
     /// `volume resize`.
     ResizeVolume {
         name: String,
@@ -88,7 +95,18 @@ pub enum Request {
         allow_shrink: bool,
     },
     /// `volume clone`.
-    CloneVolume { src: String, dst: String },
+    CloneVolume {
+        src: String,
+        dst: String,
+        /// What the clone reserves (absent: thick).
+        #[serde(default, skip_serializing_if = "is_thick")]
+        provisioning: Provisioning,
+    },
+    /// `volume set`: change what a volume reserves.
+    SetVolume {
+        name: String,
+        provisioning: Provisioning,
+    },
     /// `volume delete`.
     DeleteVolume { name: String, force: bool },
     /// `volume rename`.
@@ -103,6 +121,21 @@ pub enum Request {
     Endpoints,
 }
 
+fn is_thick(p: &Provisioning) -> bool {
+    *p == Provisioning::Thick
+}
+
+/// A provisioning as a person would say it: "thick", "thin", "reserving 2.00 GiB".
+pub fn provisioning_in_words(p: Provisioning) -> String {
+    match p {
+        Provisioning::Thick => "thick".into(),
+        Provisioning::Reserve(0) => "thin".into(),
+        Provisioning::Reserve(bytes) => {
+            format!("reserving {}", crate::size::format_size(bytes))
+        }
+    }
+}
+
 impl Request {
     /// The request as a person would say it, for the server's log.
     pub fn in_words(&self) -> String {
@@ -110,9 +143,14 @@ impl Request {
             Request::Ping => "ping".into(),
             Request::PoolInfo => "pool info".into(),
             Request::ListVolumes => "volume list".into(),
-            Request::CreateVolume { name, size_bytes } => format!(
-                "create volume '{name}' of {}",
-                crate::size::format_size(*size_bytes)
+            Request::CreateVolume {
+                name,
+                size_bytes,
+                provisioning,
+            } => format!(
+                "create volume '{name}' of {} ({})",
+                crate::size::format_size(*size_bytes),
+                provisioning_in_words(*provisioning)
             ),
             Request::ResizeVolume {
                 name,
@@ -127,7 +165,18 @@ impl Request {
                     ""
                 }
             ),
-            Request::CloneVolume { src, dst } => format!("clone volume '{src}' as '{dst}'"),
+            Request::CloneVolume {
+                src,
+                dst,
+                provisioning,
+            } => format!(
+                "clone volume '{src}' as '{dst}' ({})",
+                provisioning_in_words(*provisioning)
+            ),
+            Request::SetVolume { name, provisioning } => format!(
+                "make volume '{name}' {}",
+                provisioning_in_words(*provisioning)
+            ),
             Request::DeleteVolume { name, force } => format!(
                 "delete volume '{name}'{}",
                 if *force { " (forced)" } else { "" }
@@ -149,6 +198,7 @@ impl Request {
             Request::CreateVolume { .. }
                 | Request::ResizeVolume { .. }
                 | Request::CloneVolume { .. }
+                | Request::SetVolume { .. }
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
         )
@@ -274,15 +324,24 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         Request::Ping => Answer::Done,
         Request::PoolInfo => Answer::PoolInfo(pool.info()),
         Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
-        Request::CreateVolume { name, size_bytes } => {
-            Answer::Volume(pool.create_volume(name, *size_bytes)?)
-        }
+        Request::CreateVolume {
+            name,
+            size_bytes,
+            provisioning,
+        } => Answer::Volume(pool.create_volume_with(name, *size_bytes, *provisioning)?),
         Request::ResizeVolume {
             name,
             size_bytes,
             allow_shrink,
         } => Answer::Volume(pool.resize_volume(name, *size_bytes, *allow_shrink)?),
-        Request::CloneVolume { src, dst } => Answer::Volume(pool.clone_volume(src, dst)?),
+        Request::CloneVolume {
+            src,
+            dst,
+            provisioning,
+        } => Answer::Volume(pool.clone_volume_with(src, dst, *provisioning)?),
+        Request::SetVolume { name, provisioning } => {
+            Answer::Volume(pool.set_provisioning(name, *provisioning)?)
+        }
         Request::DeleteVolume { name, force } => {
             pool.delete_volume(name, *force)?;
             Answer::Done
@@ -634,6 +693,7 @@ mod tests {
         let line = serde_json::to_string(&Request::CreateVolume {
             name: "vm1".into(),
             size_bytes: 4096,
+            provisioning: Provisioning::Thick,
         })
         .unwrap();
         assert_eq!(

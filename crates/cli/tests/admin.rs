@@ -124,8 +124,8 @@ fn volume_info_shows_one_volume_and_names_a_missing_one() {
     assert_eq!(
         columns,
         [
-            ["disk0", "8388608", "0", "0", "0", "0"],
-            ["disk1", "4194304", "0", "0", "0", "0"]
+            ["disk0", "8388608", "0", "0", "0", "0", "thick", "8388608", "8388608"],
+            ["disk1", "4194304", "0", "0", "0", "0", "thick", "4194304", "4194304"]
         ],
         "{}",
         rows.report()

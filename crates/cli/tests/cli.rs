@@ -376,7 +376,9 @@ fn pool_create_says_what_it_can_address_and_refuses_to_overwrite() {
     assert!(addressable > 0, "{info:#}");
     assert!(addressable <= 1 << 30, "{info:#}");
     let text = fb(&pool, &["pool", "info"]).ok().stdout();
-    assert!(text.contains("Can address"), "{text}");
+    for line in ["Promised", "Reserved", "Free to reserve"] {
+        assert!(text.contains(line), "{text}");
+    }
 
     let again = fb(&pool, &["pool", "create", path_str(&pool), "--size", "1G"]).error();
     assert!(
@@ -465,7 +467,7 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1_with_one_sentence() {
 // Volumes
 
 #[test]
-fn volumes_are_thick_unless_the_pool_overcommits() {
+fn volumes_are_thick_unless_made_thin() {
     let dir = TempDir::new("vols");
     let pool = create_pool(&dir, &["--size", "1G"]);
     let too_big = fb(&pool, &["volume", "create", "huge", "--size", "2G"]).error();
@@ -519,12 +521,35 @@ fn volumes_are_thick_unless_the_pool_overcommits() {
     let gone = fb(&pool, &["volume", "delete", "vm2"]).error();
     assert!(gone.contains("vm2"), "{gone}");
 
-    // Overcommitted, the sum of volume sizes may pass what the pool stores.
+    // --overcommit is accepted with a warning, and a thin volume may promise more
+    // than the pool stores.
     let over = TempDir::new("over");
-    let pool = create_pool(&over, &["--size", "1G", "--overcommit"]);
+    let pool = over.join("pool");
+    let created = fb(
+        &pool,
+        &[
+            "pool",
+            "create",
+            path_str(&pool),
+            "--size",
+            "1G",
+            "--overcommit",
+        ],
+    )
+    .ok();
+    assert!(
+        created.stderr().contains("deprecated"),
+        "{}",
+        created.report()
+    );
     let info = fb(&pool, &["pool", "info", "--json"]).ok().json();
     assert!(u64_at(&info, "data_bytes") < 2 << 30, "{info:#}");
-    fb(&pool, &["volume", "create", "big", "--size", "2G"]).ok();
+    fb(&pool, &["volume", "create", "big", "--size", "2G"]).error();
+    fb(
+        &pool,
+        &["volume", "create", "big", "--size", "2G", "--thin"],
+    )
+    .ok();
     assert_eq!(volume_names(&pool), vec!["big".to_string()]);
 }
 

@@ -48,11 +48,11 @@ fn a_full_pool_fails_writes_with_enospc_and_takes_them_again_after_a_trim() {
     let dir = TempDir::new("fullpool");
     let pool = dir.join("test.pool");
     let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "64M"]);
     fewerbytes_ok(
         &pool,
-        &["pool", "create", pool_str, "--size", "64M", "--overcommit"],
+        &["volume", "create", "vm", "--size", "128M", "--thin"],
     );
-    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", "128M"]);
     let mut server = Server::start(dir.path(), &pool, &[]);
     let ran = python_nbd(FILL_PY, &[&server.unix_uri("vm")]);
     assert!(

@@ -102,12 +102,9 @@ fn require_guest_tool(name: &str) {
 fn serve_guest_pool(dir: &Path, image: &GuestImage) -> Server {
     let pool = dir.join("vm.pool");
     let pool_str = pool.to_str().expect("utf-8 temp path");
-    // Overcommitted: seven clones of a 3 GiB disk address more than the pool holds,
+    // Thin clones: seven clones of a 3 GiB disk promise more than the pool holds,
     // though they store little more than the template.
-    fewerbytes_ok(
-        &pool,
-        &["pool", "create", pool_str, "--size", "8G", "--overcommit"],
-    );
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "8G"]);
     fewerbytes_ok(
         &pool,
         &["volume", "create", "template", "--size", &image.size],
@@ -430,7 +427,7 @@ fn guest_boots_from_a_volume_writes_trims_and_powers_off() {
     let image = guest_image();
     let dir = TempDir::new("guest");
     let mut server = serve_guest_pool(dir.path(), &image);
-    server.cli_ok(&["volume", "clone", "template", "vm1"]);
+    server.cli_ok(&["volume", "clone", "template", "vm1", "--thin"]);
     let before = server.stats();
 
     let mut guest = Guest::boot(&server, dir.path(), "vm1", 1);
@@ -463,7 +460,7 @@ fn boot_storm_seven_clones_of_a_template_boot_at_once() {
     let mut server = serve_guest_pool(dir.path(), &image);
     let names: Vec<String> = (1..=STORM_GUESTS).map(|i| format!("vm{i}")).collect();
     for name in &names {
-        server.cli_ok(&["volume", "clone", "template", name]);
+        server.cli_ok(&["volume", "clone", "template", name, "--thin"]);
     }
     let before = server.stats();
     let template_bytes = data_used_bytes(&before);

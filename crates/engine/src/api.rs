@@ -31,6 +31,23 @@ pub struct CreateOptions {
     pub page_slots: Option<u64>,
 }
 
+/// How much of the pool a volume holds back for itself (`reservation.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provisioning {
+    /// Reserves its whole size, and follows it through resizes (the default).
+    #[default]
+    Thick,
+    /// Reserves this many bytes, whatever its size (0: thin, reserves nothing; never
+    /// more than its size counts).
+    Reserve(u64),
+}
+
+impl Provisioning {
+    /// Thin: reserves nothing.
+    pub const THIN: Provisioning = Provisioning::Reserve(0);
+}
+
 /// How to open a pool.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
@@ -71,11 +88,29 @@ pub struct PoolInfo {
     pub metadata_bytes: u64,
     /// Logical bytes volumes may add up to (= data_bytes unless overcommitted).
     pub addressable_bytes: u64,
-    /// Sum of volume sizes.
+    /// Sum of volume sizes: what the volumes promise (the same as `promised_bytes`).
     pub allocated_bytes: u64,
-    /// Whether volume sizes may exceed what the pool stores.
+    /// Sum of volume sizes: what the pool promises its volumes could hold.
+    #[serde(default)]
+    pub promised_bytes: u64,
+    /// Sum of the volumes' reservations.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Of those, what volumes have not used yet: held back from other volumes' writes.
+    #[serde(default)]
+    pub reserved_unused_bytes: u64,
+    /// Data bytes in use (blocks freed and awaiting a checkpoint, and blocks a packer
+    /// holds open, count as free).
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// What a new reservation may still take: free data space less what reservations
+    /// hold back and the reserve kept for trims and deletes.
+    #[serde(default)]
+    pub reservable_bytes: u64,
+    /// The pool was made with the overcommit flag of earlier versions (its page store
+    /// sized for 4 times its data); volumes are thick or thin each on their own now.
     pub overcommit: bool,
-    /// Data blocks held back for trim/delete on an overcommitted pool.
+    /// Data blocks kept for trims and deletes: no reservation may take them.
     pub reserve_bytes: u64,
     /// Slabs and their size.
     pub slab_count: u32,
@@ -137,6 +172,15 @@ pub struct VolumeInfo {
     pub exclusive_stored_bytes: u64,
     /// Handles open (NBD connections).
     pub users: u32,
+    /// Bytes reserved for it (thick: its size).
+    #[serde(default)]
+    pub reservation_bytes: u64,
+    /// Of those, not used yet (reserved minus logical used): held back for it.
+    #[serde(default)]
+    pub reservation_unused_bytes: u64,
+    /// Thin or partly reserved: its reservation is fixed, not its size.
+    #[serde(default)]
+    pub thin: bool,
 }
 
 /// A range of a volume, by what backs it.
@@ -226,6 +270,15 @@ pub struct PoolStats {
     pub data_free_bytes: u64,
     /// Data bytes freed (by trims, overwrites) that become free at the next checkpoint.
     pub data_freeing_bytes: u64,
+    /// Sum of volume sizes: what the pool promises.
+    #[serde(default)]
+    pub promised_bytes: u64,
+    /// Sum of the volumes' reservations.
+    #[serde(default)]
+    pub reserved_bytes: u64,
+    /// Of those, not used yet: held back from other volumes' writes.
+    #[serde(default)]
+    pub reserved_unused_bytes: u64,
     /// Metadata region bytes.
     pub metadata_bytes: u64,
     /// Data-region blocks holding metadata pages (the page store had no free slot),
@@ -285,6 +338,9 @@ pub struct VolumeStats {
     pub logical_used_bytes: u64,
     /// Bytes mapped to zero.
     pub zero_bytes: u64,
+    /// Bytes reserved for it (thick: its size).
+    #[serde(default)]
+    pub reservation_bytes: u64,
     /// Counters since open.
     pub counters: WriteCounters,
 }

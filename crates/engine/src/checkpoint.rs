@@ -484,19 +484,14 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         let mut dirs = vol.dirs();
         wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id())?;
         let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
-        // Issue 13 makes reservations per volume; today a volume of a pool
-        // without overcommit holds its size, and one with overcommit is thin.
+        let (reservation_bytes, thin) = inner.volumes.reservations().record(vol.id(), size_bytes);
         records.push(VolumeRecord {
             slot: vol.slot(),
             id: vol.id(),
             name: vol.name(),
             size_bytes,
-            reservation_bytes: if inner.geometry.overcommit() {
-                0
-            } else {
-                size_bytes
-            },
-            thin: inner.geometry.overcommit(),
+            reservation_bytes,
+            thin,
             map: dirs.root(),
         });
     }

@@ -302,6 +302,11 @@ impl PoolGeometry {
     pub(crate) fn fingerprint(&self, block: &[u8]) -> [u8; 32] {
         *blake3::keyed_hash(&self.fingerprint_key, block).as_bytes()
     }
+    /// The fingerprints of many blocks, hashed side by side (`fingerprint.rs`): the
+    /// same values as [`PoolGeometry::fingerprint`] of each.
+    pub(crate) fn fingerprint_many(&self, blocks: &[&[u8]], out: &mut [[u8; 32]]) {
+        crate::fingerprint::keyed_many(&self.fingerprint_key, blocks, out);
+    }
     /// The data device's length at format time.
     pub(crate) fn data_device_bytes(&self) -> u64 {
         self.data_device_bytes

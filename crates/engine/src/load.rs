@@ -500,8 +500,12 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
         crate::load::load_counters(inner)?;
         crate::load::load_objects(inner, &catalog)?;
         inner.volumes.set_next_id(catalog.next_volume_id);
-        // Volumes are created and grown only within the addressable blocks, and a
-        // volume's map is sized from its size: a damaged size must not size it.
+        inner
+            .volumes
+            .reservations()
+            .load(&catalog, inner.geometry.overcommit());
+        // A volume's map is sized from its size: a damaged size must not size it.
+        let promise_max = crate::reservation::promise_max_blocks(&inner.geometry);
         let mut volume_blocks_total = 0u64;
         for record in &catalog.volumes {
             let corrupt = |reason: String| EngineError::Corrupt {
@@ -518,12 +522,12 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             }
             volume_blocks_total =
                 volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-            if volume_blocks_total > inner.geometry.addressable_blocks() {
+            if volume_blocks_total > promise_max {
                 return Err(corrupt(format!(
                     "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
                     record.name,
                     record.size_bytes,
-                    inner.geometry.addressable_blocks() * BLOCK_BYTES as u64
+                    promise_max * BLOCK_BYTES as u64
                 )));
             }
             let vol = Arc::new(VolumeState::new(

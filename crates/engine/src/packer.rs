@@ -70,6 +70,9 @@ struct Packer {
     unwritten_blocks: Vec<OpenBlock>,
     /// Closed runs whose write found the device full: written by the next flush.
     unwritten_runs: Vec<OpenRun>,
+    /// The buffer of the last run closed, for the next run: a fresh zeroed 64 KiB
+    /// per run cost a `memset` of 16 blocks on every 16 whole blocks stored.
+    spare_run_buf: Vec<u8>,
 }
 
 /// What the packers work with: the slabs they allocate from, the data device they
@@ -193,6 +196,10 @@ impl Zones {
     fn open_block(&self, space: &Space<'_>, zone: usize) -> Result<OpenBlock> {
         for s in space.depot.order(zone, self.count()) {
             let mut slab = space.depot.slab(s).lock();
+            if slab.free_blocks() == 0 {
+                // A full slab: its counter says so without a scan of its bitmap.
+                continue;
+            }
             if slab.free_objects() == 0 || slab.free_objects() <= slab.free_blocks() / 2 {
                 // Objects are the scarcer resource here; keep them for whole blocks.
                 if slab.free_objects() == 0 {
@@ -314,7 +321,7 @@ impl Zones {
         for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
             if let Some(run) = packer.run.take() {
-                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
+                self.close_run(space, zone, run, &mut packer)?;
             }
             if let Some(open) = packer.open.take() {
                 self.close_block(space, zone, open, &mut packer.unwritten_blocks)?;
@@ -362,14 +369,15 @@ impl Zones {
         space: &Space<'_>,
         zone: usize,
         mut run: OpenRun,
-        unwritten: &mut Vec<OpenRun>,
+        packer: &mut Packer,
     ) -> Result<()> {
         let written = self.write_run(space, &mut run);
         if written.as_ref().is_err_and(|e| e.is_no_space()) {
-            unwritten.push(run);
+            packer.unwritten_runs.push(run);
             return Ok(());
         }
         Self::release_run(space, zone, &run)?;
+        packer.spare_run_buf = run.buf;
         written
     }
 
@@ -384,10 +392,12 @@ impl Zones {
     }
 
     /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
-    fn open_run(&self, space: &Space<'_>, zone: usize) -> Result<OpenRun> {
+    fn open_run(&self, space: &Space<'_>, zone: usize, spare_buf: &mut Vec<u8>) -> Result<OpenRun> {
         for s in space.depot.order(zone, self.count()) {
             let mut slab = space.depot.slab(s).lock();
-            if slab.free_objects() == 0 {
+            // A full slab is skipped on its counters: scanning its block bitmap for
+            // nothing cost ~2 µs per stored block once most slabs were full.
+            if slab.free_objects() == 0 || slab.free_blocks() == 0 {
                 continue;
             }
             let Some(first) = slab.alloc_block() else {
@@ -407,7 +417,13 @@ impl Zones {
                 len,
                 filled: 0,
                 written: 0,
-                buf: vec![0u8; len as usize * BLOCK_BYTES],
+                // Bytes past `filled` are never written nor read: a reused buffer
+                // needs no zeroing, only the run's length.
+                buf: {
+                    let mut buf = std::mem::take(spare_buf);
+                    buf.resize(RUN_BLOCKS as usize * BLOCK_BYTES, 0);
+                    buf
+                },
             });
         }
         // Space freed since the last checkpoint is not reusable before it: ask for one.
@@ -434,12 +450,12 @@ impl Zones {
         for _attempt in 0..4 {
             let mut run = match packer.run.take() {
                 Some(r) => r,
-                None => self.open_run(space, zone)?,
+                None => self.open_run(space, zone, &mut packer.spare_run_buf)?,
             };
             let mut slab = space.depot.slab(run.slab).lock();
             let Some(object) = slab.alloc_object() else {
                 drop(slab);
-                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
+                self.close_run(space, zone, run, packer)?;
                 continue;
             };
             let b = run.first + run.filled;
@@ -460,7 +476,7 @@ impl Zones {
             run.filled += 1;
             let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {
-                self.close_run(space, zone, run, &mut packer.unwritten_runs)?;
+                self.close_run(space, zone, run, packer)?;
             } else {
                 packer.run = Some(run);
             }

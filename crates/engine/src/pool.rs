@@ -559,6 +559,10 @@ impl Pool {
         let g = &i.geometry;
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
+        let ledger = i
+            .volumes
+            .reservations()
+            .ledger(&i.volumes.all(), &i.depot, g);
         PoolInfo {
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
@@ -568,6 +572,15 @@ impl Pool {
             metadata_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
             allocated_bytes: i.volumes.allocated_blocks() * block,
+            promised_bytes: i.volumes.allocated_blocks() * block,
+            reserved_bytes: ledger.reserved_blocks * block,
+            reserved_unused_bytes: ledger.withheld_blocks * block,
+            used_bytes: (g.data_blocks() - ledger.free_blocks.min(g.data_blocks())) * block,
+            reservable_bytes: ledger
+                .free_blocks
+                .saturating_sub(g.reserve_blocks())
+                .saturating_sub(ledger.withheld_blocks)
+                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             slab_count: g.slab_count(),
@@ -676,9 +689,21 @@ impl Pool {
         crate::volume_ops::list(&self.inner)
     }
 
-    /// Create a volume; refused past the pool's addressable size unless overcommitted.
+    /// Create a thick volume (it reserves its size); refused when the pool cannot
+    /// honour the reservation.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
-        crate::volume_ops::create(&self.inner, name, size_bytes)
+        self.create_volume_with(name, size_bytes, Provisioning::Thick)
+    }
+
+    /// Create a volume reserving as `p` says; refused when the pool cannot honour
+    /// the reservation (never when thin).
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        p: Provisioning,
+    ) -> Result<VolumeInfo> {
+        crate::volume_ops::create(&self.inner, name, size_bytes, p)
     }
 
     /// Delete a volume; refused while handles are open unless `force`.
@@ -696,9 +721,22 @@ impl Pool {
         crate::volume_ops::resize(&self.inner, name, size_bytes, allow_shrink)
     }
 
-    /// Clone a volume: shares every block by reference.
+    /// Clone a volume: shares every block by reference. The clone is thick (see
+    /// [`Self::clone_volume_with`]).
     pub fn clone_volume(&self, src: &str, dst: &str) -> Result<VolumeInfo> {
-        crate::volume_ops::clone(&self.inner, src, dst)
+        self.clone_volume_with(src, dst, Provisioning::Thick)
+    }
+
+    /// Clone a volume reserving as `p` says. The clone maps what its source maps,
+    /// so it has used that much of its reservation already (`reservation.rs`).
+    pub fn clone_volume_with(&self, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::volume_ops::clone(&self.inner, src, dst, p)
+    }
+
+    /// Change what a volume reserves (`volume set`): refused, with nothing changed,
+    /// when the pool cannot honour it. Durable on return, as every volume change.
+    pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::volume_ops::set_provisioning(&self.inner, name, p)
     }
 
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a

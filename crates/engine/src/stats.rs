@@ -49,6 +49,11 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             size_bytes: v.size_blocks() * BLOCK,
             logical_used_bytes: v.mapped_blocks() * BLOCK,
             zero_bytes: v.zero_blocks() * BLOCK,
+            reservation_bytes: crate::reservation::volume_figures(
+                i.volumes.reservations().of(v.id()),
+                v,
+            )
+            .0,
             counters: v.counters().snapshot(),
         })
         .collect();
@@ -71,6 +76,9 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             - (used_blocks + page_blocks + pending_blocks).min(i.geometry.data_blocks()))
             * BLOCK,
         data_freeing_bytes: pending_blocks * BLOCK,
+        promised_bytes: info.promised_bytes,
+        reserved_bytes: info.reserved_bytes,
+        reserved_unused_bytes: info.reserved_unused_bytes,
         metadata_bytes: info.metadata_bytes,
         metadata_in_data_bytes: page_blocks * BLOCK,
         logical_used_bytes,

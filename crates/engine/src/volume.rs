@@ -150,6 +150,15 @@ impl Volume {
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         inner.ensure_space()?;
+        // Space other volumes' reservations hold back is not for this write.
+        let blocks = (offset_bytes + data.len() as u64).div_ceil(BLOCK) - offset_bytes / BLOCK;
+        inner.volumes.reservations().admit_write(
+            || inner.volumes.all(),
+            &inner.depot,
+            &inner.geometry,
+            &self.h.vol,
+            blocks,
+        )?;
         let mut pos = 0usize;
         let step_bytes = (BLOCKS_PER_STEP * BLOCK) as usize;
         while pos < data.len() {
@@ -209,6 +218,8 @@ impl Volume {
 
     fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
+        // Hashing needs no lock: done before the gate, all blocks together.
+        let hashed = crate::write_path::StepFingerprints::of(inner, offset_bytes, data);
         let _gate = inner.locks.shared();
         let vol = &self.h.vol;
         if vol.is_deleted() {
@@ -224,6 +235,7 @@ impl Volume {
             });
         }
         let mut pos = 0usize;
+        let mut piece = 0usize;
         while pos < data.len() {
             let at = offset_bytes + pos as u64;
             let lbn = at / BLOCK;
@@ -232,12 +244,14 @@ impl Volume {
             let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
             let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
-                crate::write_path::write_block(inner, vol, lbn, src, None)?;
+                let fp = hashed.get(piece);
+                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp)?;
             } else {
                 crate::partial::write_partial(inner, vol, lbn, within, src)?;
             }
             drop(stripe);
             pos += n;
+            piece += 1;
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! Volume operations: create, clone, resize, rename, delete, and a volume's usage.
+//! Volume operations: create, clone, resize, set (what a volume reserves), rename,
+//! delete, and a volume's usage.
 //! Each runs alone (the checkpointer's serial lock) with the gate held exclusively,
 //! and ends with a checkpoint taken under that gate, so a crash leaves the pool
 //! before the operation or after it. The block read and write paths are apart
@@ -34,6 +35,8 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
             }
         }
     }
+    let (reservation_bytes, reservation_unused_bytes, thin) =
+        crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
     VolumeInfo {
         name: v.name(),
         id: v.id(),
@@ -42,6 +45,9 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         zero_bytes: v.zero_blocks() * block,
         exclusive_stored_bytes: exclusive,
         users: v.users(),
+        reservation_bytes,
+        reservation_unused_bytes,
+        thin,
     }
 }
 
@@ -57,28 +63,26 @@ pub(crate) fn list(inner: &Inner) -> Vec<VolumeInfo> {
     vols.iter().map(|v| info(inner, v)).collect()
 }
 
-fn check_capacity(inner: &Inner, extra_blocks: u64, what: &str) -> Result<()> {
-    let i = inner;
-    let allocated = i.volumes.allocated_blocks();
-    if allocated + extra_blocks > i.geometry.addressable_blocks() {
-        let block = BLOCK_BYTES as u64;
-        return Err(EngineError::Refused(format!(
-            "{what} needs {} but the pool can address {} and volumes already take {} ({} left){}",
-            human_bytes(extra_blocks * block),
-            human_bytes(i.geometry.addressable_blocks() * block),
-            human_bytes(allocated * block),
-            human_bytes(
-                (i.geometry.addressable_blocks() - allocated.min(i.geometry.addressable_blocks()))
-                    * block
-            ),
-            if i.geometry.overcommit() {
-                ""
-            } else {
-                "; create the pool with --overcommit to promise more than it stores"
-            }
-        )));
-    }
-    Ok(())
+/// Refuse a reservation the pool cannot honour (`reservation.rs`): volume `id`
+/// (none if new) of `size_blocks`, mapping `used_blocks`, asking for `p`.
+fn check_reservation(
+    inner: &Inner,
+    what: &str,
+    id: Option<u64>,
+    size_blocks: u64,
+    used_blocks: u64,
+    p: Provisioning,
+) -> Result<()> {
+    inner.volumes.reservations().check_honour(
+        &inner.volumes.all(),
+        &inner.depot,
+        &inner.geometry,
+        what,
+        id,
+        size_blocks,
+        used_blocks,
+        p,
+    )
 }
 
 fn size_blocks_of(size_bytes: u64) -> Result<u64> {
@@ -97,8 +101,14 @@ fn size_blocks_of(size_bytes: u64) -> Result<u64> {
     Ok(size_bytes / BLOCK_BYTES as u64)
 }
 
-/// Create a volume; refused past the pool's addressable size unless overcommitted.
-pub(crate) fn create(inner: &Inner, name: &str, size_bytes: u64) -> Result<VolumeInfo> {
+/// Create a volume reserving as `p` says; refused when the pool cannot honour the
+/// reservation (never when thin).
+pub(crate) fn create(
+    inner: &Inner,
+    name: &str,
+    size_bytes: u64,
+    p: Provisioning,
+) -> Result<VolumeInfo> {
     validate_name(name).map_err(EngineError::Refused)?;
     let size_blocks = size_blocks_of(size_bytes)?;
     let i = inner;
@@ -108,12 +118,16 @@ pub(crate) fn create(inner: &Inner, name: &str, size_bytes: u64) -> Result<Volum
     if i.volumes.exists(name) {
         return Err(EngineError::VolumeExists(name.to_string()));
     }
-    check_capacity(
+    check_reservation(
         inner,
-        size_blocks,
         &format!("volume '{name}' of {}", human_bytes(size_bytes)),
+        None,
+        size_blocks,
+        0,
+        p,
     )?;
     let vol = i.volumes.make(name, size_blocks)?;
+    i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
@@ -165,10 +179,13 @@ pub(crate) fn resize(
     let vol = i.volumes.by_name(name)?;
     let old = vol.size_blocks();
     if size_blocks > old {
-        check_capacity(
+        check_reservation(
             inner,
-            size_blocks - old,
             &format!("growing '{name}' to {}", human_bytes(size_bytes)),
+            Some(vol.id()),
+            size_blocks,
+            vol.mapped_blocks(),
+            i.volumes.reservations().of(vol.id()),
         )?;
     } else if size_blocks < old {
         if !allow_shrink {
@@ -210,8 +227,10 @@ pub(crate) fn resize(
     Ok(info(inner, &vol))
 }
 
-/// Clone a volume: shares every block by reference.
-pub(crate) fn clone(inner: &Inner, src: &str, dst: &str) -> Result<VolumeInfo> {
+/// Clone a volume: shares every block by reference, and reserves as `p` says. The
+/// clone maps what its source maps, so it has used that much of its reservation
+/// already (`reservation.rs`).
+pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
     validate_name(dst).map_err(EngineError::Refused)?;
     let i = inner;
     i.devices.ensure_writable()?;
@@ -222,13 +241,16 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str) -> Result<VolumeInfo> {
         return Err(EngineError::VolumeExists(dst.to_string()));
     }
     let size_blocks = source.size_blocks();
-    check_capacity(
+    check_reservation(
         inner,
-        size_blocks,
         &format!(
             "clone '{dst}' of {}",
             human_bytes(size_blocks * BLOCK_BYTES as u64)
         ),
+        None,
+        size_blocks,
+        source.mapped_blocks(),
+        p,
     )?;
     let vol = i.volumes.make(dst, size_blocks)?;
     let mut shared = Vec::new();
@@ -248,8 +270,34 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str) -> Result<VolumeInfo> {
     }
     vol.copy_usage(&source);
     i.depot.add_references(&i.devices, &shared)?;
+    i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Change what a volume reserves (`volume set`): refused, with nothing changed, when
+/// the pool cannot honour it. Durable on return, as every volume change.
+pub(crate) fn set_provisioning(inner: &Inner, name: &str, p: Provisioning) -> Result<VolumeInfo> {
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    check_reservation(
+        inner,
+        &format!("volume '{name}'"),
+        Some(vol.id()),
+        vol.size_blocks(),
+        vol.mapped_blocks(),
+        p,
+    )?;
+    let before = i.volumes.reservations().of(vol.id());
+    i.volumes.reservations().set(vol.id(), p);
+    if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
+        i.volumes.reservations().set(vol.id(), before);
+        return Err(e);
+    }
     Ok(info(inner, &vol))
 }
 

@@ -1,9 +1,11 @@
 //! The volume list: each volume's state by its catalog slot, and the id the next
 //! volume takes. A volume operation (create, clone, resize, rename, delete: `volume_ops.rs`)
 //! changes the list with the pool's gate held exclusively, so a checkpoint's snapshot
-//! sees it whole; request threads only look volumes up.
+//! sees it whole; request threads only look volumes up. Each volume's reservation
+//! is kept beside the list (`reservation.rs`).
 
 use crate::block_map::VolumeState;
+use crate::reservation::Reservations;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::MAX_VOLUMES;
 use parking_lot::RwLock;
@@ -14,6 +16,7 @@ use std::sync::Arc;
 pub(crate) struct Volumes {
     slots: RwLock<Vec<Option<Arc<VolumeState>>>>,
     next_id: AtomicU64,
+    reservations: Reservations,
 }
 
 impl Volumes {
@@ -22,7 +25,13 @@ impl Volumes {
         Volumes {
             slots: RwLock::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            reservations: Reservations::default(),
         }
+    }
+
+    /// Every volume's reservation.
+    pub(crate) fn reservations(&self) -> &Reservations {
+        &self.reservations
     }
 
     /// The volume named `name`.
@@ -105,10 +114,12 @@ impl Volumes {
         }
     }
 
-    /// Unlist the volume in `slot`.
+    /// Unlist the volume in `slot`, and forget its reservation.
     pub(crate) fn remove(&self, slot: u16) {
         if let Some(v) = self.slots.write().get_mut(usize::from(slot)) {
-            *v = None;
+            if let Some(vol) = v.take() {
+                self.reservations.remove(vol.id());
+            }
         }
     }
 

@@ -8,7 +8,7 @@
 
 mod common;
 use common::*;
-use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool};
+use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool, Provisioning};
 use fewerbytes_format::page::{decode_page, encode_page, PageHeader, PageKind};
 use fewerbytes_format::superblock::SuperBlock;
 use std::fs::File;
@@ -38,7 +38,8 @@ impl Drop for PoolFile {
     }
 }
 
-/// An overcommitted sparse pool file holding the 1 TiB volume "big".
+/// An overcommitted sparse pool file (its page store sized for 4 times its data)
+/// holding the thin 1 TiB volume "big".
 fn big_pool(name: &str) -> (PoolFile, Arc<Pool>) {
     let path = std::env::temp_dir().join(format!(
         "fewerbytes-tree-{name}-{}.pool",
@@ -53,7 +54,8 @@ fn big_pool(name: &str) -> (PoolFile, Arc<Pool>) {
     })
     .unwrap();
     let pool = Pool::open(&path, &OPTS).unwrap();
-    pool.create_volume("big", VOLUME_BYTES).unwrap();
+    pool.create_volume_with("big", VOLUME_BYTES, Provisioning::THIN)
+        .unwrap();
     (file, pool)
 }
 

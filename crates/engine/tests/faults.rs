@@ -167,8 +167,12 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
     )
     .unwrap();
     let data_blocks = pool.info().data_bytes / BLOCK as u64;
-    pool.create_volume("big", 2 * data_blocks * BLOCK as u64)
-        .unwrap();
+    pool.create_volume_with(
+        "big",
+        2 * data_blocks * BLOCK as u64,
+        fewerbytes_engine::Provisioning::THIN,
+    )
+    .unwrap();
     let vol = pool.open_volume("big").unwrap();
     let block_of = |i: u64| {
         let mut b = vec![0u8; BLOCK];

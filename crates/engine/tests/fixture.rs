@@ -119,8 +119,45 @@ fn assert_fixture_contents(pool: &Arc<Pool>, extra: Option<(usize, u8)>) {
         };
         assert_eq!(buf, want, "clone block {i}");
     }
+    // Made without overcommit: both volumes open thick, reserving their size.
+    for v in pool.list_volumes() {
+        assert!(!v.thin, "{} opened thin", v.name);
+        assert_eq!(v.reservation_bytes, v.size_bytes, "{}", v.name);
+    }
     let audit = pool.audit();
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+}
+
+#[test]
+fn a_v1_pool_made_with_overcommit_opens_with_its_volumes_thin_and_keeps_them_so() {
+    // Version 1 records no reservation: the pool's overcommit flag promised nothing
+    // to any volume, so they open thin, and the upgrade records them thin.
+    let mut image = image_of(FIXTURE);
+    for copy in 0..2 {
+        let block = &mut image[copy * BLOCK..(copy + 1) * BLOCK];
+        if let Ok(mut sb) = SuperBlock::decode(block) {
+            sb.flags |= fewerbytes_format::superblock::FLAG_OVERCOMMIT;
+            let mut out = [0u8; BLOCK];
+            sb.encode(&mut out);
+            block.copy_from_slice(&out);
+        }
+    }
+    let (dev, pool) = open(image).expect("the v1 fixture with overcommit opens read-write");
+    let thin = |pool: &Arc<Pool>| -> Vec<(String, bool, u64)> {
+        pool.list_volumes()
+            .into_iter()
+            .map(|v| (v.name, v.thin, v.reservation_bytes))
+            .collect()
+    };
+    let expected = vec![
+        ("base".to_string(), true, 0),
+        ("clone".to_string(), true, 0),
+    ];
+    assert_eq!(thin(&pool), expected);
+    pool.close().unwrap();
+    let (_, pool) = open(dev.crash_image(CrashMode::KeepAll)).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(thin(&pool), expected);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use fewerbytes_engine::storage::CrashMode;
-use fewerbytes_engine::{CreateOptions, Pool, RepairOptions};
+use fewerbytes_engine::{CreateOptions, Pool, Provisioning, RepairOptions};
 use std::sync::Arc;
 
 const VOLUMES: usize = 24;
@@ -63,14 +63,15 @@ fn a_tiny_page_store_spills_pages_into_data_blocks_and_keeps_everything() {
     // Thin volumes: many volumes, few blocks written in each.
     let opts = CreateOptions {
         page_slots: Some(8),
-        overcommit: true,
         ..CreateOptions::default()
     };
     let mut t = create_with(128 << 20, None, &opts);
     let volume_bytes = offset(WRITES_PER_VOLUME);
     for v in 0..VOLUMES {
         let name = format!("v{v}");
-        t.pool().create_volume(&name, volume_bytes).expect("create");
+        t.pool()
+            .create_volume_with(&name, volume_bytes, Provisioning::THIN)
+            .expect("create");
         let vol = t.pool().open_volume(&name).expect("open volume");
         for k in 0..WRITES_PER_VOLUME {
             vol.write(offset(k), &block_for(v, k), false)
@@ -148,7 +149,6 @@ fn a_new_pool_reserves_at_most_two_percent_for_metadata() {
 fn a_damaged_page_in_a_data_block_is_reported_as_corruption_of_that_block() {
     let opts = CreateOptions {
         page_slots: Some(4),
-        overcommit: true,
         ..CreateOptions::default()
     };
     let t = create_with(128 << 20, None, &opts);

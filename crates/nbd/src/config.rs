@@ -33,7 +33,8 @@ pub const CONNECTION_RESERVED_REQUESTS: usize = 8;
 /// A queue-depth-1 client's next request usually comes within this; catching it
 /// without a sleep and a cross-CPU wake-up cut 4 KiB read latency at queue depth 1
 /// from ~70 µs to ~30 µs on a 2-vCPU VM. The price: while a client keeps its gaps
-/// that short, its reader spins through them instead of sleeping.
+/// that short, its reader spins through them instead of sleeping; so only one reader
+/// of the server polls at a time, and only while no request is in flight anywhere.
 pub const DEFAULT_READ_SPIN: Duration = Duration::from_micros(50);
 /// Bytes of read and write buffers in flight across the server, beyond each
 /// connection's own reserve ([`CONNECTION_RESERVED_BUFFER_BYTES`]). 256 MiB holds 8

@@ -25,6 +25,9 @@ pub(crate) struct InflightLimits {
     released: Condvar,
     requests_max: usize,
     bytes_max: u64,
+    /// Requests in flight across the server, readable without the lock (a reader
+    /// polls its socket only while no connection has any: see `stream.rs`).
+    requests_now: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -78,7 +81,21 @@ impl InflightLimits {
             released: Condvar::new(),
             requests_max,
             bytes_max,
+            requests_now: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Requests in flight across the server now, readable without a lock.
+    pub(crate) fn requests_now(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.requests_now)
+    }
+
+    /// Keep `requests_now` equal to the slots taken (called under `state`'s lock).
+    fn publish(&self, state: &InflightState) {
+        self.requests_now.store(
+            state.shared_requests + state.reserved_requests,
+            Ordering::Relaxed,
+        );
     }
 
     /// A new connection's view: at most `requests_max` requests in flight, with an
@@ -138,11 +155,13 @@ impl Inflight {
             self.reserved_requests
                 .store(reserved + 1, Ordering::Relaxed);
             state.reserved_requests += 1;
+            self.limits.publish(state);
             return true;
         }
         if state.shared_requests < self.limits.requests_max {
             self.shared_requests.fetch_add(1, Ordering::Relaxed);
             state.shared_requests += 1;
+            self.limits.publish(state);
             return true;
         }
         false
@@ -228,6 +247,7 @@ impl Inflight {
         }
         state.shared_bytes -= from_shared;
         state.reserved_bytes -= from_reserved;
+        self.limits.publish(&state);
         self.limits.released.notify_all();
     }
 }

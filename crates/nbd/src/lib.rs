@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used)]
 
+mod buffers;
 mod config;
 mod engine_export;
 mod export;

@@ -11,7 +11,7 @@ use crate::config::{
 };
 use crate::export::ExportProvider;
 use crate::inflight::{Inflight, InflightLimits};
-use crate::stream::Stream;
+use crate::stream::{Polling, Stream};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Shutdown;
@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     inflight: Arc<InflightLimits>,
     /// Workers per connection running quick requests at once: one per CPU.
     workers_running_max: usize,
+    /// Taken by the one reader that polls its socket (see [`Polling`]).
+    poll_slot: Arc<AtomicBool>,
     shutting_down: AtomicBool,
     registry: Mutex<Registry>,
     registry_empty: Condvar,
@@ -67,6 +69,7 @@ impl Shared {
             exports,
             inflight,
             workers_running_max: workers_running_max(),
+            poll_slot: Arc::new(AtomicBool::new(false)),
             shutting_down: AtomicBool::new(false),
             registry: Mutex::new(Registry::default()),
             registry_empty: Condvar::new(),
@@ -96,6 +99,15 @@ impl Shared {
             per_connection,
             CONNECTION_RESERVED_REQUESTS.min(per_connection),
         )
+    }
+
+    /// What a connection's reader needs to decide whether to poll its socket: the
+    /// server's requests in flight (read without a lock) and the one polling slot.
+    pub(crate) fn polling(&self) -> Polling {
+        Polling {
+            server_requests: self.inflight.requests_now(),
+            slot: Arc::clone(&self.poll_slot),
+        }
     }
 
     /// Requests in flight across all connections now.

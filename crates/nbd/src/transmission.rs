@@ -20,6 +20,7 @@
 //! the reader and each get a worker of their own, so a connection's other requests
 //! never queue behind them.
 
+use crate::buffers::{Payload, PayloadBuffers};
 use crate::config::{PAYLOAD_TIMEOUT, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX};
 use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
 use crate::inflight::{Inflight, Permit};
@@ -75,6 +76,8 @@ struct Conn {
     workers_running_max: usize,
     /// Threads at most (running, waiting on the disk, or idle).
     workers_max: usize,
+    /// Write payload buffers kept between requests.
+    buffers: PayloadBuffers,
 }
 
 #[derive(Default)]
@@ -97,7 +100,7 @@ struct Queue {
 struct Job {
     header: RequestHeader,
     command: Command,
-    payload: Vec<u8>,
+    payload: Payload,
     permit: Permit,
 }
 
@@ -170,6 +173,7 @@ pub(crate) fn serve(
         inflight: shared.inflight_for_connection(),
         workers_running_max: shared.workers_running_max(),
         workers_max: WORKERS_PER_CONNECTION_MAX.min(config.max_inflight_per_connection),
+        buffers: PayloadBuffers::default(),
     });
     let mut workers = Workers {
         handles: Vec::new(),
@@ -180,9 +184,11 @@ pub(crate) fn serve(
         read_only: session.read_only,
         meta_context: session.meta_context,
     };
-    reader
-        .get_mut()
-        .set_spin(config.read_spin, conn.inflight.requests_now());
+    reader.get_mut().set_spin(
+        config.read_spin,
+        conn.inflight.requests_now(),
+        shared.polling(),
+    );
     let mut batch = Vec::with_capacity(READ_BATCH_MAX);
     let mut end = read_requests(&conn, &mut reader, ctx, &mut workers, &mut batch);
     // Requests read before the end are still answered (DISC asks for that).
@@ -299,16 +305,16 @@ fn read_requests(
                         return End::NoWorker(e);
                     }
                 }
-                let mut data = vec![0u8; len];
+                let mut data = conn.buffers.take(len);
                 reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
-                let read = reader.read_exact(&mut data);
+                let read = reader.read_exact(data.bytes_mut());
                 reader.get_mut().set_deadline(None);
                 if let Err(e) = read {
                     return End::Io(e);
                 }
                 data
             }
-            _ => Vec::new(),
+            _ => Payload::none(),
         };
         batch.push(Job {
             header,
@@ -486,8 +492,10 @@ fn work(conn: &Arc<Conn>) {
                 .timed_out();
             queue.idle -= 1;
             if idle_too_long && queue.jobs.is_empty() && !queue.closed {
-                // Retire: an idle connection keeps only its reader thread.
+                // Retire: an idle connection keeps only its reader thread, and no
+                // payload buffers.
                 queue.workers -= 1;
+                conn.buffers.clear();
                 return;
             }
             continue;
@@ -594,9 +602,11 @@ impl Conn {
             payload,
             permit,
         } = job;
-        let ran = catch_unwind(AssertUnwindSafe(|| self.run(&header, command, &payload)));
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            self.run(&header, command, payload.bytes())
+        }));
         // The write data is in the export now; its bytes stay counted until the reply is out.
-        drop(payload);
+        self.buffers.give_back(payload);
         let mut reply = ran.unwrap_or_else(|_| {
             tracing::error!(id = self.id, ?command, "NBD export panicked; answering EIO");
             self.error_reply(&header, EIO, "internal error in the server's export")

@@ -66,7 +66,7 @@ like($@, qr/illegal name 'vm-101-disk-7' - should be 'vm-100-\*'/, 'a name of an
 eval { $plugin->alloc_image(STOREID, $scfg, 100, 'raw', 'vm-100-disk-0', 1024) };
 like($@, qr/vm-100-disk-0/, 'an existing name is refused by the pool, naming it');
 eval { $plugin->alloc_image(STOREID, $scfg, 100, 'raw', 'vm-100-disk-9', 64 * 1024 * 1024) };
-like($@, qr/needs 64\.00 GiB but the pool can address/, 'past what the pool addresses: numbers');
+like($@, qr/would reserve 64\.00 GiB .* free for reservations/, 'past what the pool can reserve: numbers');
 
 # list_images, as `pvesm list` and the GUI's content view show it.
 my $all = $plugin->list_images(STOREID, $scfg);
