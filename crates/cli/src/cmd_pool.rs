@@ -114,6 +114,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         compression: args.compression,
         no_discard: args.no_discard,
         max_size_bytes: args.max_size,
+        page_slots: None,
     };
     let info = Pool::create(&options)
         .with_context(|| format!("could not create a pool on {}", args.path.display()))?;

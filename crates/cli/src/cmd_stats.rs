@@ -72,7 +72,8 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
     // committed beyond what it stores.
     let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let size_bytes = stats.data_bytes + stats.metadata_bytes;
-    let used_bytes = stats.data_used_bytes + stats.metadata_bytes;
+    // Metadata pages in data-region blocks are used space too (not in data_used).
+    let used_bytes = stats.data_used_bytes + stats.metadata_bytes + stats.metadata_in_data_bytes;
     let saving = if stats.logical_used_bytes == 0 {
         "N/A".to_string()
     } else {

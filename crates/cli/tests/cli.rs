@@ -394,6 +394,31 @@ fn pool_create_says_what_it_can_address_and_refuses_to_overwrite() {
     fb(&pool, &["check"]).ok();
 }
 
+// A new pool used to set aside 5.6% of an 8 GiB device for metadata (a page store
+// sized for every block the volumes could address); the page store now holds what
+// fits in 2% and further pages go to data blocks as they are needed.
+#[test]
+fn a_new_pool_takes_at_most_two_percent_of_its_device_for_metadata() {
+    for size in ["1G", "8G", "16G"] {
+        let dir = TempDir::new("meta-share");
+        let pool = create_pool(&dir, &["--size", size]);
+        let info = fb(&pool, &["pool", "info", "--json"]).ok().json();
+        let device = u64_at(&info, "data_device_bytes");
+        // Everything before the data region: super blocks, journal, page store, padding.
+        let not_data = device - u64_at(&info, "data_bytes");
+        assert!(
+            not_data * 100 <= device * 2,
+            "a {size} pool sets aside {not_data} of {device} bytes: {info:#}"
+        );
+        let stats = stats_json(&pool);
+        assert!(
+            u64_at(&stats, "metadata_bytes") * 100 <= device * 2,
+            "{stats:#}"
+        );
+        assert_eq!(u64_at(&stats, "metadata_in_data_bytes"), 0, "{stats:#}");
+    }
+}
+
 #[test]
 fn pool_create_refuses_a_size_too_small_and_names_the_minimum() {
     let dir = TempDir::new("small");

@@ -31,6 +31,9 @@ pub struct CreateOptions {
     /// Size the metadata for a data device of this size, so that `pool grow` can take
     /// it up to there later (the page store keeps its size). Default: the device's.
     pub max_size_bytes: Option<u64>,
+    /// Page-store slots, when fewer than the geometry's (at least 2): metadata
+    /// pages go to data blocks sooner. For tests of that path; `None` for pools.
+    pub page_slots: Option<u64>,
 }
 
 /// How much of the pool a volume holds back for itself (`reservation.rs`).
@@ -300,6 +303,10 @@ pub struct PoolStats {
     pub reserved_unused_bytes: u64,
     /// Metadata region bytes.
     pub metadata_bytes: u64,
+    /// Data-region blocks holding metadata pages (the page store had no free slot),
+    /// in bytes: neither data used nor free.
+    #[serde(default)]
+    pub metadata_in_data_bytes: u64,
     /// Logical bytes mapped to data across all volumes.
     pub logical_used_bytes: u64,
     /// Blocks mapped to zero across all volumes, in bytes.

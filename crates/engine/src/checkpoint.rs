@@ -15,17 +15,21 @@ use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::DirTree;
 use crate::inner::Inner;
 use crate::journal::Work;
-use crate::page_store::{page_slot, PageStore};
+use crate::page_store::{address_block, page_address, PageStore};
 use crate::slab::{ObjTable, Slab};
+use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, VolumeRecord};
 use fewerbytes_format::counters::encode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
+use fewerbytes_format::page::ADDRESS_DATA_REGION;
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
     FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{SuperBlock, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2};
+use fewerbytes_format::superblock::{
+    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
+};
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
 
@@ -34,6 +38,10 @@ use parking_lot::RwLockWriteGuard;
 pub const OBJECT_TABLE_OWNER: u64 = u64::MAX;
 /// Owner id of the fingerprint table's directory pages (version 2).
 pub const FINGERPRINT_TABLE_OWNER: u64 = u64::MAX - 1;
+
+/// Data blocks a snapshot takes from the depot at a time for pages past the free
+/// slots; those left over are freed when it is durable.
+const SPILL_BATCH_BLOCKS: u64 = 64;
 
 /// What a page is, as its header names it.
 struct PageName {
@@ -58,7 +66,8 @@ impl PageName {
 
 /// One page ready to write.
 struct Encoded {
-    slot: u32,
+    /// A page-store slot, or a data block with bit 63 set.
+    address: u64,
     kind: PageKind,
     bytes: Box<[u8; BLOCK_BYTES]>,
 }
@@ -66,19 +75,28 @@ struct Encoded {
 /// What a snapshot produced.
 struct Snapshot {
     pages: Vec<Encoded>,
-    old_slots: Vec<u32>,
+    old_slots: Vec<u64>,
     pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
     superblock: SuperBlock,
     /// The counters the snapshot's counters page holds, if it writes one.
     counters: Option<Vec<u64>>,
+    /// Data blocks taken for pages and not used.
+    unused_blocks: Vec<u64>,
 }
 
-/// The pages a snapshot writes: each goes to a fresh slot, and the slot it replaces
-/// is retired once the snapshot is durable.
+/// The pages a snapshot writes: each goes to a fresh slot (or, with none free, to a
+/// data block taken for it before the snapshot), and the address it replaces is
+/// retired once the snapshot is durable.
 struct Writeback<'a> {
     store: parking_lot::MutexGuard<'a, PageStore>,
     pages: Vec<Encoded>,
-    old_slots: Vec<u32>,
+    old_slots: Vec<u64>,
+    /// Where data blocks come from for pages that find no free slot.
+    depot: &'a SlabDepot,
+    /// Free data blocks taken from it and not used yet.
+    spare: Vec<u64>,
+    /// A page went to the data region.
+    spilled: bool,
     nonce: u64,
     generation: u64,
 }
@@ -93,19 +111,32 @@ impl Writeback<'_> {
         payload: &[u8],
         current: PageRef,
     ) -> Result<PageRef> {
-        // Sizing and the dirty-page trigger keep the store from running out; if it
-        // does, the checkpoint cannot complete, and the pool must stop taking writes
-        // rather than retry forever.
-        let slot = self.store.alloc().ok_or_else(|| {
-            EngineError::NoSpace("the metadata page store has no free slot for a checkpoint".into())
-        })?;
+        // Slots first, then free data blocks (`Inner::metadata_room` checked there is
+        // room for both). Past those the checkpoint cannot complete, and the pool
+        // must stop taking writes rather than retry forever.
+        let address = match self.store.alloc() {
+            Some(slot) => u64::from(slot),
+            None => {
+                if self.spare.is_empty() {
+                    self.spare = self.depot.take_metadata_blocks(SPILL_BATCH_BLOCKS);
+                }
+                let pbn = self.spare.pop().ok_or_else(|| {
+                    EngineError::NoSpace(
+                        "no free page-store slot or data block for a checkpoint's page".into(),
+                    )
+                })?;
+                self.spilled = true;
+                pbn | ADDRESS_DATA_REGION
+            }
+        };
+        self.store.mark_address(address);
         let header = PageHeader {
             version: FORMAT_VERSION,
             kind: name.kind,
             level: name.level,
             count,
             nonce: self.nonce,
-            slot: u64::from(slot),
+            slot: address,
             generation: self.generation,
             owner: name.owner,
             index: name.index,
@@ -113,16 +144,27 @@ impl Writeback<'_> {
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
         let crc = encode_page(&header, payload, &mut bytes);
         self.pages.push(Encoded {
-            slot,
+            address,
             kind: name.kind,
             bytes,
         });
-        self.old_slots.extend(page_slot(&current));
+        self.old_slots.extend(page_address(&current));
         Ok(PageRef {
-            address: u64::from(slot),
+            address,
             crc,
             generation: ref_generation(self.generation),
         })
+    }
+
+    /// While a slab is locked (the depot passes it over): with no free slot and no
+    /// spare block, take the next page's block from that slab, which may be the
+    /// pool's only one with free blocks.
+    fn top_up(&mut self, slab: &mut Slab) {
+        if self.spare.is_empty() && self.store.free_slots() == 0 {
+            if let Some(b) = slab.alloc_block_for_metadata() {
+                self.spare.push(slab.first_pbn() + u64::from(b));
+            }
+        }
     }
 
     /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
@@ -182,7 +224,7 @@ impl Writeback<'_> {
         }
         while dirs.len() > want {
             if let Some(r) = dirs.pop() {
-                self.old_slots.extend(page_slot(&r));
+                self.old_slots.extend(page_address(&r));
             }
         }
         dirs.resize(want, PageRef::NONE);
@@ -240,6 +282,7 @@ impl Writeback<'_> {
                     .encode(&mut w);
                 }
                 let current = slab.durable_ref(ObjTable::Counts, c);
+                self.top_up(slab);
                 let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Counts, c, r);
@@ -257,6 +300,7 @@ impl Writeback<'_> {
                     w.put(&slab.rec(i as u32).fingerprint);
                 }
                 let current = slab.durable_ref(ObjTable::Fingerprints, f);
+                self.top_up(slab);
                 let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Fingerprints, f, r);
@@ -311,6 +355,9 @@ pub(crate) fn checkpoint_locked(
     // A device with no room for the data written so far: refuse before the
     // snapshot, which could not be taken back (`inner.rs: checkpoint_space`).
     inner.checkpoint_space()?;
+    // Room for its pages in slots and data blocks: a snapshot that cannot finish
+    // cannot be taken back.
+    inner.metadata_room()?;
     // No commit may be in flight while the replay point is chosen: its records are
     // in the image, and replaying them again on top of it would count them twice.
     let commit_guard = inner.journal.pause_commits();
@@ -339,16 +386,23 @@ pub(crate) fn checkpoint_locked(
         inner.devices.latch(&e);
         return Err(e);
     }
-    {
+    let moved_blocks: Vec<u64> = {
         let mut store = inner.checkpointer.page_store();
-        for s in &snapshot.old_slots {
-            store.free(u64::from(*s));
-        }
-    }
-    // Durable: what it freed is discarded on the data device and reusable.
+        snapshot
+            .old_slots
+            .iter()
+            .filter_map(|a| store.free_address(*a))
+            .collect()
+    };
+    // Durable: what it freed is discarded on the data device and reusable, data
+    // blocks whose pages moved as well.
+    inner.depot.return_unused_blocks(&snapshot.unused_blocks);
     inner
         .depot
         .release_pending(&inner.devices, &inner.geometry, &snapshot.pending);
+    inner
+        .depot
+        .release_metadata_blocks(&inner.devices, &inner.geometry, &moved_blocks);
     *inner.checkpointer.super_block() = snapshot.superblock.clone();
     if let Some(values) = snapshot.counters {
         inner.counters.written(values);
@@ -361,7 +415,8 @@ pub(crate) fn checkpoint_locked(
     Ok(())
 }
 
-/// Encode every dirty page into fresh slots. Runs with the gate held.
+/// Encode every dirty page into fresh slots, or data blocks past them. Runs with
+/// the gate held.
 fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let generation = inner.checkpointer.super_block().generation + 1;
     // Every page dirty now is written by this snapshot.
@@ -370,6 +425,9 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         store: inner.checkpointer.page_store(),
         pages: Vec::new(),
         old_slots: inner.checkpointer.take_slots_to_free(),
+        depot: &inner.depot,
+        spare: Vec::new(),
+        spilled: false,
         nonce: inner.geometry.nonce(),
         generation,
     };
@@ -468,7 +526,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     }
     // Old catalog pages beyond the new catalog's length retire too.
     wb.old_slots
-        .extend(sb.catalog.iter().skip(chunks).filter_map(page_slot));
+        .extend(sb.catalog.iter().skip(chunks).filter_map(page_address));
     // The pool's counters, when they changed since the page the pool has.
     let counters = inner.counters.to_write();
     if let Some(values) = &counters {
@@ -476,6 +534,10 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         let count = encode_counters(values, &mut payload);
         let name = PageName::table(PageKind::Counters, 0, 0);
         sb.counters = wb.place(name, count, &payload, sb.counters)?;
+    }
+    if wb.spilled {
+        // Page references may now name data blocks (docs/format.md, flags).
+        sb.flags |= FLAG_DATA_REGION_PAGES;
     }
     if sb.version == FORMAT_VERSION_1 {
         // This snapshot is the upgrade: every page above went to a free slot.
@@ -493,6 +555,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         pending,
         superblock: sb,
         counters,
+        unused_blocks: wb.spare,
     })
 }
 
@@ -502,12 +565,28 @@ fn write_snapshot(inner: &Inner, snap: &Snapshot) -> Result<()> {
     let r = inner.devices.data().flush();
     inner.devices.check_io(r)?;
     let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
-    sorted.sort_by_key(|p| p.slot);
+    sorted.sort_by_key(|p| p.address);
+    let mut in_data_region = false;
     for page in sorted {
-        let at = (inner.geometry.pages_start_block() + u64::from(page.slot)) * BLOCK_BYTES as u64;
-        let r = inner.devices.meta().write_at(&page.bytes[..], at);
+        let (device, at) = match address_block(page.address) {
+            Some(pbn) => {
+                in_data_region = true;
+                let at = inner.geometry.data_offset_bytes() + pbn * BLOCK_BYTES as u64;
+                (inner.devices.data(), at)
+            }
+            None => {
+                let block = inner.geometry.pages_start_block() + page.address;
+                (inner.devices.meta(), block * BLOCK_BYTES as u64)
+            }
+        };
+        let r = device.write_at(&page.bytes[..], at);
         inner.devices.check_io(r)?;
         inner.checkpointer.written().count_page(page.kind);
+    }
+    // One device: the flush below covers both regions.
+    if in_data_region && inner.devices.separate_metadata() {
+        let r = inner.devices.data().flush();
+        inner.devices.check_io(r)?;
     }
     let r = inner.devices.meta().flush();
     inner.devices.check_io(r)?;

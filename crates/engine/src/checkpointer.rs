@@ -23,9 +23,10 @@ pub(crate) struct Checkpointer {
     count_dirs: Mutex<DirTree>,
     /// Directory tree of the fingerprint table (version 2).
     fp_dirs: Mutex<DirTree>,
-    /// Slots whose pages are gone from the image (a deleted volume, a shrunk map):
-    /// freed by the next checkpoint, once its super block is durable.
-    slots_to_free: Mutex<Vec<u32>>,
+    /// Page addresses (slots and data blocks) whose pages are gone from the image (a
+    /// deleted volume, a shrunk map): freed by the next checkpoint, once its super
+    /// block is durable.
+    slots_to_free: Mutex<Vec<u64>>,
     /// One checkpoint or volume operation at a time.
     serial: Mutex<()>,
     /// Checkpoints taken since open.
@@ -94,13 +95,13 @@ impl Checkpointer {
         self.fp_dirs.lock()
     }
 
-    /// Free these slots once the next checkpoint is durable.
-    pub(crate) fn free_after_next(&self, slots: impl IntoIterator<Item = u32>) {
+    /// Free these page addresses once the next checkpoint is durable.
+    pub(crate) fn free_after_next(&self, slots: impl IntoIterator<Item = u64>) {
         self.slots_to_free.lock().extend(slots);
     }
 
     /// The slots waiting to be freed (a snapshot retires them with its own).
-    pub(crate) fn take_slots_to_free(&self) -> Vec<u32> {
+    pub(crate) fn take_slots_to_free(&self) -> Vec<u64> {
         std::mem::take(&mut *self.slots_to_free.lock())
     }
 

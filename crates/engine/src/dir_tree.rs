@@ -4,7 +4,7 @@
 //! (`checkpoint.rs`); loading reads the tree down from the catalog's top list,
 //! verifying each page against its parent's reference (`load.rs`).
 
-use crate::page_store::page_slot;
+use crate::page_store::page_address;
 use fewerbytes_format::catalog::TableRoot;
 use fewerbytes_format::page::PageRef;
 
@@ -31,10 +31,10 @@ impl DirTree {
     /// a checkpoint rewrites it: the slots of levels it no longer needs go to
     /// `retired`. Returns the table page whose level-1 directory page must be
     /// rewritten because the length changed (the last page both lengths hold), if any.
-    pub fn reshape(&mut self, depth: usize, pages: usize, retired: &mut Vec<u32>) -> Option<usize> {
+    pub fn reshape(&mut self, depth: usize, pages: usize, retired: &mut Vec<u64>) -> Option<usize> {
         while self.levels.len() > depth {
             if let Some(level) = self.levels.pop() {
-                retired.extend(level.iter().filter_map(page_slot));
+                retired.extend(level.iter().filter_map(page_address));
             }
         }
         self.levels.resize_with(depth, Vec::new);
@@ -69,8 +69,8 @@ impl DirTree {
         }
     }
 
-    /// The page-store slots of every directory page.
-    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
-        self.levels.iter().flatten().filter_map(page_slot)
+    /// The page addresses of every directory page.
+    pub fn slots(&self) -> impl Iterator<Item = u64> + '_ {
+        self.levels.iter().flatten().filter_map(page_address)
     }
 }

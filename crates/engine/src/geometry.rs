@@ -5,10 +5,11 @@
 //! the page store. Data device: the data region (after the metadata regions on a
 //! single device; after the label's two copies on a separate data device), cut into slabs.
 
+use crate::slab_depot::metadata_headroom_of;
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
 use fewerbytes_format::superblock::{
-    SuperBlock, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, MAX_CATALOG_PAGES,
+    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, MAX_CATALOG_PAGES,
 };
 use fewerbytes_format::BLOCK_BYTES;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -20,11 +21,21 @@ pub const SLAB_BLOCKS: u32 = 8192;
 /// (about 2 KiB on the seed's mix) fit two or more per block. At 3, objects run out
 /// only for data compressing better than 3:1, and then blocks are stored whole.
 pub const OBJECTS_PER_BLOCK: u32 = 3;
-/// Page-store slots per live page: copy-on-write checkpoints need a fresh slot for
-/// each dirty page, and a checkpoint is forced before dirty pages pass a fifth of the store.
+/// Page-store slots per live page in the sizing of pools made before metadata grew
+/// with use ([`page_slots_for`]): copy-on-write checkpoints need a fresh slot for
+/// each dirty page.
 pub const PAGE_STORE_SLACK_NUM: u64 = 5;
 /// See [`PAGE_STORE_SLACK_NUM`].
 pub const PAGE_STORE_SLACK_DEN: u64 = 4;
+/// Share of the device a new pool's metadata regions (super blocks, journal, page
+/// store, and the padding to the data region's alignment) may take, in hundredths:
+/// the page store holds what fits beside the journal, and pages past its free slots
+/// go to data-region blocks (`checkpoint.rs`), so metadata grows with what is
+/// stored, not with what the volumes may address.
+pub const METADATA_PERCENT_MAX: u64 = 2;
+/// The page store's floor (2 MiB): below about 1 GiB, two percent is less than the
+/// journal's floor and this, and a small pool takes them anyway.
+pub const PAGE_SLOTS_MIN: u64 = 512;
 /// Logical space an overcommitted pool may promise, as a multiple of its data space.
 pub const OVERCOMMIT_FACTOR: u64 = 4;
 /// Data blocks held back from what volumes may address, per 100 data blocks: a write
@@ -35,11 +46,15 @@ pub const RESERVE_PERCENT: u64 = 1;
 /// The reserve's floor (2 MiB).
 pub const RESERVE_BLOCKS_MIN: u64 = 512;
 
-/// Blocks held back in a pool of `data_blocks`.
+/// Blocks held back in a new pool of `data_blocks`: [`RESERVE_PERCENT`] (at least
+/// [`RESERVE_BLOCKS_MIN`]) for overwrites, plus the headroom every slab keeps for
+/// metadata pages (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`), which volumes must
+/// not count on either.
 pub fn reserve_blocks_for(data_blocks: u64) -> u64 {
-    (data_blocks * RESERVE_PERCENT / 100)
-        .max(RESERVE_BLOCKS_MIN)
-        .min(data_blocks / 4)
+    let slab = u64::from(SLAB_BLOCKS);
+    let headroom = (data_blocks / slab) * u64::from(metadata_headroom_of(SLAB_BLOCKS))
+        + u64::from(metadata_headroom_of((data_blocks % slab) as u32));
+    ((data_blocks * RESERVE_PERCENT / 100).max(RESERVE_BLOCKS_MIN) + headroom).min(data_blocks / 4)
 }
 
 /// The smallest pool worth making.
@@ -84,7 +99,27 @@ fn journal_blocks_for(data_blocks: u64) -> u64 {
     (data_blocks / 128).clamp(JOURNAL_BLOCKS_MIN, JOURNAL_BLOCKS_MAX)
 }
 
-/// Page-store slots for a pool of `data_blocks` promising `addressable_blocks`.
+/// Page-store slots for a new pool on a device of `device_blocks` whose journal takes
+/// `journal_blocks` and whose data region starts at a multiple of
+/// [`DATA_ALIGN_BLOCKS`] (none on a separate metadata device: `aligned` false):
+/// what is left of [`METADATA_PERCENT_MAX`] of the device, at least
+/// [`PAGE_SLOTS_MIN`]. Independent of how much logical space volumes address.
+pub fn page_slots_new(device_blocks: u64, journal_blocks: u64, aligned: bool) -> u64 {
+    let budget = device_blocks * METADATA_PERCENT_MAX / 100;
+    let budget = if aligned {
+        budget / DATA_ALIGN_BLOCKS * DATA_ALIGN_BLOCKS
+    } else {
+        budget
+    };
+    budget
+        .saturating_sub(2 + journal_blocks)
+        .max(PAGE_SLOTS_MIN)
+}
+
+/// Page-store slots for a pool of `data_blocks` promising `addressable_blocks`, as
+/// pools were sized before their metadata grew with use: block maps for every
+/// addressable block and object tables for every object, with copy-on-write slack.
+/// Kept for the sizes the tests of older pools were made with.
 pub fn page_slots_for(data_blocks: u64, addressable_blocks: u64) -> u64 {
     let slabs = data_blocks.div_ceil(u64::from(SLAB_BLOCKS));
     let object_pages = slabs * u64::from(objects_per_slab()) / OBJECTS_PER_PAGE as u64;
@@ -118,42 +153,25 @@ impl Geometry {
         overcommit: bool,
         max_data_device_blocks: u64,
     ) -> Result<Self> {
+        // The overcommit factor sets what volumes may address, not the metadata:
+        // block maps grow as volumes are written.
         let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
-        // The page store's size for a data region of `data_blocks` that may grow by
-        // what the larger device would add.
-        let grown = |data_blocks: u64| {
-            data_blocks + max_data_device_blocks.saturating_sub(data_device_blocks)
-        };
-        let page_slots_for = |data_blocks: u64, addressable: u64| {
-            let extra = grown(data_blocks) - data_blocks;
-            page_slots_for(data_blocks + extra, addressable + extra * factor)
-        };
+        // `--max-size`: the page store takes its share of the larger device (pages
+        // past it go to data blocks in any case, flags bit 3).
+        let sized_for = data_device_blocks.max(max_data_device_blocks);
         let journal_start_block = 2;
         let geometry = match metadata_device_blocks {
             None => {
-                // Data shrinks as metadata grows. Size the metadata for the whole
-                // device first (an upper bound, since every size grows with the data),
-                // then once more for the data that leaves; keep the second layout only
-                // if its regions still cover the data it leaves, else the first.
-                let layout = |data_blocks: u64| {
-                    let journal_blocks = journal_blocks_for(data_blocks);
-                    let page_slots = page_slots_for(data_blocks, data_blocks * factor);
-                    let meta_end = journal_start_block + journal_blocks + page_slots;
-                    let data_start = meta_end.div_ceil(DATA_ALIGN_BLOCKS) * DATA_ALIGN_BLOCKS;
-                    (journal_blocks, page_slots, data_start)
-                };
-                // Saturating here and below: a device smaller than its metadata
-                // leaves no data, and the size check after the match refuses it
-                // ("too small to be useful") instead of a wrapped size.
-                let first = layout(data_device_blocks);
-                let second = layout(data_device_blocks.saturating_sub(first.2));
-                let covers = |(journal_blocks, page_slots, data_start): (u64, u64, u64)| {
-                    let data_blocks = data_device_blocks.saturating_sub(data_start);
-                    page_slots >= page_slots_for(data_blocks, data_blocks * factor)
-                        && journal_blocks >= journal_blocks_for(data_blocks)
-                };
-                let (journal_blocks, page_slots, data_start) =
-                    if covers(second) { second } else { first };
+                // The journal is sized for the data region, which is at most the
+                // device: sizing it for the device first is an upper bound, and the
+                // page store takes what is left of the budget.
+                let journal_blocks = journal_blocks_for(data_device_blocks);
+                let page_slots = page_slots_new(sized_for, journal_blocks, true);
+                let meta_end = journal_start_block + journal_blocks + page_slots;
+                let data_start = meta_end.div_ceil(DATA_ALIGN_BLOCKS) * DATA_ALIGN_BLOCKS;
+                // Saturating: a device smaller than its metadata leaves no data, and
+                // the size check after the match refuses it ("too small to be
+                // useful") instead of a wrapped size.
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
                 Geometry::laid_out(
                     data_blocks,
@@ -169,8 +187,7 @@ impl Geometry {
                                                     // Saturating: a device under 1 MiB holds no data, refused below.
                 let data_blocks = data_device_blocks.saturating_sub(data_start);
                 let journal_blocks = journal_blocks_for(data_blocks);
-                let page_slots = page_slots_for(data_blocks, data_blocks * factor);
-                let need = journal_start_block + journal_blocks + page_slots;
+                let need = Self::metadata_blocks_needed(data_device_blocks, overcommit);
                 if meta_blocks < need {
                     return Err(EngineError::Refused(format!(
                         "the metadata device holds {} but this pool needs at least {} of metadata",
@@ -178,6 +195,9 @@ impl Geometry {
                         human_bytes(need * BLOCK_BYTES as u64)
                     )));
                 }
+                // A larger metadata device holds a larger page store: fewer pages go
+                // to the data device.
+                let page_slots = meta_blocks - journal_start_block - journal_blocks;
                 Geometry::laid_out(
                     data_blocks,
                     data_start,
@@ -228,12 +248,17 @@ impl Geometry {
         }
     }
 
-    /// Metadata blocks needed on a separate metadata device for this data device.
+    /// Metadata blocks needed on a separate metadata device for this data device:
+    /// the super blocks, the journal, and a page store of [`METADATA_PERCENT_MAX`]
+    /// of the data device less the journal (at least [`PAGE_SLOTS_MIN`]).
+    /// `overcommit` no longer changes it (block maps grow with use); it stays for
+    /// the callers.
     pub fn metadata_blocks_needed(data_device_blocks: u64, overcommit: bool) -> u64 {
-        let factor = if overcommit { OVERCOMMIT_FACTOR } else { 1 };
+        let _ = overcommit;
         // Saturating: a sizing hint; `compute` refuses a data device this small.
         let data_blocks = data_device_blocks.saturating_sub(DATA_ALIGN_BLOCKS);
-        2 + journal_blocks_for(data_blocks) + page_slots_for(data_blocks, data_blocks * factor)
+        let journal_blocks = journal_blocks_for(data_blocks);
+        2 + journal_blocks + page_slots_new(data_device_blocks, journal_blocks, false)
     }
 }
 
@@ -262,6 +287,7 @@ pub(crate) struct PoolGeometry {
     index_entries: u64,
     overcommit: bool,
     separate_metadata: bool,
+    data_region_pages: bool,
 }
 
 impl PoolGeometry {
@@ -285,6 +311,7 @@ impl PoolGeometry {
             index_entries: sb.index_entries,
             overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
             separate_metadata: sb.flags & FLAG_SEPARATE_METADATA != 0,
+            data_region_pages: sb.flags & FLAG_DATA_REGION_PAGES != 0,
         }
     }
     /// The pool's identity in every page header and journal sector.
@@ -357,6 +384,12 @@ impl PoolGeometry {
     pub(crate) fn overcommit(&self) -> bool {
         self.overcommit
     }
+    /// Opened with flags bit 3: metadata pages may lie in data blocks, and data
+    /// leaves each slab headroom for them (`slab_depot.rs`). A pool made before
+    /// gets the bit at its first such page, and the headroom at its next open.
+    pub(crate) fn data_region_pages(&self) -> bool {
+        self.data_region_pages
+    }
     /// Metadata device blocks the layout takes: super blocks, journal, page store.
     pub(crate) fn metadata_blocks(&self) -> u64 {
         2 + self.journal_sectors / 8 + self.page_slots
@@ -385,6 +418,10 @@ impl PoolGeometry {
     /// copy-on-write slack: `page_slots_for`): the page store keeps its size when the
     /// data region grows. At least the current data region.
     pub(crate) fn data_blocks_covered(&self, want_blocks: u64) -> u64 {
+        if self.data_region_pages {
+            // Pages past the page store go to data blocks (flags bit 3): any size.
+            return want_blocks.max(self.data_blocks());
+        }
         let fits = |d: u64| page_slots_for(d, self.addressable_for(d)) <= self.page_slots;
         let (mut lo, mut hi) = (self.data_blocks(), want_blocks);
         if hi <= lo || fits(hi) {
@@ -445,16 +482,17 @@ mod tests {
 
     #[test]
     fn single_device_layout_fits_and_does_not_overlap() {
-        for gib in [1u64, 16, 1024] {
+        for gib in [1u64, 8, 16, 1024] {
             let blocks = gib << 18;
             let g = Geometry::compute(blocks, None, false).unwrap();
             assert!(g.pages_start_block + g.page_slots <= g.data_offset_bytes / 4096);
             assert_eq!(g.data_offset_bytes / 4096 + g.data_blocks, blocks);
-            // Metadata space stays a small share of the device.
+            // Everything before the data region (super blocks, journal, page store,
+            // padding) is at most 2% of the device from 1 GiB up.
+            let metadata = blocks - g.data_blocks;
             assert!(
-                g.data_blocks * 100 / blocks >= 94,
-                "{gib} GiB: data {}%",
-                g.data_blocks * 100 / blocks
+                metadata * 100 <= blocks * METADATA_PERCENT_MAX,
+                "{gib} GiB: metadata {metadata} of {blocks} blocks"
             );
         }
     }
@@ -468,9 +506,29 @@ mod tests {
                 let blocks = mib << 8;
                 let g = Geometry::compute(blocks, None, overcommit)
                     .unwrap_or_else(|e| panic!("{mib} MiB, overcommit {overcommit}: {e}"));
-                assert!(g.page_slots >= page_slots_for(g.data_blocks, g.addressable_blocks));
+                assert!(g.page_slots >= PAGE_SLOTS_MIN);
+                assert!(g.pages_start_block + g.page_slots <= g.data_offset_bytes / 4096);
                 assert_eq!(g.data_offset_bytes / 4096 + g.data_blocks, blocks);
+                // The metadata no longer depends on what volumes may address.
+                let other = Geometry::compute(blocks, None, !overcommit).unwrap();
+                assert_eq!(other.page_slots, g.page_slots);
+                assert_eq!(other.data_blocks, g.data_blocks);
             }
+        }
+    }
+
+    #[test]
+    fn a_separate_metadata_device_of_the_size_asked_fits() {
+        for gib in [1u64, 16, 1024] {
+            let blocks = gib << 18;
+            let need = Geometry::metadata_blocks_needed(blocks, false);
+            assert!(
+                need * 100 <= blocks * METADATA_PERCENT_MAX,
+                "{gib} GiB: {need}"
+            );
+            let g = Geometry::compute(blocks, Some(need), false).unwrap();
+            assert_eq!(g.pages_start_block + g.page_slots, need);
+            assert!(Geometry::compute(blocks, Some(need - 1), false).is_err());
         }
     }
 

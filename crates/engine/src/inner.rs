@@ -14,6 +14,7 @@ use crate::packer::{Space, Zones};
 use crate::slab_depot::SlabDepot;
 use crate::volumes::Volumes;
 use crate::{EngineError, Result};
+use fewerbytes_format::dir_tree::MAX_DEPTH;
 use fewerbytes_format::BLOCK_BYTES;
 use std::sync::Arc;
 
@@ -142,14 +143,40 @@ impl Inner {
     }
 
     /// Whether dirty pages would soon need more fresh slots than the page store has
-    /// free: a checkpoint then, well before a snapshot could run out of slots.
+    /// free: a checkpoint then, before many pages have to go to the data region
+    /// (`PageStore::pressed`).
     pub fn page_store_pressed(&self) -> bool {
-        // Saturating: a heuristic's input; the page store itself refuses a slot past
-        // its last, so "none free" is the honest reading of any excess.
-        let free = self
-            .geometry
-            .page_slots()
-            .saturating_sub(self.checkpointer.page_store().used());
-        self.checkpointer.dirty_page_count() * 2 > free
+        let dirty = self.checkpointer.dirty_page_count();
+        self.checkpointer
+            .page_store()
+            .pressed(dirty, self.depot.metadata_headroom_blocks())
+    }
+
+    /// Before a checkpoint's snapshot (the gate held, so no page turns dirty): the
+    /// no-space error, with nothing changed, when its pages may not fit in the page
+    /// store's free slots and the data region's free blocks together. Counted only
+    /// when the dirty pages could pass the free slots (`metadata_room.rs`).
+    pub fn metadata_room(&self) -> Result<()> {
+        let dirty = self.checkpointer.dirty_page_count();
+        let free_slots = self.checkpointer.page_store().free_slots();
+        let catalog = self.checkpointer.super_block().catalog.len() as u64;
+        let volumes = self.volumes.all();
+        // Cheap first: four pages a dirty page, directories for every table.
+        let quick = dirty * 4 + (volumes.len() as u64 + 2) * 2 * MAX_DEPTH as u64 + catalog + 2;
+        if quick <= free_slots {
+            return Ok(());
+        }
+        let need = crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog);
+        if need <= free_slots {
+            return Ok(());
+        }
+        let free_blocks = self.depot.free_blocks();
+        if need > free_slots + free_blocks {
+            return Err(EngineError::NoSpace(format!(
+                "a checkpoint needs up to {need} metadata pages, and the page store has \
+                 {free_slots} free slots and the data region {free_blocks} free blocks"
+            )));
+        }
+        Ok(())
     }
 }

@@ -24,7 +24,7 @@ use fewerbytes_format::page::{
     COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES,
     REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{Holder, SuperBlock};
+use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_DATA_REGION_PAGES};
 use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use std::sync::Arc;
 
@@ -38,30 +38,25 @@ fn read_page<'a>(
     owner: u64,
     index: u64,
 ) -> Result<(PageHeader, &'a [u8])> {
-    let (version, generation) = {
+    let (version, generation, data_region_pages) = {
         let sb = inner.checkpointer.super_block();
-        (sb.version, sb.generation)
+        (
+            sb.version,
+            sb.generation,
+            sb.flags & FLAG_DATA_REGION_PAGES != 0,
+        )
     };
-    let slot = reference.page_store_slot().unwrap_or(0);
-    let block = inner.geometry.pages_start_block().saturating_add(slot);
-    let corrupt = |reason: String| EngineError::Corrupt {
-        region: kind.name(),
-        block,
-        device: "metadata",
-        reason,
-    };
-    if slot == 0 || slot >= inner.geometry.page_slots() {
+    let (device, block, corrupt) = page_place(inner, kind, reference)?;
+    if reference.data_block().is_some() && !data_region_pages {
         return Err(corrupt(format!(
-            "page address {:#x} is outside the page store",
+            "page address {:#x} names a data block, but the super block does not \
+             allow pages in the data region (flags bit 3)",
             reference.address
         )));
     }
-    inner
-        .devices
-        .meta()
-        .read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
+    device.read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
     let decoded = if version == FORMAT_VERSION_1 {
-        decode_page(&buf[..], kind, inner.geometry.nonce(), slot)
+        decode_page(&buf[..], kind, inner.geometry.nonce(), reference.address)
     } else {
         decode_page_ref(&buf[..], kind, inner.geometry.nonce(), reference)
     };
@@ -84,8 +79,56 @@ fn read_page<'a>(
             header.generation
         )));
     }
-    inner.checkpointer.page_store().mark(slot);
+    inner
+        .checkpointer
+        .page_store()
+        .mark_address(reference.address);
     Ok((header, payload))
+}
+
+/// Where the page a reference names lies: its device, the block there, and the
+/// corruption report for that block. An address outside its region (the page
+/// store's slots, or the data region's blocks) is corruption.
+fn page_place<'a>(
+    inner: &'a Inner,
+    kind: PageKind,
+    reference: &PageRef,
+) -> Result<(
+    &'a dyn fewerbytes_storage::Storage,
+    u64,
+    impl Fn(String) -> EngineError,
+)> {
+    let region = kind.name();
+    let (device, name, block, inside) = match reference.data_block() {
+        Some(pbn) => (
+            inner.devices.data(),
+            "data",
+            (inner.geometry.data_offset_bytes() / BLOCK_BYTES as u64).saturating_add(pbn),
+            pbn < inner.geometry.data_blocks(),
+        ),
+        None => {
+            let slot = reference.address;
+            (
+                inner.devices.meta(),
+                "metadata",
+                inner.geometry.pages_start_block().saturating_add(slot),
+                slot != 0 && slot < inner.geometry.page_slots(),
+            )
+        }
+    };
+    let corrupt = move |reason: String| EngineError::Corrupt {
+        region,
+        block,
+        device: name,
+        reason,
+    };
+    if !inside {
+        return Err(corrupt(format!(
+            "page address {:#x} is outside its region",
+            reference.address
+        )));
+    }
+    Ok((device, block, corrupt))
 }
 
 /// The directory tree of a table of `entries` pages, read down from the top list
@@ -163,19 +206,11 @@ fn read_level(
         let (header, payload) =
             read_page(inner, &mut buf, PageKind::Directory, d, owner, k as u64)?;
         if header.level != level {
-            let block = inner
-                .geometry
-                .pages_start_block()
-                .saturating_add(header.slot);
-            return Err(EngineError::Corrupt {
-                region: PageKind::Directory.name(),
-                block,
-                device: "metadata",
-                reason: format!(
-                    "directory page of level {}, expected level {level}",
-                    header.level
-                ),
-            });
+            let (_, _, corrupt) = page_place(inner, PageKind::Directory, d)?;
+            return Err(corrupt(format!(
+                "directory page of level {}, expected level {level}",
+                header.level
+            )));
         }
         let mut r = Reader::new("directory page", payload);
         for _ in 0..want {

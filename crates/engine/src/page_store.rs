@@ -1,16 +1,22 @@
 //! The page store: which slots of the metadata device's page region hold live
-//! pages. A checkpoint writes every page to a fresh slot (`checkpoint.rs`) and frees
-//! the slots the previous image used once the new super block is durable; loading
-//! marks the slots the durable image names (`load.rs`).
+//! pages, and which data-region blocks do. A checkpoint writes every page to a fresh
+//! slot (`checkpoint.rs`), or, when no slot is free, to a data block the slab depot
+//! gives it (a page address with bit 63 set, `docs/format.md`); it frees the
+//! addresses the previous image used once the new super block is durable, a data
+//! block going back to the depot. Loading marks the addresses the durable image
+//! names (`load.rs`): nothing else records which data blocks hold pages.
 
-use fewerbytes_format::page::PageRef;
+use fewerbytes_format::page::{PageRef, ADDRESS_DATA_REGION};
+use std::collections::BTreeSet;
 
-/// Which page-store slots hold live pages.
+/// Which page-store slots and data-region blocks hold live pages.
 pub struct PageStore {
     words: Vec<u64>,
     slots: u64,
     cursor: u64,
     used: u64,
+    /// Data blocks (PBNs) holding live pages, or pages of the image being written.
+    blocks: BTreeSet<u64>,
 }
 
 impl PageStore {
@@ -21,6 +27,7 @@ impl PageStore {
             slots,
             cursor: 1,
             used: 0,
+            blocks: BTreeSet::new(),
         };
         s.mark(0);
         s
@@ -76,18 +83,64 @@ impl PageStore {
     pub fn free_slots(&self) -> u64 {
         self.slots.saturating_sub(self.used)
     }
-    /// Every slot in use (slot 0 excepted).
-    pub fn used_slots(&self) -> Vec<u32> {
-        (1..self.slots)
-            .filter(|s| self.is_used(*s))
-            .filter_map(|s| u32::try_from(s).ok())
-            .collect()
+    /// Every slot in use (slot 0 excepted), as page addresses.
+    pub fn used_slots(&self) -> Vec<u64> {
+        (1..self.slots).filter(|s| self.is_used(*s)).collect()
+    }
+
+    /// Mark a page address used: a slot, or a data block (bit 63).
+    pub fn mark_address(&mut self, address: u64) {
+        match address_block(address) {
+            Some(pbn) => {
+                self.blocks.insert(pbn);
+            }
+            None => self.mark(address),
+        }
+    }
+    /// Free a page address. Returns the data block it named, which the caller gives
+    /// back to the slab depot.
+    pub fn free_address(&mut self, address: u64) -> Option<u64> {
+        match address_block(address) {
+            Some(pbn) => self.blocks.remove(&pbn).then_some(pbn),
+            None => {
+                self.free(address);
+                None
+            }
+        }
+    }
+    /// Data blocks holding pages.
+    pub fn data_blocks(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+    /// Which data blocks hold pages, in order.
+    pub fn data_block_list(&self) -> Vec<u64> {
+        self.blocks.iter().copied().collect()
+    }
+    /// Whether data block `pbn` holds a page.
+    pub fn holds_block(&self, pbn: u64) -> bool {
+        self.blocks.contains(&pbn)
+    }
+    /// Whether `dirty_pages` waiting for the next checkpoint should force it: the
+    /// pages a checkpoint writes for them (up to about four each, with object pages'
+    /// two tables and the directories above) would pass the free slots and the
+    /// `headroom` data blocks kept free for metadata pages.
+    /// Without headroom (a pool that keeps every page in the store), half the free
+    /// slots.
+    pub fn pressed(&self, dirty_pages: u64, headroom: u64) -> bool {
+        if headroom == 0 {
+            return dirty_pages * 2 > self.free_slots();
+        }
+        dirty_pages * 4 > self.free_slots() + headroom
     }
 }
 
-/// The page-store slot a reference names, if it names one.
-pub(crate) fn page_slot(r: &PageRef) -> Option<u32> {
-    r.page_store_slot()
-        .filter(|s| *s != 0)
-        .and_then(|s| u32::try_from(s).ok())
+/// The data block a page address names, if it names one (bit 63).
+pub(crate) fn address_block(address: u64) -> Option<u64> {
+    (address & ADDRESS_DATA_REGION != 0).then_some(address & !ADDRESS_DATA_REGION)
+}
+
+/// The page address a reference names (a slot, or a data block with bit 63), if it
+/// names a page.
+pub(crate) fn page_address(r: &PageRef) -> Option<u64> {
+    (!r.is_none()).then_some(r.address)
 }

@@ -19,8 +19,9 @@ use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::page::PageRef;
 use fewerbytes_format::superblock::{
-    index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC, FLAG_OVERCOMMIT,
-    FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN, SUPER_MAGIC,
+    index_entries_max, magic_of, DataLabel, Holder, SuperBlock, DATA_LABEL_MAGIC,
+    FLAG_DATA_REGION_PAGES, FLAG_OVERCOMMIT, FLAG_SEPARATE_METADATA, INDEX_ENTRIES_MIN,
+    SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
 use fewerbytes_storage::{FileStorage, Storage};
@@ -171,12 +172,16 @@ impl Pool {
         let data_blocks_dev = data.len_bytes() / BLOCK_BYTES as u64;
         let meta_blocks_dev = meta.as_ref().map(|m| m.len_bytes() / BLOCK_BYTES as u64);
         let max_blocks = opts.max_size_bytes.unwrap_or(0) / BLOCK_BYTES as u64;
-        let geo = Geometry::compute_growable(
+        let mut geo = Geometry::compute_growable(
             data_blocks_dev,
             meta_blocks_dev,
             opts.overcommit,
             max_blocks,
         )?;
+        if let Some(slots) = opts.page_slots {
+            // Fewer slots leave the rest of the region unused; never more than it has.
+            geo.page_slots = slots.clamp(2, geo.page_slots);
+        }
         let nonce = random_u64();
         let mut key = [0u8; 32];
         for chunk in key.chunks_mut(8) {
@@ -200,7 +205,9 @@ impl Pool {
                 FLAG_CODECS
             } else {
                 0
-            };
+            }
+            // Pages past the page store's free slots go to data blocks.
+            | FLAG_DATA_REGION_PAGES;
         let (compression, compression_level) = opts.compression.to_super();
         let meta_dev = meta.clone().unwrap_or_else(|| data.clone());
         let sb = SuperBlock {

@@ -189,6 +189,10 @@ pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
         }
         vol.set_usage(mapped, zeros);
     }
+    // Data blocks holding metadata pages: known from the references loaded (and
+    // those the page store holds since), not from the object records.
+    let blocks = inner.checkpointer.page_store().data_block_list();
+    inner.depot.hold_metadata_blocks(&inner.geometry, &blocks)?;
     Ok(())
 }
 

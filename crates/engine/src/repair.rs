@@ -341,6 +341,8 @@ fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
     } else {
         "would be corrected"
     };
+    // Blocks holding metadata pages are allocated with no holder.
+    let pages = inner.checkpointer.page_store();
     for s in 0..inner.geometry.slab_count() {
         let slab = inner.depot.slab(s).lock();
         let mut found = vec![0u32; slab.block_count() as usize];
@@ -374,7 +376,11 @@ fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
                 report.repairs.push(format!(
                     "slab {s} block {b}: {have} holders recorded, {want} found: {verb}"
                 ));
-            } else if want == 0 && slab.block_used(b) && !pending.contains(&b) {
+            } else if want == 0
+                && slab.block_used(b)
+                && !pending.contains(&b)
+                && !pages.holds_block(slab.first_pbn() + u64::from(b))
+            {
                 report.repairs.push(format!(
                     "slab {s} block {b}: allocated but holds no data: {}",
                     if apply { "freed" } else { "would be freed" }

@@ -187,6 +187,10 @@ pub struct Slab {
     open_blocks: Vec<(u32, usize)>,
     /// Pages of the pool turned dirty since the last checkpoint (shared pool-wide).
     dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Free blocks data may not take: kept for a checkpoint's metadata pages
+    /// (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`); 0 in pools that keep every page
+    /// in the page store.
+    metadata_headroom: u32,
 }
 
 impl Slab {
@@ -216,6 +220,7 @@ impl Slab {
             pending_blocks: Vec::new(),
             open_blocks: Vec::new(),
             dirty_pages,
+            metadata_headroom: 0,
         }
     }
 
@@ -227,6 +232,16 @@ impl Slab {
         self.blocks = blocks;
         self.blocks_used.grow(blocks);
         self.holders.resize(blocks as usize, 0);
+    }
+
+    /// Keep `blocks` free blocks for metadata pages: data allocation stops there.
+    pub fn set_metadata_headroom(&mut self, blocks: u32) {
+        self.metadata_headroom = blocks;
+    }
+
+    /// Free blocks data may take (past the metadata headroom).
+    pub fn free_blocks_for_data(&self) -> u32 {
+        self.free_blocks().saturating_sub(self.metadata_headroom)
     }
 
     /// What the slab holds now.
@@ -466,13 +481,27 @@ impl Slab {
 
     /// Allocate any free block.
     pub fn alloc_block(&mut self) -> Option<u32> {
+        if self.free_blocks_for_data() == 0 {
+            return None;
+        }
+        self.alloc_block_for_metadata()
+    }
+
+    /// Allocate a block for a metadata page: the headroom is for these.
+    pub fn alloc_block_for_metadata(&mut self) -> Option<u32> {
         let b = self.blocks_used.take_free()?;
         self.blocks_used_count += 1;
         Some(b)
     }
 
-    /// Allocate block `b` if it is free.
+    /// Allocate block `b` for data if it is free (past the metadata headroom).
     pub fn alloc_block_at(&mut self, b: u32) -> bool {
+        self.free_blocks_for_data() > 0 && self.claim_block_at(b)
+    }
+
+    /// Allocate block `b` if it is free, headroom or not (a metadata page's block
+    /// found at open).
+    pub fn claim_block_at(&mut self, b: u32) -> bool {
         if b >= self.blocks || self.blocks_used.get(b) {
             return false;
         }

@@ -16,13 +16,25 @@ use crate::devices::Devices;
 use crate::geometry::{PoolGeometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
 use crate::slab::{ObjRec, Slab, REFCOUNT_MAX};
-use crate::Result;
+use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_storage::DiscardOutcome;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+
+/// Free blocks of each slab that data may not take, in a pool whose metadata pages
+/// may go to data blocks (flags bit 3): a checkpoint writes its pages before it frees
+/// the ones they replace, so a full pool still needs room for one checkpoint's
+/// pages (128 KiB a slab, 0.4%; a new pool's reserve holds it beside the 1% that
+/// thick volumes leave for overwrites, `geometry.rs: reserve_blocks_for`).
+pub const METADATA_HEADROOM_BLOCKS: u32 = 32;
+
+/// The headroom of a slab of `blocks` blocks (a short last slab keeps less).
+pub fn metadata_headroom_of(blocks: u32) -> u32 {
+    METADATA_HEADROOM_BLOCKS.min(blocks / 8)
+}
 
 /// Objects after the end of each of a thread's recent runs of hits that a miss tries,
 /// once the index is lossy.
@@ -54,6 +66,10 @@ pub(crate) struct SlabDepot {
     index: DedupIndex,
     /// Fragments freed since the compactor last looked.
     fragment_frees: AtomicU64,
+    /// Whether data leaves each slab a headroom for metadata pages (flags bit 3).
+    data_region_pages: bool,
+    /// Blocks data leaves free for metadata pages, over all slabs.
+    metadata_headroom: AtomicU64,
 }
 
 impl SlabDepot {
@@ -84,6 +100,8 @@ impl SlabDepot {
             dirty_pages: dirty_pages.clone(),
             index,
             fragment_frees: AtomicU64::new(0),
+            data_region_pages: geometry.data_region_pages(),
+            metadata_headroom: AtomicU64::new(0),
         };
         depot.grow(geometry.data_blocks());
         depot
@@ -107,19 +125,33 @@ impl SlabDepot {
         }
         let slab_blocks = u64::from(SLAB_BLOCKS);
         let blocks_of = |s: u64| (data_blocks - s * slab_blocks).min(slab_blocks) as u32;
+        let headroom = |blocks: u32| {
+            if self.data_region_pages {
+                metadata_headroom_of(blocks)
+            } else {
+                0
+            }
+        };
         if let Some(last) = old_count.checked_sub(1) {
-            self.slab(last)
-                .lock()
-                .grow_blocks(blocks_of(u64::from(last)));
+            let mut slab = self.slab(last).lock();
+            let before = headroom(slab.block_count());
+            slab.grow_blocks(blocks_of(u64::from(last)));
+            let after = headroom(slab.block_count());
+            slab.set_metadata_headroom(after);
+            self.metadata_headroom
+                .fetch_add(u64::from(after - before.min(after)), Ordering::AcqRel);
         }
         for s in u64::from(old_count)..new_count {
-            let slab = Slab::new(
+            let mut slab = Slab::new(
                 s as u32,
                 s * slab_blocks,
                 blocks_of(s),
                 self.objects_per_slab,
                 self.dirty_pages.clone(),
             );
+            slab.set_metadata_headroom(headroom(blocks_of(s)));
+            self.metadata_headroom
+                .fetch_add(u64::from(headroom(blocks_of(s))), Ordering::AcqRel);
             if let Some(cell) = self.slabs.get(s as usize) {
                 let _ = cell.set(Mutex::new(slab));
             }
@@ -166,6 +198,113 @@ impl SlabDepot {
             }
             slab.release(objects, blocks);
         }
+    }
+
+    /// Take up to `n` free data blocks for metadata pages (a checkpoint whose pages
+    /// outnumber the page store's free slots), from the last slab backwards: the
+    /// zones fill slabs from the front. A checkpoint's snapshot holds one slab's
+    /// lock while it asks, so a slab locked now is passed over (`try_lock`). Each
+    /// block is allocated with no holder, so no packer, compaction or dedup can hand
+    /// it out; unused ones come back through [`Self::return_unused_blocks`]. Returns
+    /// the PBNs taken (fewer when fewer are free).
+    pub(crate) fn take_metadata_blocks(&self, n: u64) -> Vec<u64> {
+        let mut taken = Vec::new();
+        for s in (0..self.count()).rev() {
+            if taken.len() as u64 >= n {
+                break;
+            }
+            let Some(mut slab) = self.slab(s).try_lock() else {
+                continue;
+            };
+            while (taken.len() as u64) < n {
+                let Some(b) = slab.alloc_block_for_metadata() else {
+                    break;
+                };
+                taken.push(self.pbn(s, b));
+            }
+        }
+        taken
+    }
+
+    /// Free data blocks taken by [`Self::take_metadata_blocks`] that no page was
+    /// written to: nothing durable or in flight names them.
+    pub(crate) fn return_unused_blocks(&self, pbns: &[u64]) {
+        for (s, blocks) in self.by_slab_blocks(pbns) {
+            self.slab(s).lock().release(&[], &blocks);
+        }
+    }
+
+    /// After a durable checkpoint: data blocks whose pages it moved (their addresses
+    /// left the image) are discarded and become free, as blocks of freed data do.
+    pub(crate) fn release_metadata_blocks(
+        &self,
+        devices: &Devices,
+        geometry: &PoolGeometry,
+        pbns: &[u64],
+    ) {
+        let pending: Vec<(u32, Vec<u32>, Vec<u32>)> = self
+            .by_slab_blocks(pbns)
+            .into_iter()
+            .map(|(s, blocks)| (s, Vec::new(), blocks))
+            .collect();
+        self.release_pending(devices, geometry, &pending);
+    }
+
+    /// At open, and after a repair's rebuild (which derive allocation from the object
+    /// records alone): mark the data blocks that hold metadata pages allocated. A
+    /// block outside the data region, or one an object's data also lies in, is
+    /// corruption: two owners would overwrite each other.
+    pub(crate) fn hold_metadata_blocks(&self, geometry: &PoolGeometry, pbns: &[u64]) -> Result<()> {
+        let data_start_block = geometry.data_offset_bytes() / BLOCK_BYTES as u64;
+        for &pbn in pbns {
+            let corrupt = |reason: String| EngineError::Corrupt {
+                region: "metadata page in the data region",
+                block: data_start_block + pbn,
+                device: "data",
+                reason,
+            };
+            let data_blocks = self.data_blocks.load(Ordering::Acquire);
+            if pbn >= data_blocks {
+                return Err(corrupt(format!(
+                    "data block {pbn} is past the data region's {data_blocks} blocks"
+                )));
+            }
+            let s = (pbn / u64::from(SLAB_BLOCKS)) as u32;
+            let b = (pbn % u64::from(SLAB_BLOCKS)) as u32;
+            let mut slab = self.slab(s).lock();
+            if slab.holders(b) > 0 {
+                return Err(corrupt(format!(
+                    "data block {pbn} holds a metadata page and stored data"
+                )));
+            }
+            slab.claim_block_at(b);
+        }
+        Ok(())
+    }
+
+    /// Blocks data leaves free for metadata pages in the whole pool.
+    pub(crate) fn metadata_headroom_blocks(&self) -> u64 {
+        self.metadata_headroom.load(Ordering::Acquire)
+    }
+
+    /// Free data blocks in the whole pool (each slab locked in turn).
+    pub(crate) fn free_blocks(&self) -> u64 {
+        self.iter()
+            .map(|slab| u64::from(slab.lock().free_blocks()))
+            .sum()
+    }
+
+    /// Data blocks grouped by slab: (slab, its local block numbers).
+    fn by_slab_blocks(&self, pbns: &[u64]) -> Vec<(u32, Vec<u32>)> {
+        let mut groups: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        let data_blocks = self.data_blocks.load(Ordering::Acquire);
+        for &pbn in pbns.iter().filter(|&&p| p < data_blocks) {
+            groups
+                .entry((pbn / u64::from(SLAB_BLOCKS)) as u32)
+                .or_default()
+                .push((pbn % u64::from(SLAB_BLOCKS)) as u32);
+        }
+        groups.into_iter().collect()
     }
 
     /// Slab `s`.
@@ -242,7 +381,8 @@ impl SlabDepot {
     pub(crate) fn space_to_retry(&self) -> bool {
         self.iter().any(|slab| {
             let slab = slab.lock();
-            (slab.free_blocks() > 0 && slab.free_objects() > 0) || slab.pending_blocks() > 0
+            (slab.free_blocks_for_data() > 0 && slab.free_objects() > 0)
+                || slab.pending_blocks() > 0
         })
     }
 

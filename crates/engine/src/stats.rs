@@ -37,6 +37,9 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     } = total;
     // Saturating, here and for the waste below: display figures. A miscount
     // shows as zero; `check` (the audit below) is what reports counts that disagree.
+    // Blocks holding metadata pages are allocated with no holder: not data.
+    let page_blocks = i.checkpointer.page_store().data_blocks();
+    let used_blocks = used_blocks.saturating_sub(page_blocks);
     let packed_blocks = used_blocks.saturating_sub(whole);
     let volumes: Vec<VolumeStats> = i
         .volumes
@@ -71,13 +74,14 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         data_bytes: i.geometry.data_blocks() * BLOCK,
         data_used_bytes,
         data_free_bytes: (i.geometry.data_blocks()
-            - (used_blocks + pending_blocks).min(i.geometry.data_blocks()))
+            - (used_blocks + page_blocks + pending_blocks).min(i.geometry.data_blocks()))
             * BLOCK,
         data_freeing_bytes: pending_blocks * BLOCK,
         promised_bytes: info.promised_bytes,
         reserved_bytes: info.reserved_bytes,
         reserved_unused_bytes: info.reserved_unused_bytes,
         metadata_bytes: info.metadata_bytes,
+        metadata_in_data_bytes: page_blocks * BLOCK,
         logical_used_bytes,
         zero_bytes,
         saving_percent,
@@ -140,6 +144,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 "page store slots in use".into(),
                 i.checkpointer.page_store().used(),
             ),
+            ("data blocks holding metadata pages".into(), page_blocks),
         ],
         volumes,
     }
@@ -158,6 +163,7 @@ pub(crate) fn regions(i: &Inner) -> Vec<Region> {
         .devices
         .meta_path()
         .unwrap_or_else(|| i.devices.data_path());
+    let store = i.checkpointer.page_store();
     let region = |name: &str, device: &str, path: &str, start: u64, blocks: u64| Region {
         name: name.into(),
         device: device.into(),
@@ -177,11 +183,16 @@ pub(crate) fn regions(i: &Inner) -> Vec<Region> {
             g.journal_sectors() / 8,
         ),
         region(
-            if version == fewerbytes_format::FORMAT_VERSION_1 {
-                "page store (block maps, slab object tables, directories, catalog)"
-            } else {
-                "page store (block maps, object counts, fingerprints, directories, catalog)"
-            },
+            &format!(
+                "page store ({}; {} of {} slots in use)",
+                if version == fewerbytes_format::FORMAT_VERSION_1 {
+                    "block maps, slab object tables, directories, catalog"
+                } else {
+                    "block maps, object counts, fingerprints, directories, catalog"
+                },
+                store.used().saturating_sub(1),
+                g.page_slots().saturating_sub(1)
+            ),
             meta_dev,
             &meta_path,
             g.pages_start_block(),
@@ -204,7 +215,48 @@ pub(crate) fn regions(i: &Inner) -> Vec<Region> {
         g.data_offset_bytes() / BLOCK,
         g.data_blocks(),
     ));
+    // Metadata pages the page store had no slot for, in runs of adjacent data blocks.
+    let runs = block_runs(&store.data_block_list());
+    let total = store.data_blocks();
+    for (n, &(first, blocks)) in runs.iter().enumerate() {
+        if n == REGION_RUNS_MAX {
+            let rest: u64 = runs.iter().skip(n).map(|r| r.1).sum();
+            out.push(region(
+                &format!(
+                    "metadata pages in the data region: {} more runs ({rest} of the {total} blocks)",
+                    runs.len() - n
+                ),
+                "data",
+                &i.devices.data_path(),
+                0,
+                0,
+            ));
+            break;
+        }
+        out.push(region(
+            &format!("metadata pages in the data region (of {total} blocks)"),
+            "data",
+            &i.devices.data_path(),
+            g.data_offset_bytes() / BLOCK + first,
+            blocks,
+        ));
+    }
     out
+}
+
+/// Runs of data blocks `list-metadata` lists one by one; the rest is one line.
+const REGION_RUNS_MAX: usize = 32;
+
+/// Sorted, distinct block numbers as runs of adjacent blocks: (first, count).
+fn block_runs(sorted: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &b in sorted {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == b => *count += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    runs
 }
 
 /// Reference-count audit: references from all maps against stored counts, and

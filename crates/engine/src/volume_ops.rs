@@ -8,7 +8,7 @@
 use crate::block_map::VolumeState;
 use crate::geometry::human_bytes;
 use crate::inner::Inner;
-use crate::page_store::page_slot;
+use crate::page_store::page_address;
 use crate::{api::*, EngineError, Result};
 use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
@@ -154,7 +154,7 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
     {
         let mut free = Vec::new();
         for page in vol.map_pages().iter() {
-            free.extend(page_slot(&page.lock().durable()));
+            free.extend(page_address(&page.lock().durable()));
         }
         free.extend(vol.dirs().slots());
         i.checkpointer.free_after_next(free);
@@ -216,7 +216,7 @@ pub(crate) fn resize(
             let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
             let mut free = Vec::new();
             for page in pages.iter().skip(keep) {
-                free.extend(page_slot(&page.lock().durable()));
+                free.extend(page_address(&page.lock().durable()));
             }
             i.checkpointer.free_after_next(free);
         }

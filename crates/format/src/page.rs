@@ -38,8 +38,9 @@ pub const COUNTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / COUNT_RECORD_BYTES;
 pub const FINGERPRINT_BYTES: usize = 32;
 /// Fingerprints per fingerprint page (version 2).
 pub const FINGERPRINTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / FINGERPRINT_BYTES;
-/// Address bit 63 of a page reference: the page is in the data region (issue 13;
-/// this version writes none).
+/// Address bit 63 of a page reference: the page is in the data region, bits 0–62
+/// its data block number (PBN). A page there records this whole address (bit 63
+/// included) in its header's `slot` field.
 pub const ADDRESS_DATA_REGION: u64 = 1 << 63;
 const CRC_OFFSET: usize = 4;
 
@@ -154,9 +155,13 @@ impl PageRef {
     pub fn is_none(&self) -> bool {
         self.address == 0
     }
-    /// The page-store slot it names, or `None` for a data-region address (issue 13).
+    /// The page-store slot it names, or `None` for a data-region address.
     pub fn page_store_slot(&self) -> Option<u64> {
         (self.address & ADDRESS_DATA_REGION == 0).then_some(self.address)
+    }
+    /// The data block (PBN) it names, or `None` for a page-store address.
+    pub fn data_block(&self) -> Option<u64> {
+        (self.address & ADDRESS_DATA_REGION != 0).then_some(self.address & !ADDRESS_DATA_REGION)
     }
     /// Encode into 16 bytes.
     pub fn encode(&self, w: &mut Writer<'_>) {
@@ -299,8 +304,10 @@ pub fn decode_page(
 }
 
 /// Decode and verify a page through its parent's reference (version 2): the page's
-/// own checks, then its crc and generation against the reference's. A data-region
-/// address (issue 13) is not read by this version.
+/// own checks (its header's `slot` must be the reference's whole address, a
+/// data-region address included), then its crc and generation against the
+/// reference's. Whether a data-region address may appear at all (super block flags
+/// bit 3) is the reader's check.
 pub fn decode_page_ref<'a>(
     bytes: &'a [u8],
     kind: PageKind,
@@ -308,13 +315,7 @@ pub fn decode_page_ref<'a>(
     reference: &PageRef,
 ) -> Result<(PageHeader, &'a [u8]), FormatError> {
     let what = kind.name();
-    let slot = reference.page_store_slot().ok_or_else(|| FormatError::Invalid {
-        what,
-        reason: format!(
-            "reference to data-region block {} (pages in the data region are not read by this version)",
-            reference.address & !ADDRESS_DATA_REGION
-        ),
-    })?;
+    let slot = reference.address;
     let (header, payload) = decode_page(bytes, kind, nonce, slot)?;
     let mut r = Reader::new(what, bytes);
     r.seek(CRC_OFFSET);
@@ -469,14 +470,28 @@ mod tests {
             decode_page_ref(&page, PageKind::Map, 77, &wrong_crc),
             Err(FormatError::StalePage { .. })
         ));
+        // A page-store page named by a data-region address (or the reverse) fails
+        // its slot check: the page records the whole address it was written to.
         let data_region = PageRef {
             address: ADDRESS_DATA_REGION | 9,
             ..good
         };
         assert!(matches!(
             decode_page_ref(&page, PageKind::Map, 77, &data_region),
-            Err(FormatError::Invalid { .. })
+            Err(FormatError::WrongAddress { .. })
         ));
+        let mut in_data = [0u8; BLOCK_BYTES];
+        let crc = encode_page(
+            &PageHeader {
+                slot: ADDRESS_DATA_REGION | 9,
+                ..header()
+            },
+            &[5u8; 10],
+            &mut in_data,
+        );
+        let r = PageRef { crc, ..data_region };
+        assert!(decode_page_ref(&in_data, PageKind::Map, 77, &r).is_ok());
+        assert!(decode_page_ref(&in_data, PageKind::Map, 77, &PageRef { crc, ..good }).is_err());
     }
 
     #[test]

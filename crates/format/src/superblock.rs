@@ -65,16 +65,20 @@ pub const FLAG_SEPARATE_METADATA: u32 = 1;
 pub const FLAG_OVERCOMMIT: u32 = 2;
 /// Flag (version 2): the pool was upgraded from version 1.
 pub const FLAG_UPGRADED_FROM_V1: u32 = 4;
-/// Flag (version 2): metadata pages live in the data region (issue 13). This version
-/// refuses a pool with it set.
+/// Flag (version 2): page references may name data-region blocks (address bit 63):
+/// set by `pool create`, and by the first checkpoint that places a page there in a
+/// pool made before. Without it a data-region address is corruption.
 pub const FLAG_DATA_REGION_PAGES: u32 = 8;
 /// Flag (version 2): fragments may be compressed with a codec other than LZ4 (zstd).
 /// Set when the pool's compression becomes zstd and never cleared, so a reader that
 /// knows only LZ4 refuses the pool instead of finding fragments it cannot decode.
 pub const FLAG_CODECS: u32 = 16;
 /// The flags this version knows; a version-2 super block with any other is refused.
-const FLAGS_KNOWN_V2: u32 =
-    FLAG_SEPARATE_METADATA | FLAG_OVERCOMMIT | FLAG_UPGRADED_FROM_V1 | FLAG_CODECS;
+const FLAGS_KNOWN_V2: u32 = FLAG_SEPARATE_METADATA
+    | FLAG_OVERCOMMIT
+    | FLAG_UPGRADED_FROM_V1
+    | FLAG_CODECS
+    | FLAG_DATA_REGION_PAGES;
 
 /// `compression` (offset 148): LZ4. Pools made before the field hold 0, also LZ4.
 pub const COMPRESSION_LZ4: u8 = 1;
@@ -724,11 +728,9 @@ mod tests {
     }
 
     #[test]
-    fn unknown_flags_and_data_region_pages_are_refused_in_version_2() {
-        assert_invalid(
-            decode_with(|sb| sb.flags |= FLAG_DATA_REGION_PAGES),
-            "features this version does not know",
-        );
+    fn unknown_flags_are_refused_in_version_2_and_data_region_pages_read() {
+        let spilled = decode_with(|sb| sb.flags |= FLAG_DATA_REGION_PAGES);
+        assert!(spilled.is_ok(), "{spilled:?}");
         assert_invalid(decode_with(|sb| sb.flags |= 1 << 20), "flags 0x100002");
         let upgraded = decode_with(|sb| sb.flags |= FLAG_UPGRADED_FROM_V1);
         assert!(upgraded.is_ok(), "{upgraded:?}");

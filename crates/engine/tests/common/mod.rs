@@ -21,7 +21,7 @@ pub fn create(bytes: u64, meta_bytes: Option<u64>) -> TestPool {
     create_with(bytes, meta_bytes, &CreateOptions::default())
 }
 
-/// A pool on an in-memory device, made with `opts` (its path and size unused).
+/// A pool on an in-memory device, made with `opts` (its path and sizes unused).
 pub fn create_with(bytes: u64, meta_bytes: Option<u64>, opts: &CreateOptions) -> TestPool {
     let dev = Arc::new(FaultStorage::new("data", bytes));
     let meta = meta_bytes.map(|m| Arc::new(FaultStorage::new("meta", m)));

@@ -341,19 +341,25 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     let c = *tally.coverage.lock();
     let _ = writeln!(
         std::io::stdout(),
-        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads, {} discards of freed blocks",
+        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads, {} discards of freed blocks, {} data blocks holding metadata pages at the ends of pool lives",
         tally.events.load(Ordering::Relaxed),
         c.checkpoints,
         c.journal_commits,
         c.journal_bytes >> 10,
         c.compacted_blocks,
         c.workload_crashes,
-        c.discards
+        c.discards,
+        c.page_blocks
     );
     // The proof that discards are safe is that crash points land after them.
     assert!(
         c.discards > 0 || seeds.len() < 8,
         "no workload discarded a freed block: the crash points prove nothing about discards"
+    );
+    // Likewise for metadata pages in data blocks (the tiny page stores).
+    assert!(
+        c.page_blocks > 0 || seeds.len() < 8,
+        "no workload put a metadata page in a data block: the crash points prove nothing about them"
     );
     let failures = tally.failures.into_inner();
     assert!(

@@ -28,6 +28,12 @@ pub(crate) const CHURN_WRITES: usize = 2000;
 pub(crate) const CHURN_FLUSH_EVERY: usize = 64;
 /// Workloads whose seed is this modulo 16 fill the pool with random data first.
 pub(crate) const FULL_POOL_SEED_CLASS: u64 = 7;
+/// Workloads whose seed is this modulo 4 have a page store of [`TINY_PAGE_SLOTS`]
+/// (never one that fills the pool: a full data region holds the image and has only
+/// the metadata headroom for a checkpoint's copy of it, ARCHITECTURE.md).
+pub(crate) const TINY_PAGE_STORE_SEED_CLASS: u64 = 1;
+/// Page-store slots of those workloads: fewer than one checkpoint writes.
+pub(crate) const TINY_PAGE_SLOTS: u64 = 6;
 /// A full pool's filling and overwriting flush after this many large writes.
 pub(crate) const FULL_FLUSH_EVERY: usize = 8;
 /// Large overwrites after a pool is filled: 1,536 blocks, more than the ~800 left free.
@@ -62,6 +68,9 @@ pub(crate) struct Coverage {
     /// Discards of freed blocks the data device took (logged as unflushed writes of
     /// zeros, so crash points land after them and recovery must not need their bytes).
     pub(crate) discards: u64,
+    /// Data blocks holding metadata pages when a pool's life ended (a close or a
+    /// crash inside the workload), summed: the tiny page stores' pages go there.
+    pub(crate) page_blocks: u64,
 }
 
 impl Coverage {
@@ -72,6 +81,7 @@ impl Coverage {
         self.journal_commits += stats.journal_commits;
         self.compacted_blocks += stats.compacted_blocks;
         self.discards += stats.data_device.discards;
+        self.page_blocks += stats.metadata_in_data_bytes / BLOCK as u64;
         self.journal_bytes += stats
             .metadata_written_by_region
             .iter()
@@ -88,6 +98,7 @@ impl Coverage {
         self.compacted_blocks += other.compacted_blocks;
         self.workload_crashes += other.workload_crashes;
         self.discards += other.discards;
+        self.page_blocks += other.page_blocks;
     }
 }
 
@@ -212,12 +223,16 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     };
     let data = Arc::new(FaultStorage::new("data", data_bytes));
     let meta = meta_bytes.map(|m| Arc::new(FaultStorage::new("meta", m)));
+    // One seed in four has a page store of a few slots, so most checkpoints put
+    // pages in data blocks and free them when the pages move.
+    let tiny_page_store = seed % 4 == TINY_PAGE_STORE_SEED_CLASS;
     Pool::format(
         data.clone() as Arc<dyn Storage>,
         meta.clone().map(|m| m as Arc<dyn Storage>),
         meta.as_ref().map(|_| "meta".to_string()),
         &CreateOptions {
             compression,
+            page_slots: tiny_page_store.then_some(TINY_PAGE_SLOTS),
             ..CreateOptions::default()
         },
     )
