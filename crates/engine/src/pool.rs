@@ -598,10 +598,13 @@ impl Pool {
             promised_bytes: i.volumes.allocated_blocks() * block,
             reserved_bytes: ledger.reserved_blocks * block,
             reserved_unused_bytes: ledger.withheld_blocks * block,
-            used_bytes: (g.data_blocks() - ledger.free_blocks.min(g.data_blocks())) * block,
+            used_bytes: g
+                .data_blocks()
+                .saturating_sub(ledger.free_blocks + i.depot.metadata_headroom_blocks())
+                * block,
             reservable_bytes: ledger
                 .free_blocks
-                .saturating_sub(g.reserve_blocks())
+                .saturating_sub(crate::reservation::kept_blocks(g, &i.depot))
                 .saturating_sub(ledger.withheld_blocks)
                 * block,
             overcommit: g.overcommit(),

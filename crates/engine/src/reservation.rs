@@ -76,6 +76,14 @@ pub(crate) struct Ledger {
     pub withheld_blocks: u64,
 }
 
+/// Free data blocks no reservation may take: the pool's reserve for overwrites of
+/// shared blocks, trims and deletes, less the part of it that is the metadata
+/// headroom (already left out of the free blocks a ledger counts).
+pub(crate) fn kept_blocks(geometry: &PoolGeometry, depot: &SlabDepot) -> u64 {
+    geometry
+        .reserve_blocks()
+        .saturating_sub(depot.metadata_headroom_blocks())
+}
 /// Blocks a volume of `size_blocks` reserves.
 pub(crate) fn reserved_blocks(p: Provisioning, size_blocks: u64) -> u64 {
     match p {
@@ -150,12 +158,15 @@ impl Reservations {
         // none takes a checkpoint and tries again), and so do blocks a packer holds
         // open: a zone takes a run of blocks at a time, and the writes that fill it
         // need no other block.
-        let used: u64 = depot
+        // Free for data: a pool whose metadata pages may go to data blocks keeps each
+        // slab's last free blocks for them (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`),
+        // which no volume's data may take.
+        let free: u64 = depot
             .iter()
             .map(|s| {
                 let s = s.lock();
                 let spare = s.pending_blocks() as usize + s.open_block_numbers().len();
-                u64::from(s.used_blocks()).saturating_sub(spare as u64)
+                u64::from(s.free_blocks_for_data()) + spare as u64
             })
             .sum();
         let data_blocks = geometry.data_blocks();
@@ -167,7 +178,7 @@ impl Reservations {
             held += withheld(p, v.size_blocks(), v.mapped_blocks());
         }
         Ledger {
-            free_blocks: data_blocks.saturating_sub(used),
+            free_blocks: free.min(data_blocks),
             reserved_blocks: reserved,
             withheld_blocks: held,
         }
@@ -210,7 +221,7 @@ impl Reservations {
             return Ok(());
         }
         let l = self.ledger(&others, depot, geometry);
-        let kept = geometry.reserve_blocks();
+        let kept = kept_blocks(geometry, depot);
         let room = l
             .free_blocks
             .saturating_sub(kept)
