@@ -16,7 +16,10 @@ const READ_BYTES: u64 = 256 << 10;
 fuzz_target!(|data: &[u8]| {
     let image = PoolImage::parse(data);
     let storage = Arc::new(image.to_storage("fuzz.pool"));
-    let opts = OpenOptions { threads: Some(1) };
+    let opts = OpenOptions {
+        threads: Some(1),
+        ..OpenOptions::default()
+    };
     let Ok(pool) = Pool::open_devices(storage, None, &opts) else {
         return;
     };
