@@ -250,6 +250,14 @@ fn print_info(info: &PoolInfo) {
             ),
         ),
         (
+            "Kept for metadata",
+            format!(
+                "{} (free space the pages of reserved data and the next checkpoint may \
+                 need past the page store; no reservation or thin write takes it)",
+                format_size(info.metadata_kept_bytes)
+            ),
+        ),
+        (
             "Slabs",
             format!(
                 "{} x {} blocks ({} objects each)",

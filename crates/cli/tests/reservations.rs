@@ -123,6 +123,16 @@ fn volumes_are_thick_by_default_and_thin_or_partly_reserved_by_choice() {
         text.contains("640.00 MiB (640.00 MiB not yet used"),
         "{text}"
     );
+    // What is kept for the pages of reserved data: shown, and the same in stats. A
+    // new 1 GiB pool's page store holds the pages of 640 MiB of reservations.
+    assert!(text.contains("Kept for metadata:"), "{text}");
+    let stats = json(&fewerbytes_ok(&pool, &["stats", "--json"]));
+    assert_eq!(
+        number(&stats, "metadata_kept_bytes"),
+        number(&info, "metadata_kept_bytes"),
+        "{stats:#}"
+    );
+    assert_eq!(number(&info, "metadata_kept_bytes"), 0, "{info:#}");
 
     // `volume set`, both ways, refused when it cannot be honoured.
     let why = refused(&pool, &["volume", "set", "web", "--thick"]);

@@ -122,10 +122,17 @@ pub struct PoolInfo {
     /// holds open, count as free).
     #[serde(default)]
     pub used_bytes: u64,
-    /// What a new reservation may still take: free data space less what reservations
-    /// hold back and the reserve kept for trims and deletes.
+    /// The largest reservation a new thick volume would be granted now: free data
+    /// space less what reservations hold back, the data blocks kept for metadata
+    /// pages and the reserve kept for trims and deletes, and less what the new
+    /// reservation's own metadata pages may need.
     #[serde(default)]
     pub reservable_bytes: u64,
+    /// Free data space kept for metadata pages: what the next checkpoint's new pages
+    /// and the pages of the blocks reserved and not yet used may need beyond the page
+    /// store's free slots (`reservation.rs`). No reservation and no thin write takes it.
+    #[serde(default)]
+    pub metadata_kept_bytes: u64,
     /// The pool was made with the overcommit flag of earlier versions (its page store
     /// sized for 4 times its data); volumes are thick or thin each on their own now.
     pub overcommit: bool,
@@ -307,6 +314,10 @@ pub struct PoolStats {
     /// in bytes: neither data used nor free.
     #[serde(default)]
     pub metadata_in_data_bytes: u64,
+    /// Free data space kept for metadata pages still to come (as `pool info`'s):
+    /// part of the free space, but no reservation and no thin write takes it.
+    #[serde(default)]
+    pub metadata_kept_bytes: u64,
     /// Logical bytes mapped to data across all volumes.
     pub logical_used_bytes: u64,
     /// Blocks mapped to zero across all volumes, in bytes.

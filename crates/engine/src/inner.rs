@@ -9,6 +9,7 @@ use crate::devices::Devices;
 use crate::geometry::PoolGeometry;
 use crate::journal::Journal;
 use crate::lbn_locks::LbnLocks;
+use crate::metadata_room::PageRoom;
 use crate::open_repair::OpenRepair;
 use crate::packer::{Space, Zones};
 use crate::slab_depot::SlabDepot;
@@ -150,6 +151,15 @@ impl Inner {
         self.checkpointer
             .page_store()
             .pressed(dirty, self.depot.metadata_headroom_blocks())
+    }
+
+    /// What the page store offers the space ledger now (`reservation.rs`): its free
+    /// slots and the pages turned dirty since the last checkpoint.
+    pub fn page_room(&self) -> PageRoom {
+        PageRoom {
+            free_slots: self.checkpointer.page_store().free_slots(),
+            dirty_pages: self.checkpointer.dirty_page_count(),
+        }
     }
 
     /// Before a checkpoint's snapshot (the gate held, so no page turns dirty): the

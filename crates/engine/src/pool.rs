@@ -585,7 +585,7 @@ impl Pool {
         let ledger = i
             .volumes
             .reservations()
-            .ledger(&i.volumes.all(), &i.depot, g);
+            .ledger(&i.volumes.all(), &i.depot, g, &i.page_room());
         PoolInfo {
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
@@ -602,11 +602,12 @@ impl Pool {
                 .data_blocks()
                 .saturating_sub(ledger.free_blocks + i.depot.metadata_headroom_blocks())
                 * block,
-            reservable_bytes: ledger
-                .free_blocks
-                .saturating_sub(crate::reservation::kept_blocks(g, &i.depot))
-                .saturating_sub(ledger.withheld_blocks)
-                * block,
+            reservable_bytes: ledger.reservable_blocks(
+                crate::reservation::kept_blocks(g, &i.depot),
+                &i.depot,
+                g,
+            ) * block,
+            metadata_kept_bytes: ledger.metadata_blocks * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             slab_count: g.slab_count(),

@@ -7,21 +7,37 @@
 //! stored data (`VolumeState::mapped_blocks`), counted per volume: a block it shares
 //! with a clone or through dedup counts for each volume that maps it. What it has
 //! not used yet, `reserved - min(reserved, used)`, is **withheld**: the pool keeps
-//! that many data blocks free for it. So a reservation of R blocks guarantees that
-//! the volume can store new data in its blocks until it maps R of them; it does not
-//! guarantee overwrites of blocks it already maps and shares (a clone's inherited
-//! blocks, deduplicated blocks): those take new space that nothing held back.
+//! that many data blocks free for it, and room for the metadata pages those blocks
+//! may need (below). So a reservation of R blocks guarantees that the volume can
+//! store new data in its blocks until it maps R of them, and that the checkpoints in
+//! between find room for their pages; it does not guarantee overwrites of blocks it
+//! already maps and shares (a clone's inherited blocks, deduplicated blocks): those
+//! take new space that nothing held back.
+//!
+//! **Metadata kept**: the page store holds at most 2% of the device (`geometry.rs`);
+//! pages past its free slots go to data blocks. So the ledger also keeps back the
+//! data blocks that the pages still to come may need beyond the free slots
+//! (`metadata_room.rs`): the new pages the next checkpoint writes, and for every
+//! block reserved and not yet used a block-map page share (one page per 504 blocks,
+//! at worst one per block while the volume has pages it never wrote) and one new
+//! object's count and fingerprint page shares (1/336 and 1/126 of a page), with the
+//! directory pages above them. A pool full of fragments needs up to about 4% of its data
+//! for pages; without this a thick volume could find its reserved blocks taken by
+//! the pages of other volumes' data, and a checkpoint refused.
 //!
 //! Two checks keep the promise:
 //! - [`Reservations::check_honour`]: a volume is created, cloned, grown or given a
-//!   reservation only if what it would withhold fits in the data blocks that are
-//!   free, less what the other volumes withhold and less the pool's reserve for trims
-//!   and deletes. A thin volume withholds nothing and is never refused.
+//!   reservation only if what it would withhold, and the metadata pages that may
+//!   need, fit in the data blocks that are free, less what the other volumes
+//!   withhold, the metadata kept for them and the pool's reserve for trims and
+//!   deletes. A thin volume withholds nothing and is never refused.
 //! - [`Reservations::admit_write`]: a write that could take space others withhold
-//!   (more new blocks than its own volume still holds back) fails with the no-space
-//!   error (ENOSPC over NBD) before storing anything. A write budget makes this one
-//!   atomic subtraction per write while the pool has room; the exact count (every
-//!   slab and volume) runs only when the budget is spent.
+//!   (more new blocks than its own volume still holds back, with the pages they may
+//!   add) fails with the no-space error (ENOSPC over NBD) before storing anything. A
+//!   write budget makes this one atomic subtraction per write while the pool has
+//!   room (a write is charged its blocks and the block-map pages it touches; the
+//!   budget leaves room for the object pages of the blocks it admits); the exact
+//!   count (every slab and volume) runs only when the budget is spent.
 //!
 //! Reservations live in memory here and in the catalog (`VolumeRecord`'s
 //! `reservation_bytes` and thin flag), written by every checkpoint; a change is made
@@ -30,9 +46,11 @@
 use crate::api::Provisioning;
 use crate::block_map::VolumeState;
 use crate::geometry::{human_bytes, PoolGeometry};
+use crate::metadata_room::{map_pages_for, object_pages_for, PageRoom};
 use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::Catalog;
+use fewerbytes_format::page::MAP_ENTRIES_PER_PAGE;
 use fewerbytes_format::BLOCK_BYTES;
 use fewerbytes_format::FORMAT_VERSION_1;
 use parking_lot::{Mutex, RwLock};
@@ -74,6 +92,84 @@ pub(crate) struct Ledger {
     pub reserved_blocks: u64,
     /// Blocks reserved and not yet used, summed: held back from other volumes.
     pub withheld_blocks: u64,
+    /// Data blocks kept for metadata pages: what the next checkpoint's new pages and
+    /// the pages of the withheld blocks may need beyond the page store's free slots.
+    pub metadata_blocks: u64,
+    /// Free page-store slots neither counted: room for pages no reservation covers.
+    pub spare_slots: u64,
+    /// Pages counted: the next checkpoint's new pages and the withheld blocks' pages.
+    claimed_pages: u64,
+    /// Free page-store slots.
+    free_slots: u64,
+}
+
+impl Ledger {
+    /// The largest reservation a new thick volume would be granted now: R blocks
+    /// such that R, and the data blocks its pages may need past what is counted
+    /// already, fit in what is free for reservations (free less `kept`, the
+    /// withheld blocks and the metadata kept). As [`Reservations::check_honour`]
+    /// counts a new volume of R blocks.
+    pub(crate) fn reservable_blocks(
+        &self,
+        kept: u64,
+        depot: &SlabDepot,
+        geometry: &PoolGeometry,
+    ) -> u64 {
+        let free = self
+            .free_blocks
+            .saturating_sub(kept)
+            .saturating_sub(self.withheld_blocks)
+            .saturating_sub(self.metadata_blocks);
+        let objects = |n: u64| {
+            object_pages_for(
+                n,
+                u64::from(depot.count()),
+                u64::from(geometry.objects_per_slab()),
+            )
+        };
+        let fits = |r: u64| {
+            let pages =
+                self.claimed_pages + map_pages_for(r, r, 0) + objects(self.withheld_blocks + r)
+                    - objects(self.withheld_blocks);
+            let more = pages
+                .saturating_sub(self.free_slots)
+                .saturating_sub(self.metadata_blocks);
+            r + more <= free
+        };
+        // What fits grows with R one block at a time at most: the last that fits.
+        let (mut lo, mut hi) = (0, free);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
+
+/// What one volume claims in a ledger.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    p: Provisioning,
+    size_blocks: u64,
+    /// Blocks mapped to stored data (what it used of its reservation).
+    used_blocks: u64,
+    /// Blocks mapped to data or zeros (each holds an entry in a written map page).
+    written_blocks: u64,
+}
+
+impl Claim {
+    fn of(p: Provisioning, v: &VolumeState) -> Self {
+        Claim {
+            p,
+            size_blocks: v.size_blocks(),
+            used_blocks: v.mapped_blocks(),
+            written_blocks: v.mapped_blocks() + v.zero_blocks(),
+        }
+    }
 }
 
 /// Free data blocks no reservation may take: the pool's reserve for overwrites of
@@ -147,52 +243,110 @@ impl Reservations {
         }
     }
 
-    /// Count everything exactly: free blocks in every slab, reservations of every volume.
+    /// Count everything exactly: free blocks in every slab, reservations of every
+    /// volume, and the metadata pages still to place beyond `room`'s free slots.
     pub(crate) fn ledger(
         &self,
         volumes: &[Arc<VolumeState>],
         depot: &SlabDepot,
         geometry: &PoolGeometry,
+        room: &PageRoom,
     ) -> Ledger {
-        // Blocks freed and waiting for a checkpoint count as free (a write that finds
-        // none takes a checkpoint and tries again), and so do blocks a packer holds
-        // open: a zone takes a run of blocks at a time, and the writes that fill it
-        // need no other block.
-        // Free for data: a pool whose metadata pages may go to data blocks keeps each
-        // slab's last free blocks for them (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`),
-        // which no volume's data may take.
-        let free: u64 = depot
-            .iter()
-            .map(|s| {
-                let s = s.lock();
-                let spare = s.pending_blocks() as usize + s.open_block_numbers().len();
-                u64::from(s.free_blocks_for_data()) + spare as u64
-            })
-            .sum();
-        let data_blocks = geometry.data_blocks();
-        let by_id = self.by_id.read();
-        let (mut reserved, mut held) = (0u64, 0u64);
-        for v in volumes {
-            let p = by_id.get(&v.id()).copied().unwrap_or_default();
-            reserved += reserved_blocks(p, v.size_blocks());
-            held += withheld(p, v.size_blocks(), v.mapped_blocks());
-        }
-        Ledger {
-            free_blocks: free.min(data_blocks),
-            reserved_blocks: reserved,
-            withheld_blocks: held,
-        }
+        let claims: Vec<Claim> = {
+            let by_id = self.by_id.read();
+            volumes
+                .iter()
+                .map(|v| Claim::of(by_id.get(&v.id()).copied().unwrap_or_default(), v))
+                .collect()
+        };
+        let (_, _, future) = claimed(&claims, depot, geometry);
+        let new_pages = room.new_pages(depot, volumes, future);
+        ledger_of(
+            &claims,
+            free_for_data(depot, geometry),
+            new_pages,
+            depot,
+            geometry,
+            room,
+        )
     }
+}
 
+/// Data blocks free for volumes' data: free now, at the next checkpoint, or open in
+/// a packer. Blocks freed and waiting for a checkpoint count (a write that finds
+/// none takes a checkpoint and tries again), and so do blocks a packer holds open: a
+/// zone takes a run of blocks at a time, and the writes that fill it need no other
+/// block. A pool whose metadata pages may go to data blocks keeps each slab's last
+/// free blocks for them (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`): no volume's
+/// data may take them, and they do not count.
+fn free_for_data(depot: &SlabDepot, geometry: &PoolGeometry) -> u64 {
+    let free: u64 = depot
+        .iter()
+        .map(|s| {
+            let s = s.lock();
+            let spare = s.pending_blocks() as usize + s.open_block_numbers().len();
+            u64::from(s.free_blocks_for_data()) + spare as u64
+        })
+        .sum();
+    free.min(geometry.data_blocks())
+}
+
+/// What `claims` add up to: (reserved blocks, withheld blocks, pages the withheld
+/// blocks may still add: block-map pages per volume, object pages for one new
+/// object a block).
+fn claimed(claims: &[Claim], depot: &SlabDepot, geometry: &PoolGeometry) -> (u64, u64, u64) {
+    let (mut reserved, mut held, mut map_pages) = (0u64, 0u64, 0u64);
+    for c in claims {
+        let w = withheld(c.p, c.size_blocks, c.used_blocks);
+        reserved += reserved_blocks(c.p, c.size_blocks);
+        held += w;
+        map_pages += map_pages_for(w, c.size_blocks, c.written_blocks);
+    }
+    let objects = object_pages_for(
+        held,
+        u64::from(depot.count()),
+        u64::from(geometry.objects_per_slab()),
+    );
+    (reserved, held, map_pages + objects)
+}
+
+/// The ledger of `claims` with `free` data blocks and the next checkpoint's
+/// `new_pages`, beside `room`'s free slots.
+fn ledger_of(
+    claims: &[Claim],
+    free: u64,
+    new_pages: u64,
+    depot: &SlabDepot,
+    geometry: &PoolGeometry,
+    room: &PageRoom,
+) -> Ledger {
+    let (reserved, held, future) = claimed(claims, depot, geometry);
+    let pages = future + new_pages;
+    Ledger {
+        free_blocks: free,
+        reserved_blocks: reserved,
+        withheld_blocks: held,
+        metadata_blocks: pages.saturating_sub(room.free_slots),
+        spare_slots: room.free_slots.saturating_sub(pages),
+        claimed_pages: pages,
+        free_slots: room.free_slots,
+    }
+}
+
+impl Reservations {
     /// Refuse, naming the figures, a reservation the pool cannot honour: volume
     /// `name` (id `id`, none if new) of `size_blocks`, using `used_blocks`, asking
-    /// for `p`.
+    /// for `p`. What it would withhold and the metadata pages that may need (the
+    /// ledger's metadata with it, less without it) must fit in what is free less
+    /// the other volumes' claims and the reserve for trims and deletes. `room`: the
+    /// page store's now.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_honour(
         &self,
         volumes: &[Arc<VolumeState>],
         depot: &SlabDepot,
         geometry: &PoolGeometry,
+        room: &PageRoom,
         what: &str,
         id: Option<u64>,
         size_blocks: u64,
@@ -220,23 +374,73 @@ impl Reservations {
         if wanted == 0 {
             return Ok(());
         }
-        let l = self.ledger(&others, depot, geometry);
+        let mut claims: Vec<Claim> = {
+            let by_id = self.by_id.read();
+            others
+                .iter()
+                .map(|v| Claim::of(by_id.get(&v.id()).copied().unwrap_or_default(), v))
+                .collect()
+        };
+        let others_only = claims.len();
+        claims.push(Claim {
+            p,
+            size_blocks,
+            used_blocks,
+            // An existing volume's map holds its zeros too; a new one or a clone's
+            // copy holds what it uses.
+            written_blocks: volumes
+                .iter()
+                .find(|v| Some(v.id()) == id)
+                .map_or(used_blocks, |v| v.mapped_blocks() + v.zero_blocks()),
+        });
+        // Both counts with the same new pages (counted for the larger claim).
+        let data_free = free_for_data(depot, geometry);
+        let (_, _, future) = claimed(&claims, depot, geometry);
+        let new_pages = room.new_pages(depot, volumes, future);
+        let with = ledger_of(&claims, data_free, new_pages, depot, geometry, room);
+        let without = ledger_of(
+            claims.get(..others_only).unwrap_or(&[]),
+            data_free,
+            new_pages,
+            depot,
+            geometry,
+            room,
+        );
+        let metadata = with.metadata_blocks.saturating_sub(without.metadata_blocks);
         let kept = kept_blocks(geometry, depot);
-        let room = l
+        let free = without
             .free_blocks
             .saturating_sub(kept)
-            .saturating_sub(l.withheld_blocks);
-        if wanted > room {
+            .saturating_sub(without.withheld_blocks)
+            .saturating_sub(without.metadata_blocks);
+        if wanted + metadata > free {
+            // The metadata figures only where the page store does not hold it all.
+            let for_pages = if metadata > 0 {
+                format!(
+                    ", and {} more kept for the metadata pages that data may need",
+                    human_bytes(metadata * BLOCK)
+                )
+            } else {
+                String::new()
+            };
+            let others_pages = if without.metadata_blocks > 0 {
+                format!(
+                    ", {} kept for metadata pages",
+                    human_bytes(without.metadata_blocks * BLOCK)
+                )
+            } else {
+                String::new()
+            };
             return Err(EngineError::Refused(format!(
-                "{what} would reserve {} ({} of it not yet used), but only {} is free for \
-                 reservations: {} free, less {} that other volumes' reservations hold back \
-                 and {} kept for trims and deletes; make it thin (--thin) or reserve less \
-                 (--reserve SIZE)",
+                "{what} would reserve {} ({} of it not yet used{for_pages}), but only {} is \
+                 free for reservations: {} free, less {} that other volumes' reservations \
+                 hold back{others_pages} and {} kept for trims and deletes; make it thin \
+                 (--thin) or reserve less (--reserve SIZE)",
                 human_bytes(reserved_blocks(p, size_blocks) * BLOCK),
                 human_bytes(wanted * BLOCK),
-                human_bytes(room * BLOCK),
-                human_bytes(l.free_blocks * BLOCK),
-                human_bytes(l.withheld_blocks * BLOCK),
+                human_bytes(free * BLOCK),
+                human_bytes(without.free_blocks * BLOCK),
+                human_bytes(without.withheld_blocks * BLOCK),
                 human_bytes(kept * BLOCK),
             )));
         }
@@ -244,44 +448,79 @@ impl Reservations {
         Ok(())
     }
 
-    /// Let a write of up to `blocks` new blocks into `vol` go ahead, or fail it with
-    /// the no-space error when it could take blocks other volumes' reservations hold
-    /// back. Conservative: every block written counts as new (duplicates and zeros
-    /// take nothing). Writes let through by one budget and still in flight when the
-    /// next count runs may take a few blocks past it (at most a request per writer),
-    /// and blocks open in packers count as free although some hold data: the pool's
-    /// reserve for trims and deletes covers both.
+    /// Let a write of `blocks` blocks from block `first_block` of `vol` go ahead, or
+    /// fail it with the no-space error when it could take blocks other volumes'
+    /// reservations hold back or the data blocks kept for metadata pages.
+    /// Conservative: every block written counts as new (duplicates and zeros take
+    /// nothing), and the block-map pages it touches as new pages. A write inside
+    /// what its own volume still holds back goes ahead: its blocks and their pages
+    /// were set aside when the reservation was granted. Writes let through by one
+    /// budget and still in flight when the next count runs may take a few blocks
+    /// past it (at most a request per writer), and blocks open in packers count as
+    /// free although some hold data: the pool's reserve for trims and deletes covers
+    /// both.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn admit_write(
         &self,
         volumes: impl FnOnce() -> Vec<Arc<VolumeState>>,
         depot: &SlabDepot,
         geometry: &PoolGeometry,
+        room: impl FnOnce() -> PageRoom,
         vol: &VolumeState,
+        first_block: u64,
         blocks: u64,
     ) -> Result<()> {
-        let k = blocks as i64;
-        if self.budget_blocks.fetch_sub(k, Ordering::AcqRel) >= k {
+        let per_page = MAP_ENTRIES_PER_PAGE as u64;
+        let map_pages = (first_block + blocks.max(1) - 1) / per_page - first_block / per_page + 1;
+        let charge = (blocks + map_pages) as i64;
+        if self.budget_blocks.fetch_sub(charge, Ordering::AcqRel) >= charge {
+            return Ok(());
+        }
+        let own = withheld(self.of(vol.id()), vol.size_blocks(), vol.mapped_blocks());
+        if own >= blocks {
             return Ok(());
         }
         let _one = self.recount.lock();
-        let l = self.ledger(&volumes(), depot, geometry);
-        let own = withheld(self.of(vol.id()), vol.size_blocks(), vol.mapped_blocks());
-        // After the write: free - blocks, and the volume's own withheld space smaller
-        // by what the write used of it.
-        let must_stay_free = l.withheld_blocks - own.min(l.withheld_blocks) + own - own.min(blocks);
-        if must_stay_free == 0 || l.free_blocks >= must_stay_free + blocks {
-            let spare = l
+        let l = self.ledger(&volumes(), depot, geometry, &room());
+        let inside = own.min(blocks).min(l.withheld_blocks);
+        let objects = |n: u64| {
+            object_pages_for(
+                n,
+                u64::from(depot.count()),
+                u64::from(geometry.objects_per_slab()),
+            )
+        };
+        // The part past the volume's reservation: its blocks, and the pages they may
+        // add past the free slots no one else counts.
+        let pages = map_pages + objects(blocks - inside);
+        let need = (l.withheld_blocks - inside)
+            + blocks
+            + l.metadata_blocks
+            + pages.saturating_sub(l.spare_slots);
+        if l.withheld_blocks + l.metadata_blocks == 0 || l.free_blocks >= need {
+            // What writes may take before the next count: data blocks past what
+            // reservations and metadata hold, less the object pages of as many new
+            // objects beyond the free slots (each write pays for its map pages).
+            let data = l
                 .free_blocks
-                .saturating_sub(l.withheld_blocks)
-                .saturating_sub(blocks);
+                .saturating_sub(l.withheld_blocks + l.metadata_blocks + blocks);
+            let spare = data.min((data + l.spare_slots).saturating_sub(objects(data)));
             self.budget_blocks
                 .store(spare.min(i64::MAX as u64) as i64, Ordering::Release);
             return Ok(());
         }
         self.budget_blocks.store(0, Ordering::Release);
+        let for_pages = if l.metadata_blocks > 0 {
+            format!(
+                ", and {} is kept for metadata pages",
+                human_bytes(l.metadata_blocks * BLOCK)
+            )
+        } else {
+            String::new()
+        };
         Err(EngineError::NoSpace(format!(
             "volume '{}' may not take the pool's last {} of free space: volumes' \
-             reservations hold back {} of it ({} of that for this volume)",
+             reservations hold back {} of it ({} of that for this volume){for_pages}",
             vol.name(),
             human_bytes(l.free_blocks * BLOCK),
             human_bytes(l.withheld_blocks * BLOCK),

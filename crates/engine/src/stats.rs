@@ -82,6 +82,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         reserved_unused_bytes: info.reserved_unused_bytes,
         metadata_bytes: info.metadata_bytes,
         metadata_in_data_bytes: page_blocks * BLOCK,
+        metadata_kept_bytes: info.metadata_kept_bytes,
         logical_used_bytes,
         zero_bytes,
         saving_percent,

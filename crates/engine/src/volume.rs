@@ -150,13 +150,16 @@ impl Volume {
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         inner.ensure_space()?;
-        // Space other volumes' reservations hold back is not for this write.
+        // Space other volumes' reservations and the metadata pages hold back is not
+        // for this write.
         let blocks = (offset_bytes + data.len() as u64).div_ceil(BLOCK) - offset_bytes / BLOCK;
         inner.volumes.reservations().admit_write(
             || inner.volumes.all(),
             &inner.depot,
             &inner.geometry,
+            || inner.page_room(),
             &self.h.vol,
+            offset_bytes / BLOCK,
             blocks,
         )?;
         let mut pos = 0usize;

@@ -77,6 +77,7 @@ fn check_reservation(
         &inner.volumes.all(),
         &inner.depot,
         &inner.geometry,
+        &inner.page_room(),
         what,
         id,
         size_blocks,
