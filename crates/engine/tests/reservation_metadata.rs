@@ -54,7 +54,7 @@ fn random_block(seed: u64) -> Vec<u8> {
 /// Take a checkpoint now, as every volume operation does: rename the volume `tick`
 /// back and forth (`n` says which way). It must succeed.
 fn checkpoint(pool: &Arc<Pool>, n: u64, when: &str) {
-    let (from, to) = if n % 2 == 0 {
+    let (from, to) = if n.is_multiple_of(2) {
         ("tick", "tock")
     } else {
         ("tock", "tick")
@@ -230,7 +230,7 @@ fn thin_writes_get_enospc_before_a_checkpoint_finds_no_room() {
             Ok(()) => written += 1,
             Err(e) => break e,
         }
-        if written % 1024 == 0 {
+        if written.is_multiple_of(1024) {
             checkpoint(&pool, checkpoints, &format!("after {written} blocks"));
             checkpoints += 1;
         }
