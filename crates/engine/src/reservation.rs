@@ -95,7 +95,8 @@ pub(crate) struct Ledger {
     /// Data blocks kept for metadata pages: what the next checkpoint's new pages and
     /// the pages of the withheld blocks may need beyond the page store's free slots.
     pub metadata_blocks: u64,
-    /// Free page-store slots neither counted: room for pages no reservation covers.
+    /// Free page-store slots no counted page claims: room for the pages of writes no
+    /// reservation covers.
     pub spare_slots: u64,
     /// Pages counted: the next checkpoint's new pages and the withheld blocks' pages.
     claimed_pages: u64,
