@@ -77,7 +77,7 @@ impl PageStore {
             if i == 0 {
                 free &= u64::MAX << (self.cursor % 64);
             }
-            if w == words - 1 && self.slots % 64 != 0 {
+            if w == words - 1 && !self.slots.is_multiple_of(64) {
                 free &= (1u64 << (self.slots % 64)) - 1;
             }
             if free != 0 {
@@ -160,6 +160,7 @@ pub(crate) fn page_address(r: &PageRef) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::PageStore;
 
@@ -191,7 +192,7 @@ mod tests {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                if seed % 3 == 0 {
+                if seed.is_multiple_of(3) {
                     let s = 1 + seed % (slots - 1).max(1);
                     if s < slots && used[s as usize] {
                         store.free(s);
