@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Where the bytes a write load sends to the drive go, beyond the data: the metadata
 # the pool wrote by region (journal, block-map pages, count pages, fingerprint pages,
-# directory and catalog pages, super blocks), as a share of the guest's bytes.
+# directory and catalog pages, super blocks), as a share of the guest's bytes; and what
+# the server wrote to its files in all (/proc/PID/io write_bytes), with the write
+# counters that explain it (dedup hits, blocks stored compressed or whole, compaction).
 #
 #   scripts/bench-metadata-bytes.sh                         # 4k randwrite QD32x4, random data
 #   BS=128k RW=write QD=8 JOBS=1 scripts/bench-metadata-bytes.sh   # 128k sequential, random
@@ -50,12 +52,21 @@ fio --name=metadata --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/vol" --time_base
     --end_fsync=1 --group_reporting --rw="$RW" --bs="$BS" --iodepth="$QD" --numjobs="$JOBS" \
     --size="$JOB_SIZE" --offset_increment="$JOB_SIZE" "${data[@]}" >"$dir/fio.txt" 2>&1
 "$FB" --pool "$dir/pool" --control-socket "$dir/ctl" stats --json >"$dir/stats.json"
+# What the server wrote to its files (data and metadata; counted as pages are dirtied).
+server_written=$(awk '/^write_bytes/ {print $2}' "/proc/$server_pid/io")
 echo "## $BS $RW QD$QD x$JOBS, $([[ ${MIX:-0} == 1 ]] && echo "seed mix" || echo random), ${RUNTIME}s ($(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%H:%M) UTC)"
-python3 - "$dir/stats.json" <<'PY'
+python3 - "$dir/stats.json" "$server_written" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-guest = s["counters"]["guest_bytes_written"]
-print(f"guest bytes written: {guest / 2**20:.0f} MiB")
+c = s["counters"]
+guest = c["guest_bytes_written"]
+written = int(sys.argv[2])
+print(f"guest bytes written: {guest / 2**20:.0f} MiB; the server wrote {written / 2**20:.0f} MiB "
+      f"({100 * written / guest:.2f}%)")
+print(f"blocks: {c['blocks_written']} written, {c['dedup_hits']} dedup hits, "
+      f"{c['compressed_writes']} stored compressed, {c['uncompressed_writes']} whole, "
+      f"{c['zero_blocks_written']} zero; {s['compacted_blocks']} packed blocks compacted; "
+      f"{s['checkpoints']} checkpoints")
 total = 0
 for name, b in s["metadata_written_by_region"]:
     total += b
