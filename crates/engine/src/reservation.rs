@@ -206,9 +206,10 @@ impl Reservations {
         self.budget_blocks.store(0, Ordering::Release);
     }
 
-    /// Blocks free beyond every withheld block, as the write budget has them now (0
-    /// when an exact count is due): what a checkpoint's pages may take from the data
-    /// region without touching a reservation (`Inner::page_store_pressed`).
+    /// Blocks free beyond every withheld block and the data blocks kept for metadata
+    /// pages, as the write budget has them now (0 when an exact count is due): what a
+    /// checkpoint's pages may take from the data region without touching a
+    /// reservation (`Inner::page_store_pressed`).
     pub(crate) fn spare_blocks(&self) -> u64 {
         self.budget_blocks.load(Ordering::Acquire).max(0) as u64
     }
