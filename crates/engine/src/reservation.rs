@@ -173,8 +173,9 @@ impl Claim {
     }
 }
 
-/// Free data blocks no reservation may take: the pool's reserve for overwrites of
-/// shared blocks, trims and deletes, less the part of it that is the metadata
+/// Free data blocks no reservation may take, nor a thin write while anything is held
+/// back: the pool's reserve for overwrites of shared blocks, trims and deletes, less
+/// the part of it that is the metadata
 /// headroom (already left out of the free blocks a ledger counts).
 pub(crate) fn kept_blocks(geometry: &PoolGeometry, depot: &SlabDepot) -> u64 {
     geometry
@@ -508,19 +509,24 @@ impl Reservations {
             )
         };
         // The part past the volume's reservation: its blocks, and the pages they may
-        // add past the free slots no one else counts.
+        // add past the free slots no one else counts; and the pool's reserve for
+        // trims and deletes stays free, which also covers the blocks open in packers
+        // that the free count takes for free although some hold data.
+        let kept = kept_blocks(geometry, depot);
         let pages = map_pages + objects(blocks - inside);
         let need = (l.withheld_blocks - inside)
             + blocks
             + l.metadata_blocks
+            + kept
             + pages.saturating_sub(l.spare_slots);
         if l.withheld_blocks + l.metadata_blocks == 0 || l.free_blocks >= need {
             // What writes may take before the next count: data blocks past what
-            // reservations and metadata hold, less the object pages of as many new
-            // objects beyond the free slots (each write pays for its map pages).
+            // reservations, metadata and the reserve hold, less the object pages of as
+            // many new objects beyond the free slots (each write pays for its map
+            // pages).
             let data = l
                 .free_blocks
-                .saturating_sub(l.withheld_blocks + l.metadata_blocks + blocks);
+                .saturating_sub(l.withheld_blocks + l.metadata_blocks + kept + blocks);
             let spare = data.min((data + l.spare_slots).saturating_sub(objects(data)));
             self.budget_blocks
                 .store(spare.min(i64::MAX as u64) as i64, Ordering::Release);
