@@ -494,12 +494,9 @@ impl Reservations {
         if self.budget_blocks.fetch_sub(charge, Ordering::AcqRel) >= charge {
             return Ok(());
         }
-        let own = withheld(self.of(vol.id()), vol.size_blocks(), vol.mapped_blocks());
-        if own >= blocks {
-            return Ok(());
-        }
         let _one = self.recount.lock();
         let l = self.ledger(&volumes(), depot, geometry, &room());
+        let own = withheld(self.of(vol.id()), vol.size_blocks(), vol.mapped_blocks());
         let inside = own.min(blocks).min(l.withheld_blocks);
         let objects = |n: u64| {
             object_pages_for(
@@ -519,7 +516,7 @@ impl Reservations {
             + l.metadata_blocks
             + kept
             + pages.saturating_sub(l.spare_slots);
-        if l.withheld_blocks + l.metadata_blocks == 0 || l.free_blocks >= need {
+        if inside == blocks || l.withheld_blocks + l.metadata_blocks == 0 || l.free_blocks >= need {
             // What writes may take before the next count: data blocks past what
             // reservations, metadata and the reserve hold, less the object pages of as
             // many new objects beyond the free slots (each write pays for its map
