@@ -203,6 +203,14 @@ pub struct VolumeInfo {
     /// Thin or partly reserved: its reservation is fixed, not its size.
     #[serde(default)]
     pub thin: bool,
+    /// Block-map pages in memory: those written (504 entries, 4 KiB each), never
+    /// more because the volume is large.
+    #[serde(default)]
+    pub map_pages: u64,
+    /// Bytes of memory the block map takes: its pages' entries and the chunks of
+    /// page slots that hold them.
+    #[serde(default)]
+    pub map_memory_bytes: u64,
 }
 
 /// A range of a volume, by what backs it.
