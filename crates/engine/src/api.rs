@@ -105,7 +105,10 @@ pub struct PoolInfo {
     pub data_bytes: u64,
     /// Bytes the metadata regions take.
     pub metadata_bytes: u64,
-    /// Logical bytes volumes may add up to (= data_bytes unless overcommitted).
+    /// Logical bytes thick volumes can address (the data region less the reserve;
+    /// 4 times that in a pool made with the former overcommit flag). Not a limit on
+    /// thin volumes, which may promise up to the format's maximum (4,096 volumes of
+    /// 4 PiB each).
     pub addressable_bytes: u64,
     /// Sum of volume sizes: what the volumes promise (the same as `promised_bytes`).
     pub allocated_bytes: u64,
