@@ -5,7 +5,6 @@
 //! the page store. Data device: the data region (after the metadata regions on a
 //! single device; after the label's two copies on a separate data device), cut into slabs.
 
-use crate::slab_depot::metadata_headroom_of;
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{MAP_ENTRIES_PER_PAGE, OBJECTS_PER_PAGE, SLOTS_PER_DIR_PAGE};
 use fewerbytes_format::superblock::{
@@ -46,9 +45,21 @@ pub const RESERVE_PERCENT: u64 = 1;
 /// The reserve's floor (2 MiB).
 pub const RESERVE_BLOCKS_MIN: u64 = 512;
 
+/// Free blocks of each slab that data may not take, in a pool whose metadata pages
+/// may go to data blocks (flags bit 3): a checkpoint writes its pages before it frees
+/// the ones they replace, so a full pool still needs room for one checkpoint's
+/// pages (128 KiB a slab, 0.4%; a new pool's reserve holds it beside the 1% that
+/// thick volumes leave for overwrites, [`reserve_blocks_for`]). The slab depot keeps it.
+pub const METADATA_HEADROOM_BLOCKS: u32 = 32;
+
+/// The headroom of a slab of `blocks` blocks (a short last slab keeps less).
+pub fn metadata_headroom_of(blocks: u32) -> u32 {
+    METADATA_HEADROOM_BLOCKS.min(blocks / 8)
+}
+
 /// Blocks held back in a new pool of `data_blocks`: [`RESERVE_PERCENT`] (at least
 /// [`RESERVE_BLOCKS_MIN`]) for overwrites, plus the headroom every slab keeps for
-/// metadata pages (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`), which volumes must
+/// metadata pages ([`METADATA_HEADROOM_BLOCKS`]), which volumes must
 /// not count on either.
 pub fn reserve_blocks_for(data_blocks: u64) -> u64 {
     let slab = u64::from(SLAB_BLOCKS);

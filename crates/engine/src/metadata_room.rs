@@ -16,7 +16,7 @@
 //! blocks ([`map_pages_for`]), count and fingerprint pages for one new object per
 //! block ([`object_pages_for`]), and the directory pages above both. The
 //! copy-on-write room a checkpoint needs for the new copies of pages that already
-//! have one is the slabs' headroom (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`),
+//! have one is the slabs' headroom (`geometry.rs: METADATA_HEADROOM_BLOCKS`),
 //! which no data takes.
 
 use crate::block_map::VolumeState;

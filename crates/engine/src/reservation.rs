@@ -282,7 +282,7 @@ impl Reservations {
 /// none takes a checkpoint and tries again), and so do blocks a packer holds open: a
 /// zone takes a run of blocks at a time, and the writes that fill it need no other
 /// block. A pool whose metadata pages may go to data blocks keeps each slab's last
-/// free blocks for them (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`): no volume's
+/// free blocks for them (`geometry.rs: METADATA_HEADROOM_BLOCKS`): no volume's
 /// data may take them, and they do not count.
 fn free_for_data(depot: &SlabDepot, geometry: &PoolGeometry) -> u64 {
     let free: u64 = depot

@@ -188,7 +188,7 @@ pub struct Slab {
     /// Pages of the pool turned dirty since the last checkpoint (shared pool-wide).
     dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Free blocks data may not take: kept for a checkpoint's metadata pages
-    /// (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`); 0 in pools that keep every page
+    /// (`geometry.rs: METADATA_HEADROOM_BLOCKS`); 0 in pools that keep every page
     /// in the page store.
     metadata_headroom: u32,
     /// A fragment was freed since the compactor last looked at this slab.

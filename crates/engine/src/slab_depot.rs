@@ -13,7 +13,7 @@
 //! volume. Nothing durable names them then, and nothing can allocate them yet.
 
 use crate::devices::Devices;
-use crate::geometry::{PoolGeometry, SLAB_BLOCKS};
+use crate::geometry::{metadata_headroom_of, PoolGeometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
 use crate::slab::{ObjRec, Slab, REFCOUNT_MAX};
 use crate::{EngineError, Result};
@@ -23,18 +23,6 @@ use fewerbytes_storage::DiscardOutcome;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-/// Free blocks of each slab that data may not take, in a pool whose metadata pages
-/// may go to data blocks (flags bit 3): a checkpoint writes its pages before it frees
-/// the ones they replace, so a full pool still needs room for one checkpoint's
-/// pages (128 KiB a slab, 0.4%; a new pool's reserve holds it beside the 1% that
-/// thick volumes leave for overwrites, `geometry.rs: reserve_blocks_for`).
-pub const METADATA_HEADROOM_BLOCKS: u32 = 32;
-
-/// The headroom of a slab of `blocks` blocks (a short last slab keeps less).
-pub fn metadata_headroom_of(blocks: u32) -> u32 {
-    METADATA_HEADROOM_BLOCKS.min(blocks / 8)
-}
 
 /// Objects after the end of each of a thread's recent runs of hits that a miss tries,
 /// once the index is lossy.
