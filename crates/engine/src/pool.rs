@@ -802,10 +802,12 @@ impl Pool {
         Ok(())
     }
 
-    /// Turn discards of freed blocks on the data device on (the default) or off for
-    /// as long as the pool is open (`serve --no-discard`); nothing is stored.
+    /// Turn discards of freed space on (the default) or off for as long as the pool
+    /// is open (`serve --no-discard`); nothing is stored. Both devices: freed data
+    /// blocks on the data device, freed page-store slots on the metadata device.
     pub fn set_discard_enabled(&self, enabled: bool) {
         self.inner.devices.data().set_discard_enabled(enabled);
+        self.inner.devices.meta().set_discard_enabled(enabled);
     }
 
     /// Run a compaction round over every slab now (the pool also runs one in the
