@@ -321,7 +321,7 @@ fn pool_grow_takes_a_loop_device_resized_with_losetup_c_while_served() {
 
     // What was written before and after the grow reads back, from the pool reopened.
     for (volume, file, len) in [("vm", &early, 8 * MIB), ("big", &late, 80 * MIB)] {
-        let out = dir.join(format!("{volume}.out"));
+        let out = dir.join(&format!("{volume}.out"));
         fewerbytes_ok(
             &dev,
             &["volume", "export", volume, out.to_str().expect("utf-8")],

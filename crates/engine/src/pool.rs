@@ -556,6 +556,12 @@ impl Pool {
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
+        if opts.no_discard {
+            // Before the open's checkpoint, which retires the slots of the pages it
+            // rewrites.
+            inner.devices.data().set_discard_enabled(false);
+            inner.devices.meta().set_discard_enabled(false);
+        }
         crate::load::load(&inner, &sb)?;
         let thread_inner = inner.clone();
         let handle = std::thread::Builder::new()

@@ -87,6 +87,7 @@ fn open(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
+    no_discard: false,
 };
 
 /// The versions of the two super block copies of `image`, each `None` if invalid.

@@ -144,6 +144,7 @@ impl Devices {
             &OpenOptions {
                 threads: Some(2),
                 index_memory_bytes: None,
+                no_discard: false,
             },
         )
     }
