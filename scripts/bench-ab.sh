@@ -12,6 +12,7 @@
 #   4k-mix      4k randwrite QD32 x JOBS, 75% dup / 50% compressible
 #   128k-mix    128k write QD8, same mix
 #   512-random  512-byte randwrite QD32, random data (partial blocks: read-modify-write)
+#   128k-random 128k write QD8, random data (incompressible, unique)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,6 +78,7 @@ run_fio() {
         4k-mix) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" "${mix[@]}") ;;
         128k-mix) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${mix[@]}") ;;
         512-random) args=(--rw=randwrite --bs=512 --iodepth=32 --numjobs=1 "${random[@]}") ;;
+        128k-random) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${random[@]}") ;;
         *) echo "unknown workload $1" >&2; exit 1 ;;
     esac
     local start end

@@ -3,6 +3,7 @@
 #
 #   scripts/bench-profile.sh                    # 4k randwrite QD32x4 and 128k write QD8, seed mix
 #   WORKLOADS="128k-mix" RUNTIME=30 scripts/bench-profile.sh
+#   WORKLOADS="4k-random 128k-random" scripts/bench-profile.sh   # incompressible, unique data
 #
 # For each workload: a fresh pool (a file in BENCH_DIR, twice the volume) served over TCP,
 # fio as in bench.sh, and while it runs (after WARMUP seconds) two perf passes over the
@@ -46,10 +47,13 @@ guest_bytes() {
 
 for w in $WORKLOADS; do
     case $w in
-        4k-mix) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" --size="$JOB_SIZE" --offset_increment="$JOB_SIZE") ;;
-        128k-mix) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 --size="$volume_bytes") ;;
+        4k-mix | 4k-random) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" --size="$JOB_SIZE" --offset_increment="$JOB_SIZE") ;;
+        128k-mix | 128k-random) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 --size="$volume_bytes") ;;
         *) echo "unknown workload $w" >&2; exit 1 ;;
     esac
+    # The seed's mix, or fio's default random buffers (incompressible, unique).
+    data=("${mix[@]}")
+    [[ $w == *-random ]] && data=(--refill_buffers --randrepeat=0)
     rm -f "$pool"*
     "$FB" pool create "$pool" --size $((volume_bytes * 2)) >/dev/null
     "$FB" --pool "$pool" volume create vol --size "$volume_bytes" >/dev/null
@@ -58,7 +62,7 @@ for w in $WORKLOADS; do
     server_pid=$!
     for _ in $(seq 100); do nbdinfo "nbd://127.0.0.1:$PORT/vol" >/dev/null 2>&1 && break; sleep 0.1; done
     fio --name=profile --ioengine=nbd --uri="nbd://127.0.0.1:$PORT/vol" --time_based --runtime="$RUNTIME" \
-        --end_fsync=1 --group_reporting "${args[@]}" "${mix[@]}" >"$dir/fio.txt" 2>&1 &
+        --end_fsync=1 --group_reporting "${args[@]}" "${data[@]}" >"$dir/fio.txt" 2>&1 &
     fio_pid=$!
     sleep "$WARMUP"
 

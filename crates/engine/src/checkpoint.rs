@@ -559,6 +559,15 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     if wb.spilled {
         // Page references may now name data blocks (docs/format.md, flags).
         sb.flags |= FLAG_DATA_REGION_PAGES;
+        let in_data_region = wb
+            .pages
+            .iter()
+            .filter(|p| address_block(p.address).is_some())
+            .count();
+        inner
+            .volumes
+            .reservations()
+            .taken_for_metadata(in_data_region as u64);
     }
     if sb.version == FORMAT_VERSION_1 {
         // This snapshot is the upgrade: every page above went to a free slot, or

@@ -13,7 +13,6 @@ use crate::Result;
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::location::{Codec, Location};
 use fewerbytes_format::BLOCK_BYTES;
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// How often the compactor looks for freed fragments.
@@ -181,7 +180,8 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
 /// `COMPACT_LIVE_PERCENT_MAX` live, up to `COMPACT_BLOCKS_PER_ROUND` blocks.
 fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
     let slab = inner.depot.slab(s).lock();
-    let mut live: HashMap<u32, (u64, bool)> = HashMap::new(); // block → (live bytes, holds a whole block)
+    // By block of the slab: (live bytes, holds a whole block).
+    let mut live: Vec<(u64, bool)> = vec![(0, false); slab.block_count() as usize];
     let mut fragments: Vec<Victim> = Vec::new();
     for i in 0..slab.objects() {
         let rec = slab.rec(i);
@@ -193,9 +193,9 @@ fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
         };
         let (first, count) = loc.blocks();
         for b in first..first + count {
-            let e = live
-                .entry((b - slab.first_pbn()) as u32)
-                .or_insert((0, false));
+            let Some(e) = live.get_mut((b - slab.first_pbn()) as usize) else {
+                continue;
+            };
             match loc {
                 Location::Block { .. } => e.1 = true,
                 Location::Fragment {
@@ -216,15 +216,16 @@ fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
             });
         }
     }
+    // A packed block with some live bytes, but few.
     let is_victim = |b: u32| {
-        live.get(&b).is_some_and(|&(bytes, whole)| {
+        live.get(b as usize).is_some_and(|&(bytes, whole)| {
             !whole
+                && bytes > 0
                 && bytes * 100 < BLOCK_BYTES as u64 * COMPACT_LIVE_PERCENT_MAX
                 && !slab.is_open(b)
         })
     };
-    let mut chosen: Vec<u32> = live.keys().copied().filter(|b| is_victim(*b)).collect();
-    chosen.sort_unstable();
+    let mut chosen: Vec<u32> = (0..live.len() as u32).filter(|b| is_victim(*b)).collect();
     chosen.truncate(COMPACT_BLOCKS_PER_ROUND);
     let chosen: std::collections::HashSet<u32> = chosen.into_iter().collect();
     // Every fragment touching a victim moves, so victims end up empty (a fragment
@@ -253,11 +254,14 @@ pub(crate) fn compact_all(inner: &Inner) -> Result<u64> {
     Ok(total)
 }
 
-/// The compactor thread: after fragments were freed, a round over every slab.
+/// The compactor thread: after fragments were freed, a round over the slabs that
+/// freed some (a slab's scan reads every object record with the slab locked, so
+/// a round over every slab of a large pool, every half second of a busy write
+/// load, cost a tenth of the server's CPU).
 pub(crate) fn compact_loop(inner: &Inner) {
-    // A round empties a bounded number of blocks per slab: while rounds still
-    // find work, the next one follows without waiting for new frees.
-    let mut more = false;
+    // A round empties a bounded number of blocks per slab: a slab that still had
+    // work is looked at again next round without waiting for new frees.
+    let mut again: Vec<bool> = Vec::new();
     while !inner.devices.is_closed() {
         // Closing the pool wakes this sleep.
         inner
@@ -266,14 +270,25 @@ pub(crate) fn compact_loop(inner: &Inner) {
         if inner.devices.is_closed() {
             break;
         }
-        if inner.depot.take_fragment_frees() == 0 && !more {
+        if inner.depot.take_fragment_frees() == 0 && !again.contains(&true) {
             continue;
         }
-        match compact_all(inner) {
-            Ok(emptied) => more = emptied > 0,
-            Err(e) => {
-                tracing::debug!("compaction stopped: {e}");
-                more = false;
+        again.resize(inner.geometry.slab_count() as usize, false);
+        for (s, more) in (0..).zip(again.iter_mut()) {
+            if inner.devices.is_closed() {
+                break;
+            }
+            let freed = inner.depot.slab(s).lock().take_fragments_freed();
+            if !freed && !*more {
+                continue;
+            }
+            match compact_slab(inner, s) {
+                Ok(emptied) => *more = emptied > 0,
+                Err(e) => {
+                    tracing::debug!("compaction stopped: {e}");
+                    *more = false;
+                    break;
+                }
             }
         }
     }

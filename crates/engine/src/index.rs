@@ -130,6 +130,9 @@ pub struct DedupIndex {
     group_shift: u32,
     /// Bits of a slot holding the group (+ 1, so an empty slot is 0).
     group_bits: u32,
+    /// Each shard's words as an address and a length, for [`DedupIndex::prefetch`]
+    /// (read without the shard's lock; a shard's words are never reallocated).
+    words_at: Vec<(usize, usize)>,
 }
 
 /// Bits needed to write `x`.
@@ -196,7 +199,7 @@ impl DedupIndex {
             group_shift += 1;
         }
         let group_bits = bits_of(objects.div_ceil(1 << group_shift));
-        let shards = (0..INDEX_SHARDS)
+        let shards: Vec<Mutex<Shard>> = (0..INDEX_SHARDS)
             .map(|s| {
                 Mutex::new(Shard {
                     words: vec![0; words],
@@ -206,8 +209,16 @@ impl DedupIndex {
                 })
             })
             .collect();
+        let words_at = shards
+            .iter()
+            .map(|shard| {
+                let shard = shard.lock();
+                (shard.words.as_ptr().expose_provenance(), shard.words.len())
+            })
+            .collect();
         DedupIndex {
             shards,
+            words_at,
             lossy: AtomicBool::new(false),
             neighbour_hits: AtomicU64::new(0),
             buckets_per_shard,
@@ -284,6 +295,36 @@ impl DedupIndex {
 
     fn tag_of(&self, value: u64) -> u64 {
         value >> self.group_bits
+    }
+
+    /// Start loading into the CPU's cache the two buckets a lookup of `fp` reads: a
+    /// write step hashes its blocks together and prefetches them all before looking
+    /// any up, so the lookups' cache misses (the index was 13% of the CPU of 128k
+    /// writes of new data) overlap instead of following one another. Reads nothing.
+    pub fn prefetch(&self, fp: &[u8; 32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (s, b1, tag) = self.place(fp);
+            let Some(&(at, len)) = self.words_at.get(s) else {
+                return;
+            };
+            for bucket in [b1, self.other(b1, tag)] {
+                let word = (bucket * BUCKET_SLOTS as u64 * u64::from(SLOT_BITS) / 64) as usize;
+                if word < len {
+                    let p = std::ptr::with_exposed_provenance::<u64>(at).wrapping_add(word);
+                    // SAFETY: a prefetch is a hint: it reads nothing into the program
+                    // and never faults, whatever the address (here one inside the
+                    // shard's words).
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            p.cast::<i8>(),
+                        );
+                    }
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = fp;
     }
 
     /// Candidate groups for `fp`, distinct (at most [`MAX_CANDIDATES`]): the

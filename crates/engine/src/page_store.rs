@@ -66,17 +66,31 @@ impl PageStore {
             }
         }
     }
-    /// Allocate a slot.
+    /// Allocate a slot: the first free one at or after the cursor, wrapping round
+    /// (so slots are used in turn). A word of 64 slots at a time, and nothing to
+    /// scan when every slot is used: a pool whose store is full (its pages go to
+    /// data blocks) asks for a slot for every page a checkpoint writes.
     pub fn alloc(&mut self) -> Option<u32> {
-        for _ in 0..self.slots {
-            let s = self.cursor;
-            self.cursor = if self.cursor + 1 >= self.slots {
-                1
-            } else {
-                self.cursor + 1
-            };
-            if !self.is_used(s) {
+        if self.used >= self.slots {
+            return None;
+        }
+        let words = self.words.len() as u64;
+        let first = self.cursor / 64;
+        // The first word once from the cursor on, then every word, then the first
+        // word's slots below the cursor.
+        for i in 0..=words {
+            let w = (first + i) % words;
+            let mut free = !self.words.get(w as usize).copied().unwrap_or(u64::MAX);
+            if i == 0 {
+                free &= u64::MAX << (self.cursor % 64);
+            }
+            if w == words - 1 && !self.slots.is_multiple_of(64) {
+                free &= (1u64 << (self.slots % 64)) - 1;
+            }
+            if free != 0 {
+                let s = w * 64 + u64::from(free.trailing_zeros());
                 self.mark(s);
+                self.cursor = if s + 1 >= self.slots { 1 } else { s + 1 };
                 return u32::try_from(s).ok();
             }
         }
@@ -191,6 +205,7 @@ pub(crate) fn page_address(r: &PageRef) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing)]
 mod tests {
     use super::{slot_runs, PageStore};
 
@@ -204,14 +219,54 @@ mod tests {
         );
     }
 
+    /// The slot a next-fit scan one slot at a time would give (the allocator as it
+    /// was before it scanned by words).
+    fn next_fit(used: &[bool], cursor: u64) -> Option<u64> {
+        let slots = used.len() as u64;
+        (0..slots)
+            .map(|i| {
+                let s = cursor + i;
+                if s >= slots {
+                    s - slots + 1
+                } else {
+                    s
+                }
+            })
+            .find(|s| !used[*s as usize])
+    }
+
     #[test]
-    fn a_slot_marked_used_is_never_allocated() {
-        let mut store = PageStore::new(4);
-        store.mark(1);
-        store.mark(2);
-        assert_eq!(store.alloc(), Some(3));
-        assert_eq!(store.alloc(), None, "slot 0 is never used, 1-3 are taken");
-        store.free(2);
-        assert_eq!(store.alloc(), Some(2));
+    fn alloc_gives_the_next_free_slot_in_turn_and_none_when_full() {
+        for slots in [2u64, 63, 64, 65, 130, 1000] {
+            let mut store = PageStore::new(slots);
+            let mut used = vec![false; slots as usize];
+            used[0] = true;
+            let mut cursor = 1;
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ slots;
+            for _ in 0..4000 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if seed.is_multiple_of(3) {
+                    let s = 1 + seed % (slots - 1).max(1);
+                    if s < slots && used[s as usize] {
+                        store.free(s);
+                        used[s as usize] = false;
+                    }
+                    continue;
+                }
+                let want = next_fit(&used, cursor);
+                let got = store.alloc().map(u64::from);
+                assert_eq!(got, want, "{slots} slots");
+                if let Some(s) = got {
+                    used[s as usize] = true;
+                    cursor = if s + 1 >= slots { 1 } else { s + 1 };
+                }
+                assert_eq!(
+                    store.free_slots(),
+                    used.iter().filter(|u| !**u).count() as u64
+                );
+            }
+        }
     }
 }

@@ -109,6 +109,21 @@ impl Reservations {
         self.budget_blocks.store(0, Ordering::Release);
     }
 
+    /// Blocks free beyond every withheld block, as the write budget has them now (0
+    /// when an exact count is due): what a checkpoint's pages may take from the data
+    /// region without touching a reservation (`Inner::page_store_pressed`).
+    pub(crate) fn spare_blocks(&self) -> u64 {
+        self.budget_blocks.load(Ordering::Acquire).max(0) as u64
+    }
+
+    /// A checkpoint put `blocks` pages in free data blocks, which the write budget
+    /// still counts as free: spend them from it (the next exact count finds them
+    /// used, and those the pages leave free again).
+    pub(crate) fn taken_for_metadata(&self, blocks: u64) {
+        self.budget_blocks
+            .fetch_sub(blocks.min(i64::MAX as u64) as i64, Ordering::AcqRel);
+    }
+
     /// Forget a deleted volume.
     pub(crate) fn remove(&self, id: u64) {
         self.by_id.write().remove(&id);

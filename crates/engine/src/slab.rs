@@ -191,6 +191,8 @@ pub struct Slab {
     /// (`slab_depot.rs: METADATA_HEADROOM_BLOCKS`); 0 in pools that keep every page
     /// in the page store.
     metadata_headroom: u32,
+    /// A fragment was freed since the compactor last looked at this slab.
+    fragments_freed: bool,
 }
 
 impl Slab {
@@ -221,6 +223,7 @@ impl Slab {
             open_blocks: Vec::new(),
             dirty_pages,
             metadata_headroom: 0,
+            fragments_freed: false,
         }
     }
 
@@ -600,12 +603,19 @@ impl Slab {
         *rec = ObjRec::default();
         self.pending_objects.push(i);
         if let Ok(loc) = Location::decode(freed.location) {
+            self.fragments_freed |= matches!(loc, Location::Fragment { .. });
             let (first, count) = loc.blocks();
             for b in first..first + count {
                 self.drop_block((b - first_pbn) as u32)?;
             }
         }
         Ok(Some(freed))
+    }
+
+    /// Whether a fragment was freed since the last call: a packed block of this
+    /// slab may now be worth compacting (the compactor's cue, per slab).
+    pub fn take_fragments_freed(&mut self) -> bool {
+        std::mem::take(&mut self.fragments_freed)
     }
 
     /// Take the pending frees; they become allocatable after the next checkpoint.

@@ -139,6 +139,9 @@ impl StepFingerprints {
             return step;
         };
         inner.geometry.fingerprint_many(blocks, out);
+        for fp in out.iter() {
+            inner.depot.index().prefetch(fp);
+        }
         for (&k, fp) in pieces.iter().zip(out.iter()) {
             if let Some(slot) = step.fps.get_mut(k) {
                 *slot = *fp;
