@@ -322,6 +322,36 @@ if t.pread(16 << 20, 8 << 20) != image[8 << 20:24 << 20]:
 print(f"{len(handles)} clones attached at once")
 "#;
 
+/// What thin volumes may promise has no bound but the format's (issue 13): a 64 MiB
+/// pool makes three thin volumes of 4 PiB, takes an image into one of them and checks
+/// clean; a volume of 5 PiB is refused with the limit.
+#[test]
+fn a_64m_pool_promises_thin_4p_volumes_and_refuses_5p() {
+    let dir = TempDir::new("petabytes");
+    let pool = dir.join("test.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "64M"]);
+    for name in ["vm1", "vm2", "vm3"] {
+        fewerbytes_ok(&pool, &["volume", "create", name, "--size", "4P", "--thin"]);
+    }
+    assert_eq!(number(&pool_info(&pool), "promised_bytes"), 12 << 50);
+    let why = refused(
+        &pool,
+        &["volume", "create", "vm4", "--size", "5P", "--thin"],
+    );
+    assert!(why.contains("a volume is at most 4.00 PiB"), "{why}");
+
+    let image = dir.join("disk.img");
+    std::fs::write(&image, mixed_image(64, 13)).expect("write the image");
+    let image_str = image.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["volume", "import", "vm2", image_str]);
+    let info = json(&fewerbytes_ok(&pool, &["volume", "info", "vm2", "--json"]));
+    assert_eq!(number(&info, "size_bytes"), 4 << 50, "{info:#}");
+    // The image's 64 blocks lie in one map page: the only one in memory.
+    assert_eq!(number(&info, "map_pages"), 1, "{info:#}");
+    assert_check_clean(&pool);
+}
+
 #[test]
 fn a_32g_device_holds_a_20g_template_and_seven_thin_clones() {
     let dir = TempDir::new("clones32");

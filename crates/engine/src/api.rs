@@ -108,7 +108,10 @@ pub struct PoolInfo {
     pub data_bytes: u64,
     /// Bytes the metadata regions take.
     pub metadata_bytes: u64,
-    /// Logical bytes volumes may add up to (= data_bytes unless overcommitted).
+    /// Logical bytes thick volumes can address (the data region less the reserve;
+    /// 4 times that in a pool made with the former overcommit flag). Not a limit on
+    /// thin volumes, which may promise up to the format's maximum (4,096 volumes of
+    /// 4 PiB each).
     pub addressable_bytes: u64,
     /// Sum of volume sizes: what the volumes promise (the same as `promised_bytes`).
     pub allocated_bytes: u64,
@@ -206,6 +209,14 @@ pub struct VolumeInfo {
     /// Thin or partly reserved: its reservation is fixed, not its size.
     #[serde(default)]
     pub thin: bool,
+    /// Block-map pages in memory: those written (504 entries, 4 KiB each), never
+    /// more because the volume is large.
+    #[serde(default)]
+    pub map_pages: u64,
+    /// Bytes of memory the block map takes: its pages' entries and the chunks of
+    /// page slots that hold them.
+    #[serde(default)]
+    pub map_memory_bytes: u64,
 }
 
 /// A range of a volume, by what backs it.

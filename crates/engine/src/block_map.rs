@@ -1,117 +1,22 @@
 //! Block maps: per volume, logical block → map entry, in pages of 504 entries.
 //!
-//! A page is allocated when first written, locked on its own (the logical zone's
+//! A page is allocated when first written (`map_pages.rs`: only written pages are
+//! in memory, whatever the volume's size), locked on its own (the logical zone's
 //! unit), marked dirty when changed and written back at checkpoints; the journal
 //! makes every change between checkpoints recoverable.
 
 use crate::counters::Counters;
 use crate::dir_tree::DirTree;
-use fewerbytes_format::location::MapEntry;
+use crate::map_pages::{MapPage, MapPages};
+use fewerbytes_format::location::{MapEntry, ObjectId};
 use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
-use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use parking_lot::{
+    MappedRwLockReadGuard, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// Entries per page, as a u64 for LBN arithmetic.
 pub const ENTRIES_PER_PAGE: u64 = MAP_ENTRIES_PER_PAGE as u64;
-
-/// One page of a block map.
-#[derive(Default)]
-pub struct MapPage {
-    /// Encoded entries; `None` while the page has never been written (all unmapped).
-    entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
-    /// Changed since the last checkpoint snapshot.
-    dirty: bool,
-    /// Its durable copy (none: never written).
-    durable: PageRef,
-}
-
-impl MapPage {
-    /// Entry `i` of the page.
-    pub fn get(&self, i: usize) -> MapEntry {
-        MapEntry::decode(
-            self.entries
-                .as_ref()
-                .and_then(|e| e.get(i).copied())
-                .unwrap_or(0),
-        )
-    }
-
-    /// Set entry `i`; returns the old entry. A page that turns dirty counts in `dirty_pages`.
-    pub fn set(&mut self, i: usize, entry: MapEntry, dirty_pages: &AtomicU64) -> MapEntry {
-        let entries = self
-            .entries
-            .get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
-        let old = entries
-            .get(i)
-            .copied()
-            .map(MapEntry::decode)
-            .unwrap_or(MapEntry::Unmapped);
-        if let Some(e) = entries.get_mut(i) {
-            *e = entry.encode();
-        }
-        self.turn_dirty(dirty_pages);
-        old
-    }
-
-    fn turn_dirty(&mut self, dirty_pages: &AtomicU64) {
-        if !self.dirty {
-            self.dirty = true;
-            dirty_pages.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether the page was ever written (else every entry is unmapped).
-    pub fn is_written(&self) -> bool {
-        self.entries.is_some()
-    }
-
-    /// The encoded entries, if the page was ever written.
-    pub fn encoded_entries(&self) -> Option<&[u64; MAP_ENTRIES_PER_PAGE]> {
-        self.entries.as_deref()
-    }
-
-    /// Whether the page changed since the last checkpoint snapshot.
-    pub fn is_dirty(&self) -> bool {
-        self.dirty
-    }
-
-    /// Its durable copy (none: never written).
-    pub fn durable(&self) -> PageRef {
-        self.durable
-    }
-
-    /// A checkpoint wrote the page at `at`: that is its durable copy now.
-    pub fn written(&mut self, at: PageRef) {
-        self.durable = at;
-        self.dirty = false;
-    }
-
-    /// The page as loaded from its durable copy at `from`.
-    pub fn loaded(&mut self, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
-        self.entries = Some(entries);
-        self.durable = from;
-        self.dirty = false;
-    }
-
-    /// The page has no durable copy any more (a version-1 pool's upgrade writes every
-    /// page afresh): dirty if it holds entries.
-    pub fn forget_durable(&mut self) {
-        self.durable = PageRef::NONE;
-        self.dirty = self.entries.is_some();
-    }
-
-    /// A clone's page: the entries of `from`, dirty. Returns the entries copied.
-    pub fn copy_from<'a>(
-        &mut self,
-        from: &'a MapPage,
-        dirty_pages: &AtomicU64,
-    ) -> Option<&'a [u64; MAP_ENTRIES_PER_PAGE]> {
-        let entries = from.entries.as_ref()?;
-        self.entries = Some(entries.clone());
-        self.turn_dirty(dirty_pages);
-        Some(entries)
-    }
-}
 
 /// A volume's state in memory.
 pub struct VolumeState {
@@ -123,8 +28,8 @@ pub struct VolumeState {
     name: RwLock<String>,
     /// Size in 4 KiB blocks.
     size_blocks: AtomicU64,
-    /// Map pages (the vector is resized under the write lock).
-    pages: RwLock<Vec<Mutex<MapPage>>>,
+    /// Map pages in memory (chunks are made and dropped under the write lock).
+    pages: RwLock<MapPages>,
     /// Directory tree of the durable map (checkpoint-owned).
     dirs: Mutex<DirTree>,
     /// Open handles.
@@ -157,13 +62,12 @@ impl VolumeState {
 
     /// A volume with an empty map of `size_blocks`.
     pub fn new(slot: u16, id: u64, name: String, size_blocks: u64) -> Self {
-        let pages = size_blocks.div_ceil(ENTRIES_PER_PAGE);
         VolumeState {
             slot,
             id,
             name: RwLock::new(name),
             size_blocks: AtomicU64::new(size_blocks),
-            pages: RwLock::new((0..pages).map(|_| Mutex::new(MapPage::default())).collect()),
+            pages: RwLock::new(MapPages::new(size_blocks.div_ceil(ENTRIES_PER_PAGE))),
             dirs: Mutex::new(DirTree::default()),
             users: AtomicU32::new(0),
             deleted: AtomicBool::new(false),
@@ -183,10 +87,45 @@ impl VolumeState {
         self.id
     }
 
-    /// The map pages, held so the map is not resized meanwhile (a page is changed
-    /// under its own lock).
-    pub fn map_pages(&self) -> RwLockReadGuard<'_, Vec<Mutex<MapPage>>> {
+    /// The map pages in memory, held so the map is not resized meanwhile (a page is
+    /// changed under its own lock).
+    pub fn map_pages(&self) -> RwLockReadGuard<'_, MapPages> {
         self.pages.read()
+    }
+
+    /// Page `p`, made in memory if it was not (a write's): `None` past the map's end.
+    /// The common case, a page in memory, takes the read lock and one lookup; the
+    /// first write into a chunk takes the write lock once to make it.
+    pub fn page_for_write(&self, p: u64) -> Option<MappedRwLockReadGuard<'_, Mutex<MapPage>>> {
+        match RwLockReadGuard::try_map(self.pages.read(), |pages| pages.get(p)) {
+            Ok(page) => return Some(page),
+            Err(pages) if p >= pages.len() => return None,
+            Err(_) => {}
+        }
+        let mut pages = self.pages.write();
+        if !pages.make(p) {
+            return None;
+        }
+        RwLockReadGuard::try_map(RwLockWriteGuard::downgrade(pages), |pages| pages.get(p)).ok()
+    }
+
+    /// Load page `p` from its durable copy at `from` (`load.rs`).
+    pub fn load_page(&self, p: u64, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
+        let mut pages = self.pages.write();
+        if pages.make(p) {
+            if let Some(page) = pages.get(p) {
+                page.lock().loaded(entries, from);
+            }
+        }
+    }
+
+    /// The block map's memory: the pages written (each holds its entries), and the
+    /// bytes those entries and the chunks of page slots take.
+    pub fn map_memory(&self) -> (u64, u64) {
+        let (slots, written) = self.pages.read().in_memory();
+        let bytes = slots / crate::map_pages::CHUNK_PAGES * MapPages::chunk_bytes()
+            + written * (MAP_ENTRIES_PER_PAGE * 8) as u64;
+        (written, bytes)
     }
 
     /// The directory tree of the durable map (the checkpoint's and the load's).
@@ -256,7 +195,7 @@ impl VolumeState {
     /// The entry of `lbn`.
     pub fn get(&self, lbn: u64) -> MapEntry {
         let pages = self.pages.read();
-        match pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
+        match pages.get(lbn / ENTRIES_PER_PAGE) {
             Some(p) => p.lock().get((lbn % ENTRIES_PER_PAGE) as usize),
             None => MapEntry::Unmapped,
         }
@@ -279,30 +218,67 @@ impl VolumeState {
         }
     }
 
-    /// Visit every entry that is not unmapped: (lbn, entry).
+    /// Visit every entry that is not unmapped: (lbn, entry). Only pages in memory
+    /// are visited.
     pub fn for_each_mapped(&self, mut f: impl FnMut(u64, MapEntry)) {
         let pages = self.pages.read();
-        for (p, page) in pages.iter().enumerate() {
+        for (p, page) in pages.iter() {
             let page = page.lock();
-            if let Some(entries) = &page.entries {
+            if let Some(entries) = page.encoded_entries() {
                 for (i, raw) in entries.iter().enumerate() {
                     if *raw != 0 {
-                        f(
-                            p as u64 * ENTRIES_PER_PAGE + i as u64,
-                            MapEntry::decode(*raw),
-                        );
+                        f(p * ENTRIES_PER_PAGE + i as u64, MapEntry::decode(*raw));
                     }
                 }
             }
         }
     }
 
-    /// Grow or shrink the page vector to `size_blocks`; entries past the end must be
-    /// unmapped by the caller first.
+    /// Unmap every entry from `lbn` on, before a shrink to `lbn` blocks
+    /// ([`Self::set_size`]): counts the change, and returns the objects released (once
+    /// per entry) and the durable copies of the pages wholly past `lbn`, which the
+    /// shrink's checkpoint retires. Visits the pages in memory only.
+    pub fn unmap_from(&self, lbn: u64, dirty_pages: &AtomicU64) -> (Vec<ObjectId>, Vec<PageRef>) {
+        let mut released = Vec::new();
+        let mut retired = Vec::new();
+        let keep = lbn.div_ceil(ENTRIES_PER_PAGE);
+        let pages = self.pages.read();
+        for (p, page) in pages.iter_from(lbn / ENTRIES_PER_PAGE) {
+            let mut page = page.lock();
+            if p >= keep {
+                retired.push(page.durable());
+            }
+            if !page.is_written() {
+                continue;
+            }
+            let first = lbn.saturating_sub(p * ENTRIES_PER_PAGE) as usize;
+            for i in first..MAP_ENTRIES_PER_PAGE {
+                if page.get(i) != MapEntry::Unmapped {
+                    let old = page.set(i, MapEntry::Unmapped, dirty_pages);
+                    self.account(old, MapEntry::Unmapped);
+                    released.extend(old.object());
+                }
+            }
+        }
+        (released, retired)
+    }
+
+    /// A clone's map: every written page of `source` copied, dirty, and its usage
+    /// counts. Returns the objects the copied entries name, once per entry.
+    pub fn copy_map_from(&self, source: &VolumeState, dirty_pages: &AtomicU64) -> Vec<ObjectId> {
+        let shared = self
+            .pages
+            .write()
+            .copy_from(&source.pages.read(), dirty_pages);
+        self.copy_usage(source);
+        shared
+    }
+
+    /// Change the size to `size_blocks`; entries past the end must be unmapped by the
+    /// caller first ([`Self::unmap_from`]).
     pub fn set_size(&self, size_blocks: u64) {
         let mut pages = self.pages.write();
-        let want = size_blocks.div_ceil(ENTRIES_PER_PAGE) as usize;
-        pages.resize_with(want, || Mutex::new(MapPage::default()));
+        pages.set_len(size_blocks.div_ceil(ENTRIES_PER_PAGE));
         self.size_blocks.store(size_blocks, Ordering::Release);
     }
 }

@@ -12,7 +12,7 @@
 //! freed before the snapshot are discarded on their device and become reusable.
 
 use crate::block_map::ENTRIES_PER_PAGE;
-use crate::dir_tree::DirTree;
+use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::Work;
 use crate::page_store::{address_block, discard_slots, page_address, PageStore};
@@ -25,13 +25,14 @@ use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::ADDRESS_DATA_REGION;
 use fewerbytes_format::page::{
     encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
-    FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
+    FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES, REFS_PER_DIR_PAGE,
 };
 use fewerbytes_format::superblock::{
     SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
+use std::collections::BTreeSet;
 
 /// Owner id of the directory pages of the slab object table (version 1) and of the
 /// count table (version 2).
@@ -167,89 +168,96 @@ impl Writeback<'_> {
         }
     }
 
-    /// Rewrite the directory tree of a table of pages `refs`: at level 1 the pages
-    /// `dirty` marks (`dirty[k]`: a page under directory page `k` moved) and those
-    /// never written, and the one over the table's end when its length changed; then
-    /// at each level above the pages over a rewritten one, up to the top list the
-    /// catalog holds. Levels the table no longer needs retire.
+    /// Rewrite the directory tree of a table of `pages` pages whose written pages
+    /// are `refs`: at level 1 the pages `dirty` marks (a page under directory page
+    /// `k` moved) and those never written over a page that is, and the one over the
+    /// table's end when its length changed; then at each level above the pages over
+    /// a rewritten one, up to the top list the catalog holds. Levels the table no
+    /// longer needs retire.
     fn write_tree(
         &mut self,
         tree: &mut DirTree,
-        refs: &[PageRef],
-        dirty: &[bool],
+        pages: u64,
+        refs: &[(u64, PageRef)],
+        mut dirty: BTreeSet<u64>,
         owner: u64,
     ) -> Result<()> {
-        let depth = level_sizes(refs.len() as u64)
+        let depth = level_sizes(pages)
             .ok_or_else(|| {
                 EngineError::Refused(format!(
-                    "a table of {} pages needs more than {MAX_DEPTH} directory levels",
-                    refs.len()
+                    "a table of {pages} pages needs more than {MAX_DEPTH} directory levels"
                 ))
             })?
             .len();
-        let mut dirty = dirty.to_vec();
-        if let Some(last) = tree.reshape(depth, refs.len(), &mut self.old_slots) {
-            mark_dir(&mut dirty, last);
+        if let Some(last) = tree.reshape(depth, pages, &mut self.old_slots) {
+            dirty.insert(last / PER_DIR);
         }
+        // The level below: its length and its written pages.
+        let (mut len, mut children) = (pages, refs);
+        let mut written: SparseRefs;
         for k in 0..depth {
-            let Some((children, dirs)) = tree.level_to_write(k, refs) else {
+            let Some(dirs) = tree.level_mut(k) else {
                 break;
             };
             let level = k as u8 + 1;
-            dirty = self.write_level(dirs, children, &dirty, owner, level)?;
+            dirty = self.write_level(dirs, len, children, &dirty, owner, level)?;
+            len = dirs.len();
+            written = dirs.refs().collect();
+            children = &written;
         }
         Ok(())
     }
 
-    /// Rewrite the directory pages of one level over `children` (`dirty` as in
-    /// [`Self::write_tree`]). Returns the dirty marks of the level above: the pages
-    /// over a rewritten page, and over the last page when this level's length changed.
+    /// Rewrite the directory pages of one level over `len` children of which `refs`
+    /// were written (`dirty` as in [`Self::write_tree`]). Returns the dirty marks of
+    /// the level above: the pages over a rewritten page, and over the last page when
+    /// this level's length changed. A page's payload holds the references of its
+    /// children in order, NONE (zeros) for those never written.
     fn write_level(
         &mut self,
-        dirs: &mut Vec<PageRef>,
-        children: &[PageRef],
-        dirty: &[bool],
+        dirs: &mut DirLevel,
+        len: u64,
+        refs: &[(u64, PageRef)],
+        dirty: &BTreeSet<u64>,
         owner: u64,
         level: u8,
-    ) -> Result<Vec<bool>> {
-        let want = children.len().div_ceil(REFS_PER_DIR_PAGE);
-        let mut above = vec![false; want.div_ceil(REFS_PER_DIR_PAGE)];
+    ) -> Result<BTreeSet<u64>> {
+        let want = len.div_ceil(PER_DIR);
+        let mut above = BTreeSet::new();
         if dirs.len() != want {
-            if let Some(d) = want
-                .checked_sub(1)
-                .and_then(|last| above.get_mut(last / REFS_PER_DIR_PAGE))
-            {
-                *d = true;
+            if let Some(last) = want.checked_sub(1) {
+                above.insert(last / PER_DIR);
             }
         }
-        while dirs.len() > want {
-            if let Some(r) = dirs.pop() {
-                self.old_slots.extend(page_address(&r));
-            }
-        }
-        dirs.resize(want, PageRef::NONE);
+        dirs.set_len(want, &mut self.old_slots);
+        // Those marked, and those never written over a child that was.
+        let mut rewrite: BTreeSet<u64> = dirty.range(..want).copied().collect();
+        rewrite.extend(
+            refs.iter()
+                .map(|(i, _)| i / PER_DIR)
+                .filter(|&k| dirs.get(k).is_none()),
+        );
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
-        for (k, chunk) in children.chunks(REFS_PER_DIR_PAGE).enumerate() {
-            let Some(current) = dirs.get_mut(k) else {
-                continue;
-            };
-            let unwritten = current.is_none() && chunk.iter().any(|r| !r.is_none());
-            if !dirty.get(k).copied().unwrap_or(false) && !unwritten {
-                continue;
-            }
+        for k in rewrite {
+            let first = k * PER_DIR;
             payload.fill(0);
             let mut w = Writer::new(&mut payload);
-            chunk.iter().for_each(|r| r.encode(&mut w));
+            let from = refs.partition_point(|(i, _)| *i < first);
+            let under = refs.get(from..).unwrap_or_default();
+            for (i, r) in under.iter().take_while(|(i, _)| *i < first + PER_DIR) {
+                w.seek((i - first) as usize * PAGE_REF_BYTES);
+                r.encode(&mut w);
+            }
             let name = PageName {
                 kind: PageKind::Directory,
                 level,
                 owner,
-                index: k as u64,
+                index: k,
             };
-            *current = self.place(name, chunk.len() as u32, &payload, *current)?;
-            if let Some(d) = above.get_mut(k / REFS_PER_DIR_PAGE) {
-                *d = true;
-            }
+            let count = (len - first).min(PER_DIR) as u32;
+            let at = self.place(name, count, &payload, dirs.get(k))?;
+            dirs.set(k, at);
+            above.insert(k / PER_DIR);
         }
         Ok(above)
     }
@@ -286,9 +294,13 @@ impl Writeback<'_> {
                 let name = PageName::table(PageKind::Counts, u64::from(s), c as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Counts, c, r);
-                mark_dir(&mut tables.count_dirty, tables.counts.len());
+                tables.count_dirty.insert(tables.count_pages / PER_DIR);
             }
-            tables.counts.push(slab.durable_ref(ObjTable::Counts, c));
+            let r = slab.durable_ref(ObjTable::Counts, c);
+            if !r.is_none() {
+                tables.counts.push((tables.count_pages, r));
+            }
+            tables.count_pages += 1;
         }
         for f in 0..slab.table_pages(ObjTable::Fingerprints) {
             let first = f * FINGERPRINTS_PER_PAGE;
@@ -304,32 +316,33 @@ impl Writeback<'_> {
                 let name = PageName::table(PageKind::Fingerprints, u64::from(s), f as u64);
                 let r = self.place(name, (end - first) as u32, payload, current)?;
                 slab.set_durable(ObjTable::Fingerprints, f, r);
-                mark_dir(&mut tables.fp_dirty, tables.fps.len());
+                tables.fp_dirty.insert(tables.fp_pages / PER_DIR);
             }
-            tables.fps.push(slab.durable_ref(ObjTable::Fingerprints, f));
+            let r = slab.durable_ref(ObjTable::Fingerprints, f);
+            if !r.is_none() {
+                tables.fps.push((tables.fp_pages, r));
+            }
+            tables.fp_pages += 1;
         }
         slab.snapshot_taken();
         Ok(())
     }
 }
 
-/// The count and fingerprint tables over all slabs, as a snapshot builds them.
-struct ObjectTables {
-    counts: Vec<PageRef>,
-    count_dirty: Vec<bool>,
-    fps: Vec<PageRef>,
-    fp_dirty: Vec<bool>,
-}
+/// References per directory page, as a u64 for page arithmetic.
+const PER_DIR: u64 = REFS_PER_DIR_PAGE as u64;
 
-/// Mark the directory page above table page `index` dirty.
-fn mark_dir(dirty: &mut Vec<bool>, index: usize) {
-    let k = index / REFS_PER_DIR_PAGE;
-    if dirty.len() <= k {
-        dirty.resize(k + 1, false);
-    }
-    if let Some(d) = dirty.get_mut(k) {
-        *d = true;
-    }
+/// The count and fingerprint tables over all slabs, as a snapshot builds them: each
+/// table's length, its written pages, and the level-1 directory pages over a page
+/// rewritten.
+#[derive(Default)]
+struct ObjectTables {
+    count_pages: u64,
+    counts: SparseRefs,
+    count_dirty: BTreeSet<u64>,
+    fp_pages: u64,
+    fps: SparseRefs,
+    fp_dirty: BTreeSet<u64>,
 }
 
 /// Take a checkpoint (the commit thread, or a caller holding no pool locks).
@@ -454,12 +467,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     };
     let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
     // Object count and fingerprint pages.
-    let mut tables = ObjectTables {
-        counts: Vec::new(),
-        count_dirty: Vec::new(),
-        fps: Vec::new(),
-        fp_dirty: Vec::new(),
-    };
+    let mut tables = ObjectTables::default();
     let mut pending = Vec::new();
     for s in 0..inner.geometry.slab_count() {
         let mut slab = inner.depot.slab(s).lock();
@@ -472,15 +480,17 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let mut count_dirs = inner.checkpointer.count_dirs();
     wb.write_tree(
         &mut count_dirs,
+        tables.count_pages,
         &tables.counts,
-        &tables.count_dirty,
+        tables.count_dirty,
         OBJECT_TABLE_OWNER,
     )?;
     let mut fp_dirs = inner.checkpointer.fp_dirs();
     wb.write_tree(
         &mut fp_dirs,
+        tables.fp_pages,
         &tables.fps,
-        &tables.fp_dirty,
+        tables.fp_dirty,
         FINGERPRINT_TABLE_OWNER,
     )?;
 
@@ -488,10 +498,11 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let volumes = inner.volumes.all();
     let mut records = Vec::new();
     for vol in volumes.iter() {
+        // Only the pages in memory: a page never written has no durable copy.
         let map = vol.map_pages();
-        let mut map_refs = Vec::with_capacity(map.len());
-        let mut dirty_dirs = vec![false; map.len().div_ceil(REFS_PER_DIR_PAGE)];
-        for (p, page) in map.iter().enumerate() {
+        let mut map_refs = Vec::new();
+        let mut dirty_dirs = BTreeSet::new();
+        for (p, page) in map.iter() {
             let mut page = page.lock();
             if page.is_dirty() {
                 let mut w = Writer::new(&mut payload);
@@ -499,17 +510,17 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
                     Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                     None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                 }
-                let name = PageName::table(PageKind::Map, vol.id(), p as u64);
+                let name = PageName::table(PageKind::Map, vol.id(), p);
                 let at = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable())?;
                 page.written(at);
-                if let Some(d) = dirty_dirs.get_mut(p / REFS_PER_DIR_PAGE) {
-                    *d = true;
-                }
+                dirty_dirs.insert(p / PER_DIR);
             }
-            map_refs.push(page.durable());
+            if !page.durable().is_none() {
+                map_refs.push((p, page.durable()));
+            }
         }
         let mut dirs = vol.dirs();
-        wb.write_tree(&mut dirs, &map_refs, &dirty_dirs, vol.id())?;
+        wb.write_tree(&mut dirs, map.len(), &map_refs, dirty_dirs, vol.id())?;
         let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
         let (reservation_bytes, thin) = inner.volumes.reservations().record(vol.id(), size_bytes);
         records.push(VolumeRecord {

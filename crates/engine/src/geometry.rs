@@ -394,8 +394,8 @@ impl PoolGeometry {
     pub(crate) fn metadata_blocks(&self) -> u64 {
         2 + self.journal_sectors / 8 + self.page_slots
     }
-    /// Logical blocks the volumes may add up to. The reserve stays out of what
-    /// volumes may address: overwriting a full thick pool stores the new copy before
+    /// Logical blocks thick volumes can address (thin ones promise beyond it, up to
+    /// the format's maximum). The reserve stays out of what volumes may address: overwriting a full thick pool stores the new copy before
     /// the old one is freed. Saturating: a reserve past the data region (only a tiny
     /// or damaged pool) leaves nothing addressable, so every write is refused rather
     /// than wrap round.

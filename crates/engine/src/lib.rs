@@ -30,6 +30,7 @@ mod inner;
 mod journal;
 mod lbn_locks;
 mod load;
+mod map_pages;
 mod metadata_room;
 mod open_repair;
 mod packer;

@@ -11,14 +11,14 @@
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
-use crate::dir_tree::DirTree;
+use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::read_journal;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
 use fewerbytes_format::counters::decode_counters;
-use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
+use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH, MAX_VOLUME_BYTES};
 use fewerbytes_format::page::{
     decode_page, decode_page_ref, CountRecord, ObjectRecord, PageHeader, PageKind, PageRef,
     COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES,
@@ -132,21 +132,23 @@ fn page_place<'a>(
 }
 
 /// The directory tree of a table of `entries` pages, read down from the top list
-/// of `root`, and the references of its pages. Version 2: the root's depth and
-/// top list must be the shape the page count gives (`dir_tree.rs`), and every
-/// directory page its level. Version 1: one level, as long as the catalog says.
+/// of `root`, and the references of its pages written (those not NONE). Version 2:
+/// the root's depth and top list must be the shape the page count gives
+/// (`dir_tree.rs`), and every directory page its level. Version 1: one level, as
+/// long as the catalog says. Only the directory pages written are read: a large
+/// table with few pages written costs what those pages do.
 fn read_tree(
     inner: &Inner,
     root: &TableRoot,
     owner: u64,
-    entries: usize,
-) -> Result<(DirTree, Vec<PageRef>)> {
+    entries: u64,
+) -> Result<(DirTree, SparseRefs)> {
     if inner.checkpointer.super_block().version == FORMAT_VERSION_1 {
-        let refs = read_level(inner, &root.top, owner, entries, 0)?;
-        let tree = DirTree::loaded(vec![root.top.clone()], entries);
-        return Ok((tree, refs));
+        let top = DirLevel::from_list(&root.top);
+        let refs = read_level(inner, &top, owner, entries, 0)?;
+        return Ok((DirTree::loaded(vec![top], entries), refs));
     }
-    let sizes = level_sizes(entries as u64).unwrap_or_default();
+    let sizes = level_sizes(entries).unwrap_or_default();
     if sizes.len() != root.depth as usize || sizes.last().copied() != Some(root.top.len() as u64) {
         return Err(catalog_corrupt(
             inner,
@@ -162,66 +164,62 @@ fn read_tree(
             ),
         ));
     }
-    let mut levels = vec![Vec::new(); sizes.len()];
-    if let Some(top) = levels.last_mut() {
-        top.clone_from(&root.top);
-    }
+    // Top down: level k + 1 from the references level k + 2 holds.
+    let mut levels = vec![DirLevel::from_list(&root.top)];
     for k in (1..sizes.len()).rev() {
-        let (below, above) = levels.split_at_mut(k);
-        if let (Some(children), Some(parents), Some(&n)) =
-            (below.last_mut(), above.first(), sizes.get(k - 1))
-        {
-            *children = read_level(inner, parents, owner, n as usize, k as u8 + 1)?;
+        if let (Some(parents), Some(&n)) = (levels.last(), sizes.get(k - 1)) {
+            let refs = read_level(inner, parents, owner, n, k as u8 + 1)?;
+            levels.push(DirLevel::new(n, refs));
         }
     }
-    let level_1 = levels.first().map_or(&[][..], Vec::as_slice);
-    let refs = read_level(inner, level_1, owner, entries, 1)?;
-    let tree = DirTree::loaded(levels, entries);
-    Ok((tree, refs))
+    levels.reverse();
+    let refs = match levels.first() {
+        Some(level_1) => read_level(inner, level_1, owner, entries, 1)?,
+        None => Vec::new(),
+    };
+    Ok((DirTree::loaded(levels, entries), refs))
 }
 
-/// The `entries` references the directory pages `dirs` (of `level`; 0 in
-/// version 1) hold.
+/// The references (not NONE) the written directory pages of `dirs` (of `level`; 0
+/// in version 1) hold over a level of `entries` pages.
 fn read_level(
     inner: &Inner,
-    dirs: &[PageRef],
+    dirs: &DirLevel,
     owner: u64,
-    entries: usize,
+    entries: u64,
     level: u8,
-) -> Result<Vec<PageRef>> {
+) -> Result<SparseRefs> {
     let v1 = inner.checkpointer.super_block().version == FORMAT_VERSION_1;
     let per_page = if v1 {
         SLOTS_PER_DIR_PAGE
     } else {
         REFS_PER_DIR_PAGE
-    };
-    let mut refs = Vec::with_capacity(entries);
+    } as u64;
+    let mut refs = Vec::new();
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    for (k, d) in dirs.iter().enumerate() {
-        let want = entries.saturating_sub(refs.len()).min(per_page);
-        if d.is_none() {
-            refs.extend(std::iter::repeat_n(PageRef::NONE, want));
-            continue;
-        }
-        let (header, payload) =
-            read_page(inner, &mut buf, PageKind::Directory, d, owner, k as u64)?;
+    for (k, d) in dirs.refs() {
+        let first = k * per_page;
+        let want = entries.saturating_sub(first).min(per_page);
+        let (header, payload) = read_page(inner, &mut buf, PageKind::Directory, &d, owner, k)?;
         if header.level != level {
-            let (_, _, corrupt) = page_place(inner, PageKind::Directory, d)?;
+            let (_, _, corrupt) = page_place(inner, PageKind::Directory, &d)?;
             return Err(corrupt(format!(
                 "directory page of level {}, expected level {level}",
                 header.level
             )));
         }
         let mut r = Reader::new("directory page", payload);
-        for _ in 0..want {
-            refs.push(if v1 {
+        for i in first..first + want {
+            let child = if v1 {
                 PageRef::slot_only(r.u32()?)
             } else {
                 PageRef::decode(&mut r)?
-            });
+            };
+            if !child.is_none() {
+                refs.push((i, child));
+            }
         }
     }
-    refs.resize(entries, PageRef::NONE);
     Ok(refs)
 }
 
@@ -296,16 +294,14 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         inner,
         &catalog.objects,
         OBJECT_TABLE_OWNER,
-        slabs * per_slab,
+        (slabs * per_slab) as u64,
     )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    for (g, r) in counts.iter().enumerate() {
+    for (g, r) in &counts {
+        let g = *g as usize;
         let (s, c) = ((g / per_slab) as u32, g % per_slab);
         let mut slab = inner.depot.slab(s).lock();
         slab.set_durable(ObjTable::Counts, c, *r);
-        if r.is_none() {
-            continue;
-        }
         let (_, payload) = read_page(inner, &mut buf, PageKind::Counts, r, u64::from(s), c as u64)?;
         let mut reader = Reader::new("object count page", payload);
         let first = c * COUNTS_PER_PAGE;
@@ -322,15 +318,13 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         inner,
         &catalog.fingerprints,
         FINGERPRINT_TABLE_OWNER,
-        slabs * per_slab,
+        (slabs * per_slab) as u64,
     )?;
-    for (g, r) in fps.iter().enumerate() {
+    for (g, r) in &fps {
+        let g = *g as usize;
         let (s, f) = ((g / per_slab) as u32, g % per_slab);
         let mut slab = inner.depot.slab(s).lock();
         slab.set_durable(ObjTable::Fingerprints, f, *r);
-        if r.is_none() {
-            continue;
-        }
         let (_, payload) = read_page(
             inner,
             &mut buf,
@@ -358,12 +352,10 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
 fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
     let pages_per_slab = inner.geometry.objects_per_slab() as usize / OBJECTS_PER_PAGE;
     let total = inner.geometry.slab_count() as usize * pages_per_slab;
-    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total)?;
+    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total as u64)?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    for (g, r) in refs.iter().enumerate() {
-        if r.is_none() {
-            continue;
-        }
+    for (g, r) in &refs {
+        let g = *g as usize;
         let (s, p) = ((g / pages_per_slab) as u32, g % pages_per_slab);
         let (_, payload) = read_page(
             inner,
@@ -391,26 +383,19 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
     Ok(())
 }
 
-/// Load one volume's block map.
+/// Load one volume's block map: the pages written, each into memory.
 pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) -> Result<()> {
     let pages_len = vol.map_pages().len();
     let (tree, refs) = read_tree(inner, &record.map, record.id, pages_len)?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
-    let pages = vol.map_pages();
-    for (p, r) in refs.iter().enumerate() {
-        if r.is_none() {
-            continue;
-        }
-        let (_, payload) = read_page(inner, &mut buf, PageKind::Map, r, record.id, p as u64)?;
+    for (p, r) in &refs {
+        let (_, payload) = read_page(inner, &mut buf, PageKind::Map, r, record.id, *p)?;
         let mut reader = Reader::new("block map page", payload);
-        if let Some(page) = pages.get(p) {
-            let mut page = page.lock();
-            let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
-            for e in entries.iter_mut() {
-                *e = reader.u64()?;
-            }
-            page.loaded(entries, *r);
+        let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
+        for e in entries.iter_mut() {
+            *e = reader.u64()?;
         }
+        vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
     Ok(())
@@ -452,7 +437,7 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     }
     for vol in inner.volumes.all() {
         *vol.dirs() = DirTree::default();
-        for page in vol.map_pages().iter() {
+        for (_, page) in vol.map_pages().iter() {
             page.lock().forget_durable();
         }
     }
@@ -489,10 +474,16 @@ fn upgrade_pages(inner: &Inner) -> u64 {
     pages += dirs(counts) + dirs(fps);
     catalog_bytes += top(counts) + top(fps);
     for vol in inner.volumes.all() {
+        // Only the pages written, and the directory pages over them.
         let map = vol.map_pages();
-        pages += map.iter().filter(|p| p.lock().is_written()).count() as u64;
-        pages += dirs(map.len() as u64);
-        catalog_bytes += 40 + vol.name().len() as u64 + top(map.len() as u64);
+        let written: Vec<u64> = map
+            .iter()
+            .filter(|(_, page)| page.lock().is_written())
+            .map(|(p, _)| p)
+            .collect();
+        pages += written.len() as u64;
+        pages += crate::metadata_room::directory_pages(&written, map.len());
+        catalog_bytes += 40 + vol.name().len() as u64 + top(map.len());
     }
     // And the counters page, in each of the two checkpoints.
     let catalog_and_counters = catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64) + 1;
@@ -519,9 +510,6 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             .volumes
             .reservations()
             .load(&catalog, inner.geometry.overcommit());
-        // A volume's map is sized from its size: a damaged size must not size it.
-        let promise_max = crate::reservation::promise_max_blocks(&inner.geometry);
-        let mut volume_blocks_total = 0u64;
         for record in &catalog.volumes {
             let corrupt = |reason: String| EngineError::Corrupt {
                 region: "catalog",
@@ -535,14 +523,11 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
                     record.name, record.size_bytes
                 )));
             }
-            volume_blocks_total =
-                volume_blocks_total.saturating_add(record.size_bytes / BLOCK_BYTES as u64);
-            if volume_blocks_total > promise_max {
+            if record.size_bytes > MAX_VOLUME_BYTES {
                 return Err(corrupt(format!(
-                    "volume '{}' of {} bytes takes the volumes past the pool's {} addressable bytes",
-                    record.name,
-                    record.size_bytes,
-                    promise_max * BLOCK_BYTES as u64
+                    "volume '{}' of {} bytes is larger than the format's maximum of {} bytes \
+                     (4 PiB)",
+                    record.name, record.size_bytes, MAX_VOLUME_BYTES
                 )));
             }
             let vol = Arc::new(VolumeState::new(

@@ -28,24 +28,24 @@ pub(crate) fn pages_to_write(
     let mut pages = catalog_pages + 2 + 1;
     for table in [ObjTable::Counts, ObjTable::Fingerprints] {
         let mut changed = Vec::new();
-        let mut total = 0usize;
+        let mut total = 0u64;
         for slab in depot.iter() {
             let slab = slab.lock();
             let n = slab.table_pages(table);
             changed.extend(
                 (0..n)
                     .filter(|&k| slab.table_page_changed(table, k))
-                    .map(|k| total + k),
+                    .map(|k| total + k as u64),
             );
-            total += n;
+            total += n as u64;
         }
         pages += changed.len() as u64 + directory_pages(&changed, total);
     }
     for vol in volumes {
+        // The pages in memory: only those can be dirty.
         let map = vol.map_pages();
-        let changed: Vec<usize> = map
+        let changed: Vec<u64> = map
             .iter()
-            .enumerate()
             .filter(|(_, p)| p.lock().is_dirty())
             .map(|(k, _)| k)
             .collect();
@@ -56,12 +56,12 @@ pub(crate) fn pages_to_write(
 
 /// Directory pages a checkpoint may rewrite above the `changed` pages (in order) of a
 /// table of `total` pages.
-fn directory_pages(changed: &[usize], total: usize) -> u64 {
-    let sizes = level_sizes(total as u64).unwrap_or_else(|| vec![total as u64; MAX_DEPTH as usize]);
-    let mut below: BTreeSet<usize> = changed.iter().copied().collect();
+pub(crate) fn directory_pages(changed: &[u64], total: u64) -> u64 {
+    let sizes = level_sizes(total).unwrap_or_else(|| vec![total; MAX_DEPTH as usize]);
+    let mut below: BTreeSet<u64> = changed.iter().copied().collect();
     let mut pages = 0u64;
     for size in sizes {
-        below = below.iter().map(|k| k / REFS_PER_DIR_PAGE).collect();
+        below = below.iter().map(|k| k / REFS_PER_DIR_PAGE as u64).collect();
         // One more where the table's length changed (the last page's parent).
         pages += (below.len() as u64 + 1).min(size);
     }

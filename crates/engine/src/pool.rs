@@ -600,8 +600,8 @@ impl Pool {
             data_bytes: g.data_blocks() * block,
             metadata_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
-            allocated_bytes: i.volumes.allocated_blocks() * block,
-            promised_bytes: i.volumes.allocated_blocks() * block,
+            allocated_bytes: i.volumes.allocated_blocks().saturating_mul(block),
+            promised_bytes: i.volumes.allocated_blocks().saturating_mul(block),
             reserved_bytes: ledger.reserved_blocks * block,
             reserved_unused_bytes: ledger.withheld_blocks * block,
             used_bytes: g

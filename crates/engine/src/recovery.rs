@@ -65,11 +65,10 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
                         vol.name()
                     )));
                 }
-                let pages = vol.map_pages();
-                let mut page = pages
-                    .get((lbn / ENTRIES_PER_PAGE) as usize)
-                    .ok_or_else(|| corrupt(format!("record {n}: no map page")))?
-                    .lock();
+                let page = vol
+                    .page_for_write(lbn / ENTRIES_PER_PAGE)
+                    .ok_or_else(|| corrupt(format!("record {n}: no map page")))?;
+                let mut page = page.lock();
                 let old = page.set(
                     (lbn % ENTRIES_PER_PAGE) as usize,
                     entry,
@@ -93,14 +92,20 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
                         vol.name()
                     )));
                 }
+                // Only pages in memory can hold entries a range changes.
+                let end = lbn + count;
                 let pages = vol.map_pages();
-                for l in lbn..lbn + count {
-                    if let Some(page) = pages.get((l / ENTRIES_PER_PAGE) as usize) {
-                        let mut page = page.lock();
-                        if !page.is_written() {
-                            continue;
-                        }
-                        let i = (l % ENTRIES_PER_PAGE) as usize;
+                for (p, page) in pages.iter_from(lbn / ENTRIES_PER_PAGE) {
+                    let first = p * ENTRIES_PER_PAGE;
+                    if first >= end {
+                        break;
+                    }
+                    let mut page = page.lock();
+                    if !page.is_written() {
+                        continue;
+                    }
+                    for l in lbn.max(first)..end.min(first + ENTRIES_PER_PAGE) {
+                        let i = (l - first) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
                             page.set(i, new, inner.checkpointer.dirty_pages());

@@ -210,13 +210,17 @@ fn count_references(
     report: &mut RepairReport,
 ) -> HashMap<u64, u64> {
     let vols = inner.volumes.all();
-    let pages_total: u64 = vols.iter().map(|v| v.map_pages().len() as u64).sum();
+    // The pages in memory (only those can hold entries).
+    let pages_total: u64 = vols
+        .iter()
+        .map(|v| v.map_pages().iter().count() as u64)
+        .sum();
     let mut pages_done = 0u64;
     let mut refs: HashMap<u64, u64> = HashMap::new();
     let mut dangling = Vec::new();
     for vol in &vols {
         let pages = vol.map_pages();
-        for (p, page) in pages.iter().enumerate() {
+        for (p, page) in pages.iter() {
             let page = page.lock();
             for k in 0..ENTRIES_PER_PAGE as usize {
                 // Counted as `audit` counts: entries naming objects.
@@ -229,7 +233,7 @@ fn count_references(
                 } else {
                     dangling.push(Dangling {
                         volume: vol.name(),
-                        lbn: p as u64 * ENTRIES_PER_PAGE + k as u64,
+                        lbn: p * ENTRIES_PER_PAGE + k as u64,
                         object: o.0,
                     });
                 }
@@ -259,7 +263,7 @@ fn count_references(
         if apply {
             if let Ok(vol) = inner.volumes.by_name(&d.volume) {
                 let pages = vol.map_pages();
-                if let Some(page) = pages.get((d.lbn / ENTRIES_PER_PAGE) as usize) {
+                if let Some(page) = pages.get(d.lbn / ENTRIES_PER_PAGE) {
                     page.lock().set(
                         (d.lbn % ENTRIES_PER_PAGE) as usize,
                         MapEntry::Zero,
@@ -485,16 +489,14 @@ pub(crate) fn damage_map_entry(
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(volume)?;
     let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
-    {
-        let pages = vol.map_pages();
-        if let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) {
-            let old = page.lock().set(
-                (lbn % ENTRIES_PER_PAGE) as usize,
-                entry,
-                i.checkpointer.dirty_pages(),
-            );
-            vol.account(old, entry);
-        }
+    if let Some(page) = vol.page_for_write(lbn / ENTRIES_PER_PAGE) {
+        let old = page.lock().set(
+            (lbn % ENTRIES_PER_PAGE) as usize,
+            entry,
+            i.checkpointer.dirty_pages(),
+        );
+        drop(page);
+        vol.account(old, entry);
     }
     crate::checkpoint::checkpoint_locked(i, gate, true)
 }

@@ -42,19 +42,6 @@ use std::sync::Arc;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
-/// Volume sizes may add up to at most this many times the data region. Not a
-/// policy: thin volumes promise what their owner chooses. It bounds the memory of
-/// the block maps' page lists, which are sized from volume sizes when a pool opens
-/// (about 20 MiB per TiB promised), so that a damaged catalog cannot ask for an
-/// allocation the process cannot make. 1024 times leaves room for hundreds of thin
-/// clones of a template as large as the pool's data.
-pub const PROMISED_PER_DATA_MAX: u64 = 1024;
-
-/// Blocks volume sizes may add up to (see [`PROMISED_PER_DATA_MAX`]).
-pub(crate) fn promise_max_blocks(geometry: &PoolGeometry) -> u64 {
-    geometry.data_blocks().saturating_mul(PROMISED_PER_DATA_MAX)
-}
-
 /// Every volume's provisioning, by volume id, and the write budget.
 #[derive(Default)]
 pub(crate) struct Reservations {
@@ -219,18 +206,6 @@ impl Reservations {
             .filter(|v| Some(v.id()) != id)
             .cloned()
             .collect();
-        let promised: u64 = others.iter().map(|v| v.size_blocks()).sum();
-        let max = promise_max_blocks(geometry);
-        if promised.saturating_add(size_blocks) > max {
-            return Err(EngineError::Refused(format!(
-                "{what} would make the volumes' sizes add up to {}, past the {} a pool of \
-                 {} data can promise ({PROMISED_PER_DATA_MAX} times its data: the block maps' \
-                 page lists in memory are sized from volume sizes)",
-                human_bytes((promised + size_blocks) * BLOCK),
-                human_bytes(max * BLOCK),
-                human_bytes(geometry.data_blocks() * BLOCK),
-            )));
-        }
         let wanted = withheld(p, size_blocks, used_blocks);
         if wanted == 0 {
             return Ok(());

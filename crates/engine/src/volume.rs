@@ -303,14 +303,10 @@ impl Volume {
         }
         let mut lbn = first_full;
         while lbn < last_full {
-            let page_end = ((lbn / ENTRIES_PER_PAGE) + 1) * ENTRIES_PER_PAGE;
-            let step_end = page_end
-                .min(last_full)
-                .min(lbn + ENTRIES_PER_PAGE * BLOCKS_PER_STEP);
             inner
                 .journal
                 .reserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP)?;
-            let result = self.range_step(lbn, step_end, entry);
+            let result = self.range_step(lbn, last_full, entry);
             inner
                 .journal
                 .unreserve(JOURNAL_BYTES_PER_RANGE * BLOCKS_PER_STEP);
@@ -354,52 +350,63 @@ impl Volume {
         }
     }
 
-    /// Apply a range operation to whole pages from `lbn` up to `end`, at most
-    /// `BLOCKS_PER_STEP` pages. Returns where it stopped.
-    fn range_step(&self, mut lbn: u64, end: u64, entry: MapEntry) -> Result<u64> {
+    /// Apply a range operation to whole blocks from `lbn` up to `end`: at most
+    /// `BLOCKS_PER_STEP` steps, each one page in memory (one **RangeSet** record if
+    /// it changed) or a jump over the pages not in memory up to the next one that is
+    /// (they hold no entry to change), so a range over a large volume costs what its
+    /// written pages do. Returns where it stopped (`range_end` when the volume was
+    /// shrunk meanwhile to end before it: nothing past the end is left to change).
+    fn range_step(&self, mut lbn: u64, range_end: u64, entry: MapEntry) -> Result<u64> {
         let inner = self.inner();
         let _gate = inner.locks.shared();
         let vol = &self.h.vol;
         if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
         }
-        let end = end.min(vol.size_blocks());
+        let end = range_end.min(vol.size_blocks());
         let mut released = Vec::new();
         let pages = vol.map_pages();
         let mut steps = 0;
         while lbn < end && steps < BLOCKS_PER_STEP {
             let p = lbn / ENTRIES_PER_PAGE;
             let page_end = ((p + 1) * ENTRIES_PER_PAGE).min(end);
-            if let Some(page) = pages.get(p as usize) {
-                let mut page = page.lock();
-                if page.is_written() {
-                    let mut changed = false;
-                    for l in lbn..page_end {
-                        let i = (l % ENTRIES_PER_PAGE) as usize;
-                        let old = page.get(i);
-                        if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, inner.checkpointer.dirty_pages());
-                            vol.account(old, new);
-                            released.extend(old.object());
-                            changed = true;
-                        }
-                    }
-                    if changed {
-                        inner.journal.append(&Record::RangeSet {
-                            volume: vol.slot(),
-                            lbn,
-                            count: page_end - lbn,
-                            entry,
-                        });
+            let Some(page) = pages.get(p) else {
+                // Nothing in memory up to the next page that is: no entry to change.
+                lbn = pages
+                    .next_in_memory(p)
+                    .map_or(end, |q| (q * ENTRIES_PER_PAGE).clamp(page_end, end));
+                steps += 1;
+                continue;
+            };
+            let mut page = page.lock();
+            if page.is_written() {
+                let mut changed = false;
+                for l in lbn..page_end {
+                    let i = (l % ENTRIES_PER_PAGE) as usize;
+                    let old = page.get(i);
+                    if let Some(new) = range_result(old, entry) {
+                        page.set(i, new, inner.checkpointer.dirty_pages());
+                        vol.account(old, new);
+                        released.extend(old.object());
+                        changed = true;
                     }
                 }
+                if changed {
+                    inner.journal.append(&Record::RangeSet {
+                        volume: vol.slot(),
+                        lbn,
+                        count: page_end - lbn,
+                        entry,
+                    });
+                }
             }
+            drop(page);
             lbn = page_end;
             steps += 1;
         }
         drop(pages);
         inner.depot.release_objects(&inner.devices, &released)?;
-        Ok(lbn)
+        Ok(if lbn < end { lbn } else { lbn.max(range_end) })
     }
 
     /// Make every acknowledged write (on any handle of the pool) durable.
@@ -419,8 +426,8 @@ impl Volume {
         while at < end {
             let lbn = at / BLOCK;
             let next = ((lbn + 1) * BLOCK).min(end);
-            let page = pages.get((lbn / ENTRIES_PER_PAGE) as usize);
-            let (data, run_end) = match page {
+            let p = lbn / ENTRIES_PER_PAGE;
+            let (data, run_end) = match pages.get(p) {
                 Some(p) => {
                     let p = p.lock();
                     if !p.is_written() {
@@ -436,7 +443,13 @@ impl Volume {
                         )
                     }
                 }
-                None => (false, end),
+                // Not in memory: a hole up to the next page that is.
+                None => (
+                    false,
+                    pages
+                        .next_in_memory(p)
+                        .map_or(end, |q| (q * ENTRIES_PER_PAGE * BLOCK).clamp(next, end)),
+                ),
             };
             let len = run_end - at;
             match out.last_mut() {

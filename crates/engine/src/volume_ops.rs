@@ -37,6 +37,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
     }
     let (reservation_bytes, reservation_unused_bytes, thin) =
         crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
+    let (map_pages, map_memory_bytes) = v.map_memory();
     VolumeInfo {
         name: v.name(),
         id: v.id(),
@@ -48,6 +49,8 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         reservation_bytes,
         reservation_unused_bytes,
         thin,
+        map_pages,
+        map_memory_bytes,
     }
 }
 
@@ -153,7 +156,7 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
     vol.for_each_mapped(|_, e| released.extend(e.object()));
     {
         let mut free = Vec::new();
-        for page in vol.map_pages().iter() {
+        for (_, page) in vol.map_pages().iter() {
             free.extend(page_address(&page.lock().durable()));
         }
         free.extend(vol.dirs().slots());
@@ -195,31 +198,9 @@ pub(crate) fn resize(
                 human_bytes(size_bytes)
             )));
         }
-        let mut released = Vec::new();
-        {
-            let pages = vol.map_pages();
-            for lbn in size_blocks..old {
-                let p = (lbn / crate::block_map::ENTRIES_PER_PAGE) as usize;
-                if let Some(page) = pages.get(p) {
-                    let mut page = page.lock();
-                    if page.is_written() {
-                        let old_entry = page.set(
-                            (lbn % crate::block_map::ENTRIES_PER_PAGE) as usize,
-                            fewerbytes_format::location::MapEntry::Unmapped,
-                            i.checkpointer.dirty_pages(),
-                        );
-                        vol.account(old_entry, fewerbytes_format::location::MapEntry::Unmapped);
-                        released.extend(old_entry.object());
-                    }
-                }
-            }
-            let keep = size_blocks.div_ceil(crate::block_map::ENTRIES_PER_PAGE) as usize;
-            let mut free = Vec::new();
-            for page in pages.iter().skip(keep) {
-                free.extend(page_address(&page.lock().durable()));
-            }
-            i.checkpointer.free_after_next(free);
-        }
+        let (released, retired) = vol.unmap_from(size_blocks, i.checkpointer.dirty_pages());
+        i.checkpointer
+            .free_after_next(retired.iter().filter_map(page_address));
         i.depot.release_objects(&i.devices, &released)?;
     }
     vol.set_size(size_blocks);
@@ -253,22 +234,7 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         p,
     )?;
     let vol = i.volumes.make(dst, size_blocks)?;
-    let mut shared = Vec::new();
-    {
-        let from = source.map_pages();
-        let to = vol.map_pages();
-        for (p, q) in from.iter().zip(to.iter()) {
-            let p = p.lock();
-            if let Some(entries) = q.lock().copy_from(&p, i.checkpointer.dirty_pages()) {
-                shared.extend(
-                    entries
-                        .iter()
-                        .filter_map(|e| fewerbytes_format::location::MapEntry::decode(*e).object()),
-                );
-            }
-        }
-    }
-    vol.copy_usage(&source);
+    let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &shared)?;
     i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());

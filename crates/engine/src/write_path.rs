@@ -214,19 +214,17 @@ pub(crate) fn write_block_hashed(
         }
     };
     let old = {
-        let pages = vol.map_pages();
-        let Some(page) = pages.get((lbn / ENTRIES_PER_PAGE) as usize) else {
-            drop(pages);
+        let Some(slot) = vol.page_for_write(lbn / ENTRIES_PER_PAGE) else {
             if let Some(o) = entry.object() {
                 inner.depot.release_object(&inner.devices, o)?;
             }
             return Err(EngineError::VolumeGone(vol.name()));
         };
-        let mut page = page.lock();
+        let mut page = slot.lock();
         let i = (lbn % ENTRIES_PER_PAGE) as usize;
         if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(i), e)) {
             drop(page);
-            drop(pages);
+            drop(slot);
             if let Some(o) = entry.object() {
                 inner.depot.release_object(&inner.devices, o)?;
             }

@@ -1,0 +1,310 @@
+//! A block map's pages in memory: one page of 504 entries ([`MapPage`]), and the
+//! sparse set of a volume's pages ([`MapPages`]), whose memory follows what was
+//! written, not the volume's size.
+//!
+//! The map of a volume of `size_blocks` has `⌈size_blocks ÷ 504⌉` pages (its length,
+//! from which the directory tree's shape follows, `docs/format.md` "Directory
+//! trees"), but only the pages written are in memory: in chunks of [`CHUNK_PAGES`]
+//! page slots, kept in an ordered map by chunk number and made on the first write
+//! into one of them. A page never written has no entries (all unmapped) and no
+//! durable copy, in memory or on disk. So a thin volume of 4 PiB with a few blocks
+//! written takes a few chunks and pages, and every walk over a map (checkpoint,
+//! load, delete, clone, resize, repair, recovery, usage counts) visits the chunks
+//! in memory, never the volume's length.
+
+use fewerbytes_format::location::{MapEntry, ObjectId};
+use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Page slots per chunk: a quarter of a level-1 directory page's 252 references, so
+/// a chunk (63 × 40 bytes, 2.5 KiB) costs less than one written page's entries
+/// (4,032 bytes): a map written at scattered places takes at most about 1.6 times
+/// its pages' entries, and a map written densely about 1.01 times. A page lookup is
+/// one search of the ordered map (a few thousand chunks for a TiB written) and an
+/// index into the chunk.
+pub const CHUNK_PAGES: u64 = 63;
+
+/// One page of a block map.
+#[derive(Default)]
+pub struct MapPage {
+    /// Encoded entries; `None` while the page has never been written (all unmapped).
+    entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
+    /// Changed since the last checkpoint snapshot.
+    dirty: bool,
+    /// Its durable copy (none: never written).
+    durable: PageRef,
+}
+
+impl MapPage {
+    /// Entry `i` of the page.
+    pub fn get(&self, i: usize) -> MapEntry {
+        MapEntry::decode(
+            self.entries
+                .as_ref()
+                .and_then(|e| e.get(i).copied())
+                .unwrap_or(0),
+        )
+    }
+
+    /// Set entry `i`; returns the old entry. A page that turns dirty counts in `dirty_pages`.
+    pub fn set(&mut self, i: usize, entry: MapEntry, dirty_pages: &AtomicU64) -> MapEntry {
+        let entries = self
+            .entries
+            .get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
+        let old = entries
+            .get(i)
+            .copied()
+            .map(MapEntry::decode)
+            .unwrap_or(MapEntry::Unmapped);
+        if let Some(e) = entries.get_mut(i) {
+            *e = entry.encode();
+        }
+        self.turn_dirty(dirty_pages);
+        old
+    }
+
+    fn turn_dirty(&mut self, dirty_pages: &AtomicU64) {
+        if !self.dirty {
+            self.dirty = true;
+            dirty_pages.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the page was ever written (else every entry is unmapped).
+    pub fn is_written(&self) -> bool {
+        self.entries.is_some()
+    }
+
+    /// The encoded entries, if the page was ever written.
+    pub fn encoded_entries(&self) -> Option<&[u64; MAP_ENTRIES_PER_PAGE]> {
+        self.entries.as_deref()
+    }
+
+    /// Whether the page changed since the last checkpoint snapshot.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Its durable copy (none: never written).
+    pub fn durable(&self) -> PageRef {
+        self.durable
+    }
+
+    /// A checkpoint wrote the page at `at`: that is its durable copy now.
+    pub fn written(&mut self, at: PageRef) {
+        self.durable = at;
+        self.dirty = false;
+    }
+
+    /// The page as loaded from its durable copy at `from`.
+    pub fn loaded(&mut self, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
+        self.entries = Some(entries);
+        self.durable = from;
+        self.dirty = false;
+    }
+
+    /// The page has no durable copy any more (a version-1 pool's upgrade writes every
+    /// page afresh): dirty if it holds entries.
+    pub fn forget_durable(&mut self) {
+        self.durable = PageRef::NONE;
+        self.dirty = self.entries.is_some();
+    }
+
+    /// A clone's page: the entries of `from`, dirty (nothing when `from` was never
+    /// written).
+    pub fn copy_from(&mut self, from: &MapPage, dirty_pages: &AtomicU64) {
+        if let Some(entries) = &from.entries {
+            self.entries = Some(entries.clone());
+            self.turn_dirty(dirty_pages);
+        }
+    }
+}
+
+/// One chunk of page slots.
+type Chunk = [Mutex<MapPage>; CHUNK_PAGES as usize];
+
+/// The pages of one block map in memory: its length, and the chunks written into.
+#[derive(Default)]
+pub struct MapPages {
+    /// Pages the map has: `⌈size_blocks ÷ 504⌉`, whether written or not.
+    len: u64,
+    /// Chunks by number (chunk `c` holds pages `c × CHUNK_PAGES ..`), each made on the
+    /// first write into one of its pages. None reaches past `len`.
+    chunks: BTreeMap<u64, Box<Chunk>>,
+}
+
+impl MapPages {
+    /// A map of `len` pages, none in memory.
+    pub fn new(len: u64) -> Self {
+        MapPages {
+            len,
+            chunks: BTreeMap::new(),
+        }
+    }
+
+    /// Pages the map has (written or not): its directory tree's table length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Page `p`, if its chunk is in memory (a page of a chunk may itself be unwritten:
+    /// [`MapPage::is_written`]). `None` past the map's end.
+    pub fn get(&self, p: u64) -> Option<&Mutex<MapPage>> {
+        if p >= self.len {
+            return None;
+        }
+        self.chunks
+            .get(&(p / CHUNK_PAGES))?
+            .get((p % CHUNK_PAGES) as usize)
+    }
+
+    /// Make page `p`'s chunk, if it is not in memory. Returns whether `p` is a page
+    /// of the map (false past its end: nothing is made).
+    pub fn make(&mut self, p: u64) -> bool {
+        if p >= self.len {
+            return false;
+        }
+        self.chunks
+            .entry(p / CHUNK_PAGES)
+            .or_insert_with(|| Box::new(std::array::from_fn(|_| Mutex::default())));
+        true
+    }
+
+    /// The pages in memory from page `first` on, in order, with their numbers.
+    pub fn iter_from(&self, first: u64) -> impl Iterator<Item = (u64, &Mutex<MapPage>)> + '_ {
+        let len = self.len;
+        self.chunks
+            .range(first / CHUNK_PAGES..)
+            .flat_map(|(c, chunk)| {
+                chunk
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, page)| (c * CHUNK_PAGES + i as u64, page))
+            })
+            .skip_while(move |(p, _)| *p < first)
+            .take_while(move |(p, _)| *p < len)
+    }
+
+    /// Every page in memory, in order, with its number.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Mutex<MapPage>)> + '_ {
+        self.iter_from(0)
+    }
+
+    /// The first page in memory at or after `p`, if any: a walk over a range skips
+    /// from there to it (everything between is unwritten).
+    pub fn next_in_memory(&self, p: u64) -> Option<u64> {
+        let (c, _) = self.chunks.range(p / CHUNK_PAGES..).next()?;
+        Some((c * CHUNK_PAGES).max(p)).filter(|&q| q < self.len)
+    }
+
+    /// Page slots in memory (whole chunks), and the pages of them written.
+    pub fn in_memory(&self) -> (u64, u64) {
+        let slots = self.chunks.len() as u64 * CHUNK_PAGES;
+        let written = self
+            .chunks
+            .values()
+            .flat_map(|chunk| chunk.iter())
+            .filter(|page| page.lock().is_written())
+            .count() as u64;
+        (slots, written)
+    }
+
+    /// Bytes of memory a chunk of slots takes.
+    pub fn chunk_bytes() -> u64 {
+        std::mem::size_of::<Chunk>() as u64
+    }
+
+    /// Change the map's length to `len` pages. Pages past it leave memory (the caller
+    /// unmapped their entries and retired their durable copies first), so a later
+    /// growth finds them unwritten.
+    pub fn set_len(&mut self, len: u64) {
+        drop(self.chunks.split_off(&len.div_ceil(CHUNK_PAGES)));
+        if let Some(chunk) = self.chunks.get_mut(&(len / CHUNK_PAGES)) {
+            for page in chunk.iter_mut().skip((len % CHUNK_PAGES) as usize) {
+                *page.get_mut() = MapPage::default();
+            }
+        }
+        self.len = len;
+    }
+
+    /// A clone's map: every written page of `from` copied here, dirty. Returns the
+    /// objects the copied entries name, once per entry (each gains a reference).
+    pub fn copy_from(&mut self, from: &MapPages, dirty_pages: &AtomicU64) -> Vec<ObjectId> {
+        let mut shared = Vec::new();
+        for (p, source) in from.iter() {
+            let source = source.lock();
+            let Some(entries) = source.encoded_entries() else {
+                continue;
+            };
+            if !self.make(p) {
+                continue;
+            }
+            if let Some(page) = self.get(p) {
+                page.lock().copy_from(&source, dirty_pages);
+                shared.extend(entries.iter().filter_map(|e| MapEntry::decode(*e).object()));
+            }
+        }
+        shared
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests fail loudly by design")]
+mod tests {
+    use super::*;
+
+    fn write(pages: &mut MapPages, p: u64, dirty: &AtomicU64) {
+        assert!(pages.make(p));
+        pages
+            .get(p)
+            .unwrap()
+            .lock()
+            .set(0, MapEntry::Object(ObjectId(p + 1)), dirty);
+    }
+
+    #[test]
+    fn only_the_chunks_written_into_are_in_memory() {
+        // The largest map: 2,181,570,691 pages, three written.
+        let len = 2_181_570_691;
+        let dirty = AtomicU64::new(0);
+        let mut pages = MapPages::new(len);
+        for p in [0, len / 2, len - 1] {
+            write(&mut pages, p, &dirty);
+        }
+        assert_eq!(pages.in_memory(), (3 * CHUNK_PAGES, 3));
+        let numbers: Vec<u64> = pages
+            .iter()
+            .filter(|(_, page)| page.lock().is_written())
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(numbers, [0, len / 2, len - 1]);
+        assert!(!pages.make(len), "past the end nothing is made");
+        assert!(pages.get(len).is_none());
+        assert_eq!(pages.next_in_memory(1), Some(1), "chunk 0 is in memory");
+        assert_eq!(
+            pages.next_in_memory(CHUNK_PAGES),
+            Some(len / 2 / CHUNK_PAGES * CHUNK_PAGES)
+        );
+        assert_eq!(pages.next_in_memory(len), None);
+    }
+
+    #[test]
+    fn a_shrink_forgets_the_pages_past_the_end_and_a_growth_finds_them_unwritten() {
+        let dirty = AtomicU64::new(0);
+        let mut pages = MapPages::new(1000);
+        for p in [10, 70, 71, 999] {
+            write(&mut pages, p, &dirty);
+        }
+        pages.set_len(71);
+        assert_eq!(pages.in_memory(), (2 * CHUNK_PAGES, 2));
+        pages.set_len(1000);
+        assert!(!pages.get(71).unwrap().lock().is_written());
+        assert!(pages.get(999).is_none());
+        let mut clone = MapPages::new(1000);
+        let shared = clone.copy_from(&pages, &dirty);
+        assert_eq!(shared, [ObjectId(11), ObjectId(71)]);
+        assert_eq!(clone.in_memory(), (2 * CHUNK_PAGES, 2));
+    }
+}
