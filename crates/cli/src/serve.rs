@@ -179,6 +179,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     let options = OpenOptions {
         threads: args.threads,
         index_memory_bytes: args.index_memory,
+        no_discard: args.no_discard,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.
@@ -187,9 +188,6 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     } else {
         open_pool(path, &options)?
     };
-    if args.no_discard {
-        pool.set_discard_enabled(false);
-    }
     let served = start(&args, path, &pool);
     let Started {
         server,

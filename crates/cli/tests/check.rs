@@ -42,6 +42,7 @@ fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
         &OpenOptions {
             threads: Some(1),
             index_memory_bytes: None,
+            no_discard: false,
         },
     )
     .expect("open the pool");

@@ -1,12 +1,15 @@
 //! `pool grow`: a pool file extended with `truncate -s` takes the new space while
 //! served, under fio writing to a volume (fio verifies what it wrote), and offline;
 //! the pool checks clean, stats show the larger size, and a volume the old size
-//! could not hold is written and verified in the new space.
+//! could not hold is written and verified in the new space. The same on a loop
+//! device whose file grew and which `losetup -c` resized.
 
 mod common;
 
+use common::data::Rng;
 use common::*;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -152,4 +155,189 @@ fn pool_grow_takes_a_grown_file_while_fio_writes_and_offline() {
         serde_json::from_str(&fewerbytes_ok(&pool, &["stats", "--json"]).stdout).expect("JSON");
     assert_eq!(stats["data_bytes"], report["data_bytes"]);
     assert_check_clean(&pool);
+}
+
+/// A loop device over a file, detached when dropped, on every path (a failing
+/// test's too).
+struct LoopDevice {
+    path: PathBuf,
+    losetup: PathBuf,
+}
+
+impl LoopDevice {
+    /// Attach `file` to a free loop device, or say why loop devices are not available
+    /// here (not root, no `losetup`, no loop driver, no free device).
+    fn attach(file: &Path) -> Result<LoopDevice, String> {
+        // SAFETY: geteuid(2) reads the caller's id and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root: losetup needs root".into());
+        }
+        let losetup = [
+            "/usr/sbin/losetup",
+            "/sbin/losetup",
+            "/usr/bin/losetup",
+            "/bin/losetup",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or("losetup (util-linux) is not installed")?;
+        if !Path::new("/dev/loop-control").exists() {
+            return Err("/dev/loop-control is missing: no loop driver".into());
+        }
+        let out = Command::new(&losetup)
+            .args(["-f", "--show"])
+            .arg(file)
+            .output()
+            .map_err(|e| format!("losetup did not run: {e}"))?;
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || path.is_empty() {
+            return Err(format!(
+                "losetup -f could not attach a loop device: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(LoopDevice {
+            path: PathBuf::from(path),
+            losetup,
+        })
+    }
+
+    fn path_str(&self) -> &str {
+        self.path.to_str().expect("utf-8 device path")
+    }
+
+    /// Size in bytes the kernel reports for the device now.
+    fn size_bytes(&self) -> u64 {
+        let name = self.path.file_name().expect("device name");
+        let sectors = std::fs::read_to_string(Path::new("/sys/block").join(name).join("size"))
+            .expect("sysfs size of the loop device");
+        sectors.trim().parse::<u64>().expect("sectors") * 512
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.losetup)
+            .arg("-d")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+#[test]
+fn pool_grow_takes_a_loop_device_resized_with_losetup_c_while_served() {
+    let dir = TempDir::new("growloop");
+    let backing = dir.join("backing.img");
+    run_ok(tool("truncate").args(["-s", "64M"]).arg(&backing));
+    let device = match LoopDevice::attach(&backing) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: loop devices are not available here: {why}");
+            return;
+        }
+    };
+    let dev = device.path.clone();
+    let dev_str = device.path_str();
+    fewerbytes_ok(&dev, &["pool", "create", dev_str]);
+    fewerbytes_ok(&dev, &["volume", "create", "vm", "--size", "16M"]);
+    fewerbytes_ok(&dev, &["volume", "create", "busy", "--size", "16M"]);
+    let mut server = Server::start(dir.path(), &dev, &[]);
+    let before = server.stats();
+
+    // Data written before the grow: random bytes the old region stores.
+    let early = dir.join("early.bin");
+    let mut bytes = vec![0u8; (8 * MIB) as usize];
+    Rng::new(41).fill(&mut bytes);
+    std::fs::write(&early, &bytes).expect("write early.bin");
+    qemu_io(
+        &server.unix_uri("vm"),
+        &[format!("write -s {} 0 8M", early.display()), "flush".into()],
+    );
+    // A volume only the grown device can hold.
+    assert!(!server
+        .cli(&["volume", "create", "big", "--size", "96M"])
+        .status
+        .success());
+
+    // fio writes (and verifies) through the grow; the file grows, the loop device
+    // learns its new size, and `pool grow` takes it.
+    let fio_log = dir.join("fio-busy.log");
+    let log = std::fs::File::create(&fio_log).expect("fio log");
+    let mut child = fio(dir.path(), &server.unix_uri("busy"), "busy", "12M", 1500)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start fio");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while written(&server.stats()) <= written(&before) + 8 * MIB {
+        assert!(Instant::now() < deadline, "fio wrote nothing");
+        assert!(
+            child.try_wait().expect("poll fio").is_none(),
+            "fio ended before writing"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(tool("truncate").args(["-s", "256M"]).arg(&backing));
+    run_ok(tool("losetup").args(["-c", dev_str]));
+    assert_eq!(
+        device.size_bytes(),
+        256 * MIB,
+        "losetup -c resized the device"
+    );
+    let grown = server.cli_ok(&["pool", "grow"]);
+    assert!(grown.stdout.contains("grown"), "{}", grown.report());
+    let overlapped = child.try_wait().expect("poll fio").is_none();
+    let status = child.wait().expect("wait fio");
+    let out = std::fs::read_to_string(&fio_log).unwrap_or_default();
+    eprintln!("fio was still writing when the grow returned: {overlapped}");
+    assert!(status.success(), "fio failed:\n{out}");
+    assert!(
+        !out.contains("verify: bad") && out.contains("err= 0"),
+        "fio:\n{out}"
+    );
+
+    // Stats show the larger pool; the new space takes a volume the old could not
+    // hold, and 80 MiB of random bytes more than the old region had free.
+    let after = server.stats();
+    assert!(
+        data_bytes(&after) > data_bytes(&before) + 150 * MIB,
+        "data region {} before, {} after",
+        data_bytes(&before),
+        data_bytes(&after)
+    );
+    server.cli_ok(&["volume", "create", "big", "--size", "96M"]);
+    let late = dir.join("late.bin");
+    let mut bytes = vec![0u8; (80 * MIB) as usize];
+    Rng::new(43).fill(&mut bytes);
+    std::fs::write(&late, &bytes).expect("write late.bin");
+    qemu_io(
+        &server.unix_uri("big"),
+        &[format!("write -s {} 0 80M", late.display()), "flush".into()],
+    );
+    assert!(server.stop().success(), "{}", server.log_text());
+    drop(server);
+    assert_check_clean(&dev);
+
+    // What was written before and after the grow reads back, from the pool reopened.
+    for (volume, file, len) in [("vm", &early, 8 * MIB), ("big", &late, 80 * MIB)] {
+        let out = dir.join(&format!("{volume}.out"));
+        fewerbytes_ok(
+            &dev,
+            &["volume", "export", volume, out.to_str().expect("utf-8")],
+        );
+        let exported = std::fs::read(&out).expect("read the export");
+        let want = std::fs::read(file).expect("read what was written");
+        assert!(
+            exported.get(..len as usize) == Some(&want[..]),
+            "volume {volume} does not read back what was written"
+        );
+        let _ = std::fs::remove_file(&out);
+    }
+    let stats: serde_json::Value =
+        serde_json::from_str(&fewerbytes_ok(&dev, &["stats", "--json"]).stdout).expect("JSON");
+    assert_eq!(
+        stats["data_bytes"], after["data_bytes"],
+        "the grown size stays"
+    );
 }

@@ -61,6 +61,9 @@ pub struct OpenOptions {
     /// Memory for the dedup index for this open, instead of the window the pool
     /// records (the index is rebuilt at every open, so it may differ each time).
     pub index_memory_bytes: Option<u64>,
+    /// Give no freed space back to the devices (no discard) for this open, from the
+    /// checkpoint the open itself takes (`serve --no-discard`); nothing is stored.
+    pub no_discard: bool,
 }
 
 /// Operating mode, as vdostats reports it.

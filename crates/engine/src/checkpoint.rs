@@ -9,13 +9,13 @@
 //! generation) of every page it points to, so a page the drive lost or misplaced is
 //! caught when it is read (`load.rs`). Until the super block lands, the previous
 //! checkpoint and its journal are intact; after it, the old slots and the blocks
-//! freed before the snapshot become reusable.
+//! freed before the snapshot are discarded on their device and become reusable.
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::Work;
-use crate::page_store::{address_block, page_address, PageStore};
+use crate::page_store::{address_block, discard_slots, page_address, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
@@ -399,6 +399,27 @@ pub(crate) fn checkpoint_locked(
         inner.devices.latch(&e);
         return Err(e);
     }
+    // Durable: the slots it retired hold nothing the image or the journal reaches.
+    // They go back to the metadata device while still marked used (no checkpoint
+    // can place a page there meanwhile), then become free.
+    let retired: Vec<u64> = {
+        let store = inner.checkpointer.page_store();
+        let mut slots: Vec<u64> = snapshot
+            .old_slots
+            .iter()
+            .copied()
+            .filter(|&a| address_block(a).is_none() && store.is_used(a))
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    };
+    let discarded = discard_slots(
+        inner.devices.meta(),
+        inner.geometry.pages_start_block(),
+        &retired,
+    );
+    inner.checkpointer.count_slots_discarded(discarded);
     let moved_blocks: Vec<u64> = {
         let mut store = inner.checkpointer.page_store();
         snapshot
@@ -407,8 +428,8 @@ pub(crate) fn checkpoint_locked(
             .filter_map(|a| store.free_address(*a))
             .collect()
     };
-    // Durable: what it freed is discarded on the data device and reusable, data
-    // blocks whose pages moved as well.
+    // What it freed in the data region is discarded on the data device and
+    // reusable, data blocks whose pages moved as well.
     inner.depot.return_unused_blocks(&snapshot.unused_blocks);
     inner
         .depot
@@ -560,7 +581,8 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
             .taken_for_metadata(in_data_region as u64);
     }
     if sb.version == FORMAT_VERSION_1 {
-        // This snapshot is the upgrade: every page above went to a free slot.
+        // This snapshot is the upgrade: every page above went to a free slot, or
+        // past them to a free data block (bit 3 above).
         sb.flags |= FLAG_UPGRADED_FROM_V1;
         sb.upgraded_generation = generation;
     }

@@ -31,6 +31,8 @@ pub(crate) struct Checkpointer {
     serial: Mutex<()>,
     /// Checkpoints taken since open.
     taken: AtomicU64,
+    /// Page-store slots discarded on the metadata device since open.
+    slots_discarded: AtomicU64,
     /// Metadata bytes written, by region.
     written: RegionBytes,
     /// Pages turned dirty since the last checkpoint snapshot: each needs a fresh
@@ -50,6 +52,7 @@ impl Checkpointer {
             slots_to_free: Mutex::new(Vec::new()),
             serial: Mutex::new(()),
             taken: AtomicU64::new(0),
+            slots_discarded: AtomicU64::new(0),
             written: RegionBytes::default(),
             dirty_pages: Arc::new(AtomicU64::new(0)),
         }
@@ -113,6 +116,16 @@ impl Checkpointer {
     /// Checkpoints taken since open.
     pub(crate) fn taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)
+    }
+
+    /// `n` more page-store slots discarded.
+    pub(crate) fn count_slots_discarded(&self, n: u64) {
+        self.slots_discarded.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Page-store slots discarded since open.
+    pub(crate) fn slots_discarded(&self) -> u64 {
+        self.slots_discarded.load(Ordering::Relaxed)
     }
 
     /// Metadata bytes written, by region.

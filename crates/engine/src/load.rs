@@ -402,30 +402,33 @@ pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) 
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
-/// dirty (so all are written in version 2, to free slots), no durable version-2
-/// reference yet, and every version-1 slot retired once that checkpoint is
-/// durable. Refused, with nothing written, when the page store has not the free
-/// slots the version-2 image needs beside the version-1 one.
-pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<()> {
+/// dirty (so all are written in version 2: to free slots, and past them to free
+/// data blocks, which sets flags bit 3), and no durable version-2 reference yet.
+/// Returns the version-1 slots, which the caller retires once the version-2 super
+/// block is durable in both copies (`load`). Refused, with nothing written and the
+/// numbers, when the free slots and free data blocks together cannot hold the
+/// version-2 image beside the version-1 one.
+pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     let needed = upgrade_pages(inner);
     let (free, v1_slots) = {
         let store = inner.checkpointer.page_store();
         (store.free_slots(), store.used_slots())
     };
-    if needed > free {
+    let free_blocks = inner.depot.free_blocks();
+    if needed > free.saturating_add(free_blocks) {
         return Err(EngineError::Refused(format!(
             "this pool is format version 1 and its upgrade to version 2 needs {needed} \
-             free metadata page slots beside its {} version-1 pages, but the page store \
-             has {free}: nothing was written. Open it read-only, or copy its volumes \
-             to a new pool",
+             metadata pages beside its {} version-1 pages, but the page store has {free} \
+             free slots and the data region {free_blocks} free blocks: nothing was \
+             written. Open it read-only, or copy its volumes to a new pool",
             v1_slots.len()
         )));
     }
+    let to_data_blocks = needed.saturating_sub(free);
     tracing::info!(
         "upgrading the pool from format version 1 to 2: {needed} pages to write, \
-         {free} slots free"
+         {free} slots free, {to_data_blocks} pages to data blocks"
     );
-    inner.checkpointer.free_after_next(v1_slots);
     inner.checkpointer.super_block().catalog.clear();
     *inner.checkpointer.count_dirs() = DirTree::default();
     *inner.checkpointer.fp_dirs() = DirTree::default();
@@ -438,11 +441,13 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<()> {
             page.lock().forget_durable();
         }
     }
-    Ok(())
+    Ok(v1_slots)
 }
 
-/// Pages the version-2 image of the loaded state takes: map, count and
-/// fingerprint pages, the directories above them, and the catalog.
+/// Pages the upgrade writes before the version-1 slots are freed: the version-2
+/// image of the loaded state (map, count and fingerprint pages, the directories
+/// above them, the catalog and the counters page), and the catalog and counters
+/// page again for the second checkpoint (`load`).
 fn upgrade_pages(inner: &Inner) -> u64 {
     // Every level of a tree, and its top list in the catalog. A tree past the
     // depth bound fails the checkpoint itself; here it counts as one level.
@@ -480,8 +485,9 @@ fn upgrade_pages(inner: &Inner) -> u64 {
         pages += crate::metadata_room::directory_pages(&written, map.len());
         catalog_bytes += 40 + vol.name().len() as u64 + top(map.len());
     }
-    // And the counters page.
-    pages + catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64) + 1
+    // And the counters page, in each of the two checkpoints.
+    let catalog_and_counters = catalog_bytes.div_ceil(PAGE_PAYLOAD_BYTES as u64) + 1;
+    pages + 2 * catalog_and_counters
 }
 
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a
@@ -553,9 +559,11 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
         return Ok(());
     }
     let upgrade = sb.version == FORMAT_VERSION_1;
-    if upgrade {
-        crate::load::prepare_upgrade(inner)?;
-    }
+    let v1_slots = if upgrade {
+        crate::load::prepare_upgrade(inner)?
+    } else {
+        Vec::new()
+    };
     // A fresh checkpoint in the new open generation retires the replayed journal
     // and records who holds the pool.
     {
@@ -567,7 +575,9 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
     if upgrade {
         // The other super block copy still holds version 1: one more checkpoint
         // overwrites it, so version-1 code refuses the pool by its version rather
-        // than open that older checkpoint.
+        // than open that older checkpoint. Its pages stay untouched until then:
+        // their slots are freed (and discarded) once that checkpoint is durable.
+        inner.checkpointer.free_after_next(v1_slots);
         crate::checkpoint::checkpoint(inner)?;
         tracing::info!(
             "{}: upgraded to format version {FORMAT_VERSION}",

@@ -5,8 +5,15 @@
 //! addresses the previous image used once the new super block is durable, a data
 //! block going back to the depot. Loading marks the addresses the durable image
 //! names (`load.rs`): nothing else records which data blocks hold pages.
+//!
+//! Slots a durable checkpoint retired are given back to the metadata device before
+//! they are freed ([`discard_slots`]), as freed data blocks are to the data device
+//! (`slab_depot.rs: release_pending`): still marked used, no checkpoint can place a
+//! page there between the discard and the free.
 
 use fewerbytes_format::page::{PageRef, ADDRESS_DATA_REGION};
+use fewerbytes_format::BLOCK_BYTES;
+use fewerbytes_storage::{DiscardOutcome, Storage};
 use std::collections::BTreeSet;
 
 /// Which page-store slots and data-region blocks hold live pages.
@@ -148,6 +155,44 @@ impl PageStore {
     }
 }
 
+/// Runs of adjacent slots in `sorted` (ascending, no repeats), as (first, count):
+/// each run is one discard.
+pub(crate) fn slot_runs(sorted: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &slot in sorted {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == slot => *count += 1,
+            _ => runs.push((slot, 1)),
+        }
+    }
+    runs
+}
+
+/// Discard page-store `slots` (ascending, no repeats) on the metadata `device`,
+/// whose slot 0 is block `pages_start_block`: one call per run of adjacent slots (a
+/// hole punched in a pool file, BLKDISCARD on a device). The caller guarantees that
+/// nothing durable or in flight names them: a durable checkpoint retired them, and
+/// they are still marked used, so no checkpoint writes there meanwhile. Returns the
+/// slots discarded. Discards turned off or unsupported stop here; a failed one is
+/// logged and changes nothing else (the slots stay allocated on the device).
+pub(crate) fn discard_slots(device: &dyn Storage, pages_start_block: u64, slots: &[u64]) -> u64 {
+    let mut discarded = 0;
+    for (first, count) in slot_runs(slots) {
+        let offset_bytes = (pages_start_block + first) * BLOCK_BYTES as u64;
+        match device.discard(offset_bytes, count * BLOCK_BYTES as u64) {
+            Ok(DiscardOutcome::Discarded) => discarded += count,
+            Ok(DiscardOutcome::Disabled | DiscardOutcome::Unsupported) => break,
+            Err(e) => {
+                tracing::warn!(
+                    "a discard of freed page-store slots failed (they stay allocated on the device): {e}"
+                );
+                break;
+            }
+        }
+    }
+    discarded
+}
+
 /// The data block a page address names, if it names one (bit 63).
 pub(crate) fn address_block(address: u64) -> Option<u64> {
     (address & ADDRESS_DATA_REGION != 0).then_some(address & !ADDRESS_DATA_REGION)
@@ -162,7 +207,17 @@ pub(crate) fn page_address(r: &PageRef) -> Option<u64> {
 #[cfg(test)]
 #[allow(clippy::indexing_slicing)]
 mod tests {
-    use super::PageStore;
+    use super::{slot_runs, PageStore};
+
+    #[test]
+    fn freed_slots_are_discarded_in_runs_of_adjacent_slots() {
+        assert_eq!(slot_runs(&[]), vec![]);
+        assert_eq!(slot_runs(&[7]), vec![(7, 1)]);
+        assert_eq!(
+            slot_runs(&[1, 2, 3, 10, 11, 64, 65, 66, 67]),
+            vec![(1, 3), (10, 2), (64, 4)]
+        );
+    }
 
     /// The slot a next-fit scan one slot at a time would give (the allocator as it
     /// was before it scanned by words).

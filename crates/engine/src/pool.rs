@@ -556,6 +556,12 @@ impl Pool {
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
+        if opts.no_discard {
+            // Before the open's checkpoint, which retires the slots of the pages it
+            // rewrites.
+            inner.devices.data().set_discard_enabled(false);
+            inner.devices.meta().set_discard_enabled(false);
+        }
         crate::load::load(&inner, &sb)?;
         let thread_inner = inner.clone();
         let handle = std::thread::Builder::new()
@@ -803,10 +809,12 @@ impl Pool {
         Ok(())
     }
 
-    /// Turn discards of freed blocks on the data device on (the default) or off for
-    /// as long as the pool is open (`serve --no-discard`); nothing is stored.
+    /// Turn discards of freed space on (the default) or off for as long as the pool
+    /// is open (`serve --no-discard`); nothing is stored. Both devices: freed data
+    /// blocks on the data device, freed page-store slots on the metadata device.
     pub fn set_discard_enabled(&self, enabled: bool) {
         self.inner.devices.data().set_discard_enabled(enabled);
+        self.inner.devices.meta().set_discard_enabled(enabled);
     }
 
     /// Run a compaction round over every slab now (the pool also runs one in the

@@ -146,6 +146,10 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 i.checkpointer.page_store().used(),
             ),
             ("data blocks holding metadata pages".into(), page_blocks),
+            (
+                "page store slots discarded since open".into(),
+                i.checkpointer.slots_discarded(),
+            ),
         ],
         volumes,
     }

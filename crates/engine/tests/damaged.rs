@@ -63,6 +63,7 @@ fn open_image(image: Vec<u8>) -> Result<Arc<Pool>, EngineError> {
         &OpenOptions {
             threads: Some(1),
             index_memory_bytes: None,
+            no_discard: false,
         },
     )
 }

@@ -21,6 +21,7 @@ const VOLUME_BYTES: u64 = 1 << 40;
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
+    no_discard: false,
 };
 
 /// First, middle and last block of the volume, each with its own content.

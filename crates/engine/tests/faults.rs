@@ -102,6 +102,7 @@ fn corruption_anywhere_is_detected_or_harmless() {
                 &fewerbytes_engine::OpenOptions {
                     threads: Some(1),
                     index_memory_bytes: None,
+                    no_discard: false,
                 },
             )
         }))
@@ -163,6 +164,7 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
         &fewerbytes_engine::OpenOptions {
             threads: Some(1),
             index_memory_bytes: None,
+            no_discard: false,
         },
     )
     .unwrap();
@@ -341,6 +343,7 @@ fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block
         &fewerbytes_engine::OpenOptions {
             threads: Some(1),
             index_memory_bytes: None,
+            no_discard: false,
         },
     )
     .expect("open");

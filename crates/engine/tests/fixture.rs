@@ -5,7 +5,9 @@
 //! with the seed mix, a clone of it, a trimmed range, and records still in the
 //! journal, so opening it exercises the super block, catalog, directories, map and
 //! object pages (count and fingerprint pages in v2), journal replay, and fragment
-//! and whole-block reads.
+//! and whole-block reads. The v1 fixture with its super block edited makes the
+//! harder upgrades: a page store too full for the v2 image (its pages go to data
+//! blocks), and a pool with room for it nowhere (refused, nothing written).
 //!
 //! File layout: repeated (u64 little-endian byte offset, 4096 bytes) for every
 //! non-zero block of a 64 MiB device.
@@ -14,7 +16,7 @@ mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultPlan, FaultStorage, Storage};
 use fewerbytes_engine::{EngineError, OpenOptions, Pool};
-use fewerbytes_format::superblock::SuperBlock;
+use fewerbytes_format::superblock::{SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1};
 use std::sync::Arc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v1.blocks");
@@ -85,6 +87,7 @@ fn open(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
+    no_discard: false,
 };
 
 /// The versions of the two super block copies of `image`, each `None` if invalid.
@@ -220,8 +223,15 @@ fn a_v1_pool_is_upgraded_to_v2_by_its_first_read_write_open() {
 
 #[test]
 fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
+    crash_at_every_write_of_the_upgrade(&image_of(FIXTURE));
+}
+
+/// A crash at each write an upgrading open of `v1` makes (each kept, dropped or
+/// partly kept) leaves a pool that opens read-only with the fixture's contents, in
+/// version 1 (before the v2 super block) or 2 (after), and opens read-write as v2.
+fn crash_at_every_write_of_the_upgrade(v1: &[u8]) {
     // How many writes the upgrading open makes.
-    let (dev, pool) = open(image_of(FIXTURE)).unwrap();
+    let (dev, pool) = open(v1.to_vec()).unwrap();
     let writes = dev.counters().snapshot().writes;
     drop(pool);
     assert!(
@@ -231,7 +241,7 @@ fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
     let mut versions_seen = std::collections::BTreeSet::new();
     for k in 0..writes {
         for mode in [CrashMode::DropAll, CrashMode::KeepAll, CrashMode::Random(k)] {
-            let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE)));
+            let dev = Arc::new(FaultStorage::from_image("fixture", v1.to_vec()));
             dev.set_plan(FaultPlan {
                 fail_write: Some(k),
                 ..FaultPlan::default()
@@ -264,19 +274,23 @@ fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
     );
 }
 
-#[test]
-fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_was() {
-    // The page store cut down to end just past the last page the fixture wrote, so
-    // the v2 image cannot fit beside the v1 one.
+/// The v1 fixture with its newest super block changed by `edit` (given the image,
+/// to look at), the older copy as made.
+fn edited_v1(edit: impl Fn(&mut SuperBlock, &[u8])) -> Vec<u8> {
     let mut image = image_of(FIXTURE);
-    let copies = [0, 1].map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]));
-    let mut sb = copies
-        .iter()
-        .flatten()
-        .max_by_key(|sb| sb.generation)
-        .unwrap()
-        .clone();
+    let mut sb = newest_super_block(&image);
     assert_eq!(sb.version, 1);
+    edit(&mut sb, &image);
+    let mut block = [0u8; BLOCK];
+    sb.encode(&mut block);
+    let copy = (sb.generation % 2) as usize * BLOCK;
+    image[copy..copy + BLOCK].copy_from_slice(&block);
+    image
+}
+
+/// Cut the page store of `sb` to end just past the last page the fixture wrote, so
+/// the v2 image cannot fit in free slots beside the v1 one.
+fn cut_page_store(sb: &mut SuperBlock, image: &[u8]) {
     let last_written = (1..sb.page_slots)
         .rev()
         .find(|s| {
@@ -285,19 +299,66 @@ fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_w
         })
         .unwrap();
     sb.page_slots = last_written + 1;
-    let mut block = [0u8; BLOCK];
-    sb.encode(&mut block);
-    let copy = (sb.generation % 2) as usize * BLOCK;
-    image[copy..copy + BLOCK].copy_from_slice(&block);
+}
 
+/// The v1 fixture with a page store too small for the upgrade's pages.
+fn v1_with_a_full_page_store() -> Vec<u8> {
+    edited_v1(cut_page_store)
+}
+
+#[test]
+fn a_v1_pool_whose_page_store_is_full_upgrades_with_pages_in_data_blocks() {
+    let (dev, pool) = open(v1_with_a_full_page_store())
+        .expect("the upgrade puts the pages the slots cannot hold in data blocks");
+    assert_eq!(pool.info().format_version, 2);
+    let in_data = pool.stats().metadata_in_data_bytes;
+    assert!(in_data > 0, "no page went to a data block");
+    assert_fixture_contents(&pool, None);
+    pool.open_volume("base")
+        .unwrap()
+        .write(100 * BLOCK as u64, &[0x77; BLOCK], false)
+        .unwrap();
+    pool.close().unwrap();
+    let image = dev.crash_image(CrashMode::KeepAll);
+    assert_eq!(super_block_versions(&image), [Some(2), Some(2)]);
+    let sb = newest_super_block(&image);
+    assert_ne!(
+        sb.flags & FLAG_DATA_REGION_PAGES,
+        0,
+        "flags bit 3 names pages in data blocks"
+    );
+    assert_ne!(sb.flags & FLAG_UPGRADED_FROM_V1, 0);
+    let (_, pool) = open(image).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, Some((100, 0x77)));
+}
+
+#[test]
+fn a_crash_at_any_write_of_an_upgrade_into_data_blocks_leaves_the_pool_whole() {
+    crash_at_every_write_of_the_upgrade(&v1_with_a_full_page_store());
+}
+
+#[test]
+fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_was() {
+    // Page store cut as above, and the data region cut to one slab of 64 blocks
+    // (the fixture's data lies in its first 62): neither slots nor data blocks
+    // hold the v2 image.
+    let image = edited_v1(|sb, image| {
+        cut_page_store(sb, image);
+        sb.data_blocks = 64;
+        sb.slab_count = 1;
+    });
     let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
     match Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS) {
         Err(EngineError::Refused(why)) => {
+            eprintln!("refused: {why}");
             assert!(why.contains("upgrade to version 2 needs"), "{why}");
+            assert!(why.contains("free slots"), "{why}");
+            assert!(why.contains("free blocks"), "{why}");
             assert!(why.contains("nothing was written"), "{why}");
         }
         Err(e) => panic!("expected a refusal, got {e}"),
-        Ok(_) => panic!("the upgrade fitted: the test's page store is too large"),
+        Ok(_) => panic!("the upgrade fitted: the test's pool is too large"),
     }
     assert!(
         dev.crash_image(CrashMode::KeepAll) == image,

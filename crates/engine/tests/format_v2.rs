@@ -15,6 +15,7 @@ use std::sync::Arc;
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
+    no_discard: false,
 };
 
 fn open_image(image: Vec<u8>) -> Result<(Arc<FaultStorage>, Arc<Pool>), EngineError> {

@@ -24,6 +24,7 @@ const DEVICE_BYTES: u64 = 64 << 20;
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
+    no_discard: false,
 };
 
 /// A `FaultStorage` that remembers the offset of every write, so a test knows what

@@ -274,6 +274,7 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
         &OpenOptions {
             threads: Some(2),
             index_memory_bytes: None,
+            no_discard: false,
         },
     )?;
     t.pool = Some(pool);
@@ -296,6 +297,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
         &OpenOptions {
             threads: Some(2),
             index_memory_bytes: None,
+            no_discard: false,
         },
     );
     match refused {

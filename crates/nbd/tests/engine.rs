@@ -135,6 +135,7 @@ fn a_read_error_fails_that_request_alone() {
             &OpenOptions {
                 threads: Some(2),
                 index_memory_bytes: None,
+                no_discard: false,
             },
         )
         .expect("open pool")

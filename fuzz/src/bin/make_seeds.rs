@@ -146,8 +146,11 @@ fn make_pool() -> (Blocks, Blocks) {
         ..CreateOptions::default()
     };
     Pool::format(storage.clone() as Arc<dyn Storage>, None, None, &opts).expect("format");
-    let pool = Pool::open_devices(storage.clone(), None, &OpenOptions { threads: Some(1) })
-        .expect("open the new pool");
+    let open = OpenOptions {
+        threads: Some(1),
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open_devices(storage.clone(), None, &open).expect("open the new pool");
     pool.create_volume("vm-100-disk-0", 1 << 20)
         .expect("create volume");
     pool.create_volume("empty", 64 << 10)

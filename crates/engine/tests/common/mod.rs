@@ -53,6 +53,7 @@ impl TestPool {
             &OpenOptions {
                 threads: Some(2),
                 index_memory_bytes: None,
+                no_discard: false,
             },
         )
         .expect("open");

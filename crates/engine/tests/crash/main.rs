@@ -341,7 +341,7 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     let c = *tally.coverage.lock();
     let _ = writeln!(
         std::io::stdout(),
-        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads, {} discards of freed blocks, {} data blocks holding metadata pages at the ends of pool lives",
+        "crash workloads: {} device writes and flushes logged; {} checkpoints, {} journal commits ({} KiB), {} packed blocks compacted, {} crashes inside workloads, {} discards of freed blocks, {} page-store slots discarded, {} data blocks holding metadata pages at the ends of pool lives",
         tally.events.load(Ordering::Relaxed),
         c.checkpoints,
         c.journal_commits,
@@ -349,12 +349,17 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
         c.compacted_blocks,
         c.workload_crashes,
         c.discards,
+        c.slot_discards,
         c.page_blocks
     );
     // The proof that discards are safe is that crash points land after them.
     assert!(
         c.discards > 0 || seeds.len() < 8,
         "no workload discarded a freed block: the crash points prove nothing about discards"
+    );
+    assert!(
+        c.slot_discards > 0 || seeds.len() < 8,
+        "no workload discarded a retired page-store slot: the crash points prove nothing about them"
     );
     // Likewise for metadata pages in data blocks (the tiny page stores).
     assert!(

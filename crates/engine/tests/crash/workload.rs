@@ -68,6 +68,9 @@ pub(crate) struct Coverage {
     /// Discards of freed blocks the data device took (logged as unflushed writes of
     /// zeros, so crash points land after them and recovery must not need their bytes).
     pub(crate) discards: u64,
+    /// Page-store slots a durable checkpoint retired and discarded (on the metadata
+    /// device, or the one device), likewise logged as unflushed writes of zeros.
+    pub(crate) slot_discards: u64,
     /// Data blocks holding metadata pages when a pool's life ended (a close or a
     /// crash inside the workload), summed: the tiny page stores' pages go there.
     pub(crate) page_blocks: u64,
@@ -81,6 +84,12 @@ impl Coverage {
         self.journal_commits += stats.journal_commits;
         self.compacted_blocks += stats.compacted_blocks;
         self.discards += stats.data_device.discards;
+        self.slot_discards += stats
+            .limits
+            .iter()
+            .filter(|(name, _)| name == "page store slots discarded since open")
+            .map(|(_, n)| n)
+            .sum::<u64>();
         self.page_blocks += stats.metadata_in_data_bytes / BLOCK as u64;
         self.journal_bytes += stats
             .metadata_written_by_region
@@ -98,6 +107,7 @@ impl Coverage {
         self.compacted_blocks += other.compacted_blocks;
         self.workload_crashes += other.workload_crashes;
         self.discards += other.discards;
+        self.slot_discards += other.slot_discards;
         self.page_blocks += other.page_blocks;
     }
 }
@@ -134,6 +144,7 @@ impl Devices {
             &OpenOptions {
                 threads: Some(2),
                 index_memory_bytes: None,
+                no_discard: false,
             },
         )
     }
