@@ -1,11 +1,13 @@
 //! Space freed in a pool reaches the host: after a volume is deleted through a
 //! running server, the pool file's allocated size (`st_blocks`, what `du` shows)
 //! falls by what the volume held, and `stats --verbose` counts the discards. With
-//! `serve --no-discard` the file keeps its blocks.
+//! `serve --no-discard` the file keeps its blocks. On a loop device, the device's own
+//! discard counters move by what the deleted volume held.
 
 mod common;
 
 use common::data::Rng;
+use common::loop_device::LoopDevice;
 use common::*;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -106,4 +108,67 @@ fn with_no_discard_the_pool_file_keeps_its_blocks() {
     assert_eq!(server.stats()["data_device"]["discards"], 0);
     let status = server.stop();
     assert!(status.success(), "{}", server.log_text());
+}
+
+#[test]
+fn a_deleted_volume_is_discarded_on_a_loop_device() {
+    let dir = TempDir::new("discardloop");
+    let backing = dir.join("backing.img");
+    run_ok(tool("truncate").args(["-s", "256M"]).arg(&backing));
+    let device = match LoopDevice::attach(&backing) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipped: loop devices are not available here: {why}");
+            return;
+        }
+    };
+    let dev = device.path.clone();
+    fewerbytes_ok(&dev, &["pool", "create", device.path_str()]);
+    fewerbytes_ok(&dev, &["volume", "create", "vm", "--size", "64M"]);
+    fewerbytes_ok(&dev, &["volume", "create", "keep", "--size", "4M"]);
+    let random = dir.join("random.bin");
+    let mut bytes = vec![0u8; (16 * MIB) as usize];
+    Rng::new(31).fill(&mut bytes);
+    std::fs::write(&random, &bytes).expect("write random.bin");
+    let mut server = Server::start(dir.path(), &dev, &[]);
+    qemu_io(
+        &server.unix_uri("vm"),
+        &[
+            format!("write -s {} 0 16M", random.display()),
+            "flush".into(),
+        ],
+    );
+    qemu_io(
+        &server.unix_uri("keep"),
+        &["write -P 0x3c 0 1M".into(), "flush".into()],
+    );
+    let (requests, sectors) = device.discards();
+    let held = allocated_bytes(&backing);
+
+    server.cli_ok(&["volume", "delete", "vm"]);
+    // The block device was sent BLKDISCARD for the volume's blocks (its own discard
+    // counters moved by at least what the volume held), and the file under the loop
+    // device gave those blocks back to its file system.
+    let (requests_after, sectors_after) = device.discards();
+    assert!(
+        requests_after > requests,
+        "no discard request reached {}",
+        device.path_str()
+    );
+    assert!(
+        (sectors_after - sectors) * 512 >= 15 * MIB,
+        "{} discarded {} bytes after deleting 16 MiB of data",
+        device.path_str(),
+        (sectors_after - sectors) * 512
+    );
+    let after = allocated_bytes(&backing);
+    assert!(
+        after + 15 * MIB <= held,
+        "the loop device's file holds {after} bytes after the delete (it held {held})"
+    );
+    qemu_io(&server.unix_uri("keep"), &["read -P 0x3c 0 1M".into()]);
+    let status = server.stop();
+    assert!(status.success(), "{}", server.log_text());
+    drop(server);
+    assert_check_clean(&dev);
 }

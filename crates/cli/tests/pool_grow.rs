@@ -7,9 +7,9 @@
 mod common;
 
 use common::data::Rng;
+use common::loop_device::LoopDevice;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -155,74 +155,6 @@ fn pool_grow_takes_a_grown_file_while_fio_writes_and_offline() {
         serde_json::from_str(&fewerbytes_ok(&pool, &["stats", "--json"]).stdout).expect("JSON");
     assert_eq!(stats["data_bytes"], report["data_bytes"]);
     assert_check_clean(&pool);
-}
-
-/// A loop device over a file, detached when dropped, on every path (a failing
-/// test's too).
-struct LoopDevice {
-    path: PathBuf,
-    losetup: PathBuf,
-}
-
-impl LoopDevice {
-    /// Attach `file` to a free loop device, or say why loop devices are not available
-    /// here (not root, no `losetup`, no loop driver, no free device).
-    fn attach(file: &Path) -> Result<LoopDevice, String> {
-        // SAFETY: geteuid(2) reads the caller's id and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not root: losetup needs root".into());
-        }
-        let losetup = [
-            "/usr/sbin/losetup",
-            "/sbin/losetup",
-            "/usr/bin/losetup",
-            "/bin/losetup",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .ok_or("losetup (util-linux) is not installed")?;
-        if !Path::new("/dev/loop-control").exists() {
-            return Err("/dev/loop-control is missing: no loop driver".into());
-        }
-        let out = Command::new(&losetup)
-            .args(["-f", "--show"])
-            .arg(file)
-            .output()
-            .map_err(|e| format!("losetup did not run: {e}"))?;
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !out.status.success() || path.is_empty() {
-            return Err(format!(
-                "losetup -f could not attach a loop device: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(LoopDevice {
-            path: PathBuf::from(path),
-            losetup,
-        })
-    }
-
-    fn path_str(&self) -> &str {
-        self.path.to_str().expect("utf-8 device path")
-    }
-
-    /// Size in bytes the kernel reports for the device now.
-    fn size_bytes(&self) -> u64 {
-        let name = self.path.file_name().expect("device name");
-        let sectors = std::fs::read_to_string(Path::new("/sys/block").join(name).join("size"))
-            .expect("sysfs size of the loop device");
-        sectors.trim().parse::<u64>().expect("sectors") * 512
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.losetup)
-            .arg("-d")
-            .arg(&self.path)
-            .status();
-    }
 }
 
 #[test]

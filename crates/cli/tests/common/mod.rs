@@ -13,6 +13,7 @@
 pub mod data;
 pub mod fuse_loop;
 pub mod libnbd;
+pub mod loop_device;
 pub mod nbdinfo;
 pub mod service;
 pub mod tls;
