@@ -188,7 +188,14 @@ impl Inner {
     /// store's free slots and the data region's free blocks together. Counted only
     /// when the dirty pages could pass the free slots (`metadata_room.rs`).
     pub fn metadata_room(&self) -> Result<()> {
-        let dirty = self.checkpointer.dirty_page_count();
+        self.metadata_room_with(0)
+    }
+
+    /// [`Inner::metadata_room`] with `extra` pages more: a volume operation asks
+    /// before it changes anything (a clone's copied map pages), so that a refusal
+    /// leaves nothing behind for a later checkpoint to make durable.
+    pub fn metadata_room_with(&self, extra: u64) -> Result<()> {
+        let dirty = self.checkpointer.dirty_page_count() + extra;
         let free_slots = self.checkpointer.page_store().free_slots();
         let catalog = self.checkpointer.super_block().catalog.len() as u64;
         let volumes = self.volumes.all();
@@ -197,7 +204,7 @@ impl Inner {
         if quick <= free_slots {
             return Ok(());
         }
-        let need = crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog);
+        let need = crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog) + extra;
         if need <= free_slots {
             return Ok(());
         }

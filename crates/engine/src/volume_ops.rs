@@ -11,6 +11,7 @@ use crate::inner::Inner;
 use crate::page_store::page_address;
 use crate::{api::*, EngineError, Result};
 use fewerbytes_format::catalog::validate_name;
+use fewerbytes_format::dir_tree::MAX_DEPTH;
 use fewerbytes_format::dir_tree::MAX_VOLUME_BYTES;
 use fewerbytes_format::BLOCK_BYTES;
 
@@ -130,11 +131,23 @@ pub(crate) fn create(
         0,
         p,
     )?;
+    room_for_new_volume(inner, 0)?;
     let vol = i.volumes.make(name, size_blocks)?;
     i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
+}
+
+/// Before a new volume (with `map_pages` pages copied into it) is put in memory: the
+/// no-space error when its checkpoint would be refused for want of room. The
+/// refusal comes before anything changed, so nothing of the volume stays behind
+/// for a later checkpoint to make durable. Its pages, a directory page over each
+/// 252 of them, and a tree's worth of directory pages for its map.
+fn room_for_new_volume(inner: &Inner, map_pages: u64) -> Result<()> {
+    inner.checkpoint_space()?;
+    let directories = map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64;
+    inner.metadata_room_with(map_pages + directories)
 }
 
 /// Delete a volume; refused while handles are open unless `force`.
@@ -234,6 +247,12 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         source.mapped_blocks(),
         p,
     )?;
+    let source_pages = source
+        .map_pages()
+        .iter()
+        .filter(|(_, page)| page.lock().is_written())
+        .count() as u64;
+    room_for_new_volume(inner, source_pages)?;
     let vol = i.volumes.make(dst, size_blocks)?;
     let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &shared)?;

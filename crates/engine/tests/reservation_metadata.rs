@@ -248,3 +248,63 @@ fn thin_writes_get_enospc_before_a_checkpoint_finds_no_room() {
     }
     assert!(pool.audit().problems.is_empty());
 }
+
+/// A clone copies its source's map pages, which its checkpoint must place. With
+/// the data region full and no page-store slot free, there is no room for them:
+/// the clone is refused with the no-space error and leaves nothing behind, neither
+/// in memory (the volume list) nor in a later checkpoint once space returns.
+#[test]
+fn a_clone_without_room_for_its_pages_is_refused_and_leaves_nothing() {
+    let mut t = pool_without_page_store();
+    let pool = t.pool().clone();
+    pool.create_volume_with("tick", MIB, Provisioning::THIN)
+        .unwrap();
+    // A thin source with one block in each of 1,024 map pages.
+    pool.create_volume_with("src", 4 << 30, Provisioning::THIN)
+        .unwrap();
+    let src = pool.open_volume("src").unwrap();
+    for page in 0..1024u64 {
+        src.write(page * 504 * B, &random_block(1 << 41 | page), false)
+            .unwrap();
+    }
+    drop(src);
+    checkpoint(&pool, 0, "after the source was written");
+    // Fill the data region with a thin volume until writes are refused.
+    pool.create_volume_with("fill", 1 << 30, Provisioning::THIN)
+        .unwrap();
+    let fill = pool.open_volume("fill").unwrap();
+    let mut filled = 0u64;
+    loop {
+        match fill.write(filled * B, &random_block(filled), false) {
+            Ok(()) => filled += 1,
+            Err(EngineError::NoSpace(_)) => break,
+            Err(e) => panic!("block {filled} of the fill: {e}"),
+        }
+    }
+    drop(fill);
+    let names =
+        |pool: &Pool| -> Vec<String> { pool.list_volumes().into_iter().map(|v| v.name).collect() };
+    match pool.clone_volume_with("src", "copy", Provisioning::THIN) {
+        Err(EngineError::NoSpace(why)) => eprintln!("refused as it should be: {why}"),
+        Ok(_) => panic!("a clone of 1,024 map pages fitted in a full pool"),
+        Err(e) => panic!("refused with the wrong error: {e}"),
+    }
+    assert!(
+        !names(&pool).contains(&"copy".to_string()),
+        "the refused clone is still listed: {:?}",
+        names(&pool)
+    );
+    // Space returns; the next checkpoint must not bring the clone back.
+    pool.delete_volume("fill", false).unwrap();
+    checkpoint(&pool, 1, "after the fill was deleted");
+    t.reopen();
+    let mut after = names(t.pool());
+    after.sort();
+    assert_eq!(
+        after,
+        vec!["src".to_string(), "tick".to_string()],
+        "after a reopen"
+    );
+    let audit = t.pool().audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+}
