@@ -147,7 +147,10 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         format_size(info.dedup_window_bytes),
         format_size(info.index_memory_bytes),
         info.compression,
-        format_size(info.reserve_bytes)
+        format_size(
+            info.reserve_bytes
+                .saturating_sub(info.metadata_headroom_bytes)
+        )
     )
 }
 
@@ -246,15 +249,20 @@ fn print_info(info: &PoolInfo) {
             "Kept for trims",
             format!(
                 "{} (no reservation takes it)",
-                format_size(info.reserve_bytes)
+                format_size(
+                    info.reserve_bytes
+                        .saturating_sub(info.metadata_headroom_bytes)
+                )
             ),
         ),
         (
             "Kept for metadata",
             format!(
                 "{} (free space the pages of reserved data and the next checkpoint may \
-                 need past the page store; no reservation or thin write takes it)",
-                format_size(info.metadata_kept_bytes)
+                 need past the page store; no reservation or thin write takes it), and \
+                 {} that each slab keeps for a checkpoint's pages",
+                format_size(info.metadata_kept_bytes),
+                format_size(info.metadata_headroom_bytes)
             ),
         ),
         (

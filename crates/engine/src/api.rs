@@ -142,8 +142,14 @@ pub struct PoolInfo {
     /// The pool was made with the overcommit flag of earlier versions (its page store
     /// sized for 4 times its data); volumes are thick or thin each on their own now.
     pub overcommit: bool,
-    /// Data blocks kept for trims and deletes: no reservation may take them.
+    /// Data blocks kept back from every reservation: for trims and deletes, and, in
+    /// a pool whose pages may go to data blocks, each slab's headroom for a
+    /// checkpoint's pages (`metadata_headroom_bytes`, part of this figure).
     pub reserve_bytes: u64,
+    /// Of `reserve_bytes`, the free blocks each slab keeps for a checkpoint's
+    /// metadata pages (flags bit 3), which data never takes.
+    #[serde(default)]
+    pub metadata_headroom_bytes: u64,
     /// Slabs and their size.
     pub slab_count: u32,
     /// Data blocks per slab.

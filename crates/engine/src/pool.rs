@@ -616,6 +616,7 @@ impl Pool {
             metadata_kept_bytes: ledger.metadata_blocks * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
+            metadata_headroom_bytes: i.depot.metadata_headroom_blocks() * block,
             slab_count: g.slab_count(),
             slab_blocks: g.slab_blocks(),
             objects_per_slab: g.objects_per_slab(),
