@@ -21,19 +21,6 @@ const MIB: u64 = 1 << 20;
 const MAX_VOLUME_BYTES: u64 = 1 << 52;
 const B: u64 = BLOCK as u64;
 
-/// A block of its own content for `seed`.
-fn block(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// The first, middle and last block of a volume of `size_bytes`.
 fn probes(size_bytes: u64) -> [u64; 3] {
     let last = size_bytes / B - 1;
@@ -70,7 +57,7 @@ fn assert_probes(pool: &Arc<Pool>, names: &[&str]) {
         }
         for (k, lbn) in probes(*size).into_iter().enumerate() {
             assert!(
-                read_block(pool, name, lbn) == block((v * 3 + k) as u64),
+                read_block(pool, name, lbn) == random_block((v * 3 + k) as u64),
                 "volume {name} block {lbn}"
             );
         }
@@ -123,7 +110,7 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
     for (v, (name, size)) in VOLUMES.iter().enumerate() {
         let vol = pool.open_volume(name).unwrap();
         for (k, lbn) in probes(*size).into_iter().enumerate() {
-            vol.write(lbn * B, &block((v * 3 + k) as u64), false)
+            vol.write(lbn * B, &random_block((v * 3 + k) as u64), false)
                 .unwrap();
         }
     }
@@ -178,12 +165,12 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
     let replayed = MAX_VOLUME_BYTES / B / 4;
     pool.open_volume("b")
         .unwrap()
-        .write(replayed * B, &block(100), true)
+        .write(replayed * B, &random_block(100), true)
         .unwrap();
     drop(pool);
     t.crash(fewerbytes_engine::storage::CrashMode::DropAll);
     let pool = t.pool().clone();
-    assert!(read_block(&pool, "b", replayed) == block(100));
+    assert!(read_block(&pool, "b", replayed) == random_block(100));
     assert_eq!(volume(&pool, "b").map_pages, 4);
     assert_probes(&pool, &["a", "b", "c", "d"]);
 
@@ -194,12 +181,12 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
     let own = MAX_VOLUME_BYTES / B / 3;
     pool.open_volume("a2")
         .unwrap()
-        .write(own * B, &block(200), false)
+        .write(own * B, &random_block(200), false)
         .unwrap();
-    assert!(read_block(&pool, "a2", own) == block(200));
+    assert!(read_block(&pool, "a2", own) == random_block(200));
     assert!(read_block(&pool, "a", own) == vec![0u8; BLOCK]);
     for (k, lbn) in probes(MAX_VOLUME_BYTES).into_iter().enumerate() {
-        assert!(read_block(&pool, "a2", lbn) == block(k as u64));
+        assert!(read_block(&pool, "a2", lbn) == random_block(k as u64));
     }
     assert_eq!(volume(&pool, "a2").map_pages, 4);
     assert_eq!(volume(&pool, "a").map_pages, 3);
@@ -209,7 +196,7 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
     assert_eq!(volume(&pool, "b").map_pages, 1);
     assert_eq!(volume(&pool, "b").logical_used_bytes, B);
     pool.resize_volume("b", MAX_VOLUME_BYTES, false).unwrap();
-    assert!(read_block(&pool, "b", 0) == block(3));
+    assert!(read_block(&pool, "b", 0) == random_block(3));
     for lbn in [
         replayed,
         probes(MAX_VOLUME_BYTES)[1],
@@ -236,7 +223,7 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
     t.reopen();
     let pool = t.pool().clone();
     assert_probes(&pool, &["a", "c"]);
-    assert!(read_block(&pool, "a2", own) == block(200));
-    assert!(read_block(&pool, "b", 0) == block(3));
+    assert!(read_block(&pool, "a2", own) == random_block(200));
+    assert!(read_block(&pool, "b", 0) == random_block(3));
     assert_check_clean(&pool);
 }

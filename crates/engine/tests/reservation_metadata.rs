@@ -38,19 +38,6 @@ fn fragment_block(seed: u64) -> Vec<u8> {
     b
 }
 
-/// A unique block that does not compress: stored whole.
-fn random_block(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// Take a checkpoint now, as every volume operation does: rename the volume `tick`
 /// back and forth (`n` says which way). It must succeed.
 fn checkpoint(pool: &Arc<Pool>, n: u64, when: &str) {

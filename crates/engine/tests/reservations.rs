@@ -11,18 +11,6 @@ use fewerbytes_engine::{EngineError, Provisioning, VolumeInfo};
 
 const MIB: u64 = 1 << 20;
 
-fn random_block(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn volume(t: &TestPool, name: &str) -> VolumeInfo {
     t.pool()
         .list_volumes()

@@ -51,6 +51,13 @@ impl LoopDevice {
         })
     }
 
+    /// [`LoopDevice::attach`], or `None` after printing why the test is skipped.
+    pub fn attach_or_skip(file: &Path) -> Option<LoopDevice> {
+        LoopDevice::attach(file)
+            .map_err(|why| eprintln!("skipped: loop devices are not available here: {why}"))
+            .ok()
+    }
+
     /// The device's path as a string.
     pub fn path_str(&self) -> &str {
         self.path.to_str().expect("utf-8 device path")

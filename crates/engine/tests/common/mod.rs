@@ -10,6 +10,20 @@ use std::sync::Arc;
 
 pub const BLOCK: usize = 4096;
 
+/// A block of noise of its own for `seed` (xorshift): unique and incompressible,
+/// stored whole.
+pub fn random_block(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..BLOCK)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// A pool on an in-memory device.
 pub struct TestPool {
     pub dev: Arc<FaultStorage>,
