@@ -484,7 +484,14 @@ impl Reservations {
         // add past the free slots no one else counts; and the pool's reserve for
         // trims and deletes stays free, which also covers the blocks open in packers
         // that the free count takes for free although some hold data.
-        let kept = kept_blocks(geometry, depot);
+        // A thick volume past its reservation is overwriting blocks it maps (it maps
+        // no more than its size): the reserve is there for that, the old blocks
+        // coming back at the next checkpoint. Any other volume leaves it free.
+        let kept = if self.of(vol.id()) == Provisioning::Thick {
+            0
+        } else {
+            kept_blocks(geometry, depot)
+        };
         let pages = map_pages + objects(blocks - inside);
         let need = (l.withheld_blocks - inside)
             + blocks
