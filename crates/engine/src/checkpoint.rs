@@ -274,6 +274,17 @@ impl Writeback<'_> {
         tables: &mut ObjectTables,
         payload: &mut [u8],
     ) -> Result<()> {
+        if slab.has_no_durable_pages()
+            && slab
+                .table_pages_in_memory(ObjTable::Counts)
+                .next()
+                .is_none()
+        {
+            // Nothing in memory and nothing durable: no page to write or reference.
+            tables.count_pages += slab.table_pages(ObjTable::Counts) as u64;
+            tables.fp_pages += slab.table_pages(ObjTable::Fingerprints) as u64;
+            return Ok(());
+        }
         let objects = slab.objects() as usize;
         for c in 0..slab.table_pages(ObjTable::Counts) {
             let first = c * COUNTS_PER_PAGE;

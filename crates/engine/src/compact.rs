@@ -183,7 +183,7 @@ fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
     // By block of the slab: (live bytes, holds a whole block).
     let mut live: Vec<(u64, bool)> = vec![(0, false); slab.block_count() as usize];
     let mut fragments: Vec<Victim> = Vec::new();
-    for i in 0..slab.objects() {
+    for i in slab.objects_in_memory() {
         let rec = slab.rec(i);
         if rec.refcount == 0 {
             continue;

@@ -36,6 +36,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Shards (hash zones); a power of two so the shard is a mask of the key.
 pub const INDEX_SHARDS: usize = 64;
+/// The index's memory when `pool create` is given no `--index-memory`: a dense
+/// window of about 256 GiB of stored blocks. Bounded, never "the whole device": an
+/// index sized for a large device took its RAM whatever the pool stored (14 GiB for
+/// an empty 15 TiB pool). Pools smaller than the window get one entry per block.
+pub const INDEX_MEMORY_DEFAULT_BYTES: u64 = 256 << 20;
 /// Slots per bucket.
 pub const BUCKET_SLOTS: usize = 8;
 /// Bits of memory per slot: tag and group.

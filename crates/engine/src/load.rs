@@ -462,11 +462,7 @@ fn upgrade_pages(inner: &Inner) -> u64 {
     for slab in inner.depot.iter() {
         let slab = slab.lock();
         let objects = slab.objects() as usize;
-        let used = |table: ObjTable| {
-            (0..objects.div_ceil(table.records_per_page()))
-                .filter(|&k| slab.table_page_held(table, k))
-                .count() as u64
-        };
+        let used = |table: ObjTable| slab.table_pages_in_memory(table).count() as u64;
         pages += used(ObjTable::Counts) + used(ObjTable::Fingerprints);
         counts += objects.div_ceil(COUNTS_PER_PAGE) as u64;
         fps += objects.div_ceil(FINGERPRINTS_PER_PAGE) as u64;

@@ -45,7 +45,7 @@ pub(crate) fn pages_to_write(
             let slab = slab.lock();
             let n = slab.table_pages(table);
             changed.extend(
-                (0..n)
+                slab.table_pages_in_memory(table)
                     .filter(|&k| slab.table_page_changed(table, k))
                     .map(|k| total + k as u64),
             );
@@ -107,7 +107,7 @@ pub(crate) fn new_pages_to_write(depot: &SlabDepot, volumes: &[Arc<VolumeState>]
             let slab = slab.lock();
             let n = slab.table_pages(table);
             new.extend(
-                (0..n)
+                slab.table_pages_in_memory(table)
                     .filter(|&k| {
                         slab.table_page_changed(table, k) && slab.durable_ref(table, k).is_none()
                     })

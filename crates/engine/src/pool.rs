@@ -193,7 +193,11 @@ impl Pool {
             Some(bytes) => {
                 crate::index::DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN)
             }
-            None => geo.data_blocks,
+            None => geo
+                .data_blocks
+                .min(crate::index::DedupIndex::window_for_memory(
+                    crate::index::INDEX_MEMORY_DEFAULT_BYTES,
+                )),
         }
         .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
         let flags = if meta.is_some() {

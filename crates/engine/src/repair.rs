@@ -287,7 +287,8 @@ fn repair_records(
     let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
     for s in 0..inner.geometry.slab_count() {
         let mut slab = inner.depot.slab(s).lock();
-        for idx in 0..slab.objects() {
+        let held: Vec<u32> = slab.objects_in_memory().collect();
+        for idx in held {
             let rec = slab.rec(idx);
             if rec.refcount == 0 && rec.fingerprint == [0; 32] {
                 continue;
@@ -349,8 +350,11 @@ fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
     let pages = inner.checkpointer.page_store();
     for s in 0..inner.geometry.slab_count() {
         let slab = inner.depot.slab(s).lock();
+        if slab.holds_nothing() {
+            continue;
+        }
         let mut found = vec![0u32; slab.block_count() as usize];
-        for idx in 0..slab.objects() {
+        for idx in slab.objects_in_memory() {
             let rec = slab.rec(idx);
             if rec.refcount == 0 {
                 continue;
@@ -406,7 +410,7 @@ fn verify_data(
     for s in 0..inner.geometry.slab_count() {
         let slab = inner.depot.slab(s).lock();
         live.extend(
-            (0..slab.objects())
+            slab.objects_in_memory()
                 .filter(|&idx| slab.rec(idx).refcount > 0)
                 .map(|idx| u64::from(s) * objects_per_slab + u64::from(idx)),
         );

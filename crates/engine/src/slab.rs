@@ -5,6 +5,10 @@
 //! Freed objects and blocks are not reusable at once: they wait on a pending list
 //! until the next checkpoint makes the state that freed them durable. Until then a
 //! crash could bring back a mapping to them, so their bytes must stay intact.
+//!
+//! A slab that never held anything costs a few hundred bytes: its tables (object
+//! pages, page references, bitmaps, holders) are allocated on first use, so a pool's
+//! memory and open time follow what it stores, not the size of its device.
 
 use fewerbytes_format::location::{Codec, Location};
 use fewerbytes_format::page::{PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE};
@@ -66,7 +70,8 @@ impl ObjPage {
     }
 }
 
-/// A fixed-size bitmap with a rotating search cursor.
+/// A fixed-size bitmap with a rotating search cursor. Its words are allocated when
+/// a bit is first set: a bitmap that never had one set takes no memory.
 pub struct Bitmap {
     words: Vec<u64>,
     bits: u32,
@@ -76,7 +81,7 @@ pub struct Bitmap {
 impl Bitmap {
     fn new(bits: u32) -> Self {
         Bitmap {
-            words: vec![0; bits.div_ceil(64) as usize],
+            words: Vec::new(),
             bits,
             cursor: 0,
         }
@@ -84,7 +89,9 @@ impl Bitmap {
     /// Room for `bits` bits; the new ones clear.
     fn grow(&mut self, bits: u32) {
         self.bits = bits;
-        self.words.resize(bits.div_ceil(64) as usize, 0);
+        if !self.words.is_empty() {
+            self.words.resize(bits.div_ceil(64) as usize, 0);
+        }
     }
     /// Whether bit `i` is set.
     pub fn get(&self, i: u32) -> bool {
@@ -93,6 +100,10 @@ impl Bitmap {
             .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
     fn set(&mut self, i: u32, on: bool) {
+        assert!(i < self.bits, "bit {i} of a bitmap of {} bits", self.bits);
+        if on && self.words.is_empty() {
+            self.words = vec![0; self.bits.div_ceil(64) as usize];
+        }
         if let Some(w) = self.words.get_mut((i / 64) as usize) {
             if on {
                 *w |= 1 << (i % 64);
@@ -103,6 +114,15 @@ impl Bitmap {
     }
     /// Find and set a clear bit, searching from the cursor.
     fn take_free(&mut self) -> Option<u32> {
+        if self.words.is_empty() {
+            // Nothing set yet: the first bit is free (if there is one).
+            if self.bits == 0 {
+                return None;
+            }
+            self.set(0, true);
+            self.cursor = 0;
+            return Some(0);
+        }
         let words = self.words.len() as u32;
         let start_word = self.cursor / 64;
         for step in 0..=words {
@@ -168,18 +188,24 @@ pub struct Slab {
     first_pbn: u64,
     /// Data blocks in this slab (the last slab may be short).
     blocks: u32,
-    /// Object pages, allocated when first used.
+    /// Object slots (a multiple of [`OBJECTS_PER_PAGE`]).
+    objects: u32,
+    /// Object pages, allocated when first used; the vector itself is empty until
+    /// then (it is sized to `objects` pages on the first).
     pages: Vec<Option<ObjPage>>,
-    /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each.
+    /// The durable count pages (version 2), [`COUNTS_PER_PAGE`] objects each; empty
+    /// until one is written or loaded (a missing entry is [`PageRef::NONE`]).
     count_refs: Vec<PageRef>,
-    /// The durable fingerprint pages (version 2), [`FINGERPRINTS_PER_PAGE`] each.
+    /// The durable fingerprint pages (version 2), [`FINGERPRINTS_PER_PAGE`] each;
+    /// empty likewise.
     fp_refs: Vec<PageRef>,
     objects_used: Bitmap,
     objects_used_count: u32,
     blocks_used: Bitmap,
     blocks_used_count: u32,
     /// Live holders per block: 1 for a whole-block object; one per fragment touching
-    /// it for a packed block, plus one while a packer has it open.
+    /// it for a packed block, plus one while a packer has it open. Empty until the
+    /// first hold (every block then has none).
     holders: Vec<u16>,
     pending_objects: Vec<u32>,
     pending_blocks: Vec<u32>,
@@ -204,20 +230,23 @@ impl Slab {
         objects: u32,
         dirty_pages: std::sync::Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
+        assert!(
+            (objects as usize).is_multiple_of(OBJECTS_PER_PAGE),
+            "slab {index}: {objects} object slots, not a multiple of {OBJECTS_PER_PAGE}"
+        );
         Slab {
             index,
             first_pbn,
             blocks,
-            pages: (0..objects as usize / OBJECTS_PER_PAGE)
-                .map(|_| None)
-                .collect(),
-            count_refs: vec![PageRef::NONE; (objects as usize).div_ceil(COUNTS_PER_PAGE)],
-            fp_refs: vec![PageRef::NONE; (objects as usize).div_ceil(FINGERPRINTS_PER_PAGE)],
+            objects,
+            pages: Vec::new(),
+            count_refs: Vec::new(),
+            fp_refs: Vec::new(),
             objects_used: Bitmap::new(objects),
             objects_used_count: 0,
             blocks_used: Bitmap::new(blocks),
             blocks_used_count: 0,
-            holders: vec![0; blocks as usize],
+            holders: Vec::new(),
             pending_objects: Vec::new(),
             pending_blocks: Vec::new(),
             open_blocks: Vec::new(),
@@ -234,7 +263,15 @@ impl Slab {
         }
         self.blocks = blocks;
         self.blocks_used.grow(blocks);
-        self.holders.resize(blocks as usize, 0);
+        if !self.holders.is_empty() {
+            self.holders.resize(blocks as usize, 0);
+        }
+    }
+
+    /// Object page `p`, allocated (and the page vector sized) on first use; `None`
+    /// past the slab's objects.
+    fn page_mut(&mut self, p: usize) -> Option<&mut ObjPage> {
+        page_in(&mut self.pages, self.objects, p)
     }
 
     /// Keep `blocks` free blocks for metadata pages: data allocation stops there.
@@ -325,7 +362,7 @@ impl Slab {
 
     /// Object slots in this slab.
     pub fn objects(&self) -> u32 {
-        (self.pages.len() * OBJECTS_PER_PAGE) as u32
+        self.objects
     }
     /// Free (allocatable) objects.
     pub fn free_objects(&self) -> u32 {
@@ -368,7 +405,7 @@ impl Slab {
     /// count page is rewritten at the next checkpoint, not its fingerprint page).
     pub fn rec_mut(&mut self, i: u32) -> Option<&mut ObjRec> {
         let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
-        let page = self.pages.get_mut(p)?.get_or_insert_with(ObjPage::empty);
+        let page = page_in(&mut self.pages, self.objects, p)?;
         if !page.dirty {
             page.dirty = true;
             self.dirty_pages
@@ -383,7 +420,7 @@ impl Slab {
     /// budget.
     pub fn rec_mut_stored(&mut self, i: u32) -> Option<&mut ObjRec> {
         let p = i as usize / OBJECTS_PER_PAGE;
-        let page = self.pages.get_mut(p)?.get_or_insert_with(ObjPage::empty);
+        let page = page_in(&mut self.pages, self.objects, p)?;
         if !page.fp_dirty {
             page.fp_dirty = true;
             self.dirty_pages
@@ -395,19 +432,14 @@ impl Slab {
     /// Set the record of object `i` as loaded from a checkpoint (not dirty).
     pub fn load_rec(&mut self, i: u32, set: impl FnOnce(&mut ObjRec)) {
         let (p, r) = (i as usize / OBJECTS_PER_PAGE, i as usize % OBJECTS_PER_PAGE);
-        if let Some(page) = self.pages.get_mut(p) {
-            if let Some(rec) = page.get_or_insert_with(ObjPage::empty).recs.get_mut(r) {
-                set(rec);
-            }
+        if let Some(rec) = self.page_mut(p).and_then(|page| page.recs.get_mut(r)) {
+            set(rec);
         }
     }
 
     /// Pages of `table` over this slab.
     pub fn table_pages(&self, table: ObjTable) -> usize {
-        match table {
-            ObjTable::Counts => self.count_refs.len(),
-            ObjTable::Fingerprints => self.fp_refs.len(),
-        }
+        (self.objects as usize).div_ceil(table.records_per_page())
     }
 
     /// The object pages in memory under page `k` of `table`.
@@ -432,6 +464,45 @@ impl Slab {
             })
     }
 
+    /// The pages of `table` with an object page in memory under them, in order: the
+    /// only ones that can be changed or held. None, at no cost, in a slab that never
+    /// held anything.
+    pub fn table_pages_in_memory(&self, table: ObjTable) -> impl Iterator<Item = usize> + '_ {
+        let n = if self.pages.is_empty() {
+            0
+        } else {
+            self.table_pages(table)
+        };
+        (0..n).filter(move |&k| self.table_page_held(table, k))
+    }
+
+    /// The object slots under object pages in memory, in order: the only ones whose
+    /// record can be anything but free. None in a slab that never held anything.
+    pub fn objects_in_memory(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pages
+            .iter()
+            .enumerate()
+            .filter(|(_, page)| page.is_some())
+            .flat_map(|(p, _)| {
+                let first = (p * OBJECTS_PER_PAGE) as u32;
+                first..first + OBJECTS_PER_PAGE as u32
+            })
+    }
+
+    /// Whether no block is allocated, held or open and no object page is in memory:
+    /// a slab with nothing in it to check.
+    pub fn holds_nothing(&self) -> bool {
+        self.pages.is_empty()
+            && self.holders.is_empty()
+            && self.blocks_used_count == 0
+            && self.open_blocks.is_empty()
+    }
+
+    /// Whether the slab holds no durable page reference (none written or loaded).
+    pub fn has_no_durable_pages(&self) -> bool {
+        self.count_refs.is_empty() && self.fp_refs.is_empty()
+    }
+
     /// Whether any object under page `k` of `table` is held in memory (the page
     /// would be written by a full rewrite).
     pub fn table_page_held(&self, table: ObjTable, k: usize) -> bool {
@@ -449,10 +520,18 @@ impl Slab {
 
     /// Page `k` of `table` is durable at `r`: a checkpoint wrote it, or loading read it.
     pub fn set_durable(&mut self, table: ObjTable, k: usize, r: PageRef) {
+        let pages = self.table_pages(table);
+        assert!(k < pages, "page {k} of a table of {pages} pages");
         let refs = match table {
             ObjTable::Counts => &mut self.count_refs,
             ObjTable::Fingerprints => &mut self.fp_refs,
         };
+        if refs.is_empty() {
+            if r.is_none() {
+                return;
+            }
+            refs.resize(pages, PageRef::NONE);
+        }
         if let Some(slot) = refs.get_mut(k) {
             *slot = r;
         }
@@ -523,6 +602,9 @@ impl Slab {
 
     /// Add a holder to block `b`.
     pub fn hold_block(&mut self, b: u32) {
+        if b < self.blocks && self.holders.is_empty() {
+            self.holders = vec![0; self.blocks as usize];
+        }
         if let Some(h) = self.holders.get_mut(b as usize) {
             *h += 1;
         }
@@ -534,6 +616,11 @@ impl Slab {
     /// fragment would be overwritten.
     pub fn drop_block(&mut self, b: u32) -> Result<()> {
         let index = self.index;
+        if b < self.blocks && self.holders.is_empty() {
+            return Err(EngineError::Invariant(format!(
+                "block {b} of slab {index} dropped below zero holders"
+            )));
+        }
         let h = self.holders.get_mut(b as usize).ok_or_else(|| {
             EngineError::Invariant(format!(
                 "a holder dropped from block {b} of slab {index}, which has no such block"
@@ -651,11 +738,13 @@ impl Slab {
         self.blocks_used = Bitmap::new(self.blocks);
         self.blocks_used_count = 0;
         self.holders.iter_mut().for_each(|h| *h = 0);
+        // Only the object pages in memory can hold a live record.
+        let held: Vec<u32> = self.objects_in_memory().collect();
         self.pending_blocks.clear();
         self.pending_objects.clear();
         self.open_blocks.clear();
         let mut live = Vec::new();
-        for i in 0..objects {
+        for i in held {
             let rec = self.rec(i);
             if rec.refcount == 0 {
                 if rec.location != 0 {
@@ -670,6 +759,13 @@ impl Slab {
             self.objects_used_count += 1;
             if let Ok(loc) = Location::decode(rec.location) {
                 let (first, count) = loc.blocks();
+                let end = self.first_pbn + u64::from(self.blocks);
+                if first < self.first_pbn || first + count > end {
+                    // Returned with the live records: the caller reports it as
+                    // corruption (`recovery.rs: rebuild`, `valid_location`).
+                    live.push((i, rec));
+                    continue;
+                }
                 for b in first..first + count {
                     let local = (b - self.first_pbn) as u32;
                     if !self.blocks_used.get(local) {
@@ -683,6 +779,19 @@ impl Slab {
         }
         live
     }
+}
+
+/// Object page `p` of `pages` (a slab of `objects` object slots), allocated, and the
+/// vector sized, on first use; `None` past the slab's objects.
+fn page_in(pages: &mut Vec<Option<ObjPage>>, objects: u32, p: usize) -> Option<&mut ObjPage> {
+    let count = objects as usize / OBJECTS_PER_PAGE;
+    if p >= count {
+        return None;
+    }
+    if pages.is_empty() {
+        *pages = (0..count).map(|_| None).collect();
+    }
+    Some(pages.get_mut(p)?.get_or_insert_with(ObjPage::empty))
 }
 
 #[cfg(test)]
