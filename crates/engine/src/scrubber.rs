@@ -115,6 +115,11 @@ impl Scrubber {
         }
     }
 
+    /// Whether the report keeps another finding (fewer than [`SCRUB_FINDINGS_MAX`]).
+    pub(crate) fn keeps_more(&self) -> bool {
+        self.status.lock().findings.len() < SCRUB_FINDINGS_MAX
+    }
+
     /// The scrub ended: finished, or stopped early for `stopped`.
     pub(crate) fn finish(&self, stopped: Option<String>) {
         let mut s = self.status.lock();
