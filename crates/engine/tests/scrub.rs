@@ -231,3 +231,54 @@ fn a_scrub_pauses_and_resumes() {
     let mut t = t;
     t.pool.take().unwrap().close().unwrap();
 }
+
+#[test]
+fn a_scrub_under_writes_checkpoints_and_compaction_finds_nothing() {
+    // The scrub reads pages and blocks the pool keeps moving: a page's slot retired
+    // by a checkpoint, a fragment moved by compaction, an object freed by an
+    // overwrite, a volume deleted. None of that is damage, and none may be reported.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let t = create(64 << 20, None);
+    t.pool().create_volume("a", 8 << 20).unwrap();
+    let pool = t.pool().clone();
+    let writes = std::sync::Arc::new(AtomicU64::new(0));
+    const WRITES: u64 = 30_000;
+    let writer = {
+        let pool = pool.clone();
+        let writes = writes.clone();
+        std::thread::spawn(move || {
+            let v = pool.open_volume("a").unwrap();
+            let mut mix = Mix::new(7);
+            for n in 1..=WRITES {
+                // Compressible blocks become fragments; overwrites free them.
+                let lbn = (n * 7919) % 2048;
+                v.write(lbn * BLOCK as u64, &mix.next_block(), false)
+                    .unwrap();
+                writes.store(n, Ordering::Relaxed);
+                if n % 1000 == 0 {
+                    pool.flush().unwrap();
+                    pool.compact().unwrap();
+                    // A volume operation takes a checkpoint; the delete retires pages.
+                    pool.create_volume("b", 1 << 20).unwrap();
+                    let b = pool.open_volume("b").unwrap();
+                    b.write(0, &random_block(n), false).unwrap();
+                    drop(b);
+                    pool.delete_volume("b", false).unwrap();
+                }
+            }
+        })
+    };
+    let mut scrubs = 0;
+    while scrubs < 5 || writes.load(Ordering::Relaxed) < WRITES {
+        pool.scrub_start(0).unwrap();
+        let s = wait_done(&pool);
+        assert_eq!(s.errors_found, 0, "{s:#?}");
+        assert!(s.stopped.is_none(), "{s:#?}");
+        scrubs += 1;
+    }
+    writer.join().unwrap();
+    eprintln!(
+        "{scrubs} scrubs beside {WRITES} writes and {} checkpoints",
+        pool.stats().checkpoints
+    );
+}
