@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::control::{with_pool, Answer, PoolHandle, Request};
+use crate::control::{inspect_pool, with_pool, Answer, PoolHandle, Request};
 use crate::output::print_json;
 use crate::size::{format_size, parse_size_arg};
 
@@ -54,44 +54,51 @@ pub fn run(args: ScrubArgs, pool_path: &Path) -> Result<ExitCode> {
     if args.rate.is_some() && !matches!(action, ScrubAction::Start) {
         bail!("--rate applies to `scrub start` only");
     }
-    with_pool(pool_path, |pool| {
-        let served = matches!(pool, PoolHandle::Served(_));
-        let request = match action {
-            ScrubAction::Start => Request::ScrubStart {
-                rate_bytes_per_s: args.rate.unwrap_or(SCRUB_RATE_DEFAULT_BYTES_PER_S),
-            },
-            ScrubAction::Pause | ScrubAction::Resume if !served => bail!(
-                "no server holds the pool, so no scrub runs in the background to pause \
-                 or resume (`fewerbytes scrub` on a pool no server holds runs to its end)"
-            ),
-            ScrubAction::Pause => Request::ScrubPause,
-            ScrubAction::Resume => Request::ScrubResume,
-            ScrubAction::Status => Request::ScrubStatus,
-        };
-        let mut status = call(pool, &request)?;
-        // This process's own open ends with the command: the scrub must finish first.
-        let wait = args.wait || (!served && matches!(action, ScrubAction::Start));
-        if wait {
-            while matches!(status.state, ScrubState::Running | ScrubState::Paused) {
-                std::thread::sleep(POLL_INTERVAL);
-                status = call(pool, &Request::ScrubStatus)?;
-            }
+    // A status needs no write: a pool no server holds is opened read-only for it.
+    match action {
+        ScrubAction::Status => inspect_pool(pool_path, |pool| drive(pool, action, &args)),
+        _ => with_pool(pool_path, |pool| drive(pool, action, &args)),
+    }
+}
+
+/// Send the action, wait if asked (or if this process holds the pool), report.
+fn drive(pool: &PoolHandle, action: ScrubAction, args: &ScrubArgs) -> Result<ExitCode> {
+    let served = matches!(pool, PoolHandle::Served(_));
+    let request = match action {
+        ScrubAction::Start => Request::ScrubStart {
+            rate_bytes_per_s: args.rate.unwrap_or(SCRUB_RATE_DEFAULT_BYTES_PER_S),
+        },
+        ScrubAction::Pause | ScrubAction::Resume if !served => bail!(
+            "no server holds the pool, so no scrub runs in the background to pause \
+             or resume (`fewerbytes scrub` on a pool no server holds runs to its end)"
+        ),
+        ScrubAction::Pause => Request::ScrubPause,
+        ScrubAction::Resume => Request::ScrubResume,
+        ScrubAction::Status => Request::ScrubStatus,
+    };
+    let mut status = call(pool, &request)?;
+    // This process's own open ends with the command: the scrub must finish first.
+    let wait = args.wait || (!served && matches!(action, ScrubAction::Start));
+    if wait {
+        while matches!(status.state, ScrubState::Running | ScrubState::Paused) {
+            std::thread::sleep(POLL_INTERVAL);
+            status = call(pool, &Request::ScrubStatus)?;
         }
-        if args.json {
-            print_json(&status)?;
-        } else if wait {
-            print_report(&status);
+    }
+    if args.json {
+        print_json(&status)?;
+    } else if wait {
+        print_report(&status);
+    } else {
+        println!("{}", summary(&status));
+    }
+    Ok(
+        if wait && (status.unrepaired() > 0 || status.stopped.is_some()) {
+            ExitCode::FAILURE
         } else {
-            println!("{}", summary(&status));
-        }
-        Ok(
-            if wait && (status.unrepaired() > 0 || status.stopped.is_some()) {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            },
-        )
-    })
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 fn call(pool: &PoolHandle, request: &Request) -> Result<ScrubStatus> {
