@@ -118,10 +118,15 @@ fn repair(args: &CheckArgs, pool_path: &Path) -> Result<ExitCode> {
         "--verify-data"
     };
     if let Some(client) = ControlClient::probe(pool_path)? {
+        let served = if args.verify_data {
+            " (`fewerbytes scrub --wait` verifies every stored block while it serves)"
+        } else {
+            ""
+        };
         bail!(
             "`check {what}` holds the pool still while it runs, so it does not run through a \
              server: stop the server holding {} (its control socket is {}) first, then run it \
-             again",
+             again{served}",
             pool_path.display(),
             client.path().display()
         );

@@ -295,6 +295,7 @@ fn print_info(info: &PoolInfo) {
             },
         ),
         ("Format version", info.format_version.to_string()),
+        ("Scrub", crate::cmd_scrub::summary(&info.scrub)),
         (
             "Open by",
             match &info.open_marker {

@@ -51,6 +51,9 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         table.print_rows();
     } else {
         table.print();
+        if stats.pool.scrub.state != fewerbytes_engine::ScrubState::Idle {
+            println!("Scrub: {}", crate::cmd_scrub::summary(&stats.pool.scrub));
+        }
     }
     if args.verbose {
         println!();

@@ -123,6 +123,14 @@ pub enum Request {
     GrowPool,
     /// Where the server serves NBD (answered by a server only, never locally).
     Endpoints,
+    /// `scrub start`.
+    ScrubStart { rate_bytes_per_s: u64 },
+    /// `scrub pause`.
+    ScrubPause,
+    /// `scrub resume`.
+    ScrubResume,
+    /// `scrub status`.
+    ScrubStatus,
 }
 
 fn is_thick(p: &Provisioning) -> bool {
@@ -196,6 +204,16 @@ impl Request {
             Request::Audit => "check".into(),
             Request::GrowPool => "pool grow".into(),
             Request::Endpoints => "endpoints".into(),
+            Request::ScrubStart { rate_bytes_per_s } => match rate_bytes_per_s {
+                0 => "start a scrub (unthrottled)".into(),
+                r => format!(
+                    "start a scrub at {}/s at most",
+                    crate::size::format_size(*r)
+                ),
+            },
+            Request::ScrubPause => "pause the scrub".into(),
+            Request::ScrubResume => "resume the scrub".into(),
+            Request::ScrubStatus => "scrub status".into(),
         }
     }
 
@@ -211,6 +229,9 @@ impl Request {
                 | Request::RenameVolume { .. }
                 | Request::GrowPool
                 | Request::SetCompression { .. }
+                | Request::ScrubStart { .. }
+                | Request::ScrubPause
+                | Request::ScrubResume
         )
     }
 }
@@ -237,6 +258,8 @@ pub enum Answer {
     Endpoints(Endpoints),
     /// What `pool grow` did.
     Grown(fewerbytes_engine::GrowReport),
+    /// The scrub's progress and report.
+    Scrub(fewerbytes_engine::ScrubStatus),
 }
 
 /// What `stats` reports: the pool's statistics and, when served, the NBD server's.
@@ -389,6 +412,12 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             None => Answer::Audit(pool.audit()),
         },
         Request::GrowPool => Answer::Grown(pool.grow()?),
+        Request::ScrubStart { rate_bytes_per_s } => {
+            Answer::Scrub(pool.scrub_start(*rate_bytes_per_s)?)
+        }
+        Request::ScrubPause => Answer::Scrub(pool.scrub_pause()?),
+        Request::ScrubResume => Answer::Scrub(pool.scrub_resume()?),
+        Request::ScrubStatus => Answer::Scrub(pool.scrub_status()),
         Request::Endpoints => {
             return Err(EngineError::Refused(
                 "the pool is not being served, so it has no NBD endpoints".into(),

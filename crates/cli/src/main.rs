@@ -10,6 +10,7 @@ mod access;
 mod cmd_check;
 mod cmd_generate;
 mod cmd_pool;
+mod cmd_scrub;
 mod cmd_stats;
 mod cmd_volume;
 mod control;
@@ -105,6 +106,9 @@ enum Command {
     /// --repair, or metadata that does not load), 8 not checked (no pool, pool held,
     /// --repair on a served pool, an I/O error).
     Check(cmd_check::CheckArgs),
+    /// Read and verify every page and stored block of the pool, at a bounded rate,
+    /// while it serves; rewrite damaged metadata from memory; name damaged data.
+    Scrub(cmd_scrub::ScrubArgs),
     /// Serve every volume of the pool over NBD (unix socket and 127.0.0.1:10809).
     ///
     /// With no pool at the default path (no --pool, no FEWERBYTES_POOL), first creates
@@ -214,6 +218,7 @@ fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
         Command::Stats(args) => cmd_stats::stats(args, &pool.path),
         Command::ListMetadata(args) => cmd_stats::list_metadata(args, &pool.path),
         Command::Check(args) => cmd_check::run(args, &pool.path),
+        Command::Scrub(args) => cmd_scrub::run(args, &pool.path),
         Command::Serve(args) => serve::run(args, pool),
         Command::Completions { shell } => cmd_generate::completions::<Cli>(shell),
         Command::Man { dir } => cmd_generate::man_pages::<Cli>(&dir),

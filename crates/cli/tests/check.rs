@@ -240,6 +240,13 @@ fn repair_is_refused_on_a_served_pool_and_check_runs_through_it() {
             "{}",
             refused.report()
         );
+        // What verifies data while serving is the scrub.
+        assert_eq!(
+            refused.stderr.contains("fewerbytes scrub --wait"),
+            flag == "--verify-data",
+            "{}",
+            refused.report()
+        );
     }
     assert!(server.stop().success(), "{}", server.log_text());
     check(&pool, &["--repair"], 0);

@@ -176,6 +176,9 @@ pub struct PoolInfo {
     /// The open-by-host marker of the super block, when set (`docs/format.md`).
     #[serde(default)]
     pub open_marker: Option<OpenMarker>,
+    /// The scrub's progress and last report (in memory: a restart forgets it).
+    #[serde(default)]
+    pub scrub: Box<ScrubStatus>,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's
@@ -389,6 +392,9 @@ pub struct PoolStats {
     pub limits: Vec<(String, u64)>,
     /// Per volume.
     pub volumes: Vec<VolumeStats>,
+    /// The scrub's progress and last report (in memory: a restart forgets it).
+    #[serde(default)]
+    pub scrub: Box<ScrubStatus>,
 }
 
 /// Per-volume statistics.
@@ -418,4 +424,91 @@ pub struct AuditReport {
     pub map_entries_checked: u64,
     /// Every inconsistency found, one sentence each.
     pub problems: Vec<String>,
+}
+
+/// Where a scrub stands (`Pool::scrub_start`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScrubState {
+    /// No scrub since the pool was opened.
+    #[default]
+    Idle,
+    /// Reading and verifying.
+    Running,
+    /// Stopped by `scrub pause` where it was; `scrub resume` goes on from there.
+    Paused,
+    /// Finished (or stopped by the pool's close); the report stays until the next start.
+    Done,
+}
+
+impl std::fmt::Display for ScrubState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ScrubState::Idle => "idle",
+            ScrubState::Running => "running",
+            ScrubState::Paused => "paused",
+            ScrubState::Done => "done",
+        })
+    }
+}
+
+/// One thing a scrub found wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubFinding {
+    /// What failed: "super block", a page kind ("map", "counts", "directory", …), or "data".
+    pub region: String,
+    /// Which one, and why, in words (device, block, object, the check that failed).
+    pub what: String,
+    /// The volumes and byte ranges that map a damaged data block (empty for metadata,
+    /// or when no volume maps it).
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    /// Rewritten from the good copy (the in-memory state, or the other super block copy).
+    pub repaired: bool,
+}
+
+/// Progress and report of the pool's scrub: every page the current checkpoint
+/// reaches, every stored object, and both super block copies, read and verified.
+/// Kept in memory only: a restarted server reports `idle`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    /// Idle, running, paused or done.
+    pub state: ScrubState,
+    /// Bytes read and verified so far (pages, stored data, super block copies).
+    pub bytes_verified: u64,
+    /// Bytes to verify, counted when the scrub started.
+    pub bytes_total: u64,
+    /// Metadata pages verified.
+    pub pages_verified: u64,
+    /// Stored objects (whole blocks and fragments) verified.
+    pub objects_verified: u64,
+    /// Failures found.
+    pub errors_found: u64,
+    /// Of those, repaired.
+    pub repaired: u64,
+    /// Read rate limit in bytes per second (0: unthrottled).
+    pub rate_bytes_per_s: u64,
+    /// When it started (ISO 8601, UTC), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    /// When it finished (ISO 8601, UTC), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<String>,
+    /// Why it stopped early (the pool closed, a read it could not do), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// The first findings ([`SCRUB_FINDINGS_MAX`] at most; `errors_found` counts all).
+    #[serde(default)]
+    pub findings: Vec<ScrubFinding>,
+}
+
+/// Findings a scrub keeps in its report: a drive that returns garbage everywhere
+/// must not grow the server's memory; the counts stay exact past it.
+pub const SCRUB_FINDINGS_MAX: usize = 100;
+
+impl ScrubStatus {
+    /// Failures found and not repaired (damaged data, or metadata that could not be rewritten).
+    pub fn unrepaired(&self) -> u64 {
+        self.errors_found.saturating_sub(self.repaired)
+    }
 }

@@ -87,6 +87,12 @@ impl Counters {
         (values != kept.written).then_some(values)
     }
 
+    /// The counters page failed its checks (a scrub found it damaged): the next
+    /// checkpoint writes a new one whatever changed.
+    pub(crate) fn rewrite_page(&self) {
+        self.kept.lock().written.clear();
+    }
+
     /// A checkpoint holding `values` is durable.
     pub(crate) fn written(&self, values: Vec<u64>) {
         self.kept.lock().written = values;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use crate::checkpointer::Checkpointer;
 use crate::codec::PoolCodec;
 use crate::compactor::Compactor;
+use crate::scrubber::Scrubber;
 
 /// Blocks per step of a large request: bounds the journal space one step reserves
 /// and how long it holds the gate.
@@ -65,6 +66,8 @@ pub(crate) struct Inner {
     pub compactor: Compactor,
     /// Opened by `check --repair`: what the open may restore (`repair.rs`).
     pub repair: OpenRepair,
+    /// The online scrub's state and progress (`scrub.rs`).
+    pub scrubber: Scrubber,
 }
 
 impl Inner {

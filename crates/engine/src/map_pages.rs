@@ -72,6 +72,12 @@ impl MapPage {
         }
     }
 
+    /// The durable copy failed its checks (a scrub found it damaged): dirty, so the
+    /// next checkpoint writes the entries in memory, the good copy, to a fresh slot.
+    pub fn mark_dirty(&mut self, dirty_pages: &AtomicU64) {
+        self.turn_dirty(dirty_pages);
+    }
+
     /// Whether the page was ever written (else every entry is unmapped).
     pub fn is_written(&self) -> bool {
         self.entries.is_some()

@@ -55,6 +55,8 @@ pub struct Pool {
     inner: Arc<Inner>,
     commit_thread: Mutex<Option<JoinHandle<()>>>,
     compact_thread: Mutex<Option<JoinHandle<()>>>,
+    /// The scrub's thread while one runs (or finished and not yet joined).
+    scrub_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn random_u64() -> u64 {
@@ -557,6 +559,7 @@ impl Pool {
             locks: LbnLocks::new(),
             counters: Counters::default(),
             compactor: Compactor::new(),
+            scrubber: crate::scrubber::Scrubber::new(),
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
@@ -583,6 +586,7 @@ impl Pool {
             inner,
             commit_thread: Mutex::new(Some(handle)),
             compact_thread: Mutex::new(Some(compactor)),
+            scrub_thread: Mutex::new(None),
         }))
     }
 
@@ -597,6 +601,7 @@ impl Pool {
             .reservations()
             .ledger(&i.volumes.all(), &i.depot, g, &i.page_room());
         PoolInfo {
+            scrub: Box::new(i.scrubber.status()),
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
             data_device_bytes: g.data_device_bytes(),
@@ -834,6 +839,51 @@ impl Pool {
         crate::grow::grow(&self.inner)
     }
 
+    /// Start a scrub (`scrub.rs`): every page the current checkpoint reaches, every
+    /// stored object and both super block copies, read and verified on a thread of
+    /// its own at `rate_bytes_per_s` (0: unthrottled); damaged pages are rewritten
+    /// from memory. Refused while one runs or is paused. Its progress is
+    /// [`Pool::scrub_status`] (and `stats`, `pool info`).
+    pub fn scrub_start(&self, rate_bytes_per_s: u64) -> Result<ScrubStatus> {
+        let i = &self.inner;
+        let mut thread = self.scrub_thread.lock();
+        i.scrubber.begin(rate_bytes_per_s)?;
+        if let Some(h) = thread.take() {
+            // The last scrub's thread, finished (its state was done).
+            let _ = h.join();
+        }
+        let scrub_inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fewerbytes-scrub".into())
+            .spawn(move || crate::scrub::scrub(&scrub_inner));
+        match spawned {
+            Ok(h) => *thread = Some(h),
+            Err(e) => {
+                let why = format!("cannot start the scrub thread: {e}");
+                i.scrubber.finish(Some(why.clone()));
+                return Err(EngineError::Refused(why));
+            }
+        }
+        Ok(i.scrubber.status())
+    }
+
+    /// Pause the running scrub where it is.
+    pub fn scrub_pause(&self) -> Result<ScrubStatus> {
+        self.inner.scrubber.pause()?;
+        Ok(self.inner.scrubber.status())
+    }
+
+    /// Resume a paused scrub.
+    pub fn scrub_resume(&self) -> Result<ScrubStatus> {
+        self.inner.scrubber.resume()?;
+        Ok(self.inner.scrubber.status())
+    }
+
+    /// The scrub's progress and last report (in memory: a reopened pool says idle).
+    pub fn scrub_status(&self) -> ScrubStatus {
+        self.inner.scrubber.status()
+    }
+
     /// Make every acknowledged write durable.
     pub fn flush(&self) -> Result<()> {
         let i = &self.inner;
@@ -857,6 +907,10 @@ impl Pool {
         }
         i.compactor.wake();
         if let Some(h) = self.compact_thread.lock().take() {
+            let _ = h.join();
+        }
+        i.scrubber.wake();
+        if let Some(h) = self.scrub_thread.lock().take() {
             let _ = h.join();
         }
         let result = if i.devices.opened_read_only() {

@@ -498,6 +498,19 @@ impl Slab {
             && self.open_blocks.is_empty()
     }
 
+    /// The pages of `table` with a durable copy, in order (none, at no cost, in a
+    /// slab that never had one).
+    pub fn durable_table_pages(&self, table: ObjTable) -> impl Iterator<Item = usize> + '_ {
+        let refs = match table {
+            ObjTable::Counts => &self.count_refs,
+            ObjTable::Fingerprints => &self.fp_refs,
+        };
+        refs.iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_none())
+            .map(|(k, _)| k)
+    }
+
     /// Whether the slab holds no durable page reference (none written or loaded).
     pub fn has_no_durable_pages(&self) -> bool {
         self.count_refs.is_empty() && self.fp_refs.is_empty()
@@ -543,6 +556,37 @@ impl Slab {
             page.dirty = false;
             page.fp_dirty = false;
         }
+    }
+
+    /// The durable page `k` of `table` failed its checks (a scrub found it
+    /// damaged): mark the records under it changed, so the next checkpoint writes
+    /// them, the good copy, to a fresh slot. False when no record under it is in
+    /// memory (nothing to write it from).
+    pub fn mark_table_page_dirty(&mut self, table: ObjTable, k: usize) -> bool {
+        let per_page = table.records_per_page();
+        let first = k * per_page;
+        let end = (first + per_page).min(self.objects() as usize);
+        let range = first / OBJECTS_PER_PAGE..end.div_ceil(OBJECTS_PER_PAGE);
+        let Some(page) = self
+            .pages
+            .get_mut(range)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .next()
+        else {
+            return false;
+        };
+        let flag = match table {
+            ObjTable::Counts => &mut page.dirty,
+            ObjTable::Fingerprints => &mut page.fp_dirty,
+        };
+        if !*flag {
+            *flag = true;
+            self.dirty_pages
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        true
     }
 
     /// Mark every allocated page dirty, counts and fingerprints: the next

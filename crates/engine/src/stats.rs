@@ -69,6 +69,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     let (journal_used, journal_sectors) = i.journal.usage();
     let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
+        scrub: Box::new(i.scrubber.status()),
         path: i.devices.data_path(),
         mode,
         data_bytes: i.geometry.data_blocks() * BLOCK,

@@ -1,0 +1,641 @@
+//! The online scrub (ZFS's `zpool scrub`): both super block copies, every page the
+//! current checkpoint reaches (catalog, counters, directory, count, fingerprint and
+//! block-map pages, each through the reference its parent holds, checked as the
+//! load checks it) and every stored object (decoded by its codec and verified
+//! against its stored fingerprint, as a read is), read at a bounded rate on a
+//! thread of its own. The scrubber's state is `scrubber.rs`.
+//!
+//! Nothing is held across a read but what makes the read exact: a page is read
+//! under the checkpoint lock (so the reference it is read through is the durable
+//! one and its slot cannot be retired meanwhile), an object under the gate held
+//! shared (as every request step holds it). Requests never wait for the scrub's
+//! reads but for one 4 KiB read at a time.
+//!
+//! Repairs: while a pool is open its memory holds every page's content, loaded
+//! verified at open and changed since only by the engine. A damaged page is
+//! marked dirty (a directory page: a page below it, which rewrites the path up
+//! to it) and a checkpoint writes it to a fresh slot; a damaged super block copy
+//! is rewritten by the checkpoints that land on it. A repair counts once the page
+//! (or copy) reads back good. A damaged data block has no second copy: it is
+//! reported with the volumes and byte ranges that map it (reads of them fail).
+
+use crate::api::ScrubFinding;
+use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
+use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
+use crate::dir_tree::DirTree;
+use crate::inner::{Inner, Wait};
+use crate::slab::ObjTable;
+use crate::Result;
+use fewerbytes_format::location::{Location, MapEntry, ObjectId};
+use fewerbytes_format::page::{decode_page, decode_page_ref, PageKind, PageRef, REFS_PER_DIR_PAGE};
+use fewerbytes_format::superblock::SuperBlock;
+use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION_1};
+use parking_lot::MutexGuard;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The scrub's read rate unless `--rate` says otherwise: 64 MiB/s, a fraction of
+/// what one disk streams (a SATA SSD ~500 MiB/s, a 7200 rpm disk ~150 MiB/s), so
+/// guests keep most of the device; a TiB of stored data takes about 4.5 hours.
+pub const SCRUB_RATE_DEFAULT_BYTES_PER_S: u64 = 64 << 20;
+
+const BLOCK: u64 = BLOCK_BYTES as u64;
+const PER_DIR: u64 = REFS_PER_DIR_PAGE as u64;
+
+/// Which directory tree a directory page belongs to.
+#[derive(Clone)]
+enum Tree {
+    Counts,
+    Fingerprints,
+    Map(Arc<VolumeState>),
+}
+
+/// Where a page is found: how its current reference is looked up, and what its
+/// header must say.
+#[derive(Clone)]
+enum Site {
+    Catalog(usize),
+    Counters,
+    /// A directory page: its tree, its level's place in the tree (0 up), the level
+    /// its header names (1 up; 0 in version 1) and its index.
+    Dir(Tree, usize, u8, u64),
+    /// Page `k` of a slab's count or fingerprint table.
+    Table(ObjTable, u32, usize),
+    /// Page `p` of a volume's block map.
+    Map(Arc<VolumeState>, u64),
+}
+
+impl Site {
+    /// What the page's header must name: kind, owner, index, level.
+    fn expected(&self) -> (PageKind, u64, u64, u8) {
+        match self {
+            Site::Catalog(i) => (PageKind::Catalog, 0, *i as u64, 0),
+            Site::Counters => (PageKind::Counters, 0, 0, 0),
+            Site::Dir(tree, _, level, k) => (PageKind::Directory, tree.owner(), *k, *level),
+            Site::Table(ObjTable::Counts, s, k) => (PageKind::Counts, u64::from(*s), *k as u64, 0),
+            Site::Table(ObjTable::Fingerprints, s, k) => {
+                (PageKind::Fingerprints, u64::from(*s), *k as u64, 0)
+            }
+            Site::Map(vol, p) => (PageKind::Map, vol.id(), *p, 0),
+        }
+    }
+
+    /// The region a finding names (as `list-metadata` and `docs/format.md` do).
+    fn region(&self) -> &'static str {
+        match self {
+            Site::Catalog(_) => "catalog",
+            Site::Counters => "counters",
+            Site::Dir(..) => "directory",
+            Site::Table(ObjTable::Counts, ..) => "counts",
+            Site::Table(ObjTable::Fingerprints, ..) => "fingerprints",
+            Site::Map(..) => "map",
+        }
+    }
+
+    /// The page in words, for the report.
+    fn describe(&self) -> String {
+        match self {
+            Site::Catalog(i) => format!("catalog page {i}"),
+            Site::Counters => "counters page".into(),
+            Site::Dir(tree, l, _, k) => {
+                format!("{} directory page {k} of level {}", tree.describe(), l + 1)
+            }
+            Site::Table(ObjTable::Counts, s, k) => format!("count page {k} of slab {s}"),
+            Site::Table(ObjTable::Fingerprints, s, k) => {
+                format!("fingerprint page {k} of slab {s}")
+            }
+            Site::Map(vol, p) => format!(
+                "block-map page {p} of volume '{}' (bytes {}..{})",
+                vol.name(),
+                p * ENTRIES_PER_PAGE * BLOCK,
+                (p + 1) * ENTRIES_PER_PAGE * BLOCK
+            ),
+        }
+    }
+
+    /// Its durable reference now (none: no durable copy, nothing to verify). The
+    /// caller holds the checkpoint lock.
+    fn reference(&self, inner: &Inner) -> PageRef {
+        match self {
+            Site::Catalog(i) => inner
+                .checkpointer
+                .super_block()
+                .catalog
+                .get(*i)
+                .copied()
+                .unwrap_or_default(),
+            Site::Counters => inner.checkpointer.super_block().counters,
+            // A deleted volume's tree still names the slots its delete retired.
+            Site::Dir(Tree::Map(vol), ..) if vol.is_deleted() => PageRef::NONE,
+            Site::Dir(tree, l, _, k) => tree
+                .lock(inner)
+                .level_mut(*l)
+                .map(|level| level.get(*k))
+                .unwrap_or_default(),
+            Site::Table(table, s, k) => inner.depot.slab(*s).lock().durable_ref(*table, *k),
+            Site::Map(vol, p) => {
+                if vol.is_deleted() {
+                    return PageRef::NONE;
+                }
+                let pages = vol.map_pages();
+                pages
+                    .get(*p)
+                    .map(|m| m.lock().durable())
+                    .unwrap_or_default()
+            }
+        }
+    }
+}
+
+impl Tree {
+    fn owner(&self) -> u64 {
+        match self {
+            Tree::Counts => OBJECT_TABLE_OWNER,
+            Tree::Fingerprints => FINGERPRINT_TABLE_OWNER,
+            Tree::Map(vol) => vol.id(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Tree::Counts => "count table".into(),
+            Tree::Fingerprints => "fingerprint table".into(),
+            Tree::Map(vol) => format!("volume '{}' block-map", vol.name()),
+        }
+    }
+
+    fn lock<'a>(&'a self, inner: &'a Inner) -> MutexGuard<'a, DirTree> {
+        match self {
+            Tree::Counts => inner.checkpointer.count_dirs(),
+            Tree::Fingerprints => inner.checkpointer.fp_dirs(),
+            Tree::Map(vol) => vol.dirs(),
+        }
+    }
+}
+
+/// The scrub thread's body: one whole scrub, from start to report.
+pub(crate) fn scrub(inner: &Inner) {
+    let total = bytes_to_verify(inner);
+    inner.scrubber.set_total(total);
+    let stopped = match walk(inner) {
+        Ok(true) => None,
+        Ok(false) => Some("the pool closed before the scrub finished".to_string()),
+        Err(e) => Some(format!("the scrub stopped: {e}")),
+    };
+    if let Some(why) = &stopped {
+        tracing::warn!("{why}");
+    }
+    let s = inner.scrubber.status();
+    tracing::info!(
+        "scrub done: {} bytes verified, {} errors found, {} repaired",
+        s.bytes_verified,
+        s.errors_found,
+        s.repaired
+    );
+    inner.scrubber.finish(stopped);
+}
+
+/// Super blocks, pages, objects. False if the pool closed first.
+fn walk(inner: &Inner) -> Result<bool> {
+    let closed = || inner.devices.is_closed();
+    let mut pace = (Instant::now(), 0u64);
+    macro_rules! step {
+        () => {
+            match inner.scrubber.pace(pace, closed) {
+                Some(p) => pace = p,
+                None => return Ok(false),
+            }
+        };
+    }
+    for copy in 0..2u64 {
+        step!();
+        check_super_copy(inner, copy);
+    }
+    for site in pool_sites(inner) {
+        step!();
+        check_site(inner, &site);
+    }
+    let slabs = inner.geometry.slab_count();
+    for s in 0..slabs {
+        for table in [ObjTable::Counts, ObjTable::Fingerprints] {
+            // Only pages with a durable copy can be read (a slab that never
+            // stored anything has none, and costs nothing here).
+            let pages: Vec<usize> = inner
+                .depot
+                .slab(s)
+                .lock()
+                .durable_table_pages(table)
+                .collect();
+            for k in pages {
+                step!();
+                check_site(inner, &Site::Table(table, s, k));
+            }
+        }
+    }
+    for vol in inner.volumes.all() {
+        let mut next = 0u64;
+        while let Some(p) = next_written_page(&vol, next) {
+            step!();
+            check_site(inner, &Site::Map(vol.clone(), p));
+            next = p + 1;
+        }
+    }
+    for s in 0..slabs {
+        for (location, i) in stored_objects(inner, s) {
+            step!();
+            check_object(inner, s, i, location);
+        }
+    }
+    Ok(true)
+}
+
+/// The pages outside the tables' leaves: catalog, counters, and every directory
+/// page (a few per table).
+fn pool_sites(inner: &Inner) -> Vec<Site> {
+    let (catalog, counters) = {
+        let sb = inner.checkpointer.super_block();
+        (sb.catalog.len(), !sb.counters.is_none())
+    };
+    let v1 = inner.checkpointer.super_block().version == FORMAT_VERSION_1;
+    let mut sites: Vec<Site> = (0..catalog).map(Site::Catalog).collect();
+    if counters {
+        sites.push(Site::Counters);
+    }
+    let mut trees = vec![Tree::Counts, Tree::Fingerprints];
+    trees.extend(inner.volumes.all().into_iter().map(Tree::Map));
+    for tree in trees {
+        let mut t = tree.lock(inner);
+        for l in 0.. {
+            let Some(level) = t.level_mut(l) else { break };
+            let number = if v1 { 0 } else { l as u8 + 1 };
+            for (k, _) in level.refs() {
+                sites.push(Site::Dir(tree.clone(), l, number, k));
+            }
+        }
+    }
+    sites
+}
+
+/// The first page at or after `p` with a durable copy.
+fn next_written_page(vol: &VolumeState, p: u64) -> Option<u64> {
+    let pages = vol.map_pages();
+    let next = pages
+        .iter_from(p)
+        .find(|(_, page)| !page.lock().durable().is_none())
+        .map(|(p, _)| p);
+    next
+}
+
+/// The stored objects of slab `s` (locations and indexes), in the order of their
+/// first data block: the device reads them front to back, as its read-ahead
+/// expects (object order follows allocation, which freed and reused objects
+/// scatter). 12 bytes an object, one slab at a time.
+fn stored_objects(inner: &Inner, s: u32) -> Vec<(u64, u32)> {
+    let slab = inner.depot.slab(s).lock();
+    let mut stored: Vec<(u64, u32)> = slab
+        .objects_in_memory()
+        .filter_map(|i| {
+            let rec = slab.rec(i);
+            (rec.refcount > 0).then_some((rec.location, i))
+        })
+        .collect();
+    drop(slab);
+    // By first data block (an undecodable location sorts first; its read reports it).
+    stored.sort_unstable_by_key(|(location, i)| {
+        (Location::decode(*location).map_or(0, |l| l.blocks().0), *i)
+    });
+    stored
+}
+
+/// What the scrub will read: both super block copies, every page with a durable
+/// copy, and the stored bytes of every object.
+fn bytes_to_verify(inner: &Inner) -> u64 {
+    let mut pages = pool_sites(inner).len() as u64;
+    let mut stored = 0u64;
+    for s in 0..inner.geometry.slab_count() {
+        let slab = inner.depot.slab(s).lock();
+        for table in [ObjTable::Counts, ObjTable::Fingerprints] {
+            pages += slab.durable_table_pages(table).count() as u64;
+        }
+        for i in slab.objects_in_memory() {
+            let rec = slab.rec(i);
+            if rec.refcount > 0 {
+                stored += stored_bytes(rec.location);
+            }
+        }
+    }
+    for vol in inner.volumes.all() {
+        let map = vol.map_pages();
+        pages += map
+            .iter()
+            .filter(|(_, page)| !page.lock().durable().is_none())
+            .count() as u64;
+    }
+    (2 + pages) * BLOCK + stored
+}
+
+/// Bytes an object's location names on the device (a fragment's length, or a block).
+fn stored_bytes(location: u64) -> u64 {
+    match Location::decode(location) {
+        Ok(Location::Fragment { len_bytes, .. }) => u64::from(len_bytes),
+        _ => BLOCK,
+    }
+}
+
+/// Read the page `site` names through its durable reference and verify it as the
+/// load does. `Ok(false)`: no durable copy (gone since the scrub listed it).
+/// `Err(reason)`: it fails a check, with where it lies.
+fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<bool, String> {
+    let _ck = inner.checkpointer.serialize();
+    let reference = site.reference(inner);
+    if reference.is_none() {
+        return Ok(false);
+    }
+    let (version, generation) = {
+        let sb = inner.checkpointer.super_block();
+        (sb.version, sb.generation)
+    };
+    let (device, name, block) = match reference.data_block() {
+        Some(pbn) => (
+            inner.devices.data(),
+            "data",
+            inner.geometry.data_offset_bytes() / BLOCK + pbn,
+        ),
+        None => (
+            inner.devices.meta(),
+            "metadata",
+            inner.geometry.pages_start_block() + reference.address,
+        ),
+    };
+    let at = format!("{name} device block {block}");
+    let inside = match reference.data_block() {
+        Some(pbn) => pbn < inner.geometry.data_blocks(),
+        None => reference.address != 0 && reference.address < inner.geometry.page_slots(),
+    };
+    if !inside {
+        return Err(format!(
+            "its address {:#x} is outside its region",
+            reference.address
+        ));
+    }
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    device
+        .read_at(&mut buf, block * BLOCK)
+        .map_err(|e| format!("{at}: the read failed: {e}"))?;
+    let (kind, owner, index, level) = site.expected();
+    let decoded = if version == FORMAT_VERSION_1 {
+        decode_page(&buf, kind, inner.geometry.nonce(), reference.address)
+    } else {
+        decode_page_ref(&buf, kind, inner.geometry.nonce(), &reference)
+    };
+    let (header, _) = decoded.map_err(|e| format!("{at}: {e}"))?;
+    if header.owner != owner || header.index != index || header.level != level {
+        return Err(format!(
+            "{at}: the page names owner {} index {} level {}, expected owner {owner} \
+             index {index} level {level}",
+            header.owner, header.index, header.level
+        ));
+    }
+    if header.generation > generation {
+        return Err(format!(
+            "{at}: page generation {} is newer than the super block's {generation}",
+            header.generation
+        ));
+    }
+    Ok(true)
+}
+
+/// Verify one page; report, and repair, a failure.
+fn check_site(inner: &Inner, site: &Site) {
+    match verify_page(inner, site) {
+        Ok(false) => {}
+        Ok(true) => inner.scrubber.verified(BLOCK, true),
+        Err(reason) => {
+            inner.scrubber.verified(BLOCK, true);
+            let what = format!("{}: {reason}", site.describe());
+            tracing::error!("scrub: {what}");
+            let repaired = repair_page(inner, site);
+            if repaired {
+                tracing::info!("scrub: rewrote {} from memory", site.describe());
+            }
+            inner.scrubber.found(ScrubFinding {
+                region: site.region().to_string(),
+                what,
+                volumes: Vec::new(),
+                repaired,
+            });
+        }
+    }
+}
+
+/// Whether the pool may be written (a repair is a checkpoint).
+fn writable(inner: &Inner) -> bool {
+    !inner.devices.opened_read_only() && inner.devices.latched().is_none()
+}
+
+/// Mark the page dirty, take a checkpoint, and read it again: true if it now
+/// reads back good.
+fn repair_page(inner: &Inner, site: &Site) -> bool {
+    if !writable(inner) {
+        return false;
+    }
+    let marked = match site {
+        // The catalog is rewritten whole by every checkpoint.
+        Site::Catalog(_) => true,
+        Site::Counters => {
+            inner.counters.rewrite_page();
+            true
+        }
+        Site::Table(table, s, k) => inner
+            .depot
+            .slab(*s)
+            .lock()
+            .mark_table_page_dirty(*table, *k),
+        Site::Map(vol, p) => mark_map_page(inner, vol, *p),
+        Site::Dir(tree, l, _, k) => mark_under(inner, tree, *l, *k),
+    };
+    if !marked {
+        return false;
+    }
+    if let Err(e) = crate::checkpoint::checkpoint(inner) {
+        tracing::error!(
+            "scrub: the checkpoint that rewrites {} failed: {e}",
+            site.describe()
+        );
+        return false;
+    }
+    matches!(verify_page(inner, site), Ok(true))
+}
+
+fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
+    let pages = vol.map_pages();
+    match pages.get(p) {
+        Some(page) => {
+            let mut page = page.lock();
+            if !page.is_written() {
+                return false;
+            }
+            page.mark_dirty(inner.checkpointer.dirty_pages());
+            true
+        }
+        None => false,
+    }
+}
+
+/// Mark dirty a written leaf page below directory page `k` of the tree's level
+/// `l` (0: level 1): the next checkpoint rewrites the directory pages on its path,
+/// this one among them.
+fn mark_under(inner: &Inner, tree: &Tree, l: usize, k: u64) -> bool {
+    let mut k = k;
+    {
+        let mut t = tree.lock(inner);
+        // Down to level 1: a written child page in each level's range.
+        for below in (0..l).rev() {
+            let Some(below) = t.level_mut(below) else {
+                return false;
+            };
+            let range = k * PER_DIR..(k + 1) * PER_DIR;
+            match below.refs().map(|(i, _)| i).find(|i| range.contains(i)) {
+                Some(i) => k = i,
+                None => return false,
+            }
+        }
+    }
+    let leaves = k * PER_DIR..(k + 1) * PER_DIR;
+    match tree {
+        Tree::Map(vol) => leaves.into_iter().any(|p| mark_map_page(inner, vol, p)),
+        Tree::Counts | Tree::Fingerprints => {
+            let table = match tree {
+                Tree::Counts => ObjTable::Counts,
+                _ => ObjTable::Fingerprints,
+            };
+            let per_slab = (inner.geometry.objects_per_slab() as usize)
+                .div_ceil(table.records_per_page()) as u64;
+            leaves.into_iter().any(|g| {
+                let (s, c) = ((g / per_slab) as u32, (g % per_slab) as usize);
+                s < inner.geometry.slab_count()
+                    && inner.depot.slab(s).lock().mark_table_page_dirty(table, c)
+            })
+        }
+    }
+}
+
+/// Read super block copy `copy` and check it decodes (and, for the copy the last
+/// checkpoint wrote, that it is that checkpoint); rewrite a damaged copy by
+/// taking the checkpoints that land on it.
+fn check_super_copy(inner: &Inner, copy: u64) {
+    let verdict = verify_super_copy(inner, copy);
+    inner.scrubber.verified(BLOCK, true);
+    let Err(reason) = verdict else { return };
+    let what = format!("super block copy {copy} (metadata device block {copy}): {reason}");
+    tracing::error!("scrub: {what}");
+    let mut repaired = false;
+    if writable(inner) {
+        // A checkpoint writes copy `generation % 2`: at most two land on `copy`.
+        for _ in 0..2 {
+            if let Err(e) = crate::checkpoint::checkpoint(inner) {
+                tracing::error!(
+                    "scrub: the checkpoint that rewrites super block copy {copy} failed: {e}"
+                );
+                break;
+            }
+            if inner.checkpointer.super_block().generation % 2 == copy {
+                repaired = verify_super_copy(inner, copy).is_ok();
+                break;
+            }
+        }
+    }
+    inner.scrubber.found(ScrubFinding {
+        region: "super block".into(),
+        what,
+        volumes: Vec::new(),
+        repaired,
+    });
+}
+
+fn verify_super_copy(inner: &Inner, copy: u64) -> std::result::Result<(), String> {
+    let _ck = inner.checkpointer.serialize();
+    let mut block = vec![0u8; BLOCK_BYTES];
+    inner
+        .devices
+        .meta()
+        .read_at(&mut block, copy * BLOCK)
+        .map_err(|e| format!("the read failed: {e}"))?;
+    let current = inner.checkpointer.super_block().generation;
+    // Copy 1 of a pool never opened read-write (generation 0) was never written.
+    if copy == 1 && current == 0 {
+        return Ok(());
+    }
+    let sb = SuperBlock::decode(&block).map_err(|e| e.to_string())?;
+    if current % 2 == copy && sb.generation != current {
+        return Err(format!(
+            "it holds generation {}, and the last checkpoint wrote generation {current} there",
+            sb.generation
+        ));
+    }
+    Ok(())
+}
+
+/// Read one stored object and verify it against its fingerprint; report a failure
+/// with the volumes and ranges that map it.
+fn check_object(inner: &Inner, s: u32, i: u32, location: u64) {
+    let o = inner.depot.object_id(s, i);
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    let result = {
+        let _gate = inner.locks.shared();
+        let r = crate::read_path::read_object(inner, o, &mut buf, Wait::Yes);
+        // Moved (compaction) or dropped since it was listed: not damage.
+        let rec = inner.depot.slab(s).lock().rec(i);
+        if rec.location != location || rec.refcount == 0 {
+            return;
+        }
+        r
+    };
+    inner.scrubber.verified(stored_bytes(location), false);
+    let Err(e) = result else { return };
+    // A walk of every map per damaged block: only for the findings the report keeps
+    // (a drive returning garbage everywhere must not make the scrub quadratic).
+    let volumes = if inner.scrubber.keeps_more() {
+        mapped_by(inner, o)
+    } else {
+        Vec::new()
+    };
+    tracing::error!(
+        "scrub: {e} (mapped by {})",
+        if volumes.is_empty() {
+            "no volume".to_string()
+        } else {
+            volumes.join(", ")
+        }
+    );
+    inner.scrubber.found(ScrubFinding {
+        region: "data".into(),
+        what: e.to_string(),
+        volumes,
+        repaired: false,
+    });
+}
+
+/// The volumes mapping object `o`, each with the byte ranges it maps it at.
+fn mapped_by(inner: &Inner, o: ObjectId) -> Vec<String> {
+    let mut found = Vec::new();
+    for vol in inner.volumes.all() {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        vol.for_each_mapped(|lbn, entry| {
+            if entry == MapEntry::Object(o) {
+                match ranges.last_mut() {
+                    Some((_, end)) if *end == lbn => *end = lbn + 1,
+                    _ => ranges.push((lbn, lbn + 1)),
+                }
+            }
+        });
+        if !ranges.is_empty() {
+            let list: Vec<String> = ranges
+                .iter()
+                .map(|(a, b)| format!("bytes {}..{}", a * BLOCK, b * BLOCK))
+                .collect();
+            found.push(format!("volume '{}' {}", vol.name(), list.join(", ")));
+        }
+    }
+    found
+}
