@@ -8,7 +8,7 @@ use common::*;
 use fewerbytes_nbd::protocol::*;
 use fewerbytes_nbd::{
     MemoryExport, MemoryExports, ServerConfig, CONNECTION_RESERVED_REQUESTS,
-    INFLIGHT_BUFFER_BYTES_MAX, SHUTDOWN_GRACE,
+    CONNECTION_SHARED_BUFFER_BYTES_MAX, PAYLOAD_PIECE_BYTES, SHUTDOWN_GRACE,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,11 +87,14 @@ fn stalled_clients_holding_large_buffers_do_not_keep_a_good_client_waiting() {
         c.send_request(0, CMD_WRITE, 100 + cookie, 0, REQUEST_BYTES, &[1; 4096]);
         writers.push(c);
     }
-    // Wait (bounded) until the stalled clients hold the whole shared pool: the one
-    // reader at most its share, the writers the rest.
-    wait_until_held("buffer bytes", INFLIGHT_BUFFER_BYTES_MAX, || {
-        t.server.stats().inflight_buffer_bytes
-    });
+    // Wait (bounded) until the stalled clients hold what they can: the reader its
+    // share of the pool, each writer the piece of payload it sent (its payload is
+    // charged as it arrives; before, each held 32 MiB and together the whole pool).
+    wait_until_held(
+        "buffer bytes",
+        CONNECTION_SHARED_BUFFER_BYTES_MAX + 8 * PAYLOAD_PIECE_BYTES,
+        || t.server.stats().inflight_buffer_bytes,
+    );
 
     // A good client writes and reads 1 MiB, and is answered within the bound.
     good_client_is_served(&t, "b", 4096, 1 << 20);
