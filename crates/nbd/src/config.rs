@@ -116,9 +116,9 @@ const _: () = assert!(
 );
 // A connection's first piece fits its own reserve.
 const _: () = assert!(CONNECTION_RESERVED_BUFFER_BYTES >= PAYLOAD_PIECE_BYTES);
-// A block status reply, charged as a read of its largest size, fits a connection's reserve.
+// A block status answer, charged at its largest, fits a connection's reserve.
 const _: () =
-    assert!(CONNECTION_RESERVED_BUFFER_BYTES >= crate::protocol::BLOCK_STATUS_REPLY_MAX_BYTES);
+    assert!(CONNECTION_RESERVED_BUFFER_BYTES >= crate::protocol::BLOCK_STATUS_MEMORY_MAX_BYTES);
 // Trusted peers always have slots of their own.
 const _: () = assert!(DEFAULT_TRUSTED_RESERVED_CONNECTIONS < DEFAULT_MAX_CONNECTIONS);
 const _: () = assert!(DEFAULT_MAX_CONNECTIONS_PER_SOURCE < DEFAULT_MAX_CONNECTIONS);

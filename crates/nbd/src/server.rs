@@ -262,8 +262,8 @@ impl Server {
             ("negotiation_timeout_s", NEGOTIATION_TIMEOUT.as_secs()),
             ("reply_write_timeout_s", REPLY_WRITE_TIMEOUT.as_secs()),
             (
-                "block_status_reply_max_bytes",
-                crate::protocol::BLOCK_STATUS_REPLY_MAX_BYTES,
+                "block_status_memory_max_bytes",
+                crate::protocol::BLOCK_STATUS_MEMORY_MAX_BYTES,
             ),
         ];
         ServerStats {

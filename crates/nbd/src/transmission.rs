@@ -300,12 +300,12 @@ fn read_requests(
             }
         };
         // What a request's reply holds until written: a read's data, or a block
-        // status' descriptors at their largest. A write's payload is charged as it
+        // status answer at its largest. A write's payload is charged as it
         // arrives, below.
         let buffer_bytes = match command {
             Command::Disconnect => return End::Disconnect,
             Command::Read { len, .. } => u64::from(len),
-            Command::BlockStatus { .. } => BLOCK_STATUS_REPLY_MAX_BYTES,
+            Command::BlockStatus { .. } => BLOCK_STATUS_MEMORY_MAX_BYTES,
             _ => 0,
         };
         if buffer_bytes > 0 && !permit.try_add_bytes(buffer_bytes) {
