@@ -401,3 +401,50 @@ impl Drop for Permit {
         self.inflight.slot_free.notify_one();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{INFLIGHT_BUFFER_BYTES_MAX, PAYLOAD_PIECE_BYTES};
+    use crate::protocol::PAYLOAD_MAX_BYTES;
+
+    #[test]
+    fn payloads_arriving_together_all_finish_and_a_stalled_one_holds_what_came() {
+        // 16 connections receive maximum payloads at once, a piece each in turn, and
+        // a payload's bytes go back when it is complete (its write done and answered).
+        // Pieces alone could fill the pool with half payloads that each wait for the
+        // others; the completion reserve must let every one finish.
+        let limits = Arc::new(InflightLimits::new(1024, INFLIGHT_BUFFER_BYTES_MAX));
+        let payload = u64::from(PAYLOAD_MAX_BYTES);
+        let conns: Vec<Arc<Inflight>> = (0..16).map(|_| limits.for_connection(64, 8)).collect();
+        let mut permits: Vec<Option<Permit>> =
+            conns.iter().map(|c| Permit::try_acquire(c)).collect();
+        let mut remaining = vec![payload; conns.len()];
+        let mut rounds = 0;
+        while remaining.iter().any(|&r| r > 0) {
+            rounds += 1;
+            assert!(
+                rounds < 10_000,
+                "payloads wait on each other: {remaining:?}"
+            );
+            for (permit, left) in permits.iter_mut().zip(remaining.iter_mut()) {
+                let Some(p) = permit.as_mut() else { continue };
+                let piece = PAYLOAD_PIECE_BYTES.min(*left);
+                *left -= p.try_add_piece(piece, *left);
+                if *left == 0 {
+                    *permit = None;
+                }
+            }
+        }
+        assert_eq!(limits.snapshot(), (0, 0));
+
+        // A stalled payload holds the pieces that came: its first, from its own reserve.
+        let staller = limits.for_connection(64, 8);
+        let mut p = Permit::try_acquire(&staller).expect("a slot");
+        assert_eq!(
+            p.try_add_piece(PAYLOAD_PIECE_BYTES, payload),
+            PAYLOAD_PIECE_BYTES
+        );
+        assert_eq!(limits.snapshot(), (1, PAYLOAD_PIECE_BYTES));
+    }
+}

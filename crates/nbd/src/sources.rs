@@ -129,7 +129,7 @@ impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Refusal::Full => "at the connection limit",
-            Refusal::Reserved => "only the slots kept for root and the pool's owner are left",
+            Refusal::Reserved => "only the slots kept for trusted peers are left",
             Refusal::SourceLimit => "its source is at its connection limit",
         })
     }
