@@ -417,8 +417,7 @@ mod tests {
         let limits = Arc::new(InflightLimits::new(1024, INFLIGHT_BUFFER_BYTES_MAX));
         let payload = u64::from(PAYLOAD_MAX_BYTES);
         let conns: Vec<Arc<Inflight>> = (0..16).map(|_| limits.for_connection(64, 8)).collect();
-        let mut permits: Vec<Option<Permit>> =
-            conns.iter().map(|c| Permit::try_acquire(c)).collect();
+        let mut permits: Vec<Option<Permit>> = conns.iter().map(Permit::try_acquire).collect();
         let mut remaining = vec![payload; conns.len()];
         let mut rounds = 0;
         while remaining.iter().any(|&r| r > 0) {
