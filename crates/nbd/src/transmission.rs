@@ -360,7 +360,14 @@ fn read_payload(
             let mut taken = permit.try_add_piece(piece, len - charged);
             if taken == 0 {
                 workers.dispatch(conn, batch).map_err(End::NoWorker)?;
+                // The wait for room is the server's, not the client's: the payload's
+                // deadline moves by as much.
+                let waiting = Instant::now();
                 taken = permit.add_piece(piece, len - charged);
+                if let Some(deadline) = reader.get_ref().deadline() {
+                    let left = deadline.saturating_duration_since(waiting);
+                    reader.get_mut().set_deadline(Some(left));
+                }
             }
             charged += taken;
         }
