@@ -8,8 +8,10 @@ mod common;
 
 use common::nbdinfo::nbdinfo_json;
 use common::*;
+use fewerbytes_nbd::DEFAULT_MAX_CONNECTIONS_PER_SOURCE;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -18,19 +20,25 @@ const NOBODY_UID: u32 = 65534;
 /// Connections the other user opens: more than the server's 512 slots.
 const ATTACK_CONNECTIONS: usize = 520;
 
-/// Opens `count` TCP connections to 127.0.0.1:`port` as uid/gid `uid`, reads the
-/// greeting (or the close) on each, prints how many the server kept, and holds
-/// them until its stdin closes.
+/// Opens `count` connections to `tcp:PORT` (on 127.0.0.1) or `unix:PATH` as uid and
+/// gid `uid`, reads the greeting (or the close) on each, prints how many the server
+/// kept, and holds them until its stdin closes.
 const ATTACKER: &str = r#"
 import os, socket, sys
-port, count, uid = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+target, count, uid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 os.setgroups([])
 os.setgid(uid)
 os.setuid(uid)
 assert os.getuid() == uid
+kind, where = target.split(":", 1)
 held = []
 for _ in range(count):
-    held.append(socket.create_connection(("127.0.0.1", port)))
+    if kind == "tcp":
+        held.append(socket.create_connection(("127.0.0.1", int(where))))
+    else:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(where)
+        held.append(s)
 kept = 0
 for s in held:
     s.settimeout(60)
@@ -42,6 +50,31 @@ for s in held:
 print(kept, flush=True)
 sys.stdin.read()
 "#;
+
+/// Starts [`ATTACKER`] against `target` as [`NOBODY_UID`]: the process (holding its
+/// connections) and how many of them the server kept.
+fn attack(server: &Server, target: &str) -> (std::process::Child, usize) {
+    let mut attacker = Command::new(python3())
+        .args(["-c", ATTACKER, target])
+        .arg(ATTACK_CONNECTIONS.to_string())
+        .arg(NOBODY_UID.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the attacking process");
+    let mut line = String::new();
+    BufReader::new(attacker.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the attacker's count");
+    let kept: usize = line.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "the attacker on {target} printed {line:?}\n--- server log ---\n{}",
+            server.log_text()
+        )
+    });
+    eprintln!("the server kept {kept} of {ATTACK_CONNECTIONS} connections on {target} from uid {NOBODY_UID}");
+    (attacker, kept)
+}
 
 /// The system's python3 (`command -v -p`: the default PATH, not a user's).
 fn python3() -> PathBuf {
@@ -60,7 +93,8 @@ fn python3() -> PathBuf {
 #[test]
 fn connections_from_another_user_do_not_lock_root_out() {
     // Bug: 520 TCP connections to 127.0.0.1 from `nobody` took all 512 connection
-    // slots, shared with the unix socket: root's clients were refused on both.
+    // slots, shared with the unix socket: root's clients were refused on both. Now
+    // the same user's 520 more on the unix socket are refused too (one source).
     // SAFETY: getuid(2) has no preconditions.
     let uid = unsafe { libc::getuid() };
     assert_eq!(
@@ -69,29 +103,15 @@ fn connections_from_another_user_do_not_lock_root_out() {
     );
     let dir = TempDir::new("client-limits-users");
     let server = Server::start_new(dir.path(), &[("disk0", "16M")], &[]);
-    let mut attacker = Command::new(python3())
-        .args(["-c", ATTACKER])
-        .arg(server.port.to_string())
-        .arg(ATTACK_CONNECTIONS.to_string())
-        .arg(NOBODY_UID.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the attacking process");
-    let mut line = String::new();
-    BufReader::new(attacker.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the attacker's count");
-    let kept: usize = line.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "the attacker printed {line:?}\n--- server log ---\n{}",
-            server.log_text()
-        )
-    });
-    eprintln!("the server kept {kept} of {ATTACK_CONNECTIONS} connections from uid {NOBODY_UID}");
-    assert!(
-        kept < ATTACK_CONNECTIONS,
-        "the server kept all {kept} of another user's connections"
+    let (mut on_tcp, kept_tcp) = attack(&server, &format!("tcp:{}", server.port));
+    // The unix socket too, once the other user may connect to it.
+    std::fs::set_permissions(&server.socket, std::fs::Permissions::from_mode(0o777))
+        .expect("chmod the socket");
+    let (mut on_unix, kept_unix) = attack(&server, &format!("unix:{}", server.socket.display()));
+    assert_eq!(
+        kept_tcp + kept_unix,
+        DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+        "one user's connections over TCP and the unix socket count as one source"
     );
 
     // Root is still served, on the unix socket and on TCP.
@@ -109,9 +129,11 @@ fn connections_from_another_user_do_not_lock_root_out() {
         log.contains("its source is at its connection limit"),
         "the refusals are logged:\n{log}"
     );
-    drop(attacker.stdin.take());
-    let _ = attacker.kill();
-    let _ = attacker.wait();
+    for attacker in [&mut on_tcp, &mut on_unix] {
+        drop(attacker.stdin.take());
+        let _ = attacker.kill();
+        let _ = attacker.wait();
+    }
 }
 
 /// The fixed-newstyle greeting and client flags, then `NBD_OPT_GO` for `name`;
