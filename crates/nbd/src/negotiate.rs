@@ -12,8 +12,9 @@
 //! (what was agreed in clear is forgotten). On a listener that requires TLS, every
 //! other option but ABORT answers `NBD_REP_ERR_TLS_REQD` until then (EXPORT_NAME,
 //! which cannot be answered with an error, drops the connection). An export limited
-//! to some TLS identities answers `NBD_REP_ERR_TLS_REQD` to a client in clear and
-//! `NBD_REP_ERR_POLICY` to any other identity, and is left out of its `NBD_OPT_LIST`.
+//! to some TLS identities answers any other client as a name that does not exist
+//! (`NBD_REP_ERR_UNKNOWN`, same words), so probing cannot find it, and is left out of
+//! its `NBD_OPT_LIST`; the real reason is logged at info.
 
 use crate::config::{NEGOTIATION_TIMEOUT, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT};
 use crate::export::Export;
