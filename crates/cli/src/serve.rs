@@ -81,6 +81,15 @@ pub struct ServeArgs {
     /// halves read latency on a VM); 0 never polls, for hosts that want the CPU.
     #[arg(long, value_name = "US", default_value_t = fewerbytes_nbd::DEFAULT_READ_SPIN.as_micros() as u64)]
     poll_us: u64,
+    /// Close a connection after this many seconds with no request and nothing in
+    /// flight; 0 never closes one (the default: an idle guest disk fails its next I/O
+    /// when closed, unless its client reconnects).
+    #[arg(long, value_name = "SECONDS", default_value_t = fewerbytes_nbd::DEFAULT_IDLE_TIMEOUT.map_or(0, |t| t.as_secs()))]
+    idle_timeout: u64,
+    /// Connections at once from one local user (by uid) or one remote host (by IP);
+    /// root and the pool's owner are not limited.
+    #[arg(long, value_name = "N", default_value_t = fewerbytes_nbd::DEFAULT_MAX_CONNECTIONS_PER_SOURCE)]
+    max_connections_per_source: usize,
     /// TLS (NBD STARTTLS) on every endpoint: off, on (offered; clients may stay in
     /// clear) or require [default: require on a --listen address beyond loopback, or
     /// on TCP whenever credentials are given; off on the unix socket and loopback].
@@ -271,6 +280,18 @@ struct Started {
     low_water: Arc<LowWater>,
 }
 
+/// The uids whose connections take the slots kept for trusted peers: root, and the
+/// pool file's owner (who can read the pool anyway).
+fn trusted_uids(pool_path: &Path) -> Result<Vec<u32>> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(pool_path)
+        .with_context(|| format!("could not read the owner of {}", pool_path.display()))?
+        .uid();
+    let mut uids = vec![0, owner];
+    uids.dedup();
+    Ok(uids)
+}
+
 /// Listen on every endpoint and print how to connect.
 fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started> {
     if let Some(name) = &args.default_volume {
@@ -286,6 +307,10 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         read_spin: std::time::Duration::from_micros(args.poll_us),
         tls,
         access: Some(Arc::new(AllowFile::new(allow_path(pool_path)))),
+        idle_timeout: (args.idle_timeout > 0)
+            .then(|| std::time::Duration::from_secs(args.idle_timeout)),
+        max_connections_per_source: args.max_connections_per_source,
+        trusted_uids: trusted_uids(pool_path)?,
         ..ServerConfig::default()
     };
     let exports = pool_exports(Arc::clone(pool), args.default_volume.clone());

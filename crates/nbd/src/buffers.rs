@@ -41,9 +41,15 @@ impl Payload {
         self.buf.get(..self.len).unwrap_or(&[])
     }
 
-    /// The payload's bytes, to be filled.
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        self.buf.get_mut(..self.len).unwrap_or(&mut [])
+    /// Bytes `from..to` of the payload, to be filled as they arrive: the buffer
+    /// grows (zeroed) only to `to`, so a payload that stalls part-way holds memory
+    /// for what arrived, not for its whole length.
+    pub(crate) fn piece_mut(&mut self, from: usize, to: usize) -> &mut [u8] {
+        let to = to.min(self.len);
+        if self.buf.len() < to {
+            self.buf.resize(to, 0);
+        }
+        self.buf.get_mut(from..to).unwrap_or(&mut [])
     }
 }
 
@@ -60,7 +66,9 @@ struct Kept {
 }
 
 impl PayloadBuffers {
-    /// A payload of `len` bytes (their content is whatever an earlier request left).
+    /// A payload of `len` bytes to fill with [`Payload::piece_mut`] (their content is
+    /// whatever an earlier request left; a fresh buffer's room is reserved, not
+    /// touched, until pieces arrive).
     pub(crate) fn take(&self, len: usize) -> Payload {
         let found = {
             let mut kept = self.kept.lock();
@@ -78,9 +86,7 @@ impl PayloadBuffers {
             buf
         };
         let mut buf = found.unwrap_or_default();
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
+        buf.reserve(len.saturating_sub(buf.len()));
         Payload { buf, len }
     }
 
@@ -119,8 +125,8 @@ mod tests {
     fn buffers_are_reused_within_the_limits() {
         let pool = PayloadBuffers::default();
         let mut p = pool.take(4096);
+        p.piece_mut(0, 4096).fill(7);
         assert_eq!(p.bytes().len(), 4096);
-        p.bytes_mut().fill(7);
         pool.give_back(p);
         assert_eq!(pool.kept_bytes(), 4096);
         // A smaller payload reuses it; its bytes are the old ones (never read before
@@ -132,18 +138,27 @@ mod tests {
         let p = pool.take(4096);
         assert_eq!(p.bytes().len(), 4096);
         pool.give_back(p);
-        // Larger than what is kept: grown.
-        let p = pool.take(8192);
+        // Larger than what is kept: grown as pieces arrive.
+        let mut p = pool.take(8192);
+        assert_eq!(p.piece_mut(4096, 8192).len(), 4096);
         assert_eq!(p.bytes().len(), 8192);
         pool.give_back(p);
         assert_eq!(pool.kept_bytes(), 8192);
         // Past the byte limit: not kept.
-        let big: Vec<Payload> = (0..5).map(|_| pool.take(128 << 10)).collect();
+        let big: Vec<Payload> = (0..5)
+            .map(|_| {
+                let mut p = pool.take(128 << 10);
+                p.piece_mut(0, 128 << 10);
+                p
+            })
+            .collect();
         for p in big {
             pool.give_back(p);
         }
         assert!(pool.kept_bytes() <= KEPT_BYTES_MAX);
-        pool.give_back(pool.take(KEPT_BYTES_MAX + 1));
+        let mut p = pool.take(KEPT_BYTES_MAX + 1);
+        p.piece_mut(0, KEPT_BYTES_MAX + 1);
+        pool.give_back(p);
         assert!(pool.kept_bytes() <= KEPT_BYTES_MAX);
         pool.clear();
         assert_eq!(pool.kept_bytes(), 0);

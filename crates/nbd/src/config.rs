@@ -11,6 +11,22 @@ use std::time::Duration;
 /// (each connection holds one socket and at most 1 + [`WORKERS_PER_CONNECTION_MAX`]
 /// threads; over TLS also a socket pair and its relay thread).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Default for [`ServerConfig::max_connections_per_source`]: a quarter of
+/// [`DEFAULT_MAX_CONNECTIONS`], so one local user (by uid) or one remote host (by IP)
+/// cannot take every slot, while a hypervisor host still attaches 64 VMs with two
+/// connections each. Peers the kernel names as trusted (root, the pool's owner: see
+/// [`ServerConfig::trusted_uids`]) are not limited by it: they run the VMs.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 128;
+/// Default for [`ServerConfig::trusted_reserved_connections`]: slots of
+/// [`ServerConfig::max_connections`] only trusted peers may take, so root (or the
+/// pool's owner) can still attach and manage volumes while other sources hold every
+/// other slot. 32: a few VMs and tools at once.
+pub const DEFAULT_TRUSTED_RESERVED_CONNECTIONS: usize = 32;
+/// Default for [`ServerConfig::idle_timeout`]: never. Closing a VM's idle disk fails
+/// its next I/O (QEMU without `reconnect-delay` and the kernel client do not
+/// reconnect), and a guest's data disk may stay idle for days; idle connections
+/// cannot lock others out, as per-source slots bound what each source holds.
+pub const DEFAULT_IDLE_TIMEOUT: Option<Duration> = None;
 /// Default for [`ServerConfig::max_inflight_per_connection`]: QEMU and fio run queue
 /// depths up to 32 per connection and the kernel client up to 128 tags; 64 keeps a
 /// deep queue busy while bounding what one client can hold.
@@ -61,6 +77,17 @@ pub const WORKERS_PER_CONNECTION_MAX: usize = 8;
 /// A client that has not finished negotiating within this time is dropped, so idle
 /// sockets cannot hold connection slots forever.
 pub const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(120);
+/// A write payload is charged to the buffer budget as it arrives, in pieces of this
+/// size, not all at its header: a client that sends a 32 MiB write's header and
+/// stalls holds one piece (from its own reserve), not 32 MiB of the shared pool
+/// that other clients' large requests need. 1 MiB: 32 budget checks per maximum
+/// write, each a lock, against a reader that copies 1 MiB in tens of microseconds.
+pub const PAYLOAD_PIECE_BYTES: u64 = 1 << 20;
+/// Bytes of the shared buffer pool that pieces of partly received payloads leave
+/// free: one maximum payload, so that however many payloads are part-way in, one of
+/// them can always take the rest of its bytes and finish (no two readers wait on
+/// each other's half-charged payloads).
+pub const PAYLOAD_COMPLETION_RESERVE_BYTES: u64 = crate::protocol::PAYLOAD_MAX_BYTES as u64;
 /// A write payload must arrive within this time of its header (32 MiB at 280 KB/s),
 /// else the connection is dropped: a client trickling payloads would otherwise hold
 /// its share of [`INFLIGHT_BUFFER_BYTES_MAX`] forever. Also the socket's read timeout
@@ -83,6 +110,18 @@ const _: () = assert!(THREAD_STACK_BYTES == crate::tls::RELAY_THREAD_STACK_BYTES
 const _: () =
     assert!(CONNECTION_SHARED_BUFFER_BYTES_MAX >= crate::protocol::PAYLOAD_MAX_BYTES as u64);
 const _: () = assert!(INFLIGHT_BUFFER_BYTES_MAX >= 2 * CONNECTION_SHARED_BUFFER_BYTES_MAX);
+// Pieces of partly received payloads can use the pool beyond the completion reserve.
+const _: () = assert!(
+    INFLIGHT_BUFFER_BYTES_MAX >= PAYLOAD_COMPLETION_RESERVE_BYTES + 8 * PAYLOAD_PIECE_BYTES
+);
+// A connection's first piece fits its own reserve.
+const _: () = assert!(CONNECTION_RESERVED_BUFFER_BYTES >= PAYLOAD_PIECE_BYTES);
+// A block status answer, charged at its largest, fits a connection's reserve.
+const _: () =
+    assert!(CONNECTION_RESERVED_BUFFER_BYTES >= crate::protocol::BLOCK_STATUS_MEMORY_MAX_BYTES);
+// Trusted peers always have slots of their own.
+const _: () = assert!(DEFAULT_TRUSTED_RESERVED_CONNECTIONS < DEFAULT_MAX_CONNECTIONS);
+const _: () = assert!(DEFAULT_MAX_CONNECTIONS_PER_SOURCE < DEFAULT_MAX_CONNECTIONS);
 
 /// How a server behaves. `Default` gives the named limits above.
 #[derive(Clone, Debug)]
@@ -93,6 +132,19 @@ pub struct ServerConfig {
     pub default_export: Option<String>,
     /// Connections at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Connections at once from one source other than a trusted peer: a unix peer's
+    /// uid (SO_PEERCRED), a TCP peer's IP address, or for a TCP peer on this host
+    /// (loopback) the uid that owns its socket. More are closed when accepted.
+    pub max_connections_per_source: usize,
+    /// Slots of `max_connections` that only trusted peers may take.
+    pub trusted_reserved_connections: usize,
+    /// Uids whose connections are trusted, as the kernel names the peer (unix
+    /// sockets, and TCP from this host): root and the pool's owner, who can read the
+    /// pool anyway. They take the reserved slots and have no per-source limit.
+    pub trusted_uids: Vec<u32>,
+    /// A connection in transmission with nothing in flight and no request for this
+    /// long is closed; `None`: never.
+    pub idle_timeout: Option<Duration>,
     /// Requests in flight on one connection; at the limit the server stops reading it.
     pub max_inflight_per_connection: usize,
     /// Requests in flight across all connections beyond each one's reserve of
@@ -131,6 +183,10 @@ impl Default for ServerConfig {
             read_only: false,
             default_export: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+            trusted_reserved_connections: DEFAULT_TRUSTED_RESERVED_CONNECTIONS,
+            trusted_uids: vec![0],
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_inflight_per_connection: DEFAULT_MAX_INFLIGHT_PER_CONNECTION,
             max_inflight_total: DEFAULT_MAX_INFLIGHT_TOTAL,
             read_spin: DEFAULT_READ_SPIN,

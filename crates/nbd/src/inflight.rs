@@ -3,7 +3,10 @@
 //! shared pools), and the [`Permit`] a request holds from the moment its header is
 //! read until its reply has been written.
 
-use crate::config::{CONNECTION_RESERVED_BUFFER_BYTES, CONNECTION_SHARED_BUFFER_BYTES_MAX};
+use crate::config::{
+    CONNECTION_RESERVED_BUFFER_BYTES, CONNECTION_SHARED_BUFFER_BYTES_MAX,
+    PAYLOAD_COMPLETION_RESERVE_BYTES,
+};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -141,6 +144,11 @@ impl Inflight {
         Arc::clone(&self.requests_now)
     }
 
+    /// This connection's requests in flight now (queued, running or replying).
+    pub(crate) fn requests_in_flight(&self) -> usize {
+        self.requests_now.load(Ordering::Relaxed)
+    }
+
     /// Take a server-wide request slot if one is free now.
     fn try_acquire_request(&self) -> bool {
         let mut state = self.limits.state.lock();
@@ -192,6 +200,43 @@ impl Inflight {
             return true;
         }
         false
+    }
+
+    /// Take the next piece of a write payload as it arrives: `piece` bytes, of which
+    /// `remaining` (the piece included) are not charged yet. From this connection's
+    /// reserve if they fit; else from the shared pool while it keeps
+    /// [`PAYLOAD_COMPLETION_RESERVE_BYTES`] free; else, when the whole remainder fits
+    /// what is free, all of it (the payload then finishes without another wait).
+    /// Returns the bytes taken, 0 when nothing fits now.
+    ///
+    /// Why this cannot leave two honest payloads waiting on each other: pieces never
+    /// take the last [`PAYLOAD_COMPLETION_RESERVE_BYTES`] of the pool, so once the
+    /// requests charged whole (reads, and payloads that took their remainder) are
+    /// answered, at least that much is free, and any waiting payload's remainder
+    /// (≤ one maximum payload) fits.
+    fn take_piece(&self, state: &mut InflightState, piece: u64, remaining: u64) -> u64 {
+        let reserved = self.reserved_bytes.load(Ordering::Relaxed);
+        if reserved + piece <= CONNECTION_RESERVED_BUFFER_BYTES {
+            self.reserved_bytes
+                .store(reserved + piece, Ordering::Relaxed);
+            state.reserved_bytes += piece;
+            return piece;
+        }
+        let shared = self.shared_bytes.load(Ordering::Relaxed);
+        let free = self.limits.bytes_max.saturating_sub(state.shared_bytes);
+        let take = if free >= piece + PAYLOAD_COMPLETION_RESERVE_BYTES {
+            piece
+        } else if free >= remaining {
+            remaining
+        } else {
+            return 0;
+        };
+        if shared + take > CONNECTION_SHARED_BUFFER_BYTES_MAX {
+            return 0;
+        }
+        self.shared_bytes.store(shared + take, Ordering::Relaxed);
+        state.shared_bytes += take;
+        take
     }
 
     /// Wait for a server-wide request slot.
@@ -305,6 +350,36 @@ impl Permit {
         self.bytes += bytes;
     }
 
+    /// Charge the next piece of a write payload if it fits now (see
+    /// `Inflight::take_piece`): the bytes charged (`piece`, or all of `remaining`),
+    /// 0 if none.
+    pub(crate) fn try_add_piece(&mut self, piece: u64, remaining: u64) -> u64 {
+        let taken = {
+            let mut state = self.inflight.limits.state.lock();
+            self.inflight.take_piece(&mut state, piece, remaining)
+        };
+        self.bytes += taken;
+        taken
+    }
+
+    /// Wait until the next piece of a write payload fits, and charge it: the bytes
+    /// charged (`piece`, or all of `remaining`).
+    pub(crate) fn add_piece(&mut self, piece: u64, remaining: u64) -> u64 {
+        let taken = {
+            let inflight = &self.inflight;
+            let mut state = inflight.limits.state.lock();
+            loop {
+                let taken = inflight.take_piece(&mut state, piece, remaining);
+                if taken > 0 {
+                    break taken;
+                }
+                inflight.limits.released.wait(&mut state);
+            }
+        };
+        self.bytes += taken;
+        taken
+    }
+
     /// Take `bytes` of the budget if they fit now.
     pub(crate) fn try_add_bytes(&mut self, bytes: u64) -> bool {
         let fit = self.inflight.try_acquire_bytes(bytes);
@@ -324,5 +399,51 @@ impl Drop for Permit {
             .requests_now
             .store(*requests, Ordering::Relaxed);
         self.inflight.slot_free.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{INFLIGHT_BUFFER_BYTES_MAX, PAYLOAD_PIECE_BYTES};
+    use crate::protocol::PAYLOAD_MAX_BYTES;
+
+    #[test]
+    fn payloads_arriving_together_all_finish_and_a_stalled_one_holds_what_came() {
+        // 16 connections receive maximum payloads at once, a piece each in turn, and
+        // a payload's bytes go back when it is complete (its write done and answered).
+        // Pieces alone could fill the pool with half payloads that each wait for the
+        // others; the completion reserve must let every one finish.
+        let limits = Arc::new(InflightLimits::new(1024, INFLIGHT_BUFFER_BYTES_MAX));
+        let payload = u64::from(PAYLOAD_MAX_BYTES);
+        let conns: Vec<Arc<Inflight>> = (0..16).map(|_| limits.for_connection(64, 8)).collect();
+        let mut permits: Vec<Option<Permit>> = conns.iter().map(Permit::try_acquire).collect();
+        let mut remaining = vec![payload; conns.len()];
+        let mut rounds = 0;
+        while remaining.iter().any(|&r| r > 0) {
+            rounds += 1;
+            assert!(
+                rounds < 10_000,
+                "payloads wait on each other: {remaining:?}"
+            );
+            for (permit, left) in permits.iter_mut().zip(remaining.iter_mut()) {
+                let Some(p) = permit.as_mut() else { continue };
+                let piece = PAYLOAD_PIECE_BYTES.min(*left);
+                *left -= p.try_add_piece(piece, *left);
+                if *left == 0 {
+                    *permit = None;
+                }
+            }
+        }
+        assert_eq!(limits.snapshot(), (0, 0));
+
+        // A stalled payload holds the pieces that came: its first, from its own reserve.
+        let staller = limits.for_connection(64, 8);
+        let mut p = Permit::try_acquire(&staller).expect("a slot");
+        assert_eq!(
+            p.try_add_piece(PAYLOAD_PIECE_BYTES, payload),
+            PAYLOAD_PIECE_BYTES
+        );
+        assert_eq!(limits.snapshot(), (1, PAYLOAD_PIECE_BYTES));
     }
 }

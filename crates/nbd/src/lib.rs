@@ -6,7 +6,8 @@
 //! connections, shutdown), which runs `negotiate` (handshake and options) and then
 //! `transmission` (request loop, workers) on each connection; `reply` (replies built
 //! whole and written in batches); `shared` (what connections share: configuration,
-//! exports, the registry of live connections); `inflight` (requests in flight, their
+//! exports, the registry of live connections); `sources` (where a connection comes
+//! from, and the connection slots each source may hold); `inflight` (requests in flight, their
 //! limits and permits); `config` (the server's configuration and named limits);
 //! `protocol` (wire constants, headers, request validation);
 //! `stream` (a client's socket and the reader that polls it), `tls` (credentials and
@@ -33,15 +34,18 @@ mod relay;
 mod reply;
 mod server;
 mod shared;
+mod sources;
 mod stream;
 mod tls;
 mod transmission;
 
 pub use config::{
     AccessPolicy, ServerConfig, TlsSettings, CONNECTION_RESERVED_BUFFER_BYTES,
-    CONNECTION_RESERVED_REQUESTS, CONNECTION_SHARED_BUFFER_BYTES_MAX, DEFAULT_MAX_CONNECTIONS,
+    CONNECTION_RESERVED_REQUESTS, CONNECTION_SHARED_BUFFER_BYTES_MAX, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
     DEFAULT_MAX_INFLIGHT_PER_CONNECTION, DEFAULT_MAX_INFLIGHT_TOTAL, DEFAULT_READ_SPIN,
-    INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
+    DEFAULT_TRUSTED_RESERVED_CONNECTIONS, INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT,
+    PAYLOAD_COMPLETION_RESERVE_BYTES, PAYLOAD_PIECE_BYTES, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
     SHUTDOWN_GRACE, WORKERS_PER_CONNECTION_MAX,
 };
 pub use engine_export::pool_exports;

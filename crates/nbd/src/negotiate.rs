@@ -12,8 +12,9 @@
 //! (what was agreed in clear is forgotten). On a listener that requires TLS, every
 //! other option but ABORT answers `NBD_REP_ERR_TLS_REQD` until then (EXPORT_NAME,
 //! which cannot be answered with an error, drops the connection). An export limited
-//! to some TLS identities answers `NBD_REP_ERR_TLS_REQD` to a client in clear and
-//! `NBD_REP_ERR_POLICY` to any other identity, and is left out of its `NBD_OPT_LIST`.
+//! to some TLS identities answers any other client as a name that does not exist
+//! (`NBD_REP_ERR_UNKNOWN`, same words), so probing cannot find it, and is left out of
+//! its `NBD_OPT_LIST`; the real reason is logged at info.
 
 use crate::config::{NEGOTIATION_TIMEOUT, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT};
 use crate::export::Export;
@@ -171,6 +172,11 @@ pub(crate) fn negotiate(
                 OPT_ABORT => {}
                 OPT_EXPORT_NAME => return Err(NegotiationError::TlsRequired),
                 _ => {
+                    tracing::info!(
+                        id,
+                        option,
+                        "NBD option refused: client in clear where TLS is required"
+                    );
                     replies.error(
                         REP_ERR_TLS_REQD,
                         "this server requires TLS: start it with NBD_OPT_STARTTLS \
@@ -260,7 +266,10 @@ fn may_open(shared: &Shared, peer: &Peer, name: &str) -> Result<(), (u32, String
     match peer {
         Peer::Clear => Err((
             REP_ERR_TLS_REQD,
-            format!("export '{name}' is limited to some TLS identities: start TLS first"),
+            format!(
+                "export '{}' is limited to some TLS identities: start TLS first",
+                name.escape_debug()
+            ),
         )),
         Peer::Tls {
             identity: Some(identity),
@@ -269,13 +278,18 @@ fn may_open(shared: &Shared, peer: &Peer, name: &str) -> Result<(), (u32, String
             identity: Some(identity),
         } => Err((
             REP_ERR_POLICY,
-            format!("TLS identity '{identity}' may not open export '{name}'"),
+            format!(
+                "TLS identity '{}' may not open export '{}'",
+                identity.escape_debug(),
+                name.escape_debug()
+            ),
         )),
         Peer::Tls { identity: None } => Err((
             REP_ERR_POLICY,
             format!(
-                "export '{name}' is limited to some TLS identities, and this connection has \
-                 none (a PSK identity, or a client certificate the server verifies)"
+                "export '{}' is limited to some TLS identities, and this connection has \
+                 none (a PSK identity, or a client certificate the server verifies)",
+                name.escape_debug()
             ),
         )),
     }
@@ -364,7 +378,7 @@ impl Replies<'_> {
     }
 
     fn error(&mut self, kind: u32, message: &str) -> io::Result<()> {
-        tracing::debug!(option = self.option, kind, message, "NBD option refused");
+        tracing::debug!(option = self.option, kind, message = %message.escape_debug(), "NBD option refused");
         self.send(kind, message.as_bytes())
     }
 }
@@ -392,17 +406,34 @@ fn resolve_name(shared: &Shared, name: &str) -> Result<String, String> {
 }
 
 /// Open the export `name` asks for, if `peer` may: else the option error to answer.
+/// An export `peer` may not open is answered as a name that does not exist, with the
+/// same error and words, so that probing cannot find what `NBD_OPT_LIST` hides; the
+/// real reason goes to the log (at info for a refusal, which an admin wants to see).
 fn open(
     shared: &Shared,
     peer: &Peer,
     name: &str,
 ) -> Result<(String, Arc<dyn Export>), (u32, String)> {
     let canonical = resolve_name(shared, name).map_err(|e| (REP_ERR_UNKNOWN, e))?;
-    may_open(shared, peer, &canonical)?;
-    let export = shared
-        .exports()
-        .open(&canonical)
-        .map_err(|e| (REP_ERR_UNKNOWN, e))?;
+    let unavailable = || {
+        (
+            REP_ERR_UNKNOWN,
+            format!(
+                "no export '{}' this client may open (NBD_OPT_LIST lists those it may; a \
+                 volume limited to TLS identities opens only over TLS with one of them)",
+                canonical.escape_debug()
+            ),
+        )
+    };
+    if let Err((kind, reason)) = may_open(shared, peer, &canonical) {
+        tracing::info!(kind, %reason, "NBD export refused by policy");
+        return Err(unavailable());
+    }
+    let export = shared.exports().open(&canonical).map_err(|reason| {
+        let reason = reason.escape_debug().to_string();
+        tracing::debug!(%reason, "NBD export not opened");
+        unavailable()
+    })?;
     Ok((canonical, export))
 }
 
@@ -441,7 +472,8 @@ fn export_name(
     let asked = String::from_utf8_lossy(data).into_owned();
     let (name, export) =
         open(shared, peer, &asked).map_err(|(_, reason)| NegotiationError::ExportRefused {
-            name: asked.clone(),
+            // Escaped: the error ends up in a log line, where a newline would forge one.
+            name: asked.escape_debug().to_string(),
             reason,
         })?;
     let read_only = shared.config().read_only;

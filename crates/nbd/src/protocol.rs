@@ -218,8 +218,23 @@ pub const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
 /// connection stays usable; a larger one drops the connection. 64 MiB: fio sends writes
 /// of up to 64 MiB, and the spec says payloads of 32 MiB must not count as an attack.
 pub const DISCARD_PAYLOAD_MAX_BYTES: u64 = 64 << 20;
-/// Most descriptors in one block status chunk (the spec's SHOULD NOT exceed 2^20).
-pub const BLOCK_STATUS_DESCRIPTORS_MAX: usize = 1 << 20;
+/// Most descriptors in one block status chunk: 16,384 (the spec's ceiling is 2^20),
+/// so answering one holds at most [`BLOCK_STATUS_MEMORY_MAX_BYTES`] (1.25 MiB), which
+/// is charged to the connection's buffer budget like a read's data; at 2^20 a client
+/// that never read its replies grew the server by ~18 MiB per request. The spec lets a
+/// server answer less than asked; clients ask again from where the answer ends.
+pub const BLOCK_STATUS_DESCRIPTORS_MAX: usize = 1 << 14;
+/// Largest block status payload: the context id, a count, and
+/// [`BLOCK_STATUS_DESCRIPTORS_MAX`] extended (16-byte) descriptors.
+pub const BLOCK_STATUS_REPLY_MAX_BYTES: u64 = 8 + 16 * BLOCK_STATUS_DESCRIPTORS_MAX as u64;
+/// Memory one block status answer holds at most, per descriptor: the export's runs
+/// (16 bytes each), their clipped copy and the merged answer (24 each), and the reply
+/// (16).
+pub const BLOCK_STATUS_MEMORY_MAX_BYTES: u64 = 80 * BLOCK_STATUS_DESCRIPTORS_MAX as u64;
+/// The export is asked about a block status range in steps of this size, each one
+/// answered with at most one run per 4 KiB block: the runs in memory at once stay
+/// near [`BLOCK_STATUS_DESCRIPTORS_MAX`], however fragmented a 16 GiB range is.
+pub const BLOCK_STATUS_QUERY_STEP_BYTES: u64 = BLOCK_STATUS_DESCRIPTORS_MAX as u64 * 4096;
 /// Largest range one BLOCK_STATUS asks the export about; the spec lets the server answer
 /// less than asked, and a bound keeps one request from walking a whole large volume.
 pub const BLOCK_STATUS_QUERY_MAX_BYTES: u64 = 1 << 34;
@@ -689,7 +704,7 @@ impl ChunkHeader {
         } else {
             // Structured chunks carry 32-bit lengths; every payload this server builds
             // is bounded by PAYLOAD_MAX_BYTES plus a fixed overhead, or by
-            // BLOCK_STATUS_DESCRIPTORS_MAX descriptors (8 MiB), so it fits.
+            // BLOCK_STATUS_DESCRIPTORS_MAX descriptors (256 KiB), so it fits.
             debug_assert!(payload_bytes <= u64::from(u32::MAX));
             let len32 = u32::try_from(payload_bytes).unwrap_or(u32::MAX);
             bytes[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());

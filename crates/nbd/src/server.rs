@@ -17,12 +17,13 @@
 use crate::config::{
     ServerConfig, CONNECTION_RESERVED_BUFFER_BYTES, CONNECTION_RESERVED_REQUESTS,
     CONNECTION_SHARED_BUFFER_BYTES_MAX, INFLIGHT_BUFFER_BYTES_MAX, NEGOTIATION_TIMEOUT,
-    PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT, SHUTDOWN_GRACE, THREAD_STACK_BYTES,
-    WORKERS_PER_CONNECTION_MAX,
+    PAYLOAD_COMPLETION_RESERVE_BYTES, PAYLOAD_PIECE_BYTES, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
+    SHUTDOWN_GRACE, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX,
 };
 use crate::export::ExportProvider;
-use crate::negotiate::{self, Channel};
+use crate::negotiate::{self, Channel, NegotiationError};
 use crate::shared::{ExportUsers, Shared};
+use crate::sources::source_of;
 use crate::stream::Stream;
 use crate::tls::TlsMode;
 use crate::transmission;
@@ -36,6 +37,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// The shortest wake-up for idle checks (a zero socket timeout means none).
+const IDLE_CHECK_MIN: Duration = Duration::from_millis(100);
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
 const ACCEPT_RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -214,6 +218,15 @@ impl Server {
                 "max_inflight_per_connection",
                 c.max_inflight_per_connection as u64,
             ),
+            (
+                "max_connections_per_source",
+                c.max_connections_per_source as u64,
+            ),
+            (
+                "trusted_reserved_connections",
+                c.trusted_reserved_connections as u64,
+            ),
+            ("idle_timeout_s", c.idle_timeout.map_or(0, |t| t.as_secs())),
             ("max_inflight_total", c.max_inflight_total as u64),
             (
                 "connection_reserved_requests",
@@ -239,6 +252,18 @@ impl Server {
             (
                 "payload_max_bytes",
                 u64::from(crate::protocol::PAYLOAD_MAX_BYTES),
+            ),
+            ("payload_piece_bytes", PAYLOAD_PIECE_BYTES),
+            (
+                "payload_completion_reserve_bytes",
+                PAYLOAD_COMPLETION_RESERVE_BYTES,
+            ),
+            ("payload_timeout_s", PAYLOAD_TIMEOUT.as_secs()),
+            ("negotiation_timeout_s", NEGOTIATION_TIMEOUT.as_secs()),
+            ("reply_write_timeout_s", REPLY_WRITE_TIMEOUT.as_secs()),
+            (
+                "block_status_memory_max_bytes",
+                crate::protocol::BLOCK_STATUS_MEMORY_MAX_BYTES,
             ),
         ];
         ServerStats {
@@ -276,13 +301,21 @@ impl Server {
             return false;
         }
         let stream = Arc::new(stream);
-        let Some(id) = self.shared.register(&stream) else {
-            tracing::warn!(
-                limit = self.shared.config().max_connections,
-                peer = %stream.peer(),
-                "NBD connection refused: at the connection limit"
-            );
-            return true;
+        let source = source_of(&stream);
+        let id = match self.shared.register(&stream, source) {
+            Ok(id) => id,
+            Err(refusal) => {
+                let c = self.shared.config();
+                tracing::warn!(
+                    max_connections = c.max_connections,
+                    max_connections_per_source = c.max_connections_per_source,
+                    trusted_reserved_connections = c.trusted_reserved_connections,
+                    peer = %stream.peer(),
+                    %source,
+                    "NBD connection refused: {refusal}"
+                );
+                return true;
+            }
         };
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
@@ -355,21 +388,45 @@ fn serve_connection(shared: &Shared, id: u64, stream: Arc<Stream>, listening: Li
                 ..
             } = channel;
             reader.get_mut().set_deadline(None);
-            if plain.set_read_timeout(Some(PAYLOAD_TIMEOUT)).is_ok() {
-                tracing::debug!(id, export = %session.name, mode = ?session.mode, "NBD transmission");
+            // The socket's timeout wakes the reader to check for an idle connection.
+            let wake = shared
+                .config()
+                .idle_timeout
+                .map_or(PAYLOAD_TIMEOUT, |idle| {
+                    idle.clamp(IDLE_CHECK_MIN, PAYLOAD_TIMEOUT)
+                });
+            if plain.set_read_timeout(Some(wake)).is_ok() {
+                // Names and identities are escaped: a newline in one must not forge a
+                // log line.
+                let export = session.name.escape_debug().to_string();
+                tracing::debug!(id, %export, mode = ?session.mode, "NBD transmission");
                 // What an admin reads at the default level: who attached which volume,
                 // over what, and when they left (probes that never reach transmission
                 // stay at debug).
-                let export = session.name.clone();
-                let tls = tls.describe();
+                let tls = tls.describe().escape_debug().to_string();
                 tracing::info!(id, %peer, %export, %tls, "NBD client attached");
-                shared.attach(id, &export, client);
+                shared.attach(id, &session.name, client);
                 transmission::serve(shared, id, session, reader, Arc::clone(&plain));
                 tracing::info!(id, %peer, %export, "NBD client detached");
             }
         }
         Ok(None) => tracing::debug!(id, "NBD client ended negotiation"),
-        Err(e) => tracing::debug!(id, error = %e, "NBD negotiation ended"),
+        Err(e) => {
+            let error = e.to_string().escape_debug().to_string();
+            // Refusals an admin wants to see: TLS that failed or was skipped where it
+            // is required, and exports refused (unknown, or by policy).
+            if matches!(
+                e,
+                NegotiationError::Tls(_)
+                    | NegotiationError::TlsRequired
+                    | NegotiationError::BytesAfterStartTls
+                    | NegotiationError::ExportRefused { .. }
+            ) {
+                tracing::info!(id, %peer, %error, "NBD handshake refused");
+            } else {
+                tracing::debug!(id, %error, "NBD negotiation ended");
+            }
+        }
     }
     plain.shutdown(Shutdown::Both);
     if !relayed {

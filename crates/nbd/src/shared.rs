@@ -11,6 +11,7 @@ use crate::config::{
 };
 use crate::export::ExportProvider;
 use crate::inflight::{Inflight, InflightLimits};
+use crate::sources::{Refusal, SlotLimits, Source, SourceSlots};
 use crate::stream::{Polling, Stream};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -27,6 +28,10 @@ struct Registry {
     /// Connections in transmission: the export each serves, and its client (see
     /// [`Stream::client`]; the connection id when the kernel cannot tell).
     attached: HashMap<u64, (String, String)>,
+    /// The source each connection's slot is counted against.
+    sources: HashMap<u64, Source>,
+    /// Slots held by source.
+    slots: SourceSlots,
 }
 
 /// Who uses one export now: connections in transmission, and the distinct clients
@@ -60,6 +65,11 @@ impl Shared {
     pub(crate) fn new(config: ServerConfig, exports: Arc<dyn ExportProvider>) -> Shared {
         let mut config = config;
         config.max_connections = config.max_connections.max(1);
+        config.max_connections_per_source = config.max_connections_per_source.max(1);
+        // Others keep at least one slot.
+        config.trusted_reserved_connections = config
+            .trusted_reserved_connections
+            .min(config.max_connections - 1);
         config.max_inflight_per_connection = config.max_inflight_per_connection.max(1);
         config.max_inflight_total = config.max_inflight_total.max(1);
         let inflight = Arc::new(InflightLimits::new(
@@ -139,16 +149,21 @@ impl Shared {
         self.registry.lock().connections.len()
     }
 
-    /// Register a new connection: its id, or `None` at the connection limit.
-    pub(crate) fn register(&self, stream: &Arc<Stream>) -> Option<u64> {
+    /// Register a new connection from `source`: its id, or why it has no slot.
+    pub(crate) fn register(&self, stream: &Arc<Stream>, source: Source) -> Result<u64, Refusal> {
+        let trusted = matches!(source, Source::Uid(uid) if self.config.trusted_uids.contains(&uid));
+        let limits = SlotLimits {
+            total: self.config.max_connections,
+            per_source: self.config.max_connections_per_source,
+            trusted_reserved: self.config.trusted_reserved_connections,
+        };
         let mut registry = self.registry.lock();
-        if registry.connections.len() >= self.config.max_connections {
-            return None;
-        }
+        registry.slots.take(source, trusted, limits)?;
         let id = registry.next_id;
         registry.next_id += 1;
         registry.connections.insert(id, Arc::clone(stream));
-        Some(id)
+        registry.sources.insert(id, source);
+        Ok(id)
     }
 
     /// Connection `id` is in transmission on `export`, for `client`.
@@ -181,6 +196,9 @@ impl Shared {
         let mut registry = self.registry.lock();
         registry.connections.remove(&id);
         registry.attached.remove(&id);
+        if let Some(source) = registry.sources.remove(&id) {
+            registry.slots.give_back(source);
+        }
         self.transmitting
             .store(registry.attached.len(), Ordering::Relaxed);
         if registry.connections.is_empty() {

@@ -239,12 +239,31 @@ impl StreamReader {
 
 impl Read for StreamReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client did not send in time",
-            ));
+        loop {
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client did not send in time",
+                ));
+            }
+            match self.read_once(buf) {
+                // The socket's timeout may be shorter than the deadline (it also wakes
+                // the reader to check for an idle connection): wait on to the deadline.
+                Err(e)
+                    if self.deadline.is_some()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) => {}
+                read => return read,
+            }
         }
+    }
+}
+
+impl StreamReader {
+    /// One read from the socket, polling first if allowed (see above).
+    fn read_once(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.spin.is_zero() {
             return (&*self.stream).read(buf);
         }

@@ -21,7 +21,9 @@
 //! never queue behind them.
 
 use crate::buffers::{Payload, PayloadBuffers};
-use crate::config::{PAYLOAD_TIMEOUT, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX};
+use crate::config::{
+    PAYLOAD_PIECE_BYTES, PAYLOAD_TIMEOUT, THREAD_STACK_BYTES, WORKERS_PER_CONNECTION_MAX,
+};
 use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
 use crate::inflight::{Inflight, Permit};
 use crate::negotiate::Session;
@@ -35,11 +37,12 @@ use std::io::{self, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// A worker idle this long exits; the next burst of requests starts workers again
 /// (a thread start costs tens of microseconds). Idle connections, the usual case for
 /// VM disks, then hold one thread each instead of a full set of workers.
-pub const WORKER_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+pub const WORKER_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Granularity at which reads look for zero ranges to send as holes: the engine's
 /// block, so a hole chunk stands for whole unmapped or zero blocks.
@@ -78,6 +81,8 @@ struct Conn {
     workers_max: usize,
     /// Write payload buffers kept between requests.
     buffers: PayloadBuffers,
+    /// Closed after this long with no request and nothing in flight.
+    idle_timeout: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -151,6 +156,8 @@ enum End {
     Protocol(RequestError),
     /// No worker could be started.
     NoWorker(io::Error),
+    /// No request and nothing in flight for the idle timeout.
+    Idle,
 }
 
 /// Serve requests until the client disconnects, then wait for every request in
@@ -174,6 +181,7 @@ pub(crate) fn serve(
         workers_running_max: shared.workers_running_max(),
         workers_max: WORKERS_PER_CONNECTION_MAX.min(config.max_inflight_per_connection),
         buffers: PayloadBuffers::default(),
+        idle_timeout: config.idle_timeout,
     });
     let mut workers = Workers {
         handles: Vec::new(),
@@ -201,6 +209,11 @@ pub(crate) fn serve(
         End::Io(e) => tracing::info!(id, error = %e, "NBD connection dropped: socket"),
         End::Protocol(e) => tracing::info!(id, error = %e, "NBD connection dropped: protocol"),
         End::NoWorker(e) => tracing::warn!(id, error = %e, "NBD connection dropped: no worker"),
+        End::Idle => tracing::info!(
+            id,
+            idle_timeout_s = conn.idle_timeout.map_or(0, |t| t.as_secs()),
+            "NBD connection closed: idle"
+        ),
     }
     {
         let mut queue = conn.queue.lock();
@@ -240,9 +253,10 @@ fn read_requests(
         let Some(wire) = header_buf.get_mut(..header_bytes) else {
             return End::Protocol(RequestError::Truncated);
         };
-        match read_exact_or_eof(reader, wire) {
-            Ok(true) => {}
-            Ok(false) => return End::Closed,
+        match read_header(reader, wire, conn.idle_timeout, &conn.inflight) {
+            Ok(Header::Read) => {}
+            Ok(Header::Eof) => return End::Closed,
+            Ok(Header::Idle) => return End::Idle,
             Err(e) => return End::Io(e),
         }
         let header = match RequestHeader::decode(wire, conn.mode) {
@@ -285,9 +299,13 @@ fn read_requests(
                 continue;
             }
         };
+        // What a request's reply holds until written: a read's data, or a block
+        // status answer at its largest. A write's payload is charged as it
+        // arrives, below.
         let buffer_bytes = match command {
             Command::Disconnect => return End::Disconnect,
-            Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
+            Command::Read { len, .. } => u64::from(len),
+            Command::BlockStatus { .. } => BLOCK_STATUS_MEMORY_MAX_BYTES,
             _ => 0,
         };
         if buffer_bytes > 0 && !permit.try_add_bytes(buffer_bytes) {
@@ -298,21 +316,10 @@ fn read_requests(
         }
         let payload = match command {
             Command::Write { len, .. } => {
-                // `len` ≤ PAYLOAD_MAX_BYTES (validated), and equals the payload on the wire.
-                let len = len as usize;
-                if reader.buffer().len() < len {
-                    if let Err(e) = workers.dispatch(conn, batch) {
-                        return End::NoWorker(e);
-                    }
+                match read_payload(conn, reader, &mut permit, len, workers, batch) {
+                    Ok(payload) => payload,
+                    Err(end) => return end,
                 }
-                let mut data = conn.buffers.take(len);
-                reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
-                let read = reader.read_exact(data.bytes_mut());
-                reader.get_mut().set_deadline(None);
-                if let Err(e) = read {
-                    return End::Io(e);
-                }
-                data
             }
             _ => Payload::none(),
         };
@@ -323,6 +330,55 @@ fn read_requests(
             permit,
         });
     }
+}
+
+/// Read a write's payload of `len` bytes, charging it to `permit` piece by piece as
+/// it arrives (see [`PAYLOAD_PIECE_BYTES`]), all within [`PAYLOAD_TIMEOUT`] of its
+/// header: a client that stalls part-way holds the pieces it sent, then loses them
+/// and its connection at the timeout.
+fn read_payload(
+    conn: &Arc<Conn>,
+    reader: &mut BufReader<StreamReader>,
+    permit: &mut Permit,
+    len: u32,
+    workers: &mut Workers,
+    batch: &mut Vec<Job>,
+) -> Result<Payload, End> {
+    // `len` ≤ PAYLOAD_MAX_BYTES (validated), and equals the payload on the wire.
+    let len = u64::from(len);
+    if (reader.buffer().len() as u64) < len {
+        workers.dispatch(conn, batch).map_err(End::NoWorker)?;
+    }
+    let mut data = conn.buffers.take(len as usize);
+    reader.get_mut().set_deadline(Some(PAYLOAD_TIMEOUT));
+    let mut charged = 0u64;
+    let mut filled = 0u64;
+    let mut result = Ok(());
+    while filled < len && result.is_ok() {
+        if charged == filled {
+            let piece = PAYLOAD_PIECE_BYTES.min(len - charged);
+            let mut taken = permit.try_add_piece(piece, len - charged);
+            if taken == 0 {
+                workers.dispatch(conn, batch).map_err(End::NoWorker)?;
+                // The wait for room is the server's, not the client's: the payload's
+                // deadline moves by as much.
+                let waiting = Instant::now();
+                taken = permit.add_piece(piece, len - charged);
+                if let Some(deadline) = reader.get_ref().deadline() {
+                    let left = deadline.saturating_duration_since(waiting);
+                    reader.get_mut().set_deadline(Some(left));
+                }
+            }
+            charged += taken;
+        }
+        // Bytes within one piece; `charged` ≤ `len` ≤ PAYLOAD_MAX_BYTES fits usize.
+        let to = charged.min(filled + PAYLOAD_PIECE_BYTES);
+        result = reader.read_exact(data.piece_mut(filled as usize, to as usize));
+        filled = to;
+    }
+    reader.get_mut().set_deadline(None);
+    result.map_err(End::Io)?;
+    Ok(data)
 }
 
 /// The worker threads of one connection, as the reader sees them.
@@ -423,17 +479,35 @@ impl Workers {
     }
 }
 
-/// Fill `buf` with a request header; `Ok(false)` if the stream ended before its first
-/// byte. The socket's read timeout only wakes the reader: a client may stay idle
-/// between (or within) headers as long as it likes.
-fn read_exact_or_eof(reader: &mut BufReader<StreamReader>, buf: &mut [u8]) -> io::Result<bool> {
+/// How waiting for a request header ended.
+enum Header {
+    /// The header is in the buffer.
+    Read,
+    /// The stream ended before its first byte.
+    Eof,
+    /// Nothing came and nothing was in flight for the idle timeout.
+    Idle,
+}
+
+/// Fill `buf` with a request header. The socket's read timeout only wakes the reader
+/// (it is at most `idle_timeout`): a client may stay idle between (or within)
+/// headers as long as it likes, unless `idle_timeout` is set and it sends nothing
+/// while none of its requests is in flight for that long.
+fn read_header(
+    reader: &mut BufReader<StreamReader>,
+    buf: &mut [u8],
+    idle_timeout: Option<Duration>,
+    inflight: &Inflight,
+) -> io::Result<Header> {
     let mut filled = 0;
+    let mut idle_since = Instant::now();
+    let mut busy = inflight.requests_in_flight() > 0;
     while filled < buf.len() {
         let Some(rest) = buf.get_mut(filled..) else {
             break;
         };
         match reader.read(rest) {
-            Ok(0) if filled == 0 => return Ok(false),
+            Ok(0) if filled == 0 => return Ok(Header::Eof),
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -441,11 +515,22 @@ fn read_exact_or_eof(reader: &mut BufReader<StreamReader>, buf: &mut [u8]) -> io
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) && !reader.get_ref().has_deadline() => {}
+                ) && !reader.get_ref().has_deadline() =>
+            {
+                let Some(limit) = idle_timeout else { continue };
+                // Idle from the first wake-up that finds nothing in flight.
+                if busy || filled > 0 {
+                    idle_since = Instant::now();
+                }
+                busy = inflight.requests_in_flight() > 0;
+                if !busy && filled == 0 && idle_since.elapsed() >= limit {
+                    return Ok(Header::Idle);
+                }
+            }
             Err(e) => return Err(e),
         }
     }
-    Ok(true)
+    Ok(Header::Read)
 }
 
 /// Read and throw away `len` bytes of a refused request's payload.
@@ -760,17 +845,44 @@ impl Conn {
         reply
     }
 
+    /// The runs of `[offset, offset+len)` (at most [`BLOCK_STATUS_QUERY_MAX_BYTES`]),
+    /// asked of the export in steps of [`BLOCK_STATUS_QUERY_STEP_BYTES`] until
+    /// `descriptors` runs are known: the runs in memory stay near that count,
+    /// however fragmented the range.
+    fn runs(
+        &self,
+        offset: u64,
+        len: u64,
+        descriptors: usize,
+    ) -> Result<Vec<(u64, u64, bool)>, u32> {
+        let end = offset.saturating_add(len.min(BLOCK_STATUS_QUERY_MAX_BYTES));
+        let mut out: Vec<(u64, u64, bool)> = Vec::new();
+        let mut pos = offset;
+        while pos < end && out.len() < descriptors {
+            let step = BLOCK_STATUS_QUERY_STEP_BYTES.min(end - pos);
+            for run in plan_runs(pos, step, &self.export.extents(pos, step)?) {
+                match out.last_mut() {
+                    Some(last) if last.2 == run.2 => last.1 += run.1,
+                    _ => out.push(run),
+                }
+            }
+            pos += step;
+        }
+        out.truncate(descriptors);
+        Ok(out)
+    }
+
     fn block_status(&self, h: &RequestHeader, offset: u64, len: u64, req_one: bool) -> Reply {
-        let query = len.min(BLOCK_STATUS_QUERY_MAX_BYTES);
-        let runs = match self.export.extents(offset, query) {
-            Ok(runs) => plan_runs(offset, query, &runs),
-            Err(errno) => return self.export_failed(h, "block status", errno),
-        };
-        let count = if req_one {
+        let descriptors = if req_one {
             1
         } else {
-            runs.len().min(BLOCK_STATUS_DESCRIPTORS_MAX)
+            BLOCK_STATUS_DESCRIPTORS_MAX
         };
+        let runs = match self.runs(offset, len, descriptors) {
+            Ok(runs) => runs,
+            Err(errno) => return self.export_failed(h, "block status", errno),
+        };
+        let count = runs.len();
         let status = |data: bool| if data { 0 } else { STATE_HOLE | STATE_ZERO };
         let mut payload;
         if self.mode.extended {
