@@ -87,7 +87,7 @@ stop_server() {
     while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 }
 
-command -v nbdinfo >/dev/null || { echo "nbdinfo is needed (libnbd-bin)" >&2; exit 1; }
+for t in nbdinfo fio; do command -v $t >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libnbd-bin fio >/dev/null; done
 command -v /usr/bin/time >/dev/null ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q time >/dev/null
 
