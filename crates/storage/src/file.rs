@@ -233,6 +233,9 @@ fn open_locked(
         // claim the kernel refuses while the device is mounted or claimed.
         options.custom_flags(libc::O_EXCL);
     }
+    // A pool holds every volume's bytes: a file made for one is its owner's only from
+    // its first moment (whatever the umask), so no other user opens it even empty.
+    options.mode(0o600);
     let file = options.open(path).map_err(|e| {
         if is_block && e.raw_os_error() == Some(libc::EBUSY) {
             StorageError::Locked {
@@ -250,6 +253,12 @@ fn open_locked(
         .metadata()
         .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
     lock_exclusive(&file, name, identity_of(&meta))?;
+    if create && meta.file_type().is_file() && meta.mode() & 0o077 != 0 {
+        // A file made before (`truncate`, `fallocate`) becomes a pool: its owner's only.
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
+    }
     Ok((file, meta))
 }
 
