@@ -774,6 +774,19 @@ impl Pool {
         crate::volume_ops::set_provisioning(&self.inner, name, p)
     }
 
+    /// Limit a volume to the TLS identities of the pool's allow list, or lift the
+    /// limit; the catalog records it (a volume flag), so a server that cannot read
+    /// the list still knows to keep the volume closed. Durable on return.
+    pub fn set_volume_limited(&self, name: &str, limited: bool) -> Result<VolumeInfo> {
+        crate::volume_ops::set_limited(&self.inner, name, limited)
+    }
+
+    /// Whether volume `name` is limited (`None`: no such volume); cheap, for every
+    /// client's access check.
+    pub fn volume_limited(&self, name: &str) -> Option<bool> {
+        self.inner.volumes.by_name(name).ok().map(|v| v.limited())
+    }
+
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
     /// checkpoint taken with the gate held, as every volume operation is, so a crash
     /// leaves the old name or the new one, never both. A volume with open handles
