@@ -546,7 +546,7 @@ impl Pool {
             codec: PoolCodec::new(Compression::from_super(
                 sb.compression,
                 sb.compression_level,
-            )),
+            )?),
             journal,
             geometry,
             volumes: Volumes::new(),
