@@ -450,19 +450,49 @@ fn a_limited_volume_stays_closed_when_the_pool_is_served_by_another_name() {
             "volume", "create", "hers", "--size", "16M", "--allow", "bob",
         ],
     );
+    // A clone holds the same bytes: the pool keeps it limited too.
+    fewerbytes_ok(&pool, &["volume", "clone", "hers", "copy"]);
     let link = dir.join("link.pool");
     std::fs::hard_link(&pool, &link).expect("hard link the pool");
     let server = Server::start(dir.path(), &link, &[]);
     assert!(plain_client_opens(&server.unix_uri("open")));
-    assert!(
-        !plain_client_opens(&server.unix_uri("hers")),
-        "a plain client opened a volume limited to bob:\n{}",
-        server.log_text()
-    );
+    for limited in ["hers", "copy"] {
+        assert!(
+            !plain_client_opens(&server.unix_uri(limited)),
+            "a plain client opened '{limited}', limited to bob:\n{}",
+            server.log_text()
+        );
+    }
     let log = server.log_text();
     assert!(
         log.contains("hers") && log.contains("link.pool.allow.json"),
         "serve did not say at start that the limited volume stays closed:\n{log}"
+    );
+}
+
+// Regression: the same, for a pool served through /dev/loopN without --allow-file.
+#[test]
+fn a_limited_volume_stays_closed_when_the_pool_is_served_through_a_loop_device() {
+    let dir = TempDir::new("allow-loop");
+    let pool = create_pool(dir.path(), &[("open", "16M")]);
+    fewerbytes_ok(
+        &pool,
+        &[
+            "volume", "create", "hers", "--size", "16M", "--allow", "bob",
+        ],
+    );
+    let Some(device) = common::loop_device::LoopDevice::attach_or_skip(&pool) else {
+        return;
+    };
+    let mut server = Server::start(dir.path(), &device.path, &[]);
+    assert!(plain_client_opens(&server.unix_uri("open")));
+    let opened = plain_client_opens(&server.unix_uri("hers"));
+    let log = server.log_text();
+    server.stop();
+    assert!(!opened, "a plain client opened a limited volume:\n{log}");
+    assert!(
+        log.contains("hers") && log.contains(".allow.json"),
+        "serve did not say the limited volume stays closed:\n{log}"
     );
 }
 
