@@ -552,4 +552,22 @@ fn volume_allow_writes_through_no_file_another_user_can_place() {
     );
     let text = std::fs::read_to_string(&allow_file).expect("allow file");
     assert!(text.contains("alice"), "{text}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+    assert_eq!(mode & 0o777, 0o600, "allow file mode {:o}", mode & 0o777);
+    // An allow file another user owns (made before ours, in a directory all may
+    // write) decides nothing: it is refused, saying whose it is. Giving a file away
+    // takes root.
+    // SAFETY: geteuid(2) reads the caller's id and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the foreign owner's allow file: not root");
+        return;
+    }
+    std::os::unix::fs::chown(&allow_file, Some(65534), None).expect("chown");
+    let refused = fewerbytes(&pool, &["volume", "allow", "vm", "bob"]);
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused.all_output().contains("65534"),
+        "{}",
+        refused.report()
+    );
 }
