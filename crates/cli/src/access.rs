@@ -1,23 +1,29 @@
-//! Who may open which volume over TLS: the allow file, `<pool>.allow.json` beside the
-//! pool unless `--allow-file` (or `FEWERBYTES_ALLOW_FILE`) names another path.
+//! Who may open which volume over TLS: the pool marks a volume *limited* (a flag in
+//! its catalog, `volume allow`), and the allow file says who may open it:
+//! `<pool>.allow.json` beside the pool unless `--allow-file` (or
+//! `FEWERBYTES_ALLOW_FILE`) names another path.
 //!
-//! `{"volumes": {"vm1": ["alice", "bob"]}}`: a volume named there opens only for a
-//! client whose TLS identity (PSK identity, or the subject CN of a client certificate
-//! `serve --tls-verify-peer` verified) is in its list; a volume not named opens for
-//! any client the server lets in. `volume create --allow`, `volume allow`, `rename`,
-//! `clone` and `delete` keep it up to date; `serve` reads it again whenever it changes,
-//! so a change holds for the next client without a restart.
+//! `{"volumes": {"vm1": ["alice", "bob"]}}`: a volume limited or named there opens
+//! only for a client whose TLS identity (PSK identity, or the subject CN of a client
+//! certificate `serve --tls-verify-peer` verified) is in its list; any other volume
+//! opens for any client the server lets in. `volume create --allow`, `volume allow`,
+//! `rename`, `clone` and `delete` keep both up to date; `serve` reads the file again
+//! whenever it changes, so a change holds for the next client without a restart.
 //!
-//! Why a file beside the pool and not the pool's catalog: the catalog's format belongs
-//! to the engine, which this change leaves alone (a later format version can take the
-//! lists in; the file then becomes its import). An allow file that cannot be read or
-//! parsed while serving closes every volume (fail closed), with an error in the log.
+//! Fail closed: the flag lives in the pool, so a pool served by another name (a hard
+//! link, a copy, `/dev/loopN`) or whose file was deleted still knows which volumes
+//! are limited, and keeps them closed to every client, saying so in the log. An allow
+//! file that cannot be read or parsed, or that another user could have written,
+//! closes every volume. The file is replaced whole through a temporary file of a
+//! random name made with `O_EXCL | O_NOFOLLOW`, mode 0600: no name another user can
+//! take beforehand is ever written through.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use fewerbytes_nbd::AccessPolicy;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::io::Write;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -68,21 +74,55 @@ pub fn allow_path_to_write(pool_path: &Path) -> Result<PathBuf> {
     Ok(allow_path(pool_path))
 }
 
-/// Read the allow file; a missing file is an empty list.
-pub fn read(path: &Path) -> Result<AllowList> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not an allow file", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(AllowList::default()),
-        Err(e) => Err(e).with_context(|| format!("could not read {}", path.display())),
+/// Read the allow file; `None` when there is none. A file that another user owns, or
+/// that group or others may write, is refused: whoever can write it decides who
+/// opens a limited volume.
+pub fn load(path: &Path) -> Result<Option<AllowList>> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("could not read {}", path.display())),
+    };
+    let meta = file
+        .metadata()
+        .with_context(|| format!("could not read {}", path.display()))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me && meta.uid() != 0 {
+        bail!(
+            "{} belongs to uid {}, not to this user (uid {me}) or root: another user may \
+             have made it; remove it and set the limits again with `volume allow`",
+            path.display(),
+            meta.uid()
+        );
     }
+    if meta.mode() & 0o022 != 0 {
+        bail!(
+            "{} may be written by others (mode {:o}): make it its owner's only \
+             (chmod 600) or set the limits again with `volume allow`",
+            path.display(),
+            meta.mode() & 0o777
+        );
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .with_context(|| format!("could not read {}", path.display()))?;
+    let list = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not an allow file", path.display()))?;
+    Ok(Some(list))
 }
 
-/// Change the allow file: read, `change`, and replace it whole (written beside it,
-/// synced, renamed over it, the directory synced), so a server never reads half a file
-/// and a change is durable on return. Changes are serialized by an exclusive `flock` on
-/// the file's directory, so two commands (or two control requests) changing limits at
-/// once both land: neither reads the list before the other has replaced it.
+/// Read the allow file; a missing file is an empty list.
+pub fn read(path: &Path) -> Result<AllowList> {
+    Ok(load(path)?.unwrap_or_default())
+}
+
+/// Change the allow file: read, `change`, and replace it whole (written to a new file
+/// beside it, synced, renamed over it, the directory synced), so a server never reads
+/// half a file and a change is durable on return. Changes are serialized by an
+/// exclusive `flock` on the file's directory, so two commands (or two control requests)
+/// changing limits at once both land: neither reads the list before the other has
+/// replaced it.
 pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
     let dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
@@ -101,20 +141,55 @@ pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
     if list == before {
         return Ok(());
     }
-    let staging = with_suffix(path, ".new");
     let mut text = serde_json::to_vec_pretty(&list)?;
     text.push(b'\n');
-    let written = std::fs::File::create(&staging).and_then(|mut file| {
-        file.write_all(&text)?;
-        file.sync_all()
-    });
-    written.with_context(|| format!("could not write {}", staging.display()))?;
-    std::fs::rename(&staging, path)
-        .with_context(|| format!("could not replace {}", path.display()))?;
+    let (staging, mut file) = create_staging(path)?;
+    let written = file.write_all(&text).and_then(|()| file.sync_all());
+    let replaced = written
+        .with_context(|| format!("could not write {}", staging.display()))
+        .and_then(|()| {
+            std::fs::rename(&staging, path)
+                .with_context(|| format!("could not replace {}", path.display()))
+        });
+    if let Err(e) = replaced {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e);
+    }
     dir_file
         .sync_all()
         .with_context(|| format!("could not sync {}", dir.display()))?;
     Ok(())
+}
+
+/// A new file beside `path` to stage its next contents: a random name, created with
+/// `O_EXCL | O_NOFOLLOW` (a file or link someone placed there is never opened) and
+/// mode 0600. Retries a few names, in case one was taken.
+fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut last = None;
+    for attempt in 0..8u32 {
+        // RandomState is seeded from the OS's random source: the name cannot be
+        // guessed before it is made.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(attempt);
+        hasher.write_u32(std::process::id());
+        let staging = with_suffix(path, &format!(".{:016x}.new", hasher.finish()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&staging)
+        {
+            Ok(file) => return Ok((staging, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => {
+                return Err(e).with_context(|| format!("could not create {}", staging.display()))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no attempt made")))
+        .with_context(|| format!("could not create a new file beside {}", path.display()))
 }
 
 /// TLS identities as a command line gives them (`alice,bob`).
@@ -130,29 +205,56 @@ pub fn parse_identities(text: &str) -> Result<Identities, String> {
     Ok(Identities(identities))
 }
 
-/// The allow file as the NBD server asks it: read again when its size or time changes.
-#[derive(Debug)]
+/// Whether the pool marks a volume limited (`Pool::volume_limited`).
+pub type LimitedFn = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The allow file as the NBD server asks it, beside the pool's own flags: read again
+/// when its size, time or inode changes.
 pub struct AllowFile {
     path: PathBuf,
-    cached: std::sync::Mutex<Option<(FileStamp, Result<AllowList, String>)>>,
+    limited: LimitedFn,
+    cached: std::sync::Mutex<Cached>,
+}
+
+/// The file as last read, and the volumes whose refusal for its state was logged.
+#[derive(Default)]
+struct Cached {
+    read: Option<(FileStamp, Result<Option<AllowList>, String>)>,
+    logged: BTreeSet<String>,
+}
+
+impl std::fmt::Debug for AllowFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllowFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What tells that the file changed: modification time, size, inode.
 type FileStamp = Option<(std::time::SystemTime, u64, u64)>;
 
 impl AllowFile {
-    /// The policy of the allow file at `path`.
-    pub fn new(path: PathBuf) -> AllowFile {
+    /// The policy of the allow file at `path`, for a pool whose flags `limited` reads.
+    pub fn new(path: PathBuf, limited: LimitedFn) -> AllowFile {
         AllowFile {
             path,
-            cached: std::sync::Mutex::new(None),
+            limited,
+            cached: std::sync::Mutex::new(Cached::default()),
         }
     }
 
     fn stamp(&self) -> FileStamp {
-        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(&self.path).ok()?;
         Some((meta.modified().ok()?, meta.len(), meta.ino()))
+    }
+}
+
+/// Why a limited volume has no identities: the file's state, for the log.
+fn missing_entry(path: &Path, list: &Option<AllowList>) -> String {
+    match list {
+        None => format!("its allow file {} is missing", path.display()),
+        Some(_) => format!("its allow file {} names no identity for it", path.display()),
     }
 }
 
@@ -160,19 +262,83 @@ impl AccessPolicy for AllowFile {
     fn allowed(&self, export: &str) -> Option<Vec<String>> {
         let stamp = self.stamp();
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-        if cached.as_ref().is_none_or(|(seen, _)| *seen != stamp) {
-            let list = read(&self.path).map_err(|e| format!("{e:#}"));
-            if let Err(e) = &list {
-                tracing::error!("{e}: every volume is closed to clients until it is fixed");
+        if cached.read.as_ref().is_none_or(|(seen, _)| *seen != stamp) {
+            let list = load(&self.path).map_err(|e| format!("{e:#}"));
+            match &list {
+                Err(e) => {
+                    tracing::error!("{e}: every volume is closed to clients until it is fixed")
+                }
+                Ok(None) => tracing::error!(
+                    "allow file {} is missing: volumes the pool limits to TLS identities \
+                     are closed to every client until it is back (`volume allow NAME ID,…` \
+                     writes it; `--allow-file` names another)",
+                    self.path.display()
+                ),
+                Ok(Some(_)) => {}
             }
-            *cached = Some((stamp, list));
+            cached.read = Some((stamp, list));
+            cached.logged.clear();
         }
-        match cached.as_ref().map(|(_, list)| list) {
-            Some(Ok(list)) => list.volumes.get(export).cloned(),
+        let Some((_, list)) = &cached.read else {
+            return Some(Vec::new());
+        };
+        let list = match list {
+            Ok(list) => list.clone(),
             // Fail closed: nobody's identity is in an empty list.
-            Some(Err(_)) | None => Some(Vec::new()),
+            Err(_) => return Some(Vec::new()),
+        };
+        if let Some(identities) = list.as_ref().and_then(|l| l.volumes.get(export)) {
+            return Some(identities.clone());
+        }
+        if !(self.limited)(export) {
+            return None;
+        }
+        if cached.logged.insert(export.to_string()) {
+            tracing::error!(
+                "volume '{export}' is limited to TLS identities, but {}: it is closed to \
+                 every client",
+                missing_entry(&self.path, &list)
+            );
+        }
+        Some(Vec::new())
+    }
+}
+
+/// At `serve`'s start: say which limited volumes stay closed (their list is missing or
+/// names no one), and record in the pool the limits only the file holds (a pool
+/// limited before the pool kept the flag), so a later loss of the file keeps them
+/// closed. Returns the volumes that stay closed.
+pub fn check_at_start(pool: &fewerbytes_engine::Pool, path: &Path, read_only: bool) -> Vec<String> {
+    let list = match load(path) {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::error!("{e:#}: every volume is closed to clients until it is fixed");
+            return pool.volume_sizes().into_iter().map(|(n, _)| n).collect();
+        }
+    };
+    let named = list.as_ref().map(|l| &l.volumes);
+    let mut closed = Vec::new();
+    for (name, _) in pool.volume_sizes() {
+        let in_file = named.is_some_and(|v| v.contains_key(&name));
+        let flagged = pool.volume_limited(&name).unwrap_or(false);
+        if flagged && !in_file {
+            tracing::error!(
+                "volume '{name}' is limited to TLS identities, but {}: it is closed to \
+                 every client until `volume allow {name} ID,…` names who may open it",
+                missing_entry(path, &list)
+            );
+            closed.push(name);
+        } else if in_file && !flagged && !read_only {
+            match pool.set_volume_limited(&name, true) {
+                Ok(_) => tracing::info!(
+                    "volume '{name}': its limit in {} is now recorded in the pool too",
+                    path.display()
+                ),
+                Err(e) => tracing::warn!("volume '{name}': could not record its limit: {e}"),
+            }
         }
     }
+    closed
 }
 
 #[cfg(test)]
@@ -194,14 +360,24 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("fewerbytes-allow-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("pool.allow.json");
-        let policy = AllowFile::new(path.clone());
+        let policy = AllowFile::new(path.clone(), Box::new(|name| name == "vm3"));
         assert_eq!(policy.allowed("vm1"), None, "no file: anyone");
+        assert_eq!(
+            policy.allowed("vm3"),
+            Some(vec![]),
+            "no file: a volume the pool limits opens for no one"
+        );
         update(&path, |list| {
             list.volumes.insert("vm1".into(), vec!["alice".into()]);
         })
         .unwrap();
         assert_eq!(policy.allowed("vm1"), Some(vec!["alice".to_string()]));
         assert_eq!(policy.allowed("vm2"), None);
+        assert_eq!(
+            policy.allowed("vm3"),
+            Some(vec![]),
+            "limited, named by no one"
+        );
         std::fs::write(&path, b"{not json").unwrap();
         assert_eq!(
             policy.allowed("vm2"),

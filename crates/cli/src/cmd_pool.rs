@@ -119,7 +119,28 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
     let info = Pool::create(&options)
         .with_context(|| format!("could not create a pool on {}", args.path.display()))?;
     println!("{}", created_sentence(&info));
+    if let Some(files) = owner_only_files(&args) {
+        println!("{files} readable and writable by its owner only (mode 0600).");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The regular files `pool create` made its owner's only (the storage layer does, as it
+/// formats them): "The pool file X (and metadata file Y) is", for its last line. A
+/// block device keeps the mode udev gives it.
+fn owner_only_files(args: &CreateArgs) -> Option<String> {
+    let is_file = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_file());
+    let meta = args.metadata_device.as_deref().filter(|p| is_file(p));
+    match (is_file(&args.path), meta) {
+        (true, Some(meta)) => Some(format!(
+            "The pool file {} and metadata file {} are",
+            args.path.display(),
+            meta.display()
+        )),
+        (true, None) => Some(format!("The pool file {} is", args.path.display())),
+        (false, Some(meta)) => Some(format!("The metadata file {} is", meta.display())),
+        (false, None) => None,
+    }
 }
 
 /// What `pool create` prints, like lvcreate's "can address" line.

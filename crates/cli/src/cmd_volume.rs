@@ -267,6 +267,11 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                     return Err(e);
                 }
             };
+            if allow.is_some() {
+                // The file's entry limits it already; the pool's flag keeps it
+                // limited if the file is lost or the pool served by another name.
+                limit(pool_path, &name, true)?;
+            }
             println!(
                 "Volume '{}' created: {} ({}).",
                 volume.name,
@@ -403,25 +408,53 @@ fn allow(
             access::update(&path, |list| {
                 list.volumes.insert(name.to_string(), identities.clone());
             })?;
+            limit(pool_path, name, true)?;
             println!(
                 "Volume '{name}' opens only for TLS identities: {}.",
                 identities.join(", ")
             );
         }
         (None, true) => {
+            // The pool's flag first: until the file's entry is gone too, the
+            // volume stays limited, never open to all with the flag left behind.
+            limit(pool_path, name, false)?;
             access::update(&path, |list| {
                 list.volumes.remove(name);
             })?;
             println!("Volume '{name}' opens for any client the server lets in.");
         }
-        (None, false) => match access::read(&path)?.volumes.get(name) {
-            Some(identities) => println!(
-                "Volume '{name}' opens only for TLS identities: {}.",
-                identities.join(", ")
-            ),
-            None => println!("Volume '{name}' opens for any client the server lets in."),
-        },
+        (None, false) => {
+            let flagged = list_volumes(pool_path)?
+                .iter()
+                .any(|v| v.name == name && v.limited);
+            match (access::read(&path)?.volumes.get(name), flagged) {
+                (Some(identities), _) => println!(
+                    "Volume '{name}' opens only for TLS identities: {}.",
+                    identities.join(", ")
+                ),
+                (None, true) => println!(
+                    "Volume '{name}' is limited, but {} names no identity for it: it \
+                     opens for no client (`volume allow {name} ID,…` names who may).",
+                    path.display()
+                ),
+                (None, false) => {
+                    println!("Volume '{name}' opens for any client the server lets in.")
+                }
+            }
+        }
     }
+    Ok(())
+}
+
+/// Set or lift the pool's own mark that `name` is limited.
+fn limit(pool_path: &Path, name: &str, limited: bool) -> Result<()> {
+    expect_volume(
+        pool_path,
+        &Request::LimitVolume {
+            name: name.to_string(),
+            limited,
+        },
+    )?;
     Ok(())
 }
 

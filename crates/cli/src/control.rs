@@ -111,6 +111,9 @@ pub enum Request {
     DeleteVolume { name: String, force: bool },
     /// `volume rename`.
     RenameVolume { name: String, new_name: String },
+    /// `volume allow`: limit a volume to the allow list's identities (the pool's
+    /// flag), or lift the limit.
+    LimitVolume { name: String, limited: bool },
     /// `pool set --compression`.
     SetCompression { compression: Compression },
     /// `stats`.
@@ -196,6 +199,16 @@ impl Request {
             Request::RenameVolume { name, new_name } => {
                 format!("rename volume '{name}' to '{new_name}'")
             }
+            Request::LimitVolume {
+                name,
+                limited: true,
+            } => {
+                format!("limit volume '{name}' to the allow list's identities")
+            }
+            Request::LimitVolume {
+                name,
+                limited: false,
+            } => format!("open volume '{name}' to any client"),
             Request::SetCompression { compression } => {
                 format!("set the pool's compression to {compression}")
             }
@@ -388,6 +401,9 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::RenameVolume { name, new_name } => {
             Answer::Volume(pool.rename_volume(name, new_name)?)
+        }
+        Request::LimitVolume { name, limited } => {
+            Answer::Volume(pool.set_volume_limited(name, *limited)?)
         }
         Request::SetCompression { compression } => {
             pool.set_compression(*compression)?;

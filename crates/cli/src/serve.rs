@@ -292,6 +292,22 @@ fn trusted_uids(pool_path: &Path) -> Result<Vec<u32>> {
     Ok(uids)
 }
 
+/// Who may open which volume: the pool's flags and its allow file, checked now (the
+/// log names each limited volume that stays closed, and why). The policy holds the
+/// pool weakly: the server must not keep it open past its close; a pool gone is closed.
+fn allow_policy(pool_path: &Path, pool: &Arc<Pool>, read_only: bool) -> AllowFile {
+    let path = allow_path(pool_path);
+    crate::access::check_at_start(pool, &path, read_only);
+    let weak = Arc::downgrade(pool);
+    AllowFile::new(
+        path,
+        Box::new(move |name| {
+            weak.upgrade()
+                .is_none_or(|pool| pool.volume_limited(name).unwrap_or(false))
+        }),
+    )
+}
+
 /// Listen on every endpoint and print how to connect.
 fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started> {
     if let Some(name) = &args.default_volume {
@@ -306,7 +322,7 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         default_export: args.default_volume.clone(),
         read_spin: std::time::Duration::from_micros(args.poll_us),
         tls,
-        access: Some(Arc::new(AllowFile::new(allow_path(pool_path)))),
+        access: Some(Arc::new(allow_policy(pool_path, pool, args.read_only))),
         idle_timeout: (args.idle_timeout > 0)
             .then(|| std::time::Duration::from_secs(args.idle_timeout)),
         max_connections_per_source: args.max_connections_per_source,

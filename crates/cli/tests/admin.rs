@@ -481,3 +481,33 @@ fn completions_and_man_pages_come_from_the_command_line() {
     assert!(page.contains("\\-\\-force"), "{page}");
     assert!(man_dir.join("fewerbytes.1").is_file());
 }
+
+// Regression: a pool file truncated under a running server went unnoticed (writes past
+// the new end grew it back with holes), and `serve` ended with exit 0, "closed
+// cleanly", on a pool that had lost its tail.
+#[test]
+fn a_pool_file_truncated_while_served_ends_the_server_with_an_error_naming_it() {
+    let dir = TempDir::new("truncated");
+    let mut server = Server::start_new(dir.path(), &[("vm", "16M")], &[]);
+    let uri = format!("nbd+unix:///vm?socket={}", server.socket.display());
+    qemu_io(&uri, &["write -P 0x5a 0 4M".into()]);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&server.pool)
+        .expect("open the pool file");
+    file.set_len(1 << 20).expect("truncate the pool file");
+    // A write and a flush: what a guest does next.
+    let mut cmd = common::tool("qemu-io");
+    cmd.args(["-f", "raw", "-c", "write -P 0x66 0 4M", "-c", "flush", &uri]);
+    let _ = common::run_with_limit(&mut cmd, std::time::Duration::from_secs(60));
+    let status = server.stop();
+    let log = server.log_text();
+    assert!(
+        !status.success(),
+        "serve exited with {status} on a truncated pool:\n{log}"
+    );
+    assert!(
+        log.contains("truncated"),
+        "the log does not say why:\n{log}"
+    );
+}

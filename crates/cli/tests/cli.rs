@@ -394,6 +394,69 @@ fn pool_create_says_what_it_can_address_and_refuses_to_overwrite() {
     fb(&pool, &["check"]).ok();
 }
 
+// Regression: `pool create` left the pool file (and a metadata file it made) 0644
+// under umask 022: any local user could copy it and `volume export` every volume.
+#[test]
+fn pool_create_makes_files_only_their_owner_can_read_and_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("create-mode");
+    let pool = dir.join("pool");
+    let meta = dir.join("pool.meta");
+    let mut cmd = command(
+        &pool,
+        &[
+            "pool",
+            "create",
+            path_str(&pool),
+            "--size",
+            "1G",
+            "--metadata-device",
+            path_str(&meta),
+            "--metadata-size",
+            "64M",
+        ],
+    );
+    // SAFETY: umask is async-signal-safe and touches nothing of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    let created = run(cmd).ok();
+    for file in [&pool, &meta] {
+        let mode = std::fs::metadata(file)
+            .expect("pool file")
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "{} is readable by others: {:o}",
+            file.display(),
+            mode & 0o777
+        );
+    }
+    assert!(
+        created.stdout().contains("0600"),
+        "pool create did not say the file is its owner's only:\n{}",
+        created.report()
+    );
+    // A file made beforehand, readable by all, is made its owner's only.
+    let made = dir.join("made");
+    std::fs::write(&made, b"").expect("file");
+    std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    fb(&made, &["pool", "create", path_str(&made), "--size", "1G"]).ok();
+    let mode = std::fs::metadata(&made).expect("pool").permissions().mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "an existing file kept mode {:o}",
+        mode & 0o777
+    );
+}
+
 // A new pool used to set aside 5.6% of an 8 GiB device for metadata (a page store
 // sized for every block the volumes could address); the page store now holds what
 // fits in 2% and further pages go to data blocks as they are needed.

@@ -431,3 +431,143 @@ time.sleep(120)
     );
     qemu_io_tls(&server, &object, "open", &["read -P 0x7e 0 64k"]);
 }
+
+/// Whether a plain client (no TLS, so no identity) may open `export`: nbdinfo's answer.
+fn plain_client_opens(uri: &str) -> bool {
+    nbdinfo(&[uri]).status.success()
+}
+
+// Regression: the allow list was found by path alone, so a pool served through a hard
+// link (or a copy, or /dev/loopN) without --allow-file had no list, and a volume
+// limited to one TLS identity opened for any plain client, with nothing logged.
+#[test]
+fn a_limited_volume_stays_closed_when_the_pool_is_served_by_another_name() {
+    let dir = TempDir::new("allow-link");
+    let pool = create_pool(dir.path(), &[("open", "16M")]);
+    fewerbytes_ok(
+        &pool,
+        &[
+            "volume", "create", "hers", "--size", "16M", "--allow", "bob",
+        ],
+    );
+    // A clone holds the same bytes: the pool keeps it limited too.
+    fewerbytes_ok(&pool, &["volume", "clone", "hers", "copy"]);
+    let link = dir.join("link.pool");
+    std::fs::hard_link(&pool, &link).expect("hard link the pool");
+    let server = Server::start(dir.path(), &link, &[]);
+    assert!(plain_client_opens(&server.unix_uri("open")));
+    for limited in ["hers", "copy"] {
+        assert!(
+            !plain_client_opens(&server.unix_uri(limited)),
+            "a plain client opened '{limited}', limited to bob:\n{}",
+            server.log_text()
+        );
+    }
+    let log = server.log_text();
+    assert!(
+        log.contains("hers") && log.contains("link.pool.allow.json"),
+        "serve did not say at start that the limited volume stays closed:\n{log}"
+    );
+}
+
+// Regression: the same, for a pool served through /dev/loopN without --allow-file.
+#[test]
+fn a_limited_volume_stays_closed_when_the_pool_is_served_through_a_loop_device() {
+    let dir = TempDir::new("allow-loop");
+    let pool = create_pool(dir.path(), &[("open", "16M")]);
+    fewerbytes_ok(
+        &pool,
+        &[
+            "volume", "create", "hers", "--size", "16M", "--allow", "bob",
+        ],
+    );
+    let Some(device) = common::loop_device::LoopDevice::attach_or_skip(&pool) else {
+        return;
+    };
+    let mut server = Server::start(dir.path(), &device.path, &[]);
+    assert!(plain_client_opens(&server.unix_uri("open")));
+    let opened = plain_client_opens(&server.unix_uri("hers"));
+    let log = server.log_text();
+    server.stop();
+    assert!(!opened, "a plain client opened a limited volume:\n{log}");
+    assert!(
+        log.contains("hers") && log.contains(".allow.json"),
+        "serve did not say the limited volume stays closed:\n{log}"
+    );
+}
+
+// Regression: deleting the allow file while serving opened every limited volume to
+// any client (a missing file read as an empty list), and nothing was logged.
+#[test]
+fn a_limited_volume_stays_closed_when_its_allow_file_is_deleted_while_serving() {
+    let dir = TempDir::new("allow-deleted");
+    let pool = create_pool(dir.path(), &[("open", "16M")]);
+    fewerbytes_ok(
+        &pool,
+        &[
+            "volume", "create", "hers", "--size", "16M", "--allow", "bob",
+        ],
+    );
+    let server = Server::start(dir.path(), &pool, &[]);
+    assert!(!plain_client_opens(&server.unix_uri("hers")));
+    let allow_file = dir.join("test.pool.allow.json");
+    std::fs::remove_file(&allow_file).expect("delete the allow file");
+    assert!(
+        !plain_client_opens(&server.unix_uri("hers")),
+        "a plain client opened a limited volume once its allow file was gone:\n{}",
+        server.log_text()
+    );
+    assert!(plain_client_opens(&server.unix_uri("open")));
+    let log = server.log_text();
+    assert!(
+        log.contains("allow.json") && log.contains("hers"),
+        "the missing allow file was not logged:\n{log}"
+    );
+    // `volume allow --anyone` is how a person opens it again, through the server.
+    server.cli_ok(&["volume", "allow", "hers", "--anyone"]);
+    assert!(plain_client_opens(&server.unix_uri("hers")));
+}
+
+// Regression: the allow file was written through the predictable
+// `<pool>.allow.json.new`: a symbolic link placed there made `volume allow` overwrite
+// the file it pointed to (and a file another user made there stayed theirs).
+#[test]
+fn volume_allow_writes_through_no_file_another_user_can_place() {
+    let dir = TempDir::new("allow-staging");
+    let pool = create_pool(dir.path(), &[("vm", "16M")]);
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"root's file\n").expect("victim");
+    std::os::unix::fs::symlink(&victim, dir.join("test.pool.allow.json.new")).expect("symlink");
+    fewerbytes_ok(&pool, &["volume", "allow", "vm", "alice"]);
+    assert_eq!(
+        std::fs::read(&victim).expect("victim"),
+        b"root's file\n",
+        "volume allow wrote through the symbolic link"
+    );
+    let allow_file = dir.join("test.pool.allow.json");
+    let meta = std::fs::symlink_metadata(&allow_file).expect("allow file");
+    assert!(
+        meta.file_type().is_file(),
+        "the allow file is not a plain file"
+    );
+    let text = std::fs::read_to_string(&allow_file).expect("allow file");
+    assert!(text.contains("alice"), "{text}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+    assert_eq!(mode & 0o777, 0o600, "allow file mode {:o}", mode & 0o777);
+    // An allow file another user owns (made before ours, in a directory all may
+    // write) decides nothing: it is refused, saying whose it is. Giving a file away
+    // takes root.
+    // SAFETY: geteuid(2) reads the caller's id and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the foreign owner's allow file: not root");
+        return;
+    }
+    std::os::unix::fs::chown(&allow_file, Some(65534), None).expect("chown");
+    let refused = fewerbytes(&pool, &["volume", "allow", "vm", "bob"]);
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused.all_output().contains("65534"),
+        "{}",
+        refused.report()
+    );
+}

@@ -233,6 +233,9 @@ pub struct VolumeInfo {
     /// page slots that hold them.
     #[serde(default)]
     pub map_memory_bytes: u64,
+    /// Limited to the TLS identities of the pool's allow list (`volume allow`).
+    #[serde(default)]
+    pub limited: bool,
 }
 
 /// A range of a volume, by what backs it.

@@ -36,6 +36,9 @@ pub struct VolumeState {
     users: AtomicU32,
     /// Set when deleted; handles fail from then on.
     deleted: AtomicBool,
+    /// Limited to the TLS identities of the allow list (the catalog's flag, for
+    /// the server's access check; the engine does not enforce it).
+    limited: AtomicBool,
     /// Entries mapped to objects.
     mapped: AtomicI64,
     /// Entries mapped to zero.
@@ -60,6 +63,16 @@ impl VolumeState {
         *self.name.write() = name.to_string();
     }
 
+    /// Whether only the allow list's identities may open the volume.
+    pub fn limited(&self) -> bool {
+        self.limited.load(Ordering::Acquire)
+    }
+
+    /// Limit the volume (or not), in memory; a checkpoint makes it durable.
+    pub fn set_limited(&self, limited: bool) {
+        self.limited.store(limited, Ordering::Release);
+    }
+
     /// A volume with an empty map of `size_blocks`.
     pub fn new(slot: u16, id: u64, name: String, size_blocks: u64) -> Self {
         VolumeState {
@@ -71,6 +84,7 @@ impl VolumeState {
             dirs: Mutex::new(DirTree::default()),
             users: AtomicU32::new(0),
             deleted: AtomicBool::new(false),
+            limited: AtomicBool::new(false),
             mapped: AtomicI64::new(0),
             zeros: AtomicI64::new(0),
             counters: Counters::default(),

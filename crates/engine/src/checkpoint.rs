@@ -541,6 +541,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
             size_bytes,
             reservation_bytes,
             thin,
+            limited: vol.limited(),
             map: dirs.root(),
         });
     }

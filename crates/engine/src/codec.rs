@@ -3,6 +3,7 @@
 //! is decoded (by the codec its location records, whatever the pool's setting is
 //! now, so one pool may hold LZ4 and zstd fragments side by side).
 
+use crate::EngineError;
 use fewerbytes_format::location::Codec;
 use fewerbytes_format::superblock::{
     COMPRESSION_LZ4, COMPRESSION_NONE, COMPRESSION_ZSTD, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN,
@@ -100,9 +101,12 @@ impl Compression {
         }
     }
 
-    /// From a decoded (checked) super block: 0 is a pool made before the field, LZ4.
-    pub(crate) fn from_super(codec: u8, level: i8) -> Self {
-        match codec {
+    /// From a decoded super block: 0 is a pool made before the field, LZ4. A codec
+    /// no version wrote is [`EngineError::Corrupt`] in the super block, never read as
+    /// LZ4 (its new blocks would be written with a codec the pool never chose).
+    pub(crate) fn from_super(codec: u8, level: i8) -> Result<Self, EngineError> {
+        Ok(match codec {
+            0 | COMPRESSION_LZ4 => Compression::Lz4,
             COMPRESSION_NONE => Compression::None,
             COMPRESSION_ZSTD if level == 0 => Compression::Zstd {
                 level: ZSTD_LEVEL_DEFAULT,
@@ -110,8 +114,15 @@ impl Compression {
             COMPRESSION_ZSTD => Compression::Zstd {
                 level: i32::from(level),
             },
-            _ => Compression::Lz4,
-        }
+            _ => {
+                return Err(EngineError::Corrupt {
+                    region: "super block",
+                    block: 0,
+                    device: "metadata",
+                    reason: format!("unknown compression {codec} (level {level})"),
+                })
+            }
+        })
     }
 
     fn pack(self) -> u32 {
@@ -119,8 +130,13 @@ impl Compression {
         u32::from(codec) << 8 | u32::from(level as u8)
     }
 
+    /// The setting `pack` stored: only `pack` writes the word, so a codec it does
+    /// not know is a broken invariant (asserted), not a default.
     fn unpack(word: u32) -> Self {
-        Compression::from_super((word >> 8) as u8, word as u8 as i8)
+        match Compression::from_super((word >> 8) as u8, word as u8 as i8) {
+            Ok(setting) => setting,
+            Err(e) => panic!("the pool's compression setting {word:#x} was never packed: {e}"),
+        }
     }
 }
 
@@ -312,10 +328,24 @@ mod tests {
             Compression::Zstd { level: 22 },
         ] {
             let (codec, level) = c.to_super();
-            assert_eq!(Compression::from_super(codec, level), c);
+            assert_eq!(Compression::from_super(codec, level).unwrap(), c);
             assert_eq!(Compression::unpack(c.pack()), c);
         }
-        assert_eq!(Compression::from_super(0, 0), Compression::Lz4);
+        assert_eq!(Compression::from_super(0, 0).unwrap(), Compression::Lz4);
+    }
+
+    // An unknown codec in the super block used to become LZ4.
+    #[test]
+    fn an_unknown_codec_in_the_super_block_is_corruption_not_lz4() {
+        for codec in [4u8, 9, 255] {
+            match Compression::from_super(codec, 0) {
+                Err(EngineError::Corrupt { region, reason, .. }) => {
+                    assert_eq!(region, "super block");
+                    assert!(reason.contains(&codec.to_string()), "{reason}");
+                }
+                other => panic!("compression {codec} read as {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -9,9 +9,9 @@
 //! crash finds either location intact.
 
 use crate::inner::Inner;
-use crate::Result;
+use crate::{EngineError, Result};
 use fewerbytes_format::journal::Record;
-use fewerbytes_format::location::{Codec, Location};
+use fewerbytes_format::location::Location;
 use fewerbytes_format::BLOCK_BYTES;
 use std::time::Duration;
 
@@ -87,7 +87,7 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
                 len += 1;
             }
             for b in first..first + len {
-                slab.hold_block(b); // the compactor's hold until records point here
+                inner.devices.check_invariant(slab.hold_block(b))?; // the compactor's hold until records point here
             }
             (first, len)
         };
@@ -127,10 +127,20 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
         let slab_first = slab.first_pbn();
         let mut at = 0u64;
         for (v, bytes) in moved.iter().take(i).skip(start) {
-            // A fragment moves with the codec it was written with.
+            // A fragment moves with the codec it was written with. Only fragments are
+            // chosen to move: a whole block here would be rewritten as a fragment of
+            // a codec it never had, and read back as garbage.
             let codec = match v.location {
                 Location::Fragment { codec, .. } => codec,
-                Location::Block { .. } => Codec::Lz4,
+                Location::Block { pbn } => {
+                    return inner
+                        .devices
+                        .check_invariant(Err(EngineError::Invariant(format!(
+                            "object {} of slab {s} (the whole block {pbn}) was chosen to move \
+                         as a fragment",
+                            v.object
+                        ))))
+                }
             };
             let new = Location::Fragment {
                 addr_bytes: run_pbn * BLOCK_BYTES as u64 + at,
@@ -145,11 +155,15 @@ fn compact_slab_reserved(inner: &Inner, s: u32) -> Result<u64> {
             }
             let (new_first, new_count) = new.blocks();
             for b in new_first..new_first + new_count {
-                slab.hold_block((b - slab_first) as u32);
+                inner
+                    .devices
+                    .check_invariant(slab.hold_block((b - slab_first) as u32))?;
             }
-            if let Some(r) = slab.rec_mut(v.object) {
-                r.location = new.encode();
-            }
+            let object = v.object;
+            let r = slab.rec_mut(object).ok_or_else(|| {
+                EngineError::Invariant(format!("object {object} of slab {s} has no record"))
+            });
+            inner.devices.check_invariant(r)?.location = new.encode();
             let (first, count) = v.location.blocks();
             for b in first..first + count {
                 let local = (b - slab_first) as u32;

@@ -532,6 +532,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
                 record.name.clone(),
                 record.size_bytes / BLOCK_BYTES as u64,
             ));
+            vol.set_limited(record.limited);
             crate::load::load_map(inner, record, &vol)?;
             inner.volumes.insert(vol);
         }

@@ -18,7 +18,7 @@ use crate::devices::Devices;
 use crate::error::{within, within_mut};
 use crate::geometry::PoolGeometry;
 use crate::journal::Journal;
-use crate::slab::ObjRec;
+use crate::slab::{ObjRec, Slab};
 use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Codec, Location, ObjectId};
@@ -83,6 +83,19 @@ pub(crate) struct Space<'a> {
     pub(crate) devices: &'a Devices,
     pub(crate) geometry: &'a PoolGeometry,
     pub(crate) journal: &'a Journal,
+}
+
+/// The record of object `object`, just allocated in `slab`, to be stored: an object
+/// the slab has no record for is a broken invariant (the pool latches), never a write
+/// whose record is silently left unset.
+fn stored_rec<'s>(space: &Space<'_>, slab: &'s mut Slab, object: u32) -> Result<&'s mut ObjRec> {
+    let index = slab.index();
+    let rec = slab.rec_mut_stored(object).ok_or_else(|| {
+        EngineError::Invariant(format!(
+            "object {object} allocated in slab {index}, which has no record for it"
+        ))
+    });
+    space.devices.check_invariant(rec)
 }
 
 /// The zones' packers, one per zone: the whole packing policy (which slab a zone
@@ -207,7 +220,7 @@ impl Zones {
                 }
             }
             if let Some(block) = slab.alloc_block() {
-                slab.hold_block(block);
+                space.devices.check_invariant(slab.hold_block(block))?;
                 slab.add_open_block(block, zone);
                 return Ok(OpenBlock {
                     slab: s,
@@ -263,14 +276,12 @@ impl Zones {
                 len_bytes: len as u16,
                 codec,
             };
-            slab.hold_block(open.block);
-            if let Some(rec) = slab.rec_mut_stored(object) {
-                *rec = ObjRec {
-                    location: location.encode(),
-                    refcount: 1,
-                    fingerprint: *fingerprint,
-                };
-            }
+            space.devices.check_invariant(slab.hold_block(open.block))?;
+            *stored_rec(space, &mut slab, object)? = ObjRec {
+                location: location.encode(),
+                refcount: 1,
+                fingerprint: *fingerprint,
+            };
             let object_id = space.depot.object_id(open.slab, object);
             let first = (BLOCK_BYTES - start).min(len);
             within_mut(
@@ -282,8 +293,8 @@ impl Zones {
             open.fill = start + first;
             if spans {
                 let next = open.block + 1;
-                slab.hold_block(next); // the fragment's hold
-                slab.hold_block(next); // the packer's hold on its new open block
+                space.devices.check_invariant(slab.hold_block(next))?; // the fragment's hold
+                space.devices.check_invariant(slab.hold_block(next))?; // the packer's hold on its new open block
                 slab.add_open_block(next, zone);
                 let slab_index = open.slab;
                 drop(slab);
@@ -409,7 +420,7 @@ impl Zones {
                 len += 1;
             }
             for b in first..first + len {
-                slab.hold_block(b);
+                space.devices.check_invariant(slab.hold_block(b))?;
                 slab.add_open_block(b, zone);
             }
             return Ok(OpenRun {
@@ -461,19 +472,22 @@ impl Zones {
             };
             let b = run.first + run.filled;
             let pbn = space.depot.pbn(run.slab, b);
-            slab.hold_block(b);
-            if let Some(rec) = slab.rec_mut_stored(object) {
-                *rec = ObjRec {
-                    location: Location::Block { pbn }.encode(),
-                    refcount: 1,
-                    fingerprint: *fingerprint,
-                };
-            }
+            space.devices.check_invariant(slab.hold_block(b))?;
+            *stored_rec(space, &mut slab, object)? = ObjRec {
+                location: Location::Block { pbn }.encode(),
+                refcount: 1,
+                fingerprint: *fingerprint,
+            };
             drop(slab);
             let at = run.filled as usize * BLOCK_BYTES;
-            if let Some(dst) = run.buf.get_mut(at..at + BLOCK_BYTES) {
-                dst.copy_from_slice(block);
-            }
+            // A run's buffer holds its length in blocks and `filled < len`: past it,
+            // the block would be lost while its record says it is stored.
+            let copied = within_mut(run.buf.as_mut_slice(), at..at + BLOCK_BYTES, "a run")
+                .and_then(|dst| {
+                    dst.copy_from_slice(within(block, 0..BLOCK_BYTES, "a whole block")?);
+                    Ok(())
+                });
+            space.devices.check_invariant(copied)?;
             run.filled += 1;
             let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {

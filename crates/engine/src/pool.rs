@@ -552,7 +552,7 @@ impl Pool {
             codec: PoolCodec::new(Compression::from_super(
                 sb.compression,
                 sb.compression_level,
-            )),
+            )?),
             journal,
             geometry,
             volumes: Volumes::new(),
@@ -781,6 +781,19 @@ impl Pool {
     /// when the pool cannot honour it. Durable on return, as every volume change.
     pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {
         crate::volume_ops::set_provisioning(&self.inner, name, p)
+    }
+
+    /// Limit a volume to the TLS identities of the pool's allow list, or lift the
+    /// limit; the catalog records it (a volume flag), so a server that cannot read
+    /// the list still knows to keep the volume closed. Durable on return.
+    pub fn set_volume_limited(&self, name: &str, limited: bool) -> Result<VolumeInfo> {
+        crate::volume_ops::set_limited(&self.inner, name, limited)
+    }
+
+    /// Whether volume `name` is limited (`None`: no such volume); cheap, for every
+    /// client's access check.
+    pub fn volume_limited(&self, name: &str) -> Option<bool> {
+        self.inner.volumes.by_name(name).ok().map(|v| v.limited())
     }
 
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a

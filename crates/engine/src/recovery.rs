@@ -145,7 +145,7 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
 pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
     for s in 0..inner.geometry.slab_count() {
         let mut slab = inner.depot.slab(s).lock();
-        for (i, rec) in slab.rebuild() {
+        for (i, rec) in slab.rebuild()? {
             let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
                 region: "slab object page",
                 block: 0,

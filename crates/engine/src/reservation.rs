@@ -566,6 +566,7 @@ mod tests {
             size_bytes: 1 << 20,
             reservation_bytes,
             thin,
+            limited: false,
             map: Default::default(),
         };
         let catalog = Catalog {

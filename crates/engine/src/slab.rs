@@ -316,6 +316,11 @@ impl Slab {
         self.first_pbn
     }
 
+    /// Slab number.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
     /// Data blocks in this slab.
     pub fn block_count(&self) -> u32 {
         self.blocks
@@ -644,14 +649,26 @@ impl Slab {
         }
     }
 
-    /// Add a holder to block `b`.
-    pub fn hold_block(&mut self, b: u32) {
+    /// Add a holder to block `b`. A block the slab does not have, or a count at its
+    /// maximum, is an [`EngineError::Invariant`], as in [`Self::drop_block`]: a hold
+    /// not recorded would let the block be freed under a live fragment.
+    pub fn hold_block(&mut self, b: u32) -> Result<()> {
+        let index = self.index;
         if b < self.blocks && self.holders.is_empty() {
+            // The first hold in this slab: every block had none until now.
             self.holders = vec![0; self.blocks as usize];
         }
-        if let Some(h) = self.holders.get_mut(b as usize) {
-            *h += 1;
-        }
+        let h = self.holders.get_mut(b as usize).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "a holder added to block {b} of slab {index}, which has no such block"
+            ))
+        })?;
+        *h = h.checked_add(1).ok_or_else(|| {
+            EngineError::Invariant(format!(
+                "block {b} of slab {index} has more holders than a count can hold"
+            ))
+        })?;
+        Ok(())
     }
 
     /// Drop a holder of block `b`; at zero it becomes pending-free. A block with no
@@ -731,14 +748,29 @@ impl Slab {
             return Ok(None);
         }
         let freed = *rec;
-        *rec = ObjRec::default();
-        self.pending_objects.push(i);
-        if let Ok(loc) = Location::decode(freed.location) {
-            self.fragments_freed |= matches!(loc, Location::Fragment { .. });
-            let (first, count) = loc.blocks();
-            for b in first..first + count {
-                self.drop_block((b - first_pbn) as u32)?;
+        // Every live record's location decoded into this slab at open (`rebuild`) or
+        // was encoded here: one that does not is a broken invariant, not blocks to
+        // leave held forever. The record is left as it was.
+        let Some(blocks) = self.local_blocks(freed.location) else {
+            if let Some(rec) = self.rec_mut(i) {
+                rec.refcount = 1;
             }
+            return Err(EngineError::Invariant(format!(
+                "object {i} of slab {index} (first block {first_pbn}) was freed with location \
+                 {:#x}, which does not decode or lies outside the slab",
+                freed.location
+            )));
+        };
+        if let Some(rec) = self.rec_mut(i) {
+            *rec = ObjRec::default();
+        }
+        self.pending_objects.push(i);
+        self.fragments_freed |= matches!(
+            Location::decode(freed.location),
+            Ok(Location::Fragment { .. })
+        );
+        for b in blocks {
+            self.drop_block(b)?;
         }
         Ok(Some(freed))
     }
@@ -773,9 +805,23 @@ impl Slab {
         }
     }
 
+    /// The slab-relative blocks an encoded location covers, if it decodes and lies
+    /// wholly in this slab.
+    fn local_blocks(&self, location: u64) -> Option<std::ops::Range<u32>> {
+        let (first, count) = Location::decode(location).ok()?.blocks();
+        let start = first.checked_sub(self.first_pbn)?;
+        let end = start.checked_add(count)?;
+        if end > u64::from(self.blocks) {
+            return None;
+        }
+        Some(u32::try_from(start).ok()?..u32::try_from(end).ok()?)
+    }
+
     /// Rebuild allocation state from the records (after load and replay). Returns the
-    /// live records found, for the index, as (object index, record).
-    pub fn rebuild(&mut self) -> Vec<(u32, ObjRec)> {
+    /// live records found, for the index, as (object index, record). A live record
+    /// whose location does not decode or lies outside the slab is
+    /// [`EngineError::Corrupt`], naming it.
+    pub fn rebuild(&mut self) -> Result<Vec<(u32, ObjRec)>> {
         let objects = self.objects();
         self.objects_used = Bitmap::new(objects);
         self.objects_used_count = 0;
@@ -801,27 +847,30 @@ impl Slab {
             }
             self.objects_used.set(i, true);
             self.objects_used_count += 1;
-            if let Ok(loc) = Location::decode(rec.location) {
-                let (first, count) = loc.blocks();
-                let end = self.first_pbn + u64::from(self.blocks);
-                if first < self.first_pbn || first + count > end {
-                    // Returned with the live records: the caller reports it as
-                    // corruption (`recovery.rs: rebuild`, `valid_location`).
-                    live.push((i, rec));
-                    continue;
+            let index = self.index;
+            let corrupt = |reason: String| EngineError::Corrupt {
+                region: "slab object page",
+                block: 0,
+                device: "metadata",
+                reason: format!("object {i} of slab {index}: {reason}"),
+            };
+            let blocks = self.local_blocks(rec.location).ok_or_else(|| {
+                corrupt(format!(
+                    "location {:#x} does not decode or lies outside its slab",
+                    rec.location
+                ))
+            })?;
+            for local in blocks {
+                if !self.blocks_used.get(local) {
+                    self.blocks_used.set(local, true);
+                    self.blocks_used_count += 1;
                 }
-                for b in first..first + count {
-                    let local = (b - self.first_pbn) as u32;
-                    if !self.blocks_used.get(local) {
-                        self.blocks_used.set(local, true);
-                        self.blocks_used_count += 1;
-                    }
-                    self.hold_block(local);
-                }
+                // More holders than fragments fit in a block: records that overlap.
+                self.hold_block(local).map_err(|e| corrupt(e.to_string()))?;
             }
             live.push((i, rec));
         }
-        live
+        Ok(live)
     }
 }
 
@@ -853,8 +902,43 @@ mod tests {
             refcount: 1,
             fingerprint: [1; 32],
         };
-        slab.hold_block(b);
+        slab.hold_block(b).unwrap();
         (slab, b, o)
+    }
+
+    // hold_block ignored a block the slab does not have, while drop_block refused
+    // one: a hold lost there lets the block be freed under a live fragment.
+    #[test]
+    fn a_hold_on_a_block_the_slab_does_not_have_is_an_error() {
+        let (mut slab, b, _) = slab_with_one_object(3);
+        assert!(matches!(
+            slab.hold_block(64),
+            Err(EngineError::Invariant(reason)) if reason.contains("block 64 of slab 3")
+        ));
+        slab.hold_block(b).unwrap();
+        assert_eq!(slab.holders(b), 2);
+    }
+
+    // A live record whose location lay outside its slab was skipped (or its block
+    // number wrapped) when the slab was rebuilt at open.
+    #[test]
+    fn a_live_record_outside_its_slab_is_corrupt_at_rebuild() {
+        let (mut slab, _, o) = slab_with_one_object(2);
+        slab.rec_mut(o).unwrap().location = Location::Block { pbn: 64 }.encode();
+        match slab.rebuild() {
+            Err(EngineError::Corrupt { reason, .. }) => {
+                assert!(
+                    reason.contains(&format!("object {o} of slab 2")),
+                    "{reason}"
+                )
+            }
+            other => panic!("rebuilt as {other:?}"),
+        }
+        slab.rec_mut(o).unwrap().location = 1 << 63 | 7 << 60 | 5 << 48;
+        assert!(matches!(slab.rebuild(), Err(EngineError::Corrupt { .. })));
+        slab.rec_mut(o).unwrap().location = Location::Block { pbn: 5 }.encode();
+        assert_eq!(slab.rebuild().unwrap().len(), 1);
+        assert_eq!(slab.holders(5), 1);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         thin,
         map_pages,
         map_memory_bytes,
+        limited: v.limited(),
     }
 }
 
@@ -254,6 +255,8 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         .count() as u64;
     room_for_new_volume(inner, source_pages)?;
     let vol = i.volumes.make(dst, size_blocks)?;
+    // The copy holds the same bytes: it keeps its source's limit.
+    vol.set_limited(source.limited());
     let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &shared)?;
     i.volumes.reservations().set(vol.id(), p);
@@ -282,6 +285,26 @@ pub(crate) fn set_provisioning(inner: &Inner, name: &str, p: Provisioning) -> Re
     i.volumes.reservations().set(vol.id(), p);
     if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
         i.volumes.reservations().set(vol.id(), before);
+        return Err(e);
+    }
+    Ok(info(inner, &vol))
+}
+
+/// Limit a volume to the allow list's identities, or not (`volume allow`). Durable
+/// on return, as every volume change; on a failed checkpoint the flag is as before.
+pub(crate) fn set_limited(inner: &Inner, name: &str, limited: bool) -> Result<VolumeInfo> {
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    let before = vol.limited();
+    if before == limited {
+        return Ok(info(inner, &vol));
+    }
+    vol.set_limited(limited);
+    if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
+        vol.set_limited(before);
         return Err(e);
     }
     Ok(info(inner, &vol))

@@ -16,6 +16,10 @@ pub const CATALOG_MAGIC: u32 = 0x5443_4246;
 pub const CATALOG_MAGIC_V2: u32 = 0x3243_4246;
 /// Volume flag (version 2): the volume is thin (reserves less than its size).
 pub const VOLUME_FLAG_THIN: u32 = 1;
+/// Volume flag (version 2): the volume is limited to the TLS identities an allow
+/// list outside the pool names; a server that cannot read that list keeps it closed.
+/// Older readers refuse the bit (unknown flags), so they cannot open it to all.
+pub const VOLUME_FLAG_LIMITED: u32 = 2;
 /// Longest volume name in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most volumes a pool holds (a volume slot is a u16 in journal records).
@@ -36,6 +40,8 @@ pub struct VolumeRecord {
     pub reservation_bytes: u64,
     /// Thin: reserves less than its size (version 2; version 1: false).
     pub thin: bool,
+    /// Limited to some TLS identities (version 2; version 1: false).
+    pub limited: bool,
     /// The top of its block map's directory tree.
     pub map: TableRoot,
 }
@@ -193,7 +199,9 @@ impl Catalog {
             w.u64(v.size_bytes);
             if v2 {
                 w.u64(v.reservation_bytes);
-                w.u32(if v.thin { VOLUME_FLAG_THIN } else { 0 });
+                let thin = if v.thin { VOLUME_FLAG_THIN } else { 0 };
+                let limited = if v.limited { VOLUME_FLAG_LIMITED } else { 0 };
+                w.u32(thin | limited);
             }
             root(&mut w, &v.map);
         }
@@ -282,18 +290,22 @@ impl Catalog {
             })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
-            let (reservation_bytes, thin) = if v2 {
+            let (reservation_bytes, thin, limited) = if v2 {
                 let reservation_bytes = r.u64()?;
                 let flags = r.u32()?;
-                if flags & !VOLUME_FLAG_THIN != 0 {
+                if flags & !(VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED) != 0 {
                     return Err(FormatError::Invalid {
                         what,
                         reason: format!("volume '{name}' has unknown flags {flags:#x}"),
                     });
                 }
-                (reservation_bytes, flags & VOLUME_FLAG_THIN != 0)
+                (
+                    reservation_bytes,
+                    flags & VOLUME_FLAG_THIN != 0,
+                    flags & VOLUME_FLAG_LIMITED != 0,
+                )
             } else {
-                (size_bytes, false)
+                (size_bytes, false, false)
             };
             let map = root(&mut r)?;
             volumes.push(VolumeRecord {
@@ -303,6 +315,7 @@ impl Catalog {
                 size_bytes,
                 reservation_bytes,
                 thin,
+                limited,
                 map,
             });
         }
@@ -355,6 +368,7 @@ mod tests {
                 size_bytes: 1 << 30,
                 reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
                 thin: v2,
+                limited: v2,
                 map: TableRoot {
                     depth: 1,
                     top: vec![r(7)],
@@ -371,6 +385,20 @@ mod tests {
             assert_eq!(bytes.len(), c.encoded_len());
             assert_eq!(Catalog::decode(&bytes).unwrap(), c, "version {version}");
         }
+    }
+
+    #[test]
+    fn a_volume_flag_no_reader_knows_is_refused() {
+        let c = sample(FORMAT_VERSION);
+        let mut bytes = c.encode();
+        // The volume's flags: after its slot, name, id, size and reservation.
+        let at = bytes.len() - (8 + 16) - 4;
+        assert_eq!(bytes[at], (VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED) as u8);
+        bytes[at] |= 4;
+        assert!(matches!(
+            Catalog::decode(&bytes),
+            Err(FormatError::Invalid { .. })
+        ));
     }
 
     #[test]
@@ -410,6 +438,7 @@ mod tests {
                     size_bytes: 0,
                     reservation_bytes: 0,
                     thin: false,
+                    limited: true,
                     map: full.clone(),
                 })
                 .collect(),

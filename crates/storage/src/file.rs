@@ -233,6 +233,9 @@ fn open_locked(
         // claim the kernel refuses while the device is mounted or claimed.
         options.custom_flags(libc::O_EXCL);
     }
+    // A pool holds every volume's bytes: a file made for one is its owner's only from
+    // its first moment (whatever the umask), so no other user opens it even empty.
+    options.mode(0o600);
     let file = options.open(path).map_err(|e| {
         if is_block && e.raw_os_error() == Some(libc::EBUSY) {
             StorageError::Locked {
@@ -250,6 +253,12 @@ fn open_locked(
         .metadata()
         .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
     lock_exclusive(&file, name, identity_of(&meta))?;
+    if create && meta.file_type().is_file() && meta.mode() & 0o077 != 0 {
+        // A file made before (`truncate`, `fallocate`) becomes a pool: its owner's only.
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
+    }
     Ok((file, meta))
 }
 
@@ -445,6 +454,23 @@ impl Storage for FileStorage {
         self.file
             .sync_data()
             .map_err(|e| io_err(&self.name, IoOp::Flush, 0, 0, e))?;
+        if !self.is_block {
+            // A regular file another program truncated: writes past its new end
+            // grow it back with holes, so nothing else would ever notice.
+            let len_bytes = self
+                .file
+                .metadata()
+                .map_err(|e| io_err(&self.name, IoOp::Flush, 0, 0, e))?
+                .len();
+            let expected_bytes = self.len_bytes.load(Relaxed);
+            if len_bytes < expected_bytes {
+                return Err(StorageError::Shrunk {
+                    device: self.name.clone(),
+                    len_bytes,
+                    expected_bytes,
+                });
+            }
+        }
         self.counters.count_flush();
         Ok(())
     }
@@ -521,6 +547,36 @@ mod tests {
 
     /// A read that would wait for the disk is refused by `read_at_cached`, and the same
     /// bytes are read from the page cache once an ordinary read brought them in.
+    // A file truncated under an open pool went unnoticed: writes past the new end grew
+    // it back with holes and every flush succeeded.
+    #[test]
+    fn a_flush_reports_a_file_truncated_while_open() {
+        let dir = std::env::temp_dir().join(format!("fewerbytes-shrunk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dev");
+        let dev = FileStorage::create(&path, 1 << 20).unwrap();
+        dev.flush().unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        dev.write_at(&[7; 4096], 65536).unwrap();
+        match dev.flush() {
+            Err(StorageError::Shrunk {
+                len_bytes,
+                expected_bytes,
+                ..
+            }) => {
+                assert_eq!(len_bytes, 65536 + 4096);
+                assert_eq!(expected_bytes, 1 << 20);
+            }
+            other => panic!("flush of a truncated file: {other:?}"),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn cached_reads_come_only_from_the_page_cache() {
         // Under the build's target folder: on a disk (a tmpfs /tmp never evicts).

@@ -127,6 +127,18 @@ pub enum StorageError {
         /// Why it cannot be locked.
         why: String,
     },
+    /// The file shrank under the open pool (truncated by another program): the
+    /// bytes past its new end are gone, and writes made since may be too. Found at a
+    /// flush, so that nothing is reported durable on a file that lost its tail.
+    #[error("{device} was truncated while open: it holds {len_bytes} bytes, but was {expected_bytes} when opened (or last grown); the blocks past its end are gone, and writes not yet on the device may be lost")]
+    Shrunk {
+        /// The file's name (its path).
+        device: String,
+        /// Its length now.
+        len_bytes: u64,
+        /// Its length when opened or last grown.
+        expected_bytes: u64,
+    },
     /// An injected fault (tests only).
     #[error("injected {op} fault on {device}")]
     Injected {
