@@ -30,7 +30,10 @@ const PARITY_MAGIC: [u8; 4] = *b"FBJP";
 
 /// 16 chunks of 256 KiB of noise written to volume "a", each flushed; then the
 /// process is killed (the pool is never closed): the device image, and the chunks.
-fn written_and_killed(seed: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
+/// With `dup_every` n, every nth block of a chunk repeats its first block (a
+/// duplicate: a MapSet record without a NewObject, so records straddle sectors
+/// differently).
+fn written_and_killed(seed: u64, dup_every: Option<usize>) -> (Vec<u8>, Vec<Vec<u8>>) {
     let t = create(DEVICE_BYTES, None);
     let pool = t.pool().clone();
     pool.create_volume("a", (CHUNK * CHUNKS) as u64).unwrap();
@@ -40,6 +43,12 @@ fn written_and_killed(seed: u64) -> (Vec<u8>, Vec<Vec<u8>>) {
     for i in 0..CHUNKS {
         let mut chunk = vec![0u8; CHUNK];
         rng.fill_bytes(&mut chunk);
+        if let Some(n) = dup_every {
+            let first = chunk[..BLOCK].to_vec();
+            for block in chunk.chunks_mut(BLOCK).skip(1).step_by(n) {
+                block.copy_from_slice(&first);
+            }
+        }
         v.write((i * CHUNK) as u64, &chunk, false).unwrap();
         v.flush().unwrap();
         chunks.push(chunk);
@@ -97,7 +106,7 @@ fn chunks_changed(pool: &Arc<Pool>, chunks: &[Vec<u8>]) -> Vec<usize> {
 
 #[test]
 fn one_flipped_byte_in_the_middle_of_the_journal_loses_no_flushed_write() {
-    let (mut image, chunks) = written_and_killed(1);
+    let (mut image, chunks) = written_and_killed(1, None);
     let live = live_sectors(&image);
     assert!(
         live.len() > 100,
@@ -118,20 +127,17 @@ fn one_flipped_byte_in_the_middle_of_the_journal_loses_no_flushed_write() {
 
 #[test]
 fn two_bad_sectors_of_one_parity_group_refuse_the_open_and_repair_lists_the_loss() {
-    let (mut image, chunks) = written_and_killed(2);
+    let (mut image, chunks) = written_and_killed(2, Some(3));
     let live = live_sectors(&image);
-    let middle = live.len() / 2;
     // Live sector k has sequence number replay_seq + k.
     let replay_seq = newest_super_block(&image).journal_replay_seq;
-    // Two neighbouring record sectors: one group's parity rebuilds only one.
-    let k = if live[middle..middle + 2]
-        .iter()
-        .all(|&at| image[at..at + 4] != PARITY_MAGIC)
-    {
-        middle
-    } else {
-        middle + 2
-    };
+    // Two neighbouring record sectors of one group (its parity rebuilds only one),
+    // from the middle on, the first holding NewObject records (tag 3 first): the
+    // blocks whose MapSet records come after them then name objects never stored.
+    let record = |at: usize| image[at..at + 4] != PARITY_MAGIC;
+    let k = (live.len() / 2..live.len() - 1)
+        .find(|&k| record(live[k]) && record(live[k + 1]) && image[live[k] + 32] == 3)
+        .expect("a sector of NewObject records");
     flip(&mut image, live[k], 100, 0xff);
     flip(&mut image, live[k + 1], 100, 0xff);
     let first_seq = replay_seq + k as u64;
@@ -195,6 +201,10 @@ fn two_bad_sectors_of_one_parity_group_refuse_the_open_and_repair_lists_the_loss
         "only what the two sectors held is lost, not every write after them: {lost_blocks} blocks"
     );
     let named = text.matches("volume a: block ").count();
+    assert!(
+        named > 0,
+        "blocks whose object was in a lost sector are named: {text}"
+    );
     assert!(named <= lost_blocks, "{text}");
     eprintln!("{lost_blocks} blocks lost; the repair said:\n{text}");
     pool.close().unwrap();
@@ -213,7 +223,7 @@ fn fuzz_seed() -> u64 {
 #[test]
 fn a_flipped_byte_in_any_live_journal_sector_is_rebuilt_or_refused_never_silent() {
     let seed = fuzz_seed();
-    let (image, chunks) = written_and_killed(seed);
+    let (image, chunks) = written_and_killed(seed, None);
     let live = live_sectors(&image);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut refused = 0;
