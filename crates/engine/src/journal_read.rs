@@ -422,3 +422,130 @@ fn read_plain(meta: &dyn Storage, ring: &Ring) -> Result<JournalRead> {
     out.next_seq = seq;
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::journal::Journal;
+    use fewerbytes_format::location::MapEntry;
+    use fewerbytes_storage::FaultStorage;
+
+    const NONCE: u64 = 7;
+    const SECTORS: u64 = 512;
+    const GEN: u32 = 3;
+
+    fn ring() -> Ring {
+        Ring {
+            nonce: NONCE,
+            start_block: 0,
+            sectors: SECTORS,
+            replay_seq: 0,
+            open_gen: GEN,
+            commits: true,
+        }
+    }
+
+    /// Commits of `records[i]` MapSet records each (30 fill a sector); the sequence
+    /// number each commit began at.
+    fn commits(meta: &FaultStorage, records: &[u64]) -> Vec<u64> {
+        let j = Journal::new(NONCE, 0, SECTORS, 0, 0, GEN);
+        let mut lbn = 0;
+        let mut starts = Vec::new();
+        for &n in records {
+            for _ in 0..n {
+                j.append(&Record::MapSet {
+                    volume: 0,
+                    lbn,
+                    entry: MapEntry::Zero,
+                });
+                lbn += 1;
+            }
+            let batch = j.take_batch();
+            starts.push(j.next_seq());
+            let (sectors, _) = j.write_batch(meta, &batch).unwrap();
+            j.batch_durable(&batch, sectors);
+        }
+        starts
+    }
+
+    fn spoil(meta: &FaultStorage, seq: u64) {
+        meta.write_at(&[0xff; 8], seq * SECTOR_BYTES as u64 + 100)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_bad_sector_is_rebuilt_and_two_in_a_group_before_a_later_commit_are_damage() {
+        let meta = FaultStorage::new("meta", SECTORS * SECTOR_BYTES as u64);
+        // 40 sectors of records (two full groups and one of 8): 43 sectors; then
+        // a second commit of one sector and its parity.
+        let starts = commits(&meta, &[40 * 30, 30]);
+        assert_eq!(starts, vec![0, 43]);
+        let whole = read_journal(&meta, &ring()).unwrap();
+        assert_eq!(whole.records.len(), 41 * 30);
+        assert_eq!(whole.next_seq, 45);
+
+        spoil(&meta, 5);
+        let one = read_journal(&meta, &ring()).unwrap();
+        assert_eq!(one.records, whole.records);
+        assert_eq!(one.rebuilt, vec![5]);
+
+        spoil(&meta, 6);
+        let two = read_journal(&meta, &ring()).unwrap();
+        let lost: Vec<u64> = two.lost.iter().map(|l| l.seq).collect();
+        assert_eq!(lost, vec![5, 6], "damage, not the end: commit 43 is whole");
+        assert_eq!(two.records.len(), 39 * 30, "every other record is read");
+        assert!(two.damage().is_some());
+    }
+
+    #[test]
+    fn bad_sectors_in_the_last_commit_are_its_torn_end() {
+        let meta = FaultStorage::new("meta", SECTORS * SECTOR_BYTES as u64);
+        commits(&meta, &[30, 20 * 30]);
+        // The last commit: sectors 2.. (record sectors 2–17, parity 18, 19–22, 23).
+        spoil(&meta, 4);
+        spoil(&meta, 5);
+        let torn = read_journal(&meta, &ring()).unwrap();
+        assert!(torn.lost.is_empty(), "{:?}", torn.lost);
+        assert_eq!(
+            torn.records.len(),
+            3 * 30,
+            "the commit before, and its prefix"
+        );
+        assert_eq!(torn.next_seq, 4);
+        // A bad parity sector loses nothing.
+        let meta = FaultStorage::new("meta", SECTORS * SECTOR_BYTES as u64);
+        commits(&meta, &[30, 20 * 30, 30]);
+        spoil(&meta, 18);
+        spoil(&meta, 23);
+        let read = read_journal(&meta, &ring()).unwrap();
+        assert!(read.lost.is_empty() && read.rebuilt.is_empty());
+        assert_eq!(read.records.len(), 22 * 30);
+    }
+
+    #[test]
+    fn sectors_of_an_earlier_open_or_lap_end_the_journal() {
+        let meta = FaultStorage::new("meta", SECTORS * SECTOR_BYTES as u64);
+        commits(&meta, &[30 * 30]);
+        // Another open generation's reader sees nothing of it, and nothing lost.
+        let other = read_journal(
+            &meta,
+            &Ring {
+                open_gen: GEN + 1,
+                ..ring()
+            },
+        )
+        .unwrap();
+        assert!(other.records.is_empty() && other.lost.is_empty());
+        // A replay point past it (a later lap): its sectors are stale, not damage.
+        let later = read_journal(
+            &meta,
+            &Ring {
+                replay_seq: 100,
+                ..ring()
+            },
+        )
+        .unwrap();
+        assert!(later.records.is_empty() && later.lost.is_empty());
+    }
+}
