@@ -78,7 +78,17 @@ impl JournalRead {
     /// The error an open that may not lose changes returns for lost sectors.
     pub(crate) fn damage(&self) -> Option<EngineError> {
         let first = self.lost.first()?;
-        let seqs: Vec<String> = self.lost.iter().map(|l| l.seq.to_string()).collect();
+        // A person reads it: the first few, and how many more.
+        const NAMED_MAX: usize = 8;
+        let mut seqs: Vec<String> = self
+            .lost
+            .iter()
+            .take(NAMED_MAX)
+            .map(|l| l.seq.to_string())
+            .collect();
+        if self.lost.len() > NAMED_MAX {
+            seqs.push(format!("and {} more", self.lost.len() - NAMED_MAX));
+        }
         Some(EngineError::Corrupt {
             region: "journal",
             block: first.offset_bytes / BLOCK_BYTES as u64,
