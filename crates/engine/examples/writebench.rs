@@ -5,6 +5,9 @@
 //!
 //!   cargo run --release -p fewerbytes-engine --example writebench -- /var/tmp/wb.pool 4 65536
 //!   cargo run --release -p fewerbytes-engine --example writebench -- /var/tmp/wb.pool 2 65536 random zstd
+//!
+//! `WRITEBENCH_FLUSH_EVERY=N` makes each thread flush after every N of its writes (a
+//! guest that syncs often: small journal commits).
 
 use fewerbytes_engine::{Compression, CreateOptions, OpenOptions, Pool};
 use rand::{Rng, RngCore, SeedableRng};
@@ -28,6 +31,10 @@ fn main() {
                 .expect("compression: lz4, zstd, zstd:LEVEL or none")
         })
         .unwrap_or_default();
+    let flush_every: u64 = std::env::var("WRITEBENCH_FLUSH_EVERY")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let _ = std::fs::remove_file(&path);
     let volume_bytes: u64 = 2 << 30;
     Pool::create(&CreateOptions {
@@ -59,7 +66,7 @@ fn main() {
                 let vol = pool.open_volume("v").unwrap();
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t);
                 let mut fresh = vec![0u8; 4096];
-                for _ in 0..writes / threads {
+                for n in 1..=writes / threads {
                     let lbn = rng.gen_range(0..volume_bytes / 4096);
                     if random {
                         rng.fill_bytes(&mut fresh);
@@ -72,6 +79,9 @@ fn main() {
                     } else {
                         vol.write(lbn * 4096, &uniques[rng.gen_range(0..uniques.len())], false)
                             .unwrap();
+                    }
+                    if flush_every > 0 && n % flush_every == 0 {
+                        vol.flush().unwrap();
                     }
                 }
             });
@@ -88,6 +98,16 @@ fn main() {
         100.0 * st.data_device.write_bytes as f64 / (writes * 4096) as f64,
         st.checkpoints,
         st.journal_commits
+    );
+    let journal_bytes = st
+        .metadata_written_by_region
+        .iter()
+        .find(|(region, _)| region.contains("journal"))
+        .map_or(0, |(_, bytes)| *bytes);
+    println!(
+        "journal: {journal_bytes} bytes written, {:.2}% of guest bytes, {:.0} bytes per commit",
+        100.0 * journal_bytes as f64 / (writes * 4096) as f64,
+        journal_bytes as f64 / st.journal_commits.max(1) as f64
     );
     pool.close().unwrap();
     let _ = std::fs::remove_file(&path);

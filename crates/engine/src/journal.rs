@@ -10,21 +10,32 @@
 //! pool's gate, so a full ring makes requests wait for a checkpoint instead of
 //! deadlocking inside it.
 
-use crate::error::{within, within_mut};
+use crate::error::within;
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
-    decode_sector, encode_sector, record_len_of_tag, Record, SectorHeader, RECORD_BYTES_MAX,
-    SECTOR_PAYLOAD_BYTES,
+    encode_sector, record_len_of_tag, seal_parity, xor_into_parity, ParityHeader, Record,
+    SectorHeader, COMMIT_SECTORS_MAX, PARITY_GROUP_SECTORS, RECORD_BYTES_MAX, SECTOR_PAYLOAD_BYTES,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Usable record bytes per sector in the worst case: a sector may leave unused one
 /// byte less than the largest record (`format::journal::RECORD_BYTES_MAX`).
 const SECTOR_RECORD_BYTES_MIN: u64 = (SECTOR_PAYLOAD_BYTES - (RECORD_BYTES_MAX - 1)) as u64;
+/// Usable record bytes per ring sector in the worst case: a parity sector follows
+/// every [`PARITY_GROUP_SECTORS`] record sectors. (The last group of a commit may be
+/// shorter: one sector more per commit, as a commit's last sector may be nearly
+/// empty; the ring's spare eighth covers both for the one commit in flight.)
+const RING_RECORD_BYTES_MIN: u64 =
+    SECTOR_RECORD_BYTES_MIN * PARITY_GROUP_SECTORS as u64 / (PARITY_GROUP_SECTORS as u64 + 1);
+/// Record sectors one commit holds at most: whole parity groups whose sectors fit
+/// the 16-bit indexes of a commit ([`COMMIT_SECTORS_MAX`]).
+const DATA_SECTORS_PER_COMMIT_MAX: usize =
+    COMMIT_SECTORS_MAX / (PARITY_GROUP_SECTORS + 1) * PARITY_GROUP_SECTORS;
 /// Pending bytes that make the commit thread write without waiting for a flush:
 /// keeps the in-memory tail (and the work of one commit) bounded.
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
@@ -145,7 +156,7 @@ impl Journal {
         // appended under a reservation count twice until it ends (see `unreserve`),
         // so what is taken may honestly exceed what is usable; the room is then none.
         let usable = (self.sectors - self.sectors / 8).saturating_sub(used);
-        (usable * SECTOR_RECORD_BYTES_MIN)
+        (usable * RING_RECORD_BYTES_MIN)
             .saturating_sub(s.pending.len() as u64 + s.reserved_bytes + s.inflight_bytes)
     }
 
@@ -210,9 +221,10 @@ impl Journal {
         let mut s = self.state.lock();
         let at = s.pending.len();
         s.pending.resize(at + len, 0);
-        if let Some(dst) = s.pending.get_mut(at..) {
-            record.encode(&mut Writer::new(dst));
-        }
+        let Some(dst) = s.pending.get_mut(at..) else {
+            unreachable!("the tail was just grown to {} bytes", at + len)
+        };
+        record.encode(&mut Writer::new(dst));
         s.appended += 1;
         if s.pending.len() as u64 >= COMMIT_BYTES_THRESHOLD {
             self.wake.notify_one();
@@ -362,55 +374,96 @@ impl Journal {
         }
     }
 
-    /// Encode a batch into sectors and write them to the ring (no sync). Returns the
-    /// number of sectors written and the bytes.
+    /// Encode a batch into sectors and write them to the ring. Returns the number of
+    /// sectors written and the bytes. A batch is one commit (no sync here: the
+    /// caller syncs) unless it needs more sectors than a commit may hold
+    /// ([`COMMIT_SECTORS_MAX`]); then each commit but the last is synced before the
+    /// next is written, as the format's commits require (docs/format.md).
     pub fn write_batch(&self, meta: &dyn Storage, batch: &Batch) -> Result<(u64, u64)> {
         let open_gen = self.state.lock().open_gen;
-        let mut sectors: Vec<u8> = Vec::new();
+        let payloads = cut_records(&batch.bytes)?;
         let mut seq = batch.first_seq;
-        let mut pos = 0usize;
-        let bytes = &batch.bytes;
-        while pos < bytes.len() {
-            let mut end = pos;
-            while let Some(tag) = bytes.get(end) {
-                let len = record_len_of_tag(*tag).ok_or_else(|| {
-                    EngineError::Invariant(format!(
-                        "a journal batch holds an unknown record tag {tag} at byte {end}"
-                    ))
-                })?;
-                if end + len - pos > SECTOR_PAYLOAD_BYTES {
-                    break;
-                }
-                end += len;
+        let mut written_bytes = 0u64;
+        let commits = payloads.chunks(DATA_SECTORS_PER_COMMIT_MAX);
+        let last = commits.len().saturating_sub(1);
+        for (n, commit) in commits.enumerate() {
+            let sectors = self.encode_commit(&batch.bytes, commit, seq, open_gen)?;
+            let count = (sectors.len() / SECTOR_BYTES) as u64;
+            self.write_ring(meta, seq, &sectors)?;
+            if n < last {
+                meta.flush()?;
             }
-            let header = SectorHeader {
-                nonce: self.nonce,
-                seq,
-                open_gen,
-                used: (end - pos) as u16,
-            };
-            let mut sector = [0u8; SECTOR_BYTES];
-            let records = within(bytes, pos..end, "a journal batch ends inside a record")?;
-            encode_sector(&header, records, &mut sector);
-            sectors.extend_from_slice(&sector);
-            seq += 1;
-            pos = end;
+            seq += count;
+            written_bytes += sectors.len() as u64;
         }
-        let count = seq - batch.first_seq;
-        // Write in at most two runs (the ring may wrap).
+        Ok((seq - batch.first_seq, written_bytes))
+    }
+
+    /// One commit's sectors from its record payloads (ranges of `bytes`): each
+    /// group of up to [`PARITY_GROUP_SECTORS`] record sectors followed by its parity
+    /// sector, every sector numbered by its place in the commit.
+    fn encode_commit(
+        &self,
+        bytes: &[u8],
+        payloads: &[Range<usize>],
+        first_seq: u64,
+        open_gen: u32,
+    ) -> Result<Vec<u8>> {
+        let groups = payloads.len().div_ceil(PARITY_GROUP_SECTORS);
+        let total = payloads.len() + groups;
+        assert!(
+            total <= COMMIT_SECTORS_MAX,
+            "a journal commit of {total} sectors is more than its 16-bit indexes number"
+        );
+        let mut out = Vec::with_capacity(total * SECTOR_BYTES);
+        // The place in the commit of the next sector: its index, and its sequence
+        // number less `first_seq`. Below 2^16 (asserted above).
+        let place = |out: &Vec<u8>| out.len() / SECTOR_BYTES;
+        for group in payloads.chunks(PARITY_GROUP_SECTORS) {
+            let mut parity = [0u8; SECTOR_BYTES];
+            for range in group {
+                let records = within(bytes, range.clone(), "a journal batch's records")?;
+                let header = SectorHeader {
+                    nonce: self.nonce,
+                    seq: first_seq + place(&out) as u64,
+                    open_gen,
+                    used: records.len() as u16,
+                    index: place(&out) as u16,
+                };
+                let mut sector = [0u8; SECTOR_BYTES];
+                encode_sector(&header, records, &mut sector);
+                xor_into_parity(&mut parity, &sector);
+                out.extend_from_slice(&sector);
+            }
+            let header = ParityHeader {
+                seq: first_seq + place(&out) as u64,
+                open_gen,
+                index: place(&out) as u16,
+                covers: group.len() as u16,
+            };
+            seal_parity(&header, self.nonce, &mut parity);
+            out.extend_from_slice(&parity);
+        }
+        Ok(out)
+    }
+
+    /// Write `sectors` to the ring from sequence `first_seq`, in at most two runs
+    /// (the ring may wrap).
+    fn write_ring(&self, meta: &dyn Storage, first_seq: u64, sectors: &[u8]) -> Result<()> {
+        let count = (sectors.len() / SECTOR_BYTES) as u64;
         let mut written = 0u64;
         while written < count {
-            let at = (batch.first_seq + written) % self.sectors;
+            let at = (first_seq + written) % self.sectors;
             let run = (count - written).min(self.sectors - at);
             let from = (written as usize) * SECTOR_BYTES;
             let to = from + run as usize * SECTOR_BYTES;
             meta.write_at(
-                within(&sectors, from..to, "a journal batch's sectors")?,
+                within(sectors, from..to, "a journal batch's sectors")?,
                 self.start_bytes + at * SECTOR_BYTES as u64,
             )?;
             written += run;
         }
-        Ok((count, sectors.len() as u64))
+        Ok(())
     }
 
     /// After the batch's sectors are durable.
@@ -441,7 +494,18 @@ impl Journal {
     fn stall(&self, batch: Batch, e: &EngineError) {
         let mut s = self.state.lock();
         let mut bytes = batch.bytes;
-        s.inflight_bytes = s.inflight_bytes.saturating_sub(bytes.len() as u64);
+        match s.inflight_bytes.checked_sub(bytes.len() as u64) {
+            Some(left) => s.inflight_bytes = left,
+            None => {
+                let why = format!(
+                    "journal bytes in flight below zero: a stalled batch of {} bytes given \
+                     back, {} in flight",
+                    bytes.len(),
+                    s.inflight_bytes
+                );
+                self.broken(&mut s, why);
+            }
+        }
         bytes.append(&mut s.pending);
         s.pending = bytes;
         if s.stalled.is_none() {
@@ -503,44 +567,28 @@ impl Journal {
     }
 }
 
-/// Read the records written since `replay_seq` in generation `open_gen`. The journal
-/// ends at the first sector that fails its checks or carries another sequence or
-/// generation (a torn or stale sector). Returns the records and the next sequence.
-pub fn read_journal(
-    meta: &dyn Storage,
-    nonce: u64,
-    start_block: u64,
-    sectors: u64,
-    replay_seq: u64,
-    open_gen: u32,
-) -> Result<(Vec<Record>, u64)> {
-    const CHUNK_SECTORS: u64 = 2048;
-    let start_bytes = start_block * BLOCK_BYTES as u64;
-    let mut records = Vec::new();
-    let mut seq = replay_seq;
-    let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
-    'outer: while seq - replay_seq < sectors {
-        let at = seq % sectors;
-        let run = CHUNK_SECTORS
-            .min(sectors - at)
-            .min(sectors - (seq - replay_seq));
-        let chunk = within_mut(
-            &mut buf,
-            0..run as usize * SECTOR_BYTES,
-            "a journal read chunk",
-        )?;
-        meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
-        for sector in chunk.chunks(SECTOR_BYTES) {
-            match decode_sector(sector, nonce) {
-                Ok((h, recs)) if h.seq == seq && h.open_gen == open_gen => {
-                    records.extend(recs);
-                    seq += 1;
-                }
-                _ => break 'outer,
+/// Cut a batch's encoded records into sector payloads at record boundaries: each
+/// range as many whole records as fit a sector.
+fn cut_records(bytes: &[u8]) -> Result<Vec<Range<usize>>> {
+    let mut payloads = Vec::with_capacity(bytes.len() / SECTOR_RECORD_BYTES_MIN as usize + 1);
+    let mut pos = 0usize;
+    while pos < bytes.len() {
+        let mut end = pos;
+        while let Some(tag) = bytes.get(end) {
+            let len = record_len_of_tag(*tag).ok_or_else(|| {
+                EngineError::Invariant(format!(
+                    "a journal batch holds an unknown record tag {tag} at byte {end}"
+                ))
+            })?;
+            if end + len - pos > SECTOR_PAYLOAD_BYTES {
+                break;
             }
+            end += len;
         }
+        payloads.push(pos..end);
+        pos = end;
     }
-    Ok((records, seq))
+    Ok(payloads)
 }
 
 #[cfg(test)]

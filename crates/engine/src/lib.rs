@@ -28,6 +28,7 @@ mod grow;
 mod index;
 mod inner;
 mod journal;
+mod journal_read;
 mod lbn_locks;
 mod load;
 mod map_pages;

@@ -13,7 +13,7 @@ use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
-use crate::journal::read_journal;
+use crate::journal_read::{read_journal, Ring};
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
@@ -24,7 +24,9 @@ use fewerbytes_format::page::{
     COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES,
     REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_DATA_REGION_PAGES};
+use fewerbytes_format::superblock::{
+    Holder, SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_JOURNAL_COMMITS,
+};
 use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use std::sync::Arc;
 
@@ -537,17 +539,20 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             inner.volumes.insert(vol);
         }
     }
-    let (records, _next) = read_journal(
-        inner.devices.meta(),
-        inner.geometry.nonce(),
-        inner.geometry.journal_start_block(),
-        inner.geometry.journal_sectors(),
-        sb.journal_replay_seq,
-        sb.open_gen,
-    )?;
-    if sb.generation > 0 && !records.is_empty() {
-        tracing::info!("replaying {} journal records", records.len());
-        crate::recovery::replay(inner, &records)?;
+    let ring = Ring {
+        nonce: inner.geometry.nonce(),
+        start_block: inner.geometry.journal_start_block(),
+        sectors: inner.geometry.journal_sectors(),
+        replay_seq: sb.journal_replay_seq,
+        open_gen: sb.open_gen,
+        commits: sb.flags & FLAG_JOURNAL_COMMITS != 0,
+    };
+    let journal = read_journal(inner.devices.meta(), &ring)?;
+    crate::repair::journal_damage(inner, &journal)?;
+    if sb.generation > 0 && !journal.records.is_empty() {
+        tracing::info!("replaying {} journal records", journal.records.len());
+        let unstored = crate::recovery::replay(inner, &journal.records, !journal.lost.is_empty())?;
+        crate::repair::drop_unstored_references(inner, &unstored)?;
     }
     crate::repair::restore_counts(inner)?;
     crate::recovery::rebuild(inner)?;
@@ -566,6 +571,8 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
     {
         let mut current = inner.checkpointer.super_block();
         current.open_gen = sb.open_gen + 1;
+        // Sectors of the new generation carry their commit and parity.
+        current.flags |= FLAG_JOURNAL_COMMITS;
         current.holder = this_holder();
     }
     crate::checkpoint::checkpoint(inner)?;

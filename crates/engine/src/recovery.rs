@@ -21,8 +21,11 @@ fn corrupt(reason: String) -> EngineError {
     }
 }
 
-/// Apply journal records in order.
-pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
+/// Apply journal records in order. Returns the objects the maps refer to that were
+/// never stored: only with `records_lost` (an open for repair replaying around lost
+/// journal sectors, where such an object's `NewObject` may have been in a lost
+/// sector); otherwise one is corruption.
+pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> Result<Vec<u64>> {
     let mut deltas: HashMap<u64, i64> = HashMap::new();
     let vols = inner.volumes.by_slot();
     let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
@@ -116,6 +119,7 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
             }
         }
     }
+    let mut unstored = Vec::new();
     for (o, d) in deltas {
         if d == 0 {
             continue;
@@ -133,12 +137,18 @@ pub(crate) fn replay(inner: &Inner, records: &[Record]) -> Result<()> {
         }
         rec.refcount = count as u32;
         if rec.refcount > 0 && rec.location == 0 && rec.fingerprint == [0; 32] {
-            return Err(corrupt(format!(
-                "object {o} is referenced but was never stored"
-            )));
+            if !records_lost {
+                return Err(corrupt(format!(
+                    "object {o} is referenced but was never stored"
+                )));
+            }
+            // Its entries are set to zero and listed (`repair::drop_unstored_references`).
+            rec.refcount = 0;
+            unstored.push(o);
         }
     }
-    Ok(())
+    unstored.sort_unstable();
+    Ok(unstored)
 }
 
 /// Rebuild allocation state, the index and usage counts from the tables.

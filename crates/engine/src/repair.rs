@@ -17,6 +17,7 @@
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::inner::Inner;
 use crate::inner::Wait;
+use crate::journal_read::JournalRead;
 use crate::slab::REFCOUNT_MAX;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
@@ -101,6 +102,7 @@ pub(crate) fn repair(
     }
     let mut report = RepairReport {
         repairs: i.repair.take_restored(),
+        lost_bytes: i.repair.take_lost_bytes(),
         ..RepairReport::default()
     };
     // Holders against the records as they are (a freed leak's blocks are not a
@@ -185,6 +187,83 @@ pub(crate) fn restore_counts(inner: &Inner) -> Result<()> {
         };
         tracing::warn!("{sentence}");
         inner.repair.record(sentence);
+    }
+    Ok(())
+}
+
+/// At open, after reading the journal: sectors lost to damage (a bad sector that
+/// parity cannot rebuild, with whole commits after it) refuse a normal open, naming
+/// them; an open for repair goes on without their records, and says so.
+pub(crate) fn journal_damage(inner: &Inner, journal: &JournalRead) -> Result<()> {
+    if let Some(error) = journal.damage() {
+        if !inner.repair.enabled() {
+            return Err(error);
+        }
+    }
+    for lost in &journal.lost {
+        let sentence = format!(
+            "journal sector seq {} (byte {} of the metadata device) could not be read or \
+             rebuilt from its parity ({}), though commits after it are whole: the block \
+             changes it held (at most {} records) are lost, and which blocks they changed \
+             cannot be known: those blocks read as before them; every other journal \
+             record was replayed",
+            lost.seq,
+            lost.offset_bytes,
+            lost.why,
+            fewerbytes_format::journal::SECTOR_PAYLOAD_BYTES
+                / fewerbytes_format::journal::MAP_SET_BYTES
+        );
+        tracing::warn!("{sentence}");
+        inner.repair.record(sentence);
+    }
+    Ok(())
+}
+
+/// At open for repair, after a replay around lost journal sectors: map entries that
+/// name an object whose `NewObject` record was lost (`unstored`) have no data to
+/// read. Each becomes ZERO and is listed, volume, block and bytes, as lost; the
+/// open's checkpoint then holds no entry naming a free object.
+pub(crate) fn drop_unstored_references(inner: &Inner, unstored: &[u64]) -> Result<()> {
+    if unstored.is_empty() {
+        return Ok(());
+    }
+    if !inner.repair.enabled() {
+        return Err(EngineError::Invariant(format!(
+            "{} objects referenced but never stored were let through a normal open",
+            unstored.len()
+        )));
+    }
+    for vol in inner.volumes.all() {
+        let mut lost = Vec::new();
+        vol.for_each_mapped(|lbn, e| {
+            if let Some(o) = e.object().filter(|o| unstored.binary_search(&o.0).is_ok()) {
+                lost.push((lbn, o.0));
+            }
+        });
+        for (lbn, object) in lost {
+            let page = vol.page_for_write(lbn / ENTRIES_PER_PAGE).ok_or_else(|| {
+                EngineError::Invariant(format!(
+                    "block {lbn} of volume '{}' is mapped but has no map page",
+                    vol.name()
+                ))
+            })?;
+            page.lock().set(
+                (lbn % ENTRIES_PER_PAGE) as usize,
+                MapEntry::Zero,
+                inner.checkpointer.dirty_pages(),
+            );
+            let sentence = format!(
+                "volume {}: block {lbn} (bytes {}-{}) was written by a journal record whose \
+                 object {object} was stored in a lost journal sector: now reads as zeros \
+                 (its data is lost)",
+                vol.name(),
+                lbn * BLOCK,
+                (lbn + 1) * BLOCK - 1
+            );
+            tracing::warn!("{sentence}");
+            inner.repair.record(sentence);
+            inner.repair.lost(BLOCK);
+        }
     }
     Ok(())
 }

@@ -2,6 +2,12 @@
 //! the last checkpoint. A sector is the unit of commit and is never rewritten while
 //! it holds live records, so a torn write can only lose records that were never
 //! acknowledged.
+//!
+//! In pools with the super block's journal-commits flag, each record sector carries its
+//! index in its commit (so a reader knows where each commit began), and every group of
+//! up to [`PARITY_GROUP_SECTORS`] record sectors of a commit is followed by a parity
+//! sector: the XOR of the group's bytes a reader cannot know, from which one bad
+//! sector of the group is rebuilt exactly (the rebuilt sector must pass its own crc).
 
 use crate::location::MapEntry;
 use crate::{check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, SECTOR_BYTES};
@@ -19,6 +25,22 @@ pub const MAX_VOLUME_SLOT: u16 = u16::MAX;
 /// Largest logical block number a record can name (40 bits: 4 PiB volumes).
 pub const MAX_LBN: u64 = (1 << 40) - 1;
 
+/// "FBJP": a parity sector.
+pub const PARITY_MAGIC: u32 = 0x504a_4246;
+/// Record sectors a parity sector covers at most: one bad sector in this many (plus
+/// their parity) is rebuilt, for one sector of ring in this many plus one.
+pub const PARITY_GROUP_SECTORS: usize = 16;
+/// Bytes of a parity sector's header; the rest holds the XOR of the covered sectors'
+/// bytes at the same offsets (28–511), and bytes 24–27 the XOR of their crcs.
+pub const PARITY_HEADER_BYTES: usize = 24;
+/// Where a record sector's bytes that a reader cannot know (`used`, `index`, the
+/// records) begin: everything before but the crc follows from where the sector is.
+const UNKNOWN_FROM: usize = 28;
+/// Where a parity sector keeps the XOR of the covered sectors' crcs.
+const PARITY_CRC_XOR_OFFSET: usize = 24;
+/// Sectors one commit may hold (its sector indexes are 16 bits).
+pub const COMMIT_SECTORS_MAX: usize = 1 << 16;
+
 /// A sector's self-description.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SectorHeader {
@@ -30,6 +52,23 @@ pub struct SectorHeader {
     pub open_gen: u32,
     /// Payload bytes used by records.
     pub used: u16,
+    /// The sector's place in its commit (0: the commit's first sector), counting
+    /// parity sectors; 0 in pools without the journal-commits flag (reserved there).
+    pub index: u16,
+}
+
+/// A parity sector's self-description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParityHeader {
+    /// Sequence number of this sector.
+    pub seq: u64,
+    /// The pool's open generation when written.
+    pub open_gen: u32,
+    /// The sector's place in its commit.
+    pub index: u16,
+    /// How many record sectors it covers: the ones just before it (1 to
+    /// [`PARITY_GROUP_SECTORS`]).
+    pub covers: u16,
 }
 
 /// One mapping change.
@@ -193,10 +232,14 @@ pub fn encode_sector(header: &SectorHeader, records: &[u8], out: &mut [u8; SECTO
     w.u64(header.seq);
     w.u32(header.open_gen);
     w.u16(header.used);
-    w.u16(0);
+    w.u16(header.index);
     debug_assert_eq!(w.pos(), SECTOR_HEADER_BYTES);
-    let n = records.len().min(SECTOR_PAYLOAD_BYTES);
-    w.put(records.get(..n).unwrap_or(records));
+    assert!(
+        records.len() <= SECTOR_PAYLOAD_BYTES,
+        "{} bytes of records do not fit a journal sector",
+        records.len()
+    );
+    w.put(records);
     seal_checksum(out, CRC_OFFSET);
 }
 
@@ -208,7 +251,7 @@ pub fn decode_sector(bytes: &[u8], nonce: u64) -> Result<(SectorHeader, Vec<Reco
     let seq = r.u64()?;
     let open_gen = r.u32()?;
     let used = r.u16()?;
-    r.u16()?;
+    let index = r.u16()?;
     if usize::from(used) > SECTOR_PAYLOAD_BYTES {
         return Err(FormatError::Invalid {
             what,
@@ -227,9 +270,135 @@ pub fn decode_sector(bytes: &[u8], nonce: u64) -> Result<(SectorHeader, Vec<Reco
             seq,
             open_gen,
             used,
+            index,
         },
         records,
     ))
+}
+
+/// Whether `bytes` begins with the parity magic (else it is read as a record sector).
+pub fn is_parity(bytes: &[u8]) -> bool {
+    bytes.get(..4) == Some(&PARITY_MAGIC.to_le_bytes()[..])
+}
+
+/// A parity sector's crc: over the pool's nonce (which it does not store) and its
+/// bytes, its crc field taken as zero.
+fn parity_checksum(bytes: &[u8], nonce: u64) -> u32 {
+    let head = bytes.get(..CRC_OFFSET).unwrap_or(bytes);
+    let tail = bytes.get(CRC_OFFSET + 4..).unwrap_or(&[]);
+    let crc = crc32c::crc32c(&nonce.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc, head);
+    let crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc32c::crc32c_append(crc, tail)
+}
+
+/// The bytes of a record sector that a parity sector keeps, each paired with
+/// where the parity keeps it: the crc (4–7 → 24–27) and 28–511 (at the same offsets).
+fn parity_pairs() -> impl Iterator<Item = (usize, usize)> {
+    (0..4)
+        .map(|k| (CRC_OFFSET + k, PARITY_CRC_XOR_OFFSET + k))
+        .chain((UNKNOWN_FROM..SECTOR_BYTES).map(|k| (k, k)))
+}
+
+/// XOR the bytes of record sector `sector` a reader cannot know into `parity`.
+pub fn xor_into_parity(parity: &mut [u8; SECTOR_BYTES], sector: &[u8; SECTOR_BYTES]) {
+    for (from, to) in parity_pairs() {
+        if let (Some(p), Some(s)) = (parity.get_mut(to), sector.get(from)) {
+            *p ^= s;
+        }
+    }
+}
+
+/// Write a parity sector's header and crc over `parity`, which holds the XOR of
+/// the sectors it covers (`xor_into_parity`).
+pub fn seal_parity(header: &ParityHeader, nonce: u64, parity: &mut [u8; SECTOR_BYTES]) {
+    let mut w = Writer::new(parity);
+    w.u32(PARITY_MAGIC);
+    w.u32(0);
+    w.u64(header.seq);
+    w.u32(header.open_gen);
+    w.u16(header.index);
+    w.u16(header.covers);
+    debug_assert_eq!(w.pos(), PARITY_HEADER_BYTES);
+    let crc = parity_checksum(parity, nonce);
+    let mut w = Writer::new(parity);
+    w.seek(CRC_OFFSET);
+    w.u32(crc);
+}
+
+/// Decode a parity sector's header, checking its magic and crc.
+pub fn decode_parity(bytes: &[u8], nonce: u64) -> Result<ParityHeader, FormatError> {
+    let what = "journal parity sector";
+    if bytes.len() != SECTOR_BYTES {
+        return Err(FormatError::Truncated {
+            what,
+            got: bytes.len(),
+            need: SECTOR_BYTES,
+        });
+    }
+    let mut r = Reader::new(what, bytes);
+    let magic = r.u32()?;
+    if magic != PARITY_MAGIC {
+        return Err(FormatError::BadMagic {
+            what,
+            found: u64::from(magic),
+        });
+    }
+    let expected = r.u32()?;
+    let got = parity_checksum(bytes, nonce);
+    if got != expected {
+        return Err(FormatError::ChecksumMismatch {
+            what,
+            got,
+            expected,
+        });
+    }
+    let header = ParityHeader {
+        seq: r.u64()?,
+        open_gen: r.u32()?,
+        index: r.u16()?,
+        covers: r.u16()?,
+    };
+    if header.covers == 0 || usize::from(header.covers) > PARITY_GROUP_SECTORS {
+        return Err(FormatError::Invalid {
+            what,
+            reason: format!("covers {} sectors", header.covers),
+        });
+    }
+    Ok(header)
+}
+
+/// Rebuild the record sector at `seq` (open generation `open_gen`) from its group's
+/// parity sector and the group's other record sectors. The result is what was
+/// written only if `decode_sector` accepts it (its crc) and its index is the one
+/// its place in the commit implies; the caller checks both.
+pub fn rebuild_sector<'a>(
+    parity: &[u8; SECTOR_BYTES],
+    others: impl IntoIterator<Item = &'a [u8; SECTOR_BYTES]>,
+    nonce: u64,
+    seq: u64,
+    open_gen: u32,
+) -> [u8; SECTOR_BYTES] {
+    let mut out = [0u8; SECTOR_BYTES];
+    for (at, from) in parity_pairs() {
+        if let (Some(o), Some(p)) = (out.get_mut(at), parity.get(from)) {
+            *o = *p;
+        }
+    }
+    for other in others {
+        for (at, _) in parity_pairs() {
+            if let (Some(o), Some(s)) = (out.get_mut(at), other.get(at)) {
+                *o ^= s;
+            }
+        }
+    }
+    let mut w = Writer::new(&mut out);
+    w.u32(SECTOR_MAGIC);
+    w.seek(8);
+    w.u64(nonce);
+    w.u64(seq);
+    w.u32(open_gen);
+    out
 }
 
 #[cfg(test)]
@@ -273,6 +442,7 @@ mod tests {
             seq: 99,
             open_gen: 2,
             used: payload.len() as u16,
+            index: 7,
         };
         let mut sector = [0u8; SECTOR_BYTES];
         encode_sector(&header, &payload, &mut sector);
@@ -281,7 +451,65 @@ mod tests {
         assert_eq!(decoded, recs);
     }
 
+    fn record_sector(seq: u64, index: u16, fill: u8) -> [u8; SECTOR_BYTES] {
+        let rec = Record::MapSet {
+            volume: 1,
+            lbn: u64::from(fill),
+            entry: MapEntry::Zero,
+        };
+        let mut payload = vec![0u8; MAP_SET_BYTES * (1 + usize::from(fill) % 20)];
+        for chunk in payload.chunks_mut(MAP_SET_BYTES) {
+            rec.encode(&mut Writer::new(chunk));
+        }
+        let header = SectorHeader {
+            nonce: 5,
+            seq,
+            open_gen: 3,
+            used: payload.len() as u16,
+            index,
+        };
+        let mut sector = [0u8; SECTOR_BYTES];
+        encode_sector(&header, &payload, &mut sector);
+        sector
+    }
+
+    #[test]
+    fn any_one_sector_of_a_group_is_rebuilt_exactly_from_its_parity() {
+        let group: Vec<_> = (0..PARITY_GROUP_SECTORS as u16)
+            .map(|i| record_sector(100 + u64::from(i), i, i as u8 * 7))
+            .collect();
+        let mut parity = [0u8; SECTOR_BYTES];
+        for s in &group {
+            xor_into_parity(&mut parity, s);
+        }
+        let header = ParityHeader {
+            seq: 116,
+            open_gen: 3,
+            index: 16,
+            covers: 16,
+        };
+        seal_parity(&header, 5, &mut parity);
+        assert!(is_parity(&parity));
+        assert_eq!(decode_parity(&parity, 5).unwrap(), header);
+        assert!(decode_parity(&parity, 6).is_err(), "another pool's parity");
+        for lost in 0..group.len() {
+            let others = group.iter().enumerate().filter(|(i, _)| *i != lost);
+            let rebuilt = rebuild_sector(&parity, others.map(|(_, s)| s), 5, 100 + lost as u64, 3);
+            assert_eq!(rebuilt, group[lost], "sector {lost}");
+            decode_sector(&rebuilt, 5).unwrap();
+        }
+        // With a second sector missing, the rebuild fails its crc.
+        let others = group.iter().skip(2);
+        let rebuilt = rebuild_sector(&parity, others, 5, 100, 3);
+        assert!(decode_sector(&rebuilt, 5).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn random_parity_sectors_never_panic(bytes in proptest::collection::vec(any::<u8>(), SECTOR_BYTES)) {
+            let _ = decode_parity(&bytes, 5);
+        }
+
         #[test]
         fn random_sectors_never_panic(bytes in proptest::collection::vec(any::<u8>(), SECTOR_BYTES)) {
             let _ = decode_sector(&bytes, 5);

@@ -73,12 +73,19 @@ pub const FLAG_DATA_REGION_PAGES: u32 = 8;
 /// Set when the pool's compression becomes zstd and never cleared, so a reader that
 /// knows only LZ4 refuses the pool instead of finding fragments it cannot decode.
 pub const FLAG_CODECS: u32 = 16;
+/// Flag (version 2): journal sectors written in this super block's open generation
+/// carry their index in their commit and are covered by parity sectors
+/// (`journal.rs`). Set by `pool create` and by the checkpoint each read-write open
+/// takes before it writes a sector, so a reader that does not know parity sectors
+/// refuses the pool instead of taking the first one for the journal's end.
+pub const FLAG_JOURNAL_COMMITS: u32 = 32;
 /// The flags this version knows; a version-2 super block with any other is refused.
 const FLAGS_KNOWN_V2: u32 = FLAG_SEPARATE_METADATA
     | FLAG_OVERCOMMIT
     | FLAG_UPGRADED_FROM_V1
     | FLAG_CODECS
-    | FLAG_DATA_REGION_PAGES;
+    | FLAG_DATA_REGION_PAGES
+    | FLAG_JOURNAL_COMMITS;
 
 /// `compression` (offset 148): LZ4. Pools made before the field hold 0, also LZ4.
 pub const COMPRESSION_LZ4: u8 = 1;

@@ -26,6 +26,7 @@
 //! `FEWERBYTES_CRASH_SOAK=1` runs 2,000 from a random first seed. docs/testing.md,
 //! "Crash simulation", says more.
 
+mod bad_sector;
 #[path = "../common/mod.rs"]
 mod common;
 mod model;
@@ -131,6 +132,8 @@ fn keeps_working(pool: &Arc<Pool>) -> Result<(), String> {
 struct Tally {
     points: AtomicU64,
     second: AtomicU64,
+    /// Crash points opened with a rotted journal sector.
+    rotted: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -148,17 +151,35 @@ impl Tally {
 fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), String> {
     let at = replay.position();
     let mode = mode_for(rec.seed, at, 0);
-    let images = replay.crash_images(mode);
+    let mut images = replay.crash_images(mode);
+    // Some points also find one journal sector rotted (the metadata device is the last).
+    let pick = mix(rec.seed, at as u64 + 7);
+    let rotted = if pick.is_multiple_of(bad_sector::BAD_SECTOR_EVERY) {
+        images
+            .last_mut()
+            .and_then(|meta| bad_sector::rot_one(meta, pick / 3))
+    } else {
+        None
+    };
+    let with_rot = |e: String| match &rotted {
+        Some(what) => format!("{e} (with {what})"),
+        None => e,
+    };
     let second = mix(rec.seed, at as u64).is_multiple_of(SECOND_CRASH_EVERY);
     let open_log = IoLog::new();
     let devices = Devices::from_images(&images, second.then_some(&open_log));
-    let pool = devices.open().map_err(|e| format!("open failed: {e}"))?;
+    let pool = devices
+        .open()
+        .map_err(|e| with_rot(format!("open failed: {e}")))?;
     let open_events = open_log.take();
     let first = rec.verify(&pool, at);
     devices.stop();
     drop(pool);
-    first?;
+    first.map_err(with_rot)?;
     tally.points.fetch_add(1, Ordering::Relaxed);
+    if rotted.is_some() {
+        tally.rotted.fetch_add(1, Ordering::Relaxed);
+    }
     if !second || open_events.is_empty() {
         return Ok(());
     }
@@ -331,10 +352,11 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     });
     let points = tally.points.load(Ordering::Relaxed);
     let second = tally.second.load(Ordering::Relaxed);
+    let rotted = tally.rotted.load(Ordering::Relaxed);
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, in {:.1} s",
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
