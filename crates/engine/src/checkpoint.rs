@@ -353,12 +353,27 @@ pub(crate) fn checkpoint(inner: &Inner) -> Result<()> {
 }
 
 /// Take a checkpoint with the gate held; with `hold`, keep it until the super
-/// block is durable (volume operations, which are not journalled).
+/// block is durable (volume operations, which are not journalled). Such a change is
+/// in no journal record, so opening from the older super block copy could not
+/// replay it: with `hold`, a second checkpoint follows before the gate opens, and
+/// both copies hold the change before any sector is written after it.
 pub(crate) fn checkpoint_locked(
     inner: &Inner,
     gate: RwLockWriteGuard<'_, ()>,
     hold: bool,
 ) -> Result<()> {
+    if !hold {
+        return checkpoint_once(inner, Some(gate));
+    }
+    checkpoint_once(inner, None)?;
+    checkpoint_once(inner, None)?;
+    drop(gate);
+    Ok(())
+}
+
+/// One checkpoint, the gate held by the caller; `release`, when given, is that
+/// gate, opened once the snapshot is taken.
+fn checkpoint_once(inner: &Inner, release: Option<RwLockWriteGuard<'_, ()>>) -> Result<()> {
     if let Some(why) = inner.journal.failure() {
         return Err(EngineError::ReadOnly(why));
     }
@@ -374,7 +389,25 @@ pub(crate) fn checkpoint_locked(
     // No commit may be in flight while the replay point is chosen: its records are
     // in the image, and replaying them again on top of it would count them twice.
     let commit_guard = inner.journal.pause_commits();
-    let batch = inner.journal.take_batch();
+    // The tail goes to the ring first, so the journal since the older copy's
+    // replay point holds every record this image holds (opening from that copy
+    // replays them).
+    let data_durable = || {
+        inner.zones.flush(&inner.space())?;
+        let r = inner.devices.data().flush();
+        inner.devices.check_io(r)
+    };
+    let committed = inner.journal.commit_held(
+        inner.devices.meta(),
+        inner.devices.separate_metadata(),
+        data_durable,
+    );
+    if let Err(e) = committed {
+        if !e.is_no_space() {
+            inner.devices.latch(&e);
+        }
+        return Err(e);
+    }
     let snapshot = match snapshot(inner) {
         Ok(s) => s,
         Err(e) => {
@@ -387,25 +420,21 @@ pub(crate) fn checkpoint_locked(
         }
     };
     drop(commit_guard);
-    let guard = if hold {
-        Some(gate)
-    } else {
-        drop(gate);
-        None
-    };
-    let result = write_snapshot(inner, &snapshot);
-    drop(guard);
-    if let Err(e) = result {
+    drop(release);
+    if let Err(e) = write_snapshot(inner, &snapshot) {
         inner.devices.latch(&e);
         return Err(e);
     }
-    // Durable: the slots it retired hold nothing the image or the journal reaches.
-    // They go back to the metadata device while still marked used (no checkpoint
-    // can place a page there meanwhile), then become free.
+    // Durable. The pages it retired are still reached by the older super block copy
+    // (the previous checkpoint): they stay until the next checkpoint is durable.
+    // Those the previous checkpoint retired are reached by no copy now (this one
+    // overwrote the copy that named them): they go back to the metadata device
+    // while still marked used (no checkpoint can place a page there meanwhile),
+    // then become free.
+    let to_free = inner.checkpointer.retire(snapshot.old_slots.clone());
     let retired: Vec<u64> = {
         let store = inner.checkpointer.page_store();
-        let mut slots: Vec<u64> = snapshot
-            .old_slots
+        let mut slots: Vec<u64> = to_free
             .iter()
             .copied()
             .filter(|&a| address_block(a).is_none() && store.is_used(a))
@@ -422,8 +451,7 @@ pub(crate) fn checkpoint_locked(
     inner.checkpointer.count_slots_discarded(discarded);
     let moved_blocks: Vec<u64> = {
         let mut store = inner.checkpointer.page_store();
-        snapshot
-            .old_slots
+        to_free
             .iter()
             .filter_map(|a| store.free_address(*a))
             .collect()
@@ -441,7 +469,6 @@ pub(crate) fn checkpoint_locked(
     if let Some(values) = snapshot.counters {
         inner.counters.written(values);
     }
-    inner.journal.batch_durable(&batch, 0);
     inner
         .journal
         .checkpointed(snapshot.superblock.journal_replay_seq);

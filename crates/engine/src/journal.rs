@@ -8,7 +8,11 @@
 //!
 //! Space: every request reserves the bytes it may append before entering the
 //! pool's gate, so a full ring makes requests wait for a checkpoint instead of
-//! deadlocking inside it.
+//! deadlocking inside it. The ring keeps every sector since the *older* super block
+//! copy's replay point, not only the newest's: a pool whose newest copy is damaged
+//! opens from the older one and replays from there (docs/format.md, "Recovery
+//! journal"), so a checkpoint frees ring space up to the previous checkpoint's
+//! replay point.
 
 use crate::error::{within, within_mut};
 use crate::{EngineError, Result};
@@ -28,8 +32,11 @@ const SECTOR_RECORD_BYTES_MIN: u64 = (SECTOR_PAYLOAD_BYTES - (RECORD_BYTES_MAX -
 /// Pending bytes that make the commit thread write without waiting for a flush:
 /// keeps the in-memory tail (and the work of one commit) bounded.
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
-/// Ring fill (percent) at which the commit thread takes a checkpoint.
-pub const CHECKPOINT_RING_PERCENT: u64 = 50;
+/// Ring fill (percent) since the last checkpoint at which the commit thread takes a
+/// checkpoint. The ring also holds the interval before it (kept for the older super
+/// block copy), so at 40% each the two stay under the seven eighths writes may use
+/// (`room_bytes`) without waiting.
+pub const CHECKPOINT_RING_PERCENT: u64 = 40;
 /// How often a commit that found a device full is tried again without a flush
 /// asking: how soon a pool resumes by itself once space is freed.
 pub const STALLED_RETRY: Duration = Duration::from_secs(1);
@@ -44,7 +51,11 @@ struct State {
     /// and not yet in `next_seq`, but about to use ring space.
     inflight_bytes: u64,
     next_seq: u64,
+    /// The replay point of the last checkpoint (the newest super block copy).
     replay_seq: u64,
+    /// The replay point of the checkpoint before it (the older copy): ring space is
+    /// free only before this one.
+    keep_seq: u64,
     open_gen: u32,
     failed: Option<String>,
     /// The last commit found a device full: why. Its batch went back to the tail,
@@ -100,15 +111,10 @@ pub enum Work {
 }
 
 impl Journal {
-    /// A journal over the ring at `start_block` of `sectors` sectors.
-    pub fn new(
-        nonce: u64,
-        start_block: u64,
-        sectors: u64,
-        replay_seq: u64,
-        next_seq: u64,
-        open_gen: u32,
-    ) -> Self {
+    /// A journal over the ring at `start_block` of `sectors` sectors, opened from a
+    /// super block whose replay point is `replay_seq`; [`Journal::replayed`] sets
+    /// where new sectors go once the replay found the journal's end.
+    pub fn new(nonce: u64, start_block: u64, sectors: u64, replay_seq: u64, open_gen: u32) -> Self {
         Journal {
             state: Mutex::new(State {
                 pending: Vec::new(),
@@ -117,8 +123,9 @@ impl Journal {
                 requested: 0,
                 reserved_bytes: 0,
                 inflight_bytes: 0,
-                next_seq,
+                next_seq: replay_seq,
                 replay_seq,
+                keep_seq: replay_seq,
                 open_gen,
                 failed: None,
                 stalled: None,
@@ -138,8 +145,21 @@ impl Journal {
         }
     }
 
+    /// The replay at open read the journal up to `next_seq` (its end): new sectors
+    /// follow it, so the sectors replayed stay in the ring for as long as the super
+    /// block copy they were replayed from is one of the two.
+    pub fn replayed(&self, next_seq: u64) {
+        let mut s = self.state.lock();
+        s.next_seq = next_seq;
+    }
+
+    /// The open generation new sectors carry.
+    pub fn open_gen(&self) -> u32 {
+        self.state.lock().open_gen
+    }
+
     fn room_bytes(&self, s: &State) -> u64 {
-        let used = s.next_seq - s.replay_seq;
+        let used = s.next_seq - s.keep_seq;
         // Keep an eighth of the ring spare so a checkpoint's own commit always fits.
         // Saturating, both: that commit may use the spare eighth, and records
         // appended under a reservation count twice until it ends (see `unreserve`),
@@ -301,6 +321,19 @@ impl Journal {
         data_durable: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let _commit = self.commit_lock.lock();
+        self.commit_held(meta, separate_metadata, data_durable)
+    }
+
+    /// [`Journal::commit`] with the commit lock already held (by a checkpoint,
+    /// `pause_commits`): a checkpoint writes the tail to the ring before it chooses
+    /// its replay point, so the older super block copy's journal holds every record
+    /// the newer checkpoint's image holds.
+    pub fn commit_held(
+        &self,
+        meta: &dyn Storage,
+        separate_metadata: bool,
+        data_durable: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let batch = self.take_batch();
         let sectors = (|| -> Result<u64> {
             data_durable()?;
@@ -480,9 +513,12 @@ impl Journal {
         self.state.lock().next_seq
     }
 
-    /// A checkpoint made everything before `replay_seq` unnecessary.
+    /// A checkpoint whose replay point is `replay_seq` is durable: the ring before
+    /// the previous checkpoint's replay point is free (the previous checkpoint is now
+    /// the older super block copy, and opening from it replays from there).
     pub fn checkpointed(&self, replay_seq: u64) {
         let mut s = self.state.lock();
+        s.keep_seq = s.replay_seq;
         s.replay_seq = replay_seq;
         s.checkpoint_requested = false;
         self.progress.notify_all();
@@ -496,16 +532,30 @@ impl Journal {
         self.progress.notify_all();
     }
 
-    /// Ring usage: (sectors used since the checkpoint, ring sectors).
+    /// Ring usage: (sectors held: since the older super block copy's replay point,
+    /// ring sectors).
     pub fn usage(&self) -> (u64, u64) {
         let s = self.state.lock();
-        (s.next_seq - s.replay_seq, self.sectors)
+        (s.next_seq - s.keep_seq, self.sectors)
     }
 }
 
-/// Read the records written since `replay_seq` in generation `open_gen`. The journal
-/// ends at the first sector that fails its checks or carries another sequence or
-/// generation (a torn or stale sector). Returns the records and the next sequence.
+/// Whether a sector of open generation `sector` may follow one of generation `last`
+/// (at first: the super block's `open_gen`) in a replay. Generations never go down
+/// along the sequence: sectors written after the newer super block copy carry that
+/// open's generation, higher than the older copy's, and a replay from the older copy
+/// must read through them; a stale sector left by an earlier open carries a lower
+/// generation than the sectors before it, because every open takes a generation
+/// above every sector in the ring (`pool.rs: next_open_gen`) and writes from the end
+/// of its replay on. docs/format.md, "Recovery journal", has the argument.
+pub fn open_gen_continues(last: u32, sector: u32) -> bool {
+    sector >= last
+}
+
+/// Read the records written since `replay_seq`, from open generation `open_gen` on.
+/// The journal ends at the first sector that fails its checks, carries another
+/// sequence, or a generation that does not continue ([`open_gen_continues`]): a
+/// torn or stale sector. Returns the records and the next sequence.
 pub fn read_journal(
     meta: &dyn Storage,
     nonce: u64,
@@ -518,6 +568,7 @@ pub fn read_journal(
     let start_bytes = start_block * BLOCK_BYTES as u64;
     let mut records = Vec::new();
     let mut seq = replay_seq;
+    let mut last_gen = open_gen;
     let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
     'outer: while seq - replay_seq < sectors {
         let at = seq % sectors;
@@ -532,8 +583,9 @@ pub fn read_journal(
         meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
         for sector in chunk.chunks(SECTOR_BYTES) {
             match decode_sector(sector, nonce) {
-                Ok((h, recs)) if h.seq == seq && h.open_gen == open_gen => {
+                Ok((h, recs)) if h.seq == seq && open_gen_continues(last_gen, h.open_gen) => {
                     records.extend(recs);
+                    last_gen = h.open_gen;
                     seq += 1;
                 }
                 _ => break 'outer,
@@ -541,6 +593,38 @@ pub fn read_journal(
         }
     }
     Ok((records, seq))
+}
+
+/// The highest open generation any valid sector of the ring carries (0 if none):
+/// read when a super block copy is damaged, since the lost copy may have been an
+/// open whose sectors carry a generation above the surviving copy's.
+pub fn ring_max_open_gen(
+    meta: &dyn Storage,
+    nonce: u64,
+    start_block: u64,
+    sectors: u64,
+) -> Result<u32> {
+    const CHUNK_SECTORS: u64 = 2048;
+    let start_bytes = start_block * BLOCK_BYTES as u64;
+    let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
+    let mut max = 0;
+    let mut at = 0;
+    while at < sectors {
+        let run = CHUNK_SECTORS.min(sectors - at);
+        let chunk = within_mut(
+            &mut buf,
+            0..run as usize * SECTOR_BYTES,
+            "a journal read chunk",
+        )?;
+        meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
+        for sector in chunk.chunks(SECTOR_BYTES) {
+            if let Ok((h, _)) = decode_sector(sector, nonce) {
+                max = max.max(h.open_gen);
+            }
+        }
+        at += run;
+    }
+    Ok(max)
 }
 
 #[cfg(test)]
@@ -562,7 +646,7 @@ mod tests {
     // promise ring space that was not there.
     #[test]
     fn reservations_are_returned_exactly_once() {
-        let j = Journal::new(1, 2, 64, 0, 0, 1);
+        let j = Journal::new(1, 2, 64, 0, 1);
         let empty = j.room_bytes(&j.state.lock());
         j.reserve(160).unwrap();
         j.reserve(160).unwrap();
@@ -580,6 +664,11 @@ mod tests {
             "a batch in flight still takes ring space"
         );
         j.batch_durable(&batch, 1);
+        j.checkpointed(1);
+        assert!(
+            j.room_bytes(&j.state.lock()) < empty,
+            "the sector stays for the older super block copy"
+        );
         j.checkpointed(1);
         assert_eq!(j.room_bytes(&j.state.lock()), empty);
     }

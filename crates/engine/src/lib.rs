@@ -44,6 +44,7 @@ mod reservation;
 mod slab;
 mod slab_depot;
 mod stats;
+mod super_copies;
 mod volume;
 mod volume_ops;
 mod volumes;

@@ -540,7 +540,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             inner.volumes.insert(vol);
         }
     }
-    let (records, _next) = read_journal(
+    let (records, next_seq) = read_journal(
         inner.devices.meta(),
         inner.geometry.nonce(),
         inner.geometry.journal_start_block(),
@@ -552,6 +552,10 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
         tracing::info!("replaying {} journal records", records.len());
         crate::recovery::replay(inner, &records)?;
     }
+    // New sectors follow the replayed ones, which stay: the copy they were replayed
+    // from is the older one after this open's checkpoint, and replays them again if
+    // the newer is lost.
+    inner.journal.replayed(next_seq);
     crate::repair::restore_counts(inner)?;
     crate::recovery::rebuild(inner)?;
     if inner.devices.opened_read_only() {
@@ -568,7 +572,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
     // and records who holds the pool.
     {
         let mut current = inner.checkpointer.super_block();
-        current.open_gen = sb.open_gen + 1;
+        current.open_gen = inner.journal.open_gen();
         current.holder = this_holder();
     }
     crate::checkpoint::checkpoint(inner)?;

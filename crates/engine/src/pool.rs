@@ -15,6 +15,7 @@ use crate::journal::Journal;
 use crate::open_repair::OpenRepair;
 use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
+use crate::super_copies::SuperCopies;
 use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::page::PageRef;
@@ -372,51 +373,6 @@ impl Pool {
         Ok(())
     }
 
-    fn read_super(meta: &dyn Storage) -> Result<SuperBlock> {
-        let mut best: Option<SuperBlock> = None;
-        let mut errors = Vec::new();
-        for copy in 0..2u64 {
-            let mut block = vec![0u8; BLOCK_BYTES];
-            meta.read_at(&mut block, copy * BLOCK_BYTES as u64)?;
-            match SuperBlock::decode(&block) {
-                Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
-                    best = Some(sb)
-                }
-                Ok(_) => {}
-                Err(e) => errors.push((copy, e.to_string())),
-            }
-        }
-        let Some(best) = best else {
-            return Err(EngineError::Corrupt {
-                region: "super block",
-                block: 0,
-                device: "metadata",
-                reason: errors
-                    .iter()
-                    .map(|(copy, e)| format!("copy {copy}: {e}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
-        };
-        for (copy, e) in &errors {
-            // Copy 1 of a pool never opened (generation 0) was never written.
-            if *copy == 1 && best.generation == 0 {
-                continue;
-            }
-            tracing::warn!(
-                "{}: super block copy {copy} is damaged ({e}); opened from copy {} \
-                 (generation {}), and the next checkpoint rewrites copy {copy}. If copy \
-                 {copy} held a newer checkpoint, changes since generation {} may be \
-                 missing: run `fewerbytes check`",
-                meta.name(),
-                1 - copy,
-                best.generation,
-                best.generation
-            );
-        }
-        Ok(best)
-    }
-
     /// Refuse devices shorter than the super block's geometry: a truncated pool file
     /// would otherwise open, pass `check`, and fail only at its first read past the end.
     fn check_lengths(
@@ -508,7 +464,8 @@ impl Pool {
             Some((m, p)) => (m, Some(p)),
             None => (data.clone(), None),
         };
-        let sb = Self::read_super(meta_dev.as_ref())?;
+        let copies = SuperCopies::read(meta_dev.as_ref())?;
+        let sb = copies.best.clone();
         let meta = meta_path.map(|p| (meta_dev.clone(), p));
         if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
             return Err(EngineError::Refused(
@@ -526,13 +483,17 @@ impl Pool {
             .clamp(1, 64);
         let geometry = PoolGeometry::from_super(&sb);
         let checkpointer = Checkpointer::new(sb.clone(), geometry.page_slots());
+        let open_gen = copies.next_open_gen(
+            meta_dev.as_ref(),
+            geometry.journal_start_block(),
+            geometry.journal_sectors(),
+        )?;
         let journal = Arc::new(Journal::new(
             geometry.nonce(),
             geometry.journal_start_block(),
             geometry.journal_sectors(),
             sb.journal_replay_seq,
-            sb.journal_replay_seq,
-            sb.open_gen + 1,
+            open_gen,
         ));
         let inner = Arc::new(Inner {
             devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
@@ -563,6 +524,17 @@ impl Pool {
             inner.devices.meta().set_discard_enabled(false);
         }
         crate::load::load(&inner, &sb)?;
+        if let Some((copy, _)) = &copies.damaged {
+            if !inner.devices.opened_read_only() {
+                // The open's checkpoint (generation + 1) went to the damaged copy.
+                inner.checkpointer.count_copy_repaired();
+                tracing::warn!(
+                    "{}: super block copy {copy} rewritten from copy {}",
+                    inner.devices.meta().name(),
+                    1 - copy
+                );
+            }
+        }
         let thread_inner = inner.clone();
         let handle = std::thread::Builder::new()
             .name("fewerbytes-commit".into())
@@ -640,6 +612,7 @@ impl Pool {
                 since_unix: sb.holder.open_unix,
                 current: !i.devices.opened_read_only(),
             }),
+            metadata_copies_repaired: i.checkpointer.copies_repaired(),
         }
     }
 
