@@ -77,7 +77,7 @@ struct Encoded {
 struct Snapshot {
     pages: Vec<Encoded>,
     old_slots: Vec<u64>,
-    pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
+    pending: Pending,
     superblock: SuperBlock,
     /// The counters the snapshot's counters page holds, if it writes one.
     counters: Option<Vec<u64>>,
@@ -363,17 +363,30 @@ pub(crate) fn checkpoint_locked(
     hold: bool,
 ) -> Result<()> {
     if !hold {
-        return checkpoint_once(inner, Some(gate));
+        return checkpoint_once(inner, Some(gate), false, Vec::new()).map(drop);
     }
-    checkpoint_once(inner, None)?;
-    checkpoint_once(inner, None)?;
+    // The first checkpoint's freed data blocks and objects (a deleted volume's) are
+    // still named by the older copy, and no journal record frees them for a replay
+    // from it: they are released with the second checkpoint's.
+    let first = checkpoint_once(inner, None, true, Vec::new())?;
+    checkpoint_once(inner, None, false, first)?;
     drop(gate);
     Ok(())
 }
 
+/// Data blocks and objects a snapshot took as freed, per slab.
+type Pending = Vec<(u32, Vec<u32>, Vec<u32>)>;
+
 /// One checkpoint, the gate held by the caller; `release`, when given, is that
-/// gate, opened once the snapshot is taken.
-fn checkpoint_once(inner: &Inner, release: Option<RwLockWriteGuard<'_, ()>>) -> Result<()> {
+/// gate, opened once the snapshot is taken. Once durable it releases the frees it
+/// took and those `carried` from an earlier one, or with `keep_pending` returns its
+/// own unreleased (with `carried` empty).
+fn checkpoint_once(
+    inner: &Inner,
+    release: Option<RwLockWriteGuard<'_, ()>>,
+    keep_pending: bool,
+    carried: Pending,
+) -> Result<Pending> {
     if let Some(why) = inner.journal.failure() {
         return Err(EngineError::ReadOnly(why));
     }
@@ -459,9 +472,16 @@ fn checkpoint_once(inner: &Inner, release: Option<RwLockWriteGuard<'_, ()>>) -> 
     // What it freed in the data region is discarded on the data device and
     // reusable, data blocks whose pages moved as well.
     inner.depot.return_unused_blocks(&snapshot.unused_blocks);
-    inner
-        .depot
-        .release_pending(&inner.devices, &inner.geometry, &snapshot.pending);
+    let mut pending = carried;
+    pending.extend(snapshot.pending.iter().cloned());
+    let kept = if keep_pending {
+        pending
+    } else {
+        inner
+            .depot
+            .release_pending(&inner.devices, &inner.geometry, &pending);
+        Vec::new()
+    };
     inner
         .depot
         .release_metadata_blocks(&inner.devices, &inner.geometry, &moved_blocks);
@@ -473,7 +493,7 @@ fn checkpoint_once(inner: &Inner, release: Option<RwLockWriteGuard<'_, ()>>) -> 
         .journal
         .checkpointed(snapshot.superblock.journal_replay_seq);
     inner.checkpointer.count_taken();
-    Ok(())
+    Ok(kept)
 }
 
 /// Encode every dirty page into fresh slots, or data blocks past them. Runs with

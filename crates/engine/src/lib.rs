@@ -32,6 +32,7 @@ mod lbn_locks;
 mod load;
 mod map_pages;
 mod metadata_room;
+mod older_copy;
 mod open_repair;
 mod packer;
 mod page_store;

@@ -491,8 +491,9 @@ fn upgrade_pages(inner: &Inner) -> u64 {
 }
 
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a
-/// fresh checkpoint in the new open generation.
-pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
+/// fresh checkpoint in the new open generation. The pages of `older` (the other
+/// valid super block copy) are held until that checkpoint is durable.
+pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -> Result<()> {
     if sb.holder.is_set() {
         tracing::warn!(
             "{}: the pool is marked open by {}: that opener did not close it (it \
@@ -539,6 +540,9 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             crate::load::load_map(inner, record, &vol)?;
             inner.volumes.insert(vol);
         }
+    }
+    if let (Some(older), false) = (older, inner.devices.opened_read_only()) {
+        crate::older_copy::hold_older_pages(inner, older)?;
     }
     let (records, next_seq) = read_journal(
         inner.devices.meta(),

@@ -523,7 +523,7 @@ impl Pool {
             inner.devices.data().set_discard_enabled(false);
             inner.devices.meta().set_discard_enabled(false);
         }
-        crate::load::load(&inner, &sb)?;
+        crate::load::load(&inner, &sb, copies.older.as_ref())?;
         if let Some((copy, _)) = &copies.damaged {
             if !inner.devices.opened_read_only() {
                 // The open's checkpoint (generation + 1) went to the damaged copy.

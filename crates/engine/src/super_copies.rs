@@ -22,21 +22,24 @@ pub(crate) struct SuperCopies {
     /// The copy that failed its checks and why, if one did (copy 1 of a pool never
     /// opened, generation 0, was never written and is not damaged).
     pub(crate) damaged: Option<(u64, String)>,
+    /// The other copy, when it is valid too (the older checkpoint).
+    pub(crate) older: Option<SuperBlock>,
 }
 
 impl SuperCopies {
     /// Read both copies; refuse the pool only when neither is valid.
     pub(crate) fn read(meta: &dyn Storage) -> Result<SuperCopies> {
         let mut best: Option<SuperBlock> = None;
+        let mut older: Option<SuperBlock> = None;
         let mut errors = Vec::new();
         for copy in 0..2u64 {
             let mut block = vec![0u8; BLOCK_BYTES];
             meta.read_at(&mut block, copy * BLOCK_BYTES as u64)?;
             match SuperBlock::decode(&block) {
                 Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
-                    best = Some(sb)
+                    older = best.replace(sb);
                 }
-                Ok(_) => {}
+                Ok(sb) => older = Some(sb),
                 Err(e) => errors.push((copy, e.to_string())),
             }
         }
@@ -65,7 +68,11 @@ impl SuperCopies {
                 best.generation,
             );
         }
-        Ok(SuperCopies { best, damaged })
+        Ok(SuperCopies {
+            best,
+            damaged,
+            older,
+        })
     }
 
     /// The open generation this open's sectors carry: above every sector in the
@@ -81,12 +88,9 @@ impl SuperCopies {
         journal_sectors: u64,
     ) -> Result<u32> {
         let ring = match self.damaged {
-            Some(_) => ring_max_open_gen(
-                meta,
-                self.best.nonce,
-                journal_start_block,
-                journal_sectors,
-            )?,
+            Some(_) => {
+                ring_max_open_gen(meta, self.best.nonce, journal_start_block, journal_sectors)?
+            }
             None => 0,
         };
         let gen = self.best.open_gen.max(ring);

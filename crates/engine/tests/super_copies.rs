@@ -21,11 +21,18 @@ const VOLUME_BYTES: u64 = 8 << 20;
 /// What each (volume, block) should read: the seed of its random block.
 type Model = BTreeMap<(&'static str, u64), u64>;
 
-fn write(pool: &Arc<Pool>, model: &mut Model, volume: &'static str, blocks: std::ops::Range<u64>, seed: u64) {
+fn write(
+    pool: &Arc<Pool>,
+    model: &mut Model,
+    volume: &'static str,
+    blocks: std::ops::Range<u64>,
+    seed: u64,
+) {
     let vol = pool.open_volume(volume).unwrap();
     for b in blocks {
         let s = seed * 1_000_003 + b;
-        vol.write(b * BLOCK as u64, &random_block(s), false).unwrap();
+        vol.write(b * BLOCK as u64, &random_block(s), false)
+            .unwrap();
         model.insert((volume, b), s);
     }
     vol.flush().unwrap();
@@ -113,7 +120,11 @@ fn one_copy_flipped(parity: u64, newest: bool, crash: bool) {
         "{} copy flipped, newest generation {}, {}",
         if newest { "newest" } else { "older" },
         if parity == 0 { "even" } else { "odd" },
-        if crash { "after a crash" } else { "after a clean close" }
+        if crash {
+            "after a crash"
+        } else {
+            "after a clean close"
+        }
     );
     let mut t = create(64 << 20, None);
     let mut model = Model::new();
@@ -126,8 +137,16 @@ fn one_copy_flipped(parity: u64, newest: bool, crash: bool) {
         t.dev.crash_image(CrashMode::KeepAll)
     };
     let sbs = [0, 1].map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]).unwrap());
-    let newest_copy = if sbs[0].generation > sbs[1].generation { 0 } else { 1 };
-    assert_eq!(sbs[newest_copy].generation % 2, parity, "{what}: the workload's parity");
+    let newest_copy = if sbs[0].generation > sbs[1].generation {
+        0
+    } else {
+        1
+    };
+    assert_eq!(
+        sbs[newest_copy].generation % 2,
+        parity,
+        "{what}: the workload's parity"
+    );
     let copy = if newest { newest_copy } else { 1 - newest_copy };
     image[copy * BLOCK + 3000] ^= 0x10;
 
@@ -140,7 +159,10 @@ fn one_copy_flipped(parity: u64, newest: bool, crash: bool) {
     );
     // The open's checkpoint rewrote the damaged copy: both are valid again.
     let now = copies(&dev);
-    assert!(now.iter().all(Option::is_some), "{what}: copy {copy} is rewritten");
+    assert!(
+        now.iter().all(Option::is_some),
+        "{what}: copy {copy} is rewritten"
+    );
     // Writes go on, and a second open (from the rewritten copy) reads everything.
     write(&pool, &mut model, "b", 300..310, 8);
     pool.close().unwrap();
@@ -186,4 +208,58 @@ fn older_copy_flipped_even_generation_after_crash() {
 #[test]
 fn older_copy_flipped_odd_generation_after_crash() {
     one_copy_flipped(1, false, true);
+}
+
+/// What deferred frees cost, printed for docs/benchmarks.md: random 4 KiB overwrites
+/// over a volume, sampled after each round of writes: the page-store slots held for
+/// the older super block copy beside those in use, and the journal sectors held
+/// (since the older copy's replay point) beside the ring. Asserts what a user would
+/// see: the older copy's pages are held and counted, never more than the slots in use.
+#[test]
+fn deferred_frees_hold_the_older_copys_pages_and_say_how_many() {
+    use rand::{Rng, SeedableRng};
+    let mut t = create(512 << 20, None);
+    let pool = t.pool().clone();
+    pool.create_volume("v", 256 << 20).unwrap();
+    let vol = pool.open_volume("v").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    let limit = |stats: &fewerbytes_engine::PoolStats, name: &str| {
+        stats
+            .limits
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("stats has no '{name}'"))
+    };
+    let (mut held_max, mut used_at_held_max, mut journal_max) = (0, 0, 0);
+    let blocks = (256u64 << 20) / BLOCK as u64;
+    for round in 0..40u64 {
+        for i in 0..1000u64 {
+            let b = rng.gen_range(0..blocks);
+            vol.write(b * BLOCK as u64, &random_block(round * 1000 + i), false)
+                .unwrap();
+        }
+        vol.flush().unwrap();
+        let stats = pool.stats();
+        let held = limit(&stats, "pages held for the older super block copy");
+        let used = limit(&stats, "page store slots in use");
+        assert!(held <= used, "{held} pages held, only {used} slots in use");
+        if held > held_max {
+            (held_max, used_at_held_max) = (held, used);
+        }
+        journal_max = journal_max.max(limit(&stats, "journal sectors in use"));
+    }
+    let stats = pool.stats();
+    let ring = limit(&stats, "journal sectors");
+    println!(
+        "deferred frees: {} checkpoints; page-store slots held for the older copy: at most \
+         {held_max} (with {used_at_held_max} in use) of {} slots; journal sectors held: at \
+         most {journal_max} of {ring} ({:.0}%)",
+        stats.checkpoints,
+        limit(&stats, "page store slots"),
+        100.0 * journal_max as f64 / ring as f64
+    );
+    assert!(stats.checkpoints > 1, "the workload takes checkpoints");
+    assert!(held_max > 0, "the older copy's pages are held and counted");
+    t.pool.take().unwrap().close().unwrap();
 }
