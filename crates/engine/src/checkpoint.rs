@@ -8,8 +8,11 @@
 //! the super block copy `generation % 2`. Each parent holds a [`PageRef`] (slot, crc,
 //! generation) of every page it points to, so a page the drive lost or misplaced is
 //! caught when it is read (`load.rs`). Until the super block lands, the previous
-//! checkpoint and its journal are intact; after it, the old slots and the blocks
-//! freed before the snapshot are discarded on their device and become reusable.
+//! checkpoint and its journal are intact; after it, the blocks freed before the
+//! snapshot are discarded on their device and become reusable, and so do the slots
+//! the *previous* checkpoint retired. The slots this one retired are still reached
+//! by the older super block copy: they wait for the next checkpoint (deferred
+//! frees), so either copy opens the pool with every flushed write.
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};

@@ -595,38 +595,6 @@ pub fn read_journal(
     Ok((records, seq))
 }
 
-/// The highest open generation any valid sector of the ring carries (0 if none):
-/// read when a super block copy is damaged, since the lost copy may have been an
-/// open whose sectors carry a generation above the surviving copy's.
-pub fn ring_max_open_gen(
-    meta: &dyn Storage,
-    nonce: u64,
-    start_block: u64,
-    sectors: u64,
-) -> Result<u32> {
-    const CHUNK_SECTORS: u64 = 2048;
-    let start_bytes = start_block * BLOCK_BYTES as u64;
-    let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
-    let mut max = 0;
-    let mut at = 0;
-    while at < sectors {
-        let run = CHUNK_SECTORS.min(sectors - at);
-        let chunk = within_mut(
-            &mut buf,
-            0..run as usize * SECTOR_BYTES,
-            "a journal read chunk",
-        )?;
-        meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
-        for sector in chunk.chunks(SECTOR_BYTES) {
-            if let Ok((h, _)) = decode_sector(sector, nonce) {
-                max = max.max(h.open_gen);
-            }
-        }
-        at += run;
-    }
-    Ok(max)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {

@@ -9,10 +9,11 @@
 //! older copy with its journal holds every flushed write (docs/format.md, "Super
 //! block" and "Checkpoints").
 
-use crate::journal::ring_max_open_gen;
+use crate::error::within_mut;
 use crate::{EngineError, Result};
+use fewerbytes_format::journal::decode_sector;
 use fewerbytes_format::superblock::SuperBlock;
-use fewerbytes_format::BLOCK_BYTES;
+use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 
 /// What the open found in blocks 0 and 1.
@@ -103,4 +104,36 @@ impl SuperCopies {
                 reason: format!("open generation {gen} leaves no room to open again"),
             })
     }
+}
+
+/// The highest open generation any valid sector of the ring carries (0 if none):
+/// read when a super block copy is damaged, since the lost copy may have been an
+/// open whose sectors carry a generation above the surviving copy's.
+fn ring_max_open_gen(
+    meta: &dyn Storage,
+    nonce: u64,
+    start_block: u64,
+    sectors: u64,
+) -> Result<u32> {
+    const CHUNK_SECTORS: u64 = 2048;
+    let start_bytes = start_block * BLOCK_BYTES as u64;
+    let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
+    let mut max = 0;
+    let mut at = 0;
+    while at < sectors {
+        let run = CHUNK_SECTORS.min(sectors - at);
+        let chunk = within_mut(
+            &mut buf,
+            0..run as usize * SECTOR_BYTES,
+            "a journal read chunk",
+        )?;
+        meta.read_at(chunk, start_bytes + at * SECTOR_BYTES as u64)?;
+        for sector in chunk.chunks(SECTOR_BYTES) {
+            if let Ok((h, _)) = decode_sector(sector, nonce) {
+                max = max.max(h.open_gen);
+            }
+        }
+        at += run;
+    }
+    Ok(max)
 }
