@@ -459,14 +459,59 @@ impl Pool {
         opts: &OpenOptions,
         mode: OpenMode,
     ) -> Result<Arc<Pool>> {
-        let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
             Some((m, p)) => (m, Some(p)),
             None => (data.clone(), None),
         };
         let copies = SuperCopies::read(meta_dev.as_ref())?;
-        let sb = copies.best.clone();
         let meta = meta_path.map(|p| (meta_dev.clone(), p));
+        let inner = match Self::load_inner(&data, &meta, &meta_dev, opts, mode, &copies) {
+            // The newest checkpoint's pages are damaged: the older copy reaches its
+            // own whole pages (deferred frees) and the journal since its replay point.
+            Err(e @ EngineError::Corrupt { .. }) => match copies.fall_back(meta_dev.name(), &e) {
+                Some(older) => Self::load_inner(&data, &meta, &meta_dev, opts, mode, &older)
+                    .map_err(|again| {
+                        tracing::warn!(
+                            "{}: the older super block copy does not open either: {again}",
+                            meta_dev.name()
+                        );
+                        e
+                    })?,
+                None => return Err(e),
+            },
+            other => other?,
+        };
+        let thread_inner = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("fewerbytes-commit".into())
+            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
+            .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
+        let compact_inner = inner.clone();
+        let compactor = std::thread::Builder::new()
+            .name("fewerbytes-compact".into())
+            .spawn(move || crate::compact::compact_loop(&compact_inner))
+            .map_err(|e| {
+                EngineError::Refused(format!("cannot start the compaction thread: {e}"))
+            })?;
+        Ok(Arc::new(Pool {
+            inner,
+            commit_thread: Mutex::new(Some(handle)),
+            compact_thread: Mutex::new(Some(compactor)),
+        }))
+    }
+
+    /// Build the pool's parts from `copies.best` and load it (checkpoint, journal,
+    /// the open's checkpoint).
+    fn load_inner(
+        data: &Arc<dyn Storage>,
+        meta: &Option<(Arc<dyn Storage>, String)>,
+        meta_dev: &Arc<dyn Storage>,
+        opts: &OpenOptions,
+        mode: OpenMode,
+        copies: &SuperCopies,
+    ) -> Result<Arc<Inner>> {
+        let separate = meta.is_some();
+        let sb = copies.best.clone();
         if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
             return Err(EngineError::Refused(
                 "the pool's metadata layout does not match the devices given".into(),
@@ -496,7 +541,12 @@ impl Pool {
             open_gen,
         ));
         let inner = Arc::new(Inner {
-            devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
+            devices: Devices::new(
+                data.clone(),
+                meta.clone(),
+                mode == OpenMode::ReadOnly,
+                journal.clone(),
+            ),
             depot: SlabDepot::new(
                 &geometry,
                 checkpointer.dirty_pages(),
@@ -535,23 +585,7 @@ impl Pool {
                 );
             }
         }
-        let thread_inner = inner.clone();
-        let handle = std::thread::Builder::new()
-            .name("fewerbytes-commit".into())
-            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
-            .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
-        let compact_inner = inner.clone();
-        let compactor = std::thread::Builder::new()
-            .name("fewerbytes-compact".into())
-            .spawn(move || crate::compact::compact_loop(&compact_inner))
-            .map_err(|e| {
-                EngineError::Refused(format!("cannot start the compaction thread: {e}"))
-            })?;
-        Ok(Arc::new(Pool {
-            inner,
-            commit_thread: Mutex::new(Some(handle)),
-            compact_thread: Mutex::new(Some(compactor)),
-        }))
+        Ok(inner)
     }
 
     /// Geometry and settings.

@@ -76,6 +76,30 @@ impl SuperCopies {
         })
     }
 
+    /// When the newest copy's checkpoint could not be loaded (`why`: a damaged
+    /// page it reaches), the older copy to open from instead: valid, one generation
+    /// below (so its pages are whole, deferred frees), and the newest then counts as
+    /// damaged (the open's checkpoint rewrites it, the ring is read for the open
+    /// generation). None when there is no such copy.
+    pub(crate) fn fall_back(&self, device: &str, why: &EngineError) -> Option<SuperCopies> {
+        let older = self.older.as_ref()?;
+        if older.generation + 1 != self.best.generation {
+            return None;
+        }
+        let copy = self.best.generation % 2;
+        tracing::warn!(
+            "{device}: the checkpoint of super block copy {copy} (generation {}) does not              load ({why}); opening from copy {} (generation {}) with the journal since its              replay point. The open's checkpoint rewrites copy {copy}",
+            self.best.generation,
+            1 - copy,
+            older.generation
+        );
+        Some(SuperCopies {
+            best: older.clone(),
+            damaged: Some((copy, format!("its checkpoint does not load: {why}"))),
+            older: None,
+        })
+    }
+
     /// The open generation this open's sectors carry: above every sector in the
     /// ring. With both copies valid, the newest copy's plus one (no open after it
     /// made a checkpoint, so no sector carries more). With one damaged, that copy may

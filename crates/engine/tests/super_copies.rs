@@ -263,3 +263,21 @@ fn deferred_frees_hold_the_older_copys_pages_and_say_how_many() {
     assert!(held_max > 0, "the older copy's pages are held and counted");
     t.pool.take().unwrap().close().unwrap();
 }
+
+/// The newest checkpoint's catalog page (written anew by every checkpoint, so never
+/// shared with the older copy) with one bit flipped: the open takes the older copy
+/// and its journal, every flushed write reads back, and the damage is counted.
+#[test]
+fn a_flipped_catalog_page_of_the_newest_checkpoint_opens_from_the_older_copy() {
+    let mut t = create(64 << 20, None);
+    let mut model = Model::new();
+    workload(&mut t, &mut model, 0, true);
+    t.pool.take().unwrap().close().unwrap();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let sb = newest_super_block(&image);
+    let at = ((sb.pages_start_block + sb.catalog[0].address) as usize) * BLOCK;
+    image[at + 100] ^= 0x01;
+    let (_dev, pool) = open(image);
+    verify(&pool, &model, "catalog page flipped");
+    assert_eq!(pool.stats().metadata_copies_repaired, 1);
+}
