@@ -179,6 +179,10 @@ pub struct PoolInfo {
     /// The scrub's progress and last report (in memory: a restart forgets it).
     #[serde(default)]
     pub scrub: Box<ScrubStatus>,
+    /// Damaged super block copies this open found and its checkpoint rewrote from
+    /// the other copy.
+    #[serde(default)]
+    pub metadata_copies_repaired: u64,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's
@@ -387,6 +391,10 @@ pub struct PoolStats {
     pub metadata_written_by_region: Vec<(String, u64)>,
     /// Checkpoints taken since open.
     pub checkpoints: u64,
+    /// Damaged super block copies this open found and its checkpoint rewrote from
+    /// the other copy.
+    #[serde(default)]
+    pub metadata_copies_repaired: u64,
     /// Journal commits since open (group commits).
     pub journal_commits: u64,
     /// Worker threads (and zones).

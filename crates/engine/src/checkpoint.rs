@@ -8,8 +8,11 @@
 //! the super block copy `generation % 2`. Each parent holds a [`PageRef`] (slot, crc,
 //! generation) of every page it points to, so a page the drive lost or misplaced is
 //! caught when it is read (`load.rs`). Until the super block lands, the previous
-//! checkpoint and its journal are intact; after it, the old slots and the blocks
-//! freed before the snapshot are discarded on their device and become reusable.
+//! checkpoint and its journal are intact; after it, the blocks freed before the
+//! snapshot are discarded on their device and become reusable, and so do the slots
+//! the *previous* checkpoint retired. The slots this one retired are still reached
+//! by the older super block copy: they wait for the next checkpoint (deferred
+//! frees), so either copy opens the pool with every flushed write.
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
@@ -77,7 +80,7 @@ struct Encoded {
 struct Snapshot {
     pages: Vec<Encoded>,
     old_slots: Vec<u64>,
-    pending: Vec<(u32, Vec<u32>, Vec<u32>)>,
+    pending: Pending,
     superblock: SuperBlock,
     /// The counters the snapshot's counters page holds, if it writes one.
     counters: Option<Vec<u64>>,
@@ -364,12 +367,40 @@ pub(crate) fn checkpoint(inner: &Inner) -> Result<()> {
 }
 
 /// Take a checkpoint with the gate held; with `hold`, keep it until the super
-/// block is durable (volume operations, which are not journalled).
+/// block is durable (volume operations, which are not journalled). Such a change is
+/// in no journal record, so opening from the older super block copy could not
+/// replay it: with `hold`, a second checkpoint follows before the gate opens, and
+/// both copies hold the change before any sector is written after it.
 pub(crate) fn checkpoint_locked(
     inner: &Inner,
     gate: RwLockWriteGuard<'_, ()>,
     hold: bool,
 ) -> Result<()> {
+    if !hold {
+        return checkpoint_once(inner, Some(gate), false, Vec::new()).map(drop);
+    }
+    // The first checkpoint's freed data blocks and objects (a deleted volume's) are
+    // still named by the older copy, and no journal record frees them for a replay
+    // from it: they are released with the second checkpoint's.
+    let first = checkpoint_once(inner, None, true, Vec::new())?;
+    checkpoint_once(inner, None, false, first)?;
+    drop(gate);
+    Ok(())
+}
+
+/// Data blocks and objects a snapshot took as freed, per slab.
+type Pending = Vec<(u32, Vec<u32>, Vec<u32>)>;
+
+/// One checkpoint, the gate held by the caller; `release`, when given, is that
+/// gate, opened once the snapshot is taken. Once durable it releases the frees it
+/// took and those `carried` from an earlier one, or with `keep_pending` returns its
+/// own unreleased (with `carried` empty).
+fn checkpoint_once(
+    inner: &Inner,
+    release: Option<RwLockWriteGuard<'_, ()>>,
+    keep_pending: bool,
+    carried: Pending,
+) -> Result<Pending> {
     if let Some(why) = inner.journal.failure() {
         return Err(EngineError::ReadOnly(why));
     }
@@ -385,7 +416,25 @@ pub(crate) fn checkpoint_locked(
     // No commit may be in flight while the replay point is chosen: its records are
     // in the image, and replaying them again on top of it would count them twice.
     let commit_guard = inner.journal.pause_commits();
-    let batch = inner.journal.take_batch();
+    // The tail goes to the ring first, so the journal since the older copy's
+    // replay point holds every record this image holds (opening from that copy
+    // replays them).
+    let data_durable = || {
+        inner.zones.flush(&inner.space())?;
+        let r = inner.devices.data().flush();
+        inner.devices.check_io(r)
+    };
+    let committed = inner.journal.commit_held(
+        inner.devices.meta(),
+        inner.devices.separate_metadata(),
+        data_durable,
+    );
+    if let Err(e) = committed {
+        if !e.is_no_space() {
+            inner.devices.latch(&e);
+        }
+        return Err(e);
+    }
     let snapshot = match snapshot(inner) {
         Ok(s) => s,
         Err(e) => {
@@ -398,25 +447,21 @@ pub(crate) fn checkpoint_locked(
         }
     };
     drop(commit_guard);
-    let guard = if hold {
-        Some(gate)
-    } else {
-        drop(gate);
-        None
-    };
-    let result = write_snapshot(inner, &snapshot);
-    drop(guard);
-    if let Err(e) = result {
+    drop(release);
+    if let Err(e) = write_snapshot(inner, &snapshot) {
         inner.devices.latch(&e);
         return Err(e);
     }
-    // Durable: the slots it retired hold nothing the image or the journal reaches.
-    // They go back to the metadata device while still marked used (no checkpoint
-    // can place a page there meanwhile), then become free.
+    // Durable. The pages it retired are still reached by the older super block copy
+    // (the previous checkpoint): they stay until the next checkpoint is durable.
+    // Those the previous checkpoint retired are reached by no copy now (this one
+    // overwrote the copy that named them): they go back to the metadata device
+    // while still marked used (no checkpoint can place a page there meanwhile),
+    // then become free.
+    let to_free = inner.checkpointer.retire(snapshot.old_slots.clone());
     let retired: Vec<u64> = {
         let store = inner.checkpointer.page_store();
-        let mut slots: Vec<u64> = snapshot
-            .old_slots
+        let mut slots: Vec<u64> = to_free
             .iter()
             .copied()
             .filter(|&a| address_block(a).is_none() && store.is_used(a))
@@ -433,8 +478,7 @@ pub(crate) fn checkpoint_locked(
     inner.checkpointer.count_slots_discarded(discarded);
     let moved_blocks: Vec<u64> = {
         let mut store = inner.checkpointer.page_store();
-        snapshot
-            .old_slots
+        to_free
             .iter()
             .filter_map(|a| store.free_address(*a))
             .collect()
@@ -442,9 +486,16 @@ pub(crate) fn checkpoint_locked(
     // What it freed in the data region is discarded on the data device and
     // reusable, data blocks whose pages moved as well.
     inner.depot.return_unused_blocks(&snapshot.unused_blocks);
-    inner
-        .depot
-        .release_pending(&inner.devices, &inner.geometry, &snapshot.pending);
+    let mut pending = carried;
+    pending.extend(snapshot.pending.iter().cloned());
+    let kept = if keep_pending {
+        pending
+    } else {
+        inner
+            .depot
+            .release_pending(&inner.devices, &inner.geometry, &pending);
+        Vec::new()
+    };
     inner
         .depot
         .release_metadata_blocks(&inner.devices, &inner.geometry, &moved_blocks);
@@ -452,12 +503,11 @@ pub(crate) fn checkpoint_locked(
     if let Some(values) = snapshot.counters {
         inner.counters.written(values);
     }
-    inner.journal.batch_durable(&batch, 0);
     inner
         .journal
         .checkpointed(snapshot.superblock.journal_replay_seq);
     inner.checkpointer.count_taken();
-    Ok(())
+    Ok(kept)
 }
 
 /// Encode every dirty page into fresh slots, or data blocks past them. Runs with

@@ -1,6 +1,6 @@
 //! The checkpointer's state: the super block of the last checkpoint, the page store,
 //! the directory trees of the object tables, the page-store slots to free once the
-//! next checkpoint is durable, the lock that lets one checkpoint (or volume
+//! next checkpoint is durable and those held for the older super block copy, the lock that lets one checkpoint (or volume
 //! operation) run at a time, and what the checkpoints wrote. The procedure that
 //! takes a checkpoint is `checkpoint.rs`; loading one is `load.rs`.
 
@@ -27,6 +27,12 @@ pub(crate) struct Checkpointer {
     /// deleted volume, a shrunk map): freed by the next checkpoint, once its super
     /// block is durable.
     slots_to_free: Mutex<Vec<u64>>,
+    /// Page addresses the last durable checkpoint retired: the older super block
+    /// copy's image still reaches them, so they are freed (and discarded) only once
+    /// the next checkpoint is durable (deferred frees, docs/format.md "Checkpoints").
+    retired_by_last: Mutex<Vec<u64>>,
+    /// Damaged super block copies the open's checkpoint rewrote.
+    copies_repaired: AtomicU64,
     /// One checkpoint or volume operation at a time.
     serial: Mutex<()>,
     /// Checkpoints taken since open.
@@ -50,6 +56,8 @@ impl Checkpointer {
             count_dirs: Mutex::new(DirTree::default()),
             fp_dirs: Mutex::new(DirTree::default()),
             slots_to_free: Mutex::new(Vec::new()),
+            retired_by_last: Mutex::new(Vec::new()),
+            copies_repaired: AtomicU64::new(0),
             serial: Mutex::new(()),
             taken: AtomicU64::new(0),
             slots_discarded: AtomicU64::new(0),
@@ -106,6 +114,29 @@ impl Checkpointer {
     /// The slots waiting to be freed (a snapshot retires them with its own).
     pub(crate) fn take_slots_to_free(&self) -> Vec<u64> {
         std::mem::take(&mut *self.slots_to_free.lock())
+    }
+
+    /// A checkpoint that retired `retired` is durable: returns what the checkpoint
+    /// before it retired, which no super block copy reaches any more (the copy that
+    /// named those pages was just overwritten), to be freed now.
+    pub(crate) fn retire(&self, retired: Vec<u64>) -> Vec<u64> {
+        std::mem::replace(&mut *self.retired_by_last.lock(), retired)
+    }
+
+    /// Page addresses held for the older super block copy (retired by the last
+    /// checkpoint, not yet freed).
+    pub(crate) fn held_for_older_copy(&self) -> u64 {
+        self.retired_by_last.lock().len() as u64
+    }
+
+    /// The open rewrote a damaged super block copy.
+    pub(crate) fn count_copy_repaired(&self) {
+        self.copies_repaired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Damaged super block copies rewritten since open.
+    pub(crate) fn copies_repaired(&self) -> u64 {
+        self.copies_repaired.load(Ordering::Relaxed)
     }
 
     /// One more checkpoint taken.

@@ -8,7 +8,11 @@
 //!
 //! Space: every request reserves the bytes it may append before entering the
 //! pool's gate, so a full ring makes requests wait for a checkpoint instead of
-//! deadlocking inside it.
+//! deadlocking inside it. The ring keeps every sector since the *older* super block
+//! copy's replay point, not only the newest's: a pool whose newest copy is damaged
+//! opens from the older one and replays from there (docs/format.md, "Recovery
+//! journal"), so a checkpoint frees ring space up to the previous checkpoint's
+//! replay point.
 
 use crate::error::within;
 use crate::{EngineError, Result};
@@ -39,8 +43,11 @@ const DATA_SECTORS_PER_COMMIT_MAX: usize =
 /// Pending bytes that make the commit thread write without waiting for a flush:
 /// keeps the in-memory tail (and the work of one commit) bounded.
 pub const COMMIT_BYTES_THRESHOLD: u64 = 256 * 1024;
-/// Ring fill (percent) at which the commit thread takes a checkpoint.
-pub const CHECKPOINT_RING_PERCENT: u64 = 50;
+/// Ring fill (percent) since the last checkpoint at which the commit thread takes a
+/// checkpoint. The ring also holds the interval before it (kept for the older super
+/// block copy), so at 40% each the two stay under the seven eighths writes may use
+/// (`room_bytes`) without waiting.
+pub const CHECKPOINT_RING_PERCENT: u64 = 40;
 /// How often a commit that found a device full is tried again without a flush
 /// asking: how soon a pool resumes by itself once space is freed.
 pub const STALLED_RETRY: Duration = Duration::from_secs(1);
@@ -55,7 +62,11 @@ struct State {
     /// and not yet in `next_seq`, but about to use ring space.
     inflight_bytes: u64,
     next_seq: u64,
+    /// The replay point of the last checkpoint (the newest super block copy).
     replay_seq: u64,
+    /// The replay point of the checkpoint before it (the older copy): ring space is
+    /// free only before this one.
+    keep_seq: u64,
     open_gen: u32,
     failed: Option<String>,
     /// The last commit found a device full: why. Its batch went back to the tail,
@@ -111,15 +122,10 @@ pub enum Work {
 }
 
 impl Journal {
-    /// A journal over the ring at `start_block` of `sectors` sectors.
-    pub fn new(
-        nonce: u64,
-        start_block: u64,
-        sectors: u64,
-        replay_seq: u64,
-        next_seq: u64,
-        open_gen: u32,
-    ) -> Self {
+    /// A journal over the ring at `start_block` of `sectors` sectors, opened from a
+    /// super block whose replay point is `replay_seq`; [`Journal::replayed`] sets
+    /// where new sectors go once the replay found the journal's end.
+    pub fn new(nonce: u64, start_block: u64, sectors: u64, replay_seq: u64, open_gen: u32) -> Self {
         Journal {
             state: Mutex::new(State {
                 pending: Vec::new(),
@@ -128,8 +134,9 @@ impl Journal {
                 requested: 0,
                 reserved_bytes: 0,
                 inflight_bytes: 0,
-                next_seq,
+                next_seq: replay_seq,
                 replay_seq,
+                keep_seq: replay_seq,
                 open_gen,
                 failed: None,
                 stalled: None,
@@ -149,8 +156,21 @@ impl Journal {
         }
     }
 
+    /// The replay at open read the journal up to `next_seq` (its end): new sectors
+    /// follow it, so the sectors replayed stay in the ring for as long as the super
+    /// block copy they were replayed from is one of the two.
+    pub fn replayed(&self, next_seq: u64) {
+        let mut s = self.state.lock();
+        s.next_seq = next_seq;
+    }
+
+    /// The open generation new sectors carry.
+    pub fn open_gen(&self) -> u32 {
+        self.state.lock().open_gen
+    }
+
     fn room_bytes(&self, s: &State) -> u64 {
-        let used = s.next_seq - s.replay_seq;
+        let used = s.next_seq - s.keep_seq;
         // Keep an eighth of the ring spare so a checkpoint's own commit always fits.
         // Saturating, both: that commit may use the spare eighth, and records
         // appended under a reservation count twice until it ends (see `unreserve`),
@@ -313,6 +333,19 @@ impl Journal {
         data_durable: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let _commit = self.commit_lock.lock();
+        self.commit_held(meta, separate_metadata, data_durable)
+    }
+
+    /// [`Journal::commit`] with the commit lock already held (by a checkpoint,
+    /// `pause_commits`): a checkpoint writes the tail to the ring before it chooses
+    /// its replay point, so the older super block copy's journal holds every record
+    /// the newer checkpoint's image holds.
+    pub fn commit_held(
+        &self,
+        meta: &dyn Storage,
+        separate_metadata: bool,
+        data_durable: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let batch = self.take_batch();
         let sectors = (|| -> Result<u64> {
             data_durable()?;
@@ -544,9 +577,12 @@ impl Journal {
         self.state.lock().next_seq
     }
 
-    /// A checkpoint made everything before `replay_seq` unnecessary.
+    /// A checkpoint whose replay point is `replay_seq` is durable: the ring before
+    /// the previous checkpoint's replay point is free (the previous checkpoint is now
+    /// the older super block copy, and opening from it replays from there).
     pub fn checkpointed(&self, replay_seq: u64) {
         let mut s = self.state.lock();
+        s.keep_seq = s.replay_seq;
         s.replay_seq = replay_seq;
         s.checkpoint_requested = false;
         self.progress.notify_all();
@@ -560,11 +596,24 @@ impl Journal {
         self.progress.notify_all();
     }
 
-    /// Ring usage: (sectors used since the checkpoint, ring sectors).
+    /// Ring usage: (sectors held: since the older super block copy's replay point,
+    /// ring sectors).
     pub fn usage(&self) -> (u64, u64) {
         let s = self.state.lock();
-        (s.next_seq - s.replay_seq, self.sectors)
+        (s.next_seq - s.keep_seq, self.sectors)
     }
+}
+
+/// Whether a sector of open generation `sector` may follow one of generation `last`
+/// (at first: the super block's `open_gen`) in a replay. Generations never go down
+/// along the sequence: sectors written after the newer super block copy carry that
+/// open's generation, higher than the older copy's, and a replay from the older copy
+/// must read through them; a stale sector left by an earlier open carries a lower
+/// generation than the sectors before it, because every open takes a generation
+/// above every sector in the ring (`pool.rs: next_open_gen`) and writes from the end
+/// of its replay on. docs/format.md, "Recovery journal", has the argument.
+pub fn open_gen_continues(last: u32, sector: u32) -> bool {
+    sector >= last
 }
 
 /// Cut a batch's encoded records into sector payloads at record boundaries: each
@@ -610,7 +659,7 @@ mod tests {
     // promise ring space that was not there.
     #[test]
     fn reservations_are_returned_exactly_once() {
-        let j = Journal::new(1, 2, 64, 0, 0, 1);
+        let j = Journal::new(1, 2, 64, 0, 1);
         let empty = j.room_bytes(&j.state.lock());
         j.reserve(160).unwrap();
         j.reserve(160).unwrap();
@@ -628,6 +677,11 @@ mod tests {
             "a batch in flight still takes ring space"
         );
         j.batch_durable(&batch, 1);
+        j.checkpointed(1);
+        assert!(
+            j.room_bytes(&j.state.lock()) < empty,
+            "the sector stays for the older super block copy"
+        );
         j.checkpointed(1);
         assert_eq!(j.room_bytes(&j.state.lock()), empty);
     }

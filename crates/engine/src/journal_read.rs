@@ -13,6 +13,7 @@
 //! record sector per parity group from the group's other sectors (read again: rare).
 
 use crate::error::within_mut;
+use crate::journal::open_gen_continues;
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
     decode_parity, decode_sector, is_parity, rebuild_sector, Record, PARITY_GROUP_SECTORS,
@@ -34,7 +35,10 @@ pub(crate) struct Ring {
     pub sectors: u64,
     /// First sequence number to replay.
     pub replay_seq: u64,
-    /// The open generation the sectors must carry.
+    /// The open generation of the super block replayed from: sectors carry it or a
+    /// later one, never going down along the sequence (`journal.rs:
+    /// open_gen_continues`: a replay from the older super block copy reads through
+    /// sectors of the opens after it).
     pub open_gen: u32,
     /// Sectors carry their commit and are covered by parity (super block flag).
     pub commits: bool,
@@ -109,10 +113,14 @@ impl JournalRead {
 
 /// One sector of the window, as read.
 enum Slot {
-    /// A record sector with the expected sequence and generation.
-    Records { index: u16, records: Vec<Record> },
-    /// A parity sector with the expected sequence and generation.
-    Parity { index: u16, covers: u16 },
+    /// A record sector with the expected sequence and a generation that continues.
+    Records {
+        index: u16,
+        records: Vec<Record>,
+        gen: u32,
+    },
+    /// A parity sector with the expected sequence and a generation that continues.
+    Parity { index: u16, covers: u16, gen: u32 },
     /// Neither: torn, stale, damaged; why.
     Bad(String),
 }
@@ -124,6 +132,14 @@ impl Slot {
             Slot::Records { index, .. } | Slot::Parity { index, .. } => {
                 pos.checked_sub(u64::from(*index))
             }
+            Slot::Bad(_) => None,
+        }
+    }
+
+    /// The open generation of a whole sector.
+    fn gen(&self) -> Option<u32> {
+        match self {
+            Slot::Records { gen, .. } | Slot::Parity { gen, .. } => Some(*gen),
             Slot::Bad(_) => None,
         }
     }
@@ -293,16 +309,39 @@ fn classify(meta: &dyn Storage, ring: &Ring) -> Result<Vec<Slot>> {
             slots.push(classify_one(sector, ring, seq + k as u64));
         }
     }
+    demote_stale(&mut slots);
     Ok(slots)
+}
+
+/// A whole sector whose open generation is below one found before it is stale: an
+/// earlier open wrote it, and a later open's sectors came before it in the
+/// sequence, so it was never overwritten but is past where the later open wrote.
+/// It must count neither as the journal's continuation nor as a later whole commit
+/// (which would make the bad sector before it look like damage).
+fn demote_stale(slots: &mut [Slot]) {
+    let mut newest = 0u32;
+    for slot in slots.iter_mut() {
+        let Some(gen) = slot.gen() else { continue };
+        if open_gen_continues(newest, gen) {
+            newest = gen;
+        } else {
+            *slot = Slot::Bad(format!(
+                "a stale sector of open generation {gen} after one of generation {newest}"
+            ));
+        }
+    }
 }
 
 fn classify_one(sector: &[u8], ring: &Ring, seq: u64) -> Slot {
     if is_parity(sector) {
         return match decode_parity(sector, ring.nonce) {
-            Ok(h) if h.seq == seq && h.open_gen == ring.open_gen => Slot::Parity {
-                index: h.index,
-                covers: h.covers,
-            },
+            Ok(h) if h.seq == seq && open_gen_continues(ring.open_gen, h.open_gen) => {
+                Slot::Parity {
+                    index: h.index,
+                    covers: h.covers,
+                    gen: h.open_gen,
+                }
+            }
             Ok(h) => Slot::Bad(format!(
                 "a parity sector of seq {} and open generation {}",
                 h.seq, h.open_gen
@@ -311,10 +350,13 @@ fn classify_one(sector: &[u8], ring: &Ring, seq: u64) -> Slot {
         };
     }
     match decode_sector(sector, ring.nonce) {
-        Ok((h, records)) if h.seq == seq && h.open_gen == ring.open_gen => Slot::Records {
-            index: h.index,
-            records,
-        },
+        Ok((h, records)) if h.seq == seq && open_gen_continues(ring.open_gen, h.open_gen) => {
+            Slot::Records {
+                index: h.index,
+                records,
+                gen: h.open_gen,
+            }
+        }
         Ok((h, _)) => Slot::Bad(format!(
             "a sector of seq {} and open generation {}",
             h.seq, h.open_gen
@@ -339,15 +381,20 @@ fn try_rebuild(
     // The group's parity is among the next PARITY_GROUP_SECTORS sectors.
     let parity =
         (pos + 1..=pos + PARITY_GROUP_SECTORS as u64).find_map(|q| match slots.get(q as usize) {
-            Some(Slot::Parity { index, covers })
+            Some(Slot::Parity { index, covers, gen })
                 if q.checked_sub(u64::from(*covers))
                     .is_some_and(|first| first <= pos) =>
             {
-                Some((q, q.checked_sub(u64::from(*index))?, u64::from(*covers)))
+                Some((
+                    q,
+                    q.checked_sub(u64::from(*index))?,
+                    u64::from(*covers),
+                    *gen,
+                ))
             }
             _ => None,
         });
-    let Some((q, start, covers)) = parity else {
+    let Some((q, start, covers, gen)) = parity else {
         return Ok(None);
     };
     // Where the walk is, this sector continues its commit or begins the next.
@@ -374,11 +421,12 @@ fn try_rebuild(
         .filter(|(k, _)| q - covers + *k as u64 != pos)
         .map(|(_, s)| s);
     let seq = ring.replay_seq + pos;
-    let bytes = rebuild_sector(parity_bytes, others, ring.nonce, seq, ring.open_gen);
+    let bytes = rebuild_sector(parity_bytes, others, ring.nonce, seq, gen);
     Ok(match decode_sector(&bytes, ring.nonce) {
         Ok((h, records)) if u64::from(h.index) == pos - start => Some(Slot::Records {
             index: h.index,
             records,
+            gen,
         }),
         _ => None,
     })
@@ -403,9 +451,13 @@ fn read_sectors(
 /// A pool without the journal-commits flag: its sectors do not say where their
 /// commit began, so the first sector that fails its checks or carries another
 /// sequence or generation is the end (damage cannot be told from a torn end).
+/// Parity sectors are passed over: the newer super block copy of a pool opened
+/// since the flag came may be lost, and the older one, without the flag, replays
+/// the sectors written after it.
 fn read_plain(meta: &dyn Storage, ring: &Ring) -> Result<JournalRead> {
     let mut out = JournalRead::default();
     let mut seq = ring.replay_seq;
+    let mut last_gen = ring.open_gen;
     let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
     'outer: while seq - ring.replay_seq < ring.sectors {
         let at = seq % ring.sectors;
@@ -419,8 +471,24 @@ fn read_plain(meta: &dyn Storage, ring: &Ring) -> Result<JournalRead> {
         )?;
         meta.read_at(chunk, ring.offset_bytes(seq))?;
         for sector in chunk.chunks(SECTOR_BYTES) {
+            // Sectors written since the pool took the journal-commits flag (a replay
+            // from the older super block copy, written before it, reads them too):
+            // their parity sectors carry nothing to replay.
+            if is_parity(sector) {
+                match decode_parity(sector, ring.nonce) {
+                    Ok(h) if h.seq == seq && open_gen_continues(last_gen, h.open_gen) => {
+                        last_gen = h.open_gen;
+                        seq += 1;
+                        continue;
+                    }
+                    _ => break 'outer,
+                }
+            }
             match decode_sector(sector, ring.nonce) {
-                Ok((h, mut records)) if h.seq == seq && h.open_gen == ring.open_gen => {
+                Ok((h, mut records))
+                    if h.seq == seq && open_gen_continues(last_gen, h.open_gen) =>
+                {
+                    last_gen = h.open_gen;
                     out.records.append(&mut records);
                     out.last_whole_seq = seq;
                     seq += 1;
@@ -459,7 +527,7 @@ mod tests {
     /// Commits of `records[i]` MapSet records each (30 fill a sector); the sequence
     /// number each commit began at.
     fn commits(meta: &FaultStorage, records: &[u64]) -> Vec<u64> {
-        let j = Journal::new(NONCE, 0, SECTORS, 0, 0, GEN);
+        let j = Journal::new(NONCE, 0, SECTORS, 0, GEN);
         let mut lbn = 0;
         let mut starts = Vec::new();
         for &n in records {

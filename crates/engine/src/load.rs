@@ -489,8 +489,9 @@ fn upgrade_pages(inner: &Inner) -> u64 {
 }
 
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a
-/// fresh checkpoint in the new open generation.
-pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
+/// fresh checkpoint in the new open generation. The pages of `older` (the other
+/// valid super block copy) are held until that checkpoint is durable.
+pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -> Result<()> {
     if sb.holder.is_set() {
         tracing::warn!(
             "{}: the pool is marked open by {}: that opener did not close it (it \
@@ -539,6 +540,9 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
             inner.volumes.insert(vol);
         }
     }
+    if let (Some(older), false) = (older, inner.devices.opened_read_only()) {
+        crate::older_copy::hold_older_pages(inner, older)?;
+    }
     let ring = Ring {
         nonce: inner.geometry.nonce(),
         start_block: inner.geometry.journal_start_block(),
@@ -549,11 +553,16 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
     };
     let journal = read_journal(inner.devices.meta(), &ring)?;
     crate::repair::journal_damage(inner, &journal)?;
+    let next_seq = journal.next_seq;
     if sb.generation > 0 && !journal.records.is_empty() {
         tracing::info!("replaying {} journal records", journal.records.len());
         let unstored = crate::recovery::replay(inner, &journal.records, !journal.lost.is_empty())?;
         crate::repair::drop_unstored_references(inner, &unstored)?;
     }
+    // New sectors follow the replayed ones, which stay: the copy they were replayed
+    // from is the older one after this open's checkpoint, and replays them again if
+    // the newer is lost.
+    inner.journal.replayed(next_seq);
     crate::repair::restore_counts(inner)?;
     crate::recovery::rebuild(inner)?;
     if inner.devices.opened_read_only() {
@@ -570,7 +579,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock) -> Result<()> {
     // and records who holds the pool.
     {
         let mut current = inner.checkpointer.super_block();
-        current.open_gen = sb.open_gen + 1;
+        current.open_gen = inner.journal.open_gen();
         // Sectors of the new generation carry their commit and parity.
         current.flags |= FLAG_JOURNAL_COMMITS;
         current.holder = this_holder();

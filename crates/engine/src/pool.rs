@@ -15,6 +15,7 @@ use crate::journal::Journal;
 use crate::open_repair::OpenRepair;
 use crate::packer::Zones;
 use crate::slab_depot::SlabDepot;
+use crate::super_copies::SuperCopies;
 use crate::volumes::Volumes;
 use crate::{api::*, EngineError, Result, Volume};
 use fewerbytes_format::page::PageRef;
@@ -378,51 +379,6 @@ impl Pool {
         Ok(())
     }
 
-    fn read_super(meta: &dyn Storage) -> Result<SuperBlock> {
-        let mut best: Option<SuperBlock> = None;
-        let mut errors = Vec::new();
-        for copy in 0..2u64 {
-            let mut block = vec![0u8; BLOCK_BYTES];
-            meta.read_at(&mut block, copy * BLOCK_BYTES as u64)?;
-            match SuperBlock::decode(&block) {
-                Ok(sb) if best.as_ref().is_none_or(|b| sb.generation > b.generation) => {
-                    best = Some(sb)
-                }
-                Ok(_) => {}
-                Err(e) => errors.push((copy, e.to_string())),
-            }
-        }
-        let Some(best) = best else {
-            return Err(EngineError::Corrupt {
-                region: "super block",
-                block: 0,
-                device: "metadata",
-                reason: errors
-                    .iter()
-                    .map(|(copy, e)| format!("copy {copy}: {e}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
-        };
-        for (copy, e) in &errors {
-            // Copy 1 of a pool never opened (generation 0) was never written.
-            if *copy == 1 && best.generation == 0 {
-                continue;
-            }
-            tracing::warn!(
-                "{}: super block copy {copy} is damaged ({e}); opened from copy {} \
-                 (generation {}), and the next checkpoint rewrites copy {copy}. If copy \
-                 {copy} held a newer checkpoint, changes since generation {} may be \
-                 missing: run `fewerbytes check`",
-                meta.name(),
-                1 - copy,
-                best.generation,
-                best.generation
-            );
-        }
-        Ok(best)
-    }
-
     /// Refuse devices shorter than the super block's geometry: a truncated pool file
     /// would otherwise open, pass `check`, and fail only at its first read past the end.
     fn check_lengths(
@@ -509,13 +465,60 @@ impl Pool {
         opts: &OpenOptions,
         mode: OpenMode,
     ) -> Result<Arc<Pool>> {
-        let separate = meta.is_some();
         let (meta_dev, meta_path) = match meta {
             Some((m, p)) => (m, Some(p)),
             None => (data.clone(), None),
         };
-        let sb = Self::read_super(meta_dev.as_ref())?;
+        let copies = SuperCopies::read(meta_dev.as_ref())?;
         let meta = meta_path.map(|p| (meta_dev.clone(), p));
+        let inner = match Self::load_inner(&data, &meta, &meta_dev, opts, mode, &copies) {
+            // The newest checkpoint's pages are damaged: the older copy reaches its
+            // own whole pages (deferred frees) and the journal since its replay point.
+            Err(e @ EngineError::Corrupt { .. }) => match copies.fall_back(meta_dev.name(), &e) {
+                Some(older) => Self::load_inner(&data, &meta, &meta_dev, opts, mode, &older)
+                    .map_err(|again| {
+                        tracing::warn!(
+                            "{}: the older super block copy does not open either: {again}",
+                            meta_dev.name()
+                        );
+                        e
+                    })?,
+                None => return Err(e),
+            },
+            other => other?,
+        };
+        let thread_inner = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("fewerbytes-commit".into())
+            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
+            .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
+        let compact_inner = inner.clone();
+        let compactor = std::thread::Builder::new()
+            .name("fewerbytes-compact".into())
+            .spawn(move || crate::compact::compact_loop(&compact_inner))
+            .map_err(|e| {
+                EngineError::Refused(format!("cannot start the compaction thread: {e}"))
+            })?;
+        Ok(Arc::new(Pool {
+            inner,
+            commit_thread: Mutex::new(Some(handle)),
+            compact_thread: Mutex::new(Some(compactor)),
+            scrub_thread: Mutex::new(None),
+        }))
+    }
+
+    /// Build the pool's parts from `copies.best` and load it (checkpoint, journal,
+    /// the open's checkpoint).
+    fn load_inner(
+        data: &Arc<dyn Storage>,
+        meta: &Option<(Arc<dyn Storage>, String)>,
+        meta_dev: &Arc<dyn Storage>,
+        opts: &OpenOptions,
+        mode: OpenMode,
+        copies: &SuperCopies,
+    ) -> Result<Arc<Inner>> {
+        let separate = meta.is_some();
+        let sb = copies.best.clone();
         if (sb.flags & FLAG_SEPARATE_METADATA != 0) != separate {
             return Err(EngineError::Refused(
                 "the pool's metadata layout does not match the devices given".into(),
@@ -532,16 +535,25 @@ impl Pool {
             .clamp(1, 64);
         let geometry = PoolGeometry::from_super(&sb);
         let checkpointer = Checkpointer::new(sb.clone(), geometry.page_slots());
+        let open_gen = copies.next_open_gen(
+            meta_dev.as_ref(),
+            geometry.journal_start_block(),
+            geometry.journal_sectors(),
+        )?;
         let journal = Arc::new(Journal::new(
             geometry.nonce(),
             geometry.journal_start_block(),
             geometry.journal_sectors(),
             sb.journal_replay_seq,
-            sb.journal_replay_seq,
-            sb.open_gen + 1,
+            open_gen,
         ));
         let inner = Arc::new(Inner {
-            devices: Devices::new(data, meta, mode == OpenMode::ReadOnly, journal.clone()),
+            devices: Devices::new(
+                data.clone(),
+                meta.clone(),
+                mode == OpenMode::ReadOnly,
+                journal.clone(),
+            ),
             depot: SlabDepot::new(
                 &geometry,
                 checkpointer.dirty_pages(),
@@ -569,25 +581,19 @@ impl Pool {
             inner.devices.data().set_discard_enabled(false);
             inner.devices.meta().set_discard_enabled(false);
         }
-        crate::load::load(&inner, &sb)?;
-        let thread_inner = inner.clone();
-        let handle = std::thread::Builder::new()
-            .name("fewerbytes-commit".into())
-            .spawn(move || crate::checkpoint::commit_loop(&thread_inner))
-            .map_err(|e| EngineError::Refused(format!("cannot start the commit thread: {e}")))?;
-        let compact_inner = inner.clone();
-        let compactor = std::thread::Builder::new()
-            .name("fewerbytes-compact".into())
-            .spawn(move || crate::compact::compact_loop(&compact_inner))
-            .map_err(|e| {
-                EngineError::Refused(format!("cannot start the compaction thread: {e}"))
-            })?;
-        Ok(Arc::new(Pool {
-            inner,
-            commit_thread: Mutex::new(Some(handle)),
-            compact_thread: Mutex::new(Some(compactor)),
-            scrub_thread: Mutex::new(None),
-        }))
+        crate::load::load(&inner, &sb, copies.older.as_ref())?;
+        if let Some((copy, _)) = &copies.damaged {
+            if !inner.devices.opened_read_only() {
+                // The open's checkpoint (generation + 1) went to the damaged copy.
+                inner.checkpointer.count_copy_repaired();
+                tracing::warn!(
+                    "{}: super block copy {copy} rewritten from copy {}",
+                    inner.devices.meta().name(),
+                    1 - copy
+                );
+            }
+        }
+        Ok(inner)
     }
 
     /// Geometry and settings.
@@ -649,6 +655,7 @@ impl Pool {
                 since_unix: sb.holder.open_unix,
                 current: !i.devices.opened_read_only(),
             }),
+            metadata_copies_repaired: i.checkpointer.copies_repaired(),
         }
     }
 

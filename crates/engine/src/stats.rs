@@ -110,6 +110,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             .written()
             .by_region(i.journal.written_bytes()),
         checkpoints: i.checkpointer.taken(),
+        metadata_copies_repaired: i.checkpointer.copies_repaired(),
         journal_commits: i.journal.commits(),
         threads: i.zones.threads(),
         limits: vec![
@@ -142,6 +143,10 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             ),
             ("index memory bytes".into(), i.depot.index().memory_bytes()),
             ("page store slots".into(), i.geometry.page_slots()),
+            (
+                "pages held for the older super block copy".into(),
+                i.checkpointer.held_for_older_copy(),
+            ),
             (
                 "page store slots in use".into(),
                 i.checkpointer.page_store().used(),

@@ -79,6 +79,20 @@ pub struct FaultPlan {
     /// The device cannot discard: [`Storage::discard`] says
     /// [`DiscardOutcome::Unsupported`] and changes nothing.
     pub discard_unsupported: bool,
+    /// One bad sector that reads back wrong: every read covering the byte at
+    /// `offset_bytes` returns it with the bits of `mask` flipped (a rotten sector, a
+    /// firmware bug), without an error. The bytes held are not changed, and a write
+    /// over that byte cures it (a drive remaps a sector on write).
+    pub flip_read: Option<FlipRead>,
+}
+
+/// A byte a read returns with bits flipped ([`FaultPlan::flip_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlipRead {
+    /// The byte's offset on the device.
+    pub offset_bytes: u64,
+    /// The bits flipped (not zero).
+    pub mask: u8,
 }
 
 /// One event a recording device saw, in the order the devices saw them.
@@ -472,6 +486,12 @@ impl Storage for FaultStorage {
             }
         }
         s.live.read(buf, offset_bytes);
+        if let Some(flip) = s.plan.flip_read {
+            let at = flip.offset_bytes.checked_sub(offset_bytes);
+            if let Some(b) = at.and_then(|a| buf.get_mut(usize::try_from(a).ok()?)) {
+                *b ^= flip.mask;
+            }
+        }
         self.counters.count_read(buf.len());
         Ok(())
     }
@@ -492,6 +512,11 @@ impl Storage for FaultStorage {
         if s.plan.lose_write == Some(index) {
             self.counters.count_write(buf.len());
             return Ok(());
+        }
+        if let Some(flip) = s.plan.flip_read {
+            if (offset_bytes..offset_bytes + buf.len() as u64).contains(&flip.offset_bytes) {
+                s.plan.flip_read = None;
+            }
         }
         let device_bytes = self.len_bytes.load(Relaxed);
         let offset_bytes = match s.plan.misdirect_write {

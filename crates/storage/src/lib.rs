@@ -25,7 +25,7 @@ mod file;
 mod image;
 mod loop_device;
 
-pub use fault::{CrashMode, FaultPlan, FaultStorage, IoEvent, IoLog, LogReplay};
+pub use fault::{CrashMode, FaultPlan, FaultStorage, FlipRead, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
 pub use image::Image;
 

@@ -19,6 +19,12 @@
 //! devices are rebuilt as a crash at a sampled event of the open would leave them,
 //! and the same guarantees must hold after the next open.
 //!
+//! For some crash points a super block copy is also a bad sector: a seeded bit of a
+//! seeded copy reads back flipped (`FaultPlan::flip_read`), as a drive returning bad
+//! bytes would, and the same guarantees must hold (the pool opens from the other
+//! copy). Only where the crash left both copies valid: a copy torn by the crash and
+//! the other rotten are two faults.
+//!
 //! Replay one failure with the variables it prints: `FEWERBYTES_SEED=<seed>
 //! FEWERBYTES_CRASH_AT=<point> FEWERBYTES_CRASH_LOG=<shape>` (the workload is run
 //! again until its log has the failing run's order). Run more workloads:
@@ -33,7 +39,9 @@ mod model;
 mod workload;
 
 use common::BLOCK;
-use fewerbytes_engine::storage::{CrashMode, IoEvent, IoLog, LogReplay};
+use fewerbytes_engine::storage::{
+    CrashMode, FaultPlan, FlipRead, IoEvent, IoLog, LogReplay, Storage as _,
+};
 use fewerbytes_engine::Pool;
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 use std::io::Write as _;
@@ -49,6 +57,9 @@ const SEEDS_SOAK: u64 = 2000;
 const REPLAY_RUNS_MAX: usize = 200;
 /// One crash point in this many also crashes its recovery.
 const SECOND_CRASH_EVERY: u64 = 6;
+/// One crash point in this many also has a super block copy that reads back with a
+/// bit flipped.
+const BAD_SECTOR_EVERY: u64 = 4;
 
 /// Mix two numbers into a well-spread one (splitmix64's finaliser): the survival modes,
 /// second crashes and samples follow from a workload's seed and a crash point.
@@ -134,6 +145,8 @@ struct Tally {
     second: AtomicU64,
     /// Crash points opened with a rotted journal sector.
     rotted: AtomicU64,
+    /// Crash points opened with a super block copy reading back flipped.
+    bad_sectors: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -168,11 +181,33 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     let second = mix(rec.seed, at as u64).is_multiple_of(SECOND_CRASH_EVERY);
     let open_log = IoLog::new();
     let devices = Devices::from_images(&images, second.then_some(&open_log));
-    let pool = devices
-        .open()
-        .map_err(|e| with_rot(format!("open failed: {e}")))?;
+    // One fault at a time: a flipped super block copy only where no journal sector
+    // rotted (two bad sectors are beyond the model).
+    let flip = if rotted.is_none() {
+        bad_super_block_sector(&devices, mix(mix(rec.seed, at as u64), 0xbad))
+    } else {
+        None
+    };
+    let bad = flip.as_ref().map(|(f, _)| {
+        format!(
+            "super block copy {} reading back with bits {:#04x} of byte {} flipped",
+            f.offset_bytes / BLOCK as u64,
+            f.mask,
+            f.offset_bytes % BLOCK as u64
+        )
+    });
+    if bad.is_some() {
+        tally.bad_sectors.fetch_add(1, Ordering::Relaxed);
+    }
+    let pool = devices.open().map_err(|e| match &bad {
+        Some(what) => format!("open failed with {what}: {e}"),
+        None => with_rot(format!("open failed: {e}")),
+    })?;
     let open_events = open_log.take();
-    let first = rec.verify(&pool, at);
+    let first = rec.verify(&pool, at).map_err(|e| match &bad {
+        Some(what) => format!("{what}: {e}"),
+        None => e,
+    });
     devices.stop();
     drop(pool);
     first.map_err(with_rot)?;
@@ -189,6 +224,19 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     let mut replay2 = LogReplay::new(images, &open_events);
     replay2.seek(m);
     let devices2 = Devices::from_images(&replay2.crash_images(mode2), None);
+    // The bad sector stays bad unless a write of the recovery landed on it before
+    // its crash (the copy's bytes on the device changed).
+    if let Some((f, pristine)) = &flip {
+        let dev = devices2.meta.as_ref().unwrap_or(&devices2.data);
+        let mut now = vec![0u8; BLOCK];
+        let at = f.offset_bytes / BLOCK as u64 * BLOCK as u64;
+        if dev.read_at(&mut now, at).is_ok() && now == *pristine {
+            dev.set_plan(FaultPlan {
+                flip_read: Some(*f),
+                ..FaultPlan::default()
+            });
+        }
+    }
     let during = format!(
         "a second crash during recovery at its event {m} of {} ({}), mode {mode2:?}",
         open_events.len(),
@@ -203,6 +251,45 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     result.map_err(|e| format!("{during}: {e}"))?;
     tally.second.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// For one crash point in [`BAD_SECTOR_EVERY`] (chosen by `h`) where both super
+/// block copies are valid, make one of them (chosen by `h`) a bad sector: one of its
+/// bits reads back flipped until it is written. Returns the flip and the copy's
+/// block as the device holds it.
+fn bad_super_block_sector(devices: &Devices, h: u64) -> Option<(FlipRead, Vec<u8>)> {
+    if !h.is_multiple_of(BAD_SECTOR_EVERY) {
+        return None;
+    }
+    let meta = devices.meta.as_ref().unwrap_or(&devices.data);
+    let blocks: Vec<Vec<u8>> = (0..2u64)
+        .map(|copy| {
+            let mut block = vec![0u8; BLOCK];
+            let read = meta.read_at(&mut block, copy * BLOCK as u64);
+            let valid =
+                read.is_ok() && fewerbytes_format::superblock::SuperBlock::decode(&block).is_ok();
+            if valid {
+                block
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    if blocks.iter().any(Vec::is_empty) {
+        return None;
+    }
+    let copy = (h >> 8) % 2;
+    let byte = (h >> 16) % BLOCK as u64;
+    let flip = FlipRead {
+        offset_bytes: copy * BLOCK as u64 + byte,
+        mask: 1 << ((h >> 32) % 8),
+    };
+    meta.set_plan(FaultPlan {
+        flip_read: Some(flip),
+        ..FaultPlan::default()
+    });
+    let pristine = blocks.into_iter().nth(copy as usize)?;
+    Some((flip, pristine))
 }
 
 /// The log's shape: the order, device, place and length of its events, not their
@@ -356,8 +443,9 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, in {:.1} s",
         seeds.len(),
+        tally.bad_sectors.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -387,6 +475,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         c.page_blocks > 0 || seeds.len() < 8,
         "no workload put a metadata page in a data block: the crash points prove nothing about them"
+    );
+    assert!(
+        tally.bad_sectors.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point read a flipped super block copy: they prove nothing about bad sectors"
     );
     let failures = tally.failures.into_inner();
     assert!(

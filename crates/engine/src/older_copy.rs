@@ -1,0 +1,180 @@
+//! At open, the pages the older super block copy reaches and the loaded image does
+//! not: held (marked used) until the open's own checkpoint is durable, as the
+//! deferred frees of a running pool hold them (`checkpoint.rs`). Without this, the
+//! open's checkpoint would write its pages over them, and a crash before its super
+//! block lands, with the newer copy then found damaged, would leave no whole copy.
+//!
+//! Only what differs is read: a page whose address the loaded image already holds is
+//! the same page (copy-on-write never rewrites a page in place), and neither it nor
+//! what is below it is read again. A page-store slot the loaded image does not use is
+//! free, so holding it is safe whatever it holds; a data block is held only when it
+//! still holds the page its reference names (a pool last written by an engine
+//! without deferred frees may have given the block to data since).
+
+use crate::inner::Inner;
+use crate::page_store::address_block;
+use crate::Result;
+use fewerbytes_format::catalog::{Catalog, TableRoot};
+use fewerbytes_format::page::{decode_page_ref, PageKind, PageRef, REFS_PER_DIR_PAGE};
+use fewerbytes_format::superblock::SuperBlock;
+use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION};
+use std::collections::BTreeSet;
+
+/// Hold the pages `older` (the other valid copy, one generation below the loaded
+/// one) reaches beyond the loaded image: marked used now, and freed once the open's
+/// checkpoint is durable. What cannot be read is left out, with a note: that copy
+/// was not whole, and holding less changes nothing the loaded image needs.
+pub(crate) fn hold_older_pages(inner: &Inner, older: &SuperBlock) -> Result<()> {
+    let loaded_generation = inner.checkpointer.super_block().generation;
+    if older.version != FORMAT_VERSION || older.generation + 1 != loaded_generation {
+        return Ok(());
+    }
+    let mut walk = Walk {
+        inner,
+        held: BTreeSet::new(),
+        missing: 0,
+    };
+    let mut stream = Vec::new();
+    for r in &older.catalog {
+        match walk.visit(r, PageKind::Catalog) {
+            Some(page) => {
+                stream.extend_from_slice(page.payload.get(..page.count).unwrap_or_default())
+            }
+            None => {
+                // Unreadable (or, impossibly, shared: every checkpoint writes the
+                // catalog anew): its tables cannot be walked.
+                stream.clear();
+                break;
+            }
+        }
+    }
+    walk.visit(&older.counters, PageKind::Counters);
+    stream.truncate(older.catalog_bytes as usize);
+    if let Ok(catalog) = Catalog::decode(&stream) {
+        walk.table(&catalog.objects, PageKind::Counts);
+        walk.table(&catalog.fingerprints, PageKind::Fingerprints);
+        for v in &catalog.volumes {
+            walk.table(&v.map, PageKind::Map);
+        }
+    }
+    if walk.missing > 0 {
+        tracing::info!(
+            "{}: {} pages of the older super block copy (generation {}) are not on the \
+             device as it names them (written by an engine without deferred frees); the \
+             newest copy holds everything",
+            inner.devices.meta().name(),
+            walk.missing,
+            older.generation
+        );
+    }
+    let held: Vec<u64> = walk.held.into_iter().collect();
+    let mut store = inner.checkpointer.page_store();
+    for a in &held {
+        store.mark_address(*a);
+    }
+    drop(store);
+    let before = inner.checkpointer.retire(held);
+    debug_assert!(before.is_empty(), "an open holds nothing before this");
+    Ok(())
+}
+
+struct Walk<'a> {
+    inner: &'a Inner,
+    held: BTreeSet<u64>,
+    missing: u64,
+}
+
+/// A page the walk read.
+struct Read {
+    level: u8,
+    count: usize,
+    payload: Vec<u8>,
+}
+
+impl Walk<'_> {
+    /// Hold the page `r` names if the loaded image does not; return it when it was
+    /// read.
+    fn visit(&mut self, r: &PageRef, kind: PageKind) -> Option<Read> {
+        if r.is_none() || self.loaded(r.address) || self.held.contains(&r.address) {
+            return None;
+        }
+        let g = &self.inner.geometry;
+        let (device, at) = match address_block(r.address) {
+            Some(pbn) if pbn < g.data_blocks() => (
+                self.inner.devices.data(),
+                g.data_offset_bytes() + pbn * BLOCK_BYTES as u64,
+            ),
+            None if r.address < g.page_slots() => (
+                self.inner.devices.meta(),
+                (g.pages_start_block() + r.address) * BLOCK_BYTES as u64,
+            ),
+            _ => {
+                self.missing += 1;
+                return None;
+            }
+        };
+        let mut buf = vec![0u8; BLOCK_BYTES];
+        let page = device
+            .read_at(&mut buf, at)
+            .ok()
+            .and_then(|()| decode_page_ref(&buf, kind, g.nonce(), r).ok())
+            .map(|(h, payload)| Read {
+                level: h.level,
+                count: h.count as usize,
+                payload: payload.to_vec(),
+            });
+        match &page {
+            Some(_) => {
+                self.held.insert(r.address);
+            }
+            None => {
+                self.missing += 1;
+                // A free slot is safe to hold whatever it holds; a data block only
+                // when it holds this page.
+                if address_block(r.address).is_none() {
+                    self.held.insert(r.address);
+                }
+            }
+        }
+        page
+    }
+
+    /// Whether the loaded image holds this address.
+    fn loaded(&self, address: u64) -> bool {
+        let store = self.inner.checkpointer.page_store();
+        match address_block(address) {
+            Some(pbn) => store.holds_block(pbn),
+            None => store.is_used(address),
+        }
+    }
+
+    /// Walk a table's tree from its top list: directory pages read for the
+    /// references below, table pages held without reading but in the data region.
+    fn table(&mut self, root: &TableRoot, leaf: PageKind) {
+        let mut dirs: Vec<PageRef> = root.top.clone();
+        // Bounded: each page is visited once (`held` or loaded ones are skipped),
+        // and the tree is at most four levels.
+        while let Some(d) = dirs.pop() {
+            let Some(page) = self.visit(&d, PageKind::Directory) else {
+                continue;
+            };
+            let level = page.level;
+            let mut r = Reader::new("directory page", &page.payload);
+            for _ in 0..REFS_PER_DIR_PAGE {
+                let Ok(child) = PageRef::decode(&mut r) else {
+                    break;
+                };
+                if level > 1 {
+                    dirs.push(child);
+                } else if address_block(child.address).is_some() {
+                    self.visit(&child, leaf);
+                } else if !child.is_none()
+                    && child.address < self.inner.geometry.page_slots()
+                    && !self.loaded(child.address)
+                {
+                    self.held.insert(child.address);
+                }
+            }
+        }
+    }
+}
