@@ -29,7 +29,7 @@ pub(crate) fn hold_older_pages(inner: &Inner, older: &SuperBlock) -> Result<()> 
     if older.version != FORMAT_VERSION || older.generation + 1 != loaded_generation {
         return Ok(());
     }
-    let mut walk = Walk {
+    let mut walk = OlderPages {
         inner,
         held: BTreeSet::new(),
         missing: 0,
@@ -78,7 +78,7 @@ pub(crate) fn hold_older_pages(inner: &Inner, older: &SuperBlock) -> Result<()> 
     Ok(())
 }
 
-struct Walk<'a> {
+struct OlderPages<'a> {
     inner: &'a Inner,
     held: BTreeSet<u64>,
     missing: u64,
@@ -91,7 +91,7 @@ struct Read {
     payload: Vec<u8>,
 }
 
-impl Walk<'_> {
+impl OlderPages<'_> {
     /// Hold the page `r` names if the loaded image does not; return it when it was
     /// read.
     fn visit(&mut self, r: &PageRef, kind: PageKind) -> Option<Read> {
