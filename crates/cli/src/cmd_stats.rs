@@ -72,7 +72,9 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
     // available, so that Size = Used + Freeing + Available at every moment, and Use%
     // says how close the pool is to full. Reserved (what volumes hold aside, thick
     // ones their size) and Promised (volume sizes added up) say how far the pool is
-    // committed beyond what it stores.
+    // committed beyond what it stores. Thin writable is what a write no reservation
+    // covers can still take (less than Available while reservations hold space
+    // back), and ENOSPC counts the writes refused for want of space since open.
     let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
     let size_bytes = stats.data_bytes + stats.metadata_bytes;
     // Metadata pages in data-region blocks are used space too (not in data_used).
@@ -92,6 +94,8 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
         ("Space saving%", Align::Right),
         ("Reserved", Align::Right),
         ("Promised", Align::Right),
+        ("Thin writable", Align::Right),
+        ("ENOSPC", Align::Right),
         ("Warn at", Align::Right),
         ("Mode", Align::Left),
         ("Compression", Align::Left),
@@ -106,6 +110,8 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
         saving,
         size(stats.reserved_bytes),
         size(stats.promised_bytes),
+        size(stats.thin_writable_bytes),
+        stats.no_space_refusals.to_string(),
         match warn_at {
             None => "-".to_string(),
             Some(w) if w.crossed => format!("{}% (crossed)", w.percent),

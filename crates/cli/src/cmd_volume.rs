@@ -278,6 +278,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes),
                 reservation_in_words(&volume)
             );
+            warn_if_thin_cannot_write(pool_path, &volume)?;
         }
         VolumeCommand::List { format } => {
             let volumes = list_volumes(pool_path)?;
@@ -341,6 +342,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 format_size(volume.size_bytes),
                 reservation_in_words(&volume)
             );
+            warn_if_thin_cannot_write(pool_path, &volume)?;
         }
         VolumeCommand::Set { name, reserve } => {
             let provisioning = reserve.provisioning();
@@ -350,6 +352,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 volume.name,
                 reservation_in_words(&volume)
             );
+            warn_if_thin_cannot_write(pool_path, &volume)?;
         }
         VolumeCommand::Rename { name, new_name } => {
             copy_allowed(pool_path, &name, &new_name)?;
@@ -386,6 +389,50 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Warn (on stderr; the command has succeeded) when `volume`, just made thin or
+/// given a reservation below its size, could not write its unreserved part: thin
+/// writes can use less than that now, so its writes fail with ENOSPC once they have
+/// taken it. The usual cause: a thick volume reserves the rest of the pool.
+fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()> {
+    let unreserved = volume.size_bytes.saturating_sub(volume.reservation_bytes);
+    if unreserved == 0 {
+        return Ok(());
+    }
+    let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
+        Answer::PoolInfo(info) => Ok(info),
+        other => bail!("unexpected answer to pool info: {other:?}"),
+    })?;
+    if info.thin_writable_bytes >= unreserved {
+        return Ok(());
+    }
+    // The volume that holds back most is the first to look at.
+    let holder = list_volumes(pool_path)?
+        .into_iter()
+        .filter(|v| v.name != volume.name && v.reservation_unused_bytes > 0)
+        .max_by_key(|v| v.reservation_unused_bytes);
+    let remedy = match holder {
+        Some(v) => format!(
+            "make '{0}' thin (`volume set {0} --thin`) or reserve less \
+             (`volume set {0} --reserve SIZE`; it holds back {1}), ",
+            v.name,
+            format_size(v.reservation_unused_bytes)
+        ),
+        None => String::new(),
+    };
+    eprintln!(
+        "warning: volume '{}' may need {} beyond its reservation, but thin writes can use \
+         only {} of the pool now (reservations hold back {}); its writes past that fail \
+         with ENOSPC. To make room: {remedy}give it a reservation (`volume set {} \
+         --reserve SIZE`), trim or delete volumes, or grow the pool (`pool grow`).",
+        volume.name,
+        format_size(unreserved),
+        format_size(info.thin_writable_bytes),
+        format_size(info.reserved_unused_bytes),
+        volume.name,
+    );
+    Ok(())
 }
 
 /// `volume allow`.

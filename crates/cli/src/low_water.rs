@@ -1,8 +1,12 @@
 //! The low-water mark of a served pool (`serve --warn-at PERCENT`): a thread looks at
-//! the pool's Use% (what plain `stats` shows) every few seconds and logs one warning
-//! when it reaches the mark, and one line when it falls back below (after which the
+//! the pool's Use% every few seconds and logs one warning when it reaches the mark, and one line when it falls back below (after which the
 //! next crossing warns again). `stats` through the server shows the mark and whether
 //! it is crossed. A full pool pauses guests (ENOSPC); this is the notice before.
+//!
+//! Use% here is the larger of the device's fill (plain `stats`' Use%) and how much
+//! of the pool thin writes can no longer use (`thin_writable_bytes`): a thick volume
+//! that reserves the rest of the pool leaves thin volumes no room on a nearly empty
+//! device, and their writes fail as on a full one.
 
 use anyhow::{bail, Result};
 use fewerbytes_engine::{Pool, PoolStats};
@@ -43,10 +47,14 @@ pub fn parse_percent(text: &str) -> Result<u8> {
     Ok(percent)
 }
 
-/// The pool's Use%, as plain `stats` shows it (metadata counts as used).
+/// The pool's Use% as the mark sees it: the larger of the device's fill (metadata
+/// counts as used) and the part of it thin writes cannot use (everything but
+/// `thin_writable_bytes`).
 pub fn used_percent(stats: &PoolStats) -> u64 {
     let size = stats.data_bytes + stats.metadata_bytes;
-    percent_rounded_up(stats.data_used_bytes + stats.metadata_bytes, size)
+    let filled = percent_rounded_up(stats.data_used_bytes + stats.metadata_bytes, size);
+    let closed_to_thin = percent_rounded_up(size.saturating_sub(stats.thin_writable_bytes), size);
+    filled.max(closed_to_thin)
 }
 
 /// The mark and its state.
@@ -81,12 +89,17 @@ impl LowWater {
         }
         if above {
             tracing::warn!(
-                "pool {} is {used}% used, at or past --warn-at {}%: {} available. When it \
-                 is full, writes fail with ENOSPC (QEMU pauses its guests) until space is \
-                 freed: delete or trim volumes, or grow the pool (`pool grow`)",
+                "pool {} is {used}% used, at or past --warn-at {}%: {} free, of which thin \
+                 writes can use {} (reservations hold back {}). When that is gone, writes \
+                 no reservation covers fail with ENOSPC (QEMU pauses its guests) until \
+                 space is freed: make thick volumes thin or reserve less (`volume set \
+                 NAME --thin` or `--reserve SIZE`), delete or trim volumes, or grow the \
+                 pool (`pool grow`)",
                 stats.path,
                 self.percent,
-                crate::size::format_size(stats.data_free_bytes)
+                crate::size::format_size(stats.data_free_bytes),
+                crate::size::format_size(stats.thin_writable_bytes),
+                crate::size::format_size(stats.reserved_unused_bytes)
             );
         } else {
             tracing::info!(

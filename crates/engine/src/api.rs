@@ -139,6 +139,9 @@ pub struct PoolInfo {
     /// store's free slots (`reservation.rs`). No reservation and no thin write takes it.
     #[serde(default)]
     pub metadata_kept_bytes: u64,
+    /// What a write no reservation covers can still take (as `PoolStats`'s).
+    #[serde(default)]
+    pub thin_writable_bytes: u64,
     /// The pool was made with the overcommit flag of earlier versions (its page store
     /// sized for 4 times its data); volumes are thick or thin each on their own now.
     pub overcommit: bool,
@@ -376,6 +379,15 @@ pub struct PoolStats {
     pub compacted_blocks: u64,
     /// Sum over objects of (references - 1): blocks saved by dedup.
     pub dedup_saved_blocks: u64,
+    /// What a write no reservation covers (a thin volume's, or any past its
+    /// reservation) can still take: free data space less what reservations hold
+    /// back, the space kept for metadata pages and, while anything is held back, the
+    /// reserve for trims and deletes. What thin writes see as available.
+    #[serde(default)]
+    pub thin_writable_bytes: u64,
+    /// Writes refused with the no-space error (ENOSPC) since open.
+    #[serde(default)]
+    pub no_space_refusals: u64,
     /// Counters since the pool was opened.
     pub counters: WriteCounters,
     /// Counters since the pool was made: those its last checkpoint kept (the counters
@@ -424,6 +436,9 @@ pub struct VolumeStats {
     pub reservation_bytes: u64,
     /// Counters since open.
     pub counters: WriteCounters,
+    /// Writes to it refused with the no-space error (ENOSPC) since open.
+    #[serde(default)]
+    pub no_space_refusals: u64,
 }
 
 /// Result of a consistency audit.

@@ -25,6 +25,9 @@ pub struct Counters {
     pub(crate) trimmed_bytes: AtomicU64,
     pub(crate) write_zeroes_bytes: AtomicU64,
     pub(crate) flushes: AtomicU64,
+    /// Writes refused for want of space (ENOSPC) since open: not kept in the
+    /// counters page, so not in [`WriteCounters`].
+    pub(crate) no_space_refusals: AtomicU64,
     /// The pool's counters before this open, and what the last checkpoint wrote
     /// (per volume: unused, zero).
     kept: Mutex<Kept>,
@@ -47,6 +50,11 @@ pub fn add(c: &AtomicU64, n: u64) {
 }
 
 impl Counters {
+    /// Writes refused for want of space since open.
+    pub fn no_space_refusals(&self) -> u64 {
+        self.no_space_refusals.load(Relaxed)
+    }
+
     /// A plain copy.
     pub fn snapshot(&self) -> WriteCounters {
         WriteCounters {

@@ -629,6 +629,9 @@ impl Pool {
                 g,
             ) * block,
             metadata_kept_bytes: ledger.metadata_blocks * block,
+            thin_writable_bytes: ledger
+                .thin_writable_blocks(crate::reservation::kept_blocks(g, &i.depot))
+                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             metadata_headroom_bytes: i.depot.metadata_headroom_blocks() * block,

@@ -92,6 +92,18 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
+    /// What a write no reservation covers may still take, as
+    /// [`Reservations::admit_write`] counts it for a thin volume: everything free
+    /// while nothing is held back; else free less the withheld blocks, the metadata
+    /// kept and `kept` (the reserve for trims and deletes).
+    pub(crate) fn thin_writable_blocks(&self, kept: u64) -> u64 {
+        if self.withheld_blocks + self.metadata_blocks == 0 {
+            return self.free_blocks;
+        }
+        self.free_blocks
+            .saturating_sub(self.withheld_blocks + self.metadata_blocks + kept)
+    }
+
     /// The largest reservation a new thick volume would be granted now: R blocks
     /// such that R, and the data blocks its pages may need past what is counted
     /// already, fit in what is free for reservations (free less `kept`, the
@@ -521,10 +533,12 @@ impl Reservations {
             String::new()
         };
         Err(EngineError::NoSpace(format!(
-            "volume '{}' may not take the pool's last {} of free space: volumes' \
-             reservations hold back {} of it ({} of that for this volume){for_pages}",
+            "volume '{}' may not take the pool's last {} of free space (thin writes can \
+             use {}): volumes' reservations hold back {} of it ({} of that for this \
+             volume){for_pages}",
             vol.name(),
             human_bytes(l.free_blocks * BLOCK),
+            human_bytes(l.thin_writable_blocks(kept_blocks(geometry, depot)) * BLOCK),
             human_bytes(l.withheld_blocks * BLOCK),
             human_bytes(own * BLOCK),
         )))

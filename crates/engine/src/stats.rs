@@ -56,6 +56,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             )
             .0,
             counters: v.counters().snapshot(),
+            no_space_refusals: v.counters().no_space_refusals(),
         })
         .collect();
     let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
@@ -84,6 +85,8 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         metadata_bytes: info.metadata_bytes,
         metadata_in_data_bytes: page_blocks * BLOCK,
         metadata_kept_bytes: info.metadata_kept_bytes,
+        thin_writable_bytes: info.thin_writable_bytes,
+        no_space_refusals: i.counters.no_space_refusals(),
         logical_used_bytes,
         zero_bytes,
         saving_percent,

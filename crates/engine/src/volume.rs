@@ -146,6 +146,21 @@ impl Volume {
     /// block the write covers only in part is read, modified and written back under
     /// its stripe lock (`partial.rs`). With `fua`, durable on return.
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        let written = self.write_unsure(offset_bytes, data, fua);
+        self.count_no_space(&written);
+        written
+    }
+
+    /// A write refused for want of space counts in `stats` (pool and volume): an
+    /// admin sees refusals there that the guest only saw as ENOSPC.
+    fn count_no_space(&self, result: &Result<()>) {
+        if result.as_ref().is_err_and(|e| e.is_no_space()) {
+            add(&self.inner().counters.no_space_refusals, 1);
+            add(&self.h.vol.counters().no_space_refusals, 1);
+        }
+    }
+
+    fn write_unsure(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check("write", offset_bytes, data.len() as u64)?;
         let inner = self.inner();
         inner.devices.ensure_writable()?;
@@ -261,7 +276,9 @@ impl Volume {
 
     /// Make a range read as zeros, storing nothing.
     pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.range_op("write_zeroes", offset_bytes, len_bytes, MapEntry::Zero, fua)?;
+        let zeroed = self.range_op("write_zeroes", offset_bytes, len_bytes, MapEntry::Zero, fua);
+        self.count_no_space(&zeroed);
+        zeroed?;
         add(&self.inner().counters.write_zeroes_bytes, len_bytes);
         add(&self.h.vol.counters().write_zeroes_bytes, len_bytes);
         Ok(())

@@ -4,7 +4,14 @@
 
 use crate::export::{Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOSPC, EPERM, ESHUTDOWN};
 use fewerbytes_engine::{EngineError, Pool, Volume};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// At most one ENOSPC line per volume in this long: a guest retrying a full disk
+/// refuses thousands of writes a second, and one line with a count says as much.
+const NO_SPACE_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Serve a pool's volumes: adapter from fewerbytes_engine::{Pool, Volume}.
 ///
@@ -14,12 +21,63 @@ pub fn pool_exports(pool: Arc<Pool>, default_export: Option<String>) -> Arc<dyn 
     Arc::new(PoolExports {
         pool,
         default_export,
+        no_space: Arc::new(NoSpaceLog::default()),
     })
 }
 
 struct PoolExports {
     pool: Arc<Pool>,
     default_export: Option<String>,
+    no_space: Arc<NoSpaceLog>,
+}
+
+/// The server's ENOSPC lines, rate-limited per volume: a refused write is logged at
+/// warn (the guest sees only ENOSPC, and QEMU may pause it), then at most once per
+/// [`NO_SPACE_LOG_EVERY`] with the count of those not logged.
+#[derive(Default)]
+struct NoSpaceLog {
+    /// Per volume: when its last line was logged, and refusals since not logged.
+    last: Mutex<HashMap<String, (Instant, u64)>>,
+}
+
+impl NoSpaceLog {
+    /// A write (`op`) to `volume` refused with `e`, a no-space error.
+    fn refused(&self, volume: &str, op: &str, e: &EngineError) {
+        let Some(suppressed) = self.due(volume, Instant::now()) else {
+            return;
+        };
+        let also = if suppressed > 0 {
+            format!(" ({suppressed} more refused since the last such line)")
+        } else {
+            String::new()
+        };
+        tracing::warn!(
+            "a {op} to volume '{volume}' was refused with ENOSPC{also}: {e}. Make room for \
+             thin writes: make thick volumes thin (`volume set NAME --thin`) or reserve \
+             less (`--reserve SIZE`), trim or delete volumes, or grow the pool (`pool grow`)"
+        );
+    }
+
+    /// Whether a refusal for `volume` at `now` gets a line: `Some(refusals not
+    /// logged since its last line)`, or `None` within [`NO_SPACE_LOG_EVERY`] of it
+    /// (counted for the next line).
+    fn due(&self, volume: &str, now: Instant) -> Option<u64> {
+        let mut last = self.last.lock();
+        match last.get_mut(volume) {
+            Some((at, n)) if now.saturating_duration_since(*at) < NO_SPACE_LOG_EVERY => {
+                *n += 1;
+                None
+            }
+            Some((at, n)) => {
+                *at = now;
+                Some(std::mem::take(n))
+            }
+            None => {
+                last.insert(volume.to_string(), (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 impl ExportProvider for PoolExports {
@@ -49,7 +107,10 @@ impl ExportProvider for PoolExports {
 
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, String> {
         match self.pool.open_volume(name) {
-            Ok(volume) => Ok(Arc::new(VolumeExport { volume })),
+            Ok(volume) => Ok(Arc::new(VolumeExport {
+                volume,
+                no_space: Arc::clone(&self.no_space),
+            })),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -58,6 +119,7 @@ impl ExportProvider for PoolExports {
 /// One connection's handle on a volume.
 struct VolumeExport {
     volume: Volume,
+    no_space: Arc<NoSpaceLog>,
 }
 
 /// The NBD error value a client sees for an engine error: a refused write on a
@@ -85,6 +147,16 @@ fn errno(op: &'static str, e: EngineError) -> u32 {
     code
 }
 
+impl VolumeExport {
+    /// [`errno`], and a write refused for want of space logged (rate-limited).
+    fn write_errno(&self, op: &'static str, e: EngineError) -> u32 {
+        if e.is_no_space() {
+            self.no_space.refused(&self.volume.name(), op, &e);
+        }
+        errno(op, e)
+    }
+}
+
 impl Export for VolumeExport {
     fn size_bytes(&self) -> u64 {
         self.volume.size_bytes()
@@ -102,13 +174,13 @@ impl Export for VolumeExport {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
         self.volume
             .write(offset, data, fua)
-            .map_err(|e| errno("write", e))
+            .map_err(|e| self.write_errno("write", e))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
         self.volume
             .write_zeroes(offset, len, fua)
-            .map_err(|e| errno("write zeroes", e))
+            .map_err(|e| self.write_errno("write zeroes", e))
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
@@ -165,5 +237,21 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(errno_of(&e), want, "{e}");
         }
+    }
+
+    #[test]
+    fn enospc_lines_are_one_per_volume_per_interval_with_the_count_left_out() {
+        let log = NoSpaceLog::default();
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(log.due("a", t0), Some(0));
+        assert_eq!(log.due("a", later(1)), None);
+        assert_eq!(log.due("a", later(9)), None);
+        // Another volume has its own line.
+        assert_eq!(log.due("b", later(9)), Some(0));
+        // Past the interval: a line again, with the two left out.
+        assert_eq!(log.due("a", later(10)), Some(2));
+        assert_eq!(log.due("a", later(11)), None);
+        assert_eq!(log.due("a", later(30)), Some(1));
     }
 }
