@@ -76,6 +76,16 @@ fn a_thin_volume_with_no_room_warns_at_create_logs_its_enospc_and_stats_count_it
         vm2["no_space_refusals"].as_u64().unwrap_or(0) >= 1,
         "stats --json does not count vm2's refused write: {vm2}"
     );
+    let list = server.cli_ok(&["volume", "list", "--json"]).stdout;
+    let list: serde_json::Value = serde_json::from_str(&list).expect("volume list --json");
+    let listed = list
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "vm2"))
+        .expect("vm2 in volume list");
+    assert!(
+        listed["no_space_refusals"].as_u64().unwrap_or(0) >= 1,
+        "volume list --json does not count vm2's refused write: {listed}"
+    );
     let table = server.cli_ok(&["stats"]).stdout;
     assert!(
         table.contains("ENOSPC"),

@@ -243,6 +243,10 @@ pub struct VolumeInfo {
     /// Limited to the TLS identities of the pool's allow list (`volume allow`).
     #[serde(default)]
     pub limited: bool,
+    /// Writes to it refused with the no-space error (ENOSPC) since the pool was
+    /// opened (0 from a pool opened only to look).
+    #[serde(default)]
+    pub no_space_refusals: u64,
 }
 
 /// A range of a volume, by what backs it.

@@ -53,6 +53,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         map_pages,
         map_memory_bytes,
         limited: v.limited(),
+        no_space_refusals: v.counters().no_space_refusals(),
     }
 }
 
