@@ -289,22 +289,24 @@ fn set_slot(slots: &mut [Slot], pos: u64, slot: Slot) {
     }
 }
 
+/// Read the sectors of the window from `seq` on, as many as `buf` holds, up to the
+/// ring's wrap and the window's end (one read).
+fn read_run<'b>(meta: &dyn Storage, ring: &Ring, buf: &'b mut [u8], seq: u64) -> Result<&'b [u8]> {
+    let run = CHUNK_SECTORS
+        .min(ring.sectors - seq % ring.sectors)
+        .min(ring.sectors - (seq - ring.replay_seq));
+    let chunk = within_mut(buf, 0..run as usize * SECTOR_BYTES, "a journal read chunk")?;
+    meta.read_at(chunk, ring.offset_bytes(seq))?;
+    Ok(chunk)
+}
+
 /// Read and classify every sector of the window.
 fn classify(meta: &dyn Storage, ring: &Ring) -> Result<Vec<Slot>> {
     let mut slots = Vec::with_capacity(ring.sectors as usize);
     let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
     while (slots.len() as u64) < ring.sectors {
         let seq = ring.replay_seq + slots.len() as u64;
-        let at = seq % ring.sectors;
-        let run = CHUNK_SECTORS
-            .min(ring.sectors - at)
-            .min(ring.sectors - slots.len() as u64);
-        let chunk = within_mut(
-            &mut buf,
-            0..run as usize * SECTOR_BYTES,
-            "a journal read chunk",
-        )?;
-        meta.read_at(chunk, ring.offset_bytes(seq))?;
+        let chunk = read_run(meta, ring, &mut buf, seq)?;
         for (k, sector) in chunk.chunks(SECTOR_BYTES).enumerate() {
             slots.push(classify_one(sector, ring, seq + k as u64));
         }
@@ -460,16 +462,7 @@ fn read_plain(meta: &dyn Storage, ring: &Ring) -> Result<JournalRead> {
     let mut last_gen = ring.open_gen;
     let mut buf = vec![0u8; CHUNK_SECTORS as usize * SECTOR_BYTES];
     'outer: while seq - ring.replay_seq < ring.sectors {
-        let at = seq % ring.sectors;
-        let run = CHUNK_SECTORS
-            .min(ring.sectors - at)
-            .min(ring.sectors - (seq - ring.replay_seq));
-        let chunk = within_mut(
-            &mut buf,
-            0..run as usize * SECTOR_BYTES,
-            "a journal read chunk",
-        )?;
-        meta.read_at(chunk, ring.offset_bytes(seq))?;
+        let chunk = read_run(meta, ring, &mut buf, seq)?;
         for sector in chunk.chunks(SECTOR_BYTES) {
             // Sectors written since the pool took the journal-commits flag (a replay
             // from the older super block copy, written before it, reads them too):
