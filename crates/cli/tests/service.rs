@@ -244,7 +244,7 @@ const IDLE_CONNECTIONS: usize = 200;
 
 #[test]
 fn idle_connections_and_a_stalled_write_neither_starve_a_client_nor_hold_a_stop() {
-    // Issue 11, item 5: 200 idle connections (half still negotiating) and a client
+    // 200 idle connections (half still negotiating) and a client
     // that sent half a write's payload and stopped must neither keep a good client
     // waiting nor make SIGTERM wait out the server's grace period.
     let dir = TempDir::new("idle");
