@@ -197,6 +197,9 @@ pub struct OpenMarker {
     pub pid: u32,
     /// When it opened the pool (seconds since the epoch).
     pub since_unix: u64,
+    /// The same instant in ISO 8601, UTC (`2026-12-02T19:45:00Z`), for people.
+    #[serde(default)]
+    pub since_iso: String,
     /// True: the marker is this process's own (it holds the pool open now). False:
     /// it was found on the device by a read-only open, so its opener did not close
     /// the pool cleanly, or still has it open on another host.
