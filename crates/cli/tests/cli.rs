@@ -1211,3 +1211,57 @@ fn iso8601_after(text: &str, word: &str) -> String {
     assert!(!text.contains("unix time"), "{text}");
     time
 }
+
+/// `stats --verbose` counts a device once: with no metadata device of its own, the
+/// pool's one device shows under `data_device` and `metadata_device` says so, rather
+/// than repeating the same counters (as main did); with a separate metadata device,
+/// each has its own.
+#[test]
+fn stats_verbose_counts_each_device_once() {
+    let dir = TempDir::new("onedevice");
+    let pool = dir.join("pool");
+    fb(&pool, &["pool", "create", path_str(&pool), "--size", "64M"]).ok();
+    let verbose = fb(&pool, &["stats", "--verbose"]).ok().stdout();
+    let lines_of =
+        |text: &str, prefix: &str| text.lines().filter(|line| line.starts_with(prefix)).count();
+    assert_eq!(
+        lines_of(&verbose, "data_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
+    assert_eq!(lines_of(&verbose, "metadata_device."), 0, "{verbose}");
+    let said = verbose
+        .lines()
+        .find(|line| line.starts_with("metadata_device "))
+        .unwrap_or_else(|| panic!("no metadata_device line:\n{verbose}"));
+    assert!(said.contains("the data device"), "{said}");
+
+    let split = dir.join("split");
+    let meta = dir.join("split.meta");
+    fb(
+        &split,
+        &[
+            "pool",
+            "create",
+            path_str(&split),
+            "--size",
+            "1G",
+            "--metadata-device",
+            path_str(&meta),
+            "--metadata-size",
+            "64M",
+        ],
+    )
+    .ok();
+    let verbose = fb(&split, &["stats", "--verbose"]).ok().stdout();
+    assert_eq!(
+        lines_of(&verbose, "data_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
+    assert_eq!(
+        lines_of(&verbose, "metadata_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
+}

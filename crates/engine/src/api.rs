@@ -390,6 +390,10 @@ pub struct PoolStats {
     pub data_device: DeviceIo,
     /// Metadata device I/O since open (same device when not separate).
     pub metadata_device: DeviceIo,
+    /// Whether metadata has a device of its own; when not, `metadata_device` repeats
+    /// `data_device`'s counters.
+    #[serde(default)]
+    pub separate_metadata_device: bool,
     /// Metadata bytes written, by region, since open.
     pub metadata_written_by_region: Vec<(String, u64)>,
     /// Checkpoints taken since open.
