@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bytes stored and CPU spent per codec (issue 14: zstd per pool, and the early give-up on
+# Bytes stored and CPU spent per codec (zstd per pool, and the early give-up on
 # incompressible blocks). Imports each corpus into a fresh pool made with each
 # `--compression`, and prints the data stored (`stats`: data blocks used, compressed
 # bytes) and the CPU (user + sys seconds) of the import. `none` is the import without a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does the dedup window hold what it says (issue 14)? Imports the same random file twice into
+# Does the dedup window hold what it says? Imports the same random file twice into
 # a fresh pool, at fractions of the dedup window the pool reports, and prints the share of
 # the second copy that deduplicated, and the index's memory per TiB of window.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The saving lost when the dedup index gets less memory (issue 14: `--index-memory`).
+# The saving lost when the dedup index gets less memory (`--index-memory`).
 # Imports a corpus into fresh pools whose index has the default memory, then 1/2, 1/4, 1/8
 # and 1/16 of it (thin: --overcommit, so two copies of a large image fit), and prints the data
 # stored and the space saving `stats` reports, and the data a second import of it adds.

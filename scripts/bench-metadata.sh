@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Metadata operations at size (DESIGN.md §4): delete of a 32 GiB volume and trim of
+# Metadata operations at size (the performance targets): delete of a 32 GiB volume and trim of
 # 15 GiB, each under one second, and clones that add no data.
 #
 #   scripts/bench-metadata.sh               # a 32 GiB volume

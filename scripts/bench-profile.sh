@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the server's time goes: perf over `fewerbytes serve` while fio writes (issue 14).
+# Where the server's time goes: perf over `fewerbytes serve` while fio writes.
 #
 #   scripts/bench-profile.sh                    # 4k randwrite QD32x4 and 128k write QD8, seed mix
 #   WORKLOADS="128k-mix" RUNTIME=30 scripts/bench-profile.sh

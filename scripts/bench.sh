@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command benchmark (issue 14): fio over NBD against fewerbytes and, in the same run,
+# One-command benchmark: fio over NBD against fewerbytes and, in the same run,
 # against its peers on identical drives, counting the bytes that reach each drive.
 #
 #   scripts/bench.sh                         # the full run: both drives, ~19 min on 2 shared CPUs

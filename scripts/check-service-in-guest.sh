@@ -7,8 +7,8 @@
 #   scripts/check-service-in-guest.sh ROOT_IMG [KERNEL INITRD]
 #
 # KERNEL and INITRD default to the image's own /boot/vmlinuz-* and /boot/initrd.img-*.
-# Environment: QEMU (default qemu-system-x86_64), ACCEL (default tcg: see issue 10 on
-# why KVM does not boot a stock kernel on the CI machines), FEWERBYTES_BIN (default:
+# Environment: QEMU (default qemu-system-x86_64), ACCEL (default tcg: KVM does not boot a
+# stock kernel on the CI machines), FEWERBYTES_BIN (default:
 # cargo build --release), WORK (default: a new directory under /var/tmp, removed after
 # a pass). Root only (loop device, mount). Takes ~3 minutes under TCG on one core.
 #

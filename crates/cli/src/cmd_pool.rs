@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use fewerbytes_engine::{Compression, CreateOptions, Mode, Pool, PoolInfo};
+use fewerbytes_engine::{iso8601, Compression, CreateOptions, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -322,13 +322,18 @@ fn print_info(info: &PoolInfo) {
             match &info.open_marker {
                 None => "nobody (closed cleanly)".to_string(),
                 Some(m) if m.current => format!(
-                    "held by host '{}' pid {} since {} (unix time)",
-                    m.host, m.pid, m.since_unix
+                    "held by host '{}' pid {} since {}",
+                    m.host,
+                    m.pid,
+                    iso8601(m.since_unix)
                 ),
                 Some(m) => format!(
-                    "last opened by host '{}' pid {} at {} (unix time, boot id {}) and not \
+                    "last opened by host '{}' pid {} at {} (boot id {}) and not \
                      closed cleanly: it stopped without closing, or that host still has it open",
-                    m.host, m.pid, m.since_unix, m.boot_id
+                    m.host,
+                    m.pid,
+                    iso8601(m.since_unix),
+                    m.boot_id
                 ),
             },
         ),

@@ -57,11 +57,33 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
     }
     if args.verbose {
         println!();
-        for (key, value) in flatten(&serde_json::to_value(&*stats)?) {
+        for (key, value) in verbose_lines(&stats.pool, flatten(&serde_json::to_value(&*stats)?)) {
             println!("{key:<58} : {value}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The verbose lines: with no metadata device of its own, the pool's one device is
+/// counted once (`data_device.*`), and `metadata_device` says where metadata went,
+/// rather than the same counters a second time.
+fn verbose_lines(pool: &PoolStats, lines: Vec<(String, String)>) -> Vec<(String, String)> {
+    if pool.separate_metadata_device {
+        return lines;
+    }
+    let mut out: Vec<(String, String)> = Vec::with_capacity(lines.len());
+    for (key, value) in lines {
+        match key.strip_prefix("metadata_device.") {
+            Some(_) if out.iter().any(|(k, _)| k == "metadata_device") => {}
+            Some(_) => out.push((
+                "metadata_device".to_string(),
+                "the data device (no separate metadata device): data_device counts both"
+                    .to_string(),
+            )),
+            None => out.push((key, value)),
+        }
+    }
+    out
 }
 
 /// The vdostats-like table: one row for the pool; sizes in bytes when `bytes`;

@@ -16,6 +16,10 @@
 //! identity of the file the command was pointed at ([`PoolIdentity`]: device and
 //! inode), and a server refuses a request for any other file with `wrong_pool` set;
 //! a command that meets such a server opens the pool at its path itself.
+//!
+//! A command given a control socket and no pool first asks the server which pool it
+//! holds ([`served_pool`]: the one request sent without an identity), then goes on
+//! as if that path had been named, through that server only.
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
@@ -76,6 +80,10 @@ pub struct Envelope {
 pub enum Request {
     /// Whether a server answers for this pool (answered `Done`).
     Ping,
+    /// Which pool the server holds (answered `ServedPool`, by a server only). Sent
+    /// with no pool identity: a command given only `--control-socket` learns here
+    /// which pool it works on.
+    WhichPool,
     /// `pool info`.
     PoolInfo,
     /// `volume list`.
@@ -156,6 +164,7 @@ impl Request {
     pub fn in_words(&self) -> String {
         match self {
             Request::Ping => "ping".into(),
+            Request::WhichPool => "which pool".into(),
             Request::PoolInfo => "pool info".into(),
             Request::ListVolumes => "volume list".into(),
             Request::CreateVolume {
@@ -273,6 +282,17 @@ pub enum Answer {
     Grown(fewerbytes_engine::GrowReport),
     /// The scrub's progress and report.
     Scrub(fewerbytes_engine::ScrubStatus),
+    /// The pool a server holds.
+    ServedPool(ServedPool),
+}
+
+/// The pool a server holds, as it tells a command that named only its control socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServedPool {
+    /// The pool's path, absolute (the server resolved it when it started).
+    pub path: PathBuf,
+    /// The file at that path when the server started.
+    pub identity: PoolIdentity,
 }
 
 /// What `stats` reports: the pool's statistics and, when served, the NBD server's.
@@ -375,6 +395,11 @@ impl std::error::Error for WrongPool {}
 pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, EngineError> {
     Ok(match request {
         Request::Ping => Answer::Done,
+        Request::WhichPool => {
+            return Err(EngineError::Refused(
+                "the pool is not being served, so no server names it".into(),
+            ))
+        }
         Request::PoolInfo => Answer::PoolInfo(pool.info()),
         Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
         Request::CreateVolume {
@@ -531,35 +556,89 @@ impl ControlClient {
 
     /// Send one request and wait for its reply.
     pub fn call(&self, request: &Request) -> Result<Answer> {
-        let mut stream = UnixStream::connect(&self.path)
+        let stream = UnixStream::connect(&self.path)
             .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
-        let mut line = serde_json::to_string(&Envelope {
-            pool: Some(self.pool),
-            request: request.clone(),
-        })?;
-        line.push('\n');
-        stream
-            .write_all(line.as_bytes())
-            .context("could not send the request to the server")?;
-        let mut reader = BufReader::new(stream);
-        let mut reply_line = String::new();
-        reader
-            .read_line(&mut reply_line)
-            .context("could not read the server's reply")?;
-        if reply_line.is_empty() {
-            bail!(
-                "the server on {} closed the connection without answering",
-                self.path.display()
-            );
-        }
-        let reply: Reply = serde_json::from_str(&reply_line)
-            .context("the server's reply is not what this version of fewerbytes expects")?;
-        match (reply.ok, reply.value, reply.error) {
-            (true, Some(answer), _) => Ok(answer),
-            (false, _, Some(error)) if reply.wrong_pool => Err(WrongPool(error).into()),
-            (false, _, Some(error)) => Err(anyhow!(error)),
-            _ => bail!("the server's reply has neither a value nor an error"),
-        }
+        exchange(
+            stream,
+            &self.path,
+            &Envelope {
+                pool: Some(self.pool),
+                request: request.clone(),
+            },
+        )
+    }
+}
+
+/// Send one request on a connected control socket and read its reply.
+fn exchange(mut stream: UnixStream, path: &Path, envelope: &Envelope) -> Result<Answer> {
+    let mut line = serde_json::to_string(envelope)?;
+    line.push('\n');
+    stream
+        .write_all(line.as_bytes())
+        .context("could not send the request to the server")?;
+    let mut reader = BufReader::new(stream);
+    let mut reply_line = String::new();
+    reader
+        .read_line(&mut reply_line)
+        .context("could not read the server's reply")?;
+    if reply_line.is_empty() {
+        bail!(
+            "the server on {} closed the connection without answering",
+            path.display()
+        );
+    }
+    let reply: Reply = serde_json::from_str(&reply_line)
+        .context("the server's reply is not what this version of fewerbytes expects")?;
+    match (reply.ok, reply.value, reply.error) {
+        (true, Some(answer), _) => Ok(answer),
+        (false, _, Some(error)) if reply.wrong_pool => Err(WrongPool(error).into()),
+        (false, _, Some(error)) => Err(anyhow!(error)),
+        _ => bail!("the server's reply has neither a value nor an error"),
+    }
+}
+
+/// Ask the server on `socket` which pool it holds, for a command given a control
+/// socket but no pool. The pool's path must name the same file here as in the server
+/// (another mount namespace may see another file there, or none): else the command
+/// would work on a pool the server does not hold.
+pub fn served_pool(socket: &Path) -> Result<ServedPool> {
+    let hint = "start the server (`systemctl start fewerbytes@NAME` for the service), or \
+                name the pool with --pool";
+    let stream = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "no fewerbytes server answers on the control socket {} ({hint})",
+            socket.display()
+        )
+    })?;
+    let envelope = Envelope {
+        pool: None,
+        request: Request::WhichPool,
+    };
+    let answer = exchange(stream, socket, &envelope).with_context(|| {
+        format!(
+            "the server on the control socket {} did not say which pool it holds",
+            socket.display()
+        )
+    })?;
+    let Answer::ServedPool(served) = answer else {
+        bail!(
+            "the server on the control socket {} answered 'which pool' with {answer:?}",
+            socket.display()
+        );
+    };
+    match PoolIdentity::of(&served.path) {
+        Ok(identity) if identity == served.identity => Ok(served),
+        found => bail!(
+            "the server on the control socket {} holds the pool {}, but {} here ({}); name \
+             the pool as this process sees it with --pool",
+            socket.display(),
+            served.path.display(),
+            served.path.display(),
+            match found {
+                Ok(_) => "is another file".to_string(),
+                Err(e) => format!("cannot be read: {e}"),
+            }
+        ),
     }
 }
 

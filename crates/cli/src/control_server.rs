@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::control::{
     control_path, execute, Answer, ControlClient, Envelope, PoolIdentity, Reply, Request, Served,
-    StatsReport,
+    ServedPool, StatsReport,
 };
 
 /// Longest request line a server reads; requests are a name and a few numbers.
@@ -60,6 +60,12 @@ impl ControlServer {
         // The pool this server holds: requests for any other file are refused.
         let identity = PoolIdentity::of(pool_path)
             .with_context(|| format!("could not identify {}", pool_path.display()))?;
+        // Absolute, so a command run from another directory finds the same file.
+        let held = Arc::new(ServedPool {
+            path: std::fs::canonicalize(pool_path)
+                .with_context(|| format!("could not resolve {}", pool_path.display()))?,
+            identity,
+        });
         let listener = Arc::new(UnixListener::bind(&path).with_context(|| {
             if path.exists() {
                 format!(
@@ -82,7 +88,7 @@ impl ControlServer {
             let listener = Arc::clone(&listener);
             std::thread::Builder::new()
                 .name("control".into())
-                .spawn(move || accept_loop(&listener, pool, served, identity, stop))
+                .spawn(move || accept_loop(&listener, pool, served, held, stop))
                 .context("could not start the control thread")?
         };
         Ok(ControlServer {
@@ -141,7 +147,7 @@ fn accept_loop(
     listener: &UnixListener,
     pool: Arc<Pool>,
     served: Arc<Served>,
-    identity: PoolIdentity,
+    held: Arc<ServedPool>,
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
@@ -168,11 +174,12 @@ fn accept_loop(
         active.fetch_add(1, Ordering::SeqCst);
         let pool = Arc::clone(&pool);
         let served = Arc::clone(&served);
+        let held = Arc::clone(&held);
         let active_for_thread = Arc::clone(&active);
         let spawned = std::thread::Builder::new()
             .name("control-request".into())
             .spawn(move || {
-                if let Err(e) = serve_connection(stream, &pool, &served, identity) {
+                if let Err(e) = serve_connection(stream, &pool, &served, &held) {
                     tracing::warn!("control request failed: {e:#}");
                 }
                 active_for_thread.fetch_sub(1, Ordering::SeqCst);
@@ -201,7 +208,7 @@ fn serve_connection(
     stream: UnixStream,
     pool: &Pool,
     served: &Served,
-    identity: PoolIdentity,
+    held: &ServedPool,
 ) -> Result<()> {
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     if let Some(uid) = peer_uid(&stream) {
@@ -227,7 +234,17 @@ fn serve_connection(
             error: Some(format!("the server could not understand the request: {e}")),
             wrong_pool: false,
         },
-        Ok(envelope) if envelope.pool != Some(identity) => Reply {
+        // Asked without a pool: the one request that names none.
+        Ok(Envelope {
+            request: Request::WhichPool,
+            ..
+        }) => Reply {
+            ok: true,
+            value: Some(Answer::ServedPool(held.clone())),
+            error: None,
+            wrong_pool: false,
+        },
+        Ok(envelope) if envelope.pool != Some(held.identity) => Reply {
             ok: false,
             value: None,
             error: Some(

@@ -43,7 +43,9 @@ struct Cli {
 
     /// The control socket of a served pool [default: <pool>.ctl beside the pool]. The
     /// systemd unit serves with /run/fewerbytes/NAME.ctl: commands for that pool need
-    /// the same path here (or in FEWERBYTES_CONTROL_SOCKET).
+    /// the same path here (or in FEWERBYTES_CONTROL_SOCKET). Given without --pool, a
+    /// command works on the pool the server on this socket holds, or fails if none
+    /// answers.
     #[arg(
         long,
         global = true,
@@ -158,26 +160,14 @@ fn main() -> ExitCode {
         cli.log_format,
         if serving { "info" } else { "warn" },
     );
-    if let Some(path) = cli.control_socket {
-        control::set_control_socket(path);
-    }
     if let Some(path) = cli.allow_file {
         access::set_allow_file(path);
     }
     if cli.require_server {
         control::set_require_server();
     }
-    let pool = match cli.pool {
-        Some(path) => PoolPath {
-            path,
-            explicit: true,
-        },
-        None => PoolPath {
-            path: PathBuf::from(DEFAULT_POOL_PATH),
-            explicit: false,
-        },
-    };
-    match run(cli.command, &pool) {
+    let pool = which_pool(cli.pool, cli.control_socket, &cli.command);
+    match pool.and_then(|pool| run(cli.command, &pool)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!(
@@ -192,6 +182,46 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The pool a command works on: `--pool` (or `FEWERBYTES_POOL`); else, for a command
+/// that reaches an existing pool and was given a control socket, the pool the server
+/// on that socket holds (such a command then goes to that server or fails, never
+/// opening the pool itself); else `./fewerbytes.pool`.
+fn which_pool(
+    pool: Option<PathBuf>,
+    control_socket: Option<PathBuf>,
+    command: &Command,
+) -> Result<PoolPath> {
+    let reaches_served_pool = !matches!(
+        command,
+        Command::Serve(_)
+            | Command::Completions { .. }
+            | Command::Man { .. }
+            | Command::Pool(cmd_pool::PoolCommand::Create(_))
+    );
+    let asks_server = pool.is_none() && reaches_served_pool;
+    if let Some(socket) = control_socket {
+        control::set_control_socket(socket.clone());
+        if asks_server {
+            let served = control::served_pool(&socket)?;
+            control::set_require_server();
+            return Ok(PoolPath {
+                path: served.path,
+                explicit: true,
+            });
+        }
+    }
+    Ok(match pool {
+        Some(path) => PoolPath {
+            path,
+            explicit: true,
+        },
+        None => PoolPath {
+            path: PathBuf::from(DEFAULT_POOL_PATH),
+            explicit: false,
+        },
+    })
 }
 
 /// An error and its causes joined by ": ", leaving out a cause whose text the message

@@ -1,4 +1,4 @@
-//! The admin tools (issue 15, item 4) with the real binary: `volume rename`, `volume
+//! The admin tools with the real binary: `volume rename`, `volume
 //! info`, `--require-server` (what the Proxmox plugin stands on), `volume import`'s
 //! format detection, `--force` and sparse reads, `volume export`'s `--force`, script
 //! output, JSON log lines, and `serve`'s socket clean-up and warnings.

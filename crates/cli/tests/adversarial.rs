@@ -1,4 +1,4 @@
-//! The pool tried as a careless user and as an attacker would (issue 11): a second
+//! The pool tried as a careless user and as an attacker would: a second
 //! opener through another path, clients that stall to starve others, commands that
 //! reach the wrong pool, damaged pool files, names that are not names.
 //!

@@ -1162,6 +1162,14 @@ fn serving_a_v1_pool_upgrades_it_and_pool_info_names_who_holds_it() {
         info.contains("held by host") && info.contains(&format!("pid {pid} ")),
         "{info}"
     );
+    // The time is one people read: ISO 8601 in UTC, and --json keeps the number
+    // beside the same instant written so. On main: "since 1796225834 (unix time)".
+    let since = iso8601_after(&info, " since ");
+    let json = fb(&pool, &["pool", "info", "--json"]).ok().stdout();
+    let json: serde_json::Value = serde_json::from_str(&json).expect("pool info --json");
+    let marker = &json["open_marker"];
+    assert!(marker["since_unix"].as_u64().is_some(), "{json}");
+    assert_eq!(marker["since_iso"].as_str(), Some(since.as_str()), "{json}");
     assert_eq!(format_version(&pool), 2, "serving upgrades the pool");
     // A server killed leaves its marker: the next look says so.
     server.kill9();
@@ -1171,6 +1179,89 @@ fn serving_a_v1_pool_upgrades_it_and_pool_info_names_who_holds_it() {
         "{info}"
     );
     assert!(info.contains(&format!("pid {pid} ")), "{info}");
+    assert_eq!(iso8601_after(&info, " at "), since, "{info}");
     fb(&pool, &["check"]).ok();
     assert_eq!(format_version(&pool), 2);
+}
+
+/// The time written after `word` on the `Open by:` line of `text`, checked to be ISO 8601 in UTC
+/// (`2026-12-02T19:45:00Z`) and not a count of seconds.
+fn iso8601_after(text: &str, word: &str) -> String {
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("Open by:"))
+        .unwrap_or_else(|| panic!("no 'Open by:' line in:\n{text}"));
+    let at = line
+        .find(word)
+        .unwrap_or_else(|| panic!("no '{word}' in:\n{line}"))
+        + word.len();
+    let time: String = line[at..].chars().take(20).collect();
+    let shape_ok = time.len() == 20
+        && time.char_indices().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            10 => c == 'T',
+            13 | 16 => c == ':',
+            19 => c == 'Z',
+            _ => c.is_ascii_digit(),
+        });
+    assert!(
+        shape_ok,
+        "not ISO 8601 after '{word}': {time:?} in:\n{text}"
+    );
+    assert!(!text.contains("unix time"), "{text}");
+    time
+}
+
+/// `stats --verbose` counts a device once: with no metadata device of its own, the
+/// pool's one device shows under `data_device` and `metadata_device` says so, rather
+/// than repeating the same counters (as main did); with a separate metadata device,
+/// each has its own.
+#[test]
+fn stats_verbose_counts_each_device_once() {
+    let dir = TempDir::new("onedevice");
+    let pool = dir.join("pool");
+    fb(&pool, &["pool", "create", path_str(&pool), "--size", "64M"]).ok();
+    let verbose = fb(&pool, &["stats", "--verbose"]).ok().stdout();
+    let lines_of =
+        |text: &str, prefix: &str| text.lines().filter(|line| line.starts_with(prefix)).count();
+    assert_eq!(
+        lines_of(&verbose, "data_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
+    assert_eq!(lines_of(&verbose, "metadata_device."), 0, "{verbose}");
+    let said = verbose
+        .lines()
+        .find(|line| line.starts_with("metadata_device "))
+        .unwrap_or_else(|| panic!("no metadata_device line:\n{verbose}"));
+    assert!(said.contains("the data device"), "{said}");
+
+    let split = dir.join("split");
+    let meta = dir.join("split.meta");
+    fb(
+        &split,
+        &[
+            "pool",
+            "create",
+            path_str(&split),
+            "--size",
+            "1G",
+            "--metadata-device",
+            path_str(&meta),
+            "--metadata-size",
+            "64M",
+        ],
+    )
+    .ok();
+    let verbose = fb(&split, &["stats", "--verbose"]).ok().stdout();
+    assert_eq!(
+        lines_of(&verbose, "data_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
+    assert_eq!(
+        lines_of(&verbose, "metadata_device.read_bytes "),
+        1,
+        "{verbose}"
+    );
 }

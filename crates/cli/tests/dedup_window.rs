@@ -1,4 +1,4 @@
-//! The dedup window a pool reports holds what it says (issue 14): a file of random
+//! The dedup window a pool reports holds what it says: a file of random
 //! data up to 90% of the window, imported twice with `volume import`, dedups ≥ 99%
 //! the second time; past the window dedup degrades gracefully (the index keeps a
 //! sample and tries a hit's neighbours: a second copy of twice the window in order

@@ -1,5 +1,5 @@
 //! A pool whose host file system is full: every command that only reads still works
-//! (issue 13: "the data cannot be read out without freeing space first").
+//! (the data must be readable out without freeing space first).
 //!
 //! The pool file lives on a small tmpfs. A server takes writes and is killed before
 //! it closes (as a server on a filling disk may die), so the pool needs its journal

@@ -1,8 +1,7 @@
 //! SIGKILL of `serve` while a volume command it runs for the CLI (through the control
 //! socket) is under way: `volume clone`, `volume delete` and `volume resize --shrink`
 //! each happened wholly or not at all once the pool is opened again, `check` finds
-//! nothing wrong, and a command the CLI reported done is never undone (issue 11,
-//! item 5).
+//! nothing wrong, and a command the CLI reported done is never undone.
 //!
 //! Each case kills at a different delay after the CLI starts, on a volume large
 //! enough that its blocks take a while to reference or release.

@@ -36,7 +36,7 @@ fn nbdinfo_sees_negotiated_export_and_lists_every_volume() {
         let e = first_export(&info);
         assert_eq!(e["export-name"], "alpha", "{info}");
         assert_eq!(e["export-size"].as_u64(), Some(64 * MIB), "{info}");
-        // Any byte offset and length is served (issue 19), as qemu-nbd does on a raw file.
+        // Any byte offset and length is served, as qemu-nbd does on a raw file.
         assert_eq!(e["block_size_minimum"].as_u64(), Some(1), "{info}");
         assert_eq!(e["block_size_preferred"].as_u64(), Some(4096), "{info}");
         assert_eq!(e["block_size_maximum"].as_u64(), Some(32 * MIB), "{info}");
@@ -1195,7 +1195,7 @@ fn default_serve_creates_pool_and_serves_disk0() {
     qemu_io(&server.unix_uri("disk0"), &["read -P 0x77 1G 1M".into()]);
 }
 
-// Regression test (issue 15): `volume list` counted every NBD connection as a user, so
+// Regression test: `volume list` counted every NBD connection as a user, so
 // one nbdcopy with four connections (multi-conn) showed 4 users where there is 1 client.
 #[test]
 fn users_count_clients_not_their_connections() {

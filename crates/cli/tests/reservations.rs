@@ -332,7 +332,7 @@ if t.pread(16 << 20, 8 << 20) != image[8 << 20:24 << 20]:
 print(f"{len(handles)} clones attached at once")
 "#;
 
-/// What thin volumes may promise has no bound but the format's (issue 13): a 64 MiB
+/// What thin volumes may promise has no bound but the format's: a 64 MiB
 /// pool makes three thin volumes of 4 PiB, takes an image into one of them and checks
 /// clean; a volume of 5 PiB is refused with the limit.
 #[test]

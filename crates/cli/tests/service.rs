@@ -244,7 +244,7 @@ const IDLE_CONNECTIONS: usize = 200;
 
 #[test]
 fn idle_connections_and_a_stalled_write_neither_starve_a_client_nor_hold_a_stop() {
-    // Issue 11, item 5: 200 idle connections (half still negotiating) and a client
+    // 200 idle connections (half still negotiating) and a client
     // that sent half a write's payload and stopped must neither keep a good client
     // waiting nor make SIGTERM wait out the server's grace period.
     let dir = TempDir::new("idle");
@@ -526,6 +526,74 @@ fn the_control_socket_can_live_apart_from_the_pool() {
     assert!(
         lost.stderr.contains("--control-socket"),
         "the error names --control-socket:\n{}",
+        lost.report()
+    );
+}
+
+/// `--control-socket` alone (as README and docs/service.md show it) reaches the served
+/// pool from any directory: the server tells the command which pool it holds. A socket
+/// nobody answers on is named in the error. On main the command looked for
+/// ./fewerbytes.pool instead and failed with "there is no pool at ./fewerbytes.pool".
+#[test]
+fn the_control_socket_alone_reaches_the_served_pool() {
+    let dir = TempDir::new("ctlalone");
+    let elsewhere = TempDir::new("ctlalone-cwd");
+    let pool = create_pool(dir.path(), &[("vm1", "16M")]);
+    let mut serve = Serve::spawn(dir.path(), &pool, free_port(), &[], &[], "serve");
+    serve.wait_listening();
+    let only_socket = |socket: &Path, args: &[&str]| {
+        let mut cmd = Command::new(common::fewerbytes_bin());
+        cmd.current_dir(elsewhere.path())
+            .env_remove("FEWERBYTES_POOL")
+            .env_remove("FEWERBYTES_CONTROL_SOCKET")
+            .arg("--control-socket")
+            .arg(socket)
+            .args(args);
+        run_with_limit(&mut cmd, common::CLIENT_LIMIT)
+    };
+
+    let created = only_socket(
+        &serve.control,
+        &["volume", "create", "vm2", "--size", "16M"],
+    );
+    assert!(created.status.success(), "{}", created.report());
+    let listed = only_socket(&serve.control, &["volume", "list"]);
+    assert!(listed.status.success(), "{}", listed.report());
+    assert!(
+        listed.stdout.contains("vm1") && listed.stdout.contains("vm2"),
+        "the served pool's volumes are listed:\n{}",
+        listed.report()
+    );
+    let info = only_socket(&serve.control, &["pool", "info"]);
+    assert!(info.status.success(), "{}", info.report());
+    // The variable counts as naming the socket too.
+    let mut cmd = Command::new(common::fewerbytes_bin());
+    cmd.current_dir(elsewhere.path())
+        .env_remove("FEWERBYTES_POOL")
+        .env("FEWERBYTES_CONTROL_SOCKET", &serve.control)
+        .args(["stats"]);
+    let stats = run_with_limit(&mut cmd, common::CLIENT_LIMIT);
+    assert!(stats.status.success(), "{}", stats.report());
+    assert!(
+        !elsewhere.join("fewerbytes.pool").exists(),
+        "no pool was made in the working directory"
+    );
+
+    // A socket nobody answers on: the error names it.
+    let silent = dir.join("nobody.ctl");
+    let lost = only_socket(&silent, &["volume", "list"]);
+    assert!(!lost.status.success(), "{}", lost.report());
+    assert!(
+        lost.stderr.contains(&format!(
+            "no fewerbytes server answers on the control socket {}",
+            silent.display()
+        )),
+        "the error names the socket:\n{}",
+        lost.report()
+    );
+    assert!(
+        !lost.stderr.contains("there is no pool"),
+        "{}",
         lost.report()
     );
 }

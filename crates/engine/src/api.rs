@@ -200,6 +200,9 @@ pub struct OpenMarker {
     pub pid: u32,
     /// When it opened the pool (seconds since the epoch).
     pub since_unix: u64,
+    /// The same instant in ISO 8601, UTC (`2026-12-02T19:45:00Z`), for people.
+    #[serde(default)]
+    pub since_iso: String,
     /// True: the marker is this process's own (it holds the pool open now). False:
     /// it was found on the device by a read-only open, so its opener did not close
     /// the pool cleanly, or still has it open on another host.
@@ -403,6 +406,10 @@ pub struct PoolStats {
     pub data_device: DeviceIo,
     /// Metadata device I/O since open (same device when not separate).
     pub metadata_device: DeviceIo,
+    /// Whether metadata has a device of its own; when not, `metadata_device` repeats
+    /// `data_device`'s counters.
+    #[serde(default)]
+    pub separate_metadata_device: bool,
     /// Metadata bytes written, by region, since open.
     pub metadata_written_by_region: Vec<(String, u64)>,
     /// Checkpoints taken since open.

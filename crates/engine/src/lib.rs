@@ -62,4 +62,5 @@ pub use fewerbytes_storage as storage;
 pub use pool::Pool;
 pub use repair::{RepairOptions, RepairPhase, RepairReport};
 pub use scrub::SCRUB_RATE_DEFAULT_BYTES_PER_S;
+pub use scrubber::iso8601;
 pub use volume::Volume;

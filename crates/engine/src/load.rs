@@ -642,7 +642,9 @@ fn this_holder() -> Holder {
 fn describe_holder(h: &Holder) -> String {
     let boot: String = h.boot_id.iter().map(|b| format!("{b:02x}")).collect();
     format!(
-        "host '{}' (boot id {boot}), pid {}, at {} (unix time)",
-        h.host, h.pid, h.open_unix
+        "host '{}' (boot id {boot}), pid {}, at {}",
+        h.host,
+        h.pid,
+        crate::scrubber::iso8601(h.open_unix)
     )
 }

@@ -656,6 +656,7 @@ impl Pool {
                     .collect(),
                 pid: sb.holder.pid,
                 since_unix: sb.holder.open_unix,
+                since_iso: crate::scrubber::iso8601(sb.holder.open_unix),
                 current: !i.devices.opened_read_only(),
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),

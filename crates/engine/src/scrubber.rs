@@ -172,8 +172,9 @@ pub(crate) fn iso8601_now() -> String {
     iso8601(unix)
 }
 
-/// Unix seconds as ISO 8601 in UTC, by the civil-from-days rule (no time zone data).
-fn iso8601(unix: u64) -> String {
+/// Unix seconds as ISO 8601 in UTC (`2026-12-02T18:22:15Z`), by the civil-from-days
+/// rule (no time zone data): how every time shown to people is written.
+pub fn iso8601(unix: u64) -> String {
     let days = unix / 86_400;
     let secs = unix % 86_400;
     // Howard Hinnant's days_from_civil inverse, for days since 1970-01-01.

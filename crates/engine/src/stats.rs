@@ -108,6 +108,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         } else {
             device_io(i.devices.data().counters().snapshot())
         },
+        separate_metadata_device: i.devices.separate_metadata(),
         metadata_written_by_region: i
             .checkpointer
             .written()

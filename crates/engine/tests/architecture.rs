@@ -121,7 +121,7 @@ fn impl_type(line: &str) -> Option<&str> {
 }
 
 /// Each part owns its state in its own file: the methods of an engine type lie in
-/// the file that defines it, never in an `impl` block elsewhere (issue 12).
+/// the file that defines it, never in an `impl` block elsewhere.
 #[test]
 fn every_impl_block_lies_in_its_types_file() {
     let src = repo_root().join("crates/engine/src");
@@ -168,5 +168,100 @@ fn every_impl_block_lies_in_its_types_file() {
         astray.is_empty(),
         "impl blocks outside their type's file:\n{}",
         astray.join("\n")
+    );
+}
+
+/// The files the repository holds: `git ls-files` where the tree is a git checkout, else
+/// every file under the root but build output (`target/`) and `.git/`.
+fn repository_files() -> Vec<PathBuf> {
+    let root = repo_root();
+    let listed = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["ls-files", "-z"])
+        .output();
+    if let Ok(out) = listed {
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout)
+                .split('\0')
+                .filter(|name| !name.is_empty())
+                .map(|name| root.join(name))
+                .collect();
+        }
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .path();
+            let name = path.file_name().unwrap_or_default();
+            if path.is_dir() {
+                if name != "target" && name != ".git" {
+                    dirs.push(path);
+                }
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+/// Why a line points outside the repository, if it does: it names a steering document
+/// the repository does not hold, or a numbered item of a tracker users cannot see
+/// (`next` is the line after, for a number wrapped onto it).
+fn outside_pointer(line: &str, next: Option<&str>) -> Option<&'static str> {
+    let outside_docs = [concat!("DESIGN", ".md"), concat!("STYLE", ".md")];
+    if outside_docs.iter().any(|doc| line.contains(doc)) {
+        return Some("names a document outside the repository");
+    }
+    let word = concat!("ssue", " ");
+    let numbered = line.match_indices(word).any(|(at, _)| {
+        let before = line[..at].chars().next_back();
+        let after = line[at + word.len()..].chars().next();
+        matches!(before, Some('i' | 'I')) && after.is_some_and(|c| c.is_ascii_digit())
+    });
+    // A number wrapped onto the next line: "... (i" + "ssue" at the end, "14) ..." after.
+    let wrapped = line
+        .trim_end()
+        .to_lowercase()
+        .ends_with(concat!("i", "ssue"))
+        && next.is_some_and(|n| {
+            let n = n.trim_start().trim_start_matches(['/', '!', '#', ' ']);
+            n.starts_with(|c: char| c.is_ascii_digit())
+        });
+    (numbered || wrapped).then_some("cites a numbered item of an outside tracker")
+}
+
+/// The repository stands alone: no file in it sends a reader to a document it does not
+/// hold or to a tracker a user cannot see; each says the thing itself.
+#[test]
+fn no_file_points_outside_the_repository() {
+    let files = repository_files();
+    assert!(
+        files.iter().any(|f| f.ends_with("ARCHITECTURE.md")),
+        "the walk of the repository found ARCHITECTURE.md"
+    );
+    let mut found = Vec::new();
+    for file in &files {
+        // Binary files (and files gone from the work tree) hold no prose to check.
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if let Some(why) = outside_pointer(line, lines.get(i + 1).copied()) {
+                let shown = file.strip_prefix(repo_root()).unwrap_or(file);
+                found.push(format!("{}:{}: {why}: {line}", shown.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files point outside the repository:\n{}",
+        found.join("\n")
     );
 }

@@ -1,6 +1,6 @@
 //! Block maps whose memory follows what is written (`map_pages.rs`), and thin volumes
 //! that may promise up to the format's maximum (docs/format.md "Format maxima": 4,096
-//! volumes of at most 4 PiB each) whatever the pool's size (issue 13).
+//! volumes of at most 4 PiB each) whatever the pool's size.
 //!
 //! On a 64 MiB pool: thin volumes of 4 PiB (and one of 4 PiB less a block) written at
 //! their first, middle and last blocks hold three map pages each in memory, read back

@@ -1,5 +1,5 @@
 //! Writes a drive acknowledged but lost, or put at the wrong place, during a
-//! checkpoint (format version 2, issue 11). Each metadata page's crc and generation
+//! checkpoint (format version 2). Each metadata page's crc and generation
 //! are held by its parent, so a stale page left in a slot, or a page missing from
 //! its slot, is detected at the next open; it is never loaded, and no read ever
 //! returns stale data. The open then takes the older super block copy, whose pages

@@ -1,6 +1,6 @@
 //! Space: the seed's mix (75% duplicate, 50% compressible in 512-byte chunks) written
 //! in 4 KiB requests with a flush every 256 stores at most 14% of the guest bytes as
-//! data (issue 14's target for the mix) and at most 2% as metadata, counted by the
+//! data (the performance target for the mix) and at most 2% as metadata, counted by the
 //! engine's own per-device byte counters. The workload is seeded, but the figure is
 //! not exact: when the commit thread's group commits and the compaction thread run
 //! depends on the machine's load (13.2% on an idle machine, 13.6% at load 20).

@@ -3,7 +3,7 @@
 //! Version 1 names directory pages by slot, every level-1 page of every table;
 //! version 2 names each table's [`TableRoot`] (the depth of its directory tree and
 //! at most four [`PageRef`]s, `dir_tree.rs`), and records each volume's reservation
-//! and thin flag (issue 13), so its size depends on the volumes alone.
+//! and thin flag, so its size depends on the volumes alone.
 
 use crate::dir_tree::{MAX_DEPTH, MAX_TOP_REFS};
 use crate::page::{PageRef, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES};

@@ -148,7 +148,7 @@ const IDLE_CONNECTIONS: usize = 200;
 
 #[test]
 fn idle_connections_and_a_client_stalled_mid_payload_keep_no_one_waiting() {
-    // The property (issue 11, item 5): 200 idle connections, some still negotiating,
+    // The property: 200 idle connections, some still negotiating,
     // and a client that sent half a write's payload and stopped, neither keep a good
     // client from being served nor make a stop wait out its grace period. They come
     // from one source (this test's uid, not trusted unless it is root): its limit is
