@@ -144,6 +144,9 @@ fn a_volume_whose_map_needs_three_levels_reads_back_after_reopen() {
     pool.close().unwrap();
 }
 
+// A stale directory page of the newest checkpoint is refused by its parent's
+// reference; since deferred frees keep the older super block copy's pages whole,
+// the open then takes the older copy and replays the journal from its replay point.
 #[test]
 fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
     let (file, pool) = big_pool("stale");
@@ -179,6 +182,17 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
         .unwrap()
         .write_all_at(&page, block * BLOCK as u64)
         .unwrap();
+    // With the older super block copy gone too, nothing else reaches the volume: the
+    // open is refused, naming the stale page.
+    let older_copy = 1 - sb.generation % 2;
+    let saved = read_block(&file.0, older_copy);
+    let pool_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.0)
+        .unwrap();
+    pool_file
+        .write_all_at(&[0u8; BLOCK], older_copy * BLOCK as u64)
+        .unwrap();
     match Pool::open(&file.0, &OPTS) {
         Err(EngineError::Corrupt {
             region,
@@ -193,6 +207,22 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
         Err(e) => panic!("not reported as corruption: {e}"),
         Ok(_) => panic!("a stale level-2 directory page was loaded"),
     }
+    // With the older copy whole, the pool opens from it with every write.
+    pool_file
+        .write_all_at(&saved, older_copy * BLOCK as u64)
+        .unwrap();
+    let pool = Pool::open(&file.0, &OPTS).expect("opens from the older super block copy");
+    let vol = pool.open_volume("big").unwrap();
+    for (lbn, byte) in probes() {
+        let mut buf = vec![0u8; BLOCK];
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == !byte),
+            "block {lbn} does not read back its last write"
+        );
+    }
+    assert_eq!(pool.stats().metadata_copies_repaired, 1);
+    pool.close().unwrap();
 }
 
 #[test]
