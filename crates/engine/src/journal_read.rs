@@ -610,7 +610,11 @@ mod tests {
             spoil(&meta, torn);
         }
         let read = read_journal(&meta, &ring()).unwrap();
-        assert!(read.lost.is_empty(), "a parity sector holds no record: {:?}", read.lost);
+        assert!(
+            read.lost.is_empty(),
+            "a parity sector holds no record: {:?}",
+            read.lost
+        );
         assert_eq!(read.records.len(), 30, "commit 0, then the torn end");
         assert_eq!(read.next_seq, 2);
     }
