@@ -172,8 +172,11 @@ pub(crate) fn negotiate(
                 OPT_ABORT => {}
                 OPT_EXPORT_NAME => return Err(NegotiationError::TlsRequired),
                 _ => {
+                    // In clear, the channel's stream is the client's own socket.
+                    let peer = channel.stream.peer();
                     tracing::info!(
                         id,
+                        %peer,
                         option,
                         "NBD option refused: client in clear where TLS is required"
                     );
@@ -426,7 +429,8 @@ fn open(
         )
     };
     if let Err((kind, reason)) = may_open(shared, peer, &canonical) {
-        tracing::info!(kind, %reason, "NBD export refused by policy");
+        let client = peer.describe().escape_debug().to_string();
+        tracing::info!(kind, %client, %reason, "NBD export refused by policy");
         return Err(unavailable());
     }
     let export = shared.exports().open(&canonical).map_err(|reason| {
