@@ -382,8 +382,9 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs every block of `section` in README.md, in order, then stops its servers.
-fn run_section(section: &str) {
+/// Runs every block of `section` in README.md, in order, then `and_then` while its
+/// servers still serve, then stops them.
+fn run_section_then(section: &str, and_then: impl FnOnce(&Scratch)) {
     let blocks = marked_blocks("README.md", section);
     for tool in ["nbdinfo", "qemu-img", "fio", "nbdfuse", "openssl"] {
         require_tool(tool);
@@ -393,7 +394,24 @@ fn run_section(section: &str) {
     for block in &blocks {
         scratch.run("README.md", block);
     }
+    and_then(&scratch);
     scratch.stop_servers();
+}
+
+fn run_section(section: &str) {
+    run_section_then(section, |_| {});
+}
+
+/// The TCP URIs the first server's banner printed (lines that are a URI alone).
+fn banner_uris(scratch: &Scratch) -> Vec<String> {
+    let log = &scratch.servers.first().expect("a server").1;
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("nbd://") || l.starts_with("nbds://"))
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
@@ -406,9 +424,27 @@ fn the_capacity_examples_run_as_written() {
     run_section("capacity");
 }
 
+// The server listens on 0.0.0.0: the URIs it prints must still be ones a client can
+// use as printed (with its credentials), not nbds://0.0.0.0:…, which no certificate
+// names.
 #[test]
 fn the_tls_x509_example_serves_a_client_on_this_host() {
-    run_section("tls-x509");
+    run_section_then("tls-x509", |scratch| {
+        let uris = banner_uris(scratch);
+        assert!(!uris.is_empty(), "serve printed no TCP URI");
+        for uri in uris {
+            let mut nbdinfo = tool("nbdinfo");
+            nbdinfo
+                .arg(format!("{uri}?tls-certificates=pki/alice"))
+                .current_dir(scratch.dir.path());
+            let ran = run_with_limit(&mut nbdinfo, BLOCK_LIMIT);
+            assert!(
+                ran.status.success(),
+                "a URI serve printed does not work as printed:\n{}",
+                ran.report()
+            );
+        }
+    });
 }
 
 #[test]

@@ -429,8 +429,7 @@ fn open(
         )
     };
     if let Err((kind, reason)) = may_open(shared, peer, &canonical) {
-        let client = peer.describe().escape_debug().to_string();
-        tracing::info!(kind, %client, %reason, "NBD export refused by policy");
+        tracing::info!(kind, %reason, "NBD export refused by policy");
         return Err(unavailable());
     }
     let export = shared.exports().open(&canonical).map_err(|reason| {
