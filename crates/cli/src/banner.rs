@@ -1,10 +1,11 @@
 //! What `serve` prints once every socket accepts: where it serves, a URI per volume a
 //! client can use as printed, and how to stop it.
 //!
-//! A wildcard listen address (`0.0.0.0`, `::`) is where the server accepts, not an
-//! address a client can connect to: the URIs name loopback instead (usable on this
-//! host, and named by a certificate made as the README makes it), and the `tcp` line
-//! says what the wildcard means and which host name other hosts would use.
+//! A wildcard listen address (`0.0.0.0`, `::`) says where the server accepts, not
+//! where to connect: no certificate names it and another host cannot reach it. The
+//! URIs name loopback instead (usable on this host, and named by a certificate made as
+//! the README makes it), and the `tcp` line says what the wildcard means and which host
+//! name other hosts would use.
 
 use fewerbytes_engine::Pool;
 use fewerbytes_nbd::TlsMode;
