@@ -169,11 +169,19 @@ fn own_network_namespace() {
     }
 }
 
+/// A server a serving block started.
+struct Served {
+    child: Child,
+    log: String,
+    /// Its NOTIFY_SOCKET, kept open so that its STOPPING=1 finds a listener.
+    _notify: UnixDatagram,
+}
+
 /// A section's scratch directory, with `fewerbytes` first on `PATH`.
 struct Scratch {
     dir: TempDir,
     path_var: String,
-    servers: Vec<(Child, String)>,
+    servers: Vec<Served>,
     /// How many blocks ran, for the names of their files.
     blocks_run: usize,
 }
@@ -303,13 +311,16 @@ impl Scratch {
                 );
             }
         }
-        self.servers
-            .push((child, log_path.to_string_lossy().into_owned()));
+        self.servers.push(Served {
+            child,
+            log: log_path.to_string_lossy().into_owned(),
+            _notify: notify,
+        });
     }
 
     fn server_logs(&self) -> String {
         let mut out = String::new();
-        for (_, log) in &self.servers {
+        for Served { log, .. } in &self.servers {
             out.push_str(&format!(
                 "\n--- {log} ---\n{}",
                 std::fs::read_to_string(log).unwrap_or_default()
@@ -320,7 +331,7 @@ impl Scratch {
 
     /// SIGTERM to every server the section started, newest first; each must exit 0.
     fn stop_servers(&mut self) {
-        while let Some((mut child, log)) = self.servers.pop() {
+        while let Some(Served { mut child, log, .. }) = self.servers.pop() {
             let pid = i32::try_from(child.id()).expect("pid");
             // SAFETY: kill(2) on a child this test started and has not reaped.
             unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -339,10 +350,16 @@ impl Scratch {
                 }
                 std::thread::sleep(Duration::from_millis(50));
             };
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
             assert!(
                 status.success(),
-                "a server the README starts exited with {status} after SIGTERM:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
+                "a server the README starts exited with {status} after SIGTERM:\n{text}"
+            );
+            // The README's examples are the happy path: an error in the log there is
+            // one a reader would see and worry about.
+            assert!(
+                !text.lines().any(|l| l.contains(" ERROR ")),
+                "a server the README starts logged an error:\n{text}"
             );
         }
     }
@@ -374,7 +391,7 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        for (child, _) in &mut self.servers {
+        for Served { child, .. } in &mut self.servers {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -404,7 +421,7 @@ fn run_section(section: &str) {
 
 /// The TCP URIs the first server's banner printed (lines that are a URI alone).
 fn banner_uris(scratch: &Scratch) -> Vec<String> {
-    let log = &scratch.servers.first().expect("a server").1;
+    let log = &scratch.servers.first().expect("a server").log;
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
