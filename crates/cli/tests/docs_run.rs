@@ -7,11 +7,16 @@
 //! README shows nothing of it):
 //!
 //! - `<!-- docs-test: SECTION -->`: run with `bash -e`; it must exit 0.
-//! - `<!-- docs-test: SECTION fails -->`: it must exit non-zero (a refusal the README
-//!   shows).
+//! - `<!-- docs-test: SECTION fails -->`: a refusal the README shows: it must exit 1
+//!   with fewerbytes' own `fewerbytes: error:` (not 127 for a missing command).
 //! - `<!-- docs-test: SECTION serve -->`: one command that serves until stopped. It is
-//!   run in the background with `NOTIFY_SOCKET` set, the next block runs once it sent
-//!   `READY=1`, and at the end of the section it gets SIGTERM and must exit 0.
+//!   exec'd in the background with `NOTIFY_SOCKET` set, the next block runs once it
+//!   sent `READY=1`, and at the end of the section it gets SIGTERM and must exit 0,
+//!   with no ERROR line in its log (the README's examples are the happy path).
+//!
+//! Not run here: the quick start's first block (apt-get, rustup, `scripts/install.sh`:
+//! `packaging.rs` runs the install into a `DESTDIR`) and its guest boot (`guest.rs`
+//! runs the same `scripts/guest/` steps), and "Install as a service" (systemd).
 //!
 //! Blocks of a section run in the order of the README, each in a fresh `bash` in the
 //! section's scratch directory (the repository root of the README's reader). Nothing of
