@@ -35,7 +35,7 @@ fn number(v: &Value, key: &str) -> u64 {
 fn reservation(pool: &Path, name: &str) -> (u64, bool) {
     let v = json(&fewerbytes_ok(pool, &["volume", "info", name, "--json"]));
     (
-        number(&v, "reservation_bytes"),
+        number(&v, "reserved_bytes"),
         v["thin"].as_bool().expect("thin"),
     )
 }
