@@ -16,7 +16,8 @@ use crate::size::{format_size, parse_size_arg};
 pub enum PoolCommand {
     /// Format a file or block device as a new pool (PATH here, not --pool).
     Create(CreateArgs),
-    /// Geometry, settings and what the pool can still address.
+    /// Geometry, settings and the pool's space: Size, Used and its parts, Available,
+    /// Reservable, Reserved, Promised.
     Info {
         /// Print PoolInfo as JSON.
         #[arg(long)]

@@ -23,9 +23,11 @@ pub struct Capacity {
     /// Size: the data region and the metadata regions (the device, less what no
     /// region takes). Used + Available.
     pub size_bytes: u64,
-    /// Used: Size less Available: Stored + Metadata + Reserved unused + Kept free
-    /// (exactly, but when writes past reservations took space they held back, which
-    /// leaves Available 0 and Used = Size).
+    /// Used: Size less Available: Stored + Metadata + Reserved unused + Kept free,
+    /// less the blocks packers hold open (at most 17 a zone: Stored counts them, and
+    /// so does Available, since the writes that fill them need no other block). When
+    /// overwrites of shared blocks took space reservations held back, Available is 0
+    /// and Used is Size, less than its parts.
     pub used_bytes: u64,
     /// Available: what a write no reservation covers (a thin volume's, or a
     /// partly-reserved one's past its reservation) can still take: free data space
@@ -36,9 +38,8 @@ pub struct Capacity {
     /// Data region: the part of Size that holds stored blocks.
     pub data_bytes: u64,
     /// Stored: the data blocks stored data takes (whole blocks and blocks packed with
-    /// compressed fragments), after dedup and compression; the few blocks packers
-    /// hold open are not counted here but in Available (the fragments still to come
-    /// fill them).
+    /// compressed fragments, those packers hold open included), after dedup and
+    /// compression.
     pub stored_bytes: u64,
     /// Metadata: the metadata regions (super blocks, journal, page store) and the
     /// data blocks holding metadata pages the page store had no slot for.
@@ -80,21 +81,18 @@ pub(crate) fn capacity(i: &Inner) -> Capacity {
     let kept_for_trims = kept_blocks(g, &i.depot);
     let available = ledger.thin_writable_blocks(kept_for_trims);
     let reservable = ledger.reservable_blocks(kept_for_trims, &i.depot, g);
-    let (mut allocated, mut freeing, mut open, mut headroom) = (0u64, 0u64, 0u64, 0u64);
+    let (mut allocated, mut freeing, mut headroom) = (0u64, 0u64, 0u64);
     for slab in i.depot.iter() {
         let s = slab.lock();
         allocated += u64::from(s.used_blocks() - s.pending_blocks());
         freeing += u64::from(s.pending_blocks());
-        // Counted as the ledger counts them (free for data: fragments still to come
-        // fill them), so that they are in Available and not in Stored.
-        open += s.open_block_numbers().len() as u64;
         headroom += u64::from(s.free_blocks() - s.free_blocks_for_data());
     }
     // Blocks holding metadata pages are allocated with no holder: metadata, not data.
     let page_blocks = i.checkpointer.page_store().data_blocks();
     // Saturating, here and below: display figures; `check` is what reports counts
     // that disagree.
-    let stored = allocated.saturating_sub(page_blocks + open);
+    let stored = allocated.saturating_sub(page_blocks);
     let size = g.data_blocks() + g.metadata_blocks();
     let trims = if ledger.withheld_blocks + ledger.metadata_blocks > 0 {
         kept_for_trims
