@@ -142,7 +142,7 @@ fn a_pool_whose_pages_may_go_to_data_blocks_takes_the_whole_device_without_max_s
     drop(b);
     drop(pool);
     t.reopen();
-    assert_eq!(t.pool().info().data_bytes, report.data_bytes);
+    assert_eq!(t.pool().info().space.data_bytes, report.data_bytes);
     let audit = t.pool().audit();
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     let b = t.pool().open_volume("b").unwrap();

@@ -72,7 +72,7 @@ fn reservations_survive_crashes_and_reopens() {
     t.reopen();
     assert_eq!(reservations(&t, &names), expected);
     let info = t.pool().info();
-    assert_eq!(info.reserved_bytes, 14 * MIB);
+    assert_eq!(info.space.reserved_bytes, 14 * MIB);
     assert_eq!(
         info.space.promised_bytes,
         8 * MIB + (1 << 30) + 16 * MIB + 8 * MIB
