@@ -3,10 +3,10 @@
 //! next crossing warns again). `stats` through the server shows the mark and whether
 //! it is crossed. A full pool pauses guests (ENOSPC); this is the notice before.
 //!
-//! Use% here is the larger of the device's fill (plain `stats`' Use%) and how much
-//! of the pool thin writes can no longer use (`thin_writable_bytes`): a thick volume
-//! that reserves the rest of the pool leaves thin volumes no room on a nearly empty
-//! device, and their writes fail as on a full one.
+//! Use% here is plain `stats`' Use%: Used of Size, where Used is everything but
+//! Available (what thin writes can still take). So a thick volume that reserves the
+//! rest of the pool, which leaves thin volumes no room on a nearly empty device (their
+//! writes fail as on a full one), crosses the mark too.
 
 use anyhow::{bail, Result};
 use fewerbytes_engine::{Pool, PoolStats};
@@ -47,14 +47,9 @@ pub fn parse_percent(text: &str) -> Result<u8> {
     Ok(percent)
 }
 
-/// The pool's Use% as the mark sees it: the larger of the device's fill (metadata
-/// counts as used) and the part of it thin writes cannot use (everything but
-/// `thin_writable_bytes`).
+/// The pool's Use%, as plain `stats` and the mark see it: Used of Size, rounded up.
 pub fn used_percent(stats: &PoolStats) -> u64 {
-    let size = stats.data_bytes + stats.metadata_bytes;
-    let filled = percent_rounded_up(stats.data_used_bytes + stats.metadata_bytes, size);
-    let closed_to_thin = percent_rounded_up(size.saturating_sub(stats.thin_writable_bytes), size);
-    filled.max(closed_to_thin)
+    percent_rounded_up(stats.space.used_bytes, stats.space.size_bytes)
 }
 
 /// The mark and its state.
@@ -89,17 +84,18 @@ impl LowWater {
         }
         if above {
             tracing::warn!(
-                "pool {} is {used}% used, at or past --warn-at {}%: {} free, of which thin \
-                 writes can use {} (reservations hold back {}). When that is gone, writes \
-                 no reservation covers fail with ENOSPC (QEMU pauses its guests) until \
-                 space is freed: make thick volumes thin or reserve less (`volume set \
-                 NAME --thin` or `--reserve SIZE`), delete or trim volumes, or grow the \
-                 pool (`pool grow`)",
+                "pool {} is {used}% used, at or past --warn-at {}%: Available {} (what \
+                 writes no reservation covers can still take), Used {} of Size {}, of \
+                 which reservations hold back {} unused. When Available is gone, those \
+                 writes fail with ENOSPC (QEMU pauses its guests) until space is freed: \
+                 make thick volumes thin or reserve less (`volume set NAME --thin` or \
+                 `--reserve SIZE`), delete or trim volumes, or grow the pool (`pool grow`)",
                 stats.path,
                 self.percent,
-                crate::size::format_size(stats.data_free_bytes),
-                crate::size::format_size(stats.thin_writable_bytes),
-                crate::size::format_size(stats.reserved_unused_bytes)
+                crate::size::format_size(stats.space.available_bytes),
+                crate::size::format_size(stats.space.used_bytes),
+                crate::size::format_size(stats.space.size_bytes),
+                crate::size::format_size(stats.space.reserved_unused_bytes)
             );
         } else {
             tracing::info!(

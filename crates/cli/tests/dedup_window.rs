@@ -89,7 +89,7 @@ fn second_copy_dedup_permille(
     let second = json(pool, &["stats", "--json"]);
     std::fs::remove_file(&file).expect("remove the random file");
     let saved = u64_of(&second, "dedup_saved_blocks") - u64_of(&first, "dedup_saved_blocks");
-    let added = u64_of(&second, "data_used_bytes") - u64_of(&first, "data_used_bytes");
+    let added = u64_of(&second, "stored_bytes") - u64_of(&first, "stored_bytes");
     // Random data: every block not deduplicated is stored whole.
     assert_eq!(
         added,

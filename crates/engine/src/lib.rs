@@ -13,6 +13,7 @@
 
 mod api;
 mod block_map;
+mod capacity;
 mod checkpoint;
 mod checkpointer;
 mod codec;
@@ -55,6 +56,7 @@ mod volumes;
 mod write_path;
 
 pub use api::*;
+pub use capacity::Capacity;
 pub use codec::{looks_incompressible, Compression};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;

@@ -602,36 +602,15 @@ impl Pool {
         let g = &i.geometry;
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
-        let ledger = i
-            .volumes
-            .reservations()
-            .ledger(&i.volumes.all(), &i.depot, g, &i.page_room());
         PoolInfo {
             scrub: Box::new(i.scrubber.status()),
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
             data_device_bytes: g.data_device_bytes(),
             metadata_device_bytes: g.metadata_device_bytes(),
-            data_bytes: g.data_blocks() * block,
-            metadata_bytes: g.metadata_blocks() * block,
+            space: crate::capacity::capacity(i),
+            metadata_regions_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
-            allocated_bytes: i.volumes.allocated_blocks().saturating_mul(block),
-            promised_bytes: i.volumes.allocated_blocks().saturating_mul(block),
-            reserved_bytes: ledger.reserved_blocks * block,
-            reserved_unused_bytes: ledger.withheld_blocks * block,
-            used_bytes: g
-                .data_blocks()
-                .saturating_sub(ledger.free_blocks + i.depot.metadata_headroom_blocks())
-                * block,
-            reservable_bytes: ledger.reservable_blocks(
-                crate::reservation::kept_blocks(g, &i.depot),
-                &i.depot,
-                g,
-            ) * block,
-            metadata_kept_bytes: ledger.metadata_blocks * block,
-            thin_writable_bytes: ledger
-                .thin_writable_blocks(crate::reservation::kept_blocks(g, &i.depot))
-                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             metadata_headroom_bytes: i.depot.metadata_headroom_blocks() * block,

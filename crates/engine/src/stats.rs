@@ -28,13 +28,13 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     }
     let SlabUsage {
         used_blocks,
-        pending_blocks,
         objects,
         dedup_saved_blocks: saved,
         fragments,
         fragment_bytes,
         zstd_fragments,
         whole_blocks: whole,
+        ..
     } = total;
     // Saturating, here and for the waste below: display figures. A miscount
     // shows as zero; `check` (the audit below) is what reports counts that disagree.
@@ -46,27 +46,30 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         .volumes
         .all()
         .iter()
-        .map(|v| VolumeStats {
-            name: v.name(),
-            size_bytes: v.size_blocks() * BLOCK,
-            logical_used_bytes: v.mapped_blocks() * BLOCK,
-            zero_bytes: v.zero_blocks() * BLOCK,
-            reservation_bytes: crate::reservation::volume_figures(
-                i.volumes.reservations().of(v.id()),
-                v,
-            )
-            .0,
-            counters: v.counters().snapshot(),
-            no_space_refusals: v.counters().no_space_refusals(),
+        .map(|v| {
+            let (reserved_bytes, reserved_unused_bytes, _) =
+                crate::reservation::volume_figures(i.volumes.reservations().of(v.id()), v);
+            VolumeStats {
+                name: v.name(),
+                size_bytes: v.size_blocks() * BLOCK,
+                logical_used_bytes: v.mapped_blocks() * BLOCK,
+                zero_bytes: v.zero_blocks() * BLOCK,
+                reserved_bytes,
+                reserved_unused_bytes,
+                counters: v.counters().snapshot(),
+                no_space_refusals: v.counters().no_space_refusals(),
+            }
         })
         .collect();
     let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
     let zero_bytes: u64 = volumes.iter().map(|v| v.zero_bytes).sum();
-    let data_used_bytes = used_blocks * BLOCK;
+    // Against what stored data takes as `info.space` counted it, so that the saving
+    // and Stored agree.
+    let stored_bytes = info.space.stored_bytes;
     let saving_percent = if logical_used_bytes == 0 {
         0.0
     } else {
-        100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
+        100.0 * (1.0 - stored_bytes as f64 / logical_used_bytes as f64)
     };
     let (journal_used, journal_sectors) = i.journal.usage();
     let (index_held, index_dropped) = i.depot.index().held_and_dropped();
@@ -74,19 +77,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         scrub: Box::new(i.scrubber.status()),
         path: i.devices.data_path(),
         mode,
-        data_bytes: i.geometry.data_blocks() * BLOCK,
-        data_used_bytes,
-        data_free_bytes: (i.geometry.data_blocks()
-            - (used_blocks + page_blocks + pending_blocks).min(i.geometry.data_blocks()))
-            * BLOCK,
-        data_freeing_bytes: pending_blocks * BLOCK,
-        promised_bytes: info.promised_bytes,
-        reserved_bytes: info.reserved_bytes,
-        reserved_unused_bytes: info.reserved_unused_bytes,
-        metadata_bytes: info.metadata_bytes,
-        metadata_in_data_bytes: page_blocks * BLOCK,
-        metadata_kept_bytes: info.metadata_kept_bytes,
-        thin_writable_bytes: info.thin_writable_bytes,
+        space: info.space,
         no_space_refusals: i.counters.no_space_refusals(),
         logical_used_bytes,
         zero_bytes,

@@ -168,7 +168,7 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
         },
     )
     .unwrap();
-    let data_blocks = pool.info().data_bytes / BLOCK as u64;
+    let data_blocks = pool.info().space.data_bytes / BLOCK as u64;
     pool.create_volume_with(
         "big",
         2 * data_blocks * BLOCK as u64,

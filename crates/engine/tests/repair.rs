@@ -158,7 +158,10 @@ fn a_leaked_object_is_freed_and_its_space_comes_back() {
     assert_audit_clean(&t);
     let after = t.pool().stats();
     assert_eq!(after.objects, before.objects - 1);
-    assert_eq!(after.data_used_bytes, before.data_used_bytes - BLOCK as u64);
+    assert_eq!(
+        after.space.stored_bytes,
+        before.space.stored_bytes - BLOCK as u64
+    );
     t.reopen();
     assert_audit_clean(&t);
     assert_eq!(t.pool().stats().objects, before.objects - 1);
