@@ -70,7 +70,7 @@ pub struct Capacity {
     pub promised_bytes: u64,
 }
 
-/// Count the pool's space now (every slab and volume).
+/// Count the pool's space now (every slab touched, and volume).
 pub(crate) fn capacity(i: &Inner) -> Capacity {
     let g = &i.geometry;
     let volumes = i.volumes.all();
@@ -82,12 +82,15 @@ pub(crate) fn capacity(i: &Inner) -> Capacity {
     let available = ledger.thin_writable_blocks(kept_for_trims);
     let reservable = ledger.reservable_blocks(kept_for_trims, &i.depot, g);
     let (mut allocated, mut freeing, mut headroom) = (0u64, 0u64, 0u64);
-    for slab in i.depot.iter() {
+    for (_, slab) in i.depot.touched() {
         let s = slab.lock();
         allocated += u64::from(s.used_blocks() - s.pending_blocks());
         freeing += u64::from(s.pending_blocks());
         headroom += u64::from(s.free_blocks() - s.free_blocks_for_data());
     }
+    // Slabs never touched hold nothing but keep their headroom.
+    let (untouched, untouched_for_data) = i.depot.untouched_blocks();
+    headroom += untouched - untouched_for_data;
     // Blocks holding metadata pages are allocated with no holder: metadata, not data.
     let page_blocks = i.checkpointer.page_store().data_blocks();
     // Saturating, here and below: display figures; `check` is what reports counts
