@@ -70,6 +70,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     let (journal_used, journal_sectors) = i.journal.usage();
     let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
+        index: index_status(i),
         scrub: Box::new(i.scrubber.status()),
         path: i.devices.data_path(),
         mode,
@@ -162,6 +163,20 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             ),
         ],
         volumes,
+    }
+}
+
+/// Where the dedup index's build stands (`Pool::index_status`).
+pub(crate) fn index_status(i: &Inner) -> IndexStatus {
+    use crate::index_build::BuildState;
+    IndexStatus {
+        state: match i.index_build.state() {
+            BuildState::NotBuilt => IndexState::NotBuilt,
+            BuildState::Rebuilding => IndexState::Rebuilding,
+            BuildState::Ready => IndexState::Ready,
+        },
+        percent: i.index_build.percent(),
+        blocks_stored_while_rebuilding: i.index_build.stored_while_rebuilding(),
     }
 }
 
