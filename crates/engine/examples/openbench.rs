@@ -12,7 +12,7 @@
 
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
 use rand::{RngCore, SeedableRng};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn main() {
@@ -33,11 +33,11 @@ fn main() {
     }
 }
 
-fn fill(path: &PathBuf, gib: u64, crash: bool) {
+fn fill(path: &Path, gib: u64, crash: bool) {
     let _ = std::fs::remove_file(path);
     // Room for the data, the metadata (2%) and the reserve.
     Pool::create(&CreateOptions {
-        path: path.clone(),
+        path: path.to_path_buf(),
         size_bytes: Some((gib + gib / 8 + 1) << 30),
         ..Default::default()
     })
@@ -78,7 +78,7 @@ fn fill(path: &PathBuf, gib: u64, crash: bool) {
     pool.close().expect("close");
 }
 
-fn open(path: &PathBuf) {
+fn open(path: &Path) {
     let start = Instant::now();
     let pool = Pool::open(path, &OpenOptions::default()).expect("open");
     let opened = start.elapsed().as_secs_f64();
