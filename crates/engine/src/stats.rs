@@ -315,6 +315,10 @@ pub(crate) fn audit(i: &Inner) -> AuditReport {
 /// Index entries that name no live object, with writes paused (no free runs; the
 /// background build inserts only live records).
 fn stale_index_entries(i: &Inner) -> u64 {
+    if i.index_build.state() == crate::index_build::BuildState::NotBuilt {
+        // A read-only open (`check`): the index is empty, nothing to walk.
+        return 0;
+    }
     let objects_per_slab = u64::from(i.geometry.objects_per_slab());
     let mut live = Vec::new();
     for s in 0..i.depot.count() {
