@@ -337,6 +337,7 @@ fn print_info(info: &PoolInfo) {
                 format_size(info.index_memory_bytes)
             ),
         ),
+        ("Index", info.index.to_string()),
         ("Threads", info.threads.to_string()),
         (
             "Mode",

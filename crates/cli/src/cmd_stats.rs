@@ -54,6 +54,7 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         if stats.pool.scrub.state != fewerbytes_engine::ScrubState::Idle {
             println!("Scrub: {}", crate::cmd_scrub::summary(&stats.pool.scrub));
         }
+        println!("Index: {}", stats.pool.index);
     }
     if args.verbose {
         println!();

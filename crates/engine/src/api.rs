@@ -64,6 +64,54 @@ pub struct OpenOptions {
     /// Give no freed space back to the devices (no discard) for this open, from the
     /// checkpoint the open itself takes (`serve --no-discard`); nothing is stored.
     pub no_discard: bool,
+    /// For tests: the dedup index's background build waits, before its first slab,
+    /// for [`crate::Pool::release_index_build`] (or close), so writes can be made
+    /// while the index is known to be rebuilding.
+    pub hold_index_build: bool,
+}
+
+/// Where the dedup index's build stands (`stats`, `pool info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IndexState {
+    /// Not built: the pool is opened read-only (nothing asks for advice).
+    #[default]
+    NotBuilt,
+    /// Being rebuilt from the object records in the background (after every
+    /// read-write open): writes get the advice of what is in it so far.
+    Rebuilding,
+    /// Holds every stored block (up to its window).
+    Ready,
+}
+
+/// The dedup index's build and what it cost the writes made meanwhile.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct IndexStatus {
+    /// Built, being rebuilt, or not built.
+    pub state: IndexState,
+    /// Percent of the slabs the rebuild has scanned (100 when ready).
+    pub percent: u8,
+    /// Blocks stored new since open while the index was rebuilding: written without
+    /// full dedup advice, so some may duplicate a block stored before the open.
+    pub blocks_stored_while_rebuilding: u64,
+}
+
+impl std::fmt::Display for IndexStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.state {
+            IndexState::Ready => write!(f, "ready"),
+            IndexState::Rebuilding => write!(f, "rebuilding {}%", self.percent),
+            IndexState::NotBuilt => write!(f, "not built (opened read-only)"),
+        }?;
+        if self.blocks_stored_while_rebuilding > 0 {
+            write!(
+                f,
+                "; {} blocks stored without full dedup advice while it rebuilt",
+                self.blocks_stored_while_rebuilding
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Operating mode, as vdostats reports it.
@@ -140,6 +188,9 @@ pub struct PoolInfo {
     pub dedup_window_bytes: u64,
     /// RAM the index takes.
     pub index_memory_bytes: u64,
+    /// The index's build: ready, rebuilding N%, or not built (read-only).
+    #[serde(default)]
+    pub index: IndexStatus,
     /// Worker threads.
     pub threads: usize,
     /// Operating mode.
@@ -303,6 +354,9 @@ pub struct WriteCounters {
 pub struct PoolStats {
     /// The pool path.
     pub path: String,
+    /// The dedup index's build: ready, rebuilding N%, or not built (read-only).
+    #[serde(default)]
+    pub index: IndexStatus,
     /// Operating mode.
     pub mode: Mode,
     /// The space figures, one name each (`capacity.rs`; the same in `PoolInfo`).

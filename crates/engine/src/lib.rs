@@ -27,6 +27,7 @@ mod fingerprint;
 pub mod geometry;
 mod grow;
 mod index;
+mod index_build;
 mod inner;
 mod journal;
 mod journal_read;

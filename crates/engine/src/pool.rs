@@ -58,6 +58,8 @@ pub struct Pool {
     compact_thread: Mutex<Option<JoinHandle<()>>>,
     /// The scrub's thread while one runs (or finished and not yet joined).
     scrub_thread: Mutex<Option<JoinHandle<()>>>,
+    /// The dedup index's build (`index_build.rs`), in a read-write open.
+    index_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn random_u64() -> u64 {
@@ -499,11 +501,27 @@ impl Pool {
             .map_err(|e| {
                 EngineError::Refused(format!("cannot start the compaction thread: {e}"))
             })?;
+        // The pool serves now; the index is built beside it (never for a read-only
+        // open: nothing it does asks for advice).
+        let index_thread = if inner.devices.opened_read_only() {
+            None
+        } else {
+            let build_inner = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("fewerbytes-index".into())
+                    .spawn(move || crate::index_build::run(&build_inner))
+                    .map_err(|e| {
+                        EngineError::Refused(format!("cannot start the index build thread: {e}"))
+                    })?,
+            )
+        };
         Ok(Arc::new(Pool {
             inner,
             commit_thread: Mutex::new(Some(handle)),
             compact_thread: Mutex::new(Some(compactor)),
             scrub_thread: Mutex::new(None),
+            index_thread: Mutex::new(index_thread),
         }))
     }
 
@@ -572,6 +590,10 @@ impl Pool {
             counters: Counters::default(),
             compactor: Compactor::new(),
             scrubber: crate::scrubber::Scrubber::new(),
+            index_build: crate::index_build::IndexBuild::new(
+                mode != OpenMode::ReadOnly,
+                opts.hold_index_build,
+            ),
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
@@ -621,6 +643,7 @@ impl Pool {
             index_entries: i.depot.index().capacity(),
             dedup_window_bytes: i.depot.index().capacity() * block,
             index_memory_bytes: i.depot.index().memory_bytes(),
+            index: crate::stats::index_status(i),
             threads: i.zones.threads(),
             mode: self.mode(),
             format_version: sb.version,
@@ -882,6 +905,22 @@ impl Pool {
         Ok(self.inner.scrubber.status())
     }
 
+    /// Where the dedup index's build stands.
+    pub fn index_status(&self) -> IndexStatus {
+        crate::stats::index_status(&self.inner)
+    }
+
+    /// Wait until the dedup index is built (a batch writer that wants every dedup
+    /// hit, as `volume import`; a server never waits: it serves at once).
+    pub fn wait_index_built(&self) {
+        self.inner.index_build.wait();
+    }
+
+    /// Let an index build held by [`OpenOptions::hold_index_build`] run.
+    pub fn release_index_build(&self) {
+        self.inner.index_build.release();
+    }
+
     /// The scrub's progress and last report (in memory: a reopened pool says idle).
     pub fn scrub_status(&self) -> ScrubStatus {
         self.inner.scrubber.status()
@@ -914,6 +953,10 @@ impl Pool {
         }
         i.scrubber.wake();
         if let Some(h) = self.scrub_thread.lock().take() {
+            let _ = h.join();
+        }
+        i.index_build.stop();
+        if let Some(h) = self.index_thread.lock().take() {
             let _ = h.join();
         }
         let result = if i.devices.opened_read_only() {

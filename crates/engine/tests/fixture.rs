@@ -88,6 +88,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// The versions of the two super block copies of `image`, each `None` if invalid.

@@ -278,6 +278,7 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
             threads: Some(2),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )?;
     t.pool = Some(pool);
@@ -301,6 +302,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
             threads: Some(2),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     );
     match refused {

@@ -145,6 +145,7 @@ impl Devices {
                 threads: Some(2),
                 index_memory_bytes: None,
                 no_discard: false,
+                hold_index_build: false,
             },
         )
     }
