@@ -161,13 +161,14 @@ fn build(inner: &Inner) {
     }
     let started = std::time::Instant::now();
     let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
+    // Only slabs touched hold objects (the open loaded them); one touched later,
+    // or added by a grow, holds only what writes store meanwhile, and they insert.
+    let slabs: Vec<u32> = inner.depot.touched().map(|(s, _)| s).collect();
     build
         .slabs_total
-        .store(inner.depot.count(), Ordering::Release);
+        .store(slabs.len() as u32, Ordering::Release);
     let mut inserted = 0u64;
-    let mut s = 0;
-    // Slabs a grow adds meanwhile are empty: whatever they store, their writes insert.
-    while s < inner.depot.count() {
+    for (done, &s) in (1u32..).zip(&slabs) {
         if build.stop.load(Ordering::Acquire) {
             tracing::info!("dedup index build stopped at slab {s} (the pool is closing)");
             return;
@@ -184,8 +185,7 @@ fn build(inner: &Inner) {
                 inserted += 1;
             }
         }
-        s += 1;
-        build.slabs_done.store(s, Ordering::Release);
+        build.slabs_done.store(done, Ordering::Release);
     }
     build.state.store(READY, Ordering::Release);
     tracing::info!(
