@@ -6,7 +6,11 @@
 //! Use% here is plain `stats`' Use%: Used of Size, where Used is everything but
 //! Available (what thin writes can still take). So a thick volume that reserves the
 //! rest of the pool, which leaves thin volumes no room on a nearly empty device (their
-//! writes fail as on a full one), crosses the mark too.
+//! writes fail as on a full one), crosses the mark too. But only while some volume
+//! can write past its reservation (a thin one, or one reserving less than its size):
+//! when every volume's reservation covers its size, no write can meet ENOSPC
+//! however full the pool is, and there is nothing to warn about (the default pool,
+//! one thick volume reserving all of it, would otherwise warn at every start).
 
 use anyhow::{bail, Result};
 use fewerbytes_engine::{Pool, PoolStats};
@@ -52,6 +56,16 @@ pub fn used_percent(stats: &PoolStats) -> u64 {
     percent_rounded_up(stats.space.used_bytes, stats.space.size_bytes)
 }
 
+/// Whether some volume can write past what it reserved (a thin volume, or one
+/// reserving less than its size): only such writes take Available, and meet ENOSPC
+/// when it is gone.
+pub fn writes_past_reservations(stats: &PoolStats) -> bool {
+    stats
+        .volumes
+        .iter()
+        .any(|v| v.reserved_bytes < v.size_bytes)
+}
+
 /// The mark and its state.
 pub struct LowWater {
     percent: u8,
@@ -78,7 +92,7 @@ impl LowWater {
     /// Look at the pool's use; log when it crosses the mark either way.
     pub fn observe(&self, stats: &PoolStats) {
         let used = used_percent(stats);
-        let above = used >= u64::from(self.percent);
+        let above = used >= u64::from(self.percent) && writes_past_reservations(stats);
         if self.crossed.swap(above, Ordering::Relaxed) == above {
             return;
         }
