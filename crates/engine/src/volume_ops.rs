@@ -8,7 +8,7 @@
 use crate::block_map::VolumeState;
 use crate::geometry::human_bytes;
 use crate::inner::Inner;
-use crate::page_store::page_address;
+use crate::page_store::page_addresses;
 use crate::{api::*, EngineError, Result};
 use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_DEPTH;
@@ -173,7 +173,7 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
     {
         let mut free = Vec::new();
         for (_, page) in vol.map_pages().iter() {
-            free.extend(page_address(&page.lock().durable()));
+            free.extend(page_addresses(&page.lock().durable()));
         }
         free.extend(vol.dirs().slots());
         i.checkpointer.free_after_next(free);
@@ -216,7 +216,7 @@ pub(crate) fn resize(
         }
         let (released, retired) = vol.unmap_from(size_blocks, i.checkpointer.dirty_pages());
         i.checkpointer
-            .free_after_next(retired.iter().filter_map(page_address));
+            .free_after_next(retired.iter().flat_map(page_addresses));
         i.depot.release_objects(&i.devices, &released)?;
     }
     vol.set_size(size_blocks);

@@ -352,7 +352,7 @@ fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_w
     match Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS) {
         Err(EngineError::Refused(why)) => {
             eprintln!("refused: {why}");
-            assert!(why.contains("upgrade to version 2 needs"), "{why}");
+            assert!(why.contains("upgrade to version 3 needs"), "{why}");
             assert!(why.contains("free slots"), "{why}");
             assert!(why.contains("free blocks"), "{why}");
             assert!(why.contains("nothing was written"), "{why}");
