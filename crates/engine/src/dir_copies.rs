@@ -72,8 +72,7 @@ fn both_failed(
             reason: both(reason),
         },
         other => {
-            let (_, _, corrupt) = match page_place(inner, PageKind::Directory, reference.address)
-            {
+            let (_, _, corrupt) = match page_place(inner, PageKind::Directory, reference.address) {
                 Ok(place) => place,
                 Err(e) => return e,
             };

@@ -25,8 +25,7 @@ use fewerbytes_format::dir_tree::{level_sizes, level_sizes_of, MAX_DEPTH, MAX_VO
 use fewerbytes_format::page::{
     decode_page, decode_page_ref, page_version_allowed, refs_per_dir_page, CountRecord,
     ObjectRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE,
-    OBJECTS_PER_PAGE, PAGE_HEADER_BYTES, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE,
-    SLOTS_PER_DIR_PAGE,
+    OBJECTS_PER_PAGE, PAGE_HEADER_BYTES, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
 use fewerbytes_format::superblock::{
     Holder, SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_JOURNAL_COMMITS,

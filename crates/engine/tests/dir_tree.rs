@@ -131,7 +131,11 @@ fn a_volume_whose_map_needs_three_levels_reads_back_after_reopen() {
                 .iter()
                 .filter(|(s, t, _)| s != slot && t.slot == *slot && t.generation == h.generation)
                 .count();
-            assert_eq!(twins, 1, "level {level} page {} has its second copy", h.index);
+            assert_eq!(
+                twins, 1,
+                "level {level} page {} has its second copy",
+                h.index
+            );
         }
     }
     assert!(directory_pages(&file.0, id, 4).is_empty());

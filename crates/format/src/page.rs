@@ -182,7 +182,10 @@ impl PageRef {
     /// The addresses its page is at: the address, then the twin's if it has one.
     pub fn addresses(&self) -> impl Iterator<Item = u64> {
         let twin = (!self.is_none() && self.twin != 0).then_some(self.twin);
-        (!self.is_none()).then_some(self.address).into_iter().chain(twin)
+        (!self.is_none())
+            .then_some(self.address)
+            .into_iter()
+            .chain(twin)
     }
     /// Whether it points to no page.
     pub fn is_none(&self) -> bool {
@@ -747,7 +750,11 @@ mod tests {
             decode_page_ref(&page, PageKind::Directory, 77, &wrong),
             Err(FormatError::WrongAddress { .. })
         ));
-        assert!(page_version_allowed(FORMAT_VERSION, PageKind::Map, FORMAT_VERSION_2));
+        assert!(page_version_allowed(
+            FORMAT_VERSION,
+            PageKind::Map,
+            FORMAT_VERSION_2
+        ));
         assert!(!page_version_allowed(
             FORMAT_VERSION,
             PageKind::Directory,
