@@ -109,12 +109,12 @@ pub(crate) fn read_page_at(
 /// Where the page at `address` lies: its device, the block there, and the
 /// corruption report for that block. An address outside its region (the page
 /// store's slots, or the data region's blocks) is corruption.
-pub(crate) fn page_place<'a>(
-    inner: &'a Inner,
+pub(crate) fn page_place(
+    inner: &Inner,
     kind: PageKind,
     address: u64,
 ) -> Result<(
-    &'a dyn fewerbytes_storage::Storage,
+    &dyn fewerbytes_storage::Storage,
     u64,
     impl Fn(String) -> EngineError,
 )> {
