@@ -145,10 +145,12 @@ pub(crate) fn create(
 /// no-space error when its checkpoint would be refused for want of room. The
 /// refusal comes before anything changed, so nothing of the volume stays behind
 /// for a later checkpoint to make durable. Its pages, a directory page over each
-/// 252 of them, and a tree's worth of directory pages for its map.
+/// 252 of them, and a tree's worth of directory pages for its map, each directory
+/// page twice (format version 3).
 fn room_for_new_volume(inner: &Inner, map_pages: u64) -> Result<()> {
     inner.checkpoint_space()?;
-    let directories = map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64;
+    let directories = crate::metadata_room::DIR_PAGE_COPIES
+        * (map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64);
     inner.metadata_room_with(map_pages + directories)
 }
 
