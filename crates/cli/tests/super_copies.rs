@@ -217,5 +217,11 @@ fn a_bad_copy_of_a_directory_page_is_read_from_the_other_and_the_scrub_rewrites_
         "pool info --json counts the copy read from its twin: {info}"
     );
     assert_check_clean(&pool);
-    compare(dir.path(), &pool, "a", &reference(&writes), "first copy bad");
+    compare(
+        dir.path(),
+        &pool,
+        "a",
+        &reference(&writes),
+        "first copy bad",
+    );
 }

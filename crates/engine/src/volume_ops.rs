@@ -149,8 +149,8 @@ pub(crate) fn create(
 /// page twice (format version 3).
 fn room_for_new_volume(inner: &Inner, map_pages: u64) -> Result<()> {
     inner.checkpoint_space()?;
-    let directories = crate::metadata_room::DIR_PAGE_COPIES
-        * (map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64);
+    let directories =
+        crate::metadata_room::DIR_PAGE_COPIES * (map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64);
     inner.metadata_room_with(map_pages + directories)
 }
 
