@@ -18,6 +18,7 @@ pub mod journal;
 pub mod location;
 pub mod page;
 pub mod superblock;
+pub mod twin_ref;
 
 pub use bytes::{Reader, Writer};
 
