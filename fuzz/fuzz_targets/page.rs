@@ -59,12 +59,12 @@ fuzz_target!(|data: &[u8]| {
             address: slot,
             crc: fewerbytes_fuzz::u64_at(&page, 4) as u32,
             generation: ref_generation(fewerbytes_fuzz::u64_at(&page, 32)),
+            twin: 0,
         }
     } else {
         PageRef {
             address: slot,
-            crc: 0,
-            generation: 0,
+            ..PageRef::NONE
         }
     };
     if let Ok((header, _)) = decode_page_ref(&page, kind, nonce, &reference) {
@@ -101,7 +101,10 @@ fuzz_target!(|data: &[u8]| {
             if header.version == 1 {
                 while r.u32().is_ok() {}
             } else {
-                while PageRef::decode(&mut r).is_ok() {}
+                // Version 3 above level 1: twinned references (a bad one is an error,
+                // never a panic).
+                let twinned = header.version >= 3 && header.level >= 2;
+                while PageRef::decode_as(twinned, &mut r).is_ok() {}
             }
         }
         PageKind::Counters => {

@@ -1154,7 +1154,7 @@ fn inspecting_a_v1_pool_leaves_it_unchanged_and_a_write_upgrades_it() {
     fb(&pool, &["volume", "create", "new", "--size", "4M"]).ok();
     assert_eq!(
         format_version(&pool),
-        2,
+        3,
         "a volume change upgrades the pool"
     );
     assert_eq!(volume_names(&pool), ["base", "clone", "new"]);
@@ -1180,7 +1180,7 @@ fn serving_a_v1_pool_upgrades_it_and_pool_info_names_who_holds_it() {
     let marker = &json["open_marker"];
     assert!(marker["since_unix"].as_u64().is_some(), "{json}");
     assert_eq!(marker["since_iso"].as_str(), Some(since.as_str()), "{json}");
-    assert_eq!(format_version(&pool), 2, "serving upgrades the pool");
+    assert_eq!(format_version(&pool), 3, "serving upgrades the pool");
     // A server killed leaves its marker: the next look says so.
     server.kill9();
     let info = fb(&pool, &["pool", "info"]).ok().stdout();
@@ -1191,7 +1191,7 @@ fn serving_a_v1_pool_upgrades_it_and_pool_info_names_who_holds_it() {
     assert!(info.contains(&format!("pid {pid} ")), "{info}");
     assert_eq!(iso8601_after(&info, " at "), since, "{info}");
     fb(&pool, &["check"]).ok();
-    assert_eq!(format_version(&pool), 2);
+    assert_eq!(format_version(&pool), 3);
 }
 
 /// The time written after `word` on the `Open by:` line of `text`, checked to be ISO 8601 in UTC

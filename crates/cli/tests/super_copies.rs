@@ -135,3 +135,93 @@ fn a_flipped_bit_in_the_newest_super_block_copy_of_a_killed_pool_loses_no_volume
         "the damaged copy was rewritten: generations {gens:?}"
     );
 }
+
+/// Byte offsets in the pool file of the two copies of volume `name`'s top block-map
+/// directory page in the newest checkpoint (format version 3 writes each directory
+/// page twice).
+fn map_directory_copies(pool: &Path, name: &str) -> [u64; 2] {
+    use fewerbytes_format::catalog::Catalog;
+    use fewerbytes_format::page::{decode_page_ref, PageKind, ADDRESS_DATA_REGION};
+    use fewerbytes_format::superblock::SuperBlock;
+    let image = std::fs::read(pool).unwrap();
+    let sb = (0..2)
+        .filter_map(|c| SuperBlock::decode(&image[c * BLOCK..(c + 1) * BLOCK]).ok())
+        .max_by_key(|sb| sb.generation)
+        .expect("a valid super block copy");
+    let offset = |address: u64| {
+        if address & ADDRESS_DATA_REGION != 0 {
+            sb.data_offset_bytes + (address & !ADDRESS_DATA_REGION) * BLOCK as u64
+        } else {
+            (sb.pages_start_block + address) * BLOCK as u64
+        }
+    };
+    let mut stream = Vec::new();
+    for r in &sb.catalog {
+        let at = offset(r.address) as usize;
+        let (h, payload) =
+            decode_page_ref(&image[at..at + BLOCK], PageKind::Catalog, sb.nonce, r).unwrap();
+        stream.extend_from_slice(&payload[..h.count as usize]);
+    }
+    stream.truncate(sb.catalog_bytes as usize);
+    let catalog = Catalog::decode(&stream).unwrap();
+    let volume = catalog.volumes.iter().find(|v| v.name == name).unwrap();
+    let top = volume.map.top[0];
+    assert_ne!(top.twin, 0, "a directory page has two copies");
+    [offset(top.address), offset(top.twin)]
+}
+
+/// Overwrite 64 bytes of the payload of the page at byte `at` of the pool file.
+fn damage_page(pool: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(pool)
+        .unwrap()
+        .write_all_at(&[0xa5; 64], at + 1000)
+        .unwrap();
+}
+
+#[test]
+fn a_bad_copy_of_a_directory_page_is_read_from_the_other_and_the_scrub_rewrites_it() {
+    let dir = TempDir::new("dir-copies");
+    let mut server = Server::start_new(dir.path(), &[("a", "16M")], &[]);
+    let writes = vec![(0x3c, 0, 4 << 20), (0xc3, 12 << 20, BLOCK)];
+    write_all(&server, "a", &writes);
+    server.stop();
+    let pool = server.pool.clone();
+    // The second copy is what an open does not read: the scrub finds it, names it and
+    // rewrites the page (both copies, elsewhere).
+    let [_, second] = map_directory_copies(&pool, "a");
+    damage_page(&pool, second);
+    let scrub = fewerbytes_ok(&pool, &["scrub", "--wait"]);
+    let out = scrub.all_output();
+    assert!(
+        out.contains("directory (repaired)") && out.contains("its second copy"),
+        "the scrub names the bad copy and repairs it:\n{out}"
+    );
+    let again = fewerbytes_ok(&pool, &["scrub", "--wait"]);
+    assert!(
+        !again.all_output().contains("second copy"),
+        "rewritten:\n{}",
+        again.all_output()
+    );
+    // The first copy bad: every open reads the second, counts it, and a read-write
+    // one rewrites the page; nothing is lost.
+    let [first, _] = map_directory_copies(&pool, "a");
+    damage_page(&pool, first);
+    let info = fewerbytes_ok(&pool, &["pool", "info", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
+    assert_eq!(
+        info["metadata_copies_repaired"].as_u64(),
+        Some(1),
+        "pool info --json counts the copy read from its twin: {info}"
+    );
+    assert_check_clean(&pool);
+    compare(
+        dir.path(),
+        &pool,
+        "a",
+        &reference(&writes),
+        "first copy bad",
+    );
+}

@@ -206,8 +206,10 @@ pub struct PoolInfo {
     /// The scrub's progress and last report (in memory: a restart forgets it).
     #[serde(default)]
     pub scrub: Box<ScrubStatus>,
-    /// Damaged super block copies this open found and its checkpoint rewrote from
-    /// the other copy.
+    /// Damaged metadata copies this open found and read the other copy of: super
+    /// block copies (its checkpoint rewrites them) and, since format version 3,
+    /// directory pages read from their second copy (the next checkpoint of a
+    /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
 }
@@ -412,8 +414,10 @@ pub struct PoolStats {
     pub metadata_written_by_region: Vec<(String, u64)>,
     /// Checkpoints taken since open.
     pub checkpoints: u64,
-    /// Damaged super block copies this open found and its checkpoint rewrote from
-    /// the other copy.
+    /// Damaged metadata copies this open found and read the other copy of: super
+    /// block copies (its checkpoint rewrites them) and, since format version 3,
+    /// directory pages read from their second copy (the next checkpoint of a
+    /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
     /// Journal commits since open (group commits).

@@ -1,5 +1,5 @@
 //! Checkpoints: the durable image of every table, written copy-on-write in format
-//! version 2.
+//! version 3.
 //!
 //! A checkpoint snapshots every dirty page (block-map pages, object count pages,
 //! fingerprint pages) under the pool's gate, so the image is exactly the state after
@@ -13,12 +13,17 @@
 //! the *previous* checkpoint retired. The slots this one retired are still reached
 //! by the older super block copy: they wait for the next checkpoint (deferred
 //! frees), so either copy opens the pool with every flushed write.
+//!
+//! Each directory page is written twice, byte for byte, to two fresh addresses, and
+//! its parent holds a twinned reference naming both (`docs/format.md`, "Version 3"):
+//! a directory page that did not change between the two newest checkpoints is shared
+//! by both, and its second copy is what survives a bad sector there.
 
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::Work;
-use crate::page_store::{address_block, discard_slots, page_address, PageStore};
+use crate::page_store::{address_block, discard_slots, page_addresses, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
@@ -27,8 +32,9 @@ use fewerbytes_format::counters::encode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::ADDRESS_DATA_REGION;
 use fewerbytes_format::page::{
-    encode_page, ref_generation, CountRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
-    FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES, REFS_PER_DIR_PAGE,
+    encode_page, ref_generation, refs_per_dir_page, CountRecord, PageHeader, PageKind, PageRef,
+    COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES, REFS_PER_DIR_PAGE,
+    TWIN_REF_BYTES,
 };
 use fewerbytes_format::superblock::{
     SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
@@ -106,18 +112,11 @@ struct Writeback<'a> {
 }
 
 impl Writeback<'_> {
-    /// Encode one page into a fresh slot, retiring `current`. Returns the reference
-    /// its parent holds.
-    fn place(
-        &mut self,
-        name: PageName,
-        count: u32,
-        payload: &[u8],
-        current: PageRef,
-    ) -> Result<PageRef> {
-        // Slots first, then free data blocks (`Inner::metadata_room` checked there is
-        // room for both). Past those the checkpoint cannot complete, and the pool
-        // must stop taking writes rather than retry forever.
+    /// A fresh page address: a slot first, then a free data block
+    /// (`Inner::metadata_room` checked there is room for both). Past those the
+    /// checkpoint cannot complete, and the pool must stop taking writes rather than
+    /// retry forever.
+    fn alloc(&mut self) -> Result<u64> {
         let address = match self.store.alloc() {
             Some(slot) => u64::from(slot),
             None => {
@@ -134,6 +133,35 @@ impl Writeback<'_> {
             }
         };
         self.store.mark_address(address);
+        Ok(address)
+    }
+
+    /// Encode one page into a fresh slot, retiring `current`. Returns the reference
+    /// its parent holds.
+    fn place(
+        &mut self,
+        name: PageName,
+        count: u32,
+        payload: &[u8],
+        current: PageRef,
+    ) -> Result<PageRef> {
+        self.place_copies(name, count, payload, current, false)
+    }
+
+    /// Encode one page and write it to one fresh address, or (`twinned`) the same
+    /// bytes to two: the header names the first, which the reference's `address`
+    /// holds, the second its `twin`. The addresses of `current` (both copies of a
+    /// twinned page) retire.
+    fn place_copies(
+        &mut self,
+        name: PageName,
+        count: u32,
+        payload: &[u8],
+        current: PageRef,
+        twinned: bool,
+    ) -> Result<PageRef> {
+        let address = self.alloc()?;
+        let twin = if twinned { self.alloc()? } else { 0 };
         let header = PageHeader {
             version: FORMAT_VERSION,
             kind: name.kind,
@@ -147,16 +175,24 @@ impl Writeback<'_> {
         };
         let mut bytes = Box::new([0u8; BLOCK_BYTES]);
         let crc = encode_page(&header, payload, &mut bytes);
+        if twinned {
+            self.pages.push(Encoded {
+                address: twin,
+                kind: name.kind,
+                bytes: bytes.clone(),
+            });
+        }
         self.pages.push(Encoded {
             address,
             kind: name.kind,
             bytes,
         });
-        self.old_slots.extend(page_address(&current));
+        self.old_slots.extend(page_addresses(&current));
         Ok(PageRef {
             address,
             crc,
             generation: ref_generation(self.generation),
+            twin,
         })
     }
 
@@ -212,10 +248,12 @@ impl Writeback<'_> {
     }
 
     /// Rewrite the directory pages of one level over `len` children of which `refs`
-    /// were written (`dirty` as in [`Self::write_tree`]). Returns the dirty marks of
-    /// the level above: the pages over a rewritten page, and over the last page when
-    /// this level's length changed. A page's payload holds the references of its
-    /// children in order, NONE (zeros) for those never written.
+    /// were written (`dirty` as in [`Self::write_tree`], and those marked for
+    /// rewriting). Returns the dirty marks of the level above: the pages over a
+    /// rewritten page, and over the last page when this level's length changed. A
+    /// page's payload holds the references of its children in order, NONE (zeros)
+    /// for those never written: 252 of 16 bytes at level 1, 168 twinned ones of 24
+    /// above. Each page is written twice (`place_copies`).
     fn write_level(
         &mut self,
         dirs: &mut DirLevel,
@@ -225,31 +263,39 @@ impl Writeback<'_> {
         owner: u64,
         level: u8,
     ) -> Result<BTreeSet<u64>> {
-        let want = len.div_ceil(PER_DIR);
+        let per = refs_per_dir_page(FORMAT_VERSION, level) as u64;
+        let per_above = refs_per_dir_page(FORMAT_VERSION, level + 1) as u64;
+        let (ref_bytes, twinned) = if level >= 2 {
+            (TWIN_REF_BYTES, true)
+        } else {
+            (PAGE_REF_BYTES, false)
+        };
+        let want = len.div_ceil(per);
         let mut above = BTreeSet::new();
         if dirs.len() != want {
             if let Some(last) = want.checked_sub(1) {
-                above.insert(last / PER_DIR);
+                above.insert(last / per_above);
             }
         }
         dirs.set_len(want, &mut self.old_slots);
         // Those marked, and those never written over a child that was.
         let mut rewrite: BTreeSet<u64> = dirty.range(..want).copied().collect();
+        rewrite.extend(dirs.take_rewrite().range(..want));
         rewrite.extend(
             refs.iter()
-                .map(|(i, _)| i / PER_DIR)
+                .map(|(i, _)| i / per)
                 .filter(|&k| dirs.get(k).is_none()),
         );
         let mut payload = vec![0u8; PAGE_PAYLOAD_BYTES];
         for k in rewrite {
-            let first = k * PER_DIR;
+            let first = k * per;
             payload.fill(0);
             let mut w = Writer::new(&mut payload);
             let from = refs.partition_point(|(i, _)| *i < first);
             let under = refs.get(from..).unwrap_or_default();
-            for (i, r) in under.iter().take_while(|(i, _)| *i < first + PER_DIR) {
-                w.seek((i - first) as usize * PAGE_REF_BYTES);
-                r.encode(&mut w);
+            for (i, r) in under.iter().take_while(|(i, _)| *i < first + per) {
+                w.seek((i - first) as usize * ref_bytes);
+                r.encode_as(twinned, &mut w);
             }
             let name = PageName {
                 kind: PageKind::Directory,
@@ -257,10 +303,10 @@ impl Writeback<'_> {
                 owner,
                 index: k,
             };
-            let count = (len - first).min(PER_DIR) as u32;
-            let at = self.place(name, count, &payload, dirs.get(k))?;
+            let count = (len - first).min(per) as u32;
+            let at = self.place_copies(name, count, &payload, dirs.get(k), true)?;
             dirs.set(k, at);
-            above.insert(k / PER_DIR);
+            above.insert(k / per_above);
         }
         Ok(above)
     }
@@ -343,7 +389,8 @@ impl Writeback<'_> {
     }
 }
 
-/// References per directory page, as a u64 for page arithmetic.
+/// References per level-1 directory page (of table pages), as a u64 for page
+/// arithmetic.
 const PER_DIR: u64 = REFS_PER_DIR_PAGE as u64;
 
 /// The count and fingerprint tables over all slabs, as a snapshot builds them: each
@@ -629,7 +676,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     }
     // Old catalog pages beyond the new catalog's length retire too.
     wb.old_slots
-        .extend(sb.catalog.iter().skip(chunks).filter_map(page_address));
+        .extend(sb.catalog.iter().skip(chunks).flat_map(page_addresses));
     // The pool's counters, when they changed since the page the pool has.
     let counters = inner.counters.to_write();
     if let Some(values) = &counters {

@@ -31,7 +31,8 @@ pub(crate) struct Checkpointer {
     /// copy's image still reaches them, so they are freed (and discarded) only once
     /// the next checkpoint is durable (deferred frees, docs/format.md "Checkpoints").
     retired_by_last: Mutex<Vec<u64>>,
-    /// Damaged super block copies the open's checkpoint rewrote.
+    /// Damaged super block copies the open found, and directory pages read from
+    /// their second copy.
     copies_repaired: AtomicU64,
     /// One checkpoint or volume operation at a time.
     serial: Mutex<()>,
@@ -129,12 +130,13 @@ impl Checkpointer {
         self.retired_by_last.lock().len() as u64
     }
 
-    /// The open rewrote a damaged super block copy.
+    /// The open found a damaged super block copy, or a directory page was read from
+    /// its second copy (`dir_copies.rs`).
     pub(crate) fn count_copy_repaired(&self) {
         self.copies_repaired.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Damaged super block copies rewritten since open.
+    /// Damaged metadata copies found since open.
     pub(crate) fn copies_repaired(&self) -> u64 {
         self.copies_repaired.load(Ordering::Relaxed)
     }

@@ -9,11 +9,17 @@
 //! were never written is never written itself (its reference is NONE), so the tree
 //! of a 4 PiB block map with a few pages written holds a few references, not the
 //! 8.6 million its level 1 has room for.
+//!
+//! In format version 3 each directory page has two copies (its reference's
+//! `address` and `twin`): every address here retires with both. A page loaded from
+//! its second copy, or found damaged by the scrub, is marked for rewriting
+//! ([`DirLevel::mark_rewrite`]): the next checkpoint writes it (both copies, to new
+//! addresses) and the path above it.
 
-use crate::page_store::page_address;
+use crate::page_store::page_addresses;
 use fewerbytes_format::catalog::TableRoot;
 use fewerbytes_format::page::PageRef;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// References of one table's pages or of one level's directory pages: `(index,
 /// reference)` in index order, none of them NONE.
@@ -26,6 +32,9 @@ pub struct DirLevel {
     len: u64,
     /// The references of those written, by index (below `len`).
     refs: BTreeMap<u64, PageRef>,
+    /// Pages the next checkpoint rewrites whatever changed below them: one copy
+    /// was found damaged, or the pool's upgrade rewrites every page.
+    rewrite: BTreeSet<u64>,
 }
 
 impl DirLevel {
@@ -34,6 +43,7 @@ impl DirLevel {
         DirLevel {
             len,
             refs: refs.into_iter().filter(|(_, r)| !r.is_none()).collect(),
+            rewrite: BTreeSet::new(),
         }
     }
 
@@ -66,10 +76,20 @@ impl DirLevel {
         self.refs.iter().map(|(k, r)| (*k, *r))
     }
 
+    /// Have the next checkpoint rewrite page `k` (and so the path above it).
+    pub fn mark_rewrite(&mut self, k: u64) {
+        self.rewrite.insert(k);
+    }
+
+    /// The pages marked for rewriting, the marks cleared.
+    pub fn take_rewrite(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.rewrite)
+    }
+
     /// Make the level `len` pages long: the addresses of pages past it go to `retired`.
     pub fn set_len(&mut self, len: u64, retired: &mut Vec<u64>) {
         let past = self.refs.split_off(&len);
-        retired.extend(past.values().filter_map(page_address));
+        retired.extend(past.values().flat_map(page_addresses));
         self.len = len;
     }
 }
@@ -100,7 +120,7 @@ impl DirTree {
     pub fn reshape(&mut self, depth: usize, pages: u64, retired: &mut Vec<u64>) -> Option<u64> {
         while self.levels.len() > depth {
             if let Some(level) = self.levels.pop() {
-                retired.extend(level.refs.values().filter_map(page_address));
+                retired.extend(level.refs.values().flat_map(page_addresses));
             }
         }
         self.levels.resize_with(depth, DirLevel::default);
@@ -112,6 +132,27 @@ impl DirTree {
         } else {
             None
         }
+    }
+
+    /// Make the next checkpoint write this tree anew in format version 3 (the
+    /// upgrade from version 2): every level-1 page rewritten (its layout is
+    /// version 2's, but its parent's reference must name two copies), and the levels
+    /// above dropped, their addresses to `retired` (version 2 grouped them 252 a page,
+    /// version 3 groups them 168): the checkpoint builds them again over level 1.
+    pub fn rewrite_all(&mut self, retired: &mut Vec<u64>) {
+        let mut levels = self.levels.iter_mut();
+        if let Some(level_1) = levels.next() {
+            level_1.rewrite = level_1.refs.keys().copied().collect();
+        }
+        for level in levels {
+            retired.extend(level.refs.values().flat_map(page_addresses));
+            *level = DirLevel::default();
+        }
+    }
+
+    /// Directory pages marked for rewriting, every level.
+    pub fn marked(&self) -> u64 {
+        self.levels.iter().map(|l| l.rewrite.len() as u64).sum()
     }
 
     /// Level `k + 1`, to rewrite. `None` past the top.
@@ -137,7 +178,7 @@ impl DirTree {
         self.levels
             .iter()
             .flat_map(|level| level.refs.values())
-            .filter_map(page_address)
+            .flat_map(page_addresses)
     }
 }
 
@@ -151,6 +192,7 @@ mod tests {
             address,
             crc: 7,
             generation: 1,
+            twin: 0,
         }
     }
 
@@ -168,5 +210,24 @@ mod tests {
         let tree = DirTree::loaded(vec![level, top], 1000);
         assert_eq!(tree.root().top, [PageRef::NONE, at(12)]);
         assert_eq!(tree.slots().collect::<Vec<_>>(), [10, 12]);
+    }
+
+    #[test]
+    fn both_copies_of_a_twinned_page_retire_and_an_upgrade_rewrites_level_1() {
+        let twinned = |a: u64| PageRef {
+            twin: a + 100,
+            ..at(a)
+        };
+        let level_1 = DirLevel::new(300, [(0, at(1)), (299, at(2))]);
+        let level_2 = DirLevel::from_list(&[twinned(3), twinned(4)]);
+        let mut tree = DirTree::loaded(vec![level_1, level_2], 300 * 252);
+        assert_eq!(tree.slots().collect::<Vec<_>>(), [1, 2, 3, 103, 4, 104]);
+        let mut retired = Vec::new();
+        tree.rewrite_all(&mut retired);
+        assert_eq!(retired, [3, 103, 4, 104]);
+        let l1 = tree.level_mut(0).unwrap();
+        assert_eq!(l1.take_rewrite().into_iter().collect::<Vec<_>>(), [0, 299]);
+        assert!(l1.take_rewrite().is_empty());
+        assert_eq!(tree.level_mut(1).unwrap().refs().count(), 0);
     }
 }

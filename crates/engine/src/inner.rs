@@ -204,12 +204,21 @@ impl Inner {
         let free_slots = self.checkpointer.page_store().free_slots();
         let catalog = self.checkpointer.super_block().catalog.len() as u64;
         let volumes = self.volumes.all();
-        // Cheap first: four pages a dirty page, directories for every table.
-        let quick = dirty * 4 + (volumes.len() as u64 + 2) * 2 * MAX_DEPTH as u64 + catalog + 2;
+        let marked = self.checkpointer.count_dirs().marked()
+            + self.checkpointer.fp_dirs().marked()
+            + volumes.iter().map(|v| v.dirs().marked()).sum::<u64>();
+        // Cheap first: four pages a dirty page, directories (two copies each) for
+        // every table and above every page marked for rewriting.
+        let copies = crate::metadata_room::DIR_PAGE_COPIES;
+        let quick = dirty * 4
+            + (volumes.len() as u64 + 2 + marked) * copies * 2 * MAX_DEPTH as u64
+            + catalog
+            + 2;
         if quick <= free_slots {
             return Ok(());
         }
-        let need = crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog) + extra;
+        let need =
+            crate::metadata_room::pages_to_write(&self.depot, &volumes, catalog, marked) + extra;
         if need <= free_slots {
             return Ok(());
         }

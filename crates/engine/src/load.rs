@@ -7,22 +7,25 @@
 //! own checks (checksum, nonce, slot, kind, owner, index), its crc and generation
 //! must be those the parent holds, so a stale page a lost write left in its slot, or
 //! a page a misdirected write put there, is reported as corruption of that region
-//! and block, never loaded. Version 1 has only the page's own checks.
+//! and block, never loaded. Version 1 has only the page's own checks. Version 3
+//! reads a directory page from its second copy when the first fails
+//! (`dir_copies.rs`).
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
+use crate::page_store::address_block;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
 use fewerbytes_format::counters::decode_counters;
-use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH, MAX_VOLUME_BYTES};
+use fewerbytes_format::dir_tree::{level_sizes, level_sizes_of, MAX_DEPTH, MAX_VOLUME_BYTES};
 use fewerbytes_format::page::{
-    decode_page, decode_page_ref, CountRecord, ObjectRecord, PageHeader, PageKind, PageRef,
-    COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_PAYLOAD_BYTES,
-    REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
+    decode_page, decode_page_ref, page_version_allowed, refs_per_dir_page, CountRecord,
+    ObjectRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE,
+    OBJECTS_PER_PAGE, PAGE_HEADER_BYTES, PAGE_PAYLOAD_BYTES, REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
 use fewerbytes_format::superblock::{
     Holder, SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_JOURNAL_COMMITS,
@@ -31,7 +34,7 @@ use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use std::sync::Arc;
 
 /// Read the page `reference` names and verify it: its own checks, its owner and
-/// index, and (version 2) the crc and generation its parent holds.
+/// index, and (version 2 and 3) the crc and generation its parent holds.
 fn read_page<'a>(
     inner: &Inner,
     buf: &'a mut [u8; BLOCK_BYTES],
@@ -40,6 +43,22 @@ fn read_page<'a>(
     owner: u64,
     index: u64,
 ) -> Result<(PageHeader, &'a [u8])> {
+    let header = read_page_at(inner, buf, kind, reference, reference.address, owner, index)?;
+    Ok((header, buf.get(PAGE_HEADER_BYTES..).unwrap_or_default()))
+}
+
+/// [`read_page`] of the copy at `address` (the reference's address or its twin);
+/// the payload is `buf` past the header. Every address of the reference is marked
+/// used, the copy not read too.
+pub(crate) fn read_page_at(
+    inner: &Inner,
+    buf: &mut [u8; BLOCK_BYTES],
+    kind: PageKind,
+    reference: &PageRef,
+    address: u64,
+    owner: u64,
+    index: u64,
+) -> Result<PageHeader> {
     let (version, generation, data_region_pages) = {
         let sb = inner.checkpointer.super_block();
         (
@@ -48,12 +67,11 @@ fn read_page<'a>(
             sb.flags & FLAG_DATA_REGION_PAGES != 0,
         )
     };
-    let (device, block, corrupt) = page_place(inner, kind, reference)?;
-    if reference.data_block().is_some() && !data_region_pages {
+    let (device, block, corrupt) = page_place(inner, kind, address)?;
+    if address_block(address).is_some() && !data_region_pages {
         return Err(corrupt(format!(
-            "page address {:#x} names a data block, but the super block does not \
-             allow pages in the data region (flags bit 3)",
-            reference.address
+            "page address {address:#x} names a data block, but the super block does not \
+             allow pages in the data region (flags bit 3)"
         )));
     }
     device.read_at(&mut buf[..], block * BLOCK_BYTES as u64)?;
@@ -62,8 +80,8 @@ fn read_page<'a>(
     } else {
         decode_page_ref(&buf[..], kind, inner.geometry.nonce(), reference)
     };
-    let (header, payload) = decoded.map_err(|e| corrupt(e.to_string()))?;
-    if header.version != version {
+    let (header, _) = decoded.map_err(|e| corrupt(e.to_string()))?;
+    if !page_version_allowed(version, kind, header.version) {
         return Err(corrupt(format!(
             "a version-{} page in a version-{version} pool",
             header.version
@@ -81,27 +99,27 @@ fn read_page<'a>(
             header.generation
         )));
     }
-    inner
-        .checkpointer
-        .page_store()
-        .mark_address(reference.address);
-    Ok((header, payload))
+    let mut store = inner.checkpointer.page_store();
+    for a in reference.addresses() {
+        store.mark_address(a);
+    }
+    Ok(header)
 }
 
-/// Where the page a reference names lies: its device, the block there, and the
+/// Where the page at `address` lies: its device, the block there, and the
 /// corruption report for that block. An address outside its region (the page
 /// store's slots, or the data region's blocks) is corruption.
-fn page_place<'a>(
-    inner: &'a Inner,
+pub(crate) fn page_place(
+    inner: &Inner,
     kind: PageKind,
-    reference: &PageRef,
+    address: u64,
 ) -> Result<(
-    &'a dyn fewerbytes_storage::Storage,
+    &dyn fewerbytes_storage::Storage,
     u64,
     impl Fn(String) -> EngineError,
 )> {
     let region = kind.name();
-    let (device, name, block, inside) = match reference.data_block() {
+    let (device, name, block, inside) = match address_block(address) {
         Some(pbn) => (
             inner.devices.data(),
             "data",
@@ -109,7 +127,7 @@ fn page_place<'a>(
             pbn < inner.geometry.data_blocks(),
         ),
         None => {
-            let slot = reference.address;
+            let slot = address;
             (
                 inner.devices.meta(),
                 "metadata",
@@ -126,8 +144,7 @@ fn page_place<'a>(
     };
     if !inside {
         return Err(corrupt(format!(
-            "page address {:#x} is outside its region",
-            reference.address
+            "page address {address:#x} is outside its region"
         )));
     }
     Ok((device, block, corrupt))
@@ -145,12 +162,13 @@ fn read_tree(
     owner: u64,
     entries: u64,
 ) -> Result<(DirTree, SparseRefs)> {
-    if inner.checkpointer.super_block().version == FORMAT_VERSION_1 {
-        let top = DirLevel::from_list(&root.top);
-        let refs = read_level(inner, &top, owner, entries, 0)?;
+    let version = inner.checkpointer.super_block().version;
+    if version == FORMAT_VERSION_1 {
+        let mut top = DirLevel::from_list(&root.top);
+        let refs = read_level(inner, &mut top, owner, entries, 0)?;
         return Ok((DirTree::loaded(vec![top], entries), refs));
     }
-    let sizes = level_sizes(entries).unwrap_or_default();
+    let sizes = level_sizes_of(version, entries).unwrap_or_default();
     if sizes.len() != root.depth as usize || sizes.last().copied() != Some(root.top.len() as u64) {
         return Err(catalog_corrupt(
             inner,
@@ -169,13 +187,13 @@ fn read_tree(
     // Top down: level k + 1 from the references level k + 2 holds.
     let mut levels = vec![DirLevel::from_list(&root.top)];
     for k in (1..sizes.len()).rev() {
-        if let (Some(parents), Some(&n)) = (levels.last(), sizes.get(k - 1)) {
+        if let (Some(parents), Some(&n)) = (levels.last_mut(), sizes.get(k - 1)) {
             let refs = read_level(inner, parents, owner, n, k as u8 + 1)?;
             levels.push(DirLevel::new(n, refs));
         }
     }
     levels.reverse();
-    let refs = match levels.first() {
+    let refs = match levels.first_mut() {
         Some(level_1) => read_level(inner, level_1, owner, entries, 1)?,
         None => Vec::new(),
     };
@@ -183,28 +201,36 @@ fn read_tree(
 }
 
 /// The references (not NONE) the written directory pages of `dirs` (of `level`; 0
-/// in version 1) hold over a level of `entries` pages.
+/// in version 1) hold over a level of `entries` pages. A page read from its second
+/// copy is marked for rewriting (`dir_copies.rs`).
 fn read_level(
     inner: &Inner,
-    dirs: &DirLevel,
+    dirs: &mut DirLevel,
     owner: u64,
     entries: u64,
     level: u8,
 ) -> Result<SparseRefs> {
-    let v1 = inner.checkpointer.super_block().version == FORMAT_VERSION_1;
+    let version = inner.checkpointer.super_block().version;
+    let v1 = version == FORMAT_VERSION_1;
     let per_page = if v1 {
         SLOTS_PER_DIR_PAGE
     } else {
-        REFS_PER_DIR_PAGE
+        refs_per_dir_page(version, level)
     } as u64;
+    let twinned = version >= FORMAT_VERSION && level >= 2;
     let mut refs = Vec::new();
+    let mut from_twin = Vec::new();
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (k, d) in dirs.refs() {
         let first = k * per_page;
         let want = entries.saturating_sub(first).min(per_page);
-        let (header, payload) = read_page(inner, &mut buf, PageKind::Directory, &d, owner, k)?;
+        let (header, second) = crate::dir_copies::read_dir_page(inner, &mut buf, &d, owner, k)?;
+        if second {
+            from_twin.push(k);
+        }
+        let payload = buf.get(PAGE_HEADER_BYTES..).unwrap_or_default();
         if header.level != level {
-            let (_, _, corrupt) = page_place(inner, PageKind::Directory, &d)?;
+            let (_, _, corrupt) = page_place(inner, PageKind::Directory, d.address)?;
             return Err(corrupt(format!(
                 "directory page of level {}, expected level {level}",
                 header.level
@@ -215,12 +241,15 @@ fn read_level(
             let child = if v1 {
                 PageRef::slot_only(r.u32()?)
             } else {
-                PageRef::decode(&mut r)?
+                PageRef::decode_as(twinned, &mut r)?
             };
             if !child.is_none() {
                 refs.push((i, child));
             }
         }
+    }
+    for k in from_twin {
+        dirs.mark_rewrite(k);
     }
     Ok(refs)
 }
@@ -404,12 +433,12 @@ pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) 
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
-/// dirty (so all are written in version 2: to free slots, and past them to free
-/// data blocks, which sets flags bit 3), and no durable version-2 reference yet.
-/// Returns the version-1 slots, which the caller retires once the version-2 super
+/// dirty (so all are written in version 3: to free slots, and past them to free
+/// data blocks, which sets flags bit 3), and no durable version-3 reference yet.
+/// Returns the version-1 slots, which the caller retires once the version-3 super
 /// block is durable in both copies (`load`). Refused, with nothing written and the
 /// numbers, when the free slots and free data blocks together cannot hold the
-/// version-2 image beside the version-1 one.
+/// version-3 image beside the version-1 one.
 pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     let needed = upgrade_pages(inner);
     let (free, v1_slots) = {
@@ -419,7 +448,7 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     let free_blocks = inner.depot.free_blocks();
     if needed > free.saturating_add(free_blocks) {
         return Err(EngineError::Refused(format!(
-            "this pool is format version 1 and its upgrade to version 2 needs {needed} \
+            "this pool is format version 1 and its upgrade to version {FORMAT_VERSION} needs {needed} \
              metadata pages beside its {} version-1 pages, but the page store has {free} \
              free slots and the data region {free_blocks} free blocks: nothing was \
              written. Open it read-only, or copy its volumes to a new pool",
@@ -428,7 +457,7 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     }
     let to_data_blocks = needed.saturating_sub(free);
     tracing::info!(
-        "upgrading the pool from format version 1 to 2: {needed} pages to write, \
+        "upgrading the pool from format version 1 to {FORMAT_VERSION}: {needed} pages to write, \
          {free} slots free, {to_data_blocks} pages to data blocks"
     );
     inner.checkpointer.super_block().catalog.clear();
@@ -446,7 +475,7 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     Ok(v1_slots)
 }
 
-/// Pages the upgrade writes before the version-1 slots are freed: the version-2
+/// Pages the upgrade writes before the version-1 slots are freed: the version-3
 /// image of the loaded state (map, count and fingerprint pages, the directories
 /// above them, the catalog and the counters page), and the catalog and counters
 /// page again for the second checkpoint (`load`).
@@ -456,8 +485,9 @@ fn upgrade_pages(inner: &Inner) -> u64 {
     let shape = |pages: u64| {
         level_sizes(pages).unwrap_or_else(|| vec![pages.div_ceil(REFS_PER_DIR_PAGE as u64)])
     };
-    let dirs = |pages: u64| shape(pages).iter().sum::<u64>();
-    let top = |pages: u64| 8 + 16 * shape(pages).last().copied().unwrap_or(0);
+    let copies = crate::metadata_room::DIR_PAGE_COPIES;
+    let dirs = |pages: u64| copies * shape(pages).iter().sum::<u64>();
+    let top = |pages: u64| 8 + 24 * shape(pages).last().copied().unwrap_or(0);
     let mut pages = 0u64;
     let mut catalog_bytes = 16u64;
     let slabs = u64::from(inner.depot.count());
@@ -569,10 +599,13 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -
         inner.devices.latch_opened_read_only();
         return Ok(());
     }
-    let upgrade = sb.version == FORMAT_VERSION_1;
-    let v1_slots = if upgrade {
+    let upgrade = sb.version != FORMAT_VERSION;
+    let v1_slots = if sb.version == FORMAT_VERSION_1 {
         crate::load::prepare_upgrade(inner)?
     } else {
+        if upgrade {
+            crate::upgrade_v2::prepare_upgrade_v2(inner)?;
+        }
         Vec::new()
     };
     // A fresh checkpoint in the new open generation retires the replayed journal
@@ -586,15 +619,18 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -
     }
     crate::checkpoint::checkpoint(inner)?;
     if upgrade {
-        // The other super block copy still holds version 1: one more checkpoint
-        // overwrites it, so version-1 code refuses the pool by its version rather
-        // than open that older checkpoint. Its pages stay untouched until then:
-        // their slots are freed (and discarded) once that checkpoint is durable.
+        // The other super block copy still holds the old version: one more
+        // checkpoint overwrites it, so older code refuses the pool by its version
+        // rather than open that older checkpoint. Its pages stay untouched until
+        // then: version 1's slots are freed (and discarded) once that checkpoint is
+        // durable, version 2's directory pages (retired by the first checkpoint,
+        // `upgrade_v2.rs`) as deferred frees are.
         inner.checkpointer.free_after_next(v1_slots);
         crate::checkpoint::checkpoint(inner)?;
         tracing::info!(
-            "{}: upgraded to format version {FORMAT_VERSION}",
-            inner.devices.meta().name()
+            "{}: upgraded from format version {} to {FORMAT_VERSION}",
+            inner.devices.meta().name(),
+            sb.version
         );
     }
     Ok(())

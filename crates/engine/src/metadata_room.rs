@@ -7,7 +7,9 @@
 //! metadata_room`). Counted as the snapshot writes (`checkpoint.rs`): each changed
 //! count, fingerprint and map page; above them, per table and level, at most one
 //! directory page per distinct parent of a rewritten page (never more than the level
-//! holds), plus one per level for a length change; and the whole catalog.
+//! holds), plus one per level for a length change, each twice (format version 3
+//! writes two copies of every directory page); the directory pages marked for
+//! rewriting (a damaged copy) and the paths above them; and the whole catalog.
 //!
 //! For the space ledger (`reservation.rs`): the pages that will become live and need
 //! room of their own, beyond the free slots — the new pages (no durable copy yet)
@@ -24,20 +26,26 @@ use crate::slab::ObjTable;
 use crate::slab_depot::SlabDepot;
 use fewerbytes_format::dir_tree::{level_sizes, MAX_DEPTH};
 use fewerbytes_format::page::{
-    COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, MAP_ENTRIES_PER_PAGE, REFS_PER_DIR_PAGE,
+    refs_per_dir_page, COUNTS_PER_PAGE, FINGERPRINTS_PER_PAGE, MAP_ENTRIES_PER_PAGE,
 };
+use fewerbytes_format::FORMAT_VERSION;
+
+/// Copies of each directory page a checkpoint writes (format version 3).
+pub(crate) const DIR_PAGE_COPIES: u64 = 2;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// An upper bound on the pages the next checkpoint writes, catalog pages
 /// (`catalog_pages`, of the current catalog, plus two for growth) and the counters
-/// page included.
+/// page included; `marked` directory pages are marked for rewriting
+/// (`DirTree::marked`), each with the path above it.
 pub(crate) fn pages_to_write(
     depot: &SlabDepot,
     volumes: &[Arc<VolumeState>],
     catalog_pages: u64,
+    marked: u64,
 ) -> u64 {
-    let mut pages = catalog_pages + 2 + 1;
+    let mut pages = catalog_pages + 2 + 1 + marked * DIR_PAGE_COPIES * u64::from(MAX_DEPTH);
     for table in [ObjTable::Counts, ObjTable::Fingerprints] {
         let mut changed = Vec::new();
         let per_slab = depot.table_pages_per_slab(table);
@@ -87,7 +95,7 @@ impl PageRoom {
         volumes: &[Arc<VolumeState>],
         future: u64,
     ) -> u64 {
-        let quick = self.dirty_pages * (1 + u64::from(MAX_DEPTH));
+        let quick = self.dirty_pages * (1 + DIR_PAGE_COPIES * u64::from(MAX_DEPTH));
         if quick + future <= self.free_slots {
             return quick;
         }
@@ -173,24 +181,25 @@ pub(crate) fn object_pages_for(objects: u64, slabs: u64, objects_per_slab: u64) 
         .sum()
 }
 
-/// Directory pages of a table of `pages` pages, every level (the most a table's
-/// tree can add).
+/// Directory pages of a table of `pages` pages, every level and both copies (the
+/// most a table's tree can add).
 fn tree_pages(pages: u64) -> u64 {
-    level_sizes(pages).map_or(pages, |sizes| sizes.iter().sum())
+    DIR_PAGE_COPIES * level_sizes(pages).map_or(pages, |sizes| sizes.iter().sum())
 }
 
-/// Directory pages a checkpoint may rewrite above the `changed` pages (in order) of a
-/// table of `total` pages.
+/// Directory pages a checkpoint may write above the `changed` pages (in order) of a
+/// table of `total` pages, both copies of each.
 pub(crate) fn directory_pages(changed: &[u64], total: u64) -> u64 {
     let sizes = level_sizes(total).unwrap_or_else(|| vec![total; MAX_DEPTH as usize]);
     let mut below: BTreeSet<u64> = changed.iter().copied().collect();
     let mut pages = 0u64;
-    for size in sizes {
-        below = below.iter().map(|k| k / REFS_PER_DIR_PAGE as u64).collect();
+    for (level, size) in (1u8..).zip(sizes) {
+        let per = refs_per_dir_page(FORMAT_VERSION, level) as u64;
+        below = below.iter().map(|k| k / per).collect();
         // One more where the table's length changed (the last page's parent).
         pages += (below.len() as u64 + 1).min(size);
     }
-    pages
+    DIR_PAGE_COPIES * pages
 }
 
 #[cfg(test)]
@@ -199,22 +208,27 @@ mod tests {
 
     #[test]
     fn directory_pages_count_distinct_parents_at_each_level() {
-        // No change: only a length change's page per level.
-        assert_eq!(directory_pages(&[], 10), 1);
+        // Two copies of each. No change: only a length change's page per level.
+        assert_eq!(directory_pages(&[], 10), 2);
         // Two pages under one level-1 directory of a one-level tree.
-        assert_eq!(directory_pages(&[0, 5], 10), 1);
+        assert_eq!(directory_pages(&[0, 5], 10), 2);
         // 2,000 pages: eight level-1 directories, two levels.
-        assert_eq!(directory_pages(&[0, 300, 1999], 2000), 4 + 1);
+        assert_eq!(directory_pages(&[0, 300, 1999], 2000), 2 * (4 + 1));
+        // 200,000 pages: 794 level-1 directories, 5 level-2 ones of 168 each.
+        assert_eq!(
+            directory_pages(&[0, 252 * 168, 199_999], 200_000),
+            2 * (4 + 4 + 1)
+        );
     }
 
     #[test]
     fn a_reserved_block_may_need_a_map_page_while_some_page_holds_no_entry() {
         // A new volume of 5,040 blocks: ten map pages, under one directory page.
         assert_eq!(map_pages_for(0, 5040, 0), 0);
-        assert_eq!(map_pages_for(3, 5040, 0), 3 + 1);
-        assert_eq!(map_pages_for(5040, 5040, 0), 10 + 1);
+        assert_eq!(map_pages_for(3, 5040, 0), 3 + 2);
+        assert_eq!(map_pages_for(5040, 5040, 0), 10 + 2);
         // Half of it written: at least five pages hold entries, five at most are new.
-        assert_eq!(map_pages_for(2520, 5040, 2520), 5 + 1);
+        assert_eq!(map_pages_for(2520, 5040, 2520), 5 + 2);
         // Written whole: no page is new.
         assert_eq!(map_pages_for(100, 5040, 5040), 0);
     }
@@ -222,17 +236,17 @@ mod tests {
     #[test]
     fn new_objects_need_a_count_page_per_336_and_a_fingerprint_page_per_126() {
         // Four slabs of 24,612 objects: 74 count and 196 fingerprint pages each, under
-        // two and four directory pages.
+        // two and four directory pages, of two copies each.
         assert_eq!(object_pages_for(0, 4, 24612), 0);
         // One object: a page of each table begun, and their directories.
-        assert_eq!(object_pages_for(1, 4, 24612), (1 + 1 + 2) + (1 + 1 + 4));
+        assert_eq!(object_pages_for(1, 4, 24612), (1 + 1 + 4) + (1 + 1 + 8));
         // 3,360 objects: ten count and 27 fingerprint pages, one more of each for
         // each slab they may begin a page in.
         assert_eq!(
             object_pages_for(3360, 4, 24612),
-            (10 + 4 + 2) + (27 + 4 + 4)
+            (10 + 4 + 4) + (27 + 4 + 8)
         );
         // Never more than the tables hold.
-        assert_eq!(object_pages_for(1 << 40, 4, 24612), (296 + 2) + (784 + 4));
+        assert_eq!(object_pages_for(1 << 40, 4, 24612), (296 + 4) + (784 + 8));
     }
 }

@@ -9,15 +9,17 @@
 //! what is below it is read again. A page-store slot the loaded image does not use is
 //! free, so holding it is safe whatever it holds; a data block is held only when it
 //! still holds the page its reference names (a pool last written by an engine
-//! without deferred frees may have given the block to data since).
+//! without deferred frees may have given the block to data since). Both copies of a
+//! version-3 directory page are held, each on those terms; its payload is taken
+//! from whichever reads good.
 
 use crate::inner::Inner;
 use crate::page_store::address_block;
 use crate::Result;
 use fewerbytes_format::catalog::{Catalog, TableRoot};
-use fewerbytes_format::page::{decode_page_ref, PageKind, PageRef, REFS_PER_DIR_PAGE};
+use fewerbytes_format::page::{decode_page_ref, refs_per_dir_page, PageKind, PageRef};
 use fewerbytes_format::superblock::SuperBlock;
-use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION};
+use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use std::collections::BTreeSet;
 
 /// Hold the pages `older` (the other valid copy, one generation below the loaded
@@ -26,11 +28,12 @@ use std::collections::BTreeSet;
 /// was not whole, and holding less changes nothing the loaded image needs.
 pub(crate) fn hold_older_pages(inner: &Inner, older: &SuperBlock) -> Result<()> {
     let loaded_generation = inner.checkpointer.super_block().generation;
-    if older.version != FORMAT_VERSION || older.generation + 1 != loaded_generation {
+    if older.version == FORMAT_VERSION_1 || older.generation + 1 != loaded_generation {
         return Ok(());
     }
     let mut walk = OlderPages {
         inner,
+        version: older.version,
         held: BTreeSet::new(),
         missing: 0,
     };
@@ -80,6 +83,8 @@ pub(crate) fn hold_older_pages(inner: &Inner, older: &SuperBlock) -> Result<()> 
 
 struct OlderPages<'a> {
     inner: &'a Inner,
+    /// The older copy's format version (2 or 3: its directory pages' layout).
+    version: u32,
     held: BTreeSet<u64>,
     missing: u64,
 }
@@ -92,29 +97,49 @@ struct Read {
 }
 
 impl OlderPages<'_> {
-    /// Hold the page `r` names if the loaded image does not; return it when it was
-    /// read.
+    /// Hold the page `r` names (each of its copies) if the loaded image does not;
+    /// return it when a copy was read good.
     fn visit(&mut self, r: &PageRef, kind: PageKind) -> Option<Read> {
         if r.is_none() || self.loaded(r.address) || self.held.contains(&r.address) {
             return None;
         }
+        let mut page = None;
+        for address in r.addresses() {
+            let read = self.read_copy(r, address, kind);
+            match &read {
+                Some(_) => {
+                    self.held.insert(address);
+                }
+                None => {
+                    self.missing += 1;
+                    // A free slot is safe to hold whatever it holds; a data block only
+                    // when it holds this page.
+                    if address_block(address).is_none() {
+                        self.held.insert(address);
+                    }
+                }
+            }
+            page = page.or(read);
+        }
+        page
+    }
+
+    /// Read and verify the copy at `address` of the page `r` names.
+    fn read_copy(&self, r: &PageRef, address: u64, kind: PageKind) -> Option<Read> {
         let g = &self.inner.geometry;
-        let (device, at) = match address_block(r.address) {
+        let (device, at) = match address_block(address) {
             Some(pbn) if pbn < g.data_blocks() => (
                 self.inner.devices.data(),
                 g.data_offset_bytes() + pbn * BLOCK_BYTES as u64,
             ),
-            None if r.address < g.page_slots() => (
+            None if address < g.page_slots() => (
                 self.inner.devices.meta(),
-                (g.pages_start_block() + r.address) * BLOCK_BYTES as u64,
+                (g.pages_start_block() + address) * BLOCK_BYTES as u64,
             ),
-            _ => {
-                self.missing += 1;
-                return None;
-            }
+            _ => return None,
         };
         let mut buf = vec![0u8; BLOCK_BYTES];
-        let page = device
+        device
             .read_at(&mut buf, at)
             .ok()
             .and_then(|()| decode_page_ref(&buf, kind, g.nonce(), r).ok())
@@ -122,21 +147,7 @@ impl OlderPages<'_> {
                 level: h.level,
                 count: h.count as usize,
                 payload: payload.to_vec(),
-            });
-        match &page {
-            Some(_) => {
-                self.held.insert(r.address);
-            }
-            None => {
-                self.missing += 1;
-                // A free slot is safe to hold whatever it holds; a data block only
-                // when it holds this page.
-                if address_block(r.address).is_none() {
-                    self.held.insert(r.address);
-                }
-            }
-        }
-        page
+            })
     }
 
     /// Whether the loaded image holds this address.
@@ -159,9 +170,10 @@ impl OlderPages<'_> {
                 continue;
             };
             let level = page.level;
+            let twinned = self.version >= FORMAT_VERSION && level >= 2;
             let mut r = Reader::new("directory page", &page.payload);
-            for _ in 0..REFS_PER_DIR_PAGE {
-                let Ok(child) = PageRef::decode(&mut r) else {
+            for _ in 0..refs_per_dir_page(self.version, level) {
+                let Ok(child) = PageRef::decode_as(twinned, &mut r) else {
                     break;
                 };
                 if level > 1 {

@@ -198,10 +198,10 @@ pub(crate) fn address_block(address: u64) -> Option<u64> {
     (address & ADDRESS_DATA_REGION != 0).then_some(address & !ADDRESS_DATA_REGION)
 }
 
-/// The page address a reference names (a slot, or a data block with bit 63), if it
-/// names a page.
-pub(crate) fn page_address(r: &PageRef) -> Option<u64> {
-    (!r.is_none()).then_some(r.address)
+/// The page addresses a reference names (each a slot, or a data block with bit 63):
+/// none, one, or two for a twinned directory page (format version 3).
+pub(crate) fn page_addresses(r: &PageRef) -> impl Iterator<Item = u64> {
+    r.addresses()
 }
 
 #[cfg(test)]

@@ -11,10 +11,13 @@
 //! shared (as every request step holds it). Requests never wait for the scrub's
 //! reads but for one 4 KiB read at a time.
 //!
+//! Both copies of a directory page (format version 3) are read and verified.
+//!
 //! Repairs: while a pool is open its memory holds every page's content, loaded
 //! verified at open and changed since only by the engine. A damaged page is
-//! marked dirty (a directory page: a page below it, which rewrites the path up
-//! to it) and a checkpoint writes it to a fresh slot; a damaged super block copy
+//! marked dirty (a directory page: marked for rewriting, which rewrites the path
+//! up to it; both its copies go to fresh addresses) and a checkpoint writes it to
+//! a fresh slot; a damaged super block copy
 //! is rewritten by the checkpoints that land on it. A repair counts once the page
 //! (or copy) reads back good. A damaged data block has no second copy: it is
 //! reported with the volumes and byte ranges that map it (reads of them fail).
@@ -27,7 +30,9 @@ use crate::inner::{Inner, Wait};
 use crate::slab::ObjTable;
 use crate::Result;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
-use fewerbytes_format::page::{decode_page, decode_page_ref, PageKind, PageRef, REFS_PER_DIR_PAGE};
+use fewerbytes_format::page::{
+    decode_page, decode_page_ref, page_version_allowed, PageKind, PageRef,
+};
 use fewerbytes_format::superblock::SuperBlock;
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION_1};
 use parking_lot::MutexGuard;
@@ -40,7 +45,6 @@ use std::time::Instant;
 pub const SCRUB_RATE_DEFAULT_BYTES_PER_S: u64 = 64 << 20;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
-const PER_DIR: u64 = REFS_PER_DIR_PAGE as u64;
 
 /// Which directory tree a directory page belongs to.
 #[derive(Clone)]
@@ -311,7 +315,13 @@ fn stored_objects(inner: &Inner, s: u32) -> Vec<(u64, u32)> {
 /// What the scrub will read: both super block copies, every page with a durable
 /// copy, and the stored bytes of every object.
 fn bytes_to_verify(inner: &Inner) -> u64 {
-    let mut pages = pool_sites(inner).len() as u64;
+    let mut pages: u64 = pool_sites(inner)
+        .iter()
+        .map(|site| match site {
+            Site::Dir(..) => site.reference(inner).addresses().count().max(1) as u64,
+            _ => 1,
+        })
+        .sum();
     let mut stored = 0u64;
     for (_, slab) in inner.depot.touched() {
         let slab = slab.lock();
@@ -344,19 +354,44 @@ fn stored_bytes(location: u64) -> u64 {
 }
 
 /// Read the page `site` names through its durable reference and verify it as the
-/// load does. `Ok(false)`: no durable copy (gone since the scrub listed it).
-/// `Err(reason)`: it fails a check, with where it lies.
-fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<bool, String> {
+/// load does, each of its copies (two for a version-3 directory page). `Ok(0)`: no
+/// durable copy (gone since the scrub listed it); `Ok(n)`: its `n` copies are good.
+/// `Err((n, reason))`: of its `n` copies, one or both fail a check, with where
+/// they lie.
+fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<u64, (u64, String)> {
     let _ck = inner.checkpointer.serialize();
     let reference = site.reference(inner);
-    if reference.is_none() {
-        return Ok(false);
+    let copies = reference.addresses().count() as u64;
+    let mut bad = Vec::new();
+    for (n, address) in reference.addresses().enumerate() {
+        if let Err(reason) = verify_copy(inner, site, &reference, address) {
+            bad.push(match (copies, n) {
+                (1, _) => reason,
+                (_, 0) => format!("its first copy: {reason}"),
+                _ => format!("its second copy: {reason}"),
+            });
+        }
     }
+    if bad.is_empty() {
+        Ok(copies)
+    } else {
+        Err((copies, bad.join("; ")))
+    }
+}
+
+/// Verify the copy at `address` of the page `reference` names.
+fn verify_copy(
+    inner: &Inner,
+    site: &Site,
+    reference: &PageRef,
+    address: u64,
+) -> std::result::Result<(), String> {
     let (version, generation) = {
         let sb = inner.checkpointer.super_block();
         (sb.version, sb.generation)
     };
-    let (device, name, block) = match reference.data_block() {
+    let data_block = crate::page_store::address_block(address);
+    let (device, name, block) = match data_block {
         Some(pbn) => (
             inner.devices.data(),
             "data",
@@ -365,19 +400,16 @@ fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<bool, String> 
         None => (
             inner.devices.meta(),
             "metadata",
-            inner.geometry.pages_start_block() + reference.address,
+            inner.geometry.pages_start_block() + address,
         ),
     };
     let at = format!("{name} device block {block}");
-    let inside = match reference.data_block() {
+    let inside = match data_block {
         Some(pbn) => pbn < inner.geometry.data_blocks(),
-        None => reference.address != 0 && reference.address < inner.geometry.page_slots(),
+        None => address != 0 && address < inner.geometry.page_slots(),
     };
     if !inside {
-        return Err(format!(
-            "its address {:#x} is outside its region",
-            reference.address
-        ));
+        return Err(format!("its address {address:#x} is outside its region"));
     }
     let mut buf = vec![0u8; BLOCK_BYTES];
     device
@@ -387,9 +419,15 @@ fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<bool, String> 
     let decoded = if version == FORMAT_VERSION_1 {
         decode_page(&buf, kind, inner.geometry.nonce(), reference.address)
     } else {
-        decode_page_ref(&buf, kind, inner.geometry.nonce(), &reference)
+        decode_page_ref(&buf, kind, inner.geometry.nonce(), reference)
     };
     let (header, _) = decoded.map_err(|e| format!("{at}: {e}"))?;
+    if !page_version_allowed(version, kind, header.version) {
+        return Err(format!(
+            "{at}: a version-{} page in a version-{version} pool",
+            header.version
+        ));
+    }
     if header.owner != owner || header.index != index || header.level != level {
         return Err(format!(
             "{at}: the page names owner {} index {} level {}, expected owner {owner} \
@@ -403,16 +441,19 @@ fn verify_page(inner: &Inner, site: &Site) -> std::result::Result<bool, String> 
             header.generation
         ));
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Verify one page; report, and repair, a failure.
 fn check_site(inner: &Inner, site: &Site) {
     match verify_page(inner, site) {
-        Ok(false) => {}
-        Ok(true) => inner.scrubber.verified(BLOCK, true),
-        Err(reason) => {
-            inner.scrubber.verified(BLOCK, true);
+        Ok(copies) => {
+            if copies > 0 {
+                inner.scrubber.verified(copies * BLOCK, true);
+            }
+        }
+        Err((copies, reason)) => {
+            inner.scrubber.verified(copies * BLOCK, true);
             let what = format!("{}: {reason}", site.describe());
             tracing::error!("scrub: {what}");
             let repaired = repair_page(inner, site);
@@ -453,7 +494,13 @@ fn repair_page(inner: &Inner, site: &Site) -> bool {
             .lock()
             .mark_table_page_dirty(*table, *k),
         Site::Map(vol, p) => mark_map_page(inner, vol, *p),
-        Site::Dir(tree, l, _, k) => mark_under(inner, tree, *l, *k),
+        Site::Dir(tree, l, _, k) => match tree.lock(inner).level_mut(*l) {
+            Some(level) if !level.get(*k).is_none() => {
+                level.mark_rewrite(*k);
+                true
+            }
+            _ => false,
+        },
     };
     if !marked {
         return false;
@@ -465,7 +512,7 @@ fn repair_page(inner: &Inner, site: &Site) -> bool {
         );
         return false;
     }
-    matches!(verify_page(inner, site), Ok(true))
+    matches!(verify_page(inner, site), Ok(n) if n > 0)
 }
 
 fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
@@ -480,44 +527,6 @@ fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
             true
         }
         None => false,
-    }
-}
-
-/// Mark dirty a written leaf page below directory page `k` of the tree's level
-/// `l` (0: level 1): the next checkpoint rewrites the directory pages on its path,
-/// this one among them.
-fn mark_under(inner: &Inner, tree: &Tree, l: usize, k: u64) -> bool {
-    let mut k = k;
-    {
-        let mut t = tree.lock(inner);
-        // Down to level 1: a written child page in each level's range.
-        for below in (0..l).rev() {
-            let Some(below) = t.level_mut(below) else {
-                return false;
-            };
-            let range = k * PER_DIR..(k + 1) * PER_DIR;
-            match below.refs().map(|(i, _)| i).find(|i| range.contains(i)) {
-                Some(i) => k = i,
-                None => return false,
-            }
-        }
-    }
-    let leaves = k * PER_DIR..(k + 1) * PER_DIR;
-    match tree {
-        Tree::Map(vol) => leaves.into_iter().any(|p| mark_map_page(inner, vol, p)),
-        Tree::Counts | Tree::Fingerprints => {
-            let table = match tree {
-                Tree::Counts => ObjTable::Counts,
-                _ => ObjTable::Fingerprints,
-            };
-            let per_slab = (inner.geometry.objects_per_slab() as usize)
-                .div_ceil(table.records_per_page()) as u64;
-            leaves.into_iter().any(|g| {
-                let (s, c) = ((g / per_slab) as u32, (g % per_slab) as usize);
-                s < inner.geometry.slab_count()
-                    && inner.depot.slab(s).lock().mark_table_page_dirty(table, c)
-            })
-        }
     }
 }
 

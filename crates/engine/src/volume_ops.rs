@@ -8,7 +8,7 @@
 use crate::block_map::VolumeState;
 use crate::geometry::human_bytes;
 use crate::inner::Inner;
-use crate::page_store::page_address;
+use crate::page_store::page_addresses;
 use crate::{api::*, EngineError, Result};
 use fewerbytes_format::catalog::validate_name;
 use fewerbytes_format::dir_tree::MAX_DEPTH;
@@ -145,10 +145,12 @@ pub(crate) fn create(
 /// no-space error when its checkpoint would be refused for want of room. The
 /// refusal comes before anything changed, so nothing of the volume stays behind
 /// for a later checkpoint to make durable. Its pages, a directory page over each
-/// 252 of them, and a tree's worth of directory pages for its map.
+/// 252 of them, and a tree's worth of directory pages for its map, each directory
+/// page twice (format version 3).
 fn room_for_new_volume(inner: &Inner, map_pages: u64) -> Result<()> {
     inner.checkpoint_space()?;
-    let directories = map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64;
+    let directories =
+        crate::metadata_room::DIR_PAGE_COPIES * (map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64);
     inner.metadata_room_with(map_pages + directories)
 }
 
@@ -173,7 +175,7 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
     {
         let mut free = Vec::new();
         for (_, page) in vol.map_pages().iter() {
-            free.extend(page_address(&page.lock().durable()));
+            free.extend(page_addresses(&page.lock().durable()));
         }
         free.extend(vol.dirs().slots());
         i.checkpointer.free_after_next(free);
@@ -216,7 +218,7 @@ pub(crate) fn resize(
         }
         let (released, retired) = vol.unmap_from(size_blocks, i.checkpointer.dirty_pages());
         i.checkpointer
-            .free_after_next(retired.iter().filter_map(page_address));
+            .free_after_next(retired.iter().flat_map(page_addresses));
         i.depot.release_objects(&i.devices, &released)?;
     }
     vol.set_size(size_blocks);

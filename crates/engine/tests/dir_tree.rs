@@ -1,10 +1,12 @@
 //! Directory trees (`docs/format.md`, "Directory trees"): a table too large for four
 //! level-1 directory pages gets more levels, and the catalog holds only the top
 //! list. On a sparse 300 GiB pool file with overcommit, a 1 TiB volume (532,610 map
-//! pages: 2,114 level-1, 9 level-2 and one level-3 directory page) written at its
-//! first, middle and last blocks reads back after a reopen, and so do the count and
+//! pages: 2,114 level-1, 13 level-2 and one level-3 directory page; format version 3
+//! puts 168 twinned references in a page above level 1) written at its first,
+//! middle and last blocks reads back after a reopen, and so do the count and
 //! fingerprint tables (9,600 slabs: depth 3 each); a stale level-2 directory page is
-//! refused by its parent, naming its region and block.
+//! refused by its parent and its second copy read instead, and with both copies
+//! stale the open is refused, naming its region and block.
 
 mod common;
 use common::*;
@@ -85,8 +87,9 @@ fn super_block_of(path: &Path) -> SuperBlock {
 }
 
 /// The directory pages of `level` in the pool file (any slot, live or retired) of
-/// the volume with id `owner`, as (slot, header, payload). Slots past the last
-/// written one read as zeros and are skipped.
+/// the volume with id `owner`, as (slot, header, payload): both copies of each
+/// (the second copy's header names the first's slot, not its own). Slots past the
+/// last written one read as zeros and are skipped.
 fn directory_pages(path: &Path, owner: u64, level: u8) -> Vec<(u64, PageHeader, Vec<u8>)> {
     let sb = super_block_of(path);
     let file = File::open(path).unwrap();
@@ -95,7 +98,8 @@ fn directory_pages(path: &Path, owner: u64, level: u8) -> Vec<(u64, PageHeader, 
     for slot in 1..sb.page_slots.min(1 << 16) {
         let at = (sb.pages_start_block + slot) * BLOCK as u64;
         file.read_exact_at(&mut block, at).unwrap();
-        if let Ok((h, payload)) = decode_page(&block, PageKind::Directory, sb.nonce, slot) {
+        let named = u64::from_le_bytes(block[24..32].try_into().unwrap());
+        if let Ok((h, payload)) = decode_page(&block, PageKind::Directory, sb.nonce, named) {
             if h.level == level && h.owner == owner {
                 pages.push((slot, h, payload.to_vec()));
             }
@@ -115,15 +119,25 @@ fn a_volume_whose_map_needs_three_levels_reads_back_after_reopen() {
     write_probes(&pool, |b| b);
     pool.close().unwrap();
     // The written map pages (0, 266,305 and 532,609) under level-1 directory pages
-    // 0, 1,056 and 2,113, under level-2 pages 0, 4 and 8, under level-3 page 0.
-    for (level, indexes) in [(1, vec![0, 1056, 2113]), (2, vec![0, 4, 8]), (3, vec![0])] {
-        let mut found: Vec<u64> = directory_pages(&file.0, id, level)
-            .iter()
-            .map(|(_, h, _)| h.index)
-            .collect();
+    // 0, 1,056 and 2,113, under level-2 pages 0, 6 and 12, under level-3 page 0;
+    // each written twice.
+    for (level, indexes) in [(1, vec![0, 1056, 2113]), (2, vec![0, 6, 12]), (3, vec![0])] {
+        let pages = directory_pages(&file.0, id, level);
+        let mut found: Vec<u64> = pages.iter().map(|(_, h, _)| h.index).collect();
         found.sort_unstable();
         found.dedup();
         assert_eq!(found, indexes, "level {level}");
+        for (slot, h, _) in pages.iter().filter(|(slot, h, _)| *slot == h.slot) {
+            let twins = pages
+                .iter()
+                .filter(|(s, t, _)| s != slot && t.slot == *slot && t.generation == h.generation)
+                .count();
+            assert_eq!(
+                twins, 1,
+                "level {level} page {} has its second copy",
+                h.index
+            );
+        }
     }
     assert!(directory_pages(&file.0, id, 4).is_empty());
     let pool = Pool::open(&file.0, &OPTS).unwrap();
@@ -146,8 +160,8 @@ fn a_volume_whose_map_needs_three_levels_reads_back_after_reopen() {
 }
 
 // A stale directory page of the newest checkpoint is refused by its parent's
-// reference; since deferred frees keep the older super block copy's pages whole,
-// the open then takes the older copy and replays the journal from its replay point.
+// reference, and its second copy read instead; with both copies stale and the older
+// super block copy gone, the open is refused, naming the page.
 #[test]
 fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
     let (file, pool) = big_pool("stale");
@@ -164,33 +178,39 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
     write_probes(&pool, |b| !b);
     pool.close().unwrap();
     let sb = super_block_of(&file.0);
-    let (slot, current, _) = directory_pages(&file.0, id, 2)
-        .into_iter()
-        .filter(|(_, h, _)| h.index == 0)
+    let pages = directory_pages(&file.0, id, 2);
+    let (slot, current, _) = pages
+        .iter()
+        .filter(|(s, h, _)| h.index == 0 && *s == h.slot)
         .max_by_key(|(_, h, _)| h.generation)
-        .unwrap();
+        .unwrap()
+        .clone();
+    let (twin, ..) = pages
+        .iter()
+        .find(|(s, h, _)| *s != slot && h.slot == slot && h.generation == current.generation)
+        .unwrap()
+        .clone();
     assert!(older.1.generation < current.generation);
-    // The drive lost the newer write: the slot holds the older page, which passes
+    // The drive lost the newer writes: both slots hold the older page, which passes
     // every check of its own.
     let stale = PageHeader { slot, ..older.1 };
     let mut page = [0u8; BLOCK];
     encode_page(&stale, &older.2, &mut page);
     assert!(decode_page(&page, PageKind::Directory, sb.nonce, slot).is_ok());
     let block = sb.pages_start_block + slot;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file.0)
-        .unwrap()
-        .write_all_at(&page, block * BLOCK as u64)
-        .unwrap();
-    // With the older super block copy gone too, nothing else reaches the volume: the
-    // open is refused, naming the stale page.
-    let older_copy = 1 - sb.generation % 2;
-    let saved = read_block(&file.0, older_copy);
+    let twin_block = sb.pages_start_block + twin;
+    let saved_twin = read_block(&file.0, twin_block);
     let pool_file = std::fs::OpenOptions::new()
         .write(true)
         .open(&file.0)
         .unwrap();
+    for b in [block, twin_block] {
+        pool_file.write_all_at(&page, b * BLOCK as u64).unwrap();
+    }
+    // With the older super block copy gone too, nothing else reaches the volume: the
+    // open is refused, naming the stale page and both its copies.
+    let older_copy = 1 - sb.generation % 2;
+    let saved = read_block(&file.0, older_copy);
     pool_file
         .write_all_at(&[0u8; BLOCK], older_copy * BLOCK as u64)
         .unwrap();
@@ -204,15 +224,21 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
             assert_eq!(region, "directory page");
             assert_eq!(named, block);
             assert!(reason.contains("lost or misdirected write"), "{reason}");
+            assert!(reason.contains("both copies"), "{reason}");
+            assert!(reason.contains(&format!("block {twin_block}")), "{reason}");
         }
         Err(e) => panic!("not reported as corruption: {e}"),
         Ok(_) => panic!("a stale level-2 directory page was loaded"),
     }
-    // With the older copy whole, the pool opens from it with every write.
+    // With its second copy whole (and the older super block copy back), the pool
+    // opens from the newest copy, reading that page from its second copy.
+    pool_file
+        .write_all_at(&saved_twin, twin_block * BLOCK as u64)
+        .unwrap();
     pool_file
         .write_all_at(&saved, older_copy * BLOCK as u64)
         .unwrap();
-    let pool = Pool::open(&file.0, &OPTS).expect("opens from the older super block copy");
+    let pool = Pool::open(&file.0, &OPTS).expect("opens with the second copy");
     let vol = pool.open_volume("big").unwrap();
     for (lbn, byte) in probes() {
         let mut buf = vec![0u8; BLOCK];

@@ -1,13 +1,14 @@
-//! Decode of committed pool images of format versions 1 and 2, and the upgrade of
-//! version 1 to version 2. Each image was made by `make_fixture` below with the
+//! Decode of committed pool images of format versions 1, 2 and 3, and the upgrades
+//! of version 1 and version 2 to version 3. Each image was made by `make_fixture` below with the
 //! code of its version (run it by hand when the format version changes, and keep
 //! the older fixtures: new code must still read them). Each holds a volume written
 //! with the seed mix, a clone of it, a trimmed range, and records still in the
 //! journal, so opening it exercises the super block, catalog, directories, map and
-//! object pages (count and fingerprint pages in v2), journal replay, and fragment
-//! and whole-block reads. The v1 fixture with its super block edited makes the
-//! harder upgrades: a page store too full for the v2 image (its pages go to data
-//! blocks), and a pool with room for it nowhere (refused, nothing written).
+//! object pages (count and fingerprint pages in v2 and v3, directory pages twice in
+//! v3), journal replay, and fragment and whole-block reads. The v1 fixture with its
+//! super block edited makes the harder upgrades: a page store too full for the v3
+//! image (its pages go to data blocks), and a pool with room for it nowhere
+//! (refused, nothing written).
 //!
 //! File layout: repeated (u64 little-endian byte offset, 4096 bytes) for every
 //! non-zero block of a 64 MiB device.
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v1.blocks");
 const FIXTURE_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v2.blocks");
+const FIXTURE_V3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/pool-v3.blocks");
 const DEVICE_BYTES: u64 = 64 << 20;
 
 fn expected_blocks() -> Vec<Vec<u8>> {
@@ -160,7 +162,7 @@ fn a_v1_pool_made_with_overcommit_opens_with_its_volumes_thin_and_keeps_them_so(
     assert_eq!(thin(&pool), expected);
     pool.close().unwrap();
     let (_, pool) = open(dev.crash_image(CrashMode::KeepAll)).unwrap();
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     assert_eq!(thin(&pool), expected);
 }
 
@@ -186,6 +188,61 @@ fn format_v2_fixture_opens_and_reads_back() {
 }
 
 #[test]
+fn format_v3_fixture_opens_and_reads_back() {
+    let dev = Arc::new(FaultStorage::from_image("fixture", image_of(FIXTURE_V3)));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS)
+        .expect("the v3 fixture opens");
+    assert_eq!(pool.info().format_version, 3);
+    assert_fixture_contents(&pool, None);
+    drop(pool);
+    let (_, pool) = open(image_of(FIXTURE_V3)).expect("the v3 fixture opens read-write");
+    assert_fixture_contents(&pool, None);
+}
+
+#[test]
+fn a_read_only_open_of_a_v2_pool_writes_nothing() {
+    let image = image_of(FIXTURE_V2);
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    let pool = Pool::open_devices_read_only(dev.clone() as Arc<dyn Storage>, None, &OPTS).unwrap();
+    assert_eq!(pool.info().format_version, 2);
+    assert_fixture_contents(&pool, None);
+    pool.close().expect("a read-only pool closes cleanly");
+    assert_eq!(dev.counters().snapshot().writes, 0);
+    assert!(
+        dev.crash_image(CrashMode::KeepAll) == image,
+        "the image is unchanged"
+    );
+}
+
+#[test]
+fn a_v2_pool_is_upgraded_to_v3_by_its_first_read_write_open() {
+    let (dev, pool) = open(image_of(FIXTURE_V2)).expect("the v2 fixture opens read-write");
+    assert_eq!(pool.info().format_version, 3);
+    pool.open_volume("base")
+        .unwrap()
+        .write(100 * BLOCK as u64, &[0x77; BLOCK], false)
+        .unwrap();
+    pool.close().unwrap();
+    let image = dev.crash_image(CrashMode::KeepAll);
+    // Both copies are v3, so v2 code refuses the pool instead of opening the older one.
+    assert_eq!(super_block_versions(&image), [Some(3), Some(3)]);
+    let sb = newest_super_block(&image);
+    assert_eq!(sb.flags & FLAG_UPGRADED_FROM_V1, 0);
+    // Every directory page the newest copy reaches has two copies (the open reads
+    // them through twinned references), and its version-2 directory pages are gone
+    // from the tree: a read-only open loads everything as version 3.
+    let (_, pool) = open(image).unwrap();
+    assert_eq!(pool.info().format_version, 3);
+    assert_fixture_contents(&pool, Some((100, 0x77)));
+    assert_eq!(pool.stats().metadata_copies_repaired, 0);
+}
+
+#[test]
+fn a_crash_at_any_write_of_the_v2_upgrade_leaves_the_pool_whole() {
+    crash_at_every_write_of_the_upgrade(&image_of(FIXTURE_V2), 2);
+}
+
+#[test]
 fn a_read_only_open_of_a_v1_pool_writes_nothing() {
     let image = image_of(FIXTURE);
     let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
@@ -206,31 +263,32 @@ fn a_read_only_open_of_a_v1_pool_writes_nothing() {
 }
 
 #[test]
-fn a_v1_pool_is_upgraded_to_v2_by_its_first_read_write_open() {
+fn a_v1_pool_is_upgraded_to_v3_by_its_first_read_write_open() {
     let (dev, pool) = open(image_of(FIXTURE)).expect("the v1 fixture opens read-write");
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     pool.open_volume("base")
         .unwrap()
         .write(100 * BLOCK as u64, &[0x77; BLOCK], false)
         .unwrap();
     pool.close().unwrap();
     let image = dev.crash_image(CrashMode::KeepAll);
-    // Both copies are v2, so v1 code refuses the pool instead of opening the older one.
-    assert_eq!(super_block_versions(&image), [Some(2), Some(2)]);
+    // Both copies are v3, so v1 code refuses the pool instead of opening the older one.
+    assert_eq!(super_block_versions(&image), [Some(3), Some(3)]);
     let (_, pool) = open(image).unwrap();
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     assert_fixture_contents(&pool, Some((100, 0x77)));
 }
 
 #[test]
 fn a_crash_at_any_write_of_the_upgrade_leaves_the_pool_whole() {
-    crash_at_every_write_of_the_upgrade(&image_of(FIXTURE));
+    crash_at_every_write_of_the_upgrade(&image_of(FIXTURE), 1);
 }
 
-/// A crash at each write an upgrading open of `v1` makes (each kept, dropped or
-/// partly kept) leaves a pool that opens read-only with the fixture's contents, in
-/// version 1 (before the v2 super block) or 2 (after), and opens read-write as v2.
-fn crash_at_every_write_of_the_upgrade(v1: &[u8]) {
+/// A crash at each write an upgrading open of `v1` (a pool of version `from`)
+/// makes (each kept, dropped or partly kept) leaves a pool that opens read-only with
+/// the fixture's contents, in version `from` (before the v3 super block) or 3
+/// (after), and opens read-write as v3.
+fn crash_at_every_write_of_the_upgrade(v1: &[u8], from: u32) {
     // How many writes the upgrading open makes.
     let (dev, pool) = open(v1.to_vec()).unwrap();
     let writes = dev.counters().snapshot().writes;
@@ -264,14 +322,14 @@ fn crash_at_every_write_of_the_upgrade(v1: &[u8]) {
             drop(read_only);
             // And it still opens read-write (upgrading if it had not).
             let (_, pool) = open(image).unwrap_or_else(|e| panic!("write {k} ({mode:?}): {e}"));
-            assert_eq!(pool.info().format_version, 2);
+            assert_eq!(pool.info().format_version, 3);
             assert_fixture_contents(&pool, None);
         }
     }
     assert_eq!(
         versions_seen.into_iter().collect::<Vec<_>>(),
-        [1, 2],
-        "crashes left both v1 pools (before the v2 super block) and v2 pools (after)"
+        [from, 3],
+        "crashes left both v{from} pools (before the v3 super block) and v3 pools (after)"
     );
 }
 
@@ -290,7 +348,7 @@ fn edited_v1(edit: impl Fn(&mut SuperBlock, &[u8])) -> Vec<u8> {
 }
 
 /// Cut the page store of `sb` to end just past the last page the fixture wrote, so
-/// the v2 image cannot fit in free slots beside the v1 one.
+/// the v3 image cannot fit in free slots beside the v1 one.
 fn cut_page_store(sb: &mut SuperBlock, image: &[u8]) {
     let last_written = (1..sb.page_slots)
         .rev()
@@ -311,7 +369,7 @@ fn v1_with_a_full_page_store() -> Vec<u8> {
 fn a_v1_pool_whose_page_store_is_full_upgrades_with_pages_in_data_blocks() {
     let (dev, pool) = open(v1_with_a_full_page_store())
         .expect("the upgrade puts the pages the slots cannot hold in data blocks");
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     let in_data = pool.stats().space.metadata_in_data_bytes;
     assert!(in_data > 0, "no page went to a data block");
     assert_fixture_contents(&pool, None);
@@ -321,7 +379,7 @@ fn a_v1_pool_whose_page_store_is_full_upgrades_with_pages_in_data_blocks() {
         .unwrap();
     pool.close().unwrap();
     let image = dev.crash_image(CrashMode::KeepAll);
-    assert_eq!(super_block_versions(&image), [Some(2), Some(2)]);
+    assert_eq!(super_block_versions(&image), [Some(3), Some(3)]);
     let sb = newest_super_block(&image);
     assert_ne!(
         sb.flags & FLAG_DATA_REGION_PAGES,
@@ -330,20 +388,20 @@ fn a_v1_pool_whose_page_store_is_full_upgrades_with_pages_in_data_blocks() {
     );
     assert_ne!(sb.flags & FLAG_UPGRADED_FROM_V1, 0);
     let (_, pool) = open(image).unwrap();
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     assert_fixture_contents(&pool, Some((100, 0x77)));
 }
 
 #[test]
 fn a_crash_at_any_write_of_an_upgrade_into_data_blocks_leaves_the_pool_whole() {
-    crash_at_every_write_of_the_upgrade(&v1_with_a_full_page_store());
+    crash_at_every_write_of_the_upgrade(&v1_with_a_full_page_store(), 1);
 }
 
 #[test]
 fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_was() {
     // Page store cut as above, and the data region cut to one slab of 64 blocks
     // (the fixture's data lies in its first 62): neither slots nor data blocks
-    // hold the v2 image.
+    // hold the v3 image.
     let image = edited_v1(|sb, image| {
         cut_page_store(sb, image);
         sb.data_blocks = 64;
@@ -353,7 +411,7 @@ fn a_v1_pool_without_room_for_its_upgrade_is_refused_read_write_and_left_as_it_w
     match Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS) {
         Err(EngineError::Refused(why)) => {
             eprintln!("refused: {why}");
-            assert!(why.contains("upgrade to version 2 needs"), "{why}");
+            assert!(why.contains("upgrade to version 3 needs"), "{why}");
             assert!(why.contains("free slots"), "{why}");
             assert!(why.contains("free blocks"), "{why}");
             assert!(why.contains("nothing was written"), "{why}");
@@ -388,7 +446,7 @@ fn a_v1_pool_file_opens_read_only_unchanged_and_upgrades_read_write() {
         "the file is unchanged"
     );
     let pool = Pool::open(&path, &OPTS).unwrap();
-    assert_eq!(pool.info().format_version, 2);
+    assert_eq!(pool.info().format_version, 3);
     pool.close().unwrap();
     std::fs::remove_file(&path).unwrap();
 }

@@ -88,6 +88,7 @@ fn with_counters_page(
         address: slot,
         crc,
         generation: ref_generation(sb.generation),
+        twin: 0,
     };
     let mut block = [0u8; BLOCK];
     sb.encode(&mut block);

@@ -174,10 +174,13 @@ fn a_damaged_page_in_a_data_block_is_reported_as_corruption_of_that_block() {
         .iter()
         .find(|r| r.name.contains("metadata pages in the data region") && r.blocks > 0)
         .expect("pages in data blocks");
-    let block = run.start_block;
     // The image as it is (no close, whose checkpoint could move pages): the last
-    // checkpoint's pages are the ones listed.
+    // checkpoint's pages are the ones listed. A page with one copy (not a directory
+    // page, which has a second: `dir_copies.rs`).
     let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let block = (run.start_block..run.start_block + run.blocks)
+        .find(|b| image[*b as usize * BLOCK + 9] != 3)
+        .expect("a page other than a directory page in the data region");
     // One flipped byte in the page's payload: its checksum fails.
     image[block as usize * BLOCK + 1000] ^= 0x40;
     let dev = Arc::new(fewerbytes_engine::storage::FaultStorage::from_image(

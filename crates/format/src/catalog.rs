@@ -3,17 +3,21 @@
 //! Version 1 names directory pages by slot, every level-1 page of every table;
 //! version 2 names each table's [`TableRoot`] (the depth of its directory tree and
 //! at most four [`PageRef`]s, `dir_tree.rs`), and records each volume's reservation
-//! and thin flag, so its size depends on the volumes alone.
+//! and thin flag, so its size depends on the volumes alone. Version 3 is version 2
+//! with twinned references (24 bytes, both copies of a directory page) in the top
+//! lists.
 
 use crate::dir_tree::{MAX_DEPTH, MAX_TOP_REFS};
-use crate::page::{PageRef, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES};
+use crate::page::{PageRef, PAGE_PAYLOAD_BYTES, PAGE_REF_BYTES, TWIN_REF_BYTES};
 use crate::superblock::MAX_CATALOG_PAGES_V2;
-use crate::{FormatError, Reader, Writer, FORMAT_VERSION, FORMAT_VERSION_1};
+use crate::{FormatError, Reader, Writer, FORMAT_VERSION, FORMAT_VERSION_1, FORMAT_VERSION_2};
 
 /// "FBCT": a version-1 catalog stream.
 pub const CATALOG_MAGIC: u32 = 0x5443_4246;
 /// "FBC2": a version-2 catalog stream.
 pub const CATALOG_MAGIC_V2: u32 = 0x3243_4246;
+/// "FBC3": a version-3 catalog stream.
+pub const CATALOG_MAGIC_V3: u32 = 0x3343_4246;
 /// Volume flag (version 2): the volume is thin (reserves less than its size).
 pub const VOLUME_FLAG_THIN: u32 = 1;
 /// Volume flag (version 2): the volume is limited to the TLS identities an allow
@@ -70,7 +74,7 @@ impl Default for TableRoot {
 /// The whole catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
-    /// Format version of the stream (1 or 2).
+    /// Format version of the stream (1, 2 or 3).
     pub version: u32,
     /// Next volume id to hand out.
     pub next_volume_id: u64,
@@ -94,25 +98,28 @@ impl Default for Catalog {
     }
 }
 
-/// Bytes of the largest table root (version 2): depth, count, four references.
-const MAX_ROOT_BYTES_V2: usize = 8 + MAX_TOP_REFS * PAGE_REF_BYTES;
-/// Bytes of the largest version-2 catalog: 4,096 volumes of 64-byte names, each
-/// table with a full top list (688,288 bytes). It depends on nothing else.
-pub const MAX_ENCODED_BYTES_V2: usize = 16
-    + 2 * MAX_ROOT_BYTES_V2
-    + MAX_VOLUMES * (2 + 2 + MAX_NAME_BYTES + 8 + 8 + 12 + MAX_ROOT_BYTES_V2);
+/// Bytes of the largest table root (version 3): depth, count, four twinned
+/// references.
+const MAX_ROOT_BYTES_V3: usize = 8 + MAX_TOP_REFS * TWIN_REF_BYTES;
+/// Bytes of the largest version-3 catalog: 4,096 volumes of 64-byte names, each
+/// table with a full top list (819,424 bytes; version 2's is 688,288). It depends on
+/// nothing else.
+pub const MAX_ENCODED_BYTES_V3: usize = 16
+    + 2 * MAX_ROOT_BYTES_V3
+    + MAX_VOLUMES * (2 + 2 + MAX_NAME_BYTES + 8 + 8 + 12 + MAX_ROOT_BYTES_V3);
 const _: () = assert!(
-    MAX_ENCODED_BYTES_V2 <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
-    "the largest version-2 catalog fits the catalog pages a super block references, \
+    MAX_ENCODED_BYTES_V3 <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
+    "the largest version-3 catalog fits the catalog pages a super block references, \
      so a checkpoint never runs out of catalog room"
 );
 
-/// A directory list's pointers: u32 slots (version 1) or page references (version 2).
+/// A directory list's pointers: u32 slots (version 1), page references (version 2)
+/// or twinned references (version 3).
 fn pointer_bytes(version: u32) -> usize {
-    if version == FORMAT_VERSION_1 {
-        4
-    } else {
-        PAGE_REF_BYTES
+    match version {
+        FORMAT_VERSION_1 => 4,
+        FORMAT_VERSION_2 => PAGE_REF_BYTES,
+        _ => TWIN_REF_BYTES,
     }
 }
 
@@ -149,9 +156,10 @@ impl Catalog {
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
         let v2 = self.version != FORMAT_VERSION_1;
+        let pointer = pointer_bytes(self.version);
         let root = |t: &TableRoot| {
             if v2 {
-                8 + PAGE_REF_BYTES * t.top.len()
+                8 + pointer * t.top.len()
             } else {
                 4 + 4 * t.top.len()
             }
@@ -166,11 +174,12 @@ impl Catalog {
     }
 
     /// Encode into a byte stream of its version. A version-1 stream keeps only the
-    /// slot of each reference (version 1 has nothing more).
+    /// slot of each reference (version 1 has nothing more), a version-2 one no twin.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![0u8; self.encoded_len()];
         let mut w = Writer::new(&mut out);
         let v2 = self.version != FORMAT_VERSION_1;
+        let twinned = self.version >= FORMAT_VERSION;
         let root = |w: &mut Writer<'_>, t: &TableRoot| {
             if v2 {
                 w.u32(t.depth);
@@ -178,13 +187,17 @@ impl Catalog {
             w.u32(t.top.len() as u32);
             for r in &t.top {
                 if v2 {
-                    r.encode(w);
+                    r.encode_as(twinned, w);
                 } else {
                     w.u32(r.address as u32);
                 }
             }
         };
-        w.u32(if v2 { CATALOG_MAGIC_V2 } else { CATALOG_MAGIC });
+        w.u32(match self.version {
+            FORMAT_VERSION_1 => CATALOG_MAGIC,
+            FORMAT_VERSION_2 => CATALOG_MAGIC_V2,
+            _ => CATALOG_MAGIC_V3,
+        });
         w.u32(self.volumes.len() as u32);
         w.u64(self.next_volume_id);
         root(&mut w, &self.objects);
@@ -216,7 +229,8 @@ impl Catalog {
         let magic = r.u32()?;
         let version = match magic {
             CATALOG_MAGIC => FORMAT_VERSION_1,
-            CATALOG_MAGIC_V2 => FORMAT_VERSION,
+            CATALOG_MAGIC_V2 => FORMAT_VERSION_2,
+            CATALOG_MAGIC_V3 => FORMAT_VERSION,
             _ => {
                 return Err(FormatError::BadMagic {
                     what,
@@ -225,6 +239,7 @@ impl Catalog {
             }
         };
         let v2 = version != FORMAT_VERSION_1;
+        let twinned = version >= FORMAT_VERSION;
         let volume_count = r.u32()? as usize;
         if volume_count > MAX_VOLUMES {
             return Err(FormatError::Invalid {
@@ -259,7 +274,7 @@ impl Catalog {
             let mut top = Vec::with_capacity(n);
             for _ in 0..n {
                 top.push(if v2 {
-                    PageRef::decode(r)?
+                    PageRef::decode_as(twinned, r)?
                 } else {
                     PageRef::slot_only(r.u32()?)
                 });
@@ -340,11 +355,16 @@ mod tests {
     use proptest::prelude::*;
 
     fn sample(version: u32) -> Catalog {
-        let v2 = version == FORMAT_VERSION;
+        let v2 = version != FORMAT_VERSION_1;
         let r = |slot: u32| PageRef {
             address: u64::from(slot),
             crc: if v2 && slot != 0 { slot * 7 } else { 0 },
             generation: if v2 && slot != 0 { 3 } else { 0 },
+            twin: if version == FORMAT_VERSION && slot != 0 {
+                u64::from(slot) + 1000
+            } else {
+                0
+            },
         };
         Catalog {
             version,
@@ -378,8 +398,8 @@ mod tests {
     }
 
     #[test]
-    fn catalogs_of_both_versions_round_trip() {
-        for version in [FORMAT_VERSION_1, FORMAT_VERSION] {
+    fn catalogs_of_every_version_round_trip() {
+        for version in [FORMAT_VERSION_1, FORMAT_VERSION_2, FORMAT_VERSION] {
             let c = sample(version);
             let bytes = c.encode();
             assert_eq!(bytes.len(), c.encoded_len());
@@ -392,7 +412,7 @@ mod tests {
         let c = sample(FORMAT_VERSION);
         let mut bytes = c.encode();
         // The volume's flags: after its slot, name, id, size and reservation.
-        let at = bytes.len() - (8 + 16) - 4;
+        let at = bytes.len() - (8 + TWIN_REF_BYTES) - 4;
         assert_eq!(bytes[at], (VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED) as u8);
         bytes[at] |= 4;
         assert!(matches!(
@@ -443,8 +463,13 @@ mod tests {
                 })
                 .collect(),
         };
-        assert_eq!(c.encoded_len(), MAX_ENCODED_BYTES_V2);
-        assert_eq!(MAX_ENCODED_BYTES_V2, 688_288);
+        assert_eq!(c.encoded_len(), MAX_ENCODED_BYTES_V3);
+        assert_eq!(MAX_ENCODED_BYTES_V3, 819_424);
+        let v2 = Catalog {
+            version: FORMAT_VERSION_2,
+            ..c
+        };
+        assert_eq!(v2.encoded_len(), 688_288);
     }
 
     proptest! {
@@ -454,6 +479,8 @@ mod tests {
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC.to_le_bytes()); }
             let _ = Catalog::decode(&b);
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V2.to_le_bytes()); }
+            let _ = Catalog::decode(&b);
+            if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V3.to_le_bytes()); }
             let _ = Catalog::decode(&b);
         }
     }

@@ -18,6 +18,7 @@ pub mod journal;
 pub mod location;
 pub mod page;
 pub mod superblock;
+pub mod twin_ref;
 
 pub use bytes::{Reader, Writer};
 
@@ -25,8 +26,14 @@ pub use bytes::{Reader, Writer};
 pub const BLOCK_BYTES: usize = 4096;
 /// Bytes in a sector: the smallest write the format relies on being atomic.
 pub const SECTOR_BYTES: usize = 512;
-/// The format version this code writes (and reads, with [`FORMAT_VERSION_1`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this code writes (and reads, with [`FORMAT_VERSION_2`] and
+/// [`FORMAT_VERSION_1`]): version 2 with two copies of every directory page
+/// (`docs/format.md`, "Version 3: two copies of every directory page").
+pub const FORMAT_VERSION: u32 = 3;
+/// The second format version: page references, count and fingerprint tables,
+/// directory trees with one copy of each page. Still read, and upgraded at a pool's
+/// first read-write checkpoint (`docs/format.md`, "Upgrade from version 2").
+pub const FORMAT_VERSION_2: u32 = 2;
 /// The first format version: still read, and upgraded at a pool's first read-write
 /// checkpoint (`docs/format.md`, "Upgrade from version 1").
 pub const FORMAT_VERSION_1: u32 = 1;

@@ -2,11 +2,13 @@
 //! of version 1, count and fingerprint pages of version 2, directory pages, catalog
 //! pages). Each names itself: pool nonce, its own slot, the checkpoint generation
 //! that wrote it, its kind, owner and index. In version 2 each is also named by its
-//! parent: a [`PageRef`] holds its address, crc and generation.
+//! parent: a [`PageRef`] holds its address, crc and generation. In version 3 a
+//! directory page is written twice, byte for byte, and its parent's *twinned
+//! reference* names both addresses.
 
 use crate::{
     check_nonce, open_block, seal_checksum, FormatError, Reader, Writer, BLOCK_BYTES,
-    FORMAT_VERSION, FORMAT_VERSION_1,
+    FORMAT_VERSION, FORMAT_VERSION_1, FORMAT_VERSION_2,
 };
 
 /// "FBPG".
@@ -25,8 +27,10 @@ pub const OBJECTS_PER_PAGE: usize = PAGE_PAYLOAD_BYTES / OBJECT_RECORD_BYTES;
 pub const SLOTS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / 4;
 /// Bytes of a page reference (version 2).
 pub const PAGE_REF_BYTES: usize = 16;
-/// Page references per directory page of version 2.
+/// Page references per directory page of version 2, and per level-1 directory page
+/// of version 3 (whose children, table pages, have one copy).
 pub const REFS_PER_DIR_PAGE: usize = PAGE_PAYLOAD_BYTES / PAGE_REF_BYTES;
+pub use crate::twin_ref::{refs_per_dir_page, TWIN_REFS_PER_DIR_PAGE, TWIN_REF_BYTES};
 /// Most directory levels of a table: a directory page's header holds its level, 1 to
 /// this (the tree's shape: [`crate::dir_tree`]).
 pub const MAX_DEPTH: u32 = 4;
@@ -65,7 +69,6 @@ const _: () = assert!(
     REFS_PER_DIR_PAGE * PAGE_REF_BYTES == PAGE_PAYLOAD_BYTES,
     "page references fill the payload exactly"
 );
-
 /// What a page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageKind {
@@ -116,7 +119,7 @@ impl PageKind {
             PageKind::Map | PageKind::Directory | PageKind::Catalog => true,
             PageKind::Objects => version == FORMAT_VERSION_1,
             PageKind::Counts | PageKind::Fingerprints | PageKind::Counters => {
-                version == FORMAT_VERSION
+                version >= FORMAT_VERSION_2
             }
         }
     }
@@ -125,15 +128,20 @@ impl PageKind {
 /// A parent's pointer to a metadata page (version 2): where it is, and the crc and
 /// generation it was written with, so a stale or misplaced page is caught by the
 /// parent even though it passes its own checks. Version-1 pointers decode into this
-/// with only the address set (see [`PageRef::slot_only`]).
+/// with only the address set (see [`PageRef::slot_only`]). A twinned reference
+/// (version 3, of a directory page) also names the page's second copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PageRef {
     /// Bit 63: region (0 page store, 1 data region); bits 0–62: slot or PBN. 0: none.
+    /// The page's header names this address (both copies' headers do).
     pub address: u64,
     /// The page's crc field as written.
     pub crc: u32,
     /// The low 32 bits of the page's generation.
     pub generation: u32,
+    /// Where the second copy of the page is, encoded as `address`; 0 for a page with
+    /// one copy (every page but a version-3 directory page).
+    pub twin: u64,
 }
 
 impl PageRef {
@@ -142,14 +150,22 @@ impl PageRef {
         address: 0,
         crc: 0,
         generation: 0,
+        twin: 0,
     };
     /// A version-1 pointer: a slot, nothing to check against.
     pub fn slot_only(slot: u32) -> Self {
         PageRef {
             address: u64::from(slot),
-            crc: 0,
-            generation: 0,
+            ..PageRef::NONE
         }
+    }
+    /// The addresses its page is at: the address, then the twin's if it has one.
+    pub fn addresses(&self) -> impl Iterator<Item = u64> {
+        let twin = (!self.is_none() && self.twin != 0).then_some(self.twin);
+        (!self.is_none())
+            .then_some(self.address)
+            .into_iter()
+            .chain(twin)
     }
     /// Whether it points to no page.
     pub fn is_none(&self) -> bool {
@@ -163,7 +179,7 @@ impl PageRef {
     pub fn data_block(&self) -> Option<u64> {
         (self.address & ADDRESS_DATA_REGION != 0).then_some(self.address & !ADDRESS_DATA_REGION)
     }
-    /// Encode into 16 bytes.
+    /// Encode into 16 bytes (a reference of one copy: the twin is not kept).
     pub fn encode(&self, w: &mut Writer<'_>) {
         w.u64(self.address);
         w.u32(self.crc);
@@ -175,6 +191,7 @@ impl PageRef {
             address: r.u64()?,
             crc: r.u32()?,
             generation: r.u32()?,
+            twin: 0,
         })
     }
 }
@@ -244,7 +261,7 @@ pub fn decode_page(
     let mut r = open_block(what, bytes, BLOCK_BYTES, PAGE_MAGIC)?;
     r.seek(8);
     let version = u32::from(r.u8()?);
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_1 {
+    if !(FORMAT_VERSION_1..=FORMAT_VERSION).contains(&version) {
         return Err(FormatError::BadVersion {
             what,
             found: version,
@@ -260,7 +277,7 @@ pub fn decode_page(
     }
     let level = r.u8()?;
     let reserved = r.u8()?;
-    let levelled = version == FORMAT_VERSION && kind == PageKind::Directory;
+    let levelled = version >= FORMAT_VERSION_2 && kind == PageKind::Directory;
     let level_ok = if levelled {
         (1..=MAX_DEPTH).contains(&u32::from(level))
     } else {
@@ -303,11 +320,14 @@ pub fn decode_page(
     ))
 }
 
-/// Decode and verify a page through its parent's reference (version 2): the page's
-/// own checks (its header's `slot` must be the reference's whole address, a
+/// Decode and verify a page through its parent's reference (version 2 and 3): the
+/// page's own checks (its header's `slot` must be the reference's whole address, a
 /// data-region address included), then its crc and generation against the
-/// reference's. Whether a data-region address may appear at all (super block flags
-/// bit 3) is the reader's check.
+/// reference's. Both copies of a twinned page are checked this way: the second
+/// copy, read from the reference's `twin`, is byte for byte the first, so its header
+/// names the reference's `address` too. Whether a data-region address may appear at
+/// all (super block flags bit 3) is the reader's check, and which page versions a
+/// pool may hold is [`page_version_allowed`].
 pub fn decode_page_ref<'a>(
     bytes: &'a [u8],
     kind: PageKind,
@@ -321,7 +341,7 @@ pub fn decode_page_ref<'a>(
     r.seek(CRC_OFFSET);
     let found_crc = r.u32()?;
     let found_generation = ref_generation(header.generation);
-    if header.version != FORMAT_VERSION
+    if header.version == FORMAT_VERSION_1
         || found_crc != reference.crc
         || found_generation != reference.generation
     {
@@ -334,6 +354,21 @@ pub fn decode_page_ref<'a>(
         });
     }
     Ok((header, payload))
+}
+
+/// Whether a pool of format `pool_version` may hold a page of `kind` written in
+/// `page_version`: its own version, except that a version-3 pool keeps the table
+/// pages (map, count, fingerprint, counters) its upgrade from version 2 did not
+/// rewrite; its directory and catalog pages are all version 3 (the upgrade rewrote
+/// every one, `docs/format.md`, "Upgrade from version 2").
+pub fn page_version_allowed(pool_version: u32, kind: PageKind, page_version: u32) -> bool {
+    match kind {
+        PageKind::Directory | PageKind::Catalog => page_version == pool_version,
+        _ if pool_version == FORMAT_VERSION => {
+            page_version == FORMAT_VERSION || page_version == FORMAT_VERSION_2
+        }
+        _ => page_version == pool_version,
+    }
 }
 
 /// One count record (12 bytes, version 2): the part of an object record that
@@ -444,6 +479,7 @@ mod tests {
             address: 9,
             crc,
             generation: 4,
+            twin: 0,
         };
         assert!(decode_page_ref(&page, PageKind::Map, 77, &good).is_ok());
         // The same slot holding an older page (a lost write): its own checks pass.
@@ -508,6 +544,7 @@ mod tests {
             address: 9,
             crc,
             generation: 4,
+            twin: 0,
         };
         assert!(decode_page_ref(&page, PageKind::Objects, 77, &r).is_err());
         // Kind 2 does not exist in version 2, nor kinds 5-7 in version 1.
@@ -565,6 +602,7 @@ mod tests {
             address: ADDRESS_DATA_REGION | 12345,
             crc: 0xdead_beef,
             generation: 7,
+            twin: 0,
         };
         let mut buf = [0u8; PAGE_REF_BYTES];
         r.encode(&mut Writer::new(&mut buf));

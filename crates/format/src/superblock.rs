@@ -11,7 +11,7 @@ use crate::page::{
 };
 use crate::{
     seal_checksum, verify_checksum, FormatError, Reader, Writer, BLOCK_BYTES, FORMAT_VERSION,
-    FORMAT_VERSION_1, SECTOR_BYTES,
+    FORMAT_VERSION_1, FORMAT_VERSION_2, SECTOR_BYTES,
 };
 
 /// "fewrbyts" as a little-endian u64.
@@ -122,7 +122,8 @@ impl Holder {
 /// The pool's root of trust.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SuperBlock {
-    /// Format version (1 or 2); encoding writes this version's layout.
+    /// Format version (1, 2 or 3; 3 has version 2's layout); encoding writes this
+    /// version's layout.
     pub version: u32,
     /// Random pool identity, in every metadata block.
     pub nonce: u64,
@@ -249,7 +250,7 @@ impl SuperBlock {
             what,
             bytes,
             SUPER_MAGIC,
-            &[FORMAT_VERSION_1, FORMAT_VERSION],
+            &[FORMAT_VERSION_1, FORMAT_VERSION_2, FORMAT_VERSION],
         )?;
         let max_catalog_pages = if version == FORMAT_VERSION_1 {
             MAX_CATALOG_PAGES
@@ -698,11 +699,13 @@ mod tests {
                     address: 3,
                     crc: 0x1234_5678,
                     generation: 2,
+                    twin: 0,
                 },
                 PageRef {
                     address: 4,
                     crc: 0x9abc_def0,
                     generation: 1,
+                    twin: 0,
                 },
             ],
             counters: PageRef::NONE,
@@ -725,6 +728,26 @@ mod tests {
             holder: Holder::default(),
             ..sample()
         }
+    }
+
+    #[test]
+    fn version_2_super_blocks_still_decode_and_a_later_version_is_refused() {
+        let v2 = SuperBlock {
+            version: FORMAT_VERSION_2,
+            ..sample()
+        };
+        let mut block = [0u8; BLOCK_BYTES];
+        v2.encode(&mut block);
+        assert_eq!(SuperBlock::decode(&block).unwrap(), v2);
+        let v4 = SuperBlock {
+            version: FORMAT_VERSION + 1,
+            ..sample()
+        };
+        v4.encode(&mut block);
+        assert!(matches!(
+            SuperBlock::decode(&block),
+            Err(FormatError::BadVersion { found: 4, .. })
+        ));
     }
 
     #[test]

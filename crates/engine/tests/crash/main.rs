@@ -23,7 +23,9 @@
 //! seeded copy reads back flipped (`FaultPlan::flip_read`), as a drive returning bad
 //! bytes would, and the same guarantees must hold (the pool opens from the other
 //! copy). Only where the crash left both copies valid: a copy torn by the crash and
-//! the other rotten are two faults.
+//! the other rotten are two faults. At some crash points with neither fault, one copy
+//! of a directory page reads back with a bit flipped instead (`bad_copy.rs`): the
+//! open reads the other copy (format version 3).
 //!
 //! Replay one failure with the variables it prints: `FEWERBYTES_SEED=<seed>
 //! FEWERBYTES_CRASH_AT=<point> FEWERBYTES_CRASH_LOG=<shape>` (the workload is run
@@ -32,6 +34,7 @@
 //! `FEWERBYTES_CRASH_SOAK=1` runs 2,000 from a random first seed. docs/testing.md,
 //! "Crash simulation", says more.
 
+mod bad_copy;
 mod bad_sector;
 #[path = "../common/mod.rs"]
 mod common;
@@ -147,6 +150,8 @@ struct Tally {
     rotted: AtomicU64,
     /// Crash points opened with a super block copy reading back flipped.
     bad_sectors: AtomicU64,
+    /// Crash points opened with one copy of a directory page reading back flipped.
+    bad_copies: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -188,7 +193,7 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     } else {
         None
     };
-    let bad = flip.as_ref().map(|(f, _)| {
+    let mut bad = flip.as_ref().map(|(f, _)| {
         format!(
             "super block copy {} reading back with bits {:#04x} of byte {} flipped",
             f.offset_bytes / BLOCK as u64,
@@ -198,6 +203,11 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     });
     if bad.is_some() {
         tally.bad_sectors.fetch_add(1, Ordering::Relaxed);
+    } else if rotted.is_none() {
+        bad = bad_copy::flip_one_copy(&devices, mix(mix(rec.seed, at as u64), 0xc0b1));
+        if bad.is_some() {
+            tally.bad_copies.fetch_add(1, Ordering::Relaxed);
+        }
     }
     let pool = devices.open().map_err(|e| match &bad {
         Some(what) => format!("open failed with {what}: {e}"),
@@ -443,9 +453,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, in {:.1} s",
         seeds.len(),
         tally.bad_sectors.load(Ordering::Relaxed),
+        tally.bad_copies.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -479,6 +490,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         tally.bad_sectors.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
         "no crash point read a flipped super block copy: they prove nothing about bad sectors"
+    );
+    assert!(
+        tally.bad_copies.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point read a flipped directory page copy: they prove nothing about the copies"
     );
     let failures = tally.failures.into_inner();
     assert!(
