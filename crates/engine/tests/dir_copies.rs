@@ -32,6 +32,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// Blocks written, each with its own content: under level-1 directory pages 0, 4
