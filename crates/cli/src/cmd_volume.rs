@@ -243,8 +243,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 Some(_) => access::allow_path_to_write(pool_path)?,
                 None => access::allow_path(pool_path),
             };
+            let pool_id = match allow {
+                Some(_) => access::pool_id(pool_path)?,
+                None => String::new(),
+            };
             if let Some(identities) = &allow {
-                access::update(&allow_path, |list| {
+                access::update(&allow_path, &pool_id, |list| {
                     list.volumes.insert(name.clone(), identities.0.clone());
                 })?;
             }
@@ -260,7 +264,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 Ok(volume) => volume,
                 Err(e) => {
                     if allow.is_some() && !volume_exists(pool_path, &name) {
-                        let _ = access::update(&allow_path, |list| {
+                        let _ = access::update(&allow_path, &pool_id, |list| {
                             list.volumes.remove(&name);
                         });
                     }
@@ -355,6 +359,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             warn_if_thin_cannot_write(pool_path, &volume)?;
         }
         VolumeCommand::Rename { name, new_name } => {
+            // Another pool's allow file is refused here, before the volume changes.
             copy_allowed(pool_path, &name, &new_name)?;
             let volume = expect_volume(
                 pool_path,
@@ -367,6 +372,9 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             println!("Volume '{name}' renamed to '{}'.", volume.name);
         }
         VolumeCommand::Delete { name, force } => {
+            // Another pool's allow file is refused here, before the volume is gone.
+            let pool_id = access::pool_id(pool_path)?;
+            access::read(&access::allow_path(pool_path), &pool_id)?;
             with_pool(pool_path, |pool| {
                 pool.call(&Request::DeleteVolume {
                     name: name.clone(),
@@ -401,7 +409,7 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
         return Ok(());
     }
     let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
     if info.thin_writable_bytes >= unreserved {
@@ -443,6 +451,7 @@ fn allow(
     anyone: bool,
 ) -> Result<()> {
     let identities = identities.map(|i| i.0);
+    let pool_id = access::pool_id(pool_path)?;
     let path = match identities {
         Some(_) => access::allow_path_to_write(pool_path)?,
         None => access::allow_path(pool_path),
@@ -452,7 +461,7 @@ fn allow(
     }
     match (identities, anyone) {
         (Some(identities), _) => {
-            access::update(&path, |list| {
+            access::update(&path, &pool_id, |list| {
                 list.volumes.insert(name.to_string(), identities.clone());
             })?;
             limit(pool_path, name, true)?;
@@ -465,7 +474,7 @@ fn allow(
             // The pool's flag first: until the file's entry is gone too, the
             // volume stays limited, never open to all with the flag left behind.
             limit(pool_path, name, false)?;
-            access::update(&path, |list| {
+            access::update(&path, &pool_id, |list| {
                 list.volumes.remove(name);
             })?;
             println!("Volume '{name}' opens for any client the server lets in.");
@@ -474,7 +483,16 @@ fn allow(
             let flagged = list_volumes(pool_path)?
                 .iter()
                 .any(|v| v.name == name && v.limited);
-            match (access::read(&path)?.volumes.get(name), flagged) {
+            let listed = access::load_for(&path, &pool_id)?;
+            if let Some(refusal) = listed.refusal(&path, &pool_id) {
+                println!("Volume '{name}': {refusal}.");
+                return Ok(());
+            }
+            let list = match listed {
+                access::Listed::Own(list) => list,
+                _ => access::AllowList::default(),
+            };
+            match (list.volumes.get(name), flagged) {
                 (Some(identities), _) => println!(
                     "Volume '{name}' opens only for TLS identities: {}.",
                     identities.join(", ")
@@ -508,17 +526,24 @@ fn limit(pool_path: &Path, name: &str, limited: bool) -> Result<()> {
 /// Give `to` the limit `from` has (before a volume appears as `to`).
 fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()> {
     let path = access::allow_path(pool_path);
-    if let Some(identities) = access::read(&path)?.volumes.get(from).cloned() {
-        access::update(&path, |list| {
+    let pool_id = access::pool_id(pool_path)?;
+    if let Some(identities) = access::read(&path, &pool_id)?.volumes.get(from).cloned() {
+        access::update(&path, &pool_id, |list| {
             list.volumes.insert(to.to_string(), identities);
         })?;
     }
     Ok(())
 }
 
-/// Drop the limit of a volume that is gone (after it is).
+/// Drop the limit of a volume that is gone (after it is). A list that does not name it
+/// is left as it is.
 fn forget_allowed(pool_path: &Path, name: &str) -> Result<()> {
-    access::update(&access::allow_path(pool_path), |list| {
+    let path = access::allow_path(pool_path);
+    let pool_id = access::pool_id(pool_path)?;
+    if !access::read(&path, &pool_id)?.volumes.contains_key(name) {
+        return Ok(());
+    }
+    access::update(&path, &pool_id, |list| {
         list.volumes.remove(name);
     })
 }

@@ -263,7 +263,7 @@ impl Request {
 #[serde(tag = "kind", content = "data", rename_all = "kebab-case")]
 pub enum Answer {
     /// Pool geometry and settings.
-    PoolInfo(PoolInfo),
+    PoolInfo(Box<PoolInfo>),
     /// Every volume.
     Volumes(Vec<VolumeInfo>),
     /// The volume just created, resized or cloned.
@@ -400,7 +400,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
                 "the pool is not being served, so no server names it".into(),
             ))
         }
-        Request::PoolInfo => Answer::PoolInfo(pool.info()),
+        Request::PoolInfo => Answer::PoolInfo(Box::new(pool.info())),
         Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
         Request::CreateVolume {
             name,
@@ -432,7 +432,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::SetCompression { compression } => {
             pool.set_compression(*compression)?;
-            Answer::PoolInfo(pool.info())
+            Answer::PoolInfo(Box::new(pool.info()))
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),

@@ -96,6 +96,10 @@ pub struct GrowReport {
 /// What `pool create` made.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolInfo {
+    /// The pool's identity (`Pool::id`), as 16 hex digits: what the allow file
+    /// records, so a list made for another pool is never used for this one.
+    #[serde(default)]
+    pub id: String,
     /// The pool path (data device).
     pub path: String,
     /// Separate metadata device, if any.
