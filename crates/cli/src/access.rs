@@ -276,7 +276,7 @@ pub fn update(path: &Path, pool_id: &str, change: impl FnOnce(&mut AllowList)) -
 /// A new file beside `path` to stage its next contents: a random name, created with
 /// `O_EXCL | O_NOFOLLOW` (a file or link someone placed there is never opened) and
 /// mode 0600. Retries a few names, in case one was taken.
-fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
+pub(crate) fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
     use std::hash::{BuildHasher, Hasher};
     let mut last = None;
     for attempt in 0..8u32 {

@@ -15,6 +15,7 @@ mod cmd_stats;
 mod cmd_volume;
 mod control;
 mod control_server;
+mod export;
 mod image_format;
 mod logging;
 mod low_water;

@@ -19,6 +19,7 @@ mod codec;
 mod compact;
 mod compactor;
 mod counters;
+mod damage;
 mod devices;
 mod dir_tree;
 mod error;
@@ -56,6 +57,7 @@ mod write_path;
 
 pub use api::*;
 pub use codec::{looks_incompressible, Compression};
+pub use damage::{read_damage, volume_range, DamagedAt};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
