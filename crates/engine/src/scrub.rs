@@ -108,7 +108,7 @@ impl Site {
                 "block-map page {p} of volume '{}' (bytes {}..{})",
                 vol.name(),
                 p * ENTRIES_PER_PAGE * BLOCK,
-                (p + 1) * ENTRIES_PER_PAGE * BLOCK
+                (p + 1) * ENTRIES_PER_PAGE * BLOCK - 1
             ),
         }
     }
