@@ -388,12 +388,18 @@ impl AccessPolicy for AllowFile {
                 Err(e) => {
                     tracing::error!("{e}: every volume is closed to clients until it is fixed")
                 }
-                Ok(Listed::Missing) => tracing::error!(
-                    "allow file {} is missing: volumes the pool limits to TLS identities \
+                // Gone while serving. A file that was never there is no error by
+                // itself: a pool with no limited volume needs none, and a limited
+                // volume asked for says so below (and `serve` named them at start).
+                Ok(Listed::Missing) if matches!(&cached.read, Some((_, Ok(was))) if *was != Listed::Missing) =>
+                {
+                    tracing::error!(
+                        "allow file {} is missing: volumes the pool limits to TLS identities \
                      are closed to every client until it is back (`volume allow NAME ID,…` \
                      writes it; `--allow-file` names another)",
-                    self.path.display()
-                ),
+                        self.path.display()
+                    )
+                }
                 Ok(refused @ (Listed::Foreign(_) | Listed::Unbound(_))) => tracing::warn!(
                     "{}; until then the volumes the pool limits or the file names are \
                      closed to every client",
@@ -401,7 +407,7 @@ impl AccessPolicy for AllowFile {
                         .refusal(&self.path, &self.pool_id)
                         .expect("a refused list says why")
                 ),
-                Ok(Listed::Own(_)) => {}
+                Ok(_) => {}
             }
             cached.read = Some((stamp, listed));
             cached.logged.clear();

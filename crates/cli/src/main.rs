@@ -7,6 +7,7 @@
 //! server that holds it).
 
 mod access;
+mod banner;
 mod cmd_check;
 mod cmd_generate;
 mod cmd_pool;
@@ -19,6 +20,7 @@ mod export;
 mod image_format;
 mod logging;
 mod low_water;
+mod man_extra;
 mod notify;
 mod output;
 mod serve;
@@ -33,13 +35,23 @@ use std::process::ExitCode;
 /// The pool used when neither --pool nor FEWERBYTES_POOL names one.
 pub const DEFAULT_POOL_PATH: &str = "./fewerbytes.pool";
 
+/// The heading of the options every command takes: a command's `--help` lists its own
+/// options first, under "Options", and these once, after them.
+const GLOBAL_OPTIONS: &str = "Global options (every command)";
+
 /// A deduplicating, compressing block store for VM disks, served over NBD.
 #[derive(Parser)]
 #[command(name = "fewerbytes", version, propagate_version = true)]
 struct Cli {
     /// The pool (a file or block device). Default: $FEWERBYTES_POOL, else
     /// ./fewerbytes.pool.
-    #[arg(long, global = true, env = "FEWERBYTES_POOL", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_POOL",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
     pool: Option<PathBuf>,
 
     /// The control socket of a served pool [default: <pool>.ctl beside the pool]. The
@@ -51,7 +63,8 @@ struct Cli {
         long,
         global = true,
         env = "FEWERBYTES_CONTROL_SOCKET",
-        value_name = "PATH"
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
     )]
     control_socket: Option<PathBuf>,
 
@@ -62,19 +75,20 @@ struct Cli {
         long,
         global = true,
         env = "FEWERBYTES_ALLOW_FILE",
-        value_name = "PATH"
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
     )]
     allow_file: Option<PathBuf>,
 
     /// Fail unless a server holds the pool and answers on its control socket; never
     /// open the pool in this process (what the Proxmox storage plugin uses).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL_OPTIONS)]
     require_server: bool,
 
     /// Least severe log level written to stderr [default: $FEWERBYTES_LOG, else
     /// $RUST_LOG, else info for serve and warn otherwise]; this flag wins over both
     /// variables.
-    #[arg(long, global = true, value_name = "LEVEL")]
+    #[arg(long, global = true, value_name = "LEVEL", help_heading = GLOBAL_OPTIONS)]
     log_level: Option<logging::LogLevel>,
 
     /// How log lines look: text, or one JSON object per line.
@@ -83,7 +97,8 @@ struct Cli {
         global = true,
         env = "FEWERBYTES_LOG_FORMAT",
         value_name = "FORMAT",
-        default_value = "text"
+        default_value = "text",
+        help_heading = GLOBAL_OPTIONS
     )]
     log_format: logging::LogFormat,
 

@@ -153,8 +153,9 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
 
 /// Rebuild allocation state, the index and usage counts from the tables.
 pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
-    for s in 0..inner.geometry.slab_count() {
-        let mut slab = inner.depot.slab(s).lock();
+    // A slab never touched holds no object: nothing to rebuild.
+    for (s, slab) in inner.depot.touched() {
+        let mut slab = slab.lock();
         for (i, rec) in slab.rebuild()? {
             let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
                 region: "slab object page",

@@ -22,7 +22,8 @@ fn device_io(s: IoSnapshot) -> DeviceIo {
 /// Statistics (`Pool::stats`); `info` and `mode` are the pool's own.
 pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     let mut total = SlabUsage::default();
-    for slab in i.depot.iter() {
+    // A slab never touched holds nothing: it adds nothing here.
+    for (_, slab) in i.depot.touched() {
         total.add(&slab.lock().usage());
     }
     let SlabUsage {
@@ -298,6 +299,8 @@ struct AuditSnapshot {
 }
 
 struct SlabSnapshot {
+    /// The slab's number.
+    index: u32,
     first_pbn: u64,
     /// Records in use: (object index, encoded location, reference count).
     records: Vec<(u32, u64, u32)>,
@@ -313,9 +316,13 @@ impl AuditSnapshot {
         for vol in i.volumes.all() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
         }
-        let slabs = (0..i.geometry.slab_count())
-            .map(|s| {
-                let slab = i.depot.slab(s).lock();
+        // Slabs never touched hold no record, block or holder: nothing to compare
+        // (a map reference into one is a reference to a free object, found below).
+        let slabs = i
+            .depot
+            .touched()
+            .map(|(s, slab)| {
+                let slab = slab.lock();
                 let records = slab
                     .objects_in_memory()
                     .filter_map(|idx| {
@@ -328,6 +335,7 @@ impl AuditSnapshot {
                     })
                     .collect();
                 SlabSnapshot {
+                    index: s,
                     first_pbn: slab.first_pbn(),
                     records,
                     // A slab that holds nothing has no holder to compare (and its
@@ -355,8 +363,9 @@ impl AuditSnapshot {
             .map(|run| (run.first().copied().unwrap_or(0), run.len() as u64))
             .peekable();
         let mut objects_checked = 0u64;
-        for (s, slab) in self.slabs.iter().enumerate() {
-            let base = s as u64 * objects_per_slab;
+        for slab in &self.slabs {
+            let s = slab.index;
+            let base = u64::from(s) * objects_per_slab;
             let mut holders = vec![0u32; slab.holders.len()];
             for &(idx, location, refcount) in &slab.records {
                 let id = base + u64::from(idx);
@@ -429,10 +438,13 @@ impl AuditSnapshot {
                 counts.next();
             }
         }
-        for (rid, _) in counts {
-            problems.push(format!(
-                "a map references object {rid}, outside the pool's {slab_count} slabs"
-            ));
+        let objects = u64::from(slab_count) * objects_per_slab;
+        for (rid, n) in counts {
+            problems.push(if rid < objects {
+                format!("maps hold {n} references to object {rid}, which is free")
+            } else {
+                format!("a map references object {rid}, outside the pool's {slab_count} slabs")
+            });
         }
         AuditReport {
             objects_checked,
@@ -453,6 +465,7 @@ mod tests {
         AuditSnapshot {
             refs: vec![1, 0, 0],
             slabs: vec![SlabSnapshot {
+                index: 0,
                 first_pbn: 0,
                 records: vec![
                     (0, Location::Block { pbn: 0 }.encode(), 2),
