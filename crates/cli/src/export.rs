@@ -13,7 +13,7 @@
 //! every stored block of the volume. Damage found refuses the export, naming each
 //! damaged block (`volume 'vm1' bytes 409600..413695 (pool block 10340)`), unless
 //! `--skip-damaged`: then zeros stand in for each damaged block, each is named on
-//! stderr at the end, and the exit status is [`DAMAGE_SKIPPED`].
+//! stderr at the end, and the exit status is [`DAMAGE_FOUND`] all the same.
 
 use anyhow::{bail, Context, Result};
 use fewerbytes_engine::{read_damage, volume_range, DamagedAt, OpenOptions, Volume, BLOCK_BYTES};
@@ -32,11 +32,9 @@ use crate::transfer::first_error::FirstError;
 use crate::transfer::{device_len, refuse_if_served, Direction, CHUNK_BYTES, TRANSFER_THREADS};
 
 /// The exit status of an export that found damaged blocks: refused (nothing written),
-/// or, with `--skip-damaged`, done with zeros in their place. The same as `check`'s
-/// "damage left".
+/// or, with `--skip-damaged`, done with zeros in their place (the stderr says which).
+/// The same as `check`'s "damage left".
 pub const DAMAGE_FOUND: u8 = crate::cmd_check::exit::DAMAGE_LEFT;
-/// [`DAMAGE_FOUND`], for the export that wrote zeros in place of damaged blocks.
-pub const DAMAGE_SKIPPED: u8 = DAMAGE_FOUND;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 
@@ -252,7 +250,7 @@ pub fn export(
             eprintln!("  {line}");
         }
         eprintln!("{}", how_to_clear(damage.first(name)));
-        Ok(ExitCode::from(DAMAGE_SKIPPED))
+        Ok(ExitCode::from(DAMAGE_FOUND))
     })
 }
 
