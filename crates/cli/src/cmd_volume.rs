@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::access;
+use crate::cmd_volume_allow::{allow, copy_allowed, forget_allowed, limit};
 use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::{print_json, Align, Table};
 use crate::size::{format_size, parse_size_arg};
@@ -457,116 +458,11 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
     Ok(())
 }
 
-/// `volume allow`.
-fn allow(
-    pool_path: &Path,
-    name: &str,
-    identities: Option<access::Identities>,
-    anyone: bool,
-) -> Result<()> {
-    let identities = identities.map(|i| i.0);
-    let pool_id = access::pool_id(pool_path)?;
-    let path = match identities {
-        Some(_) => access::allow_path_to_write(pool_path)?,
-        None => access::allow_path(pool_path),
-    };
-    if (identities.is_some() || anyone) && !volume_exists(pool_path, name) {
-        bail!("no volume named '{name}' in this pool");
-    }
-    match (identities, anyone) {
-        (Some(identities), _) => {
-            access::update(&path, &pool_id, |list| {
-                list.volumes.insert(name.to_string(), identities.clone());
-            })?;
-            limit(pool_path, name, true)?;
-            println!(
-                "Volume '{name}' opens only for TLS identities: {}.",
-                identities.join(", ")
-            );
-        }
-        (None, true) => {
-            // The pool's flag first: until the file's entry is gone too, the
-            // volume stays limited, never open to all with the flag left behind.
-            limit(pool_path, name, false)?;
-            access::update(&path, &pool_id, |list| {
-                list.volumes.remove(name);
-            })?;
-            println!("Volume '{name}' opens for any client the server lets in.");
-        }
-        (None, false) => {
-            let flagged = list_volumes(pool_path)?
-                .iter()
-                .any(|v| v.name == name && v.limited);
-            let listed = access::load_for(&path, &pool_id)?;
-            if let Some(refusal) = listed.refusal(&path, &pool_id) {
-                println!("Volume '{name}': {refusal}.");
-                return Ok(());
-            }
-            let list = match listed {
-                access::Listed::Own(list) => list,
-                _ => access::AllowList::default(),
-            };
-            match (list.volumes.get(name), flagged) {
-                (Some(identities), _) => println!(
-                    "Volume '{name}' opens only for TLS identities: {}.",
-                    identities.join(", ")
-                ),
-                (None, true) => println!(
-                    "Volume '{name}' is limited, but {} names no identity for it: it \
-                     opens for no client (`volume allow {name} ID,…` names who may).",
-                    path.display()
-                ),
-                (None, false) => {
-                    println!("Volume '{name}' opens for any client the server lets in.")
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Set or lift the pool's own mark that `name` is limited.
-fn limit(pool_path: &Path, name: &str, limited: bool) -> Result<()> {
-    expect_volume(
-        pool_path,
-        &Request::LimitVolume {
-            name: name.to_string(),
-            limited,
-        },
-    )?;
-    Ok(())
-}
-
-/// Give `to` the limit `from` has (before a volume appears as `to`).
-fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()> {
-    let path = access::allow_path(pool_path);
-    let pool_id = access::pool_id(pool_path)?;
-    if let Some(identities) = access::read(&path, &pool_id)?.volumes.get(from).cloned() {
-        access::update(&path, &pool_id, |list| {
-            list.volumes.insert(to.to_string(), identities);
-        })?;
-    }
-    Ok(())
-}
-
-/// Drop the limit of a volume that is gone (after it is). A list that does not name it
-/// is left as it is.
-fn forget_allowed(pool_path: &Path, name: &str) -> Result<()> {
-    let path = access::allow_path(pool_path);
-    let pool_id = access::pool_id(pool_path)?;
-    if !access::read(&path, &pool_id)?.volumes.contains_key(name) {
-        return Ok(());
-    }
-    access::update(&path, &pool_id, |list| {
-        list.volumes.remove(name);
-    })
-}
-
-fn volume_exists(pool_path: &Path, name: &str) -> bool {
+pub(crate) fn volume_exists(pool_path: &Path, name: &str) -> bool {
     list_volumes(pool_path).is_ok_and(|volumes| volumes.iter().any(|v| v.name == name))
 }
 
-fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
+pub(crate) fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
     inspect_pool(pool_path, |pool| {
         match pool.call(&Request::ListVolumes)? {
             Answer::Volumes(volumes) => Ok(volumes),
@@ -575,7 +471,7 @@ fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
     })
 }
 
-fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
+pub(crate) fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
     with_pool(pool_path, |pool| match pool.call(request)? {
         Answer::Volume(volume) => Ok(volume),
         other => bail!("unexpected answer to {request:?}: {other:?}"),

@@ -14,6 +14,7 @@ mod cmd_pool;
 mod cmd_scrub;
 mod cmd_stats;
 mod cmd_volume;
+mod cmd_volume_allow;
 mod control;
 mod control_server;
 mod export;
