@@ -115,7 +115,8 @@ enum Command {
     /// Create, list, show, resize, clone, rename, delete, import and export volumes.
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
-    /// Space used and saved, like vdostats.
+    /// Space used and saved, like vdostats: Size = Used + Available (what a thin write
+    /// can still take), as `pool info` names them.
     Stats(cmd_stats::StatsArgs),
     /// Every metadata region: what, device, block range, size (like vdolistmetadata).
     ListMetadata(cmd_stats::ListMetadataArgs),

@@ -189,6 +189,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         threads: args.threads,
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
+        hold_index_build: false,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.

@@ -18,9 +18,9 @@ fn rename_keeps_the_data_under_the_new_export_name() {
     let mut server = Server::start_new(dir.path(), &[("vm-100-disk-0", "16M")], &[]);
     let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", server.socket.display());
     qemu_io(&uri("vm-100-disk-0"), &["write -P 0x5a 0 4M".into()]);
-    let stored_before = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+    let stored_before = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["stored_bytes"]
         .as_u64()
-        .expect("data_used_bytes");
+        .expect("stored_bytes");
 
     let ran = fewerbytes_ok(
         &server.pool,
@@ -39,9 +39,9 @@ fn rename_keeps_the_data_under_the_new_export_name() {
         .collect();
     assert_eq!(names, ["base-100-disk-0"], "only the new name is left");
     qemu_io(&uri("base-100-disk-0"), &["read -P 0x5a 0 4M".into()]);
-    let stored_after = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+    let stored_after = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["stored_bytes"]
         .as_u64()
-        .expect("data_used_bytes");
+        .expect("stored_bytes");
     assert_eq!(stored_after, stored_before, "a rename stores nothing more");
 
     // Refused while a client has the volume open; nothing changes.

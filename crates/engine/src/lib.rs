@@ -13,6 +13,7 @@
 
 mod api;
 mod block_map;
+mod capacity;
 mod checkpoint;
 mod checkpointer;
 mod codec;
@@ -27,6 +28,7 @@ mod fingerprint;
 pub mod geometry;
 mod grow;
 mod index;
+mod index_build;
 mod inner;
 mod journal;
 mod journal_read;
@@ -56,6 +58,7 @@ mod volumes;
 mod write_path;
 
 pub use api::*;
+pub use capacity::Capacity;
 pub use codec::{looks_incompressible, Compression};
 pub use damage::{read_damage, volume_range, DamagedAt};
 pub use error::{EngineError, Result};

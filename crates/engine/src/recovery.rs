@@ -1,5 +1,6 @@
 //! Recovery: replay the journal over the loaded checkpoint, then rebuild what is
-//! derived (allocation bitmaps, block holders, the dedup index, usage counts).
+//! derived (allocation bitmaps, block holders, usage counts; the dedup index is
+//! built after the open, in the background: `index_build.rs`).
 //!
 //! The checkpoint is an exact image at the journal position it names, so records
 //! are applied in order, once. Reference-count changes commute; they are summed
@@ -151,7 +152,7 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
     Ok(unstored)
 }
 
-/// Rebuild allocation state, the index and usage counts from the tables.
+/// Rebuild allocation state and usage counts from the tables.
 pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
     // A slab never touched holds no object: nothing to rebuild.
     for (s, slab) in inner.depot.touched() {
@@ -171,12 +172,6 @@ pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
                     reason: format!("object {i} of slab {s} lies outside its slab"),
                 });
             }
-            inner.depot.index().insert(
-                &rec.fingerprint,
-                ObjectId(
-                    u64::from(s) * u64::from(inner.geometry.objects_per_slab()) + u64::from(i),
-                ),
-            );
         }
     }
     for vol in inner.volumes.all() {

@@ -115,7 +115,7 @@ pub(crate) fn repair(
     }
     if options.apply && !report.repairs.is_empty() {
         progress(RepairPhase::Writing, 0, 1);
-        // Allocation, holders, the index and usage follow from the records now.
+        // Allocation, holders and usage follow from the records now.
         crate::recovery::rebuild(i)?;
         crate::checkpoint::checkpoint_locked(i, gate, true)?;
         progress(RepairPhase::Writing, 1, 1);

@@ -534,9 +534,9 @@ impl Reservations {
             String::new()
         };
         Err(EngineError::NoSpace(format!(
-            "volume '{}' may not take the pool's last {} of free space (thin writes can \
-             use {}): volumes' reservations hold back {} of it ({} of that for this \
-             volume){for_pages}",
+            "volume '{}' may not take the pool's last {} of free space (Available, what \
+             thin writes can use: {}): volumes' reservations hold back {} of it unused \
+             ({} of that for this volume){for_pages}",
             vol.name(),
             human_bytes(l.free_blocks * BLOCK),
             human_bytes(l.thin_writable_blocks(kept_blocks(geometry, depot)) * BLOCK),

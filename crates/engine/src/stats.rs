@@ -28,13 +28,13 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     }
     let SlabUsage {
         used_blocks,
-        pending_blocks,
         objects,
         dedup_saved_blocks: saved,
         fragments,
         fragment_bytes,
         zstd_fragments,
         whole_blocks: whole,
+        ..
     } = total;
     // Saturating, here and for the waste below: display figures. A miscount
     // shows as zero; `check` (the audit below) is what reports counts that disagree.
@@ -46,47 +46,39 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         .volumes
         .all()
         .iter()
-        .map(|v| VolumeStats {
-            name: v.name(),
-            size_bytes: v.size_blocks() * BLOCK,
-            logical_used_bytes: v.mapped_blocks() * BLOCK,
-            zero_bytes: v.zero_blocks() * BLOCK,
-            reservation_bytes: crate::reservation::volume_figures(
-                i.volumes.reservations().of(v.id()),
-                v,
-            )
-            .0,
-            counters: v.counters().snapshot(),
-            no_space_refusals: v.counters().no_space_refusals(),
+        .map(|v| {
+            let (reserved_bytes, reserved_unused_bytes, _) =
+                crate::reservation::volume_figures(i.volumes.reservations().of(v.id()), v);
+            VolumeStats {
+                name: v.name(),
+                size_bytes: v.size_blocks() * BLOCK,
+                logical_used_bytes: v.mapped_blocks() * BLOCK,
+                zero_bytes: v.zero_blocks() * BLOCK,
+                reserved_bytes,
+                reserved_unused_bytes,
+                counters: v.counters().snapshot(),
+                no_space_refusals: v.counters().no_space_refusals(),
+            }
         })
         .collect();
     let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
     let zero_bytes: u64 = volumes.iter().map(|v| v.zero_bytes).sum();
-    let data_used_bytes = used_blocks * BLOCK;
+    // Against what stored data takes as `info.space` counted it, so that the saving
+    // and Stored agree.
+    let stored_bytes = info.space.stored_bytes;
     let saving_percent = if logical_used_bytes == 0 {
         0.0
     } else {
-        100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
+        100.0 * (1.0 - stored_bytes as f64 / logical_used_bytes as f64)
     };
     let (journal_used, journal_sectors) = i.journal.usage();
     let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
+        index: index_status(i),
         scrub: Box::new(i.scrubber.status()),
         path: i.devices.data_path(),
         mode,
-        data_bytes: i.geometry.data_blocks() * BLOCK,
-        data_used_bytes,
-        data_free_bytes: (i.geometry.data_blocks()
-            - (used_blocks + page_blocks + pending_blocks).min(i.geometry.data_blocks()))
-            * BLOCK,
-        data_freeing_bytes: pending_blocks * BLOCK,
-        promised_bytes: info.promised_bytes,
-        reserved_bytes: info.reserved_bytes,
-        reserved_unused_bytes: info.reserved_unused_bytes,
-        metadata_bytes: info.metadata_bytes,
-        metadata_in_data_bytes: page_blocks * BLOCK,
-        metadata_kept_bytes: info.metadata_kept_bytes,
-        thin_writable_bytes: info.thin_writable_bytes,
+        space: info.space,
         no_space_refusals: i.counters.no_space_refusals(),
         logical_used_bytes,
         zero_bytes,
@@ -163,6 +155,20 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             ),
         ],
         volumes,
+    }
+}
+
+/// Where the dedup index's build stands (`Pool::index_status`).
+pub(crate) fn index_status(i: &Inner) -> IndexStatus {
+    use crate::index_build::BuildState;
+    IndexStatus {
+        state: match i.index_build.state() {
+            BuildState::NotBuilt => IndexState::NotBuilt,
+            BuildState::Rebuilding => IndexState::Rebuilding,
+            BuildState::Ready => IndexState::Ready,
+        },
+        percent: i.index_build.percent(),
+        blocks_stored_while_rebuilding: i.index_build.stored_while_rebuilding(),
     }
 }
 
@@ -281,14 +287,45 @@ fn block_runs(sorted: &[u64]) -> Vec<(u64, u64)> {
 /// Writes pause only while the state is copied (the referenced object ids, each
 /// slab's live records and block holders); the comparison runs after.
 pub(crate) fn audit(i: &Inner) -> AuditReport {
-    let snapshot = {
+    let (snapshot, stale_advice) = {
         let _gate = i.locks.exclusive();
-        AuditSnapshot::take(i)
+        (AuditSnapshot::take(i), stale_index_entries(i))
     };
-    snapshot.check(
+    let mut report = snapshot.check(
         i.geometry.slab_count(),
         u64::from(i.geometry.objects_per_slab()),
-    )
+    );
+    if stale_advice > 0 {
+        report.problems.push(format!(
+            "{stale_advice} dedup index entries name no live object (advice that points at \
+             freed data)"
+        ));
+    }
+    report
+}
+
+/// Index entries that name no live object, with writes paused (no free runs; the
+/// background build inserts only live records).
+fn stale_index_entries(i: &Inner) -> u64 {
+    if i.index_build.state() == crate::index_build::BuildState::NotBuilt {
+        // A read-only open (`check`): the index is empty, nothing to walk.
+        return 0;
+    }
+    let objects_per_slab = u64::from(i.geometry.objects_per_slab());
+    let mut live = Vec::new();
+    for s in 0..i.depot.count() {
+        let slab = i.depot.slab(s).lock();
+        for idx in slab.objects_in_memory() {
+            let rec = slab.rec(idx);
+            if rec.refcount != 0 {
+                let o = fewerbytes_format::location::ObjectId(
+                    u64::from(s) * objects_per_slab + u64::from(idx),
+                );
+                live.push((rec.fingerprint, o));
+            }
+        }
+    }
+    i.depot.index().entries_naming_no_live_object(live)
 }
 
 /// What the audit compares, copied while writes are paused.
