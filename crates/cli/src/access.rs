@@ -17,11 +17,20 @@
 //! closes every volume. The file is replaced whole through a temporary file of a
 //! random name made with `O_EXCL | O_NOFOLLOW`, mode 0600: no name another user can
 //! take beforehand is ever written through.
+//!
+//! Bound to its pool: the file records the pool's id (`Pool::id`, the nonce the pool's
+//! creation drew) as `"pool_id"`, written by every command that changes the list. A
+//! list whose id is another pool's (copied from another pool, or left by a pool made
+//! anew at the same path) or that records none (written by a fewerbytes before lists
+//! named their pool) is refused: `serve` says so at start, naming the file and both
+//! ids, and keeps closed every volume the pool limits or the refused file names. A
+//! command that changes the list refuses another pool's file (nothing is written) and
+//! records this pool's id in a file that has none, keeping its entries: running
+//! `volume allow NAME ID,…` once is how a list from before ids is taken up.
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_nbd::AccessPolicy;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -29,9 +38,16 @@ use std::sync::OnceLock;
 
 use crate::control::with_suffix;
 
+mod policy;
+pub use policy::{check_at_start, AllowFile};
+
 /// The file's contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllowList {
+    /// The id of the pool this list is for (`PoolInfo::id`); absent in a file
+    /// written before lists named their pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<String>,
     /// Volume name → the TLS identities that may open it.
     #[serde(default)]
     pub volumes: BTreeMap<String, Vec<String>>,
@@ -112,18 +128,113 @@ pub fn load(path: &Path) -> Result<Option<AllowList>> {
     Ok(Some(list))
 }
 
-/// Read the allow file; a missing file is an empty list.
-pub fn read(path: &Path) -> Result<AllowList> {
-    Ok(load(path)?.unwrap_or_default())
+/// The allow file as one pool sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    /// No file.
+    Missing,
+    /// The pool's own list.
+    Own(AllowList),
+    /// A list that names no pool: written before lists recorded their pool's id.
+    Unbound(AllowList),
+    /// Another pool's list: copied from another pool, or left by a pool made anew at
+    /// this path.
+    Foreign(AllowList),
 }
 
-/// Change the allow file: read, `change`, and replace it whole (written to a new file
-/// beside it, synced, renamed over it, the directory synced), so a server never reads
-/// half a file and a change is durable on return. Changes are serialized by an
-/// exclusive `flock` on the file's directory, so two commands (or two control requests)
-/// changing limits at once both land: neither reads the list before the other has
-/// replaced it.
-pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
+impl Listed {
+    /// The file's state for the pool whose id is `pool_id`.
+    pub fn of(list: Option<AllowList>, pool_id: &str) -> Listed {
+        match list {
+            None => Listed::Missing,
+            Some(list) => match list.pool_id.as_deref() {
+                Some(id) if id == pool_id => Listed::Own(list),
+                Some(_) => Listed::Foreign(list),
+                None => Listed::Unbound(list),
+            },
+        }
+    }
+
+    /// The entries a refused list holds (the volumes it names stay closed too).
+    pub fn refused(&self) -> Option<&AllowList> {
+        match self {
+            Listed::Unbound(list) | Listed::Foreign(list) => Some(list),
+            Listed::Missing | Listed::Own(_) => None,
+        }
+    }
+
+    /// Why the list at `path` is not used for pool `pool_id` (`None`: it is), and what
+    /// fixes it.
+    pub fn refusal(&self, path: &Path, pool_id: &str) -> Option<String> {
+        match self {
+            Listed::Missing | Listed::Own(_) => None,
+            Listed::Foreign(list) => Some(format!(
+                "allow file {} is the list of pool id {}, not of this pool (pool id \
+                 {pool_id}): it was copied from another pool, or this pool was made anew \
+                 at its path, so none of its entries is used; move it away (or name this \
+                 pool's own list with --allow-file) and name who may open each limited \
+                 volume with `fewerbytes volume allow NAME ID,…`",
+                path.display(),
+                list.pool_id.as_deref().unwrap_or("(none)")
+            )),
+            Listed::Unbound(_) => Some(format!(
+                "allow file {} records no pool id (written by a fewerbytes before allow \
+                 files named their pool; this pool's id is {pool_id}), so none of its \
+                 entries is used; if its entries are this pool's, `fewerbytes volume allow \
+                 NAME ID,…` for one of them records this pool's id in it and keeps the \
+                 others (check them with `fewerbytes volume allow NAME`)",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// Read the allow file as pool `pool_id` sees it.
+pub fn load_for(path: &Path, pool_id: &str) -> Result<Listed> {
+    Ok(Listed::of(load(path)?, pool_id))
+}
+
+/// Read the allow file of pool `pool_id`, to change or show it: a missing file is an
+/// empty list; one that names no pool is taken as this pool's (the next change records
+/// the id); another pool's is refused.
+pub fn read(path: &Path, pool_id: &str) -> Result<AllowList> {
+    match load_for(path, pool_id)? {
+        Listed::Missing => Ok(AllowList::default()),
+        Listed::Own(list) | Listed::Unbound(list) => Ok(list),
+        listed @ Listed::Foreign(_) => bail!(
+            "{}",
+            listed
+                .refusal(path, pool_id)
+                .expect("another pool's list is refused")
+        ),
+    }
+}
+
+/// The id of the pool at `pool_path` (the server's, when one holds it).
+pub fn pool_id(pool_path: &Path) -> Result<String> {
+    use crate::control::{inspect_pool, Answer, Request};
+    let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
+        Answer::PoolInfo(info) => Ok(*info),
+        other => bail!("unexpected answer to pool info: {other:?}"),
+    })?;
+    if info.id.is_empty() {
+        bail!(
+            "the server holding {} did not say its pool id (an older fewerbytes): \
+             restart it with this one before changing who may open a volume",
+            pool_path.display()
+        );
+    }
+    Ok(info.id)
+}
+
+/// Change the allow file of pool `pool_id`: read, `change`, and replace it whole
+/// (written to a new file beside it, synced, renamed over it, the directory synced),
+/// so a server never reads half a file and a change is durable on return. The file
+/// written records `pool_id`. Another pool's file is refused, unchanged. Changes are
+/// serialized by an exclusive `flock` on the file's directory, so two commands (or two
+/// control requests) changing limits at once both land: neither reads the list before
+/// the other has replaced it.
+pub fn update(path: &Path, pool_id: &str, change: impl FnOnce(&mut AllowList)) -> Result<()> {
     let dir = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -135,9 +246,12 @@ pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
         return Err(std::io::Error::last_os_error())
             .with_context(|| format!("could not lock {}", dir.display()));
     }
-    let mut list = read(path)?;
+    let mut list = read(path, pool_id)?;
     let before = list.clone();
     change(&mut list);
+    // A list that named no pool is this pool's from now on, even when `change` left
+    // its entries as they were: that is how `volume allow` takes it up.
+    list.pool_id = Some(pool_id.to_string());
     if list == before {
         return Ok(());
     }
@@ -164,7 +278,7 @@ pub fn update(path: &Path, change: impl FnOnce(&mut AllowList)) -> Result<()> {
 /// A new file beside `path` to stage its next contents: a random name, created with
 /// `O_EXCL | O_NOFOLLOW` (a file or link someone placed there is never opened) and
 /// mode 0600. Retries a few names, in case one was taken.
-fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
+pub(crate) fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
     use std::hash::{BuildHasher, Hasher};
     let mut last = None;
     for attempt in 0..8u32 {
@@ -205,148 +319,13 @@ pub fn parse_identities(text: &str) -> Result<Identities, String> {
     Ok(Identities(identities))
 }
 
-/// Whether the pool marks a volume limited (`Pool::volume_limited`).
-pub type LimitedFn = Box<dyn Fn(&str) -> bool + Send + Sync>;
-
-/// The allow file as the NBD server asks it, beside the pool's own flags: read again
-/// when its size, time or inode changes.
-pub struct AllowFile {
-    path: PathBuf,
-    limited: LimitedFn,
-    cached: std::sync::Mutex<Cached>,
-}
-
-/// The file as last read, and the volumes whose refusal for its state was logged.
-#[derive(Default)]
-struct Cached {
-    read: Option<(FileStamp, Result<Option<AllowList>, String>)>,
-    logged: BTreeSet<String>,
-}
-
-impl std::fmt::Debug for AllowFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AllowFile")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What tells that the file changed: modification time, size, inode.
-type FileStamp = Option<(std::time::SystemTime, u64, u64)>;
-
-impl AllowFile {
-    /// The policy of the allow file at `path`, for a pool whose flags `limited` reads.
-    pub fn new(path: PathBuf, limited: LimitedFn) -> AllowFile {
-        AllowFile {
-            path,
-            limited,
-            cached: std::sync::Mutex::new(Cached::default()),
-        }
-    }
-
-    fn stamp(&self) -> FileStamp {
-        let meta = std::fs::metadata(&self.path).ok()?;
-        Some((meta.modified().ok()?, meta.len(), meta.ino()))
-    }
-}
-
-/// Why a limited volume has no identities: the file's state, for the log.
-fn missing_entry(path: &Path, list: &Option<AllowList>) -> String {
-    match list {
-        None => format!("its allow file {} is missing", path.display()),
-        Some(_) => format!("its allow file {} names no identity for it", path.display()),
-    }
-}
-
-impl AccessPolicy for AllowFile {
-    fn allowed(&self, export: &str) -> Option<Vec<String>> {
-        let stamp = self.stamp();
-        let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
-        if cached.read.as_ref().is_none_or(|(seen, _)| *seen != stamp) {
-            let list = load(&self.path).map_err(|e| format!("{e:#}"));
-            match &list {
-                Err(e) => {
-                    tracing::error!("{e}: every volume is closed to clients until it is fixed")
-                }
-                // Gone while serving. A file that was never there is no error by
-                // itself: a pool with no limited volume needs none, and a limited
-                // volume asked for says so below (and `serve` named them at start).
-                Ok(None) if matches!(cached.read, Some((_, Ok(Some(_))))) => tracing::error!(
-                    "allow file {} is missing: volumes the pool limits to TLS identities \
-                     are closed to every client until it is back (`volume allow NAME ID,…` \
-                     writes it; `--allow-file` names another)",
-                    self.path.display()
-                ),
-                Ok(_) => {}
-            }
-            cached.read = Some((stamp, list));
-            cached.logged.clear();
-        }
-        let Some((_, list)) = &cached.read else {
-            return Some(Vec::new());
-        };
-        let list = match list {
-            Ok(list) => list.clone(),
-            // Fail closed: nobody's identity is in an empty list.
-            Err(_) => return Some(Vec::new()),
-        };
-        if let Some(identities) = list.as_ref().and_then(|l| l.volumes.get(export)) {
-            return Some(identities.clone());
-        }
-        if !(self.limited)(export) {
-            return None;
-        }
-        if cached.logged.insert(export.to_string()) {
-            tracing::error!(
-                "volume '{export}' is limited to TLS identities, but {}: it is closed to \
-                 every client",
-                missing_entry(&self.path, &list)
-            );
-        }
-        Some(Vec::new())
-    }
-}
-
-/// At `serve`'s start: say which limited volumes stay closed (their list is missing or
-/// names no one), and record in the pool the limits only the file holds (a pool
-/// limited before the pool kept the flag), so a later loss of the file keeps them
-/// closed. Returns the volumes that stay closed.
-pub fn check_at_start(pool: &fewerbytes_engine::Pool, path: &Path, read_only: bool) -> Vec<String> {
-    let list = match load(path) {
-        Ok(list) => list,
-        Err(e) => {
-            tracing::error!("{e:#}: every volume is closed to clients until it is fixed");
-            return pool.volume_sizes().into_iter().map(|(n, _)| n).collect();
-        }
-    };
-    let named = list.as_ref().map(|l| &l.volumes);
-    let mut closed = Vec::new();
-    for (name, _) in pool.volume_sizes() {
-        let in_file = named.is_some_and(|v| v.contains_key(&name));
-        let flagged = pool.volume_limited(&name).unwrap_or(false);
-        if flagged && !in_file {
-            tracing::error!(
-                "volume '{name}' is limited to TLS identities, but {}: it is closed to \
-                 every client until `volume allow {name} ID,…` names who may open it",
-                missing_entry(path, &list)
-            );
-            closed.push(name);
-        } else if in_file && !flagged && !read_only {
-            match pool.set_volume_limited(&name, true) {
-                Ok(_) => tracing::info!(
-                    "volume '{name}': its limit in {} is now recorded in the pool too",
-                    path.display()
-                ),
-                Err(e) => tracing::warn!("volume '{name}': could not record its limit: {e}"),
-            }
-        }
-    }
-    closed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fewerbytes_nbd::AccessPolicy;
+
+    const POOL: &str = "00000000000000a1";
+    const OTHER_POOL: &str = "00000000000000b3";
 
     #[test]
     fn identities_are_comma_separated_names() {
@@ -363,14 +342,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("fewerbytes-allow-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("pool.allow.json");
-        let policy = AllowFile::new(path.clone(), Box::new(|name| name == "vm3"));
+        let policy = AllowFile::new(path.clone(), POOL.into(), Box::new(|name| name == "vm3"));
         assert_eq!(policy.allowed("vm1"), None, "no file: anyone");
         assert_eq!(
             policy.allowed("vm3"),
             Some(vec![]),
             "no file: a volume the pool limits opens for no one"
         );
-        update(&path, |list| {
+        update(&path, POOL, |list| {
             list.volumes.insert("vm1".into(), vec!["alice".into()]);
         })
         .unwrap();
@@ -418,7 +397,7 @@ mod tests {
                 let path = &path;
                 scope.spawn(move || {
                     for round in 0..10 {
-                        update(path, |list| {
+                        update(path, POOL, |list| {
                             list.volumes
                                 .insert(format!("vm{n}-{round}"), vec![format!("id{n}")]);
                         })
@@ -427,8 +406,63 @@ mod tests {
                 });
             }
         });
-        let list = read(&path).unwrap();
+        let list = read(&path, POOL).unwrap();
         assert_eq!(list.volumes.len(), 80, "changes were lost: {list:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_list_of_another_pool_or_of_none_opens_nothing() {
+        let dir = std::env::temp_dir().join(format!("fewerbytes-allow-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool.allow.json");
+        update(&path, OTHER_POOL, |list| {
+            list.volumes.insert("vm1".into(), vec!["alice".into()]);
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains(OTHER_POOL),
+            "the pool id is not recorded: {text}"
+        );
+        let policy = AllowFile::new(path.clone(), POOL.into(), Box::new(|name| name == "vm3"));
+        assert_eq!(
+            policy.allowed("vm1"),
+            Some(vec![]),
+            "named by another pool's list"
+        );
+        assert_eq!(policy.allowed("vm3"), Some(vec![]), "limited by the pool");
+        assert_eq!(policy.allowed("vm2"), None, "neither");
+        let refused = update(&path, POOL, |list| {
+            list.volumes.insert("vm2".into(), vec!["bob".into()]);
+        })
+        .unwrap_err();
+        let message = format!("{refused:#}");
+        assert!(
+            message.contains(OTHER_POOL) && message.contains(POOL),
+            "{message}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "another pool's list changed"
+        );
+
+        // A list from before ids: refused by the server, taken up by a change.
+        std::fs::remove_file(&path).unwrap();
+        let mut old = std::fs::OpenOptions::new();
+        old.write(true).create_new(true).mode(0o600);
+        old.open(&path)
+            .unwrap()
+            .write_all(br#"{"volumes": {"vm1": ["alice"]}}"#)
+            .unwrap();
+        assert_eq!(policy.allowed("vm1"), Some(vec![]), "a list naming no pool");
+        update(&path, POOL, |list| {
+            list.volumes.insert("vm1".into(), vec!["alice".into()]);
+        })
+        .unwrap();
+        assert_eq!(policy.allowed("vm1"), Some(vec!["alice".to_string()]));
+        assert_eq!(read(&path, POOL).unwrap().pool_id.as_deref(), Some(POOL));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

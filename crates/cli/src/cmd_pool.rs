@@ -214,7 +214,7 @@ fn grow(pool_path: &Path, json: bool) -> Result<ExitCode> {
 fn set(pool_path: &Path, compression: Compression) -> Result<ExitCode> {
     let request = Request::SetCompression { compression };
     let info = with_pool(pool_path, |pool| match pool.call(&request)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool set: {other:?}"),
     })?;
     println!(
@@ -226,7 +226,7 @@ fn set(pool_path: &Path, compression: Compression) -> Result<ExitCode> {
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
     let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
     if json {
@@ -241,6 +241,7 @@ fn print_info(info: &PoolInfo) {
     let space = &info.space;
     let lines: Vec<(&str, String)> = vec![
         ("Pool", info.path.clone()),
+        ("Pool id", info.id.clone()),
         ("Data device", format_size(info.data_device_bytes)),
         (
             "Metadata device",

@@ -167,9 +167,9 @@ fn print_report(s: &ScrubStatus) {
     }
     if s.unrepaired() > 0 {
         println!(
-            "{} damaged and not repaired: reads of the data named above fail; restore \
-             those ranges from a copy",
-            s.unrepaired()
+            "{} damaged and not repaired: reads of the data named above fail; {}",
+            s.unrepaired(),
+            crate::export::how_to_clear(None)
         );
     }
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::access;
+use crate::cmd_volume_allow::{allow, copy_allowed, forget_allowed, limit};
 use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::{print_json, Align, Table};
 use crate::size::{format_size, parse_size_arg};
@@ -131,6 +132,13 @@ pub enum VolumeCommand {
         force: bool,
     },
     /// Write a volume out as a raw image (sparse where the volume has holes).
+    ///
+    /// A volume with damaged blocks (stored data that fails its fingerprint) is refused
+    /// before anything is written, each block named by its volume bytes and pool block
+    /// (`volume 'vm1' bytes 409600..413695 (pool block 10340)`), exit status 4; a file
+    /// is written beside its name and renamed over it at the end, so no partial image
+    /// is left. With --skip-damaged, zeros stand in for each damaged block, each is
+    /// named on stderr, and the exit status is 4 too (0: no damage).
     Export {
         /// Volume name.
         name: String,
@@ -140,6 +148,10 @@ pub enum VolumeCommand {
         /// Replace a file that already holds bytes.
         #[arg(long)]
         force: bool,
+        /// Write zeros in place of damaged blocks instead of refusing; exit status 4
+        /// when there were any.
+        #[arg(long)]
+        skip_damaged: bool,
     },
 }
 
@@ -243,8 +255,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 Some(_) => access::allow_path_to_write(pool_path)?,
                 None => access::allow_path(pool_path),
             };
+            let pool_id = match allow {
+                Some(_) => access::pool_id(pool_path)?,
+                None => String::new(),
+            };
             if let Some(identities) = &allow {
-                access::update(&allow_path, |list| {
+                access::update(&allow_path, &pool_id, |list| {
                     list.volumes.insert(name.clone(), identities.0.clone());
                 })?;
             }
@@ -260,7 +276,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 Ok(volume) => volume,
                 Err(e) => {
                     if allow.is_some() && !volume_exists(pool_path, &name) {
-                        let _ = access::update(&allow_path, |list| {
+                        let _ = access::update(&allow_path, &pool_id, |list| {
                             list.volumes.remove(&name);
                         });
                     }
@@ -355,6 +371,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             warn_if_thin_cannot_write(pool_path, &volume)?;
         }
         VolumeCommand::Rename { name, new_name } => {
+            // Another pool's allow file is refused here, before the volume changes.
             copy_allowed(pool_path, &name, &new_name)?;
             let volume = expect_volume(
                 pool_path,
@@ -367,6 +384,9 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             println!("Volume '{name}' renamed to '{}'.", volume.name);
         }
         VolumeCommand::Delete { name, force } => {
+            // Another pool's allow file is refused here, before the volume is gone.
+            let pool_id = access::pool_id(pool_path)?;
+            access::read(&access::allow_path(pool_path), &pool_id)?;
             with_pool(pool_path, |pool| {
                 pool.call(&Request::DeleteVolume {
                     name: name.clone(),
@@ -384,9 +404,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         VolumeCommand::Import { name, file, force } => {
             transfer::import(pool_path, &name, &file, force)?
         }
-        VolumeCommand::Export { name, file, force } => {
-            transfer::export(pool_path, &name, &file, force)?
-        }
+        VolumeCommand::Export {
+            name,
+            file,
+            force,
+            skip_damaged,
+        } => return crate::export::export(pool_path, &name, &file, force, skip_damaged),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -401,7 +424,7 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
         return Ok(());
     }
     let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
     if info.space.available_bytes >= unreserved {
@@ -435,99 +458,11 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
     Ok(())
 }
 
-/// `volume allow`.
-fn allow(
-    pool_path: &Path,
-    name: &str,
-    identities: Option<access::Identities>,
-    anyone: bool,
-) -> Result<()> {
-    let identities = identities.map(|i| i.0);
-    let path = match identities {
-        Some(_) => access::allow_path_to_write(pool_path)?,
-        None => access::allow_path(pool_path),
-    };
-    if (identities.is_some() || anyone) && !volume_exists(pool_path, name) {
-        bail!("no volume named '{name}' in this pool");
-    }
-    match (identities, anyone) {
-        (Some(identities), _) => {
-            access::update(&path, |list| {
-                list.volumes.insert(name.to_string(), identities.clone());
-            })?;
-            limit(pool_path, name, true)?;
-            println!(
-                "Volume '{name}' opens only for TLS identities: {}.",
-                identities.join(", ")
-            );
-        }
-        (None, true) => {
-            // The pool's flag first: until the file's entry is gone too, the
-            // volume stays limited, never open to all with the flag left behind.
-            limit(pool_path, name, false)?;
-            access::update(&path, |list| {
-                list.volumes.remove(name);
-            })?;
-            println!("Volume '{name}' opens for any client the server lets in.");
-        }
-        (None, false) => {
-            let flagged = list_volumes(pool_path)?
-                .iter()
-                .any(|v| v.name == name && v.limited);
-            match (access::read(&path)?.volumes.get(name), flagged) {
-                (Some(identities), _) => println!(
-                    "Volume '{name}' opens only for TLS identities: {}.",
-                    identities.join(", ")
-                ),
-                (None, true) => println!(
-                    "Volume '{name}' is limited, but {} names no identity for it: it \
-                     opens for no client (`volume allow {name} ID,…` names who may).",
-                    path.display()
-                ),
-                (None, false) => {
-                    println!("Volume '{name}' opens for any client the server lets in.")
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Set or lift the pool's own mark that `name` is limited.
-fn limit(pool_path: &Path, name: &str, limited: bool) -> Result<()> {
-    expect_volume(
-        pool_path,
-        &Request::LimitVolume {
-            name: name.to_string(),
-            limited,
-        },
-    )?;
-    Ok(())
-}
-
-/// Give `to` the limit `from` has (before a volume appears as `to`).
-fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()> {
-    let path = access::allow_path(pool_path);
-    if let Some(identities) = access::read(&path)?.volumes.get(from).cloned() {
-        access::update(&path, |list| {
-            list.volumes.insert(to.to_string(), identities);
-        })?;
-    }
-    Ok(())
-}
-
-/// Drop the limit of a volume that is gone (after it is).
-fn forget_allowed(pool_path: &Path, name: &str) -> Result<()> {
-    access::update(&access::allow_path(pool_path), |list| {
-        list.volumes.remove(name);
-    })
-}
-
-fn volume_exists(pool_path: &Path, name: &str) -> bool {
+pub(crate) fn volume_exists(pool_path: &Path, name: &str) -> bool {
     list_volumes(pool_path).is_ok_and(|volumes| volumes.iter().any(|v| v.name == name))
 }
 
-fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
+pub(crate) fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
     inspect_pool(pool_path, |pool| {
         match pool.call(&Request::ListVolumes)? {
             Answer::Volumes(volumes) => Ok(volumes),
@@ -536,7 +471,7 @@ fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
     })
 }
 
-fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
+pub(crate) fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
     with_pool(pool_path, |pool| match pool.call(request)? {
         Answer::Volume(volume) => Ok(volume),
         other => bail!("unexpected answer to {request:?}: {other:?}"),

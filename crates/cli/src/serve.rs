@@ -302,6 +302,7 @@ fn allow_policy(pool_path: &Path, pool: &Arc<Pool>, read_only: bool) -> AllowFil
     let weak = Arc::downgrade(pool);
     AllowFile::new(
         path,
+        format!("{:016x}", pool.id()),
         Box::new(move |name| {
             weak.upgrade()
                 .is_none_or(|pool| pool.volume_limited(name).unwrap_or(false))

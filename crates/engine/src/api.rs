@@ -144,6 +144,10 @@ pub struct GrowReport {
 /// What `pool create` made.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolInfo {
+    /// The pool's identity (`Pool::id`), as 16 hex digits: what the allow file
+    /// records, so a list made for another pool is never used for this one.
+    #[serde(default)]
+    pub id: String,
     /// The pool path (data device).
     pub path: String,
     /// Separate metadata device, if any.
@@ -501,8 +505,9 @@ pub struct ScrubFinding {
     pub region: String,
     /// Which one, and why, in words (device, block, object, the check that failed).
     pub what: String,
-    /// The volumes and byte ranges that map a damaged data block (empty for metadata,
-    /// or when no volume maps it).
+    /// Each volume byte range that maps a damaged data block, one entry each, named as
+    /// every report of damage names it (`volume 'b' bytes 12288..16383 (pool block
+    /// 1380)`); empty for metadata, or when no volume maps it.
     #[serde(default)]
     pub volumes: Vec<String>,
     /// Rewritten from the good copy (the in-memory state, or the other super block copy).

@@ -11,7 +11,7 @@ pub enum EngineError {
     Io(#[from] StorageError),
     /// Metadata failed its checksum or self-identification, or stored data failed
     /// its fingerprint (region `data`).
-    #[error("corrupt {region} at block {block} of the {device} device: {reason}")]
+    #[error("{}", corrupt_sentence(region, *block, device, reason))]
     Corrupt {
         /// Which region (super block, journal, page store, ...).
         region: &'static str,
@@ -140,4 +140,14 @@ fn out_of_buffer(what: &str, range: &std::ops::Range<usize>, len: usize) -> Engi
         "{what}: bytes {}..{} of a {len}-byte buffer",
         range.start, range.end
     ))
+}
+
+/// `Corrupt`'s message. Stored data names its place in `reason` (`pool block N: …`,
+/// or the volume range read, `crate::damage`), one way for every report of damage.
+fn corrupt_sentence(region: &str, block: u64, device: &str, reason: &str) -> String {
+    if region == "data" {
+        format!("damaged data: {reason}")
+    } else {
+        format!("corrupt {region} at block {block} of the {device} device: {reason}")
+    }
 }

@@ -618,6 +618,14 @@ impl Pool {
         Ok(inner)
     }
 
+    /// The pool's identity: the random nonce its creation drew, recorded in the super
+    /// block and carried by every metadata block. It never changes for the pool's
+    /// life; a pool made anew at the same path has another. A copy of the pool's bytes
+    /// has the same (it is the same pool).
+    pub fn id(&self) -> u64 {
+        self.inner.geometry.nonce()
+    }
+
     /// Geometry and settings.
     pub fn info(&self) -> PoolInfo {
         let i = &self.inner;
@@ -625,6 +633,7 @@ impl Pool {
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
         PoolInfo {
+            id: format!("{:016x}", self.id()),
             scrub: Box::new(i.scrubber.status()),
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),

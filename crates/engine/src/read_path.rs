@@ -65,11 +65,10 @@ fn corrupt_object(inner: &Inner, o: ObjectId, location: u64, reason: String) -> 
         Ok(loc) => {
             let pbn = loc.blocks().0;
             let what = match loc {
-                Location::Block { .. } => format!("object {} (data block {pbn})", o.0),
-                Location::Fragment { len_bytes, .. } => format!(
-                    "object {} (a {len_bytes}-byte fragment in data block {pbn})",
-                    o.0
-                ),
+                Location::Block { .. } => format!("object {}", o.0),
+                Location::Fragment { len_bytes, .. } => {
+                    format!("object {} (a {len_bytes}-byte fragment)", o.0)
+                }
             };
             (data_first_block + pbn, what)
         }
@@ -82,7 +81,7 @@ fn corrupt_object(inner: &Inner, o: ObjectId, location: u64, reason: String) -> 
         region: "data",
         block,
         device: "data",
-        reason: format!("{what}: {reason}"),
+        reason: format!("pool block {block}: {what}: {reason}"),
     }
 }
 
@@ -234,9 +233,14 @@ fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
             block,
             device,
             reason: format!(
-                "volume '{}' at offset {}: {reason}",
-                vol.name(),
-                lbn * BLOCK
+                "{}: {}",
+                crate::damage::volume_range(
+                    &vol.name(),
+                    lbn * BLOCK,
+                    BLOCK,
+                    crate::damage::DamagedAt::PoolBlock(block)
+                ),
+                crate::damage::cause(&reason, block)
             ),
         },
         other => other,

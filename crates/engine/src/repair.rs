@@ -495,13 +495,13 @@ fn verify_data(
         );
     }
     let total = live.len() as u64;
-    let mut bad: BTreeMap<u64, String> = BTreeMap::new();
+    let mut bad: BTreeMap<u64, (u64, String)> = BTreeMap::new();
     let mut buf = vec![0u8; BLOCK_BYTES];
     for (n, &id) in live.iter().enumerate() {
         match crate::read_path::read_object(inner, ObjectId(id), &mut buf, Wait::Yes) {
             Ok(_) => {}
-            Err(EngineError::Corrupt { reason, .. }) => {
-                bad.insert(id, reason);
+            Err(EngineError::Corrupt { block, reason, .. }) => {
+                bad.insert(id, (block, reason));
             }
             Err(e) => return Err(e),
         }
@@ -516,26 +516,35 @@ fn verify_data(
     let mut users: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     for vol in inner.volumes.all() {
         vol.for_each_mapped(|lbn, e| {
-            if let Some(o) = e.object().filter(|o| bad.contains_key(&o.0)) {
-                users.entry(o.0).or_default().push(format!(
-                    "volume {} block {lbn} (bytes {}-{})",
-                    vol.name(),
-                    lbn * BLOCK,
-                    (lbn + 1) * BLOCK - 1
-                ));
+            if let Some((o, (block, _))) = e
+                .object()
+                .and_then(|o| bad.get(&o.0).map(|found| (o, found)))
+            {
+                users
+                    .entry(o.0)
+                    .or_default()
+                    .push(crate::damage::volume_range(
+                        &vol.name(),
+                        lbn * BLOCK,
+                        BLOCK,
+                        crate::damage::DamagedAt::PoolBlock(*block),
+                    ));
             }
         });
     }
-    for (id, reason) in bad {
+    // One line per damaged volume block, as a read of it names it; a stored block
+    // no volume maps is named by its pool block.
+    for (id, (block, reason)) in bad {
+        let cause = crate::damage::cause(&reason, block);
         let named = users.remove(&id).unwrap_or_default();
-        report.damage_left.push(format!(
-            "{reason}; it backs {}",
-            if named.is_empty() {
-                "no volume block".to_string()
-            } else {
-                named.join(", ")
-            }
-        ));
+        if named.is_empty() {
+            report
+                .damage_left
+                .push(format!("pool block {block} (no volume maps it): {cause}"));
+        }
+        for range in named {
+            report.damage_left.push(format!("{range}: {cause}"));
+        }
     }
     Ok(())
 }

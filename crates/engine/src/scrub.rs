@@ -112,7 +112,7 @@ impl Site {
                 "block-map page {p} of volume '{}' (bytes {}..{})",
                 vol.name(),
                 p * ENTRIES_PER_PAGE * BLOCK,
-                (p + 1) * ENTRIES_PER_PAGE * BLOCK
+                (p + 1) * ENTRIES_PER_PAGE * BLOCK - 1
             ),
         }
     }
@@ -605,8 +605,9 @@ fn check_object(inner: &Inner, s: u32, i: u32, location: u64) {
     let Err(e) = result else { return };
     // A walk of every map per damaged block: only for the findings the report keeps
     // (a drive returning garbage everywhere must not make the scrub quadratic).
+    let at = crate::damage::read_damage(&e).unwrap_or(crate::damage::DamagedAt::Unknown);
     let volumes = if inner.scrubber.keeps_more() {
-        mapped_by(inner, o)
+        mapped_by(inner, o, at)
     } else {
         Vec::new()
     };
@@ -626,8 +627,9 @@ fn check_object(inner: &Inner, s: u32, i: u32, location: u64) {
     });
 }
 
-/// The volumes mapping object `o`, each with the byte ranges it maps it at.
-fn mapped_by(inner: &Inner, o: ObjectId) -> Vec<String> {
+/// The volumes mapping object `o` (stored `at`), each byte range it maps it at named
+/// as a read of it names it (`crate::damage`).
+fn mapped_by(inner: &Inner, o: ObjectId, at: crate::damage::DamagedAt) -> Vec<String> {
     let mut found = Vec::new();
     for vol in inner.volumes.all() {
         let mut ranges: Vec<(u64, u64)> = Vec::new();
@@ -639,12 +641,13 @@ fn mapped_by(inner: &Inner, o: ObjectId) -> Vec<String> {
                 }
             }
         });
-        if !ranges.is_empty() {
-            let list: Vec<String> = ranges
-                .iter()
-                .map(|(a, b)| format!("bytes {}..{}", a * BLOCK, b * BLOCK))
-                .collect();
-            found.push(format!("volume '{}' {}", vol.name(), list.join(", ")));
+        for (a, b) in ranges {
+            found.push(crate::damage::volume_range(
+                &vol.name(),
+                a * BLOCK,
+                (b - a) * BLOCK,
+                at,
+            ));
         }
     }
     found

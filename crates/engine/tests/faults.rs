@@ -362,9 +362,8 @@ fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block
         "{text}"
     );
     for part in [
-        "corrupt data".to_string(),
-        format!("at block {device_block} of the data device"),
-        "volume 'a' at offset 12288".to_string(),
+        "damaged data".to_string(),
+        format!("volume 'a' bytes 12288..16383 (pool block {device_block})"),
         "fingerprint".to_string(),
     ] {
         assert!(text.contains(&part), "the error lacks `{part}`: {text}");

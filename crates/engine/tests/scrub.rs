@@ -85,9 +85,13 @@ fn scrub_finds_a_damaged_map_page_and_data_block_repairs_the_page_and_names_the_
         .find(|f| f.region == "data")
         .expect("the data block");
     assert!(!data.repaired);
+    // Named as every report of damage names it: volume bytes, then the pool block.
     assert_eq!(
         data.volumes,
-        vec!["volume 'b' bytes 12288..16384".to_string()]
+        vec![format!(
+            "volume 'b' bytes 12288..16383 (pool block {})",
+            data_at / BLOCK
+        )]
     );
 
     // A second scrub finds only the data block.
