@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod advice;
 mod api;
 mod block_map;
 mod checkpoint;
@@ -59,6 +60,7 @@ pub use codec::{looks_incompressible, Compression};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
+pub use index::{IndexMode, SPARSE_SAMPLE_SHIFT};
 pub use pool::Pool;
 pub use repair::{RepairOptions, RepairPhase, RepairReport};
 pub use scrub::SCRUB_RATE_DEFAULT_BYTES_PER_S;

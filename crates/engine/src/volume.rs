@@ -263,7 +263,8 @@ impl Volume {
             let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
                 let fp = hashed.get(piece);
-                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp)?;
+                let before = fp.and_then(|fp| hashed.before_hook(piece, fp));
+                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp, before)?;
             } else {
                 crate::partial::write_partial(inner, vol, lbn, within, src)?;
             }

@@ -90,6 +90,9 @@ pub(crate) struct StepFingerprints {
     fps: [Fingerprint; BLOCKS_PER_STEP_USIZE],
     /// Bit `k`: piece `k` was hashed.
     hashed: u64,
+    /// With a sparse index: where the blocks before the step's first hook hit were
+    /// stored by an earlier copy (`advice.rs`).
+    before: Option<crate::advice::BeforeHook>,
 }
 
 const BLOCKS_PER_STEP_USIZE: usize = crate::inner::BLOCKS_PER_STEP as usize;
@@ -104,6 +107,7 @@ impl StepFingerprints {
         let mut step = StepFingerprints {
             fps: [[0; 32]; BLOCKS_PER_STEP_USIZE],
             hashed: 0,
+            before: None,
         };
         let mut blocks: [&[u8]; BLOCKS_PER_STEP_USIZE] = [&[]; BLOCKS_PER_STEP_USIZE];
         let mut pieces = [0usize; BLOCKS_PER_STEP_USIZE];
@@ -148,7 +152,19 @@ impl StepFingerprints {
                 step.hashed |= 1 << k;
             }
         }
+        step.before = inner
+            .depot
+            .before_first_hook(pieces.iter().copied().zip(out.iter()));
         step
+    }
+
+    /// Where an earlier copy stored the step's `k`-th piece, `fp`, if it comes
+    /// before the step's first hook hit (sparse index only).
+    pub(crate) fn before_hook(&self, k: usize, fp: &Fingerprint) -> Option<ObjectId> {
+        self.before
+            .as_ref()
+            .filter(|b| k < b.piece)
+            .and_then(|b| b.find(fp))
     }
 
     /// The fingerprint of the step's `k`-th piece, if it was hashed here.
@@ -173,11 +189,12 @@ pub(crate) fn write_block(
     block: &[u8],
     expect: Option<MapEntry>,
 ) -> Result<bool> {
-    write_block_hashed(inner, vol, lbn, block, expect, None)
+    write_block_hashed(inner, vol, lbn, block, expect, None, None)
 }
 
 /// [`write_block`], with the block's fingerprint when it was already computed
-/// (a non-zero block's, by [`StepFingerprints`]).
+/// (a non-zero block's, by [`StepFingerprints`]), and where the step found an
+/// earlier copy of it before its first hook ([`StepFingerprints::before_hook`]).
 pub(crate) fn write_block_hashed(
     inner: &Inner,
     vol: &VolumeState,
@@ -185,6 +202,7 @@ pub(crate) fn write_block_hashed(
     block: &[u8],
     expect: Option<MapEntry>,
     hashed: Option<&Fingerprint>,
+    before: Option<ObjectId>,
 ) -> Result<bool> {
     add(&inner.counters.blocks_written, 1);
     add(&vol.counters().blocks_written, 1);
@@ -197,7 +215,7 @@ pub(crate) fn write_block_hashed(
             Some(fp) => *fp,
             None => inner.geometry.fingerprint(block),
         };
-        let (found, stale) = inner.depot.take_duplicate(&fp);
+        let (found, stale) = inner.depot.take_duplicate(&fp, before);
         add(&inner.counters.advice_stale, stale);
         add(&vol.counters().advice_stale, stale);
         if found.is_some() {
