@@ -22,10 +22,13 @@
 # blocks deduplicated and the data the pool stores for it.
 #
 # Each import is its own open of the pool (the index is rebuilt from the object
-# records each time, as after a restart). No timing is taken.
+# records each time, as after a restart). With WRITER=nbdcopy, table 1's pools are
+# served instead (`serve`, its worker threads) and each image is written by nbdcopy
+# over NBD (several requests in flight, spread over the server's threads and zones).
+# No timing is taken.
 # Every pool is as large as the largest fraction needs (sparse files), so every row of a
 # mode has the same window (a sparse index is capped to what the pool's objects need).
-# Needs (Debian): fio, tar, python3, coreutils. Disk: BENCH_DIR needs about twice the
+# Needs (Debian): fio, tar, python3, coreutils; libnbd-bin (nbdcopy) for WRITER=nbdcopy. Disk: BENCH_DIR needs about twice the
 # largest fraction of other data plus the template twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +46,35 @@ if [ -z "${FB:-}" ]; then
     FB=$PWD/target/release/fewerbytes
 fi
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-sparse.XXXXXX")
-trap 'rm -rf "$dir"' EXIT
+
+WRITER=${WRITER:-import}
+server_pid=
+stop_server() {
+    if [ -n "$server_pid" ]; then
+        kill "$server_pid"
+        wait "$server_pid" || true
+        server_pid=
+    fi
+}
+trap 'stop_server; rm -rf "$dir"' EXIT
+
+# write_volume NAME FILE: a new volume holding FILE, by `volume import` or nbdcopy.
+write_volume() {
+    if [ "$WRITER" = import ]; then
+        "$FB" --pool "$dir/pool" volume import "$1" "$2" >/dev/null
+        return
+    fi
+    if [ -z "$server_pid" ]; then
+        "$FB" --pool "$dir/pool" serve --socket "$dir/nbd.sock" --no-tcp >>"$dir/serve.log" 2>&1 &
+        server_pid=$!
+        for _ in $(seq 100); do
+            if [ -S "$dir/nbd.sock" ]; then break; fi
+            sleep 0.1
+        done
+    fi
+    "$FB" --pool "$dir/pool" volume create "$1" --size "$(stat -c %s "$2")" --thin >/dev/null
+    nbdcopy "$2" "nbd+unix:///$1?socket=$dir/nbd.sock"
+}
 
 if [ -z "$TEMPLATE" ]; then
     TEMPLATE=$dir/template.img
@@ -78,7 +109,7 @@ read -r dense_window _ _ < <(new_pool dense 1G)
 max_fraction=$(printf '%s\n' $FRACTIONS $MIX_FRACTIONS 100 | sort -n | tail -1)
 POOL_SIZE=$(python3 -c "print(f'{int(($dense_window * 4096 * $max_fraction / 100 + 3 * $template_bytes) * 1.3 / 2**20) + 512}M')")
 
-echo "Template: $TEMPLATE ($((template_bytes >> 20)) MiB, $template_nonzero non-zero blocks); index memory $INDEX_MEMORY; pools of $POOL_SIZE"
+echo "Template: $TEMPLATE ($((template_bytes >> 20)) MiB, $template_nonzero non-zero blocks); index memory $INDEX_MEMORY; pools of $POOL_SIZE; written by $WRITER"
 echo
 echo "| other data (of the dense window) | other data | mode | window | clone deduplicated (of its non-zero blocks) | stored for the clone |"
 echo "|---|---|---|---|---|---|"
@@ -88,13 +119,14 @@ for f in $FRACTIONS; do
     if ((other_bytes > 0)); then head -c "$other_bytes" /dev/urandom >"$dir/other"; fi
     for mode in $MODES; do
         read -r _ window _ < <(new_pool "$mode" "$POOL_SIZE")
-        "$FB" --pool "$dir/pool" volume import template "$TEMPLATE" >/dev/null
-        if ((other_bytes > 0)); then "$FB" --pool "$dir/pool" volume import other "$dir/other" >/dev/null; fi
+        write_volume template "$TEMPLATE"
+        if ((other_bytes > 0)); then write_volume other "$dir/other"; fi
         saved0=$(stat_field "$dir/pool" dedup_saved_blocks)
         used0=$(stat_field "$dir/pool" data_used_bytes)
-        "$FB" --pool "$dir/pool" volume import clone "$TEMPLATE" >/dev/null
+        write_volume clone "$TEMPLATE"
         saved1=$(stat_field "$dir/pool" dedup_saved_blocks)
         used1=$(stat_field "$dir/pool" data_used_bytes)
+        stop_server
         python3 -c '
 import sys
 f, other, mode, window, nonzero, s0, s1, u0, u1 = sys.argv[1:]

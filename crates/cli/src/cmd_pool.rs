@@ -239,7 +239,7 @@ fn set(
 ) -> Result<ExitCode> {
     let call = |request: Request| {
         with_pool(pool_path, |pool| match pool.call(&request)? {
-            Answer::PoolInfo(info) => Ok(info),
+            Answer::PoolInfo(info) => Ok(*info),
             other => bail!("unexpected answer to pool set: {other:?}"),
         })
     };
@@ -278,7 +278,7 @@ fn recorded_index(info: &PoolInfo) -> String {
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
     let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
     if json {

@@ -401,7 +401,7 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
         return Ok(());
     }
     let info = inspect_pool(pool_path, |pool| match pool.call(&Request::PoolInfo)? {
-        Answer::PoolInfo(info) => Ok(info),
+        Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
     if info.thin_writable_bytes >= unreserved {

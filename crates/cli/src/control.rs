@@ -268,8 +268,8 @@ impl Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "data", rename_all = "kebab-case")]
 pub enum Answer {
-    /// Pool geometry and settings.
-    PoolInfo(PoolInfo),
+    /// Pool geometry and settings (boxed: by far the largest answer).
+    PoolInfo(Box<PoolInfo>),
     /// Every volume.
     Volumes(Vec<VolumeInfo>),
     /// The volume just created, resized or cloned.
@@ -406,7 +406,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
                 "the pool is not being served, so no server names it".into(),
             ))
         }
-        Request::PoolInfo => Answer::PoolInfo(pool.info()),
+        Request::PoolInfo => Answer::PoolInfo(Box::new(pool.info())),
         Request::ListVolumes => Answer::Volumes(pool.list_volumes()),
         Request::CreateVolume {
             name,
@@ -438,11 +438,11 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::SetCompression { compression } => {
             pool.set_compression(*compression)?;
-            Answer::PoolInfo(pool.info())
+            Answer::PoolInfo(Box::new(pool.info()))
         }
         Request::SetIndex { mode, memory_bytes } => {
             pool.set_index(*mode, *memory_bytes)?;
-            Answer::PoolInfo(pool.info())
+            Answer::PoolInfo(Box::new(pool.info()))
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {
             pool: pool.stats(),
