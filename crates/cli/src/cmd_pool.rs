@@ -182,12 +182,12 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         ),
     };
     format!(
-        "Pool {} created: {devices}; dedup window {} ({} index, {} of memory); compression \
+        "Pool {} created: {devices}; dedup window {} (index {} of memory, {}); compression \
          {}; volumes are thick unless made with --thin, and {} is kept for trims and deletes.",
         info.path,
         format_size(info.dedup_window_bytes),
-        info.index_mode,
         format_size(info.index_memory_bytes),
+        info.index_mode,
         info.compression,
         format_size(
             info.reserve_bytes

@@ -152,9 +152,8 @@ impl StepFingerprints {
                 step.hashed |= 1 << k;
             }
         }
-        step.before = inner
-            .depot
-            .before_first_hook(pieces.iter().copied().zip(out.iter()));
+        step.before =
+            crate::advice::before_first_hook(&inner.depot, pieces.iter().copied().zip(out.iter()));
         step
     }
 
@@ -215,7 +214,7 @@ pub(crate) fn write_block_hashed(
             Some(fp) => *fp,
             None => inner.geometry.fingerprint(block),
         };
-        let (found, stale) = inner.depot.take_duplicate(&fp, before);
+        let (found, stale) = crate::advice::take_duplicate(&inner.depot, &fp, before);
         add(&inner.counters.advice_stale, stale);
         add(&vol.counters().advice_stale, stale);
         if found.is_some() {
