@@ -358,7 +358,8 @@ fn print_info(info: &PoolInfo) {
                 format_size(info.index_memory_bytes),
                 match info.index_recorded {
                     Some(_) => format!(
-                        "; the pool records {}, used from its next open",
+                        "; the pool records {}, which an open without `serve \
+                         --index-memory` builds",
                         recorded_index(info)
                     ),
                     None => String::new(),

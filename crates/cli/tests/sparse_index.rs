@@ -228,7 +228,8 @@ fn pool_set_changes_the_index_mode_and_memory_and_pool_info_shows_them() {
     assert_eq!(served["index_recorded"][0]["mode"], "sparse", "{served}");
     let text = server.cli_ok(&["pool", "info"]).stdout;
     assert!(
-        text.contains("the pool records sparse (1 in 16 blocks sampled)"),
+        text.contains("the pool records sparse (1 in 16 blocks sampled)")
+            && text.contains("which an open without `serve --index-memory` builds"),
         "{text}"
     );
     let status = server.stop();

@@ -152,9 +152,20 @@ impl StepFingerprints {
                 step.hashed |= 1 << k;
             }
         }
-        step.before =
-            crate::advice::before_first_hook(&inner.depot, pieces.iter().copied().zip(out.iter()));
         step
+    }
+
+    /// With a sparse index, look the step's first hooks up before its first block
+    /// is written (`advice.rs: before_first_hook`). Caller holds the gate, as for
+    /// any look at the slabs.
+    pub(crate) fn look_before_hooks(&mut self, inner: &Inner) {
+        let hashed = self.hashed;
+        let pieces = self
+            .fps
+            .iter()
+            .enumerate()
+            .filter(move |(k, _)| hashed & (1 << k) != 0);
+        self.before = crate::advice::before_first_hook(&inner.depot, pieces);
     }
 
     /// Where an earlier copy stored the step's `k`-th piece, `fp`, if it comes
