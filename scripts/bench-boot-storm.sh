@@ -85,9 +85,9 @@ alloc1=$(fb_allocated_bytes "$pool")
 "$FB" --pool "$pool" check >"$dir/check.txt" || { cat "$dir/check.txt" >&2; exit 1; }
 # One device (no metadata device): it receives data and metadata, counted once.
 dev_bytes() { fb_json "$1" 'j["data_device"]["write_bytes"]'; }
-fb_template=$(fb_json "$dir/template.json" 'j["data_used_bytes"]')
-fb_before=$(fb_json "$dir/before.json" 'j["data_used_bytes"]')
-fb_after=$(fb_json "$dir/after.json" 'j["data_used_bytes"]')
+fb_template=$(fb_json "$dir/template.json" 'j["stored_bytes"]')
+fb_before=$(fb_json "$dir/before.json" 'j["stored_bytes"]')
+fb_after=$(fb_json "$dir/after.json" 'j["stored_bytes"]')
 fb_written=$(fb_json "$dir/after.json" 'j["counters"]["guest_bytes_written"] - '"$(fb_json "$dir/before.json" 'j["counters"]["guest_bytes_written"]')")
 fb_trimmed=$(fb_json "$dir/after.json" 'j["counters"]["trimmed_bytes"] - '"$(fb_json "$dir/before.json" 'j["counters"]["trimmed_bytes"]')")
 fb_dev=$(($(dev_bytes "$dir/after.json") - $(dev_bytes "$dir/before.json")))

@@ -55,7 +55,7 @@ import json, statistics, sys
 name, codec, size, stats = sys.argv[1:5]
 cpu = statistics.median(float(c) for c in sys.argv[5:])
 s = json.loads(stats)
-used, fragments, whole = s["data_used_bytes"], s["compressed_bytes"], s["whole_blocks"]
+used, fragments, whole = s["stored_bytes"], s["compressed_bytes"], s["whole_blocks"]
 mib = lambda b: f"{b / 2**20:.1f} MiB"
 print(f"| {name} ({int(size) / 2**20:.0f} MiB) | {codec} | {mib(used)} | {mib(fragments)} | {whole} | {cpu:.2f} |")' \
             "$name" "$codec" "$(stat -c %s "$file")" "$stats" "${cpus[@]}"

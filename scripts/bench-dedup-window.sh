@@ -56,13 +56,13 @@ measure() {
         head -c $((blocks * 4096)) /dev/urandom >"$dir/file"
         "$FB" --pool "$pool" volume import first "$dir/file" >/dev/null
         local used_first saved used_second
-        used_first=$("$FB" --pool "$pool" stats --json | stat_field data_used_bytes)
+        used_first=$("$FB" --pool "$pool" stats --json | stat_field stored_bytes)
         "$FB" --pool "$pool" volume import second "$dir/file" >/dev/null
         local json drops
         drops=$(dropped "$pool")
         json=$("$FB" --pool "$pool" stats --json)
         saved=$(stat_field dedup_saved_blocks <<<"$json")
-        used_second=$(stat_field data_used_bytes <<<"$json")
+        used_second=$(stat_field stored_bytes <<<"$json")
         python3 -c '
 import sys
 label, entries, f, blocks, saved, u1, u2, memory, drops = sys.argv[1:]

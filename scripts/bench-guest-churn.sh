@@ -84,8 +84,8 @@ j() { fb_json "$1" "$2"; }
 written=$(($(j "$dir/after.json" 'j["counters"]["guest_bytes_written"]') - $(j "$dir/before.json" 'j["counters"]["guest_bytes_written"]')))
 trimmed=$(($(j "$dir/after.json" 'j["counters"]["trimmed_bytes"]') - $(j "$dir/before.json" 'j["counters"]["trimmed_bytes"]')))
 dev=$(($(j "$dir/after.json" 'j["data_device"]["write_bytes"]') - $(j "$dir/before.json" 'j["data_device"]["write_bytes"]')))
-used0=$(j "$dir/before.json" 'j["data_used_bytes"]')
-used1=$(j "$dir/after.json" 'j["data_used_bytes"]')
+used0=$(j "$dir/before.json" 'j["stored_bytes"]')
+used1=$(j "$dir/after.json" 'j["stored_bytes"]')
 echo
 echo "Guest churn: $ROUNDS rounds of MIB=$MIB ($(fb_guest_accel "$KERNEL"), 1 vCPU, 1 GiB), $(nproc) host CPUs, $(date -u +'%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)"
 echo

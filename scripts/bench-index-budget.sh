@@ -52,7 +52,7 @@ for c in "${corpora[@]}"; do
 import json, sys
 name, d, window, first, second, size = sys.argv[1:]
 a, b = json.loads(first), json.loads(second)
-used, saving, added = a["data_used_bytes"], a["saving_percent"], b["data_used_bytes"] - a["data_used_bytes"]
+used, saving, added = a["stored_bytes"], a["saving_percent"], b["stored_bytes"] - a["stored_bytes"]
 label = "default" if d == "1" else f"1/{d} of the default"
 print(f"| {name} ({int(size) / 2**20:.0f} MiB) | {label} | {window.strip()} | {used / 2**20:.1f} MiB |"
       f" {saving:.1f}% | {added / 2**20:.1f} MiB |")' \

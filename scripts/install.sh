@@ -72,7 +72,8 @@ fi
 
 cat <<EOF
 Next, for a pool named vms:
-  cp $CONFIG_DIR/EXAMPLE.conf $CONFIG_DIR/vms.conf     # then edit FEWERBYTES_POOL and FEWERBYTES_LISTEN
+  sed 's|^FEWERBYTES_POOL=.*|FEWERBYTES_POOL=/var/lib/fewerbytes/vms.pool|' $CONFIG_DIR/EXAMPLE.conf > $CONFIG_DIR/vms.conf
+  # then, in vms.conf, FEWERBYTES_LISTEN (a port of its own per pool) and FEWERBYTES_SERVE_ARGS as needed
   $PREFIX/bin/fewerbytes pool create /var/lib/fewerbytes/vms.pool --size 64G
   systemctl enable --now fewerbytes@vms
   journalctl -u fewerbytes@vms

@@ -3,7 +3,9 @@
 # when run as root on Debian), then runs every test of the workspace in release mode
 # and prints a summary.
 #
-#   scripts/test.sh                 # the default run (well under 20 minutes on 2 cores)
+#   scripts/test.sh                 # the default run; CI's whole .ci/run (this, with its
+#                                   # build, fmt and clippy) last took about 21 minutes on
+#                                   # an idle 2-core machine, about 35 under load
 #   FEWERBYTES_SOAK=1 scripts/test.sh   # larger fio workloads and file trees, 2,048 model cases
 #   FEWERBYTES_CRASH_SOAK=1 scripts/test.sh   # 2,000 crash-simulation workloads (docs/testing.md)
 #   scripts/test.sh -- nbdinfo      # extra arguments go to `cargo test` (here: a filter)

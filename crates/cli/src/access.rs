@@ -268,13 +268,16 @@ impl AccessPolicy for AllowFile {
                 Err(e) => {
                     tracing::error!("{e}: every volume is closed to clients until it is fixed")
                 }
-                Ok(None) => tracing::error!(
+                // Gone while serving. A file that was never there is no error by
+                // itself: a pool with no limited volume needs none, and a limited
+                // volume asked for says so below (and `serve` named them at start).
+                Ok(None) if matches!(cached.read, Some((_, Ok(Some(_))))) => tracing::error!(
                     "allow file {} is missing: volumes the pool limits to TLS identities \
                      are closed to every client until it is back (`volume allow NAME ID,…` \
                      writes it; `--allow-file` names another)",
                     self.path.display()
                 ),
-                Ok(Some(_)) => {}
+                Ok(_) => {}
             }
             cached.read = Some((stamp, list));
             cached.logged.clear();

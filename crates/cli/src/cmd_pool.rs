@@ -16,7 +16,8 @@ use crate::size::{format_size, parse_size_arg};
 pub enum PoolCommand {
     /// Format a file or block device as a new pool (PATH here, not --pool).
     Create(CreateArgs),
-    /// Geometry, settings and what the pool can still address.
+    /// Geometry, settings and the pool's space: Size, Used and its parts, Available,
+    /// Reservable, Reserved, Promised.
     Info {
         /// Print PoolInfo as JSON.
         #[arg(long)]
@@ -170,13 +171,13 @@ pub fn created_sentence(info: &PoolInfo) -> String {
             "{} device, can address {} of thick volumes; metadata {}",
             format_size(info.data_device_bytes),
             format_size(info.addressable_bytes),
-            format_size(info.metadata_bytes)
+            format_size(info.metadata_regions_bytes)
         ),
         Some(metadata_path) => format!(
             "{} data device, can address {} of thick volumes; metadata {} on {} ({} device)",
             format_size(info.data_device_bytes),
             format_size(info.addressable_bytes),
-            format_size(info.metadata_bytes),
+            format_size(info.metadata_regions_bytes),
             metadata_path,
             format_size(info.metadata_device_bytes)
         ),
@@ -290,6 +291,7 @@ fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
 }
 
 fn print_info(info: &PoolInfo) {
+    let space = &info.space;
     let lines: Vec<(&str, String)> = vec![
         ("Pool", info.path.clone()),
         ("Data device", format_size(info.data_device_bytes)),
@@ -300,29 +302,60 @@ fn print_info(info: &PoolInfo) {
                 None => "the data device".to_string(),
             },
         ),
-        ("Data region", format_size(info.data_bytes)),
-        ("Metadata regions", format_size(info.metadata_bytes)),
-        ("Used", format_size(info.used_bytes)),
         (
-            "Promised",
+            "Size",
             format!(
-                "{} (volume sizes added up)",
-                format_size(info.promised_bytes)
+                "{} (data region {}, metadata regions {})",
+                format_size(space.size_bytes),
+                format_size(space.data_bytes),
+                format_size(info.metadata_regions_bytes)
+            ),
+        ),
+        (
+            "Used",
+            format!(
+                "{} (stored {}, metadata {}, reserved unused {}, kept free {})",
+                format_size(space.used_bytes),
+                format_size(space.stored_bytes),
+                format_size(space.metadata_bytes),
+                format_size(space.reserved_unused_bytes),
+                format_size(space.kept_bytes)
+            ),
+        ),
+        (
+            "Available",
+            format!(
+                "{} (what a write no reservation covers can still take)",
+                format_size(space.available_bytes)
+            ),
+        ),
+        (
+            "Reservable",
+            format!(
+                "{} (the largest new reservation: a new thick volume's size)",
+                format_size(space.reservable_bytes)
             ),
         ),
         (
             "Reserved",
             format!(
                 "{} ({} not yet used, held back from other volumes)",
-                format_size(info.reserved_bytes),
-                format_size(info.reserved_unused_bytes)
+                format_size(space.reserved_bytes),
+                format_size(space.reserved_unused_bytes)
             ),
         ),
-        ("Free to reserve", format_size(info.reservable_bytes)),
+        (
+            "Promised",
+            format!(
+                "{} (volume sizes added up)",
+                format_size(space.promised_bytes)
+            ),
+        ),
         (
             "Kept for trims",
             format!(
-                "{} (no reservation takes it)",
+                "{} (no reservation takes it, nor a thin write while volumes hold space \
+                 back)",
                 format_size(
                     info.reserve_bytes
                         .saturating_sub(info.metadata_headroom_bytes)
@@ -335,7 +368,7 @@ fn print_info(info: &PoolInfo) {
                 "{} (free space the pages of reserved data and the next checkpoint may \
                  need past the page store; no reservation or thin write takes it), and \
                  {} that each slab keeps for a checkpoint's pages",
-                format_size(info.metadata_kept_bytes),
+                format_size(space.metadata_kept_bytes),
                 format_size(info.metadata_headroom_bytes)
             ),
         ),
@@ -366,6 +399,7 @@ fn print_info(info: &PoolInfo) {
                 }
             ),
         ),
+        ("Index", info.index.to_string()),
         ("Threads", info.threads.to_string()),
         (
             "Mode",

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use crate::control::{inspect_pool, Answer, Request};
 use crate::low_water::WarnAt;
-use crate::output::{percent_rounded_up, print_json, Align, Table};
+use crate::output::{print_json, Align, Table};
 use crate::size::format_size;
 
 /// `stats`.
@@ -54,6 +54,7 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         if stats.pool.scrub.state != fewerbytes_engine::ScrubState::Idle {
             println!("Scrub: {}", crate::cmd_scrub::summary(&stats.pool.scrub));
         }
+        println!("Index: {}", stats.pool.index);
     }
     if args.verbose {
         println!();
@@ -89,18 +90,15 @@ fn verbose_lines(pool: &PoolStats, lines: Vec<(String, String)>) -> Vec<(String,
 /// The vdostats-like table: one row for the pool; sizes in bytes when `bytes`;
 /// the server's `--warn-at` mark when served.
 pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) -> Table {
-    // As vdostats: the size is the whole pool, metadata included. Space freed by trims,
-    // overwrites and deletes is "Freeing" until the next checkpoint makes it
-    // available, so that Size = Used + Freeing + Available at every moment, and Use%
-    // says how close the pool is to full. Reserved (what volumes hold aside, thick
-    // ones their size) and Promised (volume sizes added up) say how far the pool is
-    // committed beyond what it stores. Thin writable is what a write no reservation
-    // covers can still take (less than Available while reservations hold space
-    // back), and ENOSPC counts the writes refused for want of space since open.
+    // The space figures as `pool info` names them (`Capacity`): Size is the whole
+    // pool, metadata included; Available is what a write no reservation covers can
+    // still take (as ZFS's AVAIL, it leaves out what reservations hold back), and Used
+    // is the rest, so that Size = Used + Available and Use% says how close thin
+    // volumes are to ENOSPC. Reserved (what volumes hold aside, thick ones their size)
+    // and Promised (volume sizes added up) say how far the pool is committed; ENOSPC
+    // counts the writes refused for want of space since open.
     let size = |n: u64| if bytes { n.to_string() } else { format_size(n) };
-    let size_bytes = stats.data_bytes + stats.metadata_bytes;
-    // Metadata pages in data-region blocks are used space too (not in data_used).
-    let used_bytes = stats.data_used_bytes + stats.metadata_bytes + stats.metadata_in_data_bytes;
+    let space = &stats.space;
     let saving = if stats.logical_used_bytes == 0 {
         "N/A".to_string()
     } else {
@@ -110,13 +108,11 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
         ("Device", Align::Left),
         ("Size", Align::Right),
         ("Used", Align::Right),
-        ("Freeing", Align::Right),
         ("Available", Align::Right),
         ("Use%", Align::Right),
         ("Space saving%", Align::Right),
         ("Reserved", Align::Right),
         ("Promised", Align::Right),
-        ("Thin writable", Align::Right),
         ("ENOSPC", Align::Right),
         ("Warn at", Align::Right),
         ("Mode", Align::Left),
@@ -124,15 +120,13 @@ pub fn summary_table(stats: &PoolStats, warn_at: Option<WarnAt>, bytes: bool) ->
     ]);
     table.row(vec![
         stats.path.clone(),
-        size(size_bytes),
-        size(used_bytes),
-        size(stats.data_freeing_bytes),
-        size(stats.data_free_bytes),
-        format!("{}%", percent_rounded_up(used_bytes, size_bytes)),
+        size(space.size_bytes),
+        size(space.used_bytes),
+        size(space.available_bytes),
+        format!("{}%", crate::low_water::used_percent(stats)),
         saving,
-        size(stats.reserved_bytes),
-        size(stats.promised_bytes),
-        size(stats.thin_writable_bytes),
+        size(space.reserved_bytes),
+        size(space.promised_bytes),
         stats.no_space_refusals.to_string(),
         match warn_at {
             None => "-".to_string(),
@@ -268,14 +262,14 @@ mod tests {
     #[test]
     fn flatten_names_pairs_and_volumes() {
         let value = serde_json::json!({
-            "data_used_bytes": 8192,
+            "stored_bytes": 8192,
             "limits": [["journal_entries_max", 4096]],
             "volumes": [{"name": "vm1", "size_bytes": 4096}],
             "saving_percent": 87.5,
             "dedup_saved_blocks": 3,
         });
         let lines = flatten(&value);
-        assert!(lines.contains(&("data_used_bytes".into(), "8192 (8.00 KiB)".into())));
+        assert!(lines.contains(&("stored_bytes".into(), "8192 (8.00 KiB)".into())));
         assert!(lines.contains(&("limits.journal_entries_max".into(), "4096".into())));
         assert!(lines.contains(&("volumes[vm1].name".into(), "vm1".into())));
         assert!(lines.contains(&("volumes[vm1].size_bytes".into(), "4096 (4.00 KiB)".into())));

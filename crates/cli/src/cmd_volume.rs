@@ -197,7 +197,7 @@ impl SetReserveArgs {
 /// "thick, reserves 20.00 GiB", "thin, reserves nothing" or "thin with a reservation,
 /// reserves 2.00 GiB".
 fn reservation_in_words(volume: &VolumeInfo) -> String {
-    match (volume.thin, volume.reservation_bytes) {
+    match (volume.thin, volume.reserved_bytes) {
         (false, bytes) => format!("thick, reserves {}", format_size(bytes)),
         (true, 0) => "thin, reserves nothing".to_string(),
         (true, bytes) => format!("thin with a reservation, reserves {}", format_size(bytes)),
@@ -396,7 +396,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
 /// writes can use less than that now, so its writes fail with ENOSPC once they have
 /// taken it. The usual cause: a thick volume reserves the rest of the pool.
 fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()> {
-    let unreserved = volume.size_bytes.saturating_sub(volume.reservation_bytes);
+    let unreserved = volume.size_bytes.saturating_sub(volume.reserved_bytes);
     if unreserved == 0 {
         return Ok(());
     }
@@ -404,32 +404,32 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
         Answer::PoolInfo(info) => Ok(*info),
         other => bail!("unexpected answer to pool info: {other:?}"),
     })?;
-    if info.thin_writable_bytes >= unreserved {
+    if info.space.available_bytes >= unreserved {
         return Ok(());
     }
     // The volume that holds back most is the first to look at.
     let holder = list_volumes(pool_path)?
         .into_iter()
-        .filter(|v| v.name != volume.name && v.reservation_unused_bytes > 0)
-        .max_by_key(|v| v.reservation_unused_bytes);
+        .filter(|v| v.name != volume.name && v.reserved_unused_bytes > 0)
+        .max_by_key(|v| v.reserved_unused_bytes);
     let remedy = match holder {
         Some(v) => format!(
             "make '{0}' thin (`volume set {0} --thin`) or reserve less \
              (`volume set {0} --reserve SIZE`; it holds back {1}), ",
             v.name,
-            format_size(v.reservation_unused_bytes)
+            format_size(v.reserved_unused_bytes)
         ),
         None => String::new(),
     };
     eprintln!(
         "warning: volume '{}' may need {} beyond its reservation, but thin writes can use \
-         only {} of the pool now (reservations hold back {}); its writes past that fail \
-         with ENOSPC. To make room: {remedy}give it a reservation (`volume set {} \
-         --reserve SIZE`), trim or delete volumes, or grow the pool (`pool grow`).",
+         only {} of the pool now (Available; reservations hold back {} unused); its writes \
+         past that fail with ENOSPC. To make room: {remedy}give it a reservation (`volume \
+         set {} --reserve SIZE`), trim or delete volumes, or grow the pool (`pool grow`).",
         volume.name,
         format_size(unreserved),
-        format_size(info.thin_writable_bytes),
-        format_size(info.reserved_unused_bytes),
+        format_size(info.space.available_bytes),
+        format_size(info.space.reserved_unused_bytes),
         volume.name,
     );
     Ok(())
@@ -565,14 +565,14 @@ fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
             size(volume.zero_bytes),
             size(volume.exclusive_stored_bytes),
             volume.users.to_string(),
-            match (volume.thin, volume.reservation_bytes) {
+            match (volume.thin, volume.reserved_bytes) {
                 (false, _) => "thick",
                 (true, 0) => "thin",
                 (true, _) => "reserve",
             }
             .to_string(),
-            size(volume.reservation_bytes),
-            size(volume.reservation_unused_bytes),
+            size(volume.reserved_bytes),
+            size(volume.reserved_unused_bytes),
         ]);
     }
     table

@@ -3,10 +3,14 @@
 //! next crossing warns again). `stats` through the server shows the mark and whether
 //! it is crossed. A full pool pauses guests (ENOSPC); this is the notice before.
 //!
-//! Use% here is the larger of the device's fill (plain `stats`' Use%) and how much
-//! of the pool thin writes can no longer use (`thin_writable_bytes`): a thick volume
-//! that reserves the rest of the pool leaves thin volumes no room on a nearly empty
-//! device, and their writes fail as on a full one.
+//! Use% here is plain `stats`' Use%: Used of Size, where Used is everything but
+//! Available (what thin writes can still take). So a thick volume that reserves the
+//! rest of the pool, which leaves thin volumes no room on a nearly empty device (their
+//! writes fail as on a full one), crosses the mark too. But only while some volume
+//! can write past its reservation (a thin one, or one reserving less than its size):
+//! when every volume's reservation covers its size, no write can meet ENOSPC
+//! however full the pool is, and there is nothing to warn about (the default pool,
+//! one thick volume reserving all of it, would otherwise warn at every start).
 
 use anyhow::{bail, Result};
 use fewerbytes_engine::{Pool, PoolStats};
@@ -47,14 +51,19 @@ pub fn parse_percent(text: &str) -> Result<u8> {
     Ok(percent)
 }
 
-/// The pool's Use% as the mark sees it: the larger of the device's fill (metadata
-/// counts as used) and the part of it thin writes cannot use (everything but
-/// `thin_writable_bytes`).
+/// The pool's Use%, as plain `stats` and the mark see it: Used of Size, rounded up.
 pub fn used_percent(stats: &PoolStats) -> u64 {
-    let size = stats.data_bytes + stats.metadata_bytes;
-    let filled = percent_rounded_up(stats.data_used_bytes + stats.metadata_bytes, size);
-    let closed_to_thin = percent_rounded_up(size.saturating_sub(stats.thin_writable_bytes), size);
-    filled.max(closed_to_thin)
+    percent_rounded_up(stats.space.used_bytes, stats.space.size_bytes)
+}
+
+/// Whether some volume can write past what it reserved (a thin volume, or one
+/// reserving less than its size): only such writes take Available, and meet ENOSPC
+/// when it is gone.
+pub fn writes_past_reservations(stats: &PoolStats) -> bool {
+    stats
+        .volumes
+        .iter()
+        .any(|v| v.reserved_bytes < v.size_bytes)
 }
 
 /// The mark and its state.
@@ -83,23 +92,24 @@ impl LowWater {
     /// Look at the pool's use; log when it crosses the mark either way.
     pub fn observe(&self, stats: &PoolStats) {
         let used = used_percent(stats);
-        let above = used >= u64::from(self.percent);
+        let above = used >= u64::from(self.percent) && writes_past_reservations(stats);
         if self.crossed.swap(above, Ordering::Relaxed) == above {
             return;
         }
         if above {
             tracing::warn!(
-                "pool {} is {used}% used, at or past --warn-at {}%: {} free, of which thin \
-                 writes can use {} (reservations hold back {}). When that is gone, writes \
-                 no reservation covers fail with ENOSPC (QEMU pauses its guests) until \
-                 space is freed: make thick volumes thin or reserve less (`volume set \
-                 NAME --thin` or `--reserve SIZE`), delete or trim volumes, or grow the \
-                 pool (`pool grow`)",
+                "pool {} is {used}% used, at or past --warn-at {}%: Available {} (what \
+                 writes no reservation covers can still take), Used {} of Size {}, of \
+                 which reservations hold back {} unused. When Available is gone, those \
+                 writes fail with ENOSPC (QEMU pauses its guests) until space is freed: \
+                 make thick volumes thin or reserve less (`volume set NAME --thin` or \
+                 `--reserve SIZE`), delete or trim volumes, or grow the pool (`pool grow`)",
                 stats.path,
                 self.percent,
-                crate::size::format_size(stats.data_free_bytes),
-                crate::size::format_size(stats.thin_writable_bytes),
-                crate::size::format_size(stats.reserved_unused_bytes)
+                crate::size::format_size(stats.space.available_bytes),
+                crate::size::format_size(stats.space.used_bytes),
+                crate::size::format_size(stats.space.size_bytes),
+                crate::size::format_size(stats.space.reserved_unused_bytes)
             );
         } else {
             tracing::info!(

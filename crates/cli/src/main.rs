@@ -7,6 +7,7 @@
 //! server that holds it).
 
 mod access;
+mod banner;
 mod cmd_check;
 mod cmd_generate;
 mod cmd_pool;
@@ -18,6 +19,7 @@ mod control_server;
 mod image_format;
 mod logging;
 mod low_water;
+mod man_extra;
 mod notify;
 mod output;
 mod serve;
@@ -32,13 +34,23 @@ use std::process::ExitCode;
 /// The pool used when neither --pool nor FEWERBYTES_POOL names one.
 pub const DEFAULT_POOL_PATH: &str = "./fewerbytes.pool";
 
+/// The heading of the options every command takes: a command's `--help` lists its own
+/// options first, under "Options", and these once, after them.
+const GLOBAL_OPTIONS: &str = "Global options (every command)";
+
 /// A deduplicating, compressing block store for VM disks, served over NBD.
 #[derive(Parser)]
 #[command(name = "fewerbytes", version, propagate_version = true)]
 struct Cli {
     /// The pool (a file or block device). Default: $FEWERBYTES_POOL, else
     /// ./fewerbytes.pool.
-    #[arg(long, global = true, env = "FEWERBYTES_POOL", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "FEWERBYTES_POOL",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
     pool: Option<PathBuf>,
 
     /// The control socket of a served pool [default: <pool>.ctl beside the pool]. The
@@ -50,7 +62,8 @@ struct Cli {
         long,
         global = true,
         env = "FEWERBYTES_CONTROL_SOCKET",
-        value_name = "PATH"
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
     )]
     control_socket: Option<PathBuf>,
 
@@ -61,19 +74,20 @@ struct Cli {
         long,
         global = true,
         env = "FEWERBYTES_ALLOW_FILE",
-        value_name = "PATH"
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
     )]
     allow_file: Option<PathBuf>,
 
     /// Fail unless a server holds the pool and answers on its control socket; never
     /// open the pool in this process (what the Proxmox storage plugin uses).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL_OPTIONS)]
     require_server: bool,
 
     /// Least severe log level written to stderr [default: $FEWERBYTES_LOG, else
     /// $RUST_LOG, else info for serve and warn otherwise]; this flag wins over both
     /// variables.
-    #[arg(long, global = true, value_name = "LEVEL")]
+    #[arg(long, global = true, value_name = "LEVEL", help_heading = GLOBAL_OPTIONS)]
     log_level: Option<logging::LogLevel>,
 
     /// How log lines look: text, or one JSON object per line.
@@ -82,7 +96,8 @@ struct Cli {
         global = true,
         env = "FEWERBYTES_LOG_FORMAT",
         value_name = "FORMAT",
-        default_value = "text"
+        default_value = "text",
+        help_heading = GLOBAL_OPTIONS
     )]
     log_format: logging::LogFormat,
 
@@ -98,7 +113,8 @@ enum Command {
     /// Create, list, show, resize, clone, rename, delete, import and export volumes.
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
-    /// Space used and saved, like vdostats.
+    /// Space used and saved, like vdostats: Size = Used + Available (what a thin write
+    /// can still take), as `pool info` names them.
     Stats(cmd_stats::StatsArgs),
     /// Every metadata region: what, device, block range, size (like vdolistmetadata).
     ListMetadata(cmd_stats::ListMetadataArgs),

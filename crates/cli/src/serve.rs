@@ -189,6 +189,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         threads: args.threads,
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
+        hold_index_build: false,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.
@@ -381,14 +382,17 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
             return Err(e);
         }
     };
-    print_banner(
+    crate::banner::print(&crate::banner::Banner {
         pool_path,
         pool,
-        args,
-        &socket,
-        tcp.as_deref().map(|addr| (addr, tls_tcp)),
-        control.path(),
-    );
+        read_only: args.read_only,
+        warn_at: args.warn_at,
+        default_volume: args.default_volume.as_deref(),
+        tls_asked: args.tls.is_some(),
+        socket: &socket,
+        tcp: tcp.as_deref().map(|addr| (addr, tls_tcp)),
+        control: control.path(),
+    });
     Ok(Started {
         server,
         control,
@@ -396,75 +400,6 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         tcp,
         low_water,
     })
-}
-
-fn print_banner(
-    pool_path: &Path,
-    pool: &Pool,
-    args: &ServeArgs,
-    socket: &Path,
-    tcp: Option<(&str, TlsMode)>,
-    control: &Path,
-) {
-    let volumes = pool.list_volumes();
-    let mode = if args.read_only { " (read-only)" } else { "" };
-    println!("Serving pool {}{mode} over NBD:", pool_path.display());
-    println!("  unix socket {}", socket.display());
-    if let Some((addr, tls)) = tcp {
-        let tls = match tls {
-            TlsMode::Off => "",
-            TlsMode::On => " (TLS offered)",
-            TlsMode::Require => " (TLS required)",
-        };
-        println!("  tcp {addr}{tls}");
-    }
-    println!(
-        "  control socket {} (fewerbytes volume/stats commands go through it)",
-        control.display()
-    );
-    println!(
-        "  warns when the pool is {}% used (--warn-at)",
-        args.warn_at
-    );
-    if volumes.is_empty() {
-        println!("No volumes yet: `fewerbytes --pool {} volume create NAME --size 10G` adds one while this runs.", pool_path.display());
-    }
-    for volume in &volumes {
-        println!(
-            "Volume '{}' ({}):",
-            volume.name,
-            format_size(volume.size_bytes)
-        );
-        println!("  nbd+unix:///{}?socket={}", volume.name, socket.display());
-        if let Some((addr, tls)) = tcp {
-            let scheme = if tls == TlsMode::Off { "nbd" } else { "nbds" };
-            println!("  {scheme}://{addr}/{}", volume.name);
-        }
-    }
-    let default = args
-        .default_volume
-        .clone()
-        .or_else(|| (volumes.len() == 1).then(|| volumes[0].name.clone()));
-    match &default {
-        Some(name) => println!("The empty export name (\"\") opens '{name}'."),
-        None if volumes.len() > 1 => {
-            println!("The empty export name (\"\") opens nothing: name one with --default-volume.")
-        }
-        None => {}
-    }
-    if let Some(name) = default.as_ref().or(volumes.first().map(|v| &v.name)) {
-        let example = match tcp {
-            Some((addr, TlsMode::Off)) => format!("nbd://{addr}/{name}"),
-            // qemu-img needs --object tls-creds-… for TLS: the unix socket is simpler.
-            Some(_) if args.tls.is_none() => {
-                format!("'nbd+unix:///{name}?socket={}'", socket.display())
-            }
-            Some((addr, _)) => format!("nbds://{addr}/{name} (with the client's TLS credentials)"),
-            None => format!("'nbd+unix:///{name}?socket={}'", socket.display()),
-        };
-        println!("Try: qemu-img info {example}");
-    }
-    println!("Stop with Ctrl-C (or SIGTERM): it flushes and closes the pool; a second Ctrl-C exits at once.");
 }
 
 /// Create the default pool and its one volume, sized to what the pool can address.

@@ -67,6 +67,9 @@ pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<
         );
     }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        // An import is a batch job: it waits for the index the open rebuilds in the
+        // background, so every block stored before the open is found.
+        pool.wait_index_built();
         // A volume that maps nothing reads as zeros everywhere: the image's holes need
         // no writes. Otherwise (--force) they are written as zeros.
         let mut fresh = true;

@@ -18,9 +18,9 @@ fn rename_keeps_the_data_under_the_new_export_name() {
     let mut server = Server::start_new(dir.path(), &[("vm-100-disk-0", "16M")], &[]);
     let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", server.socket.display());
     qemu_io(&uri("vm-100-disk-0"), &["write -P 0x5a 0 4M".into()]);
-    let stored_before = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+    let stored_before = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["stored_bytes"]
         .as_u64()
-        .expect("data_used_bytes");
+        .expect("stored_bytes");
 
     let ran = fewerbytes_ok(
         &server.pool,
@@ -39,9 +39,9 @@ fn rename_keeps_the_data_under_the_new_export_name() {
         .collect();
     assert_eq!(names, ["base-100-disk-0"], "only the new name is left");
     qemu_io(&uri("base-100-disk-0"), &["read -P 0x5a 0 4M".into()]);
-    let stored_after = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["data_used_bytes"]
+    let stored_after = json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["stored_bytes"]
         .as_u64()
-        .expect("data_used_bytes");
+        .expect("stored_bytes");
     assert_eq!(stored_after, stored_before, "a rename stores nothing more");
 
     // Refused while a client has the volume open; nothing changes.
@@ -480,6 +480,77 @@ fn completions_and_man_pages_come_from_the_command_line() {
     assert!(page.contains(".TH fewerbytes-volume-import 1"), "{page}");
     assert!(page.contains("\\-\\-force"), "{page}");
     assert!(man_dir.join("fewerbytes.1").is_file());
+    // Every page says how the command exits and shows it in use; check's codes are
+    // fsck's.
+    for entry in std::fs::read_dir(&man_dir).expect("man dir") {
+        let path = entry.expect("man page").path();
+        let page = std::fs::read_to_string(&path).expect("read a man page");
+        for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+            assert!(
+                page.contains(section),
+                "{} has no {section}:\n{page}",
+                path.display()
+            );
+        }
+        assert!(
+            page.contains("fewerbytes"),
+            "{}: no example",
+            path.display()
+        );
+    }
+    let check = std::fs::read_to_string(man_dir.join("fewerbytes-check.1")).expect("check page");
+    let exit_status = &check[check.find("EXIT STATUS").expect("EXIT STATUS")..];
+    for code in ["\n0\n", "\n1\n", "\n4\n", "\n8\n"] {
+        assert!(
+            exit_status.contains(code),
+            "check's page lacks exit code {code:?}:\n{check}"
+        );
+    }
+}
+
+// A subcommand's --help lists its own options first, and the options every command
+// takes once, after them, under their own heading (they came interleaved before).
+#[test]
+fn a_subcommand_help_shows_its_own_options_before_the_global_ones() {
+    let dir = TempDir::new("help");
+    let pool = dir.join("none.pool");
+    let help = fewerbytes_ok(&pool, &["volume", "create", "--help"]).stdout;
+    let own = help.find("--size").expect("--size in the help");
+    let heading = help
+        .find("Global options")
+        .unwrap_or_else(|| panic!("no Global options heading:\n{help}"));
+    assert!(own < heading, "own options come first:\n{help}");
+    // An option's own line starts with it (its help text may name others).
+    let option_lines = |name: &str| -> Vec<usize> {
+        let mut at = 0;
+        let mut found = Vec::new();
+        for line in help.split_inclusive('\n') {
+            let option = line.trim_start();
+            if option.starts_with(name) && option[name.len()..].starts_with([' ', '\n']) {
+                found.push(at);
+            }
+            at += line.len();
+        }
+        found
+    };
+    for global in [
+        "--pool",
+        "--control-socket",
+        "--log-level",
+        "--require-server",
+    ] {
+        let lines = option_lines(global);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{global} listed {} times:\n{help}",
+            lines.len()
+        );
+        assert!(
+            lines[0] > heading,
+            "{global} listed before the heading:\n{help}"
+        );
+    }
 }
 
 // Regression: a pool file truncated under a running server went unnoticed (writes past

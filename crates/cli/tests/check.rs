@@ -43,6 +43,7 @@ fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
             threads: Some(1),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )
     .expect("open the pool");

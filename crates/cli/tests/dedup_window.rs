@@ -89,7 +89,7 @@ fn second_copy_dedup_permille(
     let second = json(pool, &["stats", "--json"]);
     std::fs::remove_file(&file).expect("remove the random file");
     let saved = u64_of(&second, "dedup_saved_blocks") - u64_of(&first, "dedup_saved_blocks");
-    let added = u64_of(&second, "data_used_bytes") - u64_of(&first, "data_used_bytes");
+    let added = u64_of(&second, "stored_bytes") - u64_of(&first, "stored_bytes");
     // Random data: every block not deduplicated is stored whole.
     assert_eq!(
         added,
@@ -167,4 +167,70 @@ fn serve_sizes_the_index_for_its_open() {
     // The budget was for that open only: the pool keeps the window it records.
     let info = json(&pool, &["pool", "info", "--json"]);
     assert_eq!(u64_of(&info, "dedup_window_bytes") / BLOCK, recorded);
+}
+
+/// `stats --json` of the served pool, once its index is no longer rebuilding (the
+/// server rebuilds it in the background after its open).
+fn stats_once_index_built(server: &Server) -> serde_json::Value {
+    for _ in 0..6000 {
+        let stats = server.stats();
+        if stats["index"]["state"] != "rebuilding" {
+            return stats;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("the index was still rebuilding after 6,000 polls of stats");
+}
+
+#[test]
+fn a_served_pool_reports_its_index_and_read_only_commands_never_build_it() {
+    let dir = TempDir::new("dindex");
+    let (pool, _) = pool_with_index(&dir, "1G", 1 << 20);
+    let file = dir.join("random.img");
+    let mut bytes = vec![0u8; 2048 * BLOCK as usize];
+    Rng::new(11).fill(&mut bytes);
+    std::fs::write(&file, &bytes).expect("write the random file");
+    fewerbytes_ok(
+        &pool,
+        &["volume", "import", "first", file.to_str().expect("utf-8")],
+    );
+    // Not served: `pool info` opens the pool read-only and never builds the index.
+    let info = json(&pool, &["pool", "info", "--json"]);
+    assert_eq!(info["index"]["state"], "not-built", "{info}");
+    let text = fewerbytes_ok(&pool, &["pool", "info"]).stdout;
+    assert!(
+        text.contains("not built (opened read-only)"),
+        "pool info of an unserved pool:\n{text}"
+    );
+    // Served, then restarted: each open rebuilds it, and says so until it is ready.
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    for round in 0..2 {
+        let stats = stats_once_index_built(&server);
+        assert_eq!(stats["index"]["state"], "ready", "round {round}: {stats}");
+        assert_eq!(stats["index"]["percent"], 100, "round {round}: {stats}");
+        let text = server.cli_ok(&["stats"]).stdout;
+        assert!(
+            text.contains("Index: ready"),
+            "round {round}: stats:\n{text}"
+        );
+        let text = server.cli_ok(&["pool", "info"]).stdout;
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("Index") && l.trim_end().ends_with("ready")),
+            "round {round}: pool info:\n{text}"
+        );
+        let status = server.stop();
+        assert!(status.success(), "{}", server.log_text());
+        if round == 0 {
+            server.spawn();
+        }
+    }
+    // The server's log says what the index was built from.
+    assert!(
+        server
+            .log_text()
+            .contains("dedup index rebuilt from 2048 stored objects"),
+        "{}",
+        server.log_text()
+    );
 }

@@ -98,6 +98,44 @@ fn warn_at(server: &Server) -> (serde_json::Value, String) {
 }
 
 #[test]
+fn a_pool_whose_volumes_are_all_reserved_is_not_past_the_mark_until_one_is_thin() {
+    // The default pool: one thick volume reserving all of it. Use% is 100 (nothing
+    // is Available to writes no reservation covers), but no such write exists.
+    let dir = TempDir::new("warnatthick");
+    let pool = dir.join("test.pool");
+    let pool_str = pool.to_str().expect("utf-8 temp path");
+    fewerbytes_ok(&pool, &["pool", "create", pool_str, "--size", "64M"]);
+    let info = fewerbytes_ok(&pool, &["pool", "info", "--json"]).stdout;
+    let info: serde_json::Value = serde_json::from_str(&info).expect("pool info JSON");
+    let reservable = info["reservable_bytes"]
+        .as_u64()
+        .expect("reservable_bytes in pool info");
+    let size = format!("{}K", reservable / 1024 / 4 * 4);
+    fewerbytes_ok(&pool, &["volume", "create", "vm", "--size", &size]);
+    let server = Server::start(dir.path(), &pool, &["--warn-at", "90%"]);
+    let (json, table) = warn_at(&server);
+    assert_eq!(
+        json["crossed"], false,
+        "every volume is covered by its reservation: nothing can meet ENOSPC\n{table}"
+    );
+    assert!(
+        !server.log_text().contains("past --warn-at 90%"),
+        "{}",
+        server.log_text()
+    );
+    // A thin volume can write only into what is Available, which is nothing.
+    server.cli_ok(&["volume", "create", "thin", "--size", "16M", "--thin"]);
+    let (json, table) = warn_at(&server);
+    assert_eq!(json["crossed"], true, "{json}\n{table}");
+    assert_eq!(
+        server.log_text().matches("past --warn-at 90%").count(),
+        1,
+        "{}",
+        server.log_text()
+    );
+}
+
+#[test]
 fn warn_at_warns_once_each_time_the_pool_reaches_the_mark_and_stats_show_it() {
     let dir = TempDir::new("warnat");
     let pool = dir.join("test.pool");

@@ -428,10 +428,10 @@ fn counter(stats: &serde_json::Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("stats --json has no counters.{name}: {stats}"))
 }
 
-fn data_used_bytes(stats: &serde_json::Value) -> u64 {
-    stats["data_used_bytes"]
+fn stored_bytes(stats: &serde_json::Value) -> u64 {
+    stats["stored_bytes"]
         .as_u64()
-        .unwrap_or_else(|| panic!("stats --json has no data_used_bytes: {stats}"))
+        .unwrap_or_else(|| panic!("stats --json has no stored_bytes: {stats}"))
 }
 
 /// Stops the server, audits the pool, and serves it again read-only.
@@ -495,7 +495,7 @@ fn boot_storm_seven_clones_of_a_template_boot_at_once() {
         server.cli_ok(&["volume", "clone", "template", name, "--thin"]);
     }
     let before = server.stats();
-    let template_bytes = data_used_bytes(&before);
+    let template_bytes = stored_bytes(&before);
 
     let mut guests: Vec<Guest> = names
         .iter()
@@ -512,7 +512,7 @@ fn boot_storm_seven_clones_of_a_template_boot_at_once() {
     // add what they wrote that is new (the pseudo-random file, logs), far less than
     // one more copy of the template.
     let after = server.stats();
-    let added = data_used_bytes(&after).saturating_sub(template_bytes);
+    let added = stored_bytes(&after).saturating_sub(template_bytes);
     let written = counter(&after, "guest_bytes_written") - counter(&before, "guest_bytes_written");
     eprintln!(
         "boot storm: template {template_bytes} data bytes; {STORM_GUESTS} guests wrote {written} bytes; \

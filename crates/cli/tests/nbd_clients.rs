@@ -388,11 +388,11 @@ fn fio_job(dir: &Path, uri: &str, name: &str, verify: bool, extra: &[&str]) -> R
     ran
 }
 
-fn data_used_bytes(server: &Server) -> u64 {
+fn stored_bytes(server: &Server) -> u64 {
     let stats = server.stats();
-    stats["data_used_bytes"]
+    stats["stored_bytes"]
         .as_u64()
-        .unwrap_or_else(|| panic!("stats --json has no data_used_bytes: {stats}"))
+        .unwrap_or_else(|| panic!("stats --json has no stored_bytes: {stats}"))
 }
 
 fn volume_size() -> String {
@@ -407,7 +407,7 @@ fn fio_randwrite_verifies_over_seed_mix() {
 
     // Without verify headers (which make every block unique), the seed's mix is what
     // fewerbytes exists for: at most 15% of the guest's bytes stored as data.
-    let before = data_used_bytes(&server);
+    let before = stored_bytes(&server);
     fio_job(
         dir.path(),
         &server.unix_uri("plain"),
@@ -415,7 +415,7 @@ fn fio_randwrite_verifies_over_seed_mix() {
         false,
         &SEED_MIX,
     );
-    let stored = data_used_bytes(&server) - before;
+    let stored = stored_bytes(&server) - before;
     let written = FIO_JOBS * fio_job_bytes();
     assert!(
         stored * 100 <= written * 15,
@@ -438,7 +438,7 @@ fn fio_randwrite_verifies_over_random_data() {
     let server = Server::start_new(dir.path(), &[("plain", &size), ("vol", &size)], &[]);
 
     // Random data does not shrink, and must not grow much either.
-    let before = data_used_bytes(&server);
+    let before = stored_bytes(&server);
     fio_job(
         dir.path(),
         &server.tcp_uri("plain"),
@@ -446,7 +446,7 @@ fn fio_randwrite_verifies_over_random_data() {
         false,
         &["--refill_buffers"],
     );
-    let stored = data_used_bytes(&server) - before;
+    let stored = stored_bytes(&server) - before;
     let written = FIO_JOBS * fio_job_bytes();
     assert!(
         stored * 100 <= written * 102,
@@ -526,9 +526,9 @@ fn qemu_img_convert_round_trips_and_second_copy_dedups() {
     ]));
 
     let before = server.stats();
-    let used_before = before["data_used_bytes"]
+    let used_before = before["stored_bytes"]
         .as_u64()
-        .unwrap_or_else(|| panic!("stats has no data_used_bytes: {before}"));
+        .unwrap_or_else(|| panic!("stats has no stored_bytes: {before}"));
     run_ok(tool("qemu-img").args([
         "convert",
         "-n",
@@ -549,7 +549,7 @@ fn qemu_img_convert_round_trips_and_second_copy_dedups() {
         &server.unix_uri("second"),
     ]));
     let after = server.stats();
-    let used_after = after["data_used_bytes"].as_u64().expect("data_used_bytes");
+    let used_after = after["stored_bytes"].as_u64().expect("stored_bytes");
     let growth = used_after.saturating_sub(used_before);
     assert!(
         growth * 100 < image_bytes,

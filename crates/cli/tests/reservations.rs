@@ -35,7 +35,7 @@ fn number(v: &Value, key: &str) -> u64 {
 fn reservation(pool: &Path, name: &str) -> (u64, bool) {
     let v = json(&fewerbytes_ok(pool, &["volume", "info", name, "--json"]));
     (
-        number(&v, "reservation_bytes"),
+        number(&v, "reserved_bytes"),
         v["thin"].as_bool().expect("thin"),
     )
 }
@@ -195,8 +195,9 @@ fn volumes_are_thick_by_default_and_thin_or_partly_reserved_by_choice() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     let reserved = (512 + 64 + 32) * MIB;
     let promised = 2 * GIB + 512 * MIB * 4;
+    // Device, Size, Used, Available, Use%, Space saving%, Reserved, Promised.
     assert_eq!(
-        cells[7..9],
+        cells[6..8],
         [reserved.to_string(), promised.to_string()],
         "{row}"
     );

@@ -571,3 +571,82 @@ fn volume_allow_writes_through_no_file_another_user_can_place() {
         refused.report()
     );
 }
+
+/// Waits until the server's log, past its first `from` bytes, has a line containing
+/// every one of `words`; returns that line.
+fn logged_line(server: &Server, from: usize, words: &[&str]) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let log = server.log_text();
+        if let Some(line) = log
+            .get(from..)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| words.iter().all(|w| l.contains(w)))
+        {
+            return line.to_string();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no log line with {words:?} after the refusal:\n{}",
+            log.get(from..).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// What an admin sees at the default level (`serve` logs at info): a wrong PSK key, an
+// identity a volume does not allow and a client in clear where TLS is required each
+// leave a line saying so, and who it was where the server knows.
+#[test]
+fn refusals_leave_a_line_at_the_default_log_level() {
+    let dir = TempDir::new("tls-refusal-log");
+    let keys = psk_file(&dir.join("keys.psk"), &["alice", "bob"]);
+    let wrong = psk_file(&dir.join("wrong.psk"), &["alice"]);
+    let pool = create_pool(dir.path(), &[("shared", "16M")]);
+    fewerbytes_ok(
+        &pool,
+        &[
+            "volume", "create", "alices", "--size", "16M", "--allow", "alice",
+        ],
+    );
+    let keys_arg = keys.to_str().expect("utf-8 path").to_string();
+    // --log-level wins over the harness's FEWERBYTES_LOG (which adds debug).
+    let server = Server::start(
+        dir.path(),
+        &pool,
+        &[
+            "--log-level",
+            "info",
+            "--tls",
+            "require",
+            "--tls-psk",
+            &keys_arg,
+        ],
+    );
+    let uri = |who: &str, export: &str, file: &Path| {
+        format!(
+            "nbds://{who}@127.0.0.1:{}/{export}?tls-psk-file={}",
+            server.port,
+            file.display()
+        )
+    };
+
+    let from = server.log_text().len();
+    refused(&nbdinfo(&[&uri("alice", "shared", &wrong)]));
+    let line = logged_line(&server, from, &["refused", "TLS"]);
+    assert!(line.contains("127.0.0.1"), "the peer is named: {line}");
+
+    let from = server.log_text().len();
+    refused(&nbdinfo(&[&uri("bob", "alices", &keys)]));
+    let line = logged_line(&server, from, &["refused"]);
+    assert!(
+        line.contains("bob"),
+        "the refused identity is named: {line}"
+    );
+
+    let from = server.log_text().len();
+    refused(&nbdinfo(&[&server.tcp_uri("shared")]));
+    let line = logged_line(&server, from, &["refused", "TLS"]);
+    assert!(line.contains("127.0.0.1"), "the peer is named: {line}");
+}

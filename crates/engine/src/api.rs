@@ -70,6 +70,54 @@ pub struct OpenOptions {
     /// Give no freed space back to the devices (no discard) for this open, from the
     /// checkpoint the open itself takes (`serve --no-discard`); nothing is stored.
     pub no_discard: bool,
+    /// For tests: the dedup index's background build waits, before its first slab,
+    /// for [`crate::Pool::release_index_build`] (or close), so writes can be made
+    /// while the index is known to be rebuilding.
+    pub hold_index_build: bool,
+}
+
+/// Where the dedup index's build stands (`stats`, `pool info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IndexState {
+    /// Not built: the pool is opened read-only (nothing asks for advice).
+    #[default]
+    NotBuilt,
+    /// Being rebuilt from the object records in the background (after every
+    /// read-write open): writes get the advice of what is in it so far.
+    Rebuilding,
+    /// Holds every stored block (up to its window).
+    Ready,
+}
+
+/// The dedup index's build and what it cost the writes made meanwhile.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct IndexStatus {
+    /// Built, being rebuilt, or not built.
+    pub state: IndexState,
+    /// Percent of the slabs the rebuild has scanned (100 when ready).
+    pub percent: u8,
+    /// Blocks stored new since open while the index was rebuilding: written without
+    /// full dedup advice, so some may duplicate a block stored before the open.
+    pub blocks_stored_while_rebuilding: u64,
+}
+
+impl std::fmt::Display for IndexStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.state {
+            IndexState::Ready => write!(f, "ready"),
+            IndexState::Rebuilding => write!(f, "rebuilding {}%", self.percent),
+            IndexState::NotBuilt => write!(f, "not built (opened read-only)"),
+        }?;
+        if self.blocks_stored_while_rebuilding > 0 {
+            write!(
+                f,
+                "; {} blocks stored without full dedup advice while it rebuilt",
+                self.blocks_stored_while_rebuilding
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Operating mode, as vdostats reports it.
@@ -110,44 +158,17 @@ pub struct PoolInfo {
     pub data_device_bytes: u64,
     /// Bytes of the metadata device (same as data when not separate).
     pub metadata_device_bytes: u64,
-    /// Bytes of data the pool can store (its data region).
-    pub data_bytes: u64,
-    /// Bytes the metadata regions take.
-    pub metadata_bytes: u64,
+    /// The space figures, one name each (`capacity.rs`; the same in `PoolStats`).
+    #[serde(flatten)]
+    pub space: crate::Capacity,
+    /// Bytes the metadata regions take (super blocks, journal, page store): with
+    /// `data_bytes`, the pool's Size.
+    pub metadata_regions_bytes: u64,
     /// Logical bytes thick volumes can address (the data region less the reserve;
     /// 4 times that in a pool made with the former overcommit flag). Not a limit on
     /// thin volumes, which may promise up to the format's maximum (4,096 volumes of
     /// 4 PiB each).
     pub addressable_bytes: u64,
-    /// Sum of volume sizes: what the volumes promise (the same as `promised_bytes`).
-    pub allocated_bytes: u64,
-    /// Sum of volume sizes: what the pool promises its volumes could hold.
-    #[serde(default)]
-    pub promised_bytes: u64,
-    /// Sum of the volumes' reservations.
-    #[serde(default)]
-    pub reserved_bytes: u64,
-    /// Of those, what volumes have not used yet: held back from other volumes' writes.
-    #[serde(default)]
-    pub reserved_unused_bytes: u64,
-    /// Data bytes in use (blocks freed and awaiting a checkpoint, and blocks a packer
-    /// holds open, count as free).
-    #[serde(default)]
-    pub used_bytes: u64,
-    /// The largest reservation a new thick volume would be granted now: free data
-    /// space less what reservations hold back, the data blocks kept for metadata
-    /// pages and the reserve kept for trims and deletes, and less what the new
-    /// reservation's own metadata pages may need.
-    #[serde(default)]
-    pub reservable_bytes: u64,
-    /// Free data space kept for metadata pages: what the next checkpoint's new pages
-    /// and the pages of the blocks reserved and not yet used may need beyond the page
-    /// store's free slots (`reservation.rs`). No reservation and no thin write takes it.
-    #[serde(default)]
-    pub metadata_kept_bytes: u64,
-    /// What a write no reservation covers can still take (as `PoolStats`'s).
-    #[serde(default)]
-    pub thin_writable_bytes: u64,
     /// The pool was made with the overcommit flag of earlier versions (its page store
     /// sized for 4 times its data); volumes are thick or thin each on their own now.
     pub overcommit: bool,
@@ -182,6 +203,9 @@ pub struct PoolInfo {
     /// and the table's entries.
     #[serde(default)]
     pub index_recorded: Option<(crate::IndexMode, u64)>,
+    /// The index's build: ready, rebuilding N%, or not built (read-only).
+    #[serde(default)]
+    pub index: IndexStatus,
     /// Worker threads.
     pub threads: usize,
     /// Operating mode.
@@ -241,12 +265,13 @@ pub struct VolumeInfo {
     pub exclusive_stored_bytes: u64,
     /// Handles open (NBD connections).
     pub users: u32,
-    /// Bytes reserved for it (thick: its size).
+    /// Reserved: bytes reserved for it (thick: its size).
     #[serde(default)]
-    pub reservation_bytes: u64,
-    /// Of those, not used yet (reserved minus logical used): held back for it.
+    pub reserved_bytes: u64,
+    /// Reserved unused: of those, not used yet (reserved less logical used): held
+    /// back for it.
     #[serde(default)]
-    pub reservation_unused_bytes: u64,
+    pub reserved_unused_bytes: u64,
     /// Thin or partly reserved: its reservation is fixed, not its size.
     #[serde(default)]
     pub thin: bool,
@@ -344,35 +369,14 @@ pub struct WriteCounters {
 pub struct PoolStats {
     /// The pool path.
     pub path: String,
+    /// The dedup index's build: ready, rebuilding N%, or not built (read-only).
+    #[serde(default)]
+    pub index: IndexStatus,
     /// Operating mode.
     pub mode: Mode,
-    /// Bytes the data region holds.
-    pub data_bytes: u64,
-    /// Data blocks in use (whole blocks plus packed blocks), in bytes.
-    pub data_used_bytes: u64,
-    /// Data bytes free for new data now.
-    pub data_free_bytes: u64,
-    /// Data bytes freed (by trims, overwrites) that become free at the next checkpoint.
-    pub data_freeing_bytes: u64,
-    /// Sum of volume sizes: what the pool promises.
-    #[serde(default)]
-    pub promised_bytes: u64,
-    /// Sum of the volumes' reservations.
-    #[serde(default)]
-    pub reserved_bytes: u64,
-    /// Of those, not used yet: held back from other volumes' writes.
-    #[serde(default)]
-    pub reserved_unused_bytes: u64,
-    /// Metadata region bytes.
-    pub metadata_bytes: u64,
-    /// Data-region blocks holding metadata pages (the page store had no free slot),
-    /// in bytes: neither data used nor free.
-    #[serde(default)]
-    pub metadata_in_data_bytes: u64,
-    /// Free data space kept for metadata pages still to come (as `pool info`'s):
-    /// part of the free space, but no reservation and no thin write takes it.
-    #[serde(default)]
-    pub metadata_kept_bytes: u64,
+    /// The space figures, one name each (`capacity.rs`; the same in `PoolInfo`).
+    #[serde(flatten)]
+    pub space: crate::Capacity,
     /// Logical bytes mapped to data across all volumes.
     pub logical_used_bytes: u64,
     /// Blocks mapped to zero across all volumes, in bytes.
@@ -401,12 +405,6 @@ pub struct PoolStats {
     pub compacted_blocks: u64,
     /// Sum over objects of (references - 1): blocks saved by dedup.
     pub dedup_saved_blocks: u64,
-    /// What a write no reservation covers (a thin volume's, or any past its
-    /// reservation) can still take: free data space less what reservations hold
-    /// back, the space kept for metadata pages and, while anything is held back, the
-    /// reserve for trims and deletes. What thin writes see as available.
-    #[serde(default)]
-    pub thin_writable_bytes: u64,
     /// Writes refused with the no-space error (ENOSPC) since open.
     #[serde(default)]
     pub no_space_refusals: u64,
@@ -457,9 +455,12 @@ pub struct VolumeStats {
     pub logical_used_bytes: u64,
     /// Bytes mapped to zero.
     pub zero_bytes: u64,
-    /// Bytes reserved for it (thick: its size).
+    /// Reserved: bytes reserved for it (thick: its size).
     #[serde(default)]
-    pub reservation_bytes: u64,
+    pub reserved_bytes: u64,
+    /// Reserved unused: of those, not used yet: held back for it.
+    #[serde(default)]
+    pub reserved_unused_bytes: u64,
     /// Counters since open.
     pub counters: WriteCounters,
     /// Writes to it refused with the no-space error (ENOSPC) since open.

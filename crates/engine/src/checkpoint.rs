@@ -530,14 +530,23 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     // Object count and fingerprint pages.
     let mut tables = ObjectTables::default();
     let mut pending = Vec::new();
-    for s in 0..inner.geometry.slab_count() {
-        let mut slab = inner.depot.slab(s).lock();
+    // Slabs never touched have no page, in memory or durable: the tables'
+    // page numbers skip over them.
+    let count_pages_per_slab = inner.depot.table_pages_per_slab(ObjTable::Counts);
+    let fp_pages_per_slab = inner.depot.table_pages_per_slab(ObjTable::Fingerprints);
+    for (s, slab) in inner.depot.touched() {
+        let mut slab = slab.lock();
+        tables.count_pages = u64::from(s) * count_pages_per_slab;
+        tables.fp_pages = u64::from(s) * fp_pages_per_slab;
         let (objects, blocks) = slab.take_pending();
         if !objects.is_empty() || !blocks.is_empty() {
             pending.push((s, objects, blocks));
         }
         wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
     }
+    let slabs = u64::from(inner.geometry.slab_count());
+    tables.count_pages = slabs * count_pages_per_slab;
+    tables.fp_pages = slabs * fp_pages_per_slab;
     let mut count_dirs = inner.checkpointer.count_dirs();
     wb.write_tree(
         &mut count_dirs,

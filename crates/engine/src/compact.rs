@@ -259,7 +259,9 @@ fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
 /// Compact every slab once; returns the blocks emptied.
 pub(crate) fn compact_all(inner: &Inner) -> Result<u64> {
     let mut total = 0;
-    for s in 0..inner.geometry.slab_count() {
+    // A slab never touched holds no fragment.
+    let touched: Vec<u32> = inner.depot.touched().map(|(s, _)| s).collect();
+    for s in touched {
         if inner.devices.is_closed() {
             break;
         }
@@ -275,7 +277,7 @@ pub(crate) fn compact_all(inner: &Inner) -> Result<u64> {
 pub(crate) fn compact_loop(inner: &Inner) {
     // A round empties a bounded number of blocks per slab: a slab that still had
     // work is looked at again next round without waiting for new frees.
-    let mut again: Vec<bool> = Vec::new();
+    let mut again: std::collections::BTreeSet<u32> = Default::default();
     while !inner.devices.is_closed() {
         // Closing the pool wakes this sleep.
         inner
@@ -284,23 +286,30 @@ pub(crate) fn compact_loop(inner: &Inner) {
         if inner.devices.is_closed() {
             break;
         }
-        if inner.depot.take_fragment_frees() == 0 && !again.contains(&true) {
+        if inner.depot.take_fragment_frees() == 0 && again.is_empty() {
             continue;
         }
-        again.resize(inner.geometry.slab_count() as usize, false);
-        for (s, more) in (0..).zip(again.iter_mut()) {
+        // Only slabs touched can hold fragments (one never touched is not made
+        // here).
+        let touched: Vec<u32> = inner.depot.touched().map(|(s, _)| s).collect();
+        for s in touched {
             if inner.devices.is_closed() {
                 break;
             }
             let freed = inner.depot.slab(s).lock().take_fragments_freed();
-            if !freed && !*more {
+            if !freed && !again.contains(&s) {
                 continue;
             }
             match compact_slab(inner, s) {
-                Ok(emptied) => *more = emptied > 0,
+                Ok(emptied) if emptied > 0 => {
+                    again.insert(s);
+                }
+                Ok(_) => {
+                    again.remove(&s);
+                }
                 Err(e) => {
                     tracing::debug!("compaction stopped: {e}");
-                    *more = false;
+                    again.remove(&s);
                     break;
                 }
             }

@@ -37,7 +37,9 @@
 //! Advice is never trusted: the caller compares the full fingerprint stored in the
 //! object records and checks the object is live, so a false tag match costs a
 //! compare and a lost entry a missed dedup, never a wrong one. The index is not
-//! persisted; it is rebuilt from the slab object records at open.
+//! persisted: a read-write open rebuilds it from the slab object records in the
+//! background while the pool serves (`index_build.rs`); a read-only open never
+//! builds it.
 
 use fewerbytes_format::location::ObjectId;
 use parking_lot::Mutex;
@@ -197,6 +199,12 @@ impl Shard {
             }
         }
         false
+    }
+
+    /// Whether a slot of `bucket` holds exactly `value`.
+    fn holds(&self, bucket: u64, value: u64) -> bool {
+        let first = bucket * BUCKET_SLOTS as u64;
+        (first..first + BUCKET_SLOTS as u64).any(|slot| self.get(slot) == value)
     }
 
     fn random(&mut self) -> u64 {
@@ -511,6 +519,18 @@ impl DedupIndex {
 
     /// Remember that `fp` is stored as `object` (if a hook, when sparse).
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
+        self.insert_as(fp, object, false);
+    }
+
+    /// Remember that `fp` is stored as `object`, unless that very entry is held
+    /// already. The background rebuild (`index_build.rs`) and the writes that run
+    /// beside it both insert the objects stored meanwhile: this keeps one entry
+    /// each, so a free (which removes one) leaves none behind.
+    pub fn insert_once(&self, fp: &[u8; 32], object: ObjectId) {
+        self.insert_as(fp, object, true);
+    }
+
+    fn insert_as(&self, fp: &[u8; 32], object: ObjectId, once: bool) {
         if !self.is_hook(fp) {
             return;
         }
@@ -523,6 +543,9 @@ impl DedupIndex {
         };
         let mut shard = shard.lock();
         let b2 = self.other(b1, tag);
+        if once && (shard.holds(b1, value) || shard.holds(b2, value)) {
+            return;
+        }
         shard.held += 1;
         if shard.put(b1, value) || shard.put(b2, value) {
             return;
@@ -549,6 +572,43 @@ impl DedupIndex {
         shard.held -= 1;
         shard.dropped += 1;
         self.lossy.store(true, Ordering::Relaxed);
+    }
+
+    /// Entries that no object of `live` (every live object with its fingerprint)
+    /// accounts for: advice naming objects that are free. The audit's check that
+    /// frees, and the background build racing them, leave nothing behind (callers
+    /// keep frees out meanwhile). An entry counts as accounted for when a live
+    /// object of its group has its tag and one of its buckets is the entry's.
+    pub fn entries_naming_no_live_object(
+        &self,
+        live: impl IntoIterator<Item = ([u8; 32], ObjectId)>,
+    ) -> u64 {
+        let key = |s: usize, bucket: u64, value: u64| {
+            (s as u128) << 96 | u128::from(bucket) << 32 | u128::from(value)
+        };
+        let mut expected: Vec<u128> = Vec::new();
+        for (fp, object) in live {
+            let (s, b1, tag) = self.place(&fp);
+            if let Some(value) = self.value(tag, object) {
+                expected.push(key(s, b1, value));
+                expected.push(key(s, self.other(b1, tag), value));
+            }
+        }
+        expected.sort_unstable();
+        let mut stale = 0;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = shard.lock();
+            for bucket in 0..self.buckets_per_shard {
+                let first = bucket * BUCKET_SLOTS as u64;
+                for slot in first..first + BUCKET_SLOTS as u64 {
+                    let v = shard.get(slot);
+                    if v != 0 && expected.binary_search(&key(s, bucket, v)).is_err() {
+                        stale += 1;
+                    }
+                }
+            }
+        }
+        stale
     }
 
     /// Whether the index has dropped an entry since open: it then holds a sample
@@ -634,6 +694,21 @@ mod tests {
         idx.remove(&fp, ObjectId(42));
         assert_eq!(idx.lookup(&fp).1, 0);
         assert_eq!(idx.held_and_dropped(), (0, 0));
+        // Inserted once by a write and once by the rebuild: one entry, which one
+        // free removes.
+        idx.insert_once(&fp, ObjectId(43));
+        idx.insert_once(&fp, ObjectId(43));
+        assert_eq!(idx.held_and_dropped(), (1, 0));
+        idx.remove(&fp, ObjectId(43));
+        assert_eq!(idx.lookup(&fp).1, 0);
+        // The audit's check: an entry whose object is not live is counted.
+        idx.insert(&fp, ObjectId(44));
+        idx.insert(&[5; 32], ObjectId(45));
+        assert_eq!(idx.entries_naming_no_live_object([(fp, ObjectId(44))]), 1);
+        assert_eq!(
+            idx.entries_naming_no_live_object([(fp, ObjectId(44)), ([5; 32], ObjectId(45))]),
+            0
+        );
     }
 
     #[test]

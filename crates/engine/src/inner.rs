@@ -68,6 +68,8 @@ pub(crate) struct Inner {
     pub repair: OpenRepair,
     /// The online scrub's state and progress (`scrub.rs`).
     pub scrubber: Scrubber,
+    /// The dedup index's background build (`index_build.rs`).
+    pub index_build: crate::index_build::IndexBuild,
 }
 
 impl Inner {

@@ -266,8 +266,10 @@ impl Walk {
     }
 
     /// Whether the bad sector at `pos` can only have been its group's parity, all of
-    /// whose record sectors were read: a full group, or a commit that ends there (the
-    /// next sector begins a commit). Nothing is lost with it.
+    /// whose record sectors were read: a full group, or a commit that ends there (a
+    /// commit begins at the next sector: that sector is whole, or a whole sector
+    /// later says its commit began there, while the first may be torn). Nothing is
+    /// lost with it.
     fn lost_parity(&self, slots: &[Slot], pos: u64) -> bool {
         if self.commit.is_none() || self.group == 0 {
             return false;
@@ -276,10 +278,11 @@ impl Walk {
             return true;
         }
         let next = pos + 1;
-        matches!(
-            slots.get(next as usize),
-            Some(Slot::Records { index: 0, .. })
-        )
+        slots
+            .iter()
+            .enumerate()
+            .skip(next as usize)
+            .any(|(p, slot)| slot.commit_start(p as u64) == Some(next))
     }
 }
 
@@ -592,6 +595,28 @@ mod tests {
         let read = read_journal(&meta, &ring()).unwrap();
         assert!(read.lost.is_empty() && read.rebuilt.is_empty());
         assert_eq!(read.records.len(), 22 * 30);
+    }
+
+    #[test]
+    fn a_bad_parity_before_a_torn_commit_loses_nothing() {
+        // Commit 0: sector 0 and its parity 1; commit 2: sectors 2–3, parity 4. The
+        // parity ending commit 0 rots, and a crash tore commit 2 (only its sector 3
+        // landed): sector 3 says a commit began at 2, so sector 1 ended commit 0 and
+        // was its parity, whose records were all read.
+        let meta = FaultStorage::new("meta", SECTORS * SECTOR_BYTES as u64);
+        let starts = commits(&meta, &[30, 2 * 30]);
+        assert_eq!(starts, vec![0, 2]);
+        for torn in [1, 2, 4] {
+            spoil(&meta, torn);
+        }
+        let read = read_journal(&meta, &ring()).unwrap();
+        assert!(
+            read.lost.is_empty(),
+            "a parity sector holds no record: {:?}",
+            read.lost
+        );
+        assert_eq!(read.records.len(), 30, "commit 0, then the torn end");
+        assert_eq!(read.next_seq, 2);
     }
 
     #[test]

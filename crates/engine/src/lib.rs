@@ -14,6 +14,7 @@
 mod advice;
 mod api;
 mod block_map;
+mod capacity;
 mod checkpoint;
 mod checkpointer;
 mod codec;
@@ -27,6 +28,7 @@ mod fingerprint;
 pub mod geometry;
 mod grow;
 mod index;
+mod index_build;
 mod inner;
 mod journal;
 mod journal_read;
@@ -56,6 +58,7 @@ mod volumes;
 mod write_path;
 
 pub use api::*;
+pub use capacity::Capacity;
 pub use codec::{looks_incompressible, Compression};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;

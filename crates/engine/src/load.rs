@@ -434,7 +434,7 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
     inner.checkpointer.super_block().catalog.clear();
     *inner.checkpointer.count_dirs() = DirTree::default();
     *inner.checkpointer.fp_dirs() = DirTree::default();
-    for slab in inner.depot.iter() {
+    for (_, slab) in inner.depot.touched() {
         slab.lock().mark_all_dirty();
     }
     for vol in inner.volumes.all() {
@@ -460,14 +460,14 @@ fn upgrade_pages(inner: &Inner) -> u64 {
     let top = |pages: u64| 8 + 16 * shape(pages).last().copied().unwrap_or(0);
     let mut pages = 0u64;
     let mut catalog_bytes = 16u64;
-    let (mut counts, mut fps) = (0u64, 0u64);
-    for slab in inner.depot.iter() {
+    let slabs = u64::from(inner.depot.count());
+    let counts = slabs * inner.depot.table_pages_per_slab(ObjTable::Counts);
+    let fps = slabs * inner.depot.table_pages_per_slab(ObjTable::Fingerprints);
+    // Slabs never touched hold no page.
+    for (_, slab) in inner.depot.touched() {
         let slab = slab.lock();
-        let objects = slab.objects() as usize;
         let used = |table: ObjTable| slab.table_pages_in_memory(table).count() as u64;
         pages += used(ObjTable::Counts) + used(ObjTable::Fingerprints);
-        counts += objects.div_ceil(COUNTS_PER_PAGE) as u64;
-        fps += objects.div_ceil(FINGERPRINTS_PER_PAGE) as u64;
     }
     pages += dirs(counts) + dirs(fps);
     catalog_bytes += top(counts) + top(fps);

@@ -40,17 +40,17 @@ pub(crate) fn pages_to_write(
     let mut pages = catalog_pages + 2 + 1;
     for table in [ObjTable::Counts, ObjTable::Fingerprints] {
         let mut changed = Vec::new();
-        let mut total = 0u64;
-        for slab in depot.iter() {
+        let per_slab = depot.table_pages_per_slab(table);
+        // Slabs never touched have no page in memory, so none changed.
+        for (s, slab) in depot.touched() {
             let slab = slab.lock();
-            let n = slab.table_pages(table);
             changed.extend(
                 slab.table_pages_in_memory(table)
                     .filter(|&k| slab.table_page_changed(table, k))
-                    .map(|k| total + k as u64),
+                    .map(|k| u64::from(s) * per_slab + k as u64),
             );
-            total += n as u64;
         }
+        let total = u64::from(depot.count()) * per_slab;
         pages += changed.len() as u64 + directory_pages(&changed, total);
     }
     for vol in volumes {
@@ -102,21 +102,20 @@ pub(crate) fn new_pages_to_write(depot: &SlabDepot, volumes: &[Arc<VolumeState>]
     let mut pages = 0;
     for table in [ObjTable::Counts, ObjTable::Fingerprints] {
         let mut new = Vec::new();
-        let mut total = 0usize;
-        for slab in depot.iter() {
+        let per_slab = depot.table_pages_per_slab(table);
+        for (s, slab) in depot.touched() {
             let slab = slab.lock();
-            let n = slab.table_pages(table);
             new.extend(
                 slab.table_pages_in_memory(table)
                     .filter(|&k| {
                         slab.table_page_changed(table, k) && slab.durable_ref(table, k).is_none()
                     })
-                    .map(|k| (total + k) as u64),
+                    .map(|k| u64::from(s) * per_slab + k as u64),
             );
-            total += n;
         }
         if !new.is_empty() {
-            pages += new.len() as u64 + directory_pages(&new, total as u64);
+            let total = u64::from(depot.count()) * per_slab;
+            pages += new.len() as u64 + directory_pages(&new, total);
         }
     }
     for vol in volumes {

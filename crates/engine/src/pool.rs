@@ -58,6 +58,8 @@ pub struct Pool {
     compact_thread: Mutex<Option<JoinHandle<()>>>,
     /// The scrub's thread while one runs (or finished and not yet joined).
     scrub_thread: Mutex<Option<JoinHandle<()>>>,
+    /// The dedup index's build (`index_build.rs`), in a read-write open.
+    index_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn random_u64() -> u64 {
@@ -496,11 +498,27 @@ impl Pool {
             .map_err(|e| {
                 EngineError::Refused(format!("cannot start the compaction thread: {e}"))
             })?;
+        // The pool serves now; the index is built beside it (never for a read-only
+        // open: nothing it does asks for advice).
+        let index_thread = if inner.devices.opened_read_only() {
+            None
+        } else {
+            let build_inner = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("fewerbytes-index".into())
+                    .spawn(move || crate::index_build::run(&build_inner))
+                    .map_err(|e| {
+                        EngineError::Refused(format!("cannot start the index build thread: {e}"))
+                    })?,
+            )
+        };
         Ok(Arc::new(Pool {
             inner,
             commit_thread: Mutex::new(Some(handle)),
             compact_thread: Mutex::new(Some(compactor)),
             scrub_thread: Mutex::new(None),
+            index_thread: Mutex::new(index_thread),
         }))
     }
 
@@ -569,6 +587,10 @@ impl Pool {
             counters: Counters::default(),
             compactor: Compactor::new(),
             scrubber: crate::scrubber::Scrubber::new(),
+            index_build: crate::index_build::IndexBuild::new(
+                mode != OpenMode::ReadOnly,
+                opts.hold_index_build,
+            ),
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
         });
@@ -599,36 +621,15 @@ impl Pool {
         let g = &i.geometry;
         let sb = i.checkpointer.super_block().clone();
         let block = BLOCK_BYTES as u64;
-        let ledger = i
-            .volumes
-            .reservations()
-            .ledger(&i.volumes.all(), &i.depot, g, &i.page_room());
         PoolInfo {
             scrub: Box::new(i.scrubber.status()),
             path: i.devices.data_path(),
             metadata_path: i.devices.meta_path(),
             data_device_bytes: g.data_device_bytes(),
             metadata_device_bytes: g.metadata_device_bytes(),
-            data_bytes: g.data_blocks() * block,
-            metadata_bytes: g.metadata_blocks() * block,
+            space: crate::capacity::capacity(i),
+            metadata_regions_bytes: g.metadata_blocks() * block,
             addressable_bytes: g.addressable_blocks() * block,
-            allocated_bytes: i.volumes.allocated_blocks().saturating_mul(block),
-            promised_bytes: i.volumes.allocated_blocks().saturating_mul(block),
-            reserved_bytes: ledger.reserved_blocks * block,
-            reserved_unused_bytes: ledger.withheld_blocks * block,
-            used_bytes: g
-                .data_blocks()
-                .saturating_sub(ledger.free_blocks + i.depot.metadata_headroom_blocks())
-                * block,
-            reservable_bytes: ledger.reservable_blocks(
-                crate::reservation::kept_blocks(g, &i.depot),
-                &i.depot,
-                g,
-            ) * block,
-            metadata_kept_bytes: ledger.metadata_blocks * block,
-            thin_writable_bytes: ledger
-                .thin_writable_blocks(crate::reservation::kept_blocks(g, &i.depot))
-                * block,
             overcommit: g.overcommit(),
             reserve_bytes: g.reserve_blocks() * block,
             metadata_headroom_bytes: i.depot.metadata_headroom_blocks() * block,
@@ -651,6 +652,7 @@ impl Pool {
                         != index.entries())
                 .then_some(recorded)
             },
+            index: crate::stats::index_status(i),
             threads: i.zones.threads(),
             mode: self.mode(),
             format_version: sb.version,
@@ -952,6 +954,22 @@ impl Pool {
         Ok(self.inner.scrubber.status())
     }
 
+    /// Where the dedup index's build stands.
+    pub fn index_status(&self) -> IndexStatus {
+        crate::stats::index_status(&self.inner)
+    }
+
+    /// Wait until the dedup index is built (a batch writer that wants every dedup
+    /// hit, as `volume import`; a server never waits: it serves at once).
+    pub fn wait_index_built(&self) {
+        self.inner.index_build.wait();
+    }
+
+    /// Let an index build held by [`OpenOptions::hold_index_build`] run.
+    pub fn release_index_build(&self) {
+        self.inner.index_build.release();
+    }
+
     /// The scrub's progress and last report (in memory: a reopened pool says idle).
     pub fn scrub_status(&self) -> ScrubStatus {
         self.inner.scrubber.status()
@@ -984,6 +1002,10 @@ impl Pool {
         }
         i.scrubber.wake();
         if let Some(h) = self.scrub_thread.lock().take() {
+            let _ = h.join();
+        }
+        i.index_build.stop();
+        if let Some(h) = self.index_thread.lock().take() {
             let _ = h.join();
         }
         let result = if i.devices.opened_read_only() {

@@ -1,5 +1,6 @@
 //! Recovery: replay the journal over the loaded checkpoint, then rebuild what is
-//! derived (allocation bitmaps, block holders, the dedup index, usage counts).
+//! derived (allocation bitmaps, block holders, usage counts; the dedup index is
+//! built after the open, in the background: `index_build.rs`).
 //!
 //! The checkpoint is an exact image at the journal position it names, so records
 //! are applied in order, once. Reference-count changes commute; they are summed
@@ -151,10 +152,11 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
     Ok(unstored)
 }
 
-/// Rebuild allocation state, the index and usage counts from the tables.
+/// Rebuild allocation state and usage counts from the tables.
 pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
-    for s in 0..inner.geometry.slab_count() {
-        let mut slab = inner.depot.slab(s).lock();
+    // A slab never touched holds no object: nothing to rebuild.
+    for (s, slab) in inner.depot.touched() {
+        let mut slab = slab.lock();
         for (i, rec) in slab.rebuild()? {
             let loc = Location::decode(rec.location).map_err(|e| EngineError::Corrupt {
                 region: "slab object page",
@@ -170,12 +172,6 @@ pub(crate) fn rebuild(inner: &Inner) -> Result<()> {
                     reason: format!("object {i} of slab {s} lies outside its slab"),
                 });
             }
-            inner.depot.index().insert(
-                &rec.fingerprint,
-                ObjectId(
-                    u64::from(s) * u64::from(inner.geometry.objects_per_slab()) + u64::from(i),
-                ),
-            );
         }
     }
     for vol in inner.volumes.all() {

@@ -115,7 +115,7 @@ pub(crate) fn repair(
     }
     if options.apply && !report.repairs.is_empty() {
         progress(RepairPhase::Writing, 0, 1);
-        // Allocation, holders, the index and usage follow from the records now.
+        // Allocation, holders and usage follow from the records now.
         crate::recovery::rebuild(i)?;
         crate::checkpoint::checkpoint_locked(i, gate, true)?;
         progress(RepairPhase::Writing, 1, 1);
@@ -364,8 +364,8 @@ fn repair_records(
     report: &mut RepairReport,
 ) {
     let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
-    for s in 0..inner.geometry.slab_count() {
-        let mut slab = inner.depot.slab(s).lock();
+    for (s, slab) in inner.depot.touched() {
+        let mut slab = slab.lock();
         let held: Vec<u32> = slab.objects_in_memory().collect();
         for idx in held {
             let rec = slab.rec(idx);
@@ -427,8 +427,8 @@ fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
     };
     // Blocks holding metadata pages are allocated with no holder.
     let pages = inner.checkpointer.page_store();
-    for s in 0..inner.geometry.slab_count() {
-        let slab = inner.depot.slab(s).lock();
+    for (s, slab) in inner.depot.touched() {
+        let slab = slab.lock();
         if slab.holds_nothing() {
             continue;
         }
@@ -486,8 +486,8 @@ fn verify_data(
 ) -> Result<()> {
     let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
     let mut live = Vec::new();
-    for s in 0..inner.geometry.slab_count() {
-        let slab = inner.depot.slab(s).lock();
+    for (s, slab) in inner.depot.touched() {
+        let slab = slab.lock();
         live.extend(
             slab.objects_in_memory()
                 .filter(|&idx| slab.rec(idx).refcount > 0)

@@ -298,14 +298,15 @@ impl Reservations {
 /// data may take them, and they do not count.
 fn free_for_data(depot: &SlabDepot, geometry: &PoolGeometry) -> u64 {
     let free: u64 = depot
-        .iter()
-        .map(|s| {
+        .touched()
+        .map(|(_, s)| {
             let s = s.lock();
             let spare = s.pending_blocks() as usize + s.open_block_numbers().len();
             u64::from(s.free_blocks_for_data()) + spare as u64
         })
         .sum();
-    free.min(geometry.data_blocks())
+    // A slab never touched is free but for its headroom.
+    (free + depot.untouched_blocks().1).min(geometry.data_blocks())
 }
 
 /// What `claims` add up to: (reserved blocks, withheld blocks, pages the withheld
@@ -533,9 +534,9 @@ impl Reservations {
             String::new()
         };
         Err(EngineError::NoSpace(format!(
-            "volume '{}' may not take the pool's last {} of free space (thin writes can \
-             use {}): volumes' reservations hold back {} of it ({} of that for this \
-             volume){for_pages}",
+            "volume '{}' may not take the pool's last {} of free space (Available, what \
+             thin writes can use: {}): volumes' reservations hold back {} of it unused \
+             ({} of that for this volume){for_pages}",
             vol.name(),
             human_bytes(l.free_blocks * BLOCK),
             human_bytes(l.thin_writable_blocks(kept_blocks(geometry, depot)) * BLOCK),

@@ -15,7 +15,7 @@
 use crate::devices::Devices;
 use crate::geometry::{metadata_headroom_of, PoolGeometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
-use crate::slab::{ObjRec, Slab};
+use crate::slab::{ObjRec, ObjTable, Slab};
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
@@ -27,10 +27,12 @@ use std::sync::{Arc, OnceLock};
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
 pub(crate) struct SlabDepot {
-    /// Room for every slab the pool may grow to (`pool grow`); the first `count` are
-    /// set. A slab, once set, never moves, so a reference to it stays good while
-    /// slabs are added.
-    slabs: Vec<OnceLock<Mutex<Slab>>>,
+    /// Room for every slab the pool may grow to (`pool grow`); of the first `count`,
+    /// those touched so far are set (`slab` makes one on first use: a slab that
+    /// never held anything costs this cell alone, so an empty 256 TiB pool does not
+    /// hold 8 million slab headers). A slab, once set, never moves, so a reference
+    /// to it stays good while slabs are added.
+    slabs: Vec<OnceLock<Box<Mutex<Slab>>>>,
     count: AtomicU32,
     objects_per_slab: u32,
     data_blocks: AtomicU64,
@@ -44,6 +46,11 @@ pub(crate) struct SlabDepot {
     data_region_pages: bool,
     /// Blocks data leaves free for metadata pages, over all slabs.
     metadata_headroom: AtomicU64,
+    /// Data blocks, and headroom blocks, of the slabs touched so far: the rest
+    /// are free whole. Added to before a new slab is published, so a walk that
+    /// meets it midway counts its blocks at worst as not free.
+    touched_blocks: AtomicU64,
+    touched_headroom: AtomicU64,
 }
 
 impl SlabDepot {
@@ -59,7 +66,7 @@ impl SlabDepot {
         max_slabs: u32,
     ) -> Self {
         let count = geometry.slab_count();
-        let slabs: Vec<OnceLock<Mutex<Slab>>> =
+        let slabs: Vec<OnceLock<Box<Mutex<Slab>>>> =
             (0..count.max(max_slabs)).map(|_| OnceLock::new()).collect();
         let objects = slabs.len() as u64 * u64::from(geometry.objects_per_slab());
         let mode = geometry.index_mode();
@@ -77,6 +84,8 @@ impl SlabDepot {
             fragment_frees: AtomicU64::new(0),
             data_region_pages: geometry.data_region_pages(),
             metadata_headroom: AtomicU64::new(0),
+            touched_blocks: AtomicU64::new(0),
+            touched_headroom: AtomicU64::new(0),
         };
         depot.grow(geometry.data_blocks());
         depot
@@ -98,42 +107,49 @@ impl SlabDepot {
         if data_blocks < old_blocks || new_count > self.slabs.len() as u64 {
             return false;
         }
-        let slab_blocks = u64::from(SLAB_BLOCKS);
-        let blocks_of = |s: u64| (data_blocks - s * slab_blocks).min(slab_blocks) as u32;
-        let headroom = |blocks: u32| {
-            if self.data_region_pages {
-                metadata_headroom_of(blocks)
-            } else {
-                0
-            }
-        };
         if let Some(last) = old_count.checked_sub(1) {
+            // The old last slab takes the blocks up to its full size: made now if it
+            // was never touched, so that it is not made later at its old length.
             let mut slab = self.slab(last).lock();
-            let before = headroom(slab.block_count());
-            slab.grow_blocks(blocks_of(u64::from(last)));
-            let after = headroom(slab.block_count());
+            let (blocks_before, before) =
+                (slab.block_count(), self.headroom_of(slab.block_count()));
+            slab.grow_blocks(Self::blocks_of(data_blocks, u64::from(last)));
+            let after = self.headroom_of(slab.block_count());
             slab.set_metadata_headroom(after);
+            let added_headroom = u64::from(after - before.min(after));
             self.metadata_headroom
-                .fetch_add(u64::from(after - before.min(after)), Ordering::AcqRel);
-        }
-        for s in u64::from(old_count)..new_count {
-            let mut slab = Slab::new(
-                s as u32,
-                s * slab_blocks,
-                blocks_of(s),
-                self.objects_per_slab,
-                self.dirty_pages.clone(),
+                .fetch_add(added_headroom, Ordering::AcqRel);
+            self.touched_headroom
+                .fetch_add(added_headroom, Ordering::AcqRel);
+            self.touched_blocks.fetch_add(
+                u64::from(slab.block_count() - blocks_before),
+                Ordering::AcqRel,
             );
-            slab.set_metadata_headroom(headroom(blocks_of(s)));
-            self.metadata_headroom
-                .fetch_add(u64::from(headroom(blocks_of(s))), Ordering::AcqRel);
-            if let Some(cell) = self.slabs.get(s as usize) {
-                let _ = cell.set(Mutex::new(slab));
-            }
         }
+        // New slabs are made when first touched (`slab`); only their headroom is
+        // counted now.
+        let added: u64 = (u64::from(old_count)..new_count)
+            .map(|s| u64::from(self.headroom_of(Self::blocks_of(data_blocks, s))))
+            .sum();
+        self.metadata_headroom.fetch_add(added, Ordering::AcqRel);
         self.data_blocks.store(data_blocks, Ordering::Release);
         self.count.store(new_count as u32, Ordering::Release);
         true
+    }
+
+    /// Blocks of slab `s` in a data region of `data_blocks` (the last may be short).
+    fn blocks_of(data_blocks: u64, s: u64) -> u32 {
+        let slab_blocks = u64::from(SLAB_BLOCKS);
+        (data_blocks - s * slab_blocks).min(slab_blocks) as u32
+    }
+
+    /// Blocks a slab of `blocks` leaves free for metadata pages.
+    fn headroom_of(&self, blocks: u32) -> u32 {
+        if self.data_region_pages {
+            metadata_headroom_of(blocks)
+        } else {
+            0
+        }
     }
 
     /// After a durable checkpoint: make the blocks and objects it freed (`pending`,
@@ -262,11 +278,28 @@ impl SlabDepot {
         self.metadata_headroom.load(Ordering::Acquire)
     }
 
-    /// Free data blocks in the whole pool (each slab locked in turn).
+    /// Free data blocks in the whole pool (each slab touched locked in turn; one
+    /// never touched is free whole).
     pub(crate) fn free_blocks(&self) -> u64 {
-        self.iter()
-            .map(|slab| u64::from(slab.lock().free_blocks()))
-            .sum()
+        let touched: u64 = self
+            .touched()
+            .map(|(_, slab)| u64::from(slab.lock().free_blocks()))
+            .sum();
+        touched + self.untouched_blocks().0
+    }
+
+    /// The slabs never touched: (their blocks, the part of them data may take:
+    /// all but their metadata headroom). Every one of their blocks is free.
+    pub(crate) fn untouched_blocks(&self) -> (u64, u64) {
+        let blocks = self
+            .data_blocks
+            .load(Ordering::Acquire)
+            .saturating_sub(self.touched_blocks.load(Ordering::Acquire));
+        let headroom = self
+            .metadata_headroom
+            .load(Ordering::Acquire)
+            .saturating_sub(self.touched_headroom.load(Ordering::Acquire));
+        (blocks, blocks.saturating_sub(headroom))
     }
 
     /// Data blocks grouped by slab: (slab, its local block numbers).
@@ -282,15 +315,37 @@ impl SlabDepot {
         groups.into_iter().collect()
     }
 
-    /// Slab `s`.
+    /// Slab `s`, made (empty) on its first use.
     pub(crate) fn slab(&self, s: u32) -> &Mutex<Slab> {
         // Slab numbers come from `order` and from objects checked by `valid_object`
         // (every map entry at open, every journal record at replay): one past the end
         // is a bug, and must not wrap round to another slab's records.
-        self.slabs
+        let count = self.count();
+        let cell = self
+            .slabs
             .get(s as usize)
-            .and_then(OnceLock::get)
-            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {}", self.count()))
+            .filter(|_| s < count)
+            .unwrap_or_else(|| panic!("slab {s} does not exist: the pool has {count}"));
+        cell.get_or_init(|| {
+            // `grow` stores the region's blocks before the count (Release), so a
+            // slab below the count sees the blocks that include it.
+            let data_blocks = self.data_blocks.load(Ordering::Acquire);
+            let blocks = Self::blocks_of(data_blocks, u64::from(s));
+            let mut slab = Slab::new(
+                s,
+                u64::from(s) * u64::from(SLAB_BLOCKS),
+                blocks,
+                self.objects_per_slab,
+                self.dirty_pages.clone(),
+            );
+            let headroom = self.headroom_of(blocks);
+            slab.set_metadata_headroom(headroom);
+            self.touched_blocks
+                .fetch_add(u64::from(blocks), Ordering::AcqRel);
+            self.touched_headroom
+                .fetch_add(u64::from(headroom), Ordering::AcqRel);
+            Box::new(Mutex::new(slab))
+        })
     }
 
     /// Slabs in the pool.
@@ -303,12 +358,19 @@ impl SlabDepot {
         self.slabs.len() as u32
     }
 
-    /// Every slab, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Mutex<Slab>> + '_ {
+    /// Every slab touched so far, in order, with its number. The others hold
+    /// nothing: a walk that needs their (empty) state derives it from their length.
+    pub(crate) fn touched(&self) -> impl Iterator<Item = (u32, &Mutex<Slab>)> + '_ {
         self.slabs
             .iter()
             .take(self.count() as usize)
-            .filter_map(OnceLock::get)
+            .enumerate()
+            .filter_map(|(s, cell)| cell.get().map(|b| (s as u32, &**b)))
+    }
+
+    /// Pages of `table` per slab (every slab has the same object slots).
+    pub(crate) fn table_pages_per_slab(&self, table: ObjTable) -> u64 {
+        (self.objects_per_slab as usize).div_ceil(table.records_per_page()) as u64
     }
 
     /// Slabs in the order zone `zone` of `zones` tries them: its own first, then the rest.
@@ -354,11 +416,12 @@ impl SlabDepot {
     /// Whether a write that found no free block may succeed after another checkpoint:
     /// some slab has a free block (and object), or blocks waiting to become free.
     pub(crate) fn space_to_retry(&self) -> bool {
-        self.iter().any(|slab| {
-            let slab = slab.lock();
-            (slab.free_blocks_for_data() > 0 && slab.free_objects() > 0)
-                || slab.pending_blocks() > 0
-        })
+        self.untouched_blocks().1 > 0
+            || self.touched().any(|(_, slab)| {
+                let slab = slab.lock();
+                (slab.free_blocks_for_data() > 0 && slab.free_objects() > 0)
+                    || slab.pending_blocks() > 0
+            })
     }
 
     /// Object slots per slab.

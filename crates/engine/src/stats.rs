@@ -22,18 +22,19 @@ fn device_io(s: IoSnapshot) -> DeviceIo {
 /// Statistics (`Pool::stats`); `info` and `mode` are the pool's own.
 pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
     let mut total = SlabUsage::default();
-    for slab in i.depot.iter() {
+    // A slab never touched holds nothing: it adds nothing here.
+    for (_, slab) in i.depot.touched() {
         total.add(&slab.lock().usage());
     }
     let SlabUsage {
         used_blocks,
-        pending_blocks,
         objects,
         dedup_saved_blocks: saved,
         fragments,
         fragment_bytes,
         zstd_fragments,
         whole_blocks: whole,
+        ..
     } = total;
     // Saturating, here and for the waste below: display figures. A miscount
     // shows as zero; `check` (the audit below) is what reports counts that disagree.
@@ -45,47 +46,39 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         .volumes
         .all()
         .iter()
-        .map(|v| VolumeStats {
-            name: v.name(),
-            size_bytes: v.size_blocks() * BLOCK,
-            logical_used_bytes: v.mapped_blocks() * BLOCK,
-            zero_bytes: v.zero_blocks() * BLOCK,
-            reservation_bytes: crate::reservation::volume_figures(
-                i.volumes.reservations().of(v.id()),
-                v,
-            )
-            .0,
-            counters: v.counters().snapshot(),
-            no_space_refusals: v.counters().no_space_refusals(),
+        .map(|v| {
+            let (reserved_bytes, reserved_unused_bytes, _) =
+                crate::reservation::volume_figures(i.volumes.reservations().of(v.id()), v);
+            VolumeStats {
+                name: v.name(),
+                size_bytes: v.size_blocks() * BLOCK,
+                logical_used_bytes: v.mapped_blocks() * BLOCK,
+                zero_bytes: v.zero_blocks() * BLOCK,
+                reserved_bytes,
+                reserved_unused_bytes,
+                counters: v.counters().snapshot(),
+                no_space_refusals: v.counters().no_space_refusals(),
+            }
         })
         .collect();
     let logical_used_bytes: u64 = volumes.iter().map(|v| v.logical_used_bytes).sum();
     let zero_bytes: u64 = volumes.iter().map(|v| v.zero_bytes).sum();
-    let data_used_bytes = used_blocks * BLOCK;
+    // Against what stored data takes as `info.space` counted it, so that the saving
+    // and Stored agree.
+    let stored_bytes = info.space.stored_bytes;
     let saving_percent = if logical_used_bytes == 0 {
         0.0
     } else {
-        100.0 * (1.0 - data_used_bytes as f64 / logical_used_bytes as f64)
+        100.0 * (1.0 - stored_bytes as f64 / logical_used_bytes as f64)
     };
     let (journal_used, journal_sectors) = i.journal.usage();
     let (index_held, index_dropped) = i.depot.index().held_and_dropped();
     PoolStats {
+        index: index_status(i),
         scrub: Box::new(i.scrubber.status()),
         path: i.devices.data_path(),
         mode,
-        data_bytes: i.geometry.data_blocks() * BLOCK,
-        data_used_bytes,
-        data_free_bytes: (i.geometry.data_blocks()
-            - (used_blocks + page_blocks + pending_blocks).min(i.geometry.data_blocks()))
-            * BLOCK,
-        data_freeing_bytes: pending_blocks * BLOCK,
-        promised_bytes: info.promised_bytes,
-        reserved_bytes: info.reserved_bytes,
-        reserved_unused_bytes: info.reserved_unused_bytes,
-        metadata_bytes: info.metadata_bytes,
-        metadata_in_data_bytes: page_blocks * BLOCK,
-        metadata_kept_bytes: info.metadata_kept_bytes,
-        thin_writable_bytes: info.thin_writable_bytes,
+        space: info.space,
         no_space_refusals: i.counters.no_space_refusals(),
         logical_used_bytes,
         zero_bytes,
@@ -167,6 +160,20 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             ),
         ],
         volumes,
+    }
+}
+
+/// Where the dedup index's build stands (`Pool::index_status`).
+pub(crate) fn index_status(i: &Inner) -> IndexStatus {
+    use crate::index_build::BuildState;
+    IndexStatus {
+        state: match i.index_build.state() {
+            BuildState::NotBuilt => IndexState::NotBuilt,
+            BuildState::Rebuilding => IndexState::Rebuilding,
+            BuildState::Ready => IndexState::Ready,
+        },
+        percent: i.index_build.percent(),
+        blocks_stored_while_rebuilding: i.index_build.stored_while_rebuilding(),
     }
 }
 
@@ -285,14 +292,45 @@ fn block_runs(sorted: &[u64]) -> Vec<(u64, u64)> {
 /// Writes pause only while the state is copied (the referenced object ids, each
 /// slab's live records and block holders); the comparison runs after.
 pub(crate) fn audit(i: &Inner) -> AuditReport {
-    let snapshot = {
+    let (snapshot, stale_advice) = {
         let _gate = i.locks.exclusive();
-        AuditSnapshot::take(i)
+        (AuditSnapshot::take(i), stale_index_entries(i))
     };
-    snapshot.check(
+    let mut report = snapshot.check(
         i.geometry.slab_count(),
         u64::from(i.geometry.objects_per_slab()),
-    )
+    );
+    if stale_advice > 0 {
+        report.problems.push(format!(
+            "{stale_advice} dedup index entries name no live object (advice that points at \
+             freed data)"
+        ));
+    }
+    report
+}
+
+/// Index entries that name no live object, with writes paused (no free runs; the
+/// background build inserts only live records).
+fn stale_index_entries(i: &Inner) -> u64 {
+    if i.index_build.state() == crate::index_build::BuildState::NotBuilt {
+        // A read-only open (`check`): the index is empty, nothing to walk.
+        return 0;
+    }
+    let objects_per_slab = u64::from(i.geometry.objects_per_slab());
+    let mut live = Vec::new();
+    for s in 0..i.depot.count() {
+        let slab = i.depot.slab(s).lock();
+        for idx in slab.objects_in_memory() {
+            let rec = slab.rec(idx);
+            if rec.refcount != 0 {
+                let o = fewerbytes_format::location::ObjectId(
+                    u64::from(s) * objects_per_slab + u64::from(idx),
+                );
+                live.push((rec.fingerprint, o));
+            }
+        }
+    }
+    i.depot.index().entries_naming_no_live_object(live)
 }
 
 /// What the audit compares, copied while writes are paused.
@@ -303,6 +341,8 @@ struct AuditSnapshot {
 }
 
 struct SlabSnapshot {
+    /// The slab's number.
+    index: u32,
     first_pbn: u64,
     /// Records in use: (object index, encoded location, reference count).
     records: Vec<(u32, u64, u32)>,
@@ -318,9 +358,13 @@ impl AuditSnapshot {
         for vol in i.volumes.all() {
             vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
         }
-        let slabs = (0..i.geometry.slab_count())
-            .map(|s| {
-                let slab = i.depot.slab(s).lock();
+        // Slabs never touched hold no record, block or holder: nothing to compare
+        // (a map reference into one is a reference to a free object, found below).
+        let slabs = i
+            .depot
+            .touched()
+            .map(|(s, slab)| {
+                let slab = slab.lock();
                 let records = slab
                     .objects_in_memory()
                     .filter_map(|idx| {
@@ -333,6 +377,7 @@ impl AuditSnapshot {
                     })
                     .collect();
                 SlabSnapshot {
+                    index: s,
                     first_pbn: slab.first_pbn(),
                     records,
                     // A slab that holds nothing has no holder to compare (and its
@@ -360,8 +405,9 @@ impl AuditSnapshot {
             .map(|run| (run.first().copied().unwrap_or(0), run.len() as u64))
             .peekable();
         let mut objects_checked = 0u64;
-        for (s, slab) in self.slabs.iter().enumerate() {
-            let base = s as u64 * objects_per_slab;
+        for slab in &self.slabs {
+            let s = slab.index;
+            let base = u64::from(s) * objects_per_slab;
             let mut holders = vec![0u32; slab.holders.len()];
             for &(idx, location, refcount) in &slab.records {
                 let id = base + u64::from(idx);
@@ -434,10 +480,13 @@ impl AuditSnapshot {
                 counts.next();
             }
         }
-        for (rid, _) in counts {
-            problems.push(format!(
-                "a map references object {rid}, outside the pool's {slab_count} slabs"
-            ));
+        let objects = u64::from(slab_count) * objects_per_slab;
+        for (rid, n) in counts {
+            problems.push(if rid < objects {
+                format!("maps hold {n} references to object {rid}, which is free")
+            } else {
+                format!("a map references object {rid}, outside the pool's {slab_count} slabs")
+            });
         }
         AuditReport {
             objects_checked,
@@ -458,6 +507,7 @@ mod tests {
         AuditSnapshot {
             refs: vec![1, 0, 0],
             slabs: vec![SlabSnapshot {
+                index: 0,
                 first_pbn: 0,
                 records: vec![
                     (0, Location::Block { pbn: 0 }.encode(), 2),

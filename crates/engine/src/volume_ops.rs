@@ -36,7 +36,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
             }
         }
     }
-    let (reservation_bytes, reservation_unused_bytes, thin) =
+    let (reserved_bytes, reserved_unused_bytes, thin) =
         crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
     let (map_pages, map_memory_bytes) = v.map_memory();
     VolumeInfo {
@@ -47,8 +47,8 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         zero_bytes: v.zero_blocks() * block,
         exclusive_stored_bytes: exclusive,
         users: v.users(),
-        reservation_bytes,
-        reservation_unused_bytes,
+        reserved_bytes,
+        reserved_unused_bytes,
         thin,
         map_pages,
         map_memory_bytes,

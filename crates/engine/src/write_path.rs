@@ -78,7 +78,7 @@ fn store_new(
         location: location.encode(),
         fingerprint: *fp,
     });
-    inner.depot.index().insert(fp, object);
+    inner.index_build.insert_stored(inner, fp, object);
     Ok(object)
 }
 

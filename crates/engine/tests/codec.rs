@@ -74,9 +74,9 @@ fn zstd_stores_fewer_bytes_than_lz4_on_text() {
         assert_eq!(stats.compression, compression);
         eprintln!(
             "{compression}: {} fragments, {} bytes compressed, {} whole blocks, {} bytes of data blocks",
-            stats.compressed_fragments, stats.compressed_bytes, stats.whole_blocks, stats.data_used_bytes
+            stats.compressed_fragments, stats.compressed_bytes, stats.whole_blocks, stats.space.stored_bytes
         );
-        stored.push(stats.data_used_bytes);
+        stored.push(stats.space.stored_bytes);
     }
     let (lz4, zstd, none) = (stored[0], stored[1], stored[2]);
     assert_eq!(none, 512 * BLOCK as u64, "none stores every block whole");

@@ -48,7 +48,7 @@ fn compaction_reclaims_packing_waste_and_keeps_every_byte() {
     let after = p.stats();
     eprintln!(
         "after compaction: waste {} bytes for {} compressed, data used {} bytes, {} blocks emptied ({emptied} by the last calls)",
-        after.packing_waste_bytes, after.compressed_bytes, after.data_used_bytes, after.compacted_blocks
+        after.packing_waste_bytes, after.compressed_bytes, after.space.stored_bytes, after.compacted_blocks
     );
     assert!(after.compacted_blocks > 0, "nothing was compacted");
     assert!(

@@ -64,6 +64,7 @@ fn open_image(image: Vec<u8>) -> Result<Arc<Pool>, EngineError> {
             threads: Some(1),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )
 }

@@ -22,6 +22,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// First, middle and last block of the volume, each with its own content.

@@ -103,6 +103,7 @@ fn corruption_anywhere_is_detected_or_harmless() {
                     threads: Some(1),
                     index_memory_bytes: None,
                     no_discard: false,
+                    hold_index_build: false,
                 },
             )
         }))
@@ -165,10 +166,11 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
             threads: Some(1),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )
     .unwrap();
-    let data_blocks = pool.info().data_bytes / BLOCK as u64;
+    let data_blocks = pool.info().space.data_bytes / BLOCK as u64;
     pool.create_volume_with(
         "big",
         2 * data_blocks * BLOCK as u64,
@@ -344,6 +346,7 @@ fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block
             threads: Some(1),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )
     .expect("open");

@@ -88,6 +88,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// The versions of the two super block copies of `image`, each `None` if invalid.
@@ -125,7 +126,7 @@ fn assert_fixture_contents(pool: &Arc<Pool>, extra: Option<(usize, u8)>) {
     // Made without overcommit: both volumes open thick, reserving their size.
     for v in pool.list_volumes() {
         assert!(!v.thin, "{} opened thin", v.name);
-        assert_eq!(v.reservation_bytes, v.size_bytes, "{}", v.name);
+        assert_eq!(v.reserved_bytes, v.size_bytes, "{}", v.name);
     }
     let audit = pool.audit();
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
@@ -149,7 +150,7 @@ fn a_v1_pool_made_with_overcommit_opens_with_its_volumes_thin_and_keeps_them_so(
     let thin = |pool: &Arc<Pool>| -> Vec<(String, bool, u64)> {
         pool.list_volumes()
             .into_iter()
-            .map(|v| (v.name, v.thin, v.reservation_bytes))
+            .map(|v| (v.name, v.thin, v.reserved_bytes))
             .collect()
     };
     let expected = vec![
@@ -311,7 +312,7 @@ fn a_v1_pool_whose_page_store_is_full_upgrades_with_pages_in_data_blocks() {
     let (dev, pool) = open(v1_with_a_full_page_store())
         .expect("the upgrade puts the pages the slots cannot hold in data blocks");
     assert_eq!(pool.info().format_version, 2);
-    let in_data = pool.stats().metadata_in_data_bytes;
+    let in_data = pool.stats().space.metadata_in_data_bytes;
     assert!(in_data > 0, "no page went to a data block");
     assert_fixture_contents(&pool, None);
     pool.open_volume("base")

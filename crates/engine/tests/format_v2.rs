@@ -16,6 +16,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// `image` with its older super block copy zeroed: the damage forged in the newest

@@ -77,18 +77,18 @@ fn a_grown_device_gives_its_space_to_the_data_region_while_open() {
     let (dev, pool) = grown_device();
     let before = pool.stats();
     let report = pool.grow().expect("grow");
-    assert_eq!(report.old_data_bytes, before.data_bytes);
+    assert_eq!(report.old_data_bytes, before.space.data_bytes);
     assert!(
-        report.data_bytes > before.data_bytes + 150 * MIB,
+        report.data_bytes > before.space.data_bytes + 150 * MIB,
         "{report:?}"
     );
     assert_eq!(report.untaken_bytes, 0, "{report:?}");
     let after = pool.stats();
-    assert_eq!(after.data_bytes, report.data_bytes);
-    assert!(after.data_free_bytes > before.data_free_bytes + 150 * MIB);
+    assert_eq!(after.space.data_bytes, report.data_bytes);
+    assert!(after.space.available_bytes > before.space.available_bytes + 150 * MIB);
 
     // New data past what the old region could hold lands in the new slabs.
-    let more_blocks = before.data_free_bytes / BLOCK as u64 + 1000;
+    let more_blocks = before.space.available_bytes / BLOCK as u64 + 1000;
     pool.create_volume("b", (more_blocks + 100) * BLOCK as u64)
         .expect("a volume the old region could not hold");
     let b = pool.open_volume("b").unwrap();
@@ -103,7 +103,7 @@ fn a_grown_device_gives_its_space_to_the_data_region_while_open() {
 
     // Reopened, the pool has its new size and all of its data.
     let pool = open(&dev);
-    assert_eq!(pool.info().data_bytes, report.data_bytes);
+    assert_eq!(pool.info().space.data_bytes, report.data_bytes);
     assert_whole(&pool);
     let b = pool.open_volume("b").unwrap();
     let mut buf = vec![0u8; BLOCK];
@@ -142,7 +142,7 @@ fn a_pool_whose_pages_may_go_to_data_blocks_takes_the_whole_device_without_max_s
     drop(b);
     drop(pool);
     t.reopen();
-    assert_eq!(t.pool().info().data_bytes, report.data_bytes);
+    assert_eq!(t.pool().info().space.data_bytes, report.data_bytes);
     let audit = t.pool().audit();
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     let b = t.pool().open_volume("b").unwrap();
@@ -157,7 +157,7 @@ fn a_pool_whose_pages_may_go_to_data_blocks_takes_the_whole_device_without_max_s
 fn a_crash_at_any_write_of_the_grow_leaves_the_old_size_or_the_new_one() {
     // The writes the grow makes.
     let (dev, pool) = grown_device();
-    let old_bytes = pool.info().data_bytes;
+    let old_bytes = pool.info().space.data_bytes;
     let writes_before = dev.counters().snapshot().writes;
     let new_bytes = pool.grow().unwrap().data_bytes;
     let writes = dev.counters().snapshot().writes - writes_before;
@@ -189,7 +189,7 @@ fn a_crash_at_any_write_of_the_grow_leaves_the_old_size_or_the_new_one() {
             drop(pool);
             let dev = Arc::new(FaultStorage::from_image("data", image));
             let pool = open(&dev);
-            let size = pool.info().data_bytes;
+            let size = pool.info().space.data_bytes;
             if grown.is_ok() {
                 assert_eq!(
                     size, new_bytes,

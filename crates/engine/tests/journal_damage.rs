@@ -23,6 +23,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: Some(1 << 20),
     no_discard: false,
+    hold_index_build: false,
 };
 /// "FBJP": a parity sector's magic, read from the bytes (so this file also builds
 /// against an engine without parity sectors, to see it fail there).

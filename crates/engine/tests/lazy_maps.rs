@@ -114,7 +114,7 @@ fn thin_4_pib_volumes_on_a_64_mib_pool_hold_only_the_pages_written() {
                 .unwrap();
         }
     }
-    assert_eq!(pool.info().promised_bytes, 4 * MAX_VOLUME_BYTES - B);
+    assert_eq!(pool.info().space.promised_bytes, 4 * MAX_VOLUME_BYTES - B);
     // Three pages written, three pages in memory, whatever the size.
     for (name, _) in VOLUMES {
         let v = volume(&pool, name);

@@ -29,6 +29,7 @@ const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: None,
     no_discard: false,
+    hold_index_build: false,
 };
 
 /// A `FaultStorage` that remembers the offset of every write, so a test knows what

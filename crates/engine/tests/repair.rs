@@ -158,7 +158,10 @@ fn a_leaked_object_is_freed_and_its_space_comes_back() {
     assert_audit_clean(&t);
     let after = t.pool().stats();
     assert_eq!(after.objects, before.objects - 1);
-    assert_eq!(after.data_used_bytes, before.data_used_bytes - BLOCK as u64);
+    assert_eq!(
+        after.space.stored_bytes,
+        before.space.stored_bytes - BLOCK as u64
+    );
     t.reopen();
     assert_audit_clean(&t);
     assert_eq!(t.pool().stats().objects, before.objects - 1);
@@ -275,6 +278,7 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
             threads: Some(2),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     )?;
     t.pool = Some(pool);
@@ -298,6 +302,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
             threads: Some(2),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     );
     match refused {

@@ -59,13 +59,13 @@ fn a_thick_volume_writes_its_whole_reservation_of_fragments_while_a_thin_one_tak
     pool.create_volume_with("scratch", 1 << 30, Provisioning::THIN)
         .unwrap();
     // All it may: the largest reservation the pool grants.
-    let reservable = pool.info().reservable_bytes;
+    let reservable = pool.info().space.reservable_bytes;
     assert!(reservable > 64 * MIB, "only {reservable} bytes reservable");
     pool.create_volume("db", reservable)
         .unwrap_or_else(|e| panic!("pool info offered {reservable} bytes: {e}"));
     let info = pool.info();
     assert!(
-        info.metadata_kept_bytes > 0,
+        info.space.metadata_kept_bytes > 0,
         "nothing kept for the pages of {reservable} reserved bytes: {info:?}"
     );
     let db = pool.open_volume("db").unwrap();
@@ -111,7 +111,7 @@ fn a_thick_volume_writes_its_whole_reservation_of_fragments_while_a_thin_one_tak
     assert_eq!(pool.latched_reason(), None);
     let stats = pool.stats();
     assert!(
-        stats.metadata_in_data_bytes > 0,
+        stats.space.metadata_in_data_bytes > 0,
         "no page went to the data region"
     );
     let mut buf = vec![0u8; BLOCK];
@@ -134,7 +134,7 @@ fn a_thick_volume_writes_its_whole_reservation_of_fragments_while_a_thin_one_tak
         .into_iter()
         .find(|v| v.name == "db")
         .unwrap();
-    assert_eq!(db_info.reservation_unused_bytes, 0);
+    assert_eq!(db_info.reserved_unused_bytes, 0);
     assert!(pool.audit().problems.is_empty());
 }
 
@@ -144,7 +144,7 @@ fn a_thick_volume_of_whole_blocks_writes_its_whole_reservation_with_checkpoints_
     let pool = t.pool().clone();
     pool.create_volume_with("tick", MIB, Provisioning::THIN)
         .unwrap();
-    let reservable = pool.info().reservable_bytes;
+    let reservable = pool.info().space.reservable_bytes;
     pool.create_volume("db", reservable).unwrap();
     let db = pool.open_volume("db").unwrap();
     let blocks = reservable / B;
@@ -174,11 +174,11 @@ fn a_reservation_past_its_data_and_metadata_is_refused_with_the_numbers() {
     let t = pool_without_page_store();
     let pool = t.pool();
     let info = pool.info();
-    let reservable = info.reservable_bytes;
+    let reservable = info.space.reservable_bytes;
     // The data region less the reserve (trims and deletes, and each slab's headroom
     // for a checkpoint's copies): what a reservation could take if its pages needed
     // no room.
-    let data_only = info.data_bytes - info.reserve_bytes;
+    let data_only = info.space.data_bytes - info.reserve_bytes;
     assert!(
         reservable < data_only,
         "a reservation of every free block ({data_only} bytes) would leave no room for \
@@ -197,8 +197,8 @@ fn a_reservation_past_its_data_and_metadata_is_refused_with_the_numbers() {
         .unwrap_or_else(|e| panic!("what pool info offers, {reservable} bytes: {e}"));
     let after = pool.info();
     // Past that, a few blocks at most: a volume needs map and object pages of its own.
-    assert!(after.reservable_bytes < 16 * B, "{after:?}");
-    assert!(after.metadata_kept_bytes > 0, "{after:?}");
+    assert!(after.space.reservable_bytes < 16 * B, "{after:?}");
+    assert!(after.space.metadata_kept_bytes > 0, "{after:?}");
 }
 
 #[test]

@@ -25,7 +25,7 @@ fn reservations(t: &TestPool, names: &[&str]) -> Vec<(u64, bool)> {
         .iter()
         .map(|n| {
             let v = volume(t, n);
-            (v.reservation_bytes, v.thin)
+            (v.reserved_bytes, v.thin)
         })
         .collect()
 }
@@ -72,9 +72,9 @@ fn reservations_survive_crashes_and_reopens() {
     t.reopen();
     assert_eq!(reservations(&t, &names), expected);
     let info = t.pool().info();
-    assert_eq!(info.reserved_bytes, 14 * MIB);
+    assert_eq!(info.space.reserved_bytes, 14 * MIB);
     assert_eq!(
-        info.promised_bytes,
+        info.space.promised_bytes,
         8 * MIB + (1 << 30) + 16 * MIB + 8 * MIB
     );
     assert!(t.pool().audit().problems.is_empty());
@@ -84,7 +84,7 @@ fn reservations_survive_crashes_and_reopens() {
 fn a_reservation_the_pool_cannot_hold_is_refused_and_changes_nothing() {
     let t = create(64 * MIB, None);
     let pool = t.pool();
-    let data = pool.info().data_bytes;
+    let data = pool.info().space.data_bytes;
     match pool.create_volume("big", data) {
         Err(EngineError::Refused(why)) => {
             assert!(why.contains("free for reservations"), "{why}");
@@ -102,7 +102,7 @@ fn a_reservation_the_pool_cannot_hold_is_refused_and_changes_nothing() {
         Err(EngineError::Refused(why)) => assert!(why.contains("reserve"), "{why}"),
         other => panic!("making the thin volume thick: {other:?}"),
     }
-    assert_eq!(volume(&t, "big").reservation_bytes, 0);
+    assert_eq!(volume(&t, "big").reserved_bytes, 0);
     match pool.clone_volume("half", "copy") {
         Err(EngineError::Refused(_)) => {}
         other => panic!("a thick clone past what the pool holds: {other:?}"),
@@ -150,6 +150,6 @@ fn thin_writes_fail_first_and_a_thick_volume_writes_its_whole_reservation() {
         assert_eq!(buf, random_block(1 << 40 | lbn), "block {lbn}");
     }
     // Made thin, it gives its used space to no one, but nothing is withheld any more.
-    assert_eq!(volume(&t, "thick").reservation_unused_bytes, 0);
+    assert_eq!(volume(&t, "thick").reserved_unused_bytes, 0);
     assert!(pool.audit().problems.is_empty());
 }

@@ -49,19 +49,19 @@ fn zeros_and_duplicates_store_nothing_new() {
     vol.write(0, &vec![0u8; 1 << 20], false).unwrap();
     vol.flush().unwrap();
     assert_eq!(
-        p.stats().data_used_bytes,
+        p.stats().space.stored_bytes,
         0,
         "zero blocks must not be stored"
     );
     let mut block = vec![0u8; BLOCK];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut block);
     vol.write(0, &block, false).unwrap();
-    let used = p.stats().data_used_bytes;
+    let used = p.stats().space.stored_bytes;
     for i in 1..100u64 {
         vol.write(i * BLOCK as u64, &block, false).unwrap();
     }
     assert_eq!(
-        p.stats().data_used_bytes,
+        p.stats().space.stored_bytes,
         used,
         "duplicates must not add data"
     );
@@ -124,9 +124,13 @@ fn zeros_and_duplicates_store_nothing_new() {
             "{what}: the pool counted {pool_n}, the volume {vol_n}"
         );
     }
-    let used = p.stats().data_used_bytes;
+    let used = p.stats().space.stored_bytes;
     p.clone_volume("a", "b").unwrap();
-    assert_eq!(p.stats().data_used_bytes, used, "a clone must not add data");
+    assert_eq!(
+        p.stats().space.stored_bytes,
+        used,
+        "a clone must not add data"
+    );
     drop(vol);
     p.delete_volume("a", false).unwrap();
     p.delete_volume("b", false).unwrap();

@@ -105,6 +105,7 @@ fn open(image: Vec<u8>) -> (Arc<FaultStorage>, Arc<Pool>) {
             threads: Some(2),
             index_memory_bytes: None,
             no_discard: false,
+            hold_index_build: false,
         },
     );
     match pool {

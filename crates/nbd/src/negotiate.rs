@@ -172,8 +172,11 @@ pub(crate) fn negotiate(
                 OPT_ABORT => {}
                 OPT_EXPORT_NAME => return Err(NegotiationError::TlsRequired),
                 _ => {
+                    // In clear, the channel's stream is the client's own socket.
+                    let peer = channel.stream.peer();
                     tracing::info!(
                         id,
+                        %peer,
                         option,
                         "NBD option refused: client in clear where TLS is required"
                     );

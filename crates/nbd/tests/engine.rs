@@ -136,6 +136,7 @@ fn a_read_error_fails_that_request_alone() {
                 threads: Some(2),
                 index_memory_bytes: None,
                 no_discard: false,
+                hold_index_build: false,
             },
         )
         .expect("open pool")

@@ -106,16 +106,18 @@ my (undef, $format, $used) = $plugin->volume_size_info($scfg, STOREID, 'vm-100-d
 is($format, 'raw', 'volume_size_info: raw');
 is($used, 12 * $MIB, 'volume_size_info: the 12 MiB written are used');
 my $stats = cli_json('stats');
-cmp_ok($stats->{data_used_bytes}, '<=', 2 * $MIB,
+cmp_ok($stats->{stored_bytes}, '<=', 2 * $MIB,
     'the pool stores 12 MiB of two repeated bytes in at most 2 MiB');
 
-# status, as the GUI's storage summary shows it: the pool's data region.
-my ($total, $free, $used_bytes, $active) = $plugin->status(STOREID, $scfg, {});
+# status, as the GUI's storage summary shows it: the pool's Size, and what a new disk
+# (thick, as the plugin makes them) can still reserve.
+my ($total, $avail, $used_bytes, $active) = $plugin->status(STOREID, $scfg, {});
 $stats = cli_json('stats');
 is($active, 1, 'status: active');
-is($total, $stats->{data_bytes}, 'status: total is the data region');
-is($used_bytes, $stats->{data_used_bytes}, 'status: used is what is stored');
-is($free, $stats->{data_free_bytes}, 'status: free is what is free');
+is($total, $stats->{size_bytes}, 'status: total is the pool\'s Size');
+is($avail, $stats->{reservable_bytes}, 'status: avail is what a new disk can reserve');
+is($used_bytes, $total - $avail, 'status: used is the rest');
+cmp_ok($avail, '<=', $stats->{available_bytes}, 'status: avail is no more than stats\' Available');
 
 # Discard from the guest (QEMU sends NBD trim) frees the blocks.
 run_ok('qemu-io', '-f', 'raw', '-c', 'discard 0 8M', $path);

@@ -30,7 +30,7 @@ sub qemu_io_ok {
 # checkpoint, nor the dead space in packed blocks that compaction reclaims.
 sub stored {
     my $stats = cli_json('stats');
-    return $stats->{data_used_bytes} - $stats->{data_freeing_bytes}
+    return $stats->{stored_bytes} - $stats->{freeing_bytes}
         - $stats->{packing_waste_bytes};
 }
 

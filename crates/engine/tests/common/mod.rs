@@ -57,21 +57,30 @@ pub fn create_with(bytes: u64, meta_bytes: Option<u64>, opts: &CreateOptions) ->
 
 impl TestPool {
     pub fn open(&mut self) {
+        self.open_with(&OpenOptions {
+            threads: Some(2),
+            index_memory_bytes: None,
+            no_discard: false,
+            hold_index_build: false,
+        });
+    }
+
+    /// Open with `opts` (after a close or a crash).
+    pub fn open_with(&mut self, opts: &OpenOptions) {
         let meta = self
             .meta
             .clone()
             .map(|m| (m as Arc<dyn Storage>, "meta".to_string()));
-        let pool = Pool::open_devices(
-            self.dev.clone() as Arc<dyn Storage>,
-            meta,
-            &OpenOptions {
-                threads: Some(2),
-                index_memory_bytes: None,
-                no_discard: false,
-            },
-        )
-        .expect("open");
+        let pool =
+            Pool::open_devices(self.dev.clone() as Arc<dyn Storage>, meta, opts).expect("open");
         self.pool = Some(pool);
+    }
+
+    /// Clean close, leaving the pool closed (`open_with` opens it again).
+    pub fn close(&mut self) {
+        if let Some(p) = self.pool.take() {
+            p.close().expect("close");
+        }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {

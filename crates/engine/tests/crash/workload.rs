@@ -90,7 +90,7 @@ impl Coverage {
             .filter(|(name, _)| name == "page store slots discarded since open")
             .map(|(_, n)| n)
             .sum::<u64>();
-        self.page_blocks += stats.metadata_in_data_bytes / BLOCK as u64;
+        self.page_blocks += stats.space.metadata_in_data_bytes / BLOCK as u64;
         self.journal_bytes += stats
             .metadata_written_by_region
             .iter()
@@ -145,6 +145,7 @@ impl Devices {
                 threads: Some(2),
                 index_memory_bytes: None,
                 no_discard: false,
+                hold_index_build: false,
             },
         )
     }

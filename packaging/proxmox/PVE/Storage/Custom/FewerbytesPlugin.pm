@@ -228,9 +228,17 @@ sub status {
         warn "storage '$storeid': $err";
         return (0, 0, 0, 0);
     }
-    # The data region is what the pool stores; used is what its stored (deduplicated,
-    # compressed) blocks take, so the guests' logical bytes can exceed it.
-    return ($stats->{data_bytes}, $stats->{data_free_bytes}, $stats->{data_used_bytes}, 1);
+    # Disks made here are thick (alloc_image and clone_image run `volume create` and
+    # `volume clone`, which reserve the disk's size), so what Proxmox may still put
+    # here is what a new reservation can get: avail is the pool's Reservable, and
+    # used the rest of its Size, so that used + avail = total as Proxmox adds them
+    # (docs/proxmox.md). Stats' Available (what a thin write can take) is larger by
+    # the reserve kept for trims and deletes and a new reservation's metadata pages.
+    my $total = $stats->{size_bytes};
+    my $avail = $stats->{reservable_bytes};
+    die "fewerbytes stats --json gave no size_bytes or reservable_bytes\n"
+        if !defined($total) || !defined($avail);
+    return ($total, $avail, $total - $avail, 1);
 }
 
 sub activate_storage {
