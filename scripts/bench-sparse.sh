@@ -122,10 +122,10 @@ for f in $FRACTIONS; do
         write_volume template "$TEMPLATE"
         if ((other_bytes > 0)); then write_volume other "$dir/other"; fi
         saved0=$(stat_field "$dir/pool" dedup_saved_blocks)
-        used0=$(stat_field "$dir/pool" data_used_bytes)
+        used0=$(stat_field "$dir/pool" stored_bytes)
         write_volume clone "$TEMPLATE"
         saved1=$(stat_field "$dir/pool" dedup_saved_blocks)
-        used1=$(stat_field "$dir/pool" data_used_bytes)
+        used1=$(stat_field "$dir/pool" stored_bytes)
         stop_server
         python3 -c '
 import sys
@@ -153,7 +153,7 @@ if [ -n "$MIX_FRACTIONS" ]; then
                 new_pool "$mode" "$POOL_SIZE" >/dev/null
                 "$FB" --pool "$dir/pool" volume import mix "$dir/mix" >/dev/null
                 saved=$(stat_field "$dir/pool" dedup_saved_blocks)
-                used=$(stat_field "$dir/pool" data_used_bytes)
+                used=$(stat_field "$dir/pool" stored_bytes)
                 python3 -c '
 import sys
 f, bs, mode, size, saved, used = sys.argv[1:]
