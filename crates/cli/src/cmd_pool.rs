@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use fewerbytes_engine::{iso8601, Compression, CreateOptions, Mode, Pool, PoolInfo};
+use fewerbytes_engine::{iso8601, Compression, CreateOptions, IndexMode, Mode, Pool, PoolInfo};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -31,11 +31,21 @@ pub enum PoolCommand {
         json: bool,
     },
     /// Change a setting of the pool (through its server if it is served).
+    #[command(group(clap::ArgGroup::new("setting").required(true).multiple(true)))]
     Set {
         /// How new blocks are compressed from now on: lz4, zstd, zstd:LEVEL (-7 to
         /// 22) or none. Blocks already stored keep their codec.
-        #[arg(long, value_name = "CODEC")]
-        compression: Compression,
+        #[arg(long, value_name = "CODEC", group = "setting")]
+        compression: Option<Compression>,
+        /// Which blocks enter the dedup index, from the next open: dense (every
+        /// one) or sparse (1 in 16, the rest found next to them: 16 times the window
+        /// for the same memory, for data written again in runs).
+        #[arg(long, value_name = "MODE", group = "setting")]
+        index: Option<IndexMode>,
+        /// Memory for the dedup index, from the next open (its table; the window is
+        /// 16 times larger when sparse).
+        #[arg(long, value_parser = parse_size_arg, value_name = "S", group = "setting")]
+        index_memory: Option<u64>,
     },
 }
 
@@ -62,9 +72,14 @@ pub struct CreateArgs {
     #[arg(long, hide = true)]
     overcommit: bool,
     /// Memory for the dedup index; bounds how much distinct data it remembers
-    /// (default: enough for the whole pool).
+    /// (default: 256 MiB, or what the whole pool needs if less).
     #[arg(long, value_parser = parse_size_arg, value_name = "S")]
     index_memory: Option<u64>,
+    /// Which blocks enter the dedup index: dense (every one: any second copy in the
+    /// window is found) or sparse (1 in 16, the rest found next to them: 16 times
+    /// the window for data written again in runs, as clones of a template).
+    #[arg(long, value_name = "MODE", default_value = "dense")]
+    index: IndexMode,
     /// How new blocks are compressed: lz4 (fast), zstd (level 3: fewer bytes for
     /// more CPU), zstd:LEVEL (-7 to 22) or none.
     #[arg(long, value_name = "CODEC", default_value = "lz4")]
@@ -86,7 +101,11 @@ pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
         PoolCommand::Create(args) => create(args),
         PoolCommand::Info { json } => info(pool_path, json),
         PoolCommand::Grow { json } => grow(pool_path, json),
-        PoolCommand::Set { compression } => set(pool_path, compression),
+        PoolCommand::Set {
+            compression,
+            index,
+            index_memory,
+        } => set(pool_path, compression, index, index_memory),
     }
 }
 
@@ -112,6 +131,7 @@ fn create(args: CreateArgs) -> Result<ExitCode> {
         force: args.force,
         overcommit: false,
         index_memory_bytes: args.index_memory,
+        index_mode: Some(args.index),
         compression: args.compression,
         no_discard: args.no_discard,
         max_size_bytes: args.max_size,
@@ -163,11 +183,12 @@ pub fn created_sentence(info: &PoolInfo) -> String {
         ),
     };
     format!(
-        "Pool {} created: {devices}; dedup window {} (index {} of memory); compression \
+        "Pool {} created: {devices}; dedup window {} (index {} of memory, {}); compression \
          {}; volumes are thick unless made with --thin, and {} is kept for trims and deletes.",
         info.path,
         format_size(info.dedup_window_bytes),
         format_size(info.index_memory_bytes),
+        info.index_mode,
         info.compression,
         format_size(
             info.reserve_bytes
@@ -211,17 +232,49 @@ fn grow(pool_path: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn set(pool_path: &Path, compression: Compression) -> Result<ExitCode> {
-    let request = Request::SetCompression { compression };
-    let info = with_pool(pool_path, |pool| match pool.call(&request)? {
-        Answer::PoolInfo(info) => Ok(*info),
-        other => bail!("unexpected answer to pool set: {other:?}"),
-    })?;
-    println!(
-        "Pool {}: new blocks are compressed with {}; stored blocks keep their codec.",
-        info.path, info.compression
-    );
+fn set(
+    pool_path: &Path,
+    compression: Option<Compression>,
+    index: Option<IndexMode>,
+    index_memory: Option<u64>,
+) -> Result<ExitCode> {
+    let call = |request: Request| {
+        with_pool(pool_path, |pool| match pool.call(&request)? {
+            Answer::PoolInfo(info) => Ok(*info),
+            other => bail!("unexpected answer to pool set: {other:?}"),
+        })
+    };
+    if let Some(compression) = compression {
+        let info = call(Request::SetCompression { compression })?;
+        println!(
+            "Pool {}: new blocks are compressed with {}; stored blocks keep their codec.",
+            info.path, info.compression
+        );
+    }
+    if index.is_some() || index_memory.is_some() {
+        let info = call(Request::SetIndex {
+            mode: index,
+            memory_bytes: index_memory,
+        })?;
+        println!(
+            "Pool {}: dedup index {}, from the next open (the index is built at open).",
+            info.path,
+            recorded_index(&info)
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The index the super block records, as `pool set` and `pool info` say it: the mode,
+/// its entries and the window they cover.
+fn recorded_index(info: &PoolInfo) -> String {
+    let (mode, entries) = info
+        .index_recorded
+        .unwrap_or((info.index_mode, info.index_entries));
+    format!(
+        "{mode}, {entries} entries (a window of {})",
+        format_size((entries << mode.sample_shift()) * fewerbytes_engine::BLOCK_BYTES as u64)
+    )
 }
 
 fn info(pool_path: &Path, json: bool) -> Result<ExitCode> {
@@ -332,10 +385,19 @@ fn print_info(info: &PoolInfo) {
         (
             "Dedup window",
             format!(
-                "{} ({} index entries, {} of memory)",
+                "{} ({} index, {} entries, {} of memory){}",
                 format_size(info.dedup_window_bytes),
+                info.index_mode,
                 info.index_entries,
-                format_size(info.index_memory_bytes)
+                format_size(info.index_memory_bytes),
+                match info.index_recorded {
+                    Some(_) => format!(
+                        "; the pool records {}, which an open without `serve \
+                         --index-memory` builds",
+                        recorded_index(info)
+                    ),
+                    None => String::new(),
+                }
             ),
         ),
         ("Index", info.index.to_string()),

@@ -23,8 +23,8 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
-    AuditReport, Compression, EngineError, OpenOptions, Pool, PoolInfo, PoolStats, Provisioning,
-    Region, VolumeInfo,
+    AuditReport, Compression, EngineError, IndexMode, OpenOptions, Pool, PoolInfo, PoolStats,
+    Provisioning, Region, VolumeInfo,
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
@@ -124,6 +124,11 @@ pub enum Request {
     LimitVolume { name: String, limited: bool },
     /// `pool set --compression`.
     SetCompression { compression: Compression },
+    /// `pool set --index`, `--index-memory`: recorded, used from the next open.
+    SetIndex {
+        mode: Option<IndexMode>,
+        memory_bytes: Option<u64>,
+    },
     /// `stats`.
     Stats,
     /// `list-metadata`.
@@ -221,6 +226,7 @@ impl Request {
             Request::SetCompression { compression } => {
                 format!("set the pool's compression to {compression}")
             }
+            Request::SetIndex { .. } => "set the pool's dedup index".into(),
             Request::Stats => "stats".into(),
             Request::Regions => "list-metadata".into(),
             Request::Audit => "check".into(),
@@ -262,7 +268,7 @@ impl Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "data", rename_all = "kebab-case")]
 pub enum Answer {
-    /// Pool geometry and settings.
+    /// Pool geometry and settings (boxed: by far the largest answer).
     PoolInfo(Box<PoolInfo>),
     /// Every volume.
     Volumes(Vec<VolumeInfo>),
@@ -432,6 +438,10 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         }
         Request::SetCompression { compression } => {
             pool.set_compression(*compression)?;
+            Answer::PoolInfo(Box::new(pool.info()))
+        }
+        Request::SetIndex { mode, memory_bytes } => {
+            pool.set_index(*mode, *memory_bytes)?;
             Answer::PoolInfo(Box::new(pool.info()))
         }
         Request::Stats => Answer::Stats(Box::new(StatsReport {

@@ -4,6 +4,10 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+fn dense() -> crate::IndexMode {
+    crate::IndexMode::Dense
+}
+
 /// How to create a pool.
 #[derive(Debug, Clone, Default)]
 pub struct CreateOptions {
@@ -20,9 +24,11 @@ pub struct CreateOptions {
     pub force: bool,
     /// Allow volume sizes to sum past what the pool can store.
     pub overcommit: bool,
-    /// Memory for the dedup index (bounds its window; recorded as the window).
-    /// Default: a window of the whole pool.
+    /// Memory for the dedup index (bounds its window; recorded as the entries its
+    /// table holds). Default: 256 MiB, or less when the pool needs fewer entries.
     pub index_memory_bytes: Option<u64>,
+    /// Which fingerprints enter the dedup index (`None`: dense, every one).
+    pub index_mode: Option<crate::IndexMode>,
     /// How new blocks are compressed (LZ4 by default).
     pub compression: crate::Compression,
     /// Do not discard the data region at creation (a run-time choice: nothing of
@@ -186,12 +192,21 @@ pub struct PoolInfo {
     pub objects_per_slab: u32,
     /// Journal ring size.
     pub journal_bytes: u64,
-    /// Dedup index entries the window holds; each covers one distinct 4 KiB block.
+    /// Fingerprints the index's table holds: each covers one distinct 4 KiB block
+    /// (dense), or a hook and the 2^k − 1 blocks found next to it (sparse).
     pub index_entries: u64,
     /// The window: bytes of distinct data the index can remember.
     pub dedup_window_bytes: u64,
     /// RAM the index takes.
     pub index_memory_bytes: u64,
+    /// Which fingerprints enter the index in this open.
+    #[serde(default = "dense")]
+    pub index_mode: crate::IndexMode,
+    /// What the super block records, used from the next open when it differs from
+    /// this open's (`pool set --index`, `--index-memory` on a served pool): the mode
+    /// and the table's entries.
+    #[serde(default)]
+    pub index_recorded: Option<(crate::IndexMode, u64)>,
     /// The index's build: ready, rebuilding N%, or not built (read-only).
     #[serde(default)]
     pub index: IndexStatus,

@@ -296,6 +296,7 @@ pub(crate) struct PoolGeometry {
     page_slots: u64,
     reserve_blocks: u64,
     index_entries: u64,
+    index_mode: crate::IndexMode,
     overcommit: bool,
     separate_metadata: bool,
     data_region_pages: bool,
@@ -320,6 +321,7 @@ impl PoolGeometry {
             page_slots: sb.page_slots,
             reserve_blocks: sb.reserve_blocks,
             index_entries: sb.index_entries,
+            index_mode: crate::IndexMode::from_super(sb.index_mode, sb.index_sample_shift),
             overcommit: sb.flags & FLAG_OVERCOMMIT != 0,
             separate_metadata: sb.flags & FLAG_SEPARATE_METADATA != 0,
             data_region_pages: sb.flags & FLAG_DATA_REGION_PAGES != 0,
@@ -390,6 +392,10 @@ impl PoolGeometry {
     /// Entries of the dedup index.
     pub(crate) fn index_entries(&self) -> u64 {
         self.index_entries
+    }
+    /// Which fingerprints enter the dedup index.
+    pub(crate) fn index_mode(&self) -> crate::IndexMode {
+        self.index_mode
     }
     /// Volumes may promise more than the pool stores.
     pub(crate) fn overcommit(&self) -> bool {

@@ -25,6 +25,15 @@
 //! second copy of data written in order is found from a sampled hit onwards, as
 //! dm-vdo's sparse index finds a chapter from a sampled entry.
 //!
+//! **Sparse mode** (`pool create --index sparse`, super block byte 212): only
+//! *hooks* — fingerprints whose bits 128–128+k are zero, 1 in 2^k of them
+//! ([`crate::index_mode::SPARSE_SAMPLE_SHIFT`]: k = 4) — enter the table; the window is then the
+//! table's times 2^k (16 TiB of window a GiB of memory instead of 1 TiB). A non-hook
+//! is never in the table: it is found next to a hook's hit (the slab depot's
+//! `advice.rs`: the objects after a recent hit, and in a write step the objects
+//! before the step's first hook hit). Past the window a sparse table is lossy
+//! like a dense one, at 2^k times the data.
+//!
 //! Advice is never trusted: the caller compares the full fingerprint stored in the
 //! object records and checks the object is live, so a false tag match costs a
 //! compare and a lost entry a missed dedup, never a wrong one. The index is not
@@ -35,6 +44,8 @@
 use fewerbytes_format::location::ObjectId;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::index_mode::IndexMode;
 
 /// Shards (hash zones); a power of two so the shard is a mask of the key.
 pub const INDEX_SHARDS: usize = 64;
@@ -143,6 +154,8 @@ pub struct DedupIndex {
     group_shift: u32,
     /// Bits of a slot holding the group (+ 1, so an empty slot is 0).
     group_bits: u32,
+    /// log2 of the sampling: only hooks (1 in 2^this fingerprints) enter (0: dense).
+    sample_shift: u32,
     /// Each shard's words as an address and a length, for [`DedupIndex::prefetch`]
     /// (read without the shard's lock; a shard's words are never reallocated).
     words_at: Vec<(usize, usize)>,
@@ -154,22 +167,37 @@ fn bits_of(x: u64) -> u32 {
 }
 
 impl DedupIndex {
-    /// An index whose window is at least `window` blocks (the super block's
+    /// A dense index holding at least `entries` fingerprints (the super block's
     /// `index_entries`), for a pool of `objects` object slots.
-    pub fn new(window: u64, objects: u64) -> Self {
-        Self::with_buckets(Self::buckets_for_window(window), objects)
+    #[cfg(test)]
+    pub fn new(entries: u64, objects: u64) -> Self {
+        Self::with_mode(entries, objects, IndexMode::Dense)
     }
 
-    /// An index taking at most `bytes` of memory (at least one bucket a shard), and
-    /// no more than a window of `objects` blocks needs.
-    pub fn with_memory(bytes: u64, objects: u64) -> Self {
-        let buckets = Self::buckets_for_memory(bytes).min(Self::buckets_for_window(objects));
-        Self::with_buckets(buckets, objects)
+    /// An index of `mode` whose table holds at least `entries` fingerprints (of
+    /// hooks only, when sparse).
+    pub fn with_mode(entries: u64, objects: u64, mode: IndexMode) -> Self {
+        Self::with_buckets(Self::buckets_for_window(entries), objects, mode)
     }
 
-    /// The window (blocks) an index of at most `bytes` of memory holds.
+    /// An index of `mode` taking at most `bytes` of memory (at least one bucket a
+    /// shard), and no more than a window of `objects` blocks needs.
+    pub fn with_memory(bytes: u64, objects: u64, mode: IndexMode) -> Self {
+        let needed = objects >> mode.sample_shift();
+        let buckets = Self::buckets_for_memory(bytes).min(Self::buckets_for_window(needed));
+        Self::with_buckets(buckets, objects, mode)
+    }
+
+    /// The entries (fingerprints; hooks when sparse) a table of at most `bytes` of
+    /// memory holds: the window of a dense index.
     pub fn window_for_memory(bytes: u64) -> u64 {
         Self::window_of_slots(Self::buckets_for_memory(bytes) * SLOTS_PER_SHARD_BUCKET)
+    }
+
+    /// The entries of the table an index recording `entries` builds at open (at
+    /// least `entries`: the table rounds up to whole buckets).
+    pub fn entries_of_table_for(entries: u64) -> u64 {
+        Self::window_of_slots(Self::buckets_for_window(entries) * SLOTS_PER_SHARD_BUCKET)
     }
 
     /// Buckets per shard in at most `bytes` (at least one).
@@ -203,7 +231,7 @@ impl DedupIndex {
         buckets
     }
 
-    fn with_buckets(buckets_per_shard: u64, objects: u64) -> Self {
+    fn with_buckets(buckets_per_shard: u64, objects: u64, mode: IndexMode) -> Self {
         let bits = buckets_per_shard * BUCKET_SLOTS as u64 * u64::from(SLOT_BITS);
         let words = bits.div_ceil(64) as usize + 1;
         let objects = objects.max(1);
@@ -238,12 +266,45 @@ impl DedupIndex {
             objects,
             group_shift,
             group_bits,
+            sample_shift: mode.sample_shift(),
         }
     }
 
-    /// The window: distinct blocks the index holds, every one found again.
+    /// The window: distinct blocks the index covers, every one found again (when
+    /// sparse, every hook, and the rest next to a hook's hit).
     pub fn capacity(&self) -> u64 {
+        self.entries() << self.sample_shift
+    }
+
+    /// Fingerprints the table holds below its honest load (hooks, when sparse).
+    pub fn entries(&self) -> u64 {
         Self::window_of_slots(self.slots())
+    }
+
+    /// log2 of the sampling (0: dense).
+    pub fn sample_shift(&self) -> u32 {
+        self.sample_shift
+    }
+
+    /// Which fingerprints enter the index.
+    pub fn mode(&self) -> IndexMode {
+        if self.sample_shift == 0 {
+            IndexMode::Dense
+        } else {
+            IndexMode::Sparse {
+                shift: self.sample_shift,
+            }
+        }
+    }
+
+    /// Whether `fp` enters the index: always when dense; when sparse, if its bits
+    /// 128 onwards (apart from those the shard, bucket and tag use) are zero for
+    /// the sample shift. A fingerprint is a keyed hash: hooks are a fixed uniform
+    /// sample of the blocks, the same for every copy of a block.
+    pub fn is_hook(&self, fp: &[u8; 32]) -> bool {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(fp.get(16..24).unwrap_or(&[0; 8]));
+        u64::from_le_bytes(b) & ((1u64 << self.sample_shift) - 1) == 0
     }
 
     /// Slots of the table.
@@ -316,7 +377,7 @@ impl DedupIndex {
     /// writes of new data) overlap instead of following one another. Reads nothing.
     pub fn prefetch(&self, fp: &[u8; 32]) {
         #[cfg(target_arch = "x86_64")]
-        {
+        if self.is_hook(fp) {
             let (s, b1, tag) = self.place(fp);
             let Some(&(at, len)) = self.words_at.get(s) else {
                 return;
@@ -343,10 +404,13 @@ impl DedupIndex {
     /// Candidate groups for `fp`, distinct (at most [`MAX_CANDIDATES`]): the
     /// objects each names are [`Self::objects_of`].
     pub fn lookup(&self, fp: &[u8; 32]) -> ([u64; MAX_CANDIDATES], usize) {
-        let (s, b1, tag) = self.place(fp);
-        let b2 = self.other(b1, tag);
         let mut out = [0; MAX_CANDIDATES];
         let mut n = 0;
+        if !self.is_hook(fp) {
+            return (out, 0);
+        }
+        let (s, b1, tag) = self.place(fp);
+        let b2 = self.other(b1, tag);
         let Some(shard) = self.shards.get(s) else {
             return (out, 0);
         };
@@ -374,7 +438,7 @@ impl DedupIndex {
         (out, n)
     }
 
-    /// Remember that `fp` is stored as `object`.
+    /// Remember that `fp` is stored as `object` (if a hook, when sparse).
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
         self.insert_as(fp, object, false);
     }
@@ -388,6 +452,9 @@ impl DedupIndex {
     }
 
     fn insert_as(&self, fp: &[u8; 32], object: ObjectId, once: bool) {
+        if !self.is_hook(fp) {
+            return;
+        }
         let (s, b1, tag) = self.place(fp);
         let Some(mut value) = self.value(tag, object) else {
             return;
@@ -485,6 +552,9 @@ impl DedupIndex {
     /// an identical entry of another object of the group may go instead: that one
     /// then names a group still holding `fp`'s twin, at worst a missed dedup.
     pub fn remove(&self, fp: &[u8; 32], object: ObjectId) {
+        if !self.is_hook(fp) {
+            return;
+        }
         let (s, b1, tag) = self.place(fp);
         let Some(value) = self.value(tag, object) else {
             return;
@@ -513,6 +583,7 @@ const SLOTS_PER_SHARD_BUCKET: u64 = (BUCKET_SLOTS * INDEX_SHARDS) as u64;
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::index_mode::SPARSE_SAMPLE_SHIFT;
 
     fn fp_of(i: u64, seed: u64) -> [u8; 32] {
         let mut fp = [0u8; 32];
@@ -684,6 +755,43 @@ mod tests {
         assert!(first * 100 >= (n / 2) * 35, "{first} of {}", n / 2);
     }
 
+    /// Sparse: only hooks (1 in 16, by fingerprint bits) enter, so the same memory
+    /// covers 16 times the window; a non-hook is never found in the table.
+    #[test]
+    fn a_sparse_index_holds_only_hooks_over_sixteen_times_the_window() {
+        let bytes = 1 << 20;
+        let dense = DedupIndex::with_memory(bytes, 1 << 30, IndexMode::Dense);
+        let sparse = DedupIndex::with_memory(bytes, 1 << 30, IndexMode::SPARSE);
+        assert_eq!(sparse.memory_bytes(), dense.memory_bytes());
+        assert_eq!(sparse.entries(), dense.entries());
+        assert_eq!(sparse.capacity(), dense.capacity() << SPARSE_SAMPLE_SHIFT);
+        // 1 GiB of memory covers at least 10 TiB of window (4 KiB blocks).
+        let gib = DedupIndex::window_for_memory(1 << 30) << SPARSE_SAMPLE_SHIFT;
+        assert!(gib * 4096 >= 10 << 40, "{gib} blocks");
+        // Filled to its window: every hook is found, no non-hook is, none dropped.
+        let n = sparse.capacity();
+        let mut hooks = 0;
+        for i in 0..n {
+            sparse.insert(&fp_of(i, 11), ObjectId(i));
+            hooks += u64::from(sparse.is_hook(&fp_of(i, 11)));
+        }
+        assert_eq!(sparse.held_and_dropped(), (hooks, 0));
+        assert!(
+            hooks * 16 > n * 9 / 10 && hooks * 16 < n * 11 / 10,
+            "{hooks} of {n}"
+        );
+        for i in (0..n).step_by(7) {
+            let fp = fp_of(i, 11);
+            assert_eq!(finds(&sparse, &fp, i), sparse.is_hook(&fp), "{i}");
+        }
+        // Only hooks are removed (a non-hook was never there).
+        let hook = (0..n).find(|&i| sparse.is_hook(&fp_of(i, 11))).unwrap();
+        sparse.remove(&fp_of(hook, 11), ObjectId(hook));
+        assert_eq!(sparse.held_and_dropped(), (hooks - 1, 0));
+        assert_eq!(dense.mode(), IndexMode::Dense);
+        assert_eq!(sparse.mode(), IndexMode::Sparse { shift: 4 });
+    }
+
     #[test]
     fn memory_is_under_four_bytes_per_block_of_window() {
         // Small tables pay more per block: the shards' shares vary more.
@@ -696,7 +804,7 @@ mod tests {
             );
         }
         let bytes = 4 << 20;
-        let idx = DedupIndex::with_memory(bytes, 1 << 24);
+        let idx = DedupIndex::with_memory(bytes, 1 << 24, IndexMode::Dense);
         assert!(idx.memory_bytes() <= bytes);
         assert_eq!(idx.capacity(), DedupIndex::window_for_memory(bytes));
         assert!(idx.capacity() * 4 >= bytes * 99 / 100);

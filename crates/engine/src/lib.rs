@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod advice;
 mod api;
 mod block_map;
 mod capacity;
@@ -30,6 +31,7 @@ pub mod geometry;
 mod grow;
 mod index;
 mod index_build;
+mod index_mode;
 mod inner;
 mod journal;
 mod journal_read;
@@ -66,6 +68,7 @@ pub use damage::{read_damage, volume_range, DamagedAt};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
+pub use index_mode::{IndexMode, SPARSE_SAMPLE_SHIFT};
 pub use pool::Pool;
 pub use repair::{RepairOptions, RepairPhase, RepairReport};
 pub use scrub::SCRUB_RATE_DEFAULT_BYTES_PER_S;

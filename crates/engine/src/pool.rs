@@ -192,19 +192,14 @@ impl Pool {
         for chunk in key.chunks_mut(8) {
             chunk.copy_from_slice(&rand::random::<u64>().to_le_bytes());
         }
-        // More entries than object slots could never be used, and the super block
-        // refuses them (opening sizes the index from this field).
-        let index_entries = match opts.index_memory_bytes {
-            Some(bytes) => {
-                crate::index::DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN)
-            }
-            None => geo
-                .data_blocks
-                .min(crate::index::DedupIndex::window_for_memory(
-                    crate::index::INDEX_MEMORY_DEFAULT_BYTES,
-                )),
-        }
-        .min(index_entries_max(geo.slab_count, geo.objects_per_slab));
+        let index_mode = opts.index_mode.unwrap_or(crate::IndexMode::Dense);
+        let index_entries = index_entries_for(
+            opts.index_memory_bytes,
+            index_mode,
+            geo.data_blocks,
+            index_entries_max(geo.slab_count, geo.objects_per_slab),
+        );
+        let (index_mode, index_sample_shift) = index_mode.to_super();
         let flags = if meta.is_some() {
             FLAG_SEPARATE_METADATA
         } else {
@@ -245,6 +240,8 @@ impl Pool {
             created_unix: crate::load::now_unix(),
             compression,
             compression_level,
+            index_mode,
+            index_sample_shift,
             catalog: Vec::new(),
             counters: PageRef::NONE,
             holder: Holder::default(),
@@ -649,9 +646,21 @@ impl Pool {
             slab_blocks: g.slab_blocks(),
             objects_per_slab: g.objects_per_slab(),
             journal_bytes: g.journal_sectors() * fewerbytes_format::SECTOR_BYTES as u64,
-            index_entries: i.depot.index().capacity(),
+            index_entries: i.depot.index().entries(),
             dedup_window_bytes: i.depot.index().capacity() * block,
             index_memory_bytes: i.depot.index().memory_bytes(),
+            index_mode: i.depot.index().mode(),
+            index_recorded: {
+                let recorded = (
+                    crate::IndexMode::from_super(sb.index_mode, sb.index_sample_shift),
+                    sb.index_entries,
+                );
+                let index = i.depot.index();
+                (recorded.0 != index.mode()
+                    || crate::index::DedupIndex::entries_of_table_for(recorded.1)
+                        != index.entries())
+                .then_some(recorded)
+            },
             index: crate::stats::index_status(i),
             threads: i.zones.threads(),
             mode: self.mode(),
@@ -854,6 +863,46 @@ impl Pool {
         Ok(())
     }
 
+    /// Record the dedup index's mode and/or memory (`pool set --index`,
+    /// `--index-memory`) in the super block, by a checkpoint. The index is built at
+    /// open, from the object records: the new setting is used from the next open
+    /// ([`PoolInfo::index_recorded`] shows it until then). Without a new memory the
+    /// entries recorded are kept (a new mode with the same memory: the same table,
+    /// over 2^k times the window, or back). Returns the entries recorded.
+    pub fn set_index(
+        &self,
+        mode: Option<crate::IndexMode>,
+        memory_bytes: Option<u64>,
+    ) -> Result<u64> {
+        let i = &self.inner;
+        if mode.is_none() && memory_bytes.is_none() {
+            return Err(EngineError::Refused(
+                "pool set --index or --index-memory: nothing to change".into(),
+            ));
+        }
+        i.devices.ensure_writable()?;
+        let _ck = i.checkpointer.serialize();
+        let gate = i.locks.exclusive();
+        let entries = {
+            let mut sb = i.checkpointer.super_block();
+            let recorded = crate::IndexMode::from_super(sb.index_mode, sb.index_sample_shift);
+            let mode = mode.unwrap_or(recorded);
+            let max = index_entries_max(sb.slab_count, sb.objects_per_slab);
+            let entries = match memory_bytes {
+                Some(bytes) => index_entries_for(Some(bytes), mode, sb.data_blocks, max),
+                // The same table, capped to what the pool's objects need in `mode`.
+                None => sb
+                    .index_entries
+                    .min((max >> mode.sample_shift()).max(INDEX_ENTRIES_MIN)),
+            };
+            sb.index_entries = entries;
+            (sb.index_mode, sb.index_sample_shift) = mode.to_super();
+            entries
+        };
+        crate::checkpoint::checkpoint_locked(i, gate, true)?;
+        Ok(entries)
+    }
+
     /// Turn discards of freed space on (the default) or off for as long as the pool
     /// is open (`serve --no-discard`); nothing is stored. Both devices: freed data
     /// blocks on the data device, freed page-store slots on the metadata device.
@@ -991,4 +1040,26 @@ impl Drop for Pool {
             tracing::error!("closing the pool failed: {e}");
         }
     }
+}
+
+/// The entries `pool create` and `pool set --index-memory` record: the table
+/// `memory_bytes` holds (default [`crate::index::INDEX_MEMORY_DEFAULT_BYTES`], and then
+/// no more than the data region's blocks need), never more than the pool's object
+/// slots need in `mode` — more could never be used, and the super block refuses
+/// more than the slots (opening sizes the index from this field).
+pub(crate) fn index_entries_for(
+    memory_bytes: Option<u64>,
+    mode: crate::IndexMode,
+    data_blocks: u64,
+    entries_max: u64,
+) -> u64 {
+    use crate::index::{DedupIndex, INDEX_MEMORY_DEFAULT_BYTES};
+    let shift = mode.sample_shift();
+    let entries = match memory_bytes {
+        Some(bytes) => DedupIndex::window_for_memory(bytes).max(INDEX_ENTRIES_MIN),
+        None => (data_blocks >> shift)
+            .max(1)
+            .min(DedupIndex::window_for_memory(INDEX_MEMORY_DEFAULT_BYTES)),
+    };
+    entries.min((entries_max >> shift).max(INDEX_ENTRIES_MIN))
 }

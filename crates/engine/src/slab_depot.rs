@@ -1,6 +1,6 @@
 //! The slab depot: every slab of the pool, each behind its own lock (the physical
 //! zone's unit), the object reference counts kept in them, the free-space check, and
-//! the dedup advice with its verification.
+//! the dedup advice with its verification (`advice.rs`).
 //!
 //! Advice from the index is never trusted: a candidate becomes a duplicate only if its
 //! record, under its slab's lock, still holds the same full fingerprint and can take
@@ -15,7 +15,7 @@
 use crate::devices::Devices;
 use crate::geometry::{metadata_headroom_of, PoolGeometry, SLAB_BLOCKS};
 use crate::index::DedupIndex;
-use crate::slab::{ObjRec, ObjTable, Slab, REFCOUNT_MAX};
+use crate::slab::{ObjRec, ObjTable, Slab};
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
@@ -23,20 +23,6 @@ use fewerbytes_storage::DiscardOutcome;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-/// Objects after the end of each of a thread's recent runs of hits that a miss tries,
-/// once the index is lossy.
-const NEIGHBOURS: u64 = 8;
-
-/// Runs of hits a thread follows at once.
-const RUNS: usize = 4;
-
-thread_local! {
-    /// This thread's latest dedup hits, each the end of a run of consecutive objects,
-    /// most recent first: (the depot, by address; the object).
-    static RECENT_HITS: std::cell::Cell<[Option<(usize, ObjectId)>; RUNS]> =
-        const { std::cell::Cell::new([None; RUNS]) };
-}
 
 /// Every slab of the pool, each behind its own lock (the physical zone's unit), and
 /// the arithmetic between object ids, slabs and data blocks.
@@ -83,9 +69,10 @@ impl SlabDepot {
         let slabs: Vec<OnceLock<Box<Mutex<Slab>>>> =
             (0..count.max(max_slabs)).map(|_| OnceLock::new()).collect();
         let objects = slabs.len() as u64 * u64::from(geometry.objects_per_slab());
+        let mode = geometry.index_mode();
         let index = match index_memory {
-            Some(bytes) => DedupIndex::with_memory(bytes, objects),
-            None => DedupIndex::new(geometry.index_entries(), objects),
+            Some(bytes) => DedupIndex::with_memory(bytes, objects, mode),
+            None => DedupIndex::with_mode(geometry.index_entries(), objects, mode),
         };
         let depot = SlabDepot {
             slabs,
@@ -437,6 +424,11 @@ impl SlabDepot {
             })
     }
 
+    /// Object slots per slab.
+    pub(crate) fn objects_per_slab(&self) -> u32 {
+        self.objects_per_slab
+    }
+
     /// The dedup index (advice only; see the file's header).
     pub(crate) fn index(&self) -> &DedupIndex {
         &self.index
@@ -445,88 +437,6 @@ impl SlabDepot {
     /// Fragments freed since the last call (the compactor's cue).
     pub(crate) fn take_fragment_frees(&self) -> u64 {
         self.fragment_frees.swap(0, Ordering::AcqRel)
-    }
-
-    /// A stored object holding `fp`, with one reference taken, if the index's advice
-    /// names one that checks out; and how many candidates were stale. A candidate
-    /// is a group of consecutive objects (one object but in pools of more than 2^24).
-    ///
-    /// Once the index has dropped entries (past its window it holds a sample), a
-    /// miss tries the objects just after the last one this thread found: a second
-    /// copy of data written in order finds its blocks in the order the first copy
-    /// stored them, so one sampled hit leads to its neighbours (as dm-vdo's sparse
-    /// index loads the chapter of a sampled hit).
-    pub(crate) fn take_duplicate(&self, fp: &[u8; 32]) -> (Option<ObjectId>, u64) {
-        let (candidates, n) = self.index.lookup(fp);
-        let mut stale = 0;
-        for &g in candidates.iter().take(n) {
-            if let Some(o) = self.take_advice(self.index.objects_of(g), fp) {
-                self.remember_hit(o);
-                return (Some(o), stale);
-            }
-            stale += 1;
-        }
-        if self.index.lossy() {
-            let me = self as *const SlabDepot as usize;
-            let anchors = RECENT_HITS.get();
-            for (depot, last) in anchors.iter().flatten() {
-                if *depot != me {
-                    continue;
-                }
-                let next = last.0 + 1;
-                if let Some(o) = self.take_advice(next..next + NEIGHBOURS, fp) {
-                    self.index.count_neighbour_hit();
-                    self.remember_hit(o);
-                    return (Some(o), stale);
-                }
-            }
-        }
-        (None, stale)
-    }
-
-    /// Note `o` as this thread's latest dedup hit (for the neighbours of a sample):
-    /// it continues the run of a recent hit just before it, or starts a run of its
-    /// own in place of the least recent.
-    fn remember_hit(&self, o: ObjectId) {
-        let me = self as *const SlabDepot as usize;
-        let mut anchors = RECENT_HITS.get();
-        let continues = anchors.iter().position(|a| {
-            a.is_some_and(|(depot, last)| depot == me && last.0 < o.0 && o.0 <= last.0 + NEIGHBOURS)
-        });
-        let at = continues.unwrap_or(RUNS - 1);
-        if let Some(run) = anchors.get_mut(..=at) {
-            run.rotate_right(1);
-        }
-        if let Some(first) = anchors.first_mut() {
-            *first = Some((me, o));
-        }
-        RECENT_HITS.set(anchors);
-    }
-
-    /// Take a reference to an object of `objects` that still holds `fp` and can
-    /// take one more.
-    fn take_advice(&self, objects: std::ops::Range<u64>, fp: &[u8; 32]) -> Option<ObjectId> {
-        let mut o = objects.start;
-        while o < objects.end {
-            if !self.valid_object(ObjectId(o)) {
-                return None;
-            }
-            let (s, first) = self.split_object(ObjectId(o));
-            let end = (u64::from(first) + objects.end - o).min(u64::from(self.objects_per_slab));
-            let mut slab = self.slab(s).lock();
-            for i in first..end as u32 {
-                let rec = slab.rec(i);
-                if rec.refcount == 0 || rec.refcount >= REFCOUNT_MAX || rec.fingerprint != *fp {
-                    continue;
-                }
-                if let Some(r) = slab.rec_mut(i) {
-                    r.refcount += 1;
-                }
-                return Some(self.object_id(s, i));
-            }
-            o += end - u64::from(first);
-        }
-        None
     }
 
     /// Add one reference to each of `objects` (a clone), taking each slab's lock once.

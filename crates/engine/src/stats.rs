@@ -130,7 +130,12 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 "journal commit threshold bytes".into(),
                 crate::journal::COMMIT_BYTES_THRESHOLD,
             ),
-            ("index entries".into(), i.depot.index().capacity()),
+            ("index entries".into(), i.depot.index().entries()),
+            (
+                "index sample shift (sparse: 1 in 2^this blocks enters)".into(),
+                u64::from(i.depot.index().sample_shift()),
+            ),
+            ("index window blocks".into(), i.depot.index().capacity()),
             ("index slots".into(), i.depot.index().slots()),
             ("index entries held".into(), index_held),
             ("index entries dropped since open".into(), index_dropped),

@@ -237,8 +237,9 @@ impl Volume {
     fn write_step(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         let inner = self.inner();
         // Hashing needs no lock: done before the gate, all blocks together.
-        let hashed = crate::write_path::StepFingerprints::of(inner, offset_bytes, data);
+        let mut hashed = crate::write_path::StepFingerprints::of(inner, offset_bytes, data);
         let _gate = inner.locks.shared();
+        hashed.look_before_hooks(inner);
         let vol = &self.h.vol;
         if vol.is_deleted() {
             return Err(EngineError::VolumeGone(vol.name()));
@@ -263,7 +264,8 @@ impl Volume {
             let stripe = inner.locks.stripe(vol.id(), lbn).lock();
             if n == BLOCK_BYTES {
                 let fp = hashed.get(piece);
-                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp)?;
+                let before = fp.and_then(|fp| hashed.before_hook(piece, fp));
+                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp, before)?;
             } else {
                 crate::partial::write_partial(inner, vol, lbn, within, src)?;
             }

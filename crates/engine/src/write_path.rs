@@ -90,6 +90,9 @@ pub(crate) struct StepFingerprints {
     fps: [Fingerprint; BLOCKS_PER_STEP_USIZE],
     /// Bit `k`: piece `k` was hashed.
     hashed: u64,
+    /// With a sparse index: where the blocks before the step's first hook hit were
+    /// stored by an earlier copy (`advice.rs`).
+    before: Option<crate::advice::BeforeHook>,
 }
 
 const BLOCKS_PER_STEP_USIZE: usize = crate::inner::BLOCKS_PER_STEP as usize;
@@ -104,6 +107,7 @@ impl StepFingerprints {
         let mut step = StepFingerprints {
             fps: [[0; 32]; BLOCKS_PER_STEP_USIZE],
             hashed: 0,
+            before: None,
         };
         let mut blocks: [&[u8]; BLOCKS_PER_STEP_USIZE] = [&[]; BLOCKS_PER_STEP_USIZE];
         let mut pieces = [0usize; BLOCKS_PER_STEP_USIZE];
@@ -151,6 +155,28 @@ impl StepFingerprints {
         step
     }
 
+    /// With a sparse index, look the step's first hooks up before its first block
+    /// is written (`advice.rs: before_first_hook`). Caller holds the gate, as for
+    /// any look at the slabs.
+    pub(crate) fn look_before_hooks(&mut self, inner: &Inner) {
+        let hashed = self.hashed;
+        let pieces = self
+            .fps
+            .iter()
+            .enumerate()
+            .filter(move |(k, _)| hashed & (1 << k) != 0);
+        self.before = crate::advice::before_first_hook(&inner.depot, pieces);
+    }
+
+    /// Where an earlier copy stored the step's `k`-th piece, `fp`, if it comes
+    /// before the step's first hook hit (sparse index only).
+    pub(crate) fn before_hook(&self, k: usize, fp: &Fingerprint) -> Option<ObjectId> {
+        self.before
+            .as_ref()
+            .filter(|b| k < b.piece)
+            .and_then(|b| b.find(fp))
+    }
+
     /// The fingerprint of the step's `k`-th piece, if it was hashed here.
     pub(crate) fn get(&self, k: usize) -> Option<&Fingerprint> {
         if k < 64 && self.hashed & (1 << k) != 0 {
@@ -173,11 +199,12 @@ pub(crate) fn write_block(
     block: &[u8],
     expect: Option<MapEntry>,
 ) -> Result<bool> {
-    write_block_hashed(inner, vol, lbn, block, expect, None)
+    write_block_hashed(inner, vol, lbn, block, expect, None, None)
 }
 
 /// [`write_block`], with the block's fingerprint when it was already computed
-/// (a non-zero block's, by [`StepFingerprints`]).
+/// (a non-zero block's, by [`StepFingerprints`]), and where the step found an
+/// earlier copy of it before its first hook ([`StepFingerprints::before_hook`]).
 pub(crate) fn write_block_hashed(
     inner: &Inner,
     vol: &VolumeState,
@@ -185,6 +212,7 @@ pub(crate) fn write_block_hashed(
     block: &[u8],
     expect: Option<MapEntry>,
     hashed: Option<&Fingerprint>,
+    before: Option<ObjectId>,
 ) -> Result<bool> {
     add(&inner.counters.blocks_written, 1);
     add(&vol.counters().blocks_written, 1);
@@ -197,7 +225,7 @@ pub(crate) fn write_block_hashed(
             Some(fp) => *fp,
             None => inner.geometry.fingerprint(block),
         };
-        let (found, stale) = inner.depot.take_duplicate(&fp);
+        let (found, stale) = crate::advice::take_duplicate(&inner.depot, &fp, before);
         add(&inner.counters.advice_stale, stale);
         add(&vol.counters().advice_stale, stale);
         if found.is_some() {

@@ -98,6 +98,16 @@ pub const ZSTD_LEVEL_MIN: i8 = -7;
 /// Highest zstd level a super block may record (zstd's maximum).
 pub const ZSTD_LEVEL_MAX: i8 = 22;
 
+/// `index_mode` (offset 212, version 2): pools made before the field hold 0, dense.
+pub const INDEX_MODE_UNSET: u8 = 0;
+/// `index_mode`: every stored block's fingerprint enters the index.
+pub const INDEX_MODE_DENSE: u8 = 1;
+/// `index_mode`: only *hooks*, 1 in 2^`index_sample_shift` fingerprints (chosen by
+/// fingerprint bits), enter the index; the rest are found next to a hook's hit.
+pub const INDEX_MODE_SPARSE: u8 = 2;
+/// Largest `index_sample_shift` a sparse pool may record (1 in 65,536 sampled).
+pub const INDEX_SAMPLE_SHIFT_MAX: u8 = 16;
+
 /// The open-by-host marker (version 2): who has the pool open. Set by the checkpoint
 /// an open takes, cleared by the one a clean close takes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -172,6 +182,12 @@ pub struct SuperBlock {
     pub compression: u8,
     /// The zstd level with `COMPRESSION_ZSTD` (0: zstd's default); 0 otherwise.
     pub compression_level: i8,
+    /// How the dedup index samples fingerprints (`INDEX_MODE_*`; version 2, offset
+    /// 212; 0 in pools made before the field and in version 1: dense).
+    pub index_mode: u8,
+    /// With `INDEX_MODE_SPARSE`, log2 of the sampling: 1 in 2^this fingerprints is a
+    /// hook (1 to `INDEX_SAMPLE_SHIFT_MAX`); 0 otherwise.
+    pub index_sample_shift: u8,
     /// The catalog pages, in order (version 1: slots only).
     pub catalog: Vec<PageRef>,
     /// The counters page (version 2; none written yet).
@@ -228,7 +244,9 @@ impl SuperBlock {
             w.seek(192);
             self.counters.encode(&mut w);
             w.u32(self.holder.pid);
-            w.u32(0);
+            w.u8(self.index_mode);
+            w.u8(self.index_sample_shift);
+            w.u16(0);
             w.u64(self.holder.open_unix);
             w.put(&self.holder.boot_id);
             w.u64(self.upgraded_generation);
@@ -358,6 +376,7 @@ impl SuperBlock {
         let mut counters = PageRef::NONE;
         let mut holder = Holder::default();
         let mut upgraded_generation = 0;
+        let (mut index_mode, mut index_sample_shift) = (INDEX_MODE_UNSET, 0);
         if version == FORMAT_VERSION_1 {
             r.seek(256);
             for _ in 0..catalog_pages {
@@ -367,7 +386,10 @@ impl SuperBlock {
             r.seek(192);
             counters = PageRef::decode(&mut r)?;
             holder.pid = r.u32()?;
-            r.u32()?;
+            index_mode = r.u8()?;
+            index_sample_shift = r.u8()?;
+            let index_reserved = r.u16()?;
+            check_index_mode(what, index_mode, index_sample_shift, index_reserved)?;
             holder.open_unix = r.u64()?;
             holder.boot_id.copy_from_slice(r.take(16)?);
             upgraded_generation = r.u64()?;
@@ -403,12 +425,41 @@ impl SuperBlock {
             created_unix,
             compression,
             compression_level,
+            index_mode,
+            index_sample_shift,
             catalog,
             counters,
             holder,
             upgraded_generation,
         })
     }
+}
+
+/// The index mode (offset 212): a known mode, a sample shift only when sparse (and
+/// one in range then), and bytes 214–215 zero.
+fn check_index_mode(
+    what: &'static str,
+    mode: u8,
+    shift: u8,
+    reserved: u16,
+) -> Result<(), FormatError> {
+    let valid = reserved == 0
+        && match mode {
+            INDEX_MODE_UNSET | INDEX_MODE_DENSE => shift == 0,
+            INDEX_MODE_SPARSE => (1..=INDEX_SAMPLE_SHIFT_MAX).contains(&shift),
+            _ => false,
+        };
+    if valid {
+        return Ok(());
+    }
+    Err(FormatError::Invalid {
+        what,
+        reason: format!(
+            "index mode {mode} with sample shift {shift} and reserved bytes {reserved:#x} \
+             (modes: 0 unset, 1 dense, 2 sparse with a shift of 1 to \
+             {INDEX_SAMPLE_SHIFT_MAX}; bytes 214-215 zero)"
+        ),
+    })
 }
 
 /// The compression field: a known codec, and a level only with zstd.
@@ -694,6 +745,8 @@ mod tests {
             created_unix: 1_700_000_000,
             compression: COMPRESSION_ZSTD,
             compression_level: -3,
+            index_mode: INDEX_MODE_SPARSE,
+            index_sample_shift: 4,
             catalog: vec![
                 PageRef {
                     address: 3,
@@ -724,6 +777,8 @@ mod tests {
             version: FORMAT_VERSION_1,
             compression: 0,
             compression_level: 0,
+            index_mode: INDEX_MODE_UNSET,
+            index_sample_shift: 0,
             catalog: vec![PageRef::slot_only(3), PageRef::slot_only(4)],
             holder: Holder::default(),
             ..sample()
@@ -788,6 +843,44 @@ mod tests {
             sb.compression_level = 0;
         });
         assert!(lz4.is_ok(), "{lz4:?}");
+    }
+
+    #[test]
+    fn the_index_mode_is_known_with_a_shift_only_when_sparse() {
+        // Round trip of each mode (the sample is sparse, 1 in 16), at bytes 212-213.
+        let mut block = [0u8; BLOCK_BYTES];
+        sample().encode(&mut block);
+        assert_eq!(
+            (block[212], block[213], block[214], block[215]),
+            (2, 4, 0, 0)
+        );
+        for (mode, shift) in [
+            (INDEX_MODE_UNSET, 0),
+            (INDEX_MODE_DENSE, 0),
+            (INDEX_MODE_SPARSE, 1),
+            (INDEX_MODE_SPARSE, INDEX_SAMPLE_SHIFT_MAX),
+        ] {
+            let sb = decode_with(|sb| (sb.index_mode, sb.index_sample_shift) = (mode, shift));
+            let sb = sb.unwrap();
+            assert_eq!((sb.index_mode, sb.index_sample_shift), (mode, shift));
+        }
+        for (mode, shift) in [
+            (3, 0),
+            (255, 4),
+            (INDEX_MODE_DENSE, 4),
+            (INDEX_MODE_UNSET, 1),
+            (INDEX_MODE_SPARSE, 0),
+            (INDEX_MODE_SPARSE, INDEX_SAMPLE_SHIFT_MAX + 1),
+        ] {
+            assert_invalid(
+                decode_with(|sb| (sb.index_mode, sb.index_sample_shift) = (mode, shift)),
+                &format!("index mode {mode} with sample shift {shift}"),
+            );
+        }
+        let mut bad = block;
+        bad[214] = 1;
+        crate::seal_checksum(&mut bad, CRC_OFFSET);
+        assert!(SuperBlock::decode(&bad).is_err(), "byte 214 must be zero");
     }
 
     #[test]
