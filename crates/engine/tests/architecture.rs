@@ -265,3 +265,80 @@ fn no_file_points_outside_the_repository() {
         found.join("\n")
     );
 }
+
+/// The body of the one `fn name` that `source` defines: from its first `{` to the
+/// matching `}` (braces in strings and comments are rare enough in these functions
+/// that a mismatch would show as a missing call, never as a false pass).
+fn function_body<'s>(source: &'s str, name: &str) -> Result<&'s str, String> {
+    let starts: Vec<usize> = [format!("fn {name}("), format!("fn {name}<")]
+        .iter()
+        .flat_map(|d| source.match_indices(d.as_str()).map(|(i, _)| i))
+        .collect();
+    let [start] = starts[..] else {
+        return Err(format!("{} definitions of `fn {name}`", starts.len()));
+    };
+    let open = source[start..]
+        .find('{')
+        .map(|i| start + i)
+        .ok_or_else(|| format!("`fn {name}` has no body"))?;
+    let mut depth = 0usize;
+    for (i, c) in source[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok(&source[open..=open + i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    Err(format!("`fn {name}`'s body does not end"))
+}
+
+/// Whether `body` calls `name` (as a function, a method or a path: `name(`, with no
+/// identifier character just before it).
+fn calls(body: &str, name: &str) -> bool {
+    body.match_indices(&format!("{name}(")).any(|(i, _)| {
+        !body[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+#[test]
+fn the_call_chain_of_a_write_reaches_the_storage_crate_link_by_link() {
+    let doc = architecture();
+    let chain_text = doc
+        .split("The call chain of a whole 4 KiB block")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("ARCHITECTURE.md states the call chain of a write");
+    let chain = named_functions(chain_text);
+    assert!(
+        chain.first().is_some_and(|(p, _)| p.starts_with("nbd/"))
+            && chain.last().is_some_and(|(p, _)| p.starts_with("storage/")),
+        "the chain runs from the NBD socket to the storage crate: {chain:?}"
+    );
+    let mut broken = Vec::new();
+    for pair in chain.windows(2) {
+        let [(path, caller), (_, callee)] = pair else {
+            continue;
+        };
+        let file = repo_root().join("crates").join(path);
+        let source =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        match function_body(&source, caller) {
+            Ok(body) if calls(body, callee) => {}
+            Ok(_) => broken.push(format!("{path}: `{caller}` does not call `{callee}`")),
+            Err(e) => broken.push(format!("{path}: {e}")),
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "ARCHITECTURE.md's call chain of a write does not match the code:\n{}",
+        broken.join("\n")
+    );
+}
