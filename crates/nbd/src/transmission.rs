@@ -718,7 +718,9 @@ impl Conn {
             }
             Command::WriteZeroes { offset, len, fua } => {
                 // NO_HOLE and FAST_ZERO need nothing: zeroing is a block-map update, always
-                // fast, and the pool is thick-provisioned, so a zeroed range stays writable.
+                // fast; whether a later write there finds space is the volume's
+                // reservation's to promise (a thick volume's covers its whole size, a
+                // thin one promises nothing, for zeroed blocks or any others).
                 let r = self.export.write_zeroes(offset, len, fua);
                 self.finish(h, "write zeroes", r)
             }
