@@ -186,6 +186,10 @@ pub struct PoolInfo {
     /// the other copy.
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Volume ranges whose block-map page (or map directory page) failed its checks
+    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
+    #[serde(default)]
+    pub damaged_ranges: Vec<crate::DamagedRange>,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's
@@ -250,6 +254,10 @@ pub struct VolumeInfo {
     /// opened (0 from a pool opened only to look).
     #[serde(default)]
     pub no_space_refusals: u64,
+    /// Ranges whose block-map page failed its checks at open: refused (EIO) until
+    /// `check --repair` clears them (`map_damage.rs`).
+    #[serde(default)]
+    pub damaged_ranges: Vec<crate::DamagedRange>,
 }
 
 /// A range of a volume, by what backs it.
@@ -418,6 +426,10 @@ pub struct PoolStats {
     /// the other copy.
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Volume ranges whose block-map page (or map directory page) failed its checks
+    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
+    #[serde(default)]
+    pub damaged_ranges: Vec<crate::DamagedRange>,
     /// Journal commits since open (group commits).
     pub journal_commits: u64,
     /// Worker threads (and zones).

@@ -14,6 +14,7 @@ use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
+use crate::map_damage::Damage;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
@@ -144,10 +145,11 @@ fn read_tree(
     root: &TableRoot,
     owner: u64,
     entries: u64,
+    mut lost: Option<&mut Vec<LostPage>>,
 ) -> Result<(DirTree, SparseRefs)> {
     if inner.checkpointer.super_block().version == FORMAT_VERSION_1 {
         let top = DirLevel::from_list(&root.top);
-        let refs = read_level(inner, &top, owner, entries, 0)?;
+        let refs = read_level(inner, &top, owner, entries, 0, 1, lost)?;
         return Ok((DirTree::loaded(vec![top], entries), refs));
     }
     let sizes = level_sizes(entries).unwrap_or_default();
@@ -170,26 +172,41 @@ fn read_tree(
     let mut levels = vec![DirLevel::from_list(&root.top)];
     for k in (1..sizes.len()).rev() {
         if let (Some(parents), Some(&n)) = (levels.last(), sizes.get(k - 1)) {
-            let refs = read_level(inner, parents, owner, n, k as u8 + 1)?;
+            // A child of a level-(k + 1) page is a level-k page over 252^k pages.
+            let span = (REFS_PER_DIR_PAGE as u64).saturating_pow(k as u32);
+            let refs = read_level(
+                inner,
+                parents,
+                owner,
+                n,
+                k as u8 + 1,
+                span,
+                lost.as_deref_mut(),
+            )?;
             levels.push(DirLevel::new(n, refs));
         }
     }
     levels.reverse();
     let refs = match levels.first() {
-        Some(level_1) => read_level(inner, level_1, owner, entries, 1)?,
+        Some(level_1) => read_level(inner, level_1, owner, entries, 1, 1, lost)?,
         None => Vec::new(),
     };
     Ok((DirTree::loaded(levels, entries), refs))
 }
 
 /// The references (not NONE) the written directory pages of `dirs` (of `level`; 0
-/// in version 1) hold over a level of `entries` pages.
+/// in version 1) hold over a level of `entries` pages. With `lost` (a block map's
+/// tree, opened past damage: `map_damage.rs`), a directory page that fails its
+/// checks is listed there, with the leaf pages under it (each child spans `span`
+/// of them), instead of failing the load: its children are unknown.
 fn read_level(
     inner: &Inner,
     dirs: &DirLevel,
     owner: u64,
     entries: u64,
     level: u8,
+    span: u64,
+    mut lost: Option<&mut Vec<LostPage>>,
 ) -> Result<SparseRefs> {
     let v1 = inner.checkpointer.super_block().version == FORMAT_VERSION_1;
     let per_page = if v1 {
@@ -202,14 +219,27 @@ fn read_level(
     for (k, d) in dirs.refs() {
         let first = k * per_page;
         let want = entries.saturating_sub(first).min(per_page);
-        let (header, payload) = read_page(inner, &mut buf, PageKind::Directory, &d, owner, k)?;
-        if header.level != level {
-            let (_, _, corrupt) = page_place(inner, PageKind::Directory, &d)?;
-            return Err(corrupt(format!(
-                "directory page of level {}, expected level {level}",
-                header.level
-            )));
-        }
+        let read = read_page(inner, &mut buf, PageKind::Directory, &d, owner, k).and_then(
+            |(header, payload)| {
+                if header.level != level {
+                    let (_, _, corrupt) = page_place(inner, PageKind::Directory, &d)?;
+                    return Err(corrupt(format!(
+                        "directory page of level {}, expected level {level}",
+                        header.level
+                    )));
+                }
+                Ok(payload)
+            },
+        );
+        let payload = match (read, lost.as_deref_mut()) {
+            (Ok(payload), _) => payload,
+            (Err(e @ EngineError::Corrupt { .. }), Some(lost)) => {
+                let pages = per_page.saturating_mul(span);
+                lost.push(LostPage::new(inner, level.max(1), d, k * pages, pages, e));
+                continue;
+            }
+            (Err(e), _) => return Err(e),
+        };
         let mut r = Reader::new("directory page", payload);
         for i in first..first + want {
             let child = if v1 {
@@ -297,6 +327,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         &catalog.objects,
         OBJECT_TABLE_OWNER,
         (slabs * per_slab) as u64,
+        None,
     )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (g, r) in &counts {
@@ -321,6 +352,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         &catalog.fingerprints,
         FINGERPRINT_TABLE_OWNER,
         (slabs * per_slab) as u64,
+        None,
     )?;
     for (g, r) in &fps {
         let g = *g as usize;
@@ -354,7 +386,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
 fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
     let pages_per_slab = inner.geometry.objects_per_slab() as usize / OBJECTS_PER_PAGE;
     let total = inner.geometry.slab_count() as usize * pages_per_slab;
-    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total as u64)?;
+    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total as u64, None)?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (g, r) in &refs {
         let g = *g as usize;
@@ -386,12 +418,35 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
 }
 
 /// Load one volume's block map: the pages written, each into memory.
-pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) -> Result<()> {
+///
+/// With `tolerate_damage` (the older super block copy cannot stand in:
+/// `map_damage.rs`), a map page or map directory page that fails its checks marks
+/// the volume range it maps damaged, and the load goes on.
+pub(crate) fn load_map(
+    inner: &Inner,
+    record: &VolumeRecord,
+    vol: &VolumeState,
+    tolerate_damage: bool,
+) -> Result<()> {
     let pages_len = vol.map_pages().len();
-    let (tree, refs) = read_tree(inner, &record.map, record.id, pages_len)?;
+    let mut lost = Vec::new();
+    let (tree, refs) = read_tree(
+        inner,
+        &record.map,
+        record.id,
+        pages_len,
+        tolerate_damage.then_some(&mut lost),
+    )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (p, r) in &refs {
-        let (_, payload) = read_page(inner, &mut buf, PageKind::Map, r, record.id, *p)?;
+        let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.id, *p) {
+            Ok((_, payload)) => payload,
+            Err(e @ EngineError::Corrupt { .. }) if tolerate_damage => {
+                lost.push(LostPage::new(inner, 0, *r, *p, 1, e));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut reader = Reader::new("block map page", payload);
         let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
         for e in entries.iter_mut() {
@@ -400,7 +455,84 @@ pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) 
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
+    for page in lost {
+        let damage = Damage {
+            first_page: page.first_page.min(pages_len),
+            end_page: page.first_page.saturating_add(page.pages).min(pages_len),
+            level: page.level,
+            reference: page.reference,
+            block: page.block,
+            device: page.device,
+            reason: page.reason,
+        };
+        let range = damage.range(&vol.name(), vol.size_blocks());
+        tracing::warn!(
+            "{}: {}; the rest of the pool is served, and the range is refused (EIO) \
+             until `fewerbytes check --repair` clears it",
+            inner.devices.meta().name(),
+            range.describe()
+        );
+        vol.add_damage(damage);
+    }
     Ok(())
+}
+
+/// A map page or map directory page that failed its checks at an open past
+/// damage: which page, the leaf pages under it, and the failure.
+struct LostPage {
+    level: u8,
+    reference: PageRef,
+    first_page: u64,
+    pages: u64,
+    block: u64,
+    device: &'static str,
+    reason: String,
+}
+
+impl LostPage {
+    /// The page `reference` names (of `level`; 0: a map page) over
+    /// leaf pages `first_page..first_page + pages`, which failed with `error` (a
+    /// corruption report). Its address stays held in the page store when it is one
+    /// (every checkpoint keeps the reference until the damage is cleared), so no
+    /// page is written over the evidence.
+    fn new(
+        inner: &Inner,
+        level: u8,
+        reference: PageRef,
+        first_page: u64,
+        pages: u64,
+        error: EngineError,
+    ) -> LostPage {
+        let (block, device, reason) = match error {
+            EngineError::Corrupt {
+                block,
+                device,
+                reason,
+                ..
+            } => (block, device, reason),
+            other => (0, "metadata", other.to_string()),
+        };
+        let kind = if level == 0 {
+            PageKind::Map
+        } else {
+            PageKind::Directory
+        };
+        if page_place(inner, kind, &reference).is_ok() {
+            inner
+                .checkpointer
+                .page_store()
+                .mark_address(reference.address);
+        }
+        LostPage {
+            level,
+            reference,
+            first_page,
+            pages,
+            block,
+            device,
+            reason,
+        }
+    }
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
@@ -491,7 +623,17 @@ fn upgrade_pages(inner: &Inner) -> u64 {
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a
 /// fresh checkpoint in the new open generation. The pages of `older` (the other
 /// valid super block copy) are held until that checkpoint is durable.
-pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -> Result<()> {
+///
+/// With `tolerate_map_damage`, a block-map page or map directory page that fails
+/// its checks marks the range it maps damaged instead of failing the open
+/// (`map_damage.rs`); the caller asks for it only when the older super block copy
+/// cannot stand in.
+pub(crate) fn load(
+    inner: &Inner,
+    sb: &SuperBlock,
+    older: Option<&SuperBlock>,
+    tolerate_map_damage: bool,
+) -> Result<()> {
     if sb.holder.is_set() {
         tracing::warn!(
             "{}: the pool is marked open by {}: that opener did not close it (it \
@@ -536,7 +678,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -
                 record.size_bytes / BLOCK_BYTES as u64,
             ));
             vol.set_limited(record.limited);
-            crate::load::load_map(inner, record, &vol)?;
+            crate::load::load_map(inner, record, &vol, tolerate_map_damage)?;
             inner.volumes.insert(vol);
         }
     }

@@ -4,7 +4,8 @@
 //! pages: 2,114 level-1, 9 level-2 and one level-3 directory page) written at its
 //! first, middle and last blocks reads back after a reopen, and so do the count and
 //! fingerprint tables (9,600 slabs: depth 3 each); a stale level-2 directory page is
-//! refused by its parent, naming its region and block.
+//! refused by its parent, naming its region and block: the open takes the older
+//! super block copy, or, with that gone, marks the range under the page damaged.
 
 mod common;
 use common::*;
@@ -182,8 +183,9 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
         .unwrap()
         .write_all_at(&page, block * BLOCK as u64)
         .unwrap();
-    // With the older super block copy gone too, nothing else reaches the volume: the
-    // open is refused, naming the stale page.
+    // With the older super block copy gone too, nothing else reaches the blocks the
+    // stale page maps: the pool opens with them damaged (refused, naming the page),
+    // and the volume's other blocks read back. Read-only, so nothing is written.
     let older_copy = 1 - sb.generation % 2;
     let saved = read_block(&file.0, older_copy);
     let pool_file = std::fs::OpenOptions::new()
@@ -193,20 +195,33 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
     pool_file
         .write_all_at(&[0u8; BLOCK], older_copy * BLOCK as u64)
         .unwrap();
-    match Pool::open(&file.0, &OPTS) {
-        Err(EngineError::Corrupt {
-            region,
-            block: named,
-            reason,
-            ..
-        }) => {
-            assert_eq!(region, "directory page");
-            assert_eq!(named, block);
-            assert!(reason.contains("lost or misdirected write"), "{reason}");
+    let pool = Pool::open_read_only(&file.0, &OPTS)
+        .unwrap_or_else(|e| panic!("a stale map directory page stopped the pool: {e}"));
+    let ranges = pool.damaged_ranges();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    let range = &ranges[0];
+    assert_eq!(range.region, "map directory page");
+    assert_eq!(range.level, 2);
+    assert_eq!(range.block, block);
+    assert!(
+        range.reason.contains("lost or misdirected write"),
+        "{}",
+        range.reason
+    );
+    // Level-2 page 0 maps 252 × 252 map pages of 504 blocks.
+    assert_eq!(range.offset_bytes, 0);
+    assert_eq!(range.len_bytes, 252 * 252 * 504 * BLOCK as u64);
+    let vol = pool.open_volume("big").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (lbn, byte) in probes() {
+        match vol.read(lbn * BLOCK as u64, &mut buf) {
+            Err(EngineError::Damaged { .. }) if lbn == 0 => {}
+            Ok(()) if lbn > 0 => assert!(buf.iter().all(|&b| b == !byte), "block {lbn}"),
+            other => panic!("block {lbn}: {other:?}"),
         }
-        Err(e) => panic!("not reported as corruption: {e}"),
-        Ok(_) => panic!("a stale level-2 directory page was loaded"),
     }
+    drop(vol);
+    drop(pool);
     // With the older copy whole, the pool opens from it with every write.
     pool_file
         .write_all_at(&saved, older_copy * BLOCK as u64)
