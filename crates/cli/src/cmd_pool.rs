@@ -316,6 +316,10 @@ fn print_info(info: &PoolInfo) {
             },
         ),
         ("Format version", info.format_version.to_string()),
+        (
+            "Damaged ranges",
+            crate::cmd_stats::damaged_summary(&info.damaged_ranges),
+        ),
         ("Scrub", crate::cmd_scrub::summary(&info.scrub)),
         (
             "Open by",
