@@ -318,7 +318,7 @@ fn print_info(info: &PoolInfo) {
         ("Format version", info.format_version.to_string()),
         (
             "Damaged ranges",
-            crate::cmd_stats::damaged_summary(&info.damaged_ranges),
+            crate::cmd_stats::damaged_summary(info.damaged_range_count),
         ),
         ("Scrub", crate::cmd_scrub::summary(&info.scrub)),
         (

@@ -57,7 +57,7 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         if !stats.pool.damaged_ranges.is_empty() {
             println!(
                 "Damaged ranges: {}",
-                damaged_summary(&stats.pool.damaged_ranges)
+                damaged_summary(stats.pool.damaged_ranges.len() as u64)
             );
             for range in &stats.pool.damaged_ranges {
                 println!("  {}", range.describe());
@@ -270,6 +270,17 @@ pub fn region_table(regions: &[Region]) -> Table {
     table
 }
 
+/// The damaged ranges in a few words: how many, and what clears them.
+pub fn damaged_summary(count: u64) -> String {
+    match count {
+        0 => "none".to_string(),
+        n => format!(
+            "{n} (volume ranges whose block-map page failed its checks: refused with EIO; \
+             `fewerbytes check` lists them, `fewerbytes check --repair` clears them)"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,16 +301,5 @@ mod tests {
         assert!(lines.contains(&("volumes[vm1].size_bytes".into(), "4096 (4.00 KiB)".into())));
         assert!(lines.contains(&("saving_percent".into(), "87.50".into())));
         assert!(lines.contains(&("dedup_saved_blocks".into(), "3 (12.00 KiB)".into())));
-    }
-}
-
-/// The damaged ranges in a few words: how many, and what clears them.
-pub fn damaged_summary(ranges: &[fewerbytes_engine::DamagedRange]) -> String {
-    match ranges.len() {
-        0 => "none".to_string(),
-        n => format!(
-            "{n} (volume ranges whose block-map page failed its checks: refused with EIO; \
-             `fewerbytes check` lists them, `fewerbytes check --repair` clears them)"
-        ),
     }
 }

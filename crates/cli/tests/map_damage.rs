@@ -158,6 +158,10 @@ fn a_bad_map_page_loses_only_its_range_and_check_repair_clears_it() {
         info.report()
     );
 
+    let info = fewerbytes_ok(&pool, &["pool", "info", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&info.stdout).unwrap();
+    assert_eq!(info["damaged_range_count"], 1, "{info}");
+
     // Served: "b" whole over NBD, "a" outside the range, EIO inside it.
     server.spawn();
     let stats = server.stats();

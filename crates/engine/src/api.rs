@@ -187,9 +187,10 @@ pub struct PoolInfo {
     #[serde(default)]
     pub metadata_copies_repaired: u64,
     /// Volume ranges whose block-map page (or map directory page) failed its checks
-    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
+    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`;
+    /// `stats` and `Pool::damaged_ranges` list them).
     #[serde(default)]
-    pub damaged_ranges: Vec<crate::DamagedRange>,
+    pub damaged_range_count: u64,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's

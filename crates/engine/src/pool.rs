@@ -683,7 +683,7 @@ impl Pool {
                 current: !i.devices.opened_read_only(),
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),
-            damaged_ranges: crate::map_damage::pool_ranges(i),
+            damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
         }
     }
 
