@@ -275,3 +275,109 @@ fn a_volume_shrunk_then_grown_reads_zeros_where_it_was_cut_off() {
         "a block cut off by the shrink came back"
     );
 }
+
+// A level-1 directory page both super block copies share, flipped: the 252 map pages
+// under it (127,008 blocks) are damaged, the rest of the volume reads, checkpoints
+// keep the failed page, and a repair rewrites the directory pages over the range,
+// which then reads as zeros and takes writes again.
+#[test]
+fn a_bad_level_1_directory_page_damages_only_its_range_until_repaired() {
+    let (file, pool) = big_pool("dir-damage");
+    let id = volume_id(&pool);
+    write_probes(&pool, |b| b);
+    pool.close().unwrap();
+    // An open and a close: two checkpoints that rewrite no directory page.
+    Pool::open(&file.0, &OPTS).unwrap().close().unwrap();
+    // Level-1 page 1,056 covers the middle probe (map page 266,305).
+    let (slot, header, _) = directory_pages(&file.0, id, 1)
+        .into_iter()
+        .filter(|(_, h, _)| h.index == 1056)
+        .max_by_key(|(_, h, _)| h.generation)
+        .unwrap();
+    let sb = super_block_of(&file.0);
+    let block = sb.pages_start_block + slot;
+    let mut page = read_block(&file.0, block);
+    page[2000] ^= 0x04;
+    let pool_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.0)
+        .unwrap();
+    pool_file.write_all_at(&page, block * BLOCK as u64).unwrap();
+    let first = 1056 * 252 * 504 * BLOCK as u64;
+    let len = 252 * 504 * BLOCK as u64;
+    let [low, middle, high] = probes();
+
+    let pool = Pool::open(&file.0, &OPTS).expect("a bad directory page stopped the pool");
+    let ranges = pool.damaged_ranges();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    assert_eq!(
+        (ranges[0].region.as_str(), ranges[0].level, ranges[0].block),
+        ("map directory page", 1, block)
+    );
+    assert_eq!((ranges[0].offset_bytes, ranges[0].len_bytes), (first, len));
+    assert_eq!(header.level, 1);
+    let vol = pool.open_volume("big").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (lbn, byte) in [low, high] {
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == byte), "block {lbn}");
+    }
+    for at in [middle.0 * BLOCK as u64, first, first + len - BLOCK as u64] {
+        assert!(matches!(
+            vol.read(at, &mut buf),
+            Err(EngineError::Damaged { .. })
+        ));
+        assert!(matches!(
+            vol.write(at, &[7u8; BLOCK], false),
+            Err(EngineError::Damaged { .. })
+        ));
+    }
+    // A write elsewhere (a sibling level-1 page under the same level-2 page) makes
+    // the checkpoint rewrite the level-2 page over the damaged one: its reference is
+    // kept as it is.
+    vol.write((first + len) + 7 * BLOCK as u64, &[9u8; BLOCK], false)
+        .unwrap();
+    drop(vol);
+    pool.close().unwrap();
+    assert!(
+        read_block(&file.0, block) == page,
+        "the failed page was overwritten"
+    );
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    assert_eq!(pool.damaged_ranges(), ranges, "kept across opens");
+    pool.close().unwrap();
+
+    let pool = Pool::open_for_repair(&file.0, &OPTS).unwrap();
+    let report = pool
+        .repair(
+            &fewerbytes_engine::RepairOptions {
+                apply: true,
+                verify_data: false,
+            },
+            &|_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(report.lost_bytes, len, "{:?}", report.repairs);
+    pool.close().unwrap();
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    assert!(pool.damaged_ranges().is_empty());
+    let vol = pool.open_volume("big").unwrap();
+    vol.read(middle.0 * BLOCK as u64, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the cleared range reads zeros");
+    vol.write(middle.0 * BLOCK as u64, &[5u8; BLOCK], false)
+        .unwrap();
+    for (lbn, byte) in [low, high] {
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == byte), "block {lbn}");
+    }
+    drop(vol);
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    pool.close().unwrap();
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    let vol = pool.open_volume("big").unwrap();
+    vol.read(middle.0 * BLOCK as u64, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    drop(vol);
+    pool.close().unwrap();
+}

@@ -13,7 +13,9 @@
 mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
-use fewerbytes_engine::{Compression, EngineError, OpenOptions, Pool, RepairOptions, BLOCK_BYTES};
+use fewerbytes_engine::{
+    Compression, EngineError, OpenOptions, Pool, RepairOptions, ScrubState, BLOCK_BYTES,
+};
 use fewerbytes_format::page::{decode_page, PageKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -246,6 +248,20 @@ fn a_bad_map_page_both_copies_share_loses_only_the_blocks_it_maps() {
         "the lost entries' objects read as a leak: {:?}",
         audit.problems
     );
+    // A scrub finds the page and cannot rewrite it (its entries are unknown): it
+    // leaves it as it is, and the pool keeps serving.
+    pool.scrub_start(0).unwrap();
+    let scrub = loop {
+        let s = pool.scrub_status();
+        if s.state == ScrubState::Done {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(scrub.errors_found, 1, "{scrub:#?}");
+    assert_eq!(scrub.repaired, 0, "{scrub:#?}");
+    assert!(pool.latched_reason().is_none());
+    assert_eq!(pool.damaged_ranges().len(), 1);
     checkpoint(&pool);
     pool.close().unwrap();
 
