@@ -5,7 +5,8 @@
 //! zeroes, the checkpoint keeps the failed page as it is, `audit` names the range,
 //! and a repair clears it (it reads as zeros) without freeing what another volume
 //! still shares. Journal records into the damaged range replayed after a crash add
-//! references and drop none: nothing another volume shares is freed.
+//! references and drop none: nothing another volume shares is freed. Deleting the
+//! damaged volume is allowed (its leak stays counted until a repair).
 //!
 //! Before this, the open failed ("corrupt block map page …") and no volume of the
 //! pool could be read.
@@ -373,5 +374,57 @@ fn journal_records_into_a_damaged_page_add_references_and_drop_none() {
     let audit = pool.audit();
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     assert_eq!(BLOCK, BLOCK_BYTES);
+    pool.close().unwrap();
+}
+
+/// Deleting a volume with a damaged range is allowed while serving: the lost
+/// entries' objects stay counted (a leak), so "b", which shares them, keeps every
+/// block; a repair then frees the leak.
+#[test]
+fn a_volume_with_a_damaged_range_can_be_deleted_and_its_leak_is_repaired() {
+    let (mut t, mut model) = two_volumes();
+    let id = volume_id(t.pool(), "a");
+    t.pool.take().unwrap().close().unwrap();
+    t.open();
+    checkpoint(t.pool());
+    t.pool.take().unwrap().close().unwrap();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let block = map_page_block(&image, id, PAGE);
+    flip(&mut image, block);
+    let (dev, pool) = open_image(image);
+    assert_eq!(pool.damaged_ranges().len(), 1);
+    pool.delete_volume("a", false).unwrap();
+    assert!(pool.damaged_ranges().is_empty());
+    model.retain(|(v, _), _| *v == "b");
+    verify(&pool, &model, 0..0, "a deleted");
+    assert_no_count_below_its_references(&pool.audit().problems, "a deleted");
+    pool.close().unwrap();
+    let (dev, pool) = open_image(dev.crash_image(CrashMode::KeepAll));
+    verify(&pool, &model, 0..0, "reopened");
+    pool.close().unwrap();
+    let dev = Arc::new(FaultStorage::from_image(
+        "data",
+        dev.crash_image(CrashMode::KeepAll),
+    ));
+    let pool = Pool::open_devices_for_repair(dev.clone() as Arc<dyn Storage>, None, &OPTS).unwrap();
+    let report = pool
+        .repair(
+            &RepairOptions {
+                apply: true,
+                verify_data: false,
+            },
+            &|_, _, _| {},
+        )
+        .unwrap();
+    assert!(
+        report.repairs.iter().any(|r| r.contains("→ 1")),
+        "the shared objects' counts come down to b's one reference: {:?}",
+        report.repairs
+    );
+    pool.close().unwrap();
+    let (_dev, pool) = open_image(dev.crash_image(CrashMode::KeepAll));
+    verify(&pool, &model, 0..0, "repaired");
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     pool.close().unwrap();
 }
