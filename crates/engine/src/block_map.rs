@@ -166,8 +166,8 @@ impl VolumeState {
     /// Clear every damaged range (`repair.rs`, with the gate held exclusively):
     /// damaged map pages become written with every entry unmapped, and the level-1
     /// directory pages under a damaged directory page are marked for the next
-    /// checkpoint to rewrite. Returns the ranges cleared.
-    pub(crate) fn clear_damage(&self, dirty_pages: &AtomicU64) -> Vec<Damage> {
+    /// checkpoint to rewrite.
+    pub(crate) fn clear_damage(&self, dirty_pages: &AtomicU64) {
         let cleared = std::mem::take(&mut *self.damage.write());
         self.damaged.store(false, Ordering::Release);
         let per_dir = fewerbytes_format::page::REFS_PER_DIR_PAGE as u64;
@@ -182,7 +182,6 @@ impl VolumeState {
                 dirs.extend(d.first_page / per_dir..d.end_page.div_ceil(per_dir));
             }
         }
-        cleared
     }
 
     /// The level-1 directory pages a repair cleared damage under, taken by the

@@ -233,9 +233,25 @@ fn read_level(
         );
         let payload = match (read, lost.as_deref_mut()) {
             (Ok(payload), _) => payload,
-            (Err(e @ EngineError::Corrupt { .. }), Some(lost)) => {
+            (
+                Err(EngineError::Corrupt {
+                    block,
+                    device,
+                    reason,
+                    ..
+                }),
+                Some(lost),
+            ) => {
                 let pages = per_page.saturating_mul(span);
-                lost.push(LostPage::new(inner, level.max(1), d, k * pages, pages, e));
+                let failed = (block, device, reason);
+                lost.push(LostPage::new(
+                    inner,
+                    level.max(1),
+                    d,
+                    k * pages,
+                    pages,
+                    failed,
+                ));
                 continue;
             }
             (Err(e), _) => return Err(e),
@@ -441,8 +457,13 @@ pub(crate) fn load_map(
     for (p, r) in &refs {
         let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.id, *p) {
             Ok((_, payload)) => payload,
-            Err(e @ EngineError::Corrupt { .. }) if tolerate_damage => {
-                lost.push(LostPage::new(inner, 0, *r, *p, 1, e));
+            Err(EngineError::Corrupt {
+                block,
+                device,
+                reason,
+                ..
+            }) if tolerate_damage => {
+                lost.push(LostPage::new(inner, 0, *r, *p, 1, (block, device, reason)));
                 continue;
             }
             Err(e) => return Err(e),
@@ -491,27 +512,18 @@ struct LostPage {
 
 impl LostPage {
     /// The page `reference` names (of `level`; 0: a map page) over
-    /// leaf pages `first_page..first_page + pages`, which failed with `error` (a
-    /// corruption report). Its address stays held in the page store when it is one
-    /// (every checkpoint keeps the reference until the damage is cleared), so no
-    /// page is written over the evidence.
+    /// leaf pages `first_page..first_page + pages`, which failed its checks at
+    /// `block` of `device` for `reason`. Its address stays held in the page store
+    /// when it is one (every checkpoint keeps the reference until the damage is
+    /// cleared), so no page is written over the evidence.
     fn new(
         inner: &Inner,
         level: u8,
         reference: PageRef,
         first_page: u64,
         pages: u64,
-        error: EngineError,
+        (block, device, reason): (u64, &'static str, String),
     ) -> LostPage {
-        let (block, device, reason) = match error {
-            EngineError::Corrupt {
-                block,
-                device,
-                reason,
-                ..
-            } => (block, device, reason),
-            other => (0, "metadata", other.to_string()),
-        };
         let kind = if level == 0 {
             PageKind::Map
         } else {
@@ -576,6 +588,41 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
         }
     }
     Ok(v1_slots)
+}
+
+/// A version-1 pool with damaged map ranges (`map_damage.rs`) is not upgraded as
+/// it is: the upgrade rewrites every page afresh and cannot carry a failed page's
+/// reference, so the range would turn into zeros unlisted. An open for repair
+/// clears each range first (its entries unmapped, listed as lost; the repair then
+/// recomputes the counts); any other read-write open is refused.
+fn damage_before_upgrade(inner: &Inner) -> Result<()> {
+    let ranges = crate::map_damage::pool_ranges(inner);
+    let Some(first) = ranges.first() else {
+        return Ok(());
+    };
+    if !inner.repair.enabled() {
+        return Err(EngineError::Refused(format!(
+            "this format-version-1 pool has {} damaged map range(s) (the first: {}); its \
+             upgrade to version 2 would lose them unlisted: open it read-only, or run \
+             `fewerbytes check --repair`, which clears them (they then read as zeros) and \
+             upgrades it",
+            ranges.len(),
+            first.describe()
+        )));
+    }
+    for vol in inner.volumes.all() {
+        vol.clear_damage(inner.checkpointer.dirty_pages());
+    }
+    for range in ranges {
+        let sentence = format!(
+            "{}: its entries are lost and it now reads as zeros",
+            range.describe()
+        );
+        tracing::warn!("{sentence}");
+        inner.repair.record(sentence);
+        inner.repair.lost(range.len_bytes);
+    }
+    Ok(())
 }
 
 /// Pages the upgrade writes before the version-1 slots are freed: the version-2
@@ -713,6 +760,7 @@ pub(crate) fn load(
     }
     let upgrade = sb.version == FORMAT_VERSION_1;
     let v1_slots = if upgrade {
+        damage_before_upgrade(inner)?;
         crate::load::prepare_upgrade(inner)?
     } else {
         Vec::new()

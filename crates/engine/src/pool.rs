@@ -496,14 +496,12 @@ impl Pool {
                 };
                 match older {
                     Some(inner) => inner,
-                    None => load(&copies, true).map_err(|again| {
-                        if !matches!(again, EngineError::Corrupt { .. }) {
-                            tracing::warn!(
-                                "{}: opening past damaged block-map pages failed too: {again}",
-                                meta_dev.name()
-                            );
-                        }
-                        e
+                    // Damage beyond map pages reports the first corruption found; a
+                    // refusal of the open past map damage (a version-1 pool's upgrade)
+                    // says itself what to do.
+                    None => load(&copies, true).map_err(|again| match again {
+                        EngineError::Corrupt { .. } => e,
+                        other => other,
                     })?,
                 }
             }
