@@ -14,7 +14,7 @@ use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
-use crate::map_damage::Damage;
+use crate::map_damage::LostPage;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
@@ -92,7 +92,7 @@ fn read_page<'a>(
 /// Where the page a reference names lies: its device, the block there, and the
 /// corruption report for that block. An address outside its region (the page
 /// store's slots, or the data region's blocks) is corruption.
-fn page_place<'a>(
+pub(crate) fn page_place<'a>(
     inner: &'a Inner,
     kind: PageKind,
     reference: &PageRef,
@@ -476,75 +476,8 @@ pub(crate) fn load_map(
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
-    for page in lost {
-        let damage = Damage {
-            first_page: page.first_page.min(pages_len),
-            end_page: page.first_page.saturating_add(page.pages).min(pages_len),
-            level: page.level,
-            reference: page.reference,
-            block: page.block,
-            device: page.device,
-            reason: page.reason,
-        };
-        let range = damage.range(&vol.name(), vol.size_blocks());
-        tracing::warn!(
-            "{}: {}; the rest of the pool is served, and the range is refused (EIO) \
-             until `fewerbytes check --repair` clears it",
-            inner.devices.meta().name(),
-            range.describe()
-        );
-        vol.add_damage(damage);
-    }
+    crate::map_damage::record_lost(inner, vol, lost, pages_len);
     Ok(())
-}
-
-/// A map page or map directory page that failed its checks at an open past
-/// damage: which page, the leaf pages under it, and the failure.
-struct LostPage {
-    level: u8,
-    reference: PageRef,
-    first_page: u64,
-    pages: u64,
-    block: u64,
-    device: &'static str,
-    reason: String,
-}
-
-impl LostPage {
-    /// The page `reference` names (of `level`; 0: a map page) over
-    /// leaf pages `first_page..first_page + pages`, which failed its checks at
-    /// `block` of `device` for `reason`. Its address stays held in the page store
-    /// when it is one (every checkpoint keeps the reference until the damage is
-    /// cleared), so no page is written over the evidence.
-    fn new(
-        inner: &Inner,
-        level: u8,
-        reference: PageRef,
-        first_page: u64,
-        pages: u64,
-        (block, device, reason): (u64, &'static str, String),
-    ) -> LostPage {
-        let kind = if level == 0 {
-            PageKind::Map
-        } else {
-            PageKind::Directory
-        };
-        if page_place(inner, kind, &reference).is_ok() {
-            inner
-                .checkpointer
-                .page_store()
-                .mark_address(reference.address);
-        }
-        LostPage {
-            level,
-            reference,
-            first_page,
-            pages,
-            block,
-            device,
-            reason,
-        }
-    }
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
@@ -588,41 +521,6 @@ pub(crate) fn prepare_upgrade(inner: &Inner) -> Result<Vec<u64>> {
         }
     }
     Ok(v1_slots)
-}
-
-/// A version-1 pool with damaged map ranges (`map_damage.rs`) is not upgraded as
-/// it is: the upgrade rewrites every page afresh and cannot carry a failed page's
-/// reference, so the range would turn into zeros unlisted. An open for repair
-/// clears each range first (its entries unmapped, listed as lost; the repair then
-/// recomputes the counts); any other read-write open is refused.
-fn damage_before_upgrade(inner: &Inner) -> Result<()> {
-    let ranges = crate::map_damage::pool_ranges(inner);
-    let Some(first) = ranges.first() else {
-        return Ok(());
-    };
-    if !inner.repair.enabled() {
-        return Err(EngineError::Refused(format!(
-            "this format-version-1 pool has {} damaged map range(s) (the first: {}); its \
-             upgrade to version 2 would lose them unlisted: open it read-only, or run \
-             `fewerbytes check --repair`, which clears them (they then read as zeros) and \
-             upgrades it",
-            ranges.len(),
-            first.describe()
-        )));
-    }
-    for vol in inner.volumes.all() {
-        vol.clear_damage(inner.checkpointer.dirty_pages());
-    }
-    for range in ranges {
-        let sentence = format!(
-            "{}: its entries are lost and it now reads as zeros",
-            range.describe()
-        );
-        tracing::warn!("{sentence}");
-        inner.repair.record(sentence);
-        inner.repair.lost(range.len_bytes);
-    }
-    Ok(())
 }
 
 /// Pages the upgrade writes before the version-1 slots are freed: the version-2
@@ -760,7 +658,7 @@ pub(crate) fn load(
     }
     let upgrade = sb.version == FORMAT_VERSION_1;
     let v1_slots = if upgrade {
-        damage_before_upgrade(inner)?;
+        crate::map_damage::before_upgrade(inner)?;
         crate::load::prepare_upgrade(inner)?
     } else {
         Vec::new()

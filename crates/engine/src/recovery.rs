@@ -160,32 +160,8 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
         }
     }
     unstored.sort_unstable();
-    damage_untouched(inner)?;
+    crate::map_damage::untouched_by_replay(inner)?;
     Ok(unstored)
-}
-
-/// The rule of replay over damaged ranges, checked: no entry in one was set, so no
-/// page under a damaged page holds entries a checkpoint would write over it.
-pub(crate) fn damage_untouched(inner: &Inner) -> Result<()> {
-    for vol in inner.volumes.all() {
-        for d in vol.damage() {
-            let pages = vol.map_pages();
-            for (p, page) in pages.iter_from(d.first_page) {
-                if p >= d.end_page {
-                    break;
-                }
-                let page = page.lock();
-                if page.is_written() || page.is_dirty() {
-                    return Err(EngineError::Invariant(format!(
-                        "map page {p} of volume '{}' lies in a damaged range but holds \
-                         entries: replay must leave a damaged range untouched",
-                        vol.name()
-                    )));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Rebuild allocation state, the index and usage counts from the tables.

@@ -107,7 +107,7 @@ pub(crate) fn repair(
     };
     // Damaged map ranges first: cleared, their entries unmapped, so the counts
     // below are recomputed without them (which frees their leak).
-    clear_damage(i, options.apply, &mut report);
+    crate::map_damage::clear_for_repair(i, options.apply, &mut report);
     // Holders against the records as they are (a freed leak's blocks are not a
     // second finding), then the records against the maps.
     check_holders(i, options.apply, &mut report);
@@ -125,34 +125,6 @@ pub(crate) fn repair(
         tracing::warn!("repair made {} change(s)", report.repairs.len());
     }
     Ok(report)
-}
-
-/// Clear every damaged map range (`map_damage.rs`), with `apply`: its entries
-/// become unmapped (read as zeros) and the next checkpoint writes its map page (or
-/// the directory pages over it) afresh, retiring the failed page. Each range is
-/// listed as lost; the counts its lost entries held are recomputed with the rest.
-fn clear_damage(inner: &Inner, apply: bool, report: &mut RepairReport) {
-    for vol in inner.volumes.all() {
-        let ranges = vol.damaged_ranges();
-        if ranges.is_empty() {
-            continue;
-        }
-        for range in &ranges {
-            report.repairs.push(format!(
-                "{}: its entries are lost and {} zeros",
-                range.describe(),
-                if apply {
-                    "it now reads as"
-                } else {
-                    "it would read as"
-                }
-            ));
-            report.lost_bytes += range.len_bytes;
-        }
-        if apply {
-            vol.clear_damage(inner.checkpointer.dirty_pages());
-        }
-    }
 }
 
 /// At open, after replay: records with no references whose object the block maps
