@@ -40,7 +40,8 @@ pub mod exit {
 pub struct CheckArgs {
     /// Repair what the block maps and object records can rebuild: reference counts,
     /// leaked objects, free space, map entries naming data that is not stored (set to
-    /// zeros and listed as lost). Needs the pool not served.
+    /// zeros and listed as lost), damaged map ranges (cleared: they read as zeros,
+    /// listed as lost). Needs the pool not served.
     #[arg(long)]
     repair: bool,
     /// Also read every stored block back and check it against its fingerprint (reads

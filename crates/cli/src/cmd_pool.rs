@@ -413,6 +413,10 @@ fn print_info(info: &PoolInfo) {
             },
         ),
         ("Format version", info.format_version.to_string()),
+        (
+            "Damaged ranges",
+            crate::cmd_stats::damaged_summary(info.damaged_range_count),
+        ),
         ("Scrub", crate::cmd_scrub::summary(&info.scrub)),
         (
             "Open by",

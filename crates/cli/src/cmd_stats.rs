@@ -55,6 +55,15 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
             println!("Scrub: {}", crate::cmd_scrub::summary(&stats.pool.scrub));
         }
         println!("Index: {}", stats.pool.index);
+        if !stats.pool.damaged_ranges.is_empty() {
+            println!(
+                "Damaged ranges: {}",
+                damaged_summary(stats.pool.damaged_ranges.len() as u64)
+            );
+            for range in &stats.pool.damaged_ranges {
+                println!("  {}", range.describe());
+            }
+        }
     }
     if args.verbose {
         println!();
@@ -253,6 +262,17 @@ pub fn region_table(regions: &[Region]) -> Table {
         ]);
     }
     table
+}
+
+/// The damaged ranges in a few words: how many, and what clears them.
+pub fn damaged_summary(count: u64) -> String {
+    match count {
+        0 => "none".to_string(),
+        n => format!(
+            "{n} (volume ranges whose block-map page failed its checks: refused with EIO; \
+             `fewerbytes check` lists them, `fewerbytes check --repair` clears them)"
+        ),
+    }
 }
 
 #[cfg(test)]

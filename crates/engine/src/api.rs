@@ -231,6 +231,11 @@ pub struct PoolInfo {
     /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Volume ranges whose block-map page (or map directory page) failed its checks
+    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`;
+    /// `stats` and `Pool::damaged_ranges` list them).
+    #[serde(default)]
+    pub damaged_range_count: u64,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's
@@ -296,6 +301,10 @@ pub struct VolumeInfo {
     /// opened (0 from a pool opened only to look).
     #[serde(default)]
     pub no_space_refusals: u64,
+    /// Ranges whose block-map page failed its checks at open: refused (EIO) until
+    /// `check --repair` clears them (`map_damage.rs`).
+    #[serde(default)]
+    pub damaged_ranges: Vec<crate::DamagedRange>,
 }
 
 /// A range of a volume, by what backs it.
@@ -439,6 +448,10 @@ pub struct PoolStats {
     /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Volume ranges whose block-map page (or map directory page) failed its checks
+    /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
+    #[serde(default)]
+    pub damaged_ranges: Vec<crate::DamagedRange>,
     /// Journal commits since open (group commits).
     pub journal_commits: u64,
     /// Worker threads (and zones).

@@ -7,12 +7,15 @@
 
 use crate::counters::Counters;
 use crate::dir_tree::DirTree;
+use crate::map_damage::{Damage, DamagedRange};
 use crate::map_pages::{MapPage, MapPages};
+use crate::Result;
 use fewerbytes_format::location::{MapEntry, ObjectId};
 use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
 use parking_lot::{
     MappedRwLockReadGuard, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// Entries per page, as a u64 for LBN arithmetic.
@@ -45,6 +48,13 @@ pub struct VolumeState {
     zeros: AtomicI64,
     /// Counters since open.
     counters: Counters,
+    /// Ranges whose map page or directory page failed its checks at open
+    /// (`map_damage.rs`); `damaged` says whether there are any without the lock.
+    damage: RwLock<Vec<Damage>>,
+    damaged: AtomicBool,
+    /// Level-1 directory pages a repair cleared damage under: the next checkpoint
+    /// rewrites them (and so retires the failed directory pages).
+    cleared_dirs: Mutex<BTreeSet<u64>>,
 }
 
 impl VolumeState {
@@ -88,7 +98,96 @@ impl VolumeState {
             mapped: AtomicI64::new(0),
             zeros: AtomicI64::new(0),
             counters: Counters::default(),
+            damage: RwLock::new(Vec::new()),
+            damaged: AtomicBool::new(false),
+            cleared_dirs: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Record a damaged range found at open; a damaged map page itself is kept with
+    /// its failed reference (`MapPage::loaded_damaged`).
+    pub(crate) fn add_damage(&self, damage: Damage) {
+        if damage.level == 0 {
+            let mut pages = self.pages.write();
+            if pages.make(damage.first_page) {
+                if let Some(page) = pages.get(damage.first_page) {
+                    page.lock().loaded_damaged(damage.reference);
+                }
+            }
+        }
+        self.damage.write().push(damage);
+        self.damaged.store(true, Ordering::Release);
+    }
+
+    /// Whether any range of the volume is damaged.
+    pub fn has_damage(&self) -> bool {
+        self.damaged.load(Ordering::Acquire)
+    }
+
+    /// The damaged range holding any of blocks `first..end`, if one does.
+    pub(crate) fn damage_in(&self, first: u64, end: u64) -> Option<Damage> {
+        if !self.has_damage() {
+            return None;
+        }
+        let size = self.size_blocks();
+        self.damage
+            .read()
+            .iter()
+            .find(|d| {
+                let r = d.lbns(size);
+                first < r.end && r.start < end.max(first + 1)
+            })
+            .cloned()
+    }
+
+    /// The error of `op` on blocks `first..end` if they touch a damaged range.
+    pub(crate) fn refuse_damaged(&self, op: &'static str, first: u64, end: u64) -> Result<()> {
+        match self.damage_in(first, end) {
+            Some(d) => Err(d.error(&self.name(), self.size_blocks(), op)),
+            None => Ok(()),
+        }
+    }
+
+    /// The volume's damaged ranges, for a person.
+    pub fn damaged_ranges(&self) -> Vec<DamagedRange> {
+        let (name, size) = (self.name(), self.size_blocks());
+        self.damage
+            .read()
+            .iter()
+            .map(|d| d.range(&name, size))
+            .collect()
+    }
+
+    /// The damaged ranges as held (a repair clears them).
+    pub(crate) fn damage(&self) -> Vec<Damage> {
+        self.damage.read().clone()
+    }
+
+    /// Clear every damaged range (`repair.rs`, with the gate held exclusively):
+    /// damaged map pages become written with every entry unmapped, and the level-1
+    /// directory pages under a damaged directory page are marked for the next
+    /// checkpoint to rewrite.
+    pub(crate) fn clear_damage(&self, dirty_pages: &AtomicU64) {
+        let cleared = std::mem::take(&mut *self.damage.write());
+        self.damaged.store(false, Ordering::Release);
+        let per_dir = fewerbytes_format::page::REFS_PER_DIR_PAGE as u64;
+        for d in &cleared {
+            if d.level == 0 {
+                let pages = self.pages.read();
+                if let Some(page) = pages.get(d.first_page) {
+                    page.lock().clear_damage(dirty_pages);
+                }
+            } else {
+                let mut dirs = self.cleared_dirs.lock();
+                dirs.extend(d.first_page / per_dir..d.end_page.div_ceil(per_dir));
+            }
+        }
+    }
+
+    /// The level-1 directory pages a repair cleared damage under, taken by the
+    /// checkpoint that rewrites them.
+    pub(crate) fn take_cleared_dirs(&self) -> BTreeSet<u64> {
+        std::mem::take(&mut *self.cleared_dirs.lock())
     }
 
     /// Slot in the catalog (names the volume in journal records).

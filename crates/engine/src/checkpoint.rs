@@ -618,7 +618,9 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         // Only the pages in memory: a page never written has no durable copy.
         let map = vol.map_pages();
         let mut map_refs = Vec::new();
-        let mut dirty_dirs = BTreeSet::new();
+        // A damaged page is never dirty (its reference is kept as it is); the
+        // directory pages over a range a repair cleared are rewritten.
+        let mut dirty_dirs = vol.take_cleared_dirs();
         for (p, page) in map.iter() {
             let mut page = page.lock();
             if page.is_dirty() {

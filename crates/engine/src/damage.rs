@@ -19,8 +19,9 @@ pub enum DamagedAt {
 
 /// Whether a read's error says the bytes read are damaged (so a copy may write zeros
 /// in their place and name them), rather than out of reach. The one place that
-/// decides it: stored data that fails its fingerprint or its decoding, and any error
-/// the engine words as "damaged".
+/// decides it: stored data that fails its fingerprint or its decoding, and a range
+/// whose block-map page was lost (`EngineError::Damaged`). Every other error is not
+/// damage.
 pub fn read_damage(error: &EngineError) -> Option<DamagedAt> {
     match error {
         EngineError::Corrupt {
@@ -28,7 +29,7 @@ pub fn read_damage(error: &EngineError) -> Option<DamagedAt> {
             block,
             ..
         } => Some(DamagedAt::PoolBlock(*block)),
-        other if other.to_string().contains("damaged") => Some(DamagedAt::Unknown),
+        EngineError::Damaged { .. } => Some(DamagedAt::Unknown),
         _ => None,
     }
 }

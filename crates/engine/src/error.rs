@@ -84,6 +84,16 @@ pub enum EngineError {
     /// A refusal with the numbers behind it (too small, too big, over capacity, ...).
     #[error("{0}")]
     Refused(String),
+    /// A request touched a volume range whose block-map page (or map directory
+    /// page) failed its checks at open (`map_damage.rs`): its entries are unknown,
+    /// so it is neither read nor written until `check --repair` clears it.
+    #[error("{op} refused: {}; `fewerbytes check --repair` (on the pool, not served) clears the range, which then reads as zeros", .range.describe())]
+    Damaged {
+        /// What was asked (read, write, trim, write_zeroes).
+        op: &'static str,
+        /// The damaged range it touched.
+        range: Box<crate::map_damage::DamagedRange>,
+    },
     /// A state the engine's own bookkeeping rules out: a reference or holder count
     /// taken below zero, a buffer range outside its buffer. The metadata (or the
     /// engine) is wrong; a count underflow latches the pool read-only, for a person

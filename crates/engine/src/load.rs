@@ -16,6 +16,7 @@ use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
+use crate::map_damage::LostPage;
 use crate::page_store::address_block;
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
@@ -161,11 +162,12 @@ fn read_tree(
     root: &TableRoot,
     owner: u64,
     entries: u64,
+    mut lost: Option<&mut Vec<LostPage>>,
 ) -> Result<(DirTree, SparseRefs)> {
     let version = inner.checkpointer.super_block().version;
     if version == FORMAT_VERSION_1 {
         let mut top = DirLevel::from_list(&root.top);
-        let refs = read_level(inner, &mut top, owner, entries, 0)?;
+        let refs = read_level(inner, &mut top, owner, entries, 0, 1, lost)?;
         return Ok((DirTree::loaded(vec![top], entries), refs));
     }
     let sizes = level_sizes_of(version, entries).unwrap_or_default();
@@ -188,13 +190,26 @@ fn read_tree(
     let mut levels = vec![DirLevel::from_list(&root.top)];
     for k in (1..sizes.len()).rev() {
         if let (Some(parents), Some(&n)) = (levels.last_mut(), sizes.get(k - 1)) {
-            let refs = read_level(inner, parents, owner, n, k as u8 + 1)?;
+            // A child of a level-(k + 1) page is a level-k page over the table pages
+            // its levels 1 to k fan out to.
+            let span: u64 = (1..=k as u8)
+                .map(|l| refs_per_dir_page(version, l) as u64)
+                .product();
+            let refs = read_level(
+                inner,
+                parents,
+                owner,
+                n,
+                k as u8 + 1,
+                span,
+                lost.as_deref_mut(),
+            )?;
             levels.push(DirLevel::new(n, refs));
         }
     }
     levels.reverse();
     let refs = match levels.first_mut() {
-        Some(level_1) => read_level(inner, level_1, owner, entries, 1)?,
+        Some(level_1) => read_level(inner, level_1, owner, entries, 1, 1, lost)?,
         None => Vec::new(),
     };
     Ok((DirTree::loaded(levels, entries), refs))
@@ -202,13 +217,18 @@ fn read_tree(
 
 /// The references (not NONE) the written directory pages of `dirs` (of `level`; 0
 /// in version 1) hold over a level of `entries` pages. A page read from its second
-/// copy is marked for rewriting (`dir_copies.rs`).
+/// copy is marked for rewriting (`dir_copies.rs`). With `lost` (a block map's tree,
+/// opened past damage: `map_damage.rs`), a directory page both of whose copies fail
+/// their checks is listed there, with the table pages under it (each child spans
+/// `span` of them), instead of failing the load: its children are unknown.
 fn read_level(
     inner: &Inner,
     dirs: &mut DirLevel,
     owner: u64,
     entries: u64,
     level: u8,
+    span: u64,
+    mut lost: Option<&mut Vec<LostPage>>,
 ) -> Result<SparseRefs> {
     let version = inner.checkpointer.super_block().version;
     let v1 = version == FORMAT_VERSION_1;
@@ -224,18 +244,47 @@ fn read_level(
     for (k, d) in dirs.refs() {
         let first = k * per_page;
         let want = entries.saturating_sub(first).min(per_page);
-        let (header, second) = crate::dir_copies::read_dir_page(inner, &mut buf, &d, owner, k)?;
+        let read = crate::dir_copies::read_dir_page(inner, &mut buf, &d, owner, k).and_then(
+            |(header, second)| {
+                if header.level != level {
+                    let (_, _, corrupt) = page_place(inner, PageKind::Directory, d.address)?;
+                    return Err(corrupt(format!(
+                        "directory page of level {}, expected level {level}",
+                        header.level
+                    )));
+                }
+                Ok(second)
+            },
+        );
+        let second = match (read, lost.as_deref_mut()) {
+            (Ok(second), _) => second,
+            (
+                Err(EngineError::Corrupt {
+                    block,
+                    device,
+                    reason,
+                    ..
+                }),
+                Some(lost),
+            ) => {
+                let pages = per_page.saturating_mul(span);
+                let failed = (block, device, reason);
+                lost.push(LostPage::new(
+                    inner,
+                    level.max(1),
+                    d,
+                    k * pages,
+                    pages,
+                    failed,
+                ));
+                continue;
+            }
+            (Err(e), _) => return Err(e),
+        };
         if second {
             from_twin.push(k);
         }
         let payload = buf.get(PAGE_HEADER_BYTES..).unwrap_or_default();
-        if header.level != level {
-            let (_, _, corrupt) = page_place(inner, PageKind::Directory, d.address)?;
-            return Err(corrupt(format!(
-                "directory page of level {}, expected level {level}",
-                header.level
-            )));
-        }
         let mut r = Reader::new("directory page", payload);
         for i in first..first + want {
             let child = if v1 {
@@ -326,6 +375,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         &catalog.objects,
         OBJECT_TABLE_OWNER,
         (slabs * per_slab) as u64,
+        None,
     )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (g, r) in &counts {
@@ -350,6 +400,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
         &catalog.fingerprints,
         FINGERPRINT_TABLE_OWNER,
         (slabs * per_slab) as u64,
+        None,
     )?;
     for (g, r) in &fps {
         let g = *g as usize;
@@ -383,7 +434,7 @@ pub(crate) fn load_objects(inner: &Inner, catalog: &Catalog) -> Result<()> {
 fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
     let pages_per_slab = inner.geometry.objects_per_slab() as usize / OBJECTS_PER_PAGE;
     let total = inner.geometry.slab_count() as usize * pages_per_slab;
-    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total as u64)?;
+    let (tree, refs) = read_tree(inner, objects, OBJECT_TABLE_OWNER, total as u64, None)?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (g, r) in &refs {
         let g = *g as usize;
@@ -415,12 +466,40 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
 }
 
 /// Load one volume's block map: the pages written, each into memory.
-pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) -> Result<()> {
+///
+/// With `tolerate_damage` (the older super block copy cannot stand in:
+/// `map_damage.rs`), a map page or map directory page that fails its checks marks
+/// the volume range it maps damaged, and the load goes on.
+pub(crate) fn load_map(
+    inner: &Inner,
+    record: &VolumeRecord,
+    vol: &VolumeState,
+    tolerate_damage: bool,
+) -> Result<()> {
     let pages_len = vol.map_pages().len();
-    let (tree, refs) = read_tree(inner, &record.map, record.id, pages_len)?;
+    let mut lost = Vec::new();
+    let (tree, refs) = read_tree(
+        inner,
+        &record.map,
+        record.id,
+        pages_len,
+        tolerate_damage.then_some(&mut lost),
+    )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (p, r) in &refs {
-        let (_, payload) = read_page(inner, &mut buf, PageKind::Map, r, record.id, *p)?;
+        let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.id, *p) {
+            Ok((_, payload)) => payload,
+            Err(EngineError::Corrupt {
+                block,
+                device,
+                reason,
+                ..
+            }) if tolerate_damage => {
+                lost.push(LostPage::new(inner, 0, *r, *p, 1, (block, device, reason)));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut reader = Reader::new("block map page", payload);
         let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
         for e in entries.iter_mut() {
@@ -429,6 +508,7 @@ pub(crate) fn load_map(inner: &Inner, record: &VolumeRecord, vol: &VolumeState) 
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
+    crate::map_damage::record_lost(inner, vol, lost, pages_len);
     Ok(())
 }
 
@@ -521,7 +601,17 @@ fn upgrade_pages(inner: &Inner) -> u64 {
 /// Load the checkpoint, replay the journal, rebuild derived state, and write a
 /// fresh checkpoint in the new open generation. The pages of `older` (the other
 /// valid super block copy) are held until that checkpoint is durable.
-pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -> Result<()> {
+///
+/// With `tolerate_map_damage`, a block-map page or map directory page that fails
+/// its checks marks the range it maps damaged instead of failing the open
+/// (`map_damage.rs`); the caller asks for it only when the older super block copy
+/// cannot stand in.
+pub(crate) fn load(
+    inner: &Inner,
+    sb: &SuperBlock,
+    older: Option<&SuperBlock>,
+    tolerate_map_damage: bool,
+) -> Result<()> {
     if sb.holder.is_set() {
         tracing::warn!(
             "{}: the pool is marked open by {}: that opener did not close it (it \
@@ -566,7 +656,7 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -
                 record.size_bytes / BLOCK_BYTES as u64,
             ));
             vol.set_limited(record.limited);
-            crate::load::load_map(inner, record, &vol)?;
+            crate::load::load_map(inner, record, &vol, tolerate_map_damage)?;
             inner.volumes.insert(vol);
         }
     }
@@ -600,6 +690,9 @@ pub(crate) fn load(inner: &Inner, sb: &SuperBlock, older: Option<&SuperBlock>) -
         return Ok(());
     }
     let upgrade = sb.version != FORMAT_VERSION;
+    if upgrade {
+        crate::map_damage::before_upgrade(inner, sb.version)?;
+    }
     let v1_slots = if sb.version == FORMAT_VERSION_1 {
         crate::load::prepare_upgrade(inner)?
     } else {

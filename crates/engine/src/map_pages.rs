@@ -35,6 +35,9 @@ pub struct MapPage {
     dirty: bool,
     /// Its durable copy (none: never written).
     durable: PageRef,
+    /// The durable copy failed its checks at open (`map_damage.rs`): no entries
+    /// are known, and `durable` is kept as it is until the damage is cleared.
+    damaged: bool,
 }
 
 impl MapPage {
@@ -109,6 +112,28 @@ impl MapPage {
         self.entries = Some(entries);
         self.durable = from;
         self.dirty = false;
+    }
+
+    /// The page's durable copy at `from` failed its checks at open: its entries are
+    /// unknown. Not dirty, so every checkpoint keeps `from` as it is.
+    pub fn loaded_damaged(&mut self, from: PageRef) {
+        self.entries = None;
+        self.durable = from;
+        self.dirty = false;
+        self.damaged = true;
+    }
+
+    /// Whether the page's durable copy failed its checks at open.
+    pub fn is_damaged(&self) -> bool {
+        self.damaged
+    }
+
+    /// A repair clears the damage: every entry unmapped, dirty, so the next
+    /// checkpoint writes the page afresh and retires the failed copy.
+    pub fn clear_damage(&mut self, dirty_pages: &AtomicU64) {
+        self.entries = Some(Box::new([0; MAP_ENTRIES_PER_PAGE]));
+        self.damaged = false;
+        self.turn_dirty(dirty_pages);
     }
 
     /// The page has no durable copy any more (a version-1 pool's upgrade writes every

@@ -470,20 +470,40 @@ impl Pool {
         };
         let copies = SuperCopies::read(meta_dev.as_ref())?;
         let meta = meta_path.map(|p| (meta_dev.clone(), p));
-        let inner = match Self::load_inner(&data, &meta, &meta_dev, opts, mode, &copies) {
+        let load = |copies: &SuperCopies, tolerate: bool| {
+            Self::load_inner(&data, &meta, &meta_dev, opts, mode, copies, tolerate)
+        };
+        let inner = match load(&copies, false) {
             // The newest checkpoint's pages are damaged: the older copy reaches its
             // own whole pages (deferred frees) and the journal since its replay point.
-            Err(e @ EngineError::Corrupt { .. }) => match copies.fall_back(meta_dev.name(), &e) {
-                Some(older) => Self::load_inner(&data, &meta, &meta_dev, opts, mode, &older)
-                    .map_err(|again| {
-                        tracing::warn!(
-                            "{}: the older super block copy does not open either: {again}",
-                            meta_dev.name()
-                        );
-                        e
+            // When it cannot stand in (no such copy, or it fails too: a page both
+            // share), a damaged block-map page costs only the range it maps: the
+            // newest copy opens with that range marked damaged (`map_damage.rs`).
+            Err(e @ EngineError::Corrupt { .. }) => {
+                let older = match copies.fall_back(meta_dev.name(), &e) {
+                    Some(older) => match load(&older, false) {
+                        Ok(inner) => Some(inner),
+                        Err(again) => {
+                            tracing::warn!(
+                                "{}: the older super block copy does not open either: {again}",
+                                meta_dev.name()
+                            );
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                match older {
+                    Some(inner) => inner,
+                    // Damage beyond map pages reports the first corruption found; a
+                    // refusal of the open past map damage (a version-1 pool's upgrade)
+                    // says itself what to do.
+                    None => load(&copies, true).map_err(|again| match again {
+                        EngineError::Corrupt { .. } => e,
+                        other => other,
                     })?,
-                None => return Err(e),
-            },
+                }
+            }
             other => other?,
         };
         let thread_inner = inner.clone();
@@ -531,6 +551,7 @@ impl Pool {
         opts: &OpenOptions,
         mode: OpenMode,
         copies: &SuperCopies,
+        tolerate_map_damage: bool,
     ) -> Result<Arc<Inner>> {
         let separate = meta.is_some();
         let sb = copies.best.clone();
@@ -600,7 +621,7 @@ impl Pool {
             inner.devices.data().set_discard_enabled(false);
             inner.devices.meta().set_discard_enabled(false);
         }
-        crate::load::load(&inner, &sb, copies.older.as_ref())?;
+        crate::load::load(&inner, &sb, copies.older.as_ref(), tolerate_map_damage)?;
         if let Some((copy, _)) = &copies.damaged {
             if !inner.devices.opened_read_only() {
                 // The open's checkpoint (generation + 1) went to the damaged copy.
@@ -680,7 +701,14 @@ impl Pool {
                 current: !i.devices.opened_read_only(),
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),
+            damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
         }
+    }
+
+    /// Every damaged range of every volume (`map_damage.rs`): refused (EIO) until
+    /// `check --repair` clears them.
+    pub fn damaged_ranges(&self) -> Vec<crate::DamagedRange> {
+        crate::map_damage::pool_ranges(&self.inner)
     }
 
     /// Statistics.

@@ -69,6 +69,16 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
                         vol.name()
                     )));
                 }
+                if vol.damage_in(lbn, lbn + 1).is_some() {
+                    // The page's entries are unknown (`map_damage.rs`): the entry is
+                    // not set (the page stays as its durable copy failed), the new
+                    // entry's reference is added and the old one's, unknown, is not
+                    // dropped. Counts may end too high (a leak), never too low.
+                    if let Some(o) = entry.object() {
+                        *deltas.entry(o.0).or_insert(0) += 1;
+                    }
+                    continue;
+                }
                 let page = vol
                     .page_for_write(lbn / ENTRIES_PER_PAGE)
                     .ok_or_else(|| corrupt(format!("record {n}: no map page")))?;
@@ -105,6 +115,8 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
                         break;
                     }
                     let mut page = page.lock();
+                    // A damaged page is not written: its unknown entries are not
+                    // changed, and no reference is dropped for them.
                     if !page.is_written() {
                         continue;
                     }
@@ -149,6 +161,7 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
         }
     }
     unstored.sort_unstable();
+    crate::map_damage::untouched_by_replay(inner)?;
     Ok(unstored)
 }
 

@@ -105,6 +105,9 @@ pub(crate) fn repair(
         lost_bytes: i.repair.take_lost_bytes(),
         ..RepairReport::default()
     };
+    // Damaged map ranges first: cleared, their entries unmapped, so the counts
+    // below are recomputed without them (which frees their leak).
+    crate::map_damage::clear_for_repair(i, options.apply, &mut report);
     // Holders against the records as they are (a freed leak's blocks are not a
     // second finding), then the records against the maps.
     check_holders(i, options.apply, &mut report);

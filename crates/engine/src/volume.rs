@@ -82,7 +82,22 @@ impl Volume {
                 size_bytes,
             });
         }
+        // A damaged range's entries are unknown (`map_damage.rs`): no read, write,
+        // trim or zeroes there until `check --repair` clears it.
+        if len_bytes > 0 && op != "block status" {
+            vol.refuse_damaged(
+                op,
+                offset_bytes / BLOCK,
+                (offset_bytes + len_bytes).div_ceil(BLOCK),
+            )?;
+        }
         Ok(())
+    }
+
+    /// The damaged ranges of this volume (`map_damage.rs`): reads and writes there
+    /// fail with [`EngineError::Damaged`] until `check --repair` clears them.
+    pub fn damaged_ranges(&self) -> Vec<crate::DamagedRange> {
+        self.h.vol.damaged_ranges()
     }
 
     /// Read `buf.len()` bytes at `offset_bytes` (any offset and length inside the volume).
@@ -449,7 +464,16 @@ impl Volume {
             let lbn = at / BLOCK;
             let next = ((lbn + 1) * BLOCK).min(end);
             let p = lbn / ENTRIES_PER_PAGE;
+            let damaged = vol.damage_in(lbn, lbn + 1);
             let (data, run_end) = match pages.get(p) {
+                // A damaged range is reported as data: a client reads it (and gets
+                // the error) rather than take it for zeros.
+                _ if damaged.is_some() => (
+                    true,
+                    damaged.map_or(next, |d| {
+                        (d.lbns(vol.size_blocks()).end * BLOCK).clamp(next, end)
+                    }),
+                ),
                 Some(p) => {
                     let p = p.lock();
                     if !p.is_written() {

@@ -54,6 +54,24 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         map_memory_bytes,
         limited: v.limited(),
         no_space_refusals: v.counters().no_space_refusals(),
+        damaged_ranges: v.damaged_ranges(),
+    }
+}
+
+/// Refuse an operation that would walk a volume's damaged entries (`map_damage.rs`):
+/// a clone would copy unknown entries as zeros, a resize may rewrite the directory
+/// page over a damaged range. Deleting is allowed: the lost entries' objects stay
+/// counted (a leak `check --repair` frees).
+fn refuse_if_damaged(vol: &VolumeState, what: &str) -> Result<()> {
+    match vol.damaged_ranges().first() {
+        Some(range) => Err(EngineError::Refused(format!(
+            "volume '{}' cannot be {what} while it has damaged ranges ({} in all; the \
+             first: {}): `fewerbytes check --repair` clears them first",
+            vol.name(),
+            vol.damaged_ranges().len(),
+            range.describe()
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -198,6 +216,7 @@ pub(crate) fn resize(
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(name)?;
+    refuse_if_damaged(&vol, "resized")?;
     let old = vol.size_blocks();
     if size_blocks > old {
         check_reservation(
@@ -236,6 +255,7 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let source = i.volumes.by_name(src)?;
+    refuse_if_damaged(&source, "cloned")?;
     if i.volumes.exists(dst) {
         return Err(EngineError::VolumeExists(dst.to_string()));
     }

@@ -249,6 +249,18 @@ pub(crate) fn write_block_hashed(
             return Err(EngineError::VolumeGone(vol.name()));
         };
         let mut page = slot.lock();
+        if page.is_damaged() {
+            // `Volume::check` refuses requests into a damaged range before this.
+            drop(page);
+            drop(slot);
+            if let Some(o) = entry.object() {
+                inner.depot.release_object(&inner.devices, o)?;
+            }
+            return Err(EngineError::Invariant(format!(
+                "a write reached block {lbn} of volume '{}', in a damaged range",
+                vol.name()
+            )));
+        }
         let i = (lbn % ENTRIES_PER_PAGE) as usize;
         if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(i), e)) {
             drop(page);

@@ -5,8 +5,9 @@
 //! puts 168 twinned references in a page above level 1) written at its first,
 //! middle and last blocks reads back after a reopen, and so do the count and
 //! fingerprint tables (9,600 slabs: depth 3 each); a stale level-2 directory page is
-//! refused by its parent and its second copy read instead, and with both copies
-//! stale the open is refused, naming its region and block.
+//! refused by its parent and its second copy read instead; with both copies stale
+//! and the older super block copy gone, the range under it is marked damaged, the
+//! page and both its copies named.
 
 mod common;
 use common::*;
@@ -207,29 +208,44 @@ fn a_stale_level_2_directory_page_is_refused_by_its_parent() {
     for b in [block, twin_block] {
         pool_file.write_all_at(&page, b * BLOCK as u64).unwrap();
     }
-    // With the older super block copy gone too, nothing else reaches the volume: the
-    // open is refused, naming the stale page and both its copies.
+    // With the older super block copy gone too, nothing else reaches the blocks the
+    // stale page maps: the pool opens with them damaged (refused, naming the page and
+    // both its copies), and the volume's other blocks read back. Read-only, so
+    // nothing is written.
     let older_copy = 1 - sb.generation % 2;
     let saved = read_block(&file.0, older_copy);
     pool_file
         .write_all_at(&[0u8; BLOCK], older_copy * BLOCK as u64)
         .unwrap();
-    match Pool::open(&file.0, &OPTS) {
-        Err(EngineError::Corrupt {
-            region,
-            block: named,
-            reason,
-            ..
-        }) => {
-            assert_eq!(region, "directory page");
-            assert_eq!(named, block);
-            assert!(reason.contains("lost or misdirected write"), "{reason}");
-            assert!(reason.contains("both copies"), "{reason}");
-            assert!(reason.contains(&format!("block {twin_block}")), "{reason}");
-        }
-        Err(e) => panic!("not reported as corruption: {e}"),
-        Ok(_) => panic!("a stale level-2 directory page was loaded"),
+    let pool = Pool::open_read_only(&file.0, &OPTS)
+        .unwrap_or_else(|e| panic!("a stale map directory page stopped the pool: {e}"));
+    let ranges = pool.damaged_ranges();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    let range = &ranges[0];
+    assert_eq!(range.region, "map directory page");
+    assert_eq!(range.level, 2);
+    assert_eq!(range.block, block);
+    for named in [
+        "lost or misdirected write".to_string(),
+        "both copies".to_string(),
+        format!("block {twin_block}"),
+    ] {
+        assert!(range.reason.contains(&named), "{}", range.reason);
     }
+    // Level-2 page 0 maps 168 level-1 pages (version 3) of 252 map pages of 504 blocks.
+    assert_eq!(range.offset_bytes, 0);
+    assert_eq!(range.len_bytes, 168 * 252 * 504 * BLOCK as u64);
+    let vol = pool.open_volume("big").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (lbn, byte) in probes() {
+        match vol.read(lbn * BLOCK as u64, &mut buf) {
+            Err(EngineError::Damaged { .. }) if lbn == 0 => {}
+            Ok(()) if lbn > 0 => assert!(buf.iter().all(|&b| b == !byte), "block {lbn}"),
+            other => panic!("block {lbn}: {other:?}"),
+        }
+    }
+    drop(vol);
+    drop(pool);
     // With its second copy whole (and the older super block copy back), the pool
     // opens from the newest copy, reading that page from its second copy.
     pool_file
@@ -286,4 +302,120 @@ fn a_volume_shrunk_then_grown_reads_zeros_where_it_was_cut_off() {
         buf.iter().all(|b| *b == 0),
         "a block cut off by the shrink came back"
     );
+}
+
+// A level-1 directory page both super block copies share, flipped: the 252 map pages
+// under it (127,008 blocks) are damaged, the rest of the volume reads, checkpoints
+// keep the failed page, and a repair rewrites the directory pages over the range,
+// which then reads as zeros and takes writes again.
+#[test]
+fn a_bad_level_1_directory_page_damages_only_its_range_until_repaired() {
+    let (file, pool) = big_pool("dir-damage");
+    let id = volume_id(&pool);
+    write_probes(&pool, |b| b);
+    pool.close().unwrap();
+    // An open and a close: two checkpoints that rewrite no directory page.
+    Pool::open(&file.0, &OPTS).unwrap().close().unwrap();
+    // Level-1 page 1,056 covers the middle probe (map page 266,305); both its copies
+    // (the slot its header names, and the twin holding the same page) go bad.
+    let copies = directory_pages(&file.0, id, 1);
+    let (slot, header, _) = copies
+        .iter()
+        .filter(|(s, h, _)| h.index == 1056 && *s == h.slot)
+        .max_by_key(|(_, h, _)| h.generation)
+        .cloned()
+        .unwrap();
+    let twin = copies
+        .iter()
+        .find(|(s, h, _)| *s != slot && h.slot == slot && h.generation == header.generation)
+        .map(|(s, ..)| *s)
+        .unwrap();
+    let sb = super_block_of(&file.0);
+    let block = sb.pages_start_block + slot;
+    let mut page = read_block(&file.0, block);
+    page[2000] ^= 0x04;
+    let pool_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.0)
+        .unwrap();
+    for b in [block, sb.pages_start_block + twin] {
+        pool_file.write_all_at(&page, b * BLOCK as u64).unwrap();
+    }
+    let first = 1056 * 252 * 504 * BLOCK as u64;
+    let len = 252 * 504 * BLOCK as u64;
+    let [low, middle, high] = probes();
+
+    let pool = Pool::open(&file.0, &OPTS).expect("a bad directory page stopped the pool");
+    let ranges = pool.damaged_ranges();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    assert_eq!(
+        (ranges[0].region.as_str(), ranges[0].level, ranges[0].block),
+        ("map directory page", 1, block)
+    );
+    assert_eq!((ranges[0].offset_bytes, ranges[0].len_bytes), (first, len));
+    assert_eq!(header.level, 1);
+    let vol = pool.open_volume("big").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for (lbn, byte) in [low, high] {
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == byte), "block {lbn}");
+    }
+    for at in [middle.0 * BLOCK as u64, first, first + len - BLOCK as u64] {
+        assert!(matches!(
+            vol.read(at, &mut buf),
+            Err(EngineError::Damaged { .. })
+        ));
+        assert!(matches!(
+            vol.write(at, &[7u8; BLOCK], false),
+            Err(EngineError::Damaged { .. })
+        ));
+    }
+    // A write elsewhere (a sibling level-1 page under the same level-2 page) makes
+    // the checkpoint rewrite the level-2 page over the damaged one: its reference is
+    // kept as it is.
+    vol.write((first + len) + 7 * BLOCK as u64, &[9u8; BLOCK], false)
+        .unwrap();
+    drop(vol);
+    pool.close().unwrap();
+    assert!(
+        read_block(&file.0, block) == page,
+        "the failed page was overwritten"
+    );
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    assert_eq!(pool.damaged_ranges(), ranges, "kept across opens");
+    pool.close().unwrap();
+
+    let pool = Pool::open_for_repair(&file.0, &OPTS).unwrap();
+    let report = pool
+        .repair(
+            &fewerbytes_engine::RepairOptions {
+                apply: true,
+                verify_data: false,
+            },
+            &|_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(report.lost_bytes, len, "{:?}", report.repairs);
+    pool.close().unwrap();
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    assert!(pool.damaged_ranges().is_empty());
+    let vol = pool.open_volume("big").unwrap();
+    vol.read(middle.0 * BLOCK as u64, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the cleared range reads zeros");
+    vol.write(middle.0 * BLOCK as u64, &[5u8; BLOCK], false)
+        .unwrap();
+    for (lbn, byte) in [low, high] {
+        vol.read(lbn * BLOCK as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == byte), "block {lbn}");
+    }
+    drop(vol);
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    pool.close().unwrap();
+    let pool = Pool::open(&file.0, &OPTS).unwrap();
+    let vol = pool.open_volume("big").unwrap();
+    vol.read(middle.0 * BLOCK as u64, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 5));
+    drop(vol);
+    pool.close().unwrap();
 }

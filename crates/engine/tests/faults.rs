@@ -72,7 +72,8 @@ fn a_failed_flush_latches_read_only() {
 
 /// Flipping a byte in any block of a pool image (metadata or data) either makes
 /// opening fail with a typed corruption error naming the block, or makes reading the
-/// damaged block fail with one (stored data is checked against its fingerprint), or
+/// damaged block fail with one (stored data is checked against its fingerprint; a
+/// block-map page's range is refused as damaged, naming the page's block), or
 /// (a block nothing refers to any more) changes nothing. Never a panic, never wrong data.
 #[test]
 fn corruption_anywhere_is_detected_or_harmless() {
@@ -121,6 +122,12 @@ fn corruption_anywhere_is_detected_or_harmless() {
                             "block {blk} corrupted: volume {name} reads wrong data"
                         ),
                         Err(EngineError::Corrupt { .. }) => failed = true,
+                        // A block-map page both super block copies share: only the
+                        // range it maps is lost, refused naming the block.
+                        Err(EngineError::Damaged { range, .. }) => {
+                            assert_eq!(range.block, blk as u64, "block {blk}");
+                            failed = true;
+                        }
                         Err(e) => {
                             panic!("block {blk}: expected a corruption error on read, got {e}")
                         }

@@ -450,3 +450,108 @@ fn a_v1_pool_file_opens_read_only_unchanged_and_upgrades_read_write() {
     pool.close().unwrap();
     std::fs::remove_file(&path).unwrap();
 }
+
+/// A version-1 pool whose block-map page failed its checks: its upgrade would write
+/// every page afresh and lose the damaged range unlisted, so a read-write open is
+/// refused (saying what to do), a read-only open serves everything else, and the
+/// open for `check --repair` clears the range (listed as lost) and upgrades.
+#[test]
+fn a_v1_pool_with_a_damaged_map_page_is_upgraded_only_by_a_repair_that_lists_the_loss() {
+    let mut image = image_of(FIXTURE);
+    let sb = SuperBlock::decode(&image[..BLOCK])
+        .ok()
+        .into_iter()
+        .chain(SuperBlock::decode(&image[BLOCK..2 * BLOCK]).ok())
+        .max_by_key(|sb| sb.generation)
+        .unwrap();
+    // Map page 1 (blocks 504..512) of "base", the volume made first (lowest id).
+    let (_, block) = (1..sb.page_slots)
+        .filter_map(|slot| {
+            let block = (sb.pages_start_block + slot) as usize;
+            let bytes = &image[block * BLOCK..(block + 1) * BLOCK];
+            let (h, _) = fewerbytes_format::page::decode_page(
+                bytes,
+                fewerbytes_format::page::PageKind::Map,
+                sb.nonce,
+                slot,
+            )
+            .ok()?;
+            (h.index == 1).then_some((h.owner, block))
+        })
+        .min()
+        .expect("base's map page 1");
+    image[block * BLOCK + 500] ^= 0x10;
+    let damaged = 504 * BLOCK as u64..512 * BLOCK as u64;
+
+    match open(image.clone()) {
+        Err(EngineError::Refused(why)) => {
+            assert!(
+                why.contains("format-version-1") && why.contains("check --repair"),
+                "{why}"
+            )
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a v1 pool with a damaged map page was upgraded"),
+    }
+    let dev = Arc::new(FaultStorage::from_image("fixture", image.clone()));
+    let pool = Pool::open_devices_read_only(dev as Arc<dyn Storage>, None, &OPTS).unwrap();
+    let ranges = pool.damaged_ranges();
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    assert_eq!(ranges[0].volume, "base");
+    assert_eq!(
+        ranges[0].offset_bytes..ranges[0].offset_bytes + ranges[0].len_bytes,
+        damaged
+    );
+    let expected = expected_blocks();
+    let mut buf = vec![0u8; BLOCK];
+    let clone = pool.open_volume("clone").unwrap();
+    clone.read(damaged.start, &mut buf).unwrap();
+    assert_eq!(buf, expected[504], "the clone keeps the blocks it shares");
+    drop(clone);
+    drop(pool);
+
+    let dev = Arc::new(FaultStorage::from_image("fixture", image));
+    let pool = Pool::open_devices_for_repair(dev.clone() as Arc<dyn Storage>, None, &OPTS)
+        .expect("an open for repair clears the range and upgrades");
+    let report = pool
+        .repair(
+            &fewerbytes_engine::RepairOptions {
+                apply: true,
+                verify_data: false,
+            },
+            &|_, _, _| {},
+        )
+        .unwrap();
+    assert_eq!(
+        report.lost_bytes,
+        damaged.end - damaged.start,
+        "{:?}",
+        report.repairs
+    );
+    assert!(
+        report
+            .repairs
+            .iter()
+            .any(|r| r.contains("volume 'base' bytes 2064384..2097151")),
+        "{:?}",
+        report.repairs
+    );
+    pool.close().unwrap();
+    let (_, pool) = open(dev.crash_image(CrashMode::KeepAll)).unwrap();
+    assert_eq!(pool.info().format_version, 3);
+    assert!(pool.damaged_ranges().is_empty());
+    let base = pool.open_volume("base").unwrap();
+    let clone = pool.open_volume("clone").unwrap();
+    for (i, want) in expected.iter().enumerate().skip(504) {
+        base.read((i * BLOCK) as u64, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0), "base block {i} reads zeros");
+        clone.read((i * BLOCK) as u64, &mut buf).unwrap();
+        assert_eq!(&buf, want, "clone block {i}");
+    }
+    base.read(0, &mut buf).unwrap();
+    assert_eq!(buf, expected[0]);
+    drop((base, clone));
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    pool.close().unwrap();
+}

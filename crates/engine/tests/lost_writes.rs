@@ -8,7 +8,9 @@
 //! are whole (deferred frees), with the journal since its replay point: every write
 //! reads back, and the newest copy counts as damaged (`metadata_copies_repaired`).
 //! Where the older copy is hit too, the open fails with corruption naming the
-//! newest's page region and block.
+//! newest's page region and block, or, for a block-map page or map directory page,
+//! opens with the range it maps refused as damaged (`map_damage.rs`), naming the
+//! same block.
 //!
 //! Each case runs a workload (writes, a close and reopen, random overwrites), then
 //! installs the fault at write k of the closing checkpoint, for every k, and reopens.
@@ -142,6 +144,8 @@ fn assert_no_stale_reads(pool: &Arc<Pool>, model: &Model, case: &str) -> bool {
             match vol.read(lbn * BLOCK as u64, &mut buf) {
                 Ok(()) => assert!(buf == want, "{case}: {name} block {lbn} reads stale bytes"),
                 Err(EngineError::Corrupt { region: "data", .. }) => clean = false,
+                // A map page both super block copies lost: its blocks are refused.
+                Err(EngineError::Damaged { .. }) => clean = false,
                 Err(e) => panic!("{case}: {name} block {lbn}: {e}"),
             }
         }
@@ -199,7 +203,19 @@ fn check_case(fault_name: &str, fault: impl Fn(u64) -> FaultPlan, k: u64) -> Opt
         }
         Err(e) => panic!("{case}: not reported as corruption: {e}"),
         Ok(pool) => {
-            if is_page && pool.stats().metadata_copies_repaired == 0 {
+            // Where the older copy is hit too, a lost map page (or map directory
+            // page) of the newest costs only the range it maps, refused by reads.
+            let damaged = pool.damaged_ranges();
+            for range in &damaged {
+                eprintln!("{case}: {}", range.describe());
+                assert!(
+                    allowed_blocks.contains(&range.block),
+                    "{case}: damage named at block {} ({})",
+                    range.block,
+                    range.reason
+                );
+            }
+            if is_page && damaged.is_empty() && pool.stats().metadata_copies_repaired == 0 {
                 // The open reads a directory page's first copy only: a lost write of
                 // its second copy is found by the scrub, which rewrites the page.
                 pool.scrub_start(0).unwrap();

@@ -125,7 +125,8 @@ struct VolumeExport {
 /// The NBD error value a client sees for an engine error: a refused write on a
 /// read-only pool is EPERM, a request past the end EINVAL, a full pool or a full
 /// device below it ENOSPC (QEMU's `werror=enospc` pauses the guest on it), a
-/// deleted volume ESHUTDOWN, and anything else (a device error, corruption) EIO.
+/// deleted volume ESHUTDOWN, and anything else (a device error, corruption, a
+/// damaged block-map range) EIO.
 pub fn errno_of(e: &EngineError) -> u32 {
     match e {
         e if e.is_no_space() => ENOSPC,

@@ -1,0 +1,321 @@
+//! Damaged block-map ranges: a block-map page, or a map directory page, that failed
+//! its checks at open (bad checksum, stale, misdirected) when the older super block
+//! copy could not stand in for it (the page is one both copies share, or there is
+//! no usable older copy). The pool opens anyway: only the volume blocks that page
+//! maps are lost, and they are marked DAMAGED.
+//!
+//! The rules, each kept where it applies:
+//! - reads, writes, trims and zeroes that touch a damaged range fail with
+//!   [`EngineError::Damaged`] (EIO over NBD): its entries are unknown, so neither
+//!   their data nor zeros can be served, and a write there would have to drop a
+//!   reference to an object it cannot name (`volume.rs: check`; a write reaching a
+//!   damaged page regardless is an invariant error, `write_path.rs`);
+//! - the objects the lost entries named keep the counts the count pages hold: a
+//!   leak, never the free of something that may still be referenced;
+//! - journal replay: a record into a damaged range changes no entry (the page
+//!   stays as its durable copy failed); a `MapSet` adds the reference its new entry
+//!   holds and drops none (the old entry is unknown), a `RangeSet` changes nothing
+//!   there: counts may only end too high, never too low (`recovery.rs: replay`). A
+//!   damaged range holding entries after replay is an invariant error
+//!   ([`untouched_by_replay`]);
+//! - the checkpoint keeps the damaged page's (or directory page's) reference as it
+//!   is: the page is never dirtied, so no zero reference or empty page is written
+//!   over the evidence (`checkpoint.rs` writes only dirty pages), and its slot stays
+//!   held ([`LostPage::new`]);
+//! - volume operations that would walk the lost entries (resize, clone) are refused
+//!   until the range is cleared; a delete is allowed (the leak stays counted);
+//! - `check` reports each range; `check --repair` clears it: its entries become
+//!   unmapped (read as zeros), the counts are recomputed from the maps, which frees
+//!   the leak, and the range is listed as lost ([`clear_for_repair`]); a
+//!   version-1 pool is upgraded only past that ([`before_upgrade`]).
+
+use crate::block_map::VolumeState;
+use crate::inner::Inner;
+use crate::repair::RepairReport;
+use crate::{EngineError, Result};
+use fewerbytes_format::page::{PageKind, PageRef};
+use fewerbytes_format::BLOCK_BYTES;
+use serde::{Deserialize, Serialize};
+
+const BLOCK: u64 = BLOCK_BYTES as u64;
+
+/// One damaged range of a volume: the blocks one failed page maps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DamagedRange {
+    /// The volume's name.
+    pub volume: String,
+    /// First byte of the range in the volume.
+    pub offset_bytes: u64,
+    /// Bytes of the range.
+    pub len_bytes: u64,
+    /// The failed page: `block map page` or `directory page`.
+    pub region: String,
+    /// Its directory level (0: a block-map page itself).
+    pub level: u8,
+    /// The failed page's block on its device (from the device's start).
+    pub block: u64,
+    /// `data` or `metadata`.
+    pub device: String,
+    /// Why it failed its checks.
+    pub reason: String,
+}
+
+impl DamagedRange {
+    /// One line for a person: volume, bytes, page and why.
+    pub fn describe(&self) -> String {
+        format!(
+            "volume '{}' bytes {}..{} ({} bytes) are damaged: the {}{} that maps them, \
+             block {} of the {} device, failed its checks ({})",
+            self.volume,
+            self.offset_bytes,
+            // The last byte, as every report of damage names a range
+            // (`damage.rs: volume_range`).
+            self.offset_bytes + self.len_bytes.max(1) - 1,
+            self.len_bytes,
+            self.region,
+            if self.level > 0 {
+                format!(" of level {}", self.level)
+            } else {
+                String::new()
+            },
+            self.block,
+            self.device,
+            self.reason
+        )
+    }
+
+    /// Whether the range holds any byte of `[offset, offset + len)`.
+    pub fn overlaps(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        offset_bytes < self.offset_bytes + self.len_bytes
+            && self.offset_bytes < offset_bytes.saturating_add(len_bytes.max(1))
+    }
+}
+
+/// A damaged range as a volume holds it: in map pages, with the failed page's
+/// reference (kept by every checkpoint until the range is cleared).
+#[derive(Debug, Clone)]
+pub(crate) struct Damage {
+    /// Map pages `first_page..end_page` are lost.
+    pub(crate) first_page: u64,
+    pub(crate) end_page: u64,
+    /// 0: a map page; else the directory level of the failed page.
+    pub(crate) level: u8,
+    /// Its reference, as its parent holds it.
+    pub(crate) reference: PageRef,
+    pub(crate) block: u64,
+    pub(crate) device: &'static str,
+    pub(crate) reason: String,
+}
+
+impl Damage {
+    /// The blocks of a volume of `size_blocks` the damage covers.
+    pub(crate) fn lbns(&self, size_blocks: u64) -> std::ops::Range<u64> {
+        let per = crate::block_map::ENTRIES_PER_PAGE;
+        let first = (self.first_page * per).min(size_blocks);
+        first..(self.end_page * per).min(size_blocks)
+    }
+
+    /// The public description, for volume `name` of `size_blocks`.
+    pub(crate) fn range(&self, name: &str, size_blocks: u64) -> DamagedRange {
+        let lbns = self.lbns(size_blocks);
+        DamagedRange {
+            volume: name.to_string(),
+            offset_bytes: lbns.start * BLOCK,
+            len_bytes: (lbns.end - lbns.start) * BLOCK,
+            region: if self.level == 0 {
+                "block map page".into()
+            } else {
+                "map directory page".into()
+            },
+            level: self.level,
+            block: self.block,
+            device: self.device.to_string(),
+            reason: self.reason.clone(),
+        }
+    }
+
+    /// The error a request touching the range gets.
+    pub(crate) fn error(&self, name: &str, size_blocks: u64, op: &'static str) -> EngineError {
+        EngineError::Damaged {
+            op,
+            range: Box::new(self.range(name, size_blocks)),
+        }
+    }
+}
+
+/// Every damaged range of every volume, by volume name.
+pub(crate) fn pool_ranges(inner: &Inner) -> Vec<DamagedRange> {
+    let mut ranges: Vec<DamagedRange> = inner
+        .volumes
+        .all()
+        .iter()
+        .flat_map(|v| v.damaged_ranges())
+        .collect();
+    ranges.sort_by(|a, b| (&a.volume, a.offset_bytes).cmp(&(&b.volume, b.offset_bytes)));
+    ranges
+}
+
+/// Mark volume `vol` (a map of `pages_len` pages) damaged where the pages in `lost`
+/// failed at open, each named in a warning.
+pub(crate) fn record_lost(inner: &Inner, vol: &VolumeState, lost: Vec<LostPage>, pages_len: u64) {
+    for page in lost {
+        let damage = Damage {
+            first_page: page.first_page.min(pages_len),
+            end_page: page.first_page.saturating_add(page.pages).min(pages_len),
+            level: page.level,
+            reference: page.reference,
+            block: page.block,
+            device: page.device,
+            reason: page.reason,
+        };
+        let range = damage.range(&vol.name(), vol.size_blocks());
+        tracing::warn!(
+            "{}: {}; the rest of the pool is served, and the range is refused (EIO) \
+             until `fewerbytes check --repair` clears it",
+            inner.devices.meta().name(),
+            range.describe()
+        );
+        vol.add_damage(damage);
+    }
+}
+
+/// A map page or map directory page that failed its checks at an open past
+/// damage: which page, the leaf pages under it, and the failure.
+pub(crate) struct LostPage {
+    level: u8,
+    reference: PageRef,
+    first_page: u64,
+    pages: u64,
+    block: u64,
+    device: &'static str,
+    reason: String,
+}
+
+impl LostPage {
+    /// The page `reference` names (of `level`; 0: a map page) over
+    /// leaf pages `first_page..first_page + pages`, which failed its checks at
+    /// `block` of `device` for `reason`. Its addresses (both copies of a directory
+    /// page) stay held in the page store when they are in it (every checkpoint keeps
+    /// the reference until the damage is cleared), so no page is written over the
+    /// evidence.
+    pub(crate) fn new(
+        inner: &Inner,
+        level: u8,
+        reference: PageRef,
+        first_page: u64,
+        pages: u64,
+        (block, device, reason): (u64, &'static str, String),
+    ) -> LostPage {
+        let kind = if level == 0 {
+            PageKind::Map
+        } else {
+            PageKind::Directory
+        };
+        // Both copies of a directory page (version 3): a freed twin address would be
+        // reused, and the next open would find another page there.
+        for address in reference.addresses() {
+            if crate::load::page_place(inner, kind, address).is_ok() {
+                inner.checkpointer.page_store().mark_address(address);
+            }
+        }
+        LostPage {
+            level,
+            reference,
+            first_page,
+            pages,
+            block,
+            device,
+            reason,
+        }
+    }
+}
+
+/// The rule of replay over damaged ranges, checked: no entry in one was set, so no
+/// page under a damaged page holds entries a checkpoint would write over it.
+pub(crate) fn untouched_by_replay(inner: &Inner) -> Result<()> {
+    for vol in inner.volumes.all() {
+        for d in vol.damage() {
+            let pages = vol.map_pages();
+            for (p, page) in pages.iter_from(d.first_page) {
+                if p >= d.end_page {
+                    break;
+                }
+                let page = page.lock();
+                if page.is_written() || page.is_dirty() {
+                    return Err(EngineError::Invariant(format!(
+                        "map page {p} of volume '{}' lies in a damaged range but holds \
+                         entries: replay must leave a damaged range untouched",
+                        vol.name()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Clear every damaged map range (`map_damage.rs`), with `apply`: its entries
+/// become unmapped (read as zeros) and the next checkpoint writes its map page (or
+/// the directory pages over it) afresh, retiring the failed page. Each range is
+/// listed as lost; the counts its lost entries held are recomputed with the rest.
+pub(crate) fn clear_for_repair(inner: &Inner, apply: bool, report: &mut RepairReport) {
+    for vol in inner.volumes.all() {
+        let ranges = vol.damaged_ranges();
+        if ranges.is_empty() {
+            continue;
+        }
+        for range in &ranges {
+            report.repairs.push(format!(
+                "{}: its entries are lost and {} zeros",
+                range.describe(),
+                if apply {
+                    "it now reads as"
+                } else {
+                    "it would read as"
+                }
+            ));
+            report.lost_bytes += range.len_bytes;
+        }
+        if apply {
+            vol.clear_damage(inner.checkpointer.dirty_pages());
+        }
+    }
+}
+
+/// A version-1 or version-2 pool with damaged map ranges is not upgraded as it is:
+/// the upgrade rewrites pages afresh (from version 1 every page, from version 2
+/// every directory page) and cannot carry a failed page's reference or write a
+/// directory page whose children are unknown, so the range would turn into zeros
+/// unlisted. An open for repair clears each range first (its entries unmapped,
+/// listed as lost; the repair then recomputes the counts); any other read-write
+/// open is refused.
+pub(crate) fn before_upgrade(inner: &Inner, version: u32) -> Result<()> {
+    let ranges = pool_ranges(inner);
+    let Some(first) = ranges.first() else {
+        return Ok(());
+    };
+    if !inner.repair.enabled() {
+        return Err(EngineError::Refused(format!(
+            "this format-version-{version} pool has {} damaged map range(s) (the first: \
+             {}); its upgrade to version {} would lose them unlisted: open it read-only, or \
+             run `fewerbytes check --repair`, which clears them (they then read as zeros) \
+             and upgrades it",
+            ranges.len(),
+            first.describe(),
+            fewerbytes_format::FORMAT_VERSION
+        )));
+    }
+    for vol in inner.volumes.all() {
+        vol.clear_damage(inner.checkpointer.dirty_pages());
+    }
+    for range in ranges {
+        let sentence = format!(
+            "{}: its entries are lost and it now reads as zeros",
+            range.describe()
+        );
+        tracing::warn!("{sentence}");
+        inner.repair.record(sentence);
+        inner.repair.lost(range.len_bytes);
+    }
+    Ok(())
+}
