@@ -6,9 +6,10 @@
 //! makes every change between checkpoints recoverable.
 
 use crate::counters::Counters;
+use crate::damaged_range::DamagedRange;
 use crate::dir_tree::DirTree;
-use crate::map_damage::{Damage, DamagedRange};
 use crate::map_pages::{MapPage, MapPages};
+use crate::volume_damage::Damage;
 use crate::Result;
 use fewerbytes_format::location::{MapEntry, ObjectId};
 use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};

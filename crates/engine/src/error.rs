@@ -92,7 +92,7 @@ pub enum EngineError {
         /// What was asked (read, write, trim, write_zeroes).
         op: &'static str,
         /// The damaged range it touched.
-        range: Box<crate::map_damage::DamagedRange>,
+        range: Box<crate::damaged_range::DamagedRange>,
     },
     /// A state the engine's own bookkeeping rules out: a reference or holder count
     /// taken below zero, a buffer range outside its buffer. The metadata (or the
