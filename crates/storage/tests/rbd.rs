@@ -189,3 +189,48 @@ fn bad_names_and_a_second_opener_get_clear_errors() {
     drop(first);
     open(&image);
 }
+
+/// The child's half of the next test: in a mount namespace where librados is not a
+/// library, open an image and print the error.
+#[test]
+fn without_librados_child() {
+    if std::env::var_os("FEWERBYTES_RBD_NO_LIB_CHILD").is_none() {
+        return;
+    }
+    let err = open_rbd(POOL, "x", None, None, None)
+        .err()
+        .expect("no librados, no image");
+    println!("open error: {err}");
+}
+
+#[test]
+fn a_machine_without_librbd_gets_an_error_naming_the_package() {
+    // librados as the dynamic loader finds it, hidden behind /dev/null in a private
+    // mount namespace for a child run of this binary (needs root, as CI is).
+    let lib = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/librados.so.2")
+        .or_else(|_| std::fs::canonicalize("/usr/lib/librados.so.2"))
+        .expect("librados.so.2 is installed here (apt-get install librbd1)");
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null "$1" && exec "$2" --exact without_librados_child --nocapture"#)
+        .args(["sh", &lib.display().to_string(), &exe.display().to_string()])
+        .env("FEWERBYTES_RBD_NO_LIB_CHILD", "1")
+        .output()
+        .expect("run unshare (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("open error: "))
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    assert!(
+        line.contains("could not open rbd:rbd/x: librados.so.2 cannot be loaded")
+            && line.contains("install librbd1 (apt-get install librbd1)"),
+        "{line}"
+    );
+}
