@@ -18,8 +18,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages providing each client the tests run. A test whose client is
 # missing fails with a message naming the package; it is never skipped.
-PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd debootstrap perl libtest-mockmodule-perl libjson-perl openssl libssl-dev pkg-config)
-TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze debootstrap prove openssl)
+PACKAGES=(libnbd-bin nbd-client fio nbdkit python3-libnbd e2fsprogs qemu-utils util-linux mount systemd debootstrap perl libtest-mockmodule-perl libjson-perl openssl libssl-dev pkg-config ceph-mon ceph-mgr ceph-osd ceph-common)
+TOOLS=(nbdinfo nbdsh nbdfuse nbdcopy nbd-client fio qemu-img qemu-io mkfs.ext4 fsck.ext4 losetup fstrim mount umount systemd-analyze debootstrap prove openssl ceph-mon ceph-mgr ceph-osd ceph rbd)
 
 have_tool() {
     PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1

@@ -12,8 +12,9 @@
 //!
 //! Implementations: [`FileStorage`] (a regular file or a block device) and
 //! [`FaultStorage`] (an in-memory device for tests that separates what is durable
-//! from what was written since the last flush, can crash, and can fail the Nth I/O).
-//! A later `RbdStorage` (Ceph) fits behind the same trait.
+//! from what was written since the last flush, can crash, and can fail the Nth I/O),
+//! and [`RbdStorage`] (an image of a Ceph RBD pool, through librbd loaded at run
+//! time: [`open_rbd`]).
 //!
 //! **Architecture invariant:** `storage` knows nothing of pools, blocks or dedup.
 
@@ -24,10 +25,13 @@ mod fault;
 mod file;
 mod image;
 mod loop_device;
+mod rbd;
+mod rbd_lib;
 
 pub use fault::{CrashMode, FaultPlan, FaultStorage, FlipRead, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
 pub use image::Image;
+pub use rbd::{open_rbd, RbdStorage};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

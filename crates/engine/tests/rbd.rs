@@ -1,0 +1,148 @@
+//! A pool on a Ceph RBD image (a one-node cluster from scripts/ceph/cluster.sh,
+//! started by this binary and stopped when it exits): made through the engine's
+//! API on `open_rbd`, written, closed, reopened and read back; and a process
+//! killed with SIGKILL after a flush, whose pool reopens with every flushed block.
+
+#[path = "../../storage/tests/ceph/mod.rs"]
+mod ceph;
+use ceph::*;
+use fewerbytes_engine::storage::{open_rbd, Storage};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+const BLOCK: usize = 4096;
+const MIB: u64 = 1 << 20;
+/// Blocks each test writes: noise (stored whole) and, every fourth, a repeat
+/// (deduplicated), so both paths cross the device.
+const BLOCKS: u64 = 2000;
+/// The child process of the SIGKILL test: runs its writer when set.
+const CHILD_ENV: &str = "FEWERBYTES_RBD_CHILD";
+
+fn block(seed: u64) -> Vec<u8> {
+    let seed = if seed % 4 == 3 { 7 } else { seed };
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..BLOCK)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn device(image: &str, conf: &Path) -> Arc<dyn Storage> {
+    Arc::from(open_rbd(POOL, image, None, None, Some(conf)).expect("open the image"))
+}
+
+fn open_pool(image: &str, conf: &Path) -> Arc<Pool> {
+    Pool::open_devices(
+        device(image, conf),
+        None,
+        &OpenOptions {
+            threads: Some(2),
+            ..OpenOptions::default()
+        },
+    )
+    .expect("open the pool on the image")
+}
+
+fn write_blocks(pool: &Arc<Pool>) {
+    pool.create_volume("vm", 64 * MIB).expect("create volume");
+    let vol = pool.open_volume("vm").expect("open volume");
+    for lbn in 0..BLOCKS {
+        vol.write(lbn * BLOCK as u64, &block(lbn), false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+}
+
+fn check_blocks(pool: &Arc<Pool>) {
+    let vol = pool.open_volume("vm").expect("open volume");
+    let mut buf = vec![0u8; BLOCK];
+    for lbn in 0..BLOCKS {
+        vol.read(lbn * BLOCK as u64, &mut buf).expect("read");
+        assert!(buf == block(lbn), "block {lbn} reads back other bytes");
+    }
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+}
+
+fn new_pool_image(prefix: &str) -> String {
+    let image = new_image(prefix, 256);
+    Pool::format(
+        device(&image, &cluster().conf),
+        None,
+        None,
+        &CreateOptions::default(),
+    )
+    .expect("format a pool on the image");
+    image
+}
+
+#[test]
+fn a_pool_on_an_rbd_image_keeps_its_blocks_across_a_close() {
+    let image = new_pool_image("pool");
+    let pool = open_pool(&image, &cluster().conf);
+    write_blocks(&pool);
+    check_blocks(&pool);
+    pool.close().expect("close");
+    let pool = open_pool(&image, &cluster().conf);
+    check_blocks(&pool);
+    pool.close().expect("close");
+}
+
+/// The child's half of the SIGKILL test: open, write, flush, say so, and wait to
+/// be killed.
+#[test]
+fn sigkill_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (image, conf) = spec.split_once(' ').expect("image and conf");
+    let pool = open_pool(image, Path::new(conf));
+    write_blocks(&pool);
+    println!("flushed");
+    // More writes, never flushed: the kill may leave any of them or none.
+    let vol = pool.open_volume("vm").expect("open volume");
+    for lbn in 0..BLOCKS {
+        vol.write((BLOCKS + lbn) * BLOCK as u64, &block(lbn + 99), false)
+            .expect("write");
+    }
+    std::thread::sleep(std::time::Duration::from_secs(600));
+    panic!("the parent never killed this process");
+}
+
+#[test]
+fn a_pool_whose_process_was_killed_reopens_with_every_flushed_block() {
+    let image = new_pool_image("killed");
+    let conf = cluster().conf.display().to_string();
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "sigkill_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, format!("{image} {conf}"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let flushed = BufReader::new(stdout)
+        .lines()
+        .map_while(|l| l.ok())
+        .any(|l| l.trim_end().ends_with("flushed"));
+    // SIGKILL: no close, no unwinding, librbd's cache and lock left as they were.
+    child.kill().expect("kill the child");
+    child.wait().expect("reap the child");
+    assert!(flushed, "the child never flushed");
+    // The dead client still holds the image's exclusive lock; librbd takes it
+    // over (breaking it once the client's watch has expired) at the first write.
+    let pool = open_pool(&image, &cluster().conf);
+    check_blocks(&pool);
+    pool.close().expect("close");
+}

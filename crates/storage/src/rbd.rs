@@ -1,0 +1,542 @@
+//! `RbdStorage`: an image of a Ceph RBD pool, through librbd (loaded at run time,
+//! see `rbd_lib`).
+//!
+//! How the [`Storage`] contract maps onto librbd:
+//! - `read_at`/`write_at` are `rbd_read2`/`rbd_write2` (synchronous). librbd's
+//!   cache may acknowledge a write it has not sent to the OSDs; such a write is
+//!   visible to this handle's later reads, like an unflushed write to a file.
+//! - `flush` is `rbd_flush`: its result, and only its result, says the writes that
+//!   returned before it are on the OSDs. A client cut off from the cluster (its lock
+//!   broken, its address blocklisted) can have writes acknowledged by the cache that
+//!   never land; its flush fails, and the engine latches on a failed flush.
+//! - `discard` is `rbd_discard` of the whole 4 KiB pages of the range (librbd frees
+//!   whole objects, and zeroes or skips partial ones: both are allowed).
+//! - `len_bytes` is the image's size at open or at the last `refresh_len`
+//!   (`rbd_get_size`); a flush that finds the image shrunk fails
+//!   ([`StorageError::Shrunk`]), as for a file.
+//! - errors are librbd's negative errno values: `ENOSPC`/`EDQUOT` on a write or a
+//!   discard are [`StorageError::NoSpace`], everything else [`StorageError::Io`].
+//!   A full cluster pauses writes by default rather than failing them (the OSDs'
+//!   full flag); a pool quota set with `ceph osd pool set-quota` does the same.
+//!
+//! Threads: the engine reads and writes from several threads on one handle. librbd
+//! serves concurrent calls on one `rbd_image_t` (its `ImageCtx` takes its own locks;
+//! QEMU and rbd-nbd share one handle among their I/O threads); what it forbids is
+//! closing the handle while a call is in flight, which `Drop` (by `&mut self`)
+//! rules out.
+//!
+//! One opener per image in this process: a second `open` of the same image (same
+//! cluster fsid, pool and name) is refused with [`StorageError::Locked`]. Between
+//! processes and hosts nothing is fenced yet: the image's exclusive-lock feature
+//! (reported by [`RbdStorage::feature_names`]) passes the lock to whichever client
+//! writes, so two writers would take turns. Taking the lock for good and
+//! blocklisting a dead holder is the next step (docs/ceph.md).
+
+use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados};
+use crate::{
+    check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, LockHolder, Storage,
+    StorageError,
+};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::ffi::{c_char, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// librbd takes at most `INT_MAX` bytes per call (its results are `int`); larger
+/// requests are cut into pieces of this size.
+const CALL_BYTES_MAX: usize = 1 << 30;
+
+/// RBD image feature bits (`RBD_FEATURE_*` in `rbd/features.h`) and their names as
+/// `rbd info` prints them.
+const FEATURES: [(u64, &str); 11] = [
+    (1 << 0, "layering"),
+    (1 << 1, "striping"),
+    (1 << 2, "exclusive-lock"),
+    (1 << 3, "object-map"),
+    (1 << 4, "fast-diff"),
+    (1 << 5, "deep-flatten"),
+    (1 << 6, "journaling"),
+    (1 << 7, "data-pool"),
+    (1 << 8, "operations"),
+    (1 << 9, "migrating"),
+    (1 << 10, "non-primary"),
+];
+
+/// Images open in this process, by (cluster fsid, pool, image).
+static OPEN_IN_PROCESS: Mutex<Option<HashSet<(String, String, String)>>> = Mutex::new(None);
+
+/// Open `pool/image` on a Ceph cluster as a [`Storage`].
+///
+/// `cluster` is the cluster's name (default `ceph`: the conf file searched is
+/// `/etc/ceph/$cluster.conf`), `id` the client's id (default `admin`, i.e.
+/// `client.admin`), `conf` a ceph.conf to read instead of the default search
+/// (`$CEPH_CONF`, `/etc/ceph/$cluster.conf`, `~/.ceph/config`, `./ceph.conf`).
+/// `CEPH_ARGS` is honoured. The image must exist (`rbd create`).
+pub fn open_rbd(
+    pool: &str,
+    image: &str,
+    cluster: Option<&str>,
+    id: Option<&str>,
+    conf: Option<&Path>,
+) -> Result<Box<dyn Storage>, StorageError> {
+    Ok(Box::new(RbdStorage::open(pool, image, cluster, id, conf)?))
+}
+
+/// An open RBD image.
+pub struct RbdStorage {
+    lib: &'static Lib,
+    rados: Rados,
+    ioctx: Ioctx,
+    image: Image,
+    /// `rbd:POOL/IMAGE[@CLUSTER]`.
+    name: String,
+    /// The key in `OPEN_IN_PROCESS`.
+    key: (String, String, String),
+    len: AtomicU64,
+    features: u64,
+    discard_enabled: AtomicBool,
+    counters: IoCounters,
+}
+
+// SAFETY: the handles are pointers to librados/librbd objects that are not tied to
+// the thread that made them; librbd serves concurrent calls on one image handle and
+// librados on one cluster handle (see the module's comment). They are released only
+// in `Drop`, which no other reference can race.
+unsafe impl Send for RbdStorage {}
+// SAFETY: as for Send: every `&self` method is a librbd call that is safe to make
+// from several threads at once on one handle.
+unsafe impl Sync for RbdStorage {}
+
+/// Handles made so far while opening, released in reverse on an error.
+struct Opening {
+    lib: &'static Lib,
+    rados: Rados,
+    ioctx: Ioctx,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        // SAFETY: each handle is non-NULL only if its create call succeeded, and is
+        // released once, here (an `RbdStorage` takes them and nulls these first).
+        unsafe {
+            if !self.ioctx.is_null() {
+                (self.lib.rados_ioctx_destroy)(self.ioctx);
+            }
+            if !self.rados.is_null() {
+                (self.lib.rados_shutdown)(self.rados);
+            }
+        }
+    }
+}
+
+fn errno_error(r: i64) -> std::io::Error {
+    std::io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO))
+}
+
+fn c_string(what: &str, value: &[u8], device: &str) -> Result<CString, StorageError> {
+    CString::new(value).map_err(|_| StorageError::Io {
+        device: device.to_string(),
+        op: IoOp::Open,
+        offset_bytes: 0,
+        len_bytes: 0,
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("the {what} contains a NUL byte"),
+        ),
+    })
+}
+
+impl RbdStorage {
+    /// Open `pool/image` (see [`open_rbd`]).
+    pub fn open(
+        pool: &str,
+        image: &str,
+        cluster: Option<&str>,
+        id: Option<&str>,
+        conf: Option<&Path>,
+    ) -> Result<RbdStorage, StorageError> {
+        let name = match cluster {
+            Some(c) => format!("rbd:{pool}/{image}@{c}"),
+            None => format!("rbd:{pool}/{image}"),
+        };
+        let open_error = |what: String, r: i64| StorageError::Io {
+            device: name.clone(),
+            op: IoOp::Open,
+            offset_bytes: 0,
+            len_bytes: 0,
+            source: std::io::Error::new(
+                errno_error(r).kind(),
+                format!("{what}: {}", errno_error(r)),
+            ),
+        };
+        let lib = rbd_lib::lib().map_err(|why| StorageError::Io {
+            device: name.clone(),
+            op: IoOp::Open,
+            offset_bytes: 0,
+            len_bytes: 0,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, why),
+        })?;
+        let cluster_c = c_string("cluster name", cluster.unwrap_or("ceph").as_bytes(), &name)?;
+        let client_c = c_string(
+            "client id",
+            format!("client.{}", id.unwrap_or("admin")).as_bytes(),
+            &name,
+        )?;
+        let pool_c = c_string("pool name", pool.as_bytes(), &name)?;
+        let image_c = c_string("image name", image.as_bytes(), &name)?;
+        let conf_c = conf
+            .map(|p| c_string("conf path", p.as_os_str().as_bytes(), &name))
+            .transpose()?;
+
+        let mut h = Opening {
+            lib,
+            rados: std::ptr::null_mut(),
+            ioctx: std::ptr::null_mut(),
+        };
+        // SAFETY: the out-pointer is valid; both names are NUL-terminated and only
+        // read during the call. On success `h.rados` is a handle to shut down once.
+        let r =
+            unsafe { (lib.rados_create2)(&mut h.rados, cluster_c.as_ptr(), client_c.as_ptr(), 0) };
+        if r < 0 {
+            h.rados = std::ptr::null_mut();
+            return Err(open_error("rados_create2".into(), r.into()));
+        }
+        let conf_ptr = conf_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        // SAFETY: a configuring (not yet connected) handle; NULL asks librados to
+        // search the default paths, otherwise a NUL-terminated path.
+        let r = unsafe { (lib.rados_conf_read_file)(h.rados, conf_ptr) };
+        if r < 0 {
+            let what = match conf {
+                Some(p) => format!("cannot read {}", p.display()),
+                None => "no ceph.conf found ($CEPH_CONF, /etc/ceph/$cluster.conf)".into(),
+            };
+            return Err(open_error(what, r.into()));
+        }
+        // SAFETY: a configuring handle; NULL means the `CEPH_ARGS` variable.
+        let r = unsafe { (lib.rados_conf_parse_env)(h.rados, std::ptr::null()) };
+        if r < 0 {
+            return Err(open_error("bad CEPH_ARGS".into(), r.into()));
+        }
+        // SAFETY: a configured handle, connected once.
+        let r = unsafe { (lib.rados_connect)(h.rados) };
+        if r < 0 {
+            return Err(open_error("cannot connect to the cluster".into(), r.into()));
+        }
+        let mut fsid = [0u8; 64];
+        // SAFETY: a connected handle; the buffer is valid for its length, and
+        // librados writes a NUL-terminated fsid of at most 37 bytes into it.
+        let r = unsafe {
+            (lib.rados_cluster_fsid)(h.rados, fsid.as_mut_ptr().cast::<c_char>(), fsid.len())
+        };
+        if r < 0 {
+            return Err(open_error("rados_cluster_fsid".into(), r.into()));
+        }
+        let fsid_end = fsid.iter().position(|&b| b == 0).unwrap_or(fsid.len());
+        let fsid = String::from_utf8_lossy(fsid.get(..fsid_end).unwrap_or_default()).into_owned();
+        // SAFETY: a connected handle, a NUL-terminated pool name, a valid
+        // out-pointer. On success `h.ioctx` is destroyed once, before shutdown.
+        let r = unsafe { (lib.rados_ioctx_create)(h.rados, pool_c.as_ptr(), &mut h.ioctx) };
+        if r < 0 {
+            h.ioctx = std::ptr::null_mut();
+            return Err(open_error(format!("no pool {pool}"), r.into()));
+        }
+
+        let key = (fsid, pool.to_string(), image.to_string());
+        {
+            let mut open = OPEN_IN_PROCESS.lock();
+            let open = open.get_or_insert_with(HashSet::new);
+            if !open.insert(key.clone()) {
+                return Err(StorageError::Locked {
+                    device: name,
+                    holder: LockHolder {
+                        pid: Some(std::process::id()),
+                        command: Some("this process".to_string()),
+                    },
+                });
+            }
+        }
+        let forget = |key: &(String, String, String)| {
+            if let Some(open) = OPEN_IN_PROCESS.lock().as_mut() {
+                open.remove(key);
+            }
+        };
+
+        let mut handle: Image = std::ptr::null_mut();
+        // SAFETY: a valid ioctx, a NUL-terminated image name, a valid out-pointer,
+        // NULL for no snapshot (the image itself, writable).
+        let r = unsafe { (lib.rbd_open)(h.ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
+        if r < 0 {
+            forget(&key);
+            return Err(open_error(
+                format!("no image {image} in pool {pool}"),
+                r.into(),
+            ));
+        }
+        let mut len = 0u64;
+        let mut features = 0u64;
+        // SAFETY: an open image and valid out-pointers.
+        let r = unsafe { (lib.rbd_get_size)(handle, &mut len) };
+        // SAFETY: as above.
+        let r2 = if r >= 0 {
+            unsafe { (lib.rbd_get_features)(handle, &mut features) }
+        } else {
+            r
+        };
+        if r2 < 0 {
+            // SAFETY: the image was opened above and is closed once, here.
+            unsafe { (lib.rbd_close)(handle) };
+            forget(&key);
+            return Err(open_error("cannot size the image".into(), r2.into()));
+        }
+        let storage = RbdStorage {
+            lib,
+            rados: h.rados,
+            ioctx: h.ioctx,
+            image: handle,
+            name,
+            key,
+            len: AtomicU64::new(len),
+            features,
+            discard_enabled: AtomicBool::new(true),
+            counters: IoCounters::default(),
+        };
+        // The storage owns the handles now.
+        h.rados = std::ptr::null_mut();
+        h.ioctx = std::ptr::null_mut();
+        Ok(storage)
+    }
+
+    /// The image's features, by the names `rbd info` prints (`exclusive-lock`, …).
+    pub fn feature_names(&self) -> Vec<&'static str> {
+        FEATURES
+            .iter()
+            .filter(|(bit, _)| self.features & bit != 0)
+            .map(|&(_, name)| name)
+            .collect()
+    }
+
+    /// Resize the image to `len_bytes` (`rbd_resize`) and measure it again.
+    pub fn resize(&self, len_bytes: u64) -> Result<u64, StorageError> {
+        // SAFETY: an open image; librbd serialises a resize against in-flight I/O.
+        let r = unsafe { (self.lib.rbd_resize)(self.image, len_bytes) };
+        if r < 0 {
+            return Err(StorageError::from_os(
+                &self.name,
+                IoOp::Open,
+                0,
+                len_bytes,
+                errno_error(r.into()),
+            ));
+        }
+        self.refresh_len()
+    }
+
+    fn size_now(&self) -> Result<u64, StorageError> {
+        let mut len = 0u64;
+        // SAFETY: an open image and a valid out-pointer.
+        let r = unsafe { (self.lib.rbd_get_size)(self.image, &mut len) };
+        if r < 0 {
+            return Err(StorageError::from_os(
+                &self.name,
+                IoOp::Open,
+                0,
+                0,
+                errno_error(r.into()),
+            ));
+        }
+        Ok(len)
+    }
+}
+
+impl Storage for RbdStorage {
+    fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> Result<(), StorageError> {
+        check_bounds(
+            &self.name,
+            IoOp::Read,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes(),
+        )?;
+        let mut at = offset_bytes;
+        for piece in buf.chunks_mut(CALL_BYTES_MAX) {
+            // SAFETY: an open image; `piece` is valid for writes of its length for
+            // the whole (synchronous) call.
+            let r = unsafe {
+                (self.lib.rbd_read2)(
+                    self.image,
+                    at,
+                    piece.len(),
+                    piece.as_mut_ptr().cast::<c_char>(),
+                    0,
+                )
+            };
+            if r < 0 || r as usize != piece.len() {
+                let source = if r < 0 {
+                    errno_error(r as i64)
+                } else {
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("librbd read {r} of {} bytes", piece.len()),
+                    )
+                };
+                return Err(StorageError::from_os(
+                    &self.name,
+                    IoOp::Read,
+                    at,
+                    piece.len() as u64,
+                    source,
+                ));
+            }
+            at += piece.len() as u64;
+        }
+        self.counters.count_read(buf.len());
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
+        check_bounds(
+            &self.name,
+            IoOp::Write,
+            offset_bytes,
+            buf.len() as u64,
+            self.len_bytes(),
+        )?;
+        let mut at = offset_bytes;
+        for piece in buf.chunks(CALL_BYTES_MAX) {
+            // SAFETY: an open image; `piece` is valid for reads of its length for
+            // the whole call (librbd copies it before returning, also into its
+            // cache).
+            let r = unsafe {
+                (self.lib.rbd_write2)(
+                    self.image,
+                    at,
+                    piece.len(),
+                    piece.as_ptr().cast::<c_char>(),
+                    0,
+                )
+            };
+            if r < 0 || r as usize != piece.len() {
+                let source = if r < 0 {
+                    errno_error(r as i64)
+                } else {
+                    std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        format!("librbd wrote {r} of {} bytes", piece.len()),
+                    )
+                };
+                return Err(StorageError::from_os(
+                    &self.name,
+                    IoOp::Write,
+                    at,
+                    piece.len() as u64,
+                    source,
+                ));
+            }
+            at += piece.len() as u64;
+        }
+        self.counters.count_write(buf.len());
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StorageError> {
+        // SAFETY: an open image. rbd_flush returns once every write acknowledged
+        // before it is on the OSDs, or with the error that kept one from them.
+        let r = unsafe { (self.lib.rbd_flush)(self.image) };
+        if r < 0 {
+            return Err(StorageError::from_os(
+                &self.name,
+                IoOp::Flush,
+                0,
+                0,
+                errno_error(r.into()),
+            ));
+        }
+        let expected = self.len_bytes();
+        let now = self.size_now()?;
+        if now < expected {
+            return Err(StorageError::Shrunk {
+                device: self.name.clone(),
+                len_bytes: now,
+                expected_bytes: expected,
+            });
+        }
+        self.counters.count_flush();
+        Ok(())
+    }
+
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> Result<DiscardOutcome, StorageError> {
+        check_bounds(
+            &self.name,
+            IoOp::Discard,
+            offset_bytes,
+            len_bytes,
+            self.len_bytes(),
+        )?;
+        if !self.discard_enabled.load(Relaxed) {
+            return Ok(DiscardOutcome::Disabled);
+        }
+        let Some((start, len)) = discard_pages(offset_bytes, len_bytes) else {
+            return Ok(DiscardOutcome::Discarded);
+        };
+        let mut at = start;
+        let end = start + len;
+        while at < end {
+            let piece = (end - at).min(CALL_BYTES_MAX as u64);
+            // SAFETY: an open image; a range inside it.
+            let r = unsafe { (self.lib.rbd_discard)(self.image, at, piece) };
+            if r < 0 {
+                return Err(StorageError::from_os(
+                    &self.name,
+                    IoOp::Discard,
+                    at,
+                    piece,
+                    errno_error(r.into()),
+                ));
+            }
+            at += piece;
+        }
+        self.counters.count_discard(len);
+        Ok(DiscardOutcome::Discarded)
+    }
+
+    fn set_discard_enabled(&self, enabled: bool) {
+        self.discard_enabled.store(enabled, Relaxed);
+    }
+
+    fn len_bytes(&self) -> u64 {
+        self.len.load(Relaxed)
+    }
+
+    fn refresh_len(&self) -> Result<u64, StorageError> {
+        let len = self.size_now()?;
+        self.len.store(len, Relaxed);
+        Ok(len)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn counters(&self) -> &IoCounters {
+        &self.counters
+    }
+}
+
+impl Drop for RbdStorage {
+    fn drop(&mut self) {
+        // SAFETY: the handles were made in `open` and are released once, here, in
+        // reverse order; `&mut self` means no call on them is in flight. rbd_close
+        // writes back librbd's cache (what a caller did not flush may still land;
+        // nothing relies on it).
+        unsafe {
+            (self.lib.rbd_close)(self.image);
+            (self.lib.rados_ioctx_destroy)(self.ioctx);
+            (self.lib.rados_shutdown)(self.rados);
+        }
+        if let Some(open) = OPEN_IN_PROCESS.lock().as_mut() {
+            open.remove(&self.key);
+        }
+    }
+}

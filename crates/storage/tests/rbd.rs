@@ -1,0 +1,236 @@
+//! `RbdStorage` on a real one-node Ceph cluster (scripts/ceph/cluster.sh, started
+//! by the first test and stopped when the binary exits): what is written reads
+//! back, also through a second open after a flush; discards give the space back to
+//! the cluster; the length follows `rbd resize`, and a shrunk image fails a flush;
+//! bad names and a second opener get clear errors.
+
+mod ceph;
+use ceph::*;
+use fewerbytes_storage::{open_rbd, DiscardOutcome, RbdStorage, Storage, StorageError};
+
+const MIB: u64 = 1 << 20;
+
+fn open(image: &str) -> RbdStorage {
+    RbdStorage::open(POOL, image, None, None, Some(&cluster().conf)).expect("open the image")
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn writes_read_back_and_survive_a_reopen_after_a_flush() {
+    let image = new_image("roundtrip", 64);
+    let dev = open_rbd(POOL, &image, None, None, Some(&cluster().conf)).expect("open");
+    assert_eq!(dev.len_bytes(), 64 * MIB);
+    assert_eq!(dev.name(), format!("rbd:{POOL}/{image}"));
+    // Unaligned, across an object boundary (4 MiB objects), and a large one.
+    let writes: [(u64, usize); 4] = [
+        (0, 4096),
+        (4 * MIB - 1000, 3000),
+        (12345, 517),
+        (20 * MIB, 9 * MIB as usize),
+    ];
+    for (i, &(at, len)) in writes.iter().enumerate() {
+        dev.write_at(&pattern(i as u64, len), at).expect("write");
+    }
+    for (i, &(at, len)) in writes.iter().enumerate() {
+        let mut buf = vec![0u8; len];
+        dev.read_at(&mut buf, at).expect("read");
+        assert!(
+            buf == pattern(i as u64, len),
+            "write {i} at {at} reads back other bytes"
+        );
+    }
+    dev.flush().expect("flush");
+    let counted = dev.counters().snapshot();
+    assert_eq!(counted.writes, 4);
+    assert_eq!(counted.flushes, 1);
+    drop(dev);
+
+    let dev = open(&image);
+    for (i, &(at, len)) in writes.iter().enumerate() {
+        let mut buf = vec![0u8; len];
+        dev.read_at(&mut buf, at).expect("read after reopen");
+        assert!(
+            buf == pattern(i as u64, len),
+            "write {i} at {at} was lost by the reopen"
+        );
+    }
+    let mut never_written = vec![1u8; 4096];
+    dev.read_at(&mut never_written, 40 * MIB).expect("read");
+    assert!(
+        never_written.iter().all(|&b| b == 0),
+        "a new image reads as zeros"
+    );
+}
+
+#[test]
+fn requests_past_the_end_are_refused_and_change_nothing() {
+    let image = new_image("bounds", 8);
+    let dev = open(&image);
+    let err = dev.write_at(&[7u8; 4096], 8 * MIB - 2048).unwrap_err();
+    assert!(matches!(err, StorageError::OutOfBounds { .. }), "{err}");
+    let err = dev.read_at(&mut [0u8; 1], 8 * MIB).unwrap_err();
+    assert!(matches!(err, StorageError::OutOfBounds { .. }), "{err}");
+    let mut tail = vec![1u8; 2048];
+    dev.read_at(&mut tail, 8 * MIB - 2048).expect("read");
+    assert!(tail.iter().all(|&b| b == 0), "a refused write wrote");
+}
+
+#[test]
+fn a_discard_gives_whole_objects_back_to_the_cluster() {
+    let image = new_image("discard", 32);
+    let dev = open(&image);
+    dev.write_at(&pattern(1, 16 * MIB as usize), 0)
+        .expect("write");
+    dev.flush().expect("flush");
+    let before = used_bytes(&image);
+    assert!(before >= 16 * MIB, "16 MiB written, {before} bytes used");
+    // 4096 bytes either side are kept: only the whole pages inside are discarded.
+    assert_eq!(
+        dev.discard(0, 12 * MIB).expect("discard"),
+        DiscardOutcome::Discarded
+    );
+    dev.flush().expect("flush");
+    let after = used_bytes(&image);
+    assert!(
+        after <= before - 12 * MIB,
+        "a 12 MiB discard left {after} of {before} bytes used"
+    );
+    let mut kept = vec![0u8; 4 * MIB as usize];
+    dev.read_at(&mut kept, 12 * MIB).expect("read");
+    assert!(
+        kept == pattern(1, 16 * MIB as usize)[12 * MIB as usize..],
+        "the discard reached past its range"
+    );
+    assert_eq!(dev.counters().snapshot().discard_bytes, 12 * MIB);
+    dev.set_discard_enabled(false);
+    assert_eq!(
+        dev.discard(0, 4 * MIB).expect("discard"),
+        DiscardOutcome::Disabled
+    );
+}
+
+#[test]
+fn the_length_follows_a_resize_and_a_shrunk_image_fails_the_flush() {
+    let image = new_image("resize", 16);
+    let dev = open(&image);
+    rbd(&["resize", "--size", "48M", &format!("{POOL}/{image}")]);
+    assert_eq!(dev.refresh_len().expect("refresh"), 48 * MIB);
+    dev.write_at(&[5u8; 4096], 40 * MIB)
+        .expect("a write into the grown part");
+    dev.flush().expect("flush");
+
+    rbd(&[
+        "resize",
+        "--allow-shrink",
+        "--no-progress",
+        "--size",
+        "8M",
+        &format!("{POOL}/{image}"),
+    ]);
+    let err = dev.flush().unwrap_err();
+    assert!(
+        matches!(err, StorageError::Shrunk { len_bytes, expected_bytes, .. } if len_bytes == 8 * MIB && expected_bytes == 48 * MIB),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_image_reports_its_features() {
+    let image = new_image("features", 8);
+    let dev = open(&image);
+    // Ceph 16's default features for a new image.
+    let features = dev.feature_names();
+    for f in [
+        "layering",
+        "exclusive-lock",
+        "object-map",
+        "fast-diff",
+        "deep-flatten",
+    ] {
+        assert!(features.contains(&f), "{f} missing from {features:?}");
+    }
+}
+
+#[test]
+fn bad_names_and_a_second_opener_get_clear_errors() {
+    let conf = &cluster().conf;
+    let err = open_rbd(POOL, "no-such-image", None, None, Some(conf))
+        .err()
+        .expect("a missing image is refused");
+    let msg = err.to_string();
+    assert!(msg.contains("no image no-such-image in pool rbd"), "{msg}");
+    let err = open_rbd("no-such-pool", "x", None, None, Some(conf))
+        .err()
+        .expect("a missing pool is refused");
+    assert!(err.to_string().contains("no pool no-such-pool"), "{err}");
+    let missing_conf = cluster().dir.join("nowhere.conf");
+    let err = open_rbd(POOL, "x", None, None, Some(&missing_conf))
+        .err()
+        .expect("a missing conf is refused");
+    assert!(err.to_string().contains("nowhere.conf"), "{err}");
+
+    let image = new_image("twice", 8);
+    let first = open(&image);
+    let err = open_rbd(POOL, &image, None, None, Some(conf))
+        .err()
+        .expect("a second opener in the process is refused");
+    assert!(matches!(err, StorageError::Locked { .. }), "{err}");
+    drop(first);
+    open(&image);
+}
+
+/// The child's half of the next test: in a mount namespace where librados is not a
+/// library, open an image and print the error.
+#[test]
+fn without_librados_child() {
+    if std::env::var_os("FEWERBYTES_RBD_NO_LIB_CHILD").is_none() {
+        return;
+    }
+    let err = open_rbd(POOL, "x", None, None, None)
+        .err()
+        .expect("no librados, no image");
+    println!("open error: {err}");
+}
+
+#[test]
+fn a_machine_without_librbd_gets_an_error_naming_the_package() {
+    // librados as the dynamic loader finds it, hidden behind /dev/null in a private
+    // mount namespace for a child run of this binary (needs root, as CI is).
+    let lib = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/librados.so.2")
+        .or_else(|_| std::fs::canonicalize("/usr/lib/librados.so.2"))
+        .expect("librados.so.2 is installed here (apt-get install librbd1)");
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null "$1" && exec "$2" --exact without_librados_child --nocapture"#)
+        .args(["sh", &lib.display().to_string(), &exe.display().to_string()])
+        .env("FEWERBYTES_RBD_NO_LIB_CHILD", "1")
+        .output()
+        .expect("run unshare (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("open error: "))
+        .unwrap_or_else(|| panic!("no error printed: {stdout}"));
+    assert!(
+        line.contains("could not open rbd:rbd/x: librados.so.2 cannot be loaded")
+            && line.contains("install librbd1 (apt-get install librbd1)"),
+        "{line}"
+    );
+}
