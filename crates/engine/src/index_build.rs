@@ -107,15 +107,16 @@ impl IndexBuild {
         self.stored_while_rebuilding.load(Ordering::Relaxed)
     }
 
-    /// Record `fp` stored as the new object `object` (the write path): inserted
-    /// once while the build runs, and counted as stored without full advice.
+    /// Record `fp` stored as the new object `object` (the write path), counted as
+    /// stored without full advice while the build runs. Inserted once, also after the
+    /// build is done: the build may have found the object's record (set before this
+    /// insert) and inserted it just before it finished, and a second entry would
+    /// outlive the object's free, which removes one.
     pub(crate) fn insert_stored(&self, inner: &Inner, fp: &[u8; 32], object: ObjectId) {
-        if self.state.load(Ordering::Acquire) == READY {
-            inner.depot.index().insert(fp, object);
-        } else {
+        if self.state.load(Ordering::Acquire) != READY {
             self.stored_while_rebuilding.fetch_add(1, Ordering::Relaxed);
-            inner.depot.index().insert_once(fp, object);
         }
+        inner.depot.index().insert_once(fp, object);
     }
 
     /// Let a held build run.

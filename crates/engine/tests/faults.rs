@@ -256,7 +256,8 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
     // takes when it finds no free block: the very next write succeeds.
     vol.write(written * BLOCK as u64, &block_of(1_000_000), false)
         .expect("space freed by the trim must be usable by the next write");
-    assert!(pool.audit().problems.is_empty());
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
 }
 
 /// Thick on thick: a volume as large as the pool can address, filled with random
