@@ -438,7 +438,10 @@ impl DedupIndex {
         (out, n)
     }
 
-    /// Remember that `fp` is stored as `object` (if a hook, when sparse).
+    /// Remember that `fp` is stored as `object` (if a hook, when sparse), even
+    /// if that very entry is held already. Only tests use it: the pool always
+    /// inserts through `insert_once`.
+    #[cfg(test)]
     pub fn insert(&self, fp: &[u8; 32], object: ObjectId) {
         self.insert_as(fp, object, false);
     }
