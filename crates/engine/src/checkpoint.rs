@@ -105,6 +105,8 @@ struct Writeback<'a> {
     depot: &'a SlabDepot,
     /// Free data blocks taken from it and not used yet.
     spare: Vec<u64>,
+    /// The slab whose lock the snapshot holds now (its tables are being written).
+    held_slab: Option<u32>,
     /// A page went to the data region.
     spilled: bool,
     nonce: u64,
@@ -121,7 +123,9 @@ impl Writeback<'_> {
             Some(slot) => u64::from(slot),
             None => {
                 if self.spare.is_empty() {
-                    self.spare = self.depot.take_metadata_blocks(SPILL_BATCH_BLOCKS);
+                    self.spare = self
+                        .depot
+                        .take_metadata_blocks(SPILL_BATCH_BLOCKS, self.held_slab);
                 }
                 let pbn = self.spare.pop().ok_or_else(|| {
                     EngineError::NoSpace(
@@ -569,6 +573,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         old_slots: inner.checkpointer.take_slots_to_free(),
         depot: &inner.depot,
         spare: Vec::new(),
+        held_slab: None,
         spilled: false,
         nonce: inner.geometry.nonce(),
         generation,
@@ -589,7 +594,9 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         if !objects.is_empty() || !blocks.is_empty() {
             pending.push((s, objects, blocks));
         }
+        wb.held_slab = Some(s);
         wb.write_slab(s, &mut slab, &mut tables, &mut payload)?;
+        wb.held_slab = None;
     }
     let slabs = u64::from(inner.geometry.slab_count());
     tables.count_pages = slabs * count_pages_per_slab;

@@ -193,20 +193,25 @@ impl SlabDepot {
 
     /// Take up to `n` free data blocks for metadata pages (a checkpoint whose pages
     /// outnumber the page store's free slots), from the last slab backwards: the
-    /// zones fill slabs from the front. A checkpoint's snapshot holds one slab's
-    /// lock while it asks, so a slab locked now is passed over (`try_lock`). Each
+    /// zones fill slabs from the front. A checkpoint's snapshot may hold one slab's
+    /// lock while it asks (`held`): that slab is passed over (the snapshot takes its
+    /// blocks itself). Every other slab is waited for: a write beside the checkpoint
+    /// holds a slab only while it allocates, and passing it over failed checkpoints
+    /// of pools whose only slab with free blocks was locked that moment. No holder of
+    /// a slab's lock waits for another slab or for the checkpoint. Each
     /// block is allocated with no holder, so no packer, compaction or dedup can hand
     /// it out; unused ones come back through [`Self::return_unused_blocks`]. Returns
     /// the PBNs taken (fewer when fewer are free).
-    pub(crate) fn take_metadata_blocks(&self, n: u64) -> Vec<u64> {
+    pub(crate) fn take_metadata_blocks(&self, n: u64, held: Option<u32>) -> Vec<u64> {
         let mut taken = Vec::new();
         for s in (0..self.count()).rev() {
             if taken.len() as u64 >= n {
                 break;
             }
-            let Some(mut slab) = self.slab(s).try_lock() else {
+            if held == Some(s) {
                 continue;
-            };
+            }
+            let mut slab = self.slab(s).lock();
             while (taken.len() as u64) < n {
                 let Some(b) = slab.alloc_block_for_metadata() else {
                     break;
