@@ -24,7 +24,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{
     AuditReport, Compression, EngineError, IndexMode, OpenOptions, Pool, PoolInfo, PoolStats,
-    Provisioning, Region, VolumeInfo,
+    Provisioning, Region, SavedIndex, VolumeInfo,
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
@@ -807,9 +807,15 @@ pub fn run_and_close<T>(
 }
 
 /// Open a pool in this process, with a sentence that says which pool when it fails.
+/// The dedup index a clean close saved beside the pool is loaded, and saved again
+/// at this open's close (`SavedIndex::Beside`).
 pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
     require_pool(pool_path)?;
-    Pool::open(pool_path, options)
+    let options = OpenOptions {
+        saved_index: SavedIndex::Beside,
+        ..options.clone()
+    };
+    Pool::open(pool_path, &options)
         .with_context(|| format!("could not open pool {}", pool_path.display()))
 }
 

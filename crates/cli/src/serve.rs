@@ -13,7 +13,7 @@
 //! every socket accepts and `STOPPING=1` when the stop begins (see `notify`).
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool, SavedIndex};
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -190,6 +190,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
         hold_index_build: false,
+        saved_index: SavedIndex::Beside,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.

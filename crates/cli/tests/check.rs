@@ -41,9 +41,7 @@ fn damage(pool: &Path, change: impl FnOnce(&Pool)) {
         pool,
         &OpenOptions {
             threads: Some(1),
-            index_memory_bytes: None,
-            no_discard: false,
-            hold_index_build: false,
+            ..OpenOptions::default()
         },
     )
     .expect("open the pool");

@@ -74,6 +74,24 @@ pub struct OpenOptions {
     /// for [`crate::Pool::release_index_build`] (or close), so writes can be made
     /// while the index is known to be rebuilding.
     pub hold_index_build: bool,
+    /// Where the dedup index is saved at a clean close and loaded from at the next
+    /// read-write open (`index_save.rs`). Default: not saved (the command line
+    /// saves it beside the pool).
+    pub saved_index: SavedIndex,
+}
+
+/// Where a pool's dedup index is saved between a clean close and the next open.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SavedIndex {
+    /// Not saved: every read-write open rebuilds the index.
+    #[default]
+    Off,
+    /// Beside the pool's file as `<pool>.index` (its real path); for a pool on a
+    /// block device, `<state dir>/<nonce>.index` (`FEWERBYTES_STATE_DIR`, default
+    /// `/var/lib/fewerbytes`).
+    Beside,
+    /// In this file.
+    At(std::path::PathBuf),
 }
 
 /// Where the dedup index's build stands (`stats`, `pool info`).
@@ -100,11 +118,18 @@ pub struct IndexStatus {
     /// Blocks stored new since open while the index was rebuilding: written without
     /// full dedup advice, so some may duplicate a block stored before the open.
     pub blocks_stored_while_rebuilding: u64,
+    /// Loaded at open from the index a clean close saved (`index_save.rs`), not
+    /// rebuilt.
+    #[serde(default)]
+    pub loaded: bool,
 }
 
 impl std::fmt::Display for IndexStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.state {
+            IndexState::Ready if self.loaded => {
+                write!(f, "ready (loaded from the index saved at the last close)")
+            }
             IndexState::Ready => write!(f, "ready"),
             IndexState::Rebuilding => write!(f, "rebuilding {}%", self.percent),
             IndexState::NotBuilt => write!(f, "not built (opened read-only)"),

@@ -36,10 +36,11 @@
 //!
 //! Advice is never trusted: the caller compares the full fingerprint stored in the
 //! object records and checks the object is live, so a false tag match costs a
-//! compare and a lost entry a missed dedup, never a wrong one. The index is not
-//! persisted: a read-write open rebuilds it from the slab object records in the
-//! background while the pool serves (`index_build.rs`); a read-only open never
-//! builds it.
+//! compare and a lost entry a missed dedup, never a wrong one. A clean close saves
+//! the table to a file beside the pool, which the next read-write open loads when
+//! it matches the pool's state (`index_save.rs`); otherwise the open rebuilds it
+//! from the slab object records in the background while the pool serves
+//! (`index_build.rs`). A read-only open never builds it.
 
 use fewerbytes_format::location::ObjectId;
 use parking_lot::Mutex;
@@ -161,6 +162,11 @@ pub struct DedupIndex {
     words_at: Vec<(usize, usize)>,
 }
 
+/// The random walk's first state in shard `s`.
+fn initial_rng(s: usize) -> u64 {
+    0x9e37_79b9_7f4a_7c15 ^ (s as u64 + 1)
+}
+
 /// Bits needed to write `x`.
 fn bits_of(x: u64) -> u32 {
     64 - x.leading_zeros()
@@ -246,7 +252,7 @@ impl DedupIndex {
                     words: vec![0; words],
                     held: 0,
                     dropped: 0,
-                    rng: 0x9e37_79b9_7f4a_7c15 ^ (s as u64 + 1),
+                    rng: initial_rng(s),
                 })
             })
             .collect();
@@ -318,6 +324,71 @@ impl DedupIndex {
             .first()
             .map_or(0, |s| s.lock().words.len() as u64 * 8)
             * INDEX_SHARDS as u64
+    }
+
+    /// What a saved table must match to be loaded into this one: buckets per
+    /// shard, objects, the group's shift and bits, the sample shift, and the words
+    /// of a shard.
+    pub(crate) fn shape(&self) -> [u64; 6] {
+        [
+            self.buckets_per_shard,
+            self.objects,
+            u64::from(self.group_shift),
+            u64::from(self.group_bits),
+            u64::from(self.sample_shift),
+            self.shards
+                .first()
+                .map_or(0, |s| s.lock().words.len() as u64),
+        ]
+    }
+
+    /// Hand each shard's state to `f` in order (`index_save.rs`): held, dropped,
+    /// the random walk's state, and the slots' words.
+    pub(crate) fn each_shard<E>(
+        &self,
+        mut f: impl FnMut([u64; 3], &[u64]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        for shard in &self.shards {
+            let shard = shard.lock();
+            f([shard.held, shard.dropped, shard.rng], &shard.words)?;
+        }
+        Ok(())
+    }
+
+    /// Set shard `k` from a saved one (`index_save.rs`, before any insert): its
+    /// words are copied into the table's own (never reallocated: `prefetch` reads
+    /// them by address). False when `k` or the length does not fit.
+    pub(crate) fn restore_shard(&self, k: usize, state: [u64; 3], words: &[u64]) -> bool {
+        let Some(shard) = self.shards.get(k) else {
+            return false;
+        };
+        let mut shard = shard.lock();
+        if shard.words.len() != words.len() {
+            return false;
+        }
+        shard.words.copy_from_slice(words);
+        let [held, dropped, rng] = state;
+        shard.held = held;
+        shard.dropped = dropped;
+        shard.rng = rng;
+        true
+    }
+
+    /// Empty every shard, as a new table (a saved one that failed half-way).
+    pub(crate) fn clear(&self) {
+        for (s, shard) in self.shards.iter().enumerate() {
+            let mut shard = shard.lock();
+            shard.words.fill(0);
+            shard.held = 0;
+            shard.dropped = 0;
+            shard.rng = initial_rng(s);
+        }
+        self.lossy.store(false, Ordering::Relaxed);
+    }
+
+    /// Mark the table lossy (a saved one was).
+    pub(crate) fn set_lossy(&self) {
+        self.lossy.store(true, Ordering::Relaxed);
     }
 
     /// Entries held now, and entries dropped for want of a place since open.

@@ -22,6 +22,7 @@
 use crate::inner::Inner;
 use fewerbytes_format::location::ObjectId;
 use parking_lot::{Condvar, Mutex};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Where the index's build stands.
@@ -58,13 +59,18 @@ pub(crate) struct IndexBuild {
     /// Set when the thread ends (ready or stopped), for [`Self::wait`].
     ended: Mutex<bool>,
     ended_signal: Condvar,
+    /// Where the index is saved at a clean close and loaded at open (`index_save.rs`);
+    /// none in a read-only or repair open.
+    saved_path: Option<PathBuf>,
+    /// Loaded from the saved index, not built.
+    loaded: AtomicBool,
 }
 
 impl IndexBuild {
     /// A build for a pool opened read-write (`rebuild`: the thread will run) or
     /// read-only (never built). `hold`: wait for [`Self::release`] before the first
-    /// slab.
-    pub(crate) fn new(rebuild: bool, hold: bool) -> Self {
+    /// slab. `saved_path`: the saved index's file.
+    pub(crate) fn new(rebuild: bool, hold: bool, saved_path: Option<PathBuf>) -> Self {
         IndexBuild {
             state: AtomicU8::new(if rebuild { REBUILDING } else { NOT_BUILT }),
             slabs_done: AtomicU32::new(0),
@@ -75,7 +81,31 @@ impl IndexBuild {
             released: Condvar::new(),
             ended: Mutex::new(!rebuild),
             ended_signal: Condvar::new(),
+            saved_path,
+            loaded: AtomicBool::new(false),
         }
+    }
+
+    /// The saved index's file, in a read-write open.
+    pub(crate) fn saved_path(&self) -> Option<&Path> {
+        self.saved_path.as_deref()
+    }
+
+    /// The saved index was loaded at open (`index_save.rs`): ready, no build.
+    pub(crate) fn loaded(&self) {
+        self.loaded.store(true, Ordering::Release);
+        self.state.store(READY, Ordering::Release);
+        self.end();
+    }
+
+    /// Whether the index was loaded from the saved one at open.
+    pub(crate) fn was_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether the open must start the build thread.
+    pub(crate) fn needs_build(&self) -> bool {
+        self.state() == BuildState::Rebuilding
     }
 
     pub(crate) fn state(&self) -> BuildState {

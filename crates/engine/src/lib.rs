@@ -33,6 +33,7 @@ mod grow;
 mod index;
 mod index_build;
 mod index_mode;
+mod index_save;
 mod inner;
 mod journal;
 mod journal_read;

@@ -689,6 +689,13 @@ pub(crate) fn load(
         inner.devices.latch_opened_read_only();
         return Ok(());
     }
+    // A pool closed cleanly (nothing replayed) may find the index it saved then.
+    if journal.records.is_empty()
+        && journal.lost.is_empty()
+        && crate::index_save::load(inner, sb.generation)
+    {
+        inner.index_build.loaded();
+    }
     let upgrade = sb.version != FORMAT_VERSION;
     if upgrade {
         crate::map_damage::before_upgrade(inner, sb.version)?;

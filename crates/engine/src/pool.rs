@@ -519,8 +519,8 @@ impl Pool {
                 EngineError::Refused(format!("cannot start the compaction thread: {e}"))
             })?;
         // The pool serves now; the index is built beside it (never for a read-only
-        // open: nothing it does asks for advice).
-        let index_thread = if inner.devices.opened_read_only() {
+        // open: nothing it does asks for advice), unless the open loaded it.
+        let index_thread = if !inner.index_build.needs_build() {
             None
         } else {
             let build_inner = inner.clone();
@@ -570,6 +570,7 @@ impl Pool {
             })
             .clamp(1, 64);
         let geometry = PoolGeometry::from_super(&sb);
+        let nonce = geometry.nonce();
         let checkpointer = Checkpointer::new(sb.clone(), geometry.page_slots());
         let open_gen = copies.next_open_gen(
             meta_dev.as_ref(),
@@ -611,6 +612,9 @@ impl Pool {
             index_build: crate::index_build::IndexBuild::new(
                 mode != OpenMode::ReadOnly,
                 opts.hold_index_build,
+                (mode == OpenMode::ReadWrite)
+                    .then(|| crate::index_save::resolve(&opts.saved_index, meta_dev.name(), nonce))
+                    .flatten(),
             ),
             checkpointer,
             repair: OpenRepair::new(mode == OpenMode::Repair),
@@ -1052,7 +1056,11 @@ impl Pool {
         } else {
             // A clean close clears the open-by-host marker.
             i.checkpointer.super_block().holder = Holder::default();
-            crate::checkpoint::checkpoint(i)
+            let closed = crate::checkpoint::checkpoint(i);
+            if closed.is_ok() {
+                crate::index_save::save(i);
+            }
+            closed
         };
         i.journal.shutdown();
         if let Some(h) = self.commit_thread.lock().take() {

@@ -175,6 +175,7 @@ pub(crate) fn index_status(i: &Inner) -> IndexStatus {
         },
         percent: i.index_build.percent(),
         blocks_stored_while_rebuilding: i.index_build.stored_while_rebuilding(),
+        loaded: i.index_build.was_loaded(),
     }
 }
 

@@ -33,6 +33,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 
 /// Blocks written, each with its own content: under level-1 directory pages 0, 4

@@ -26,6 +26,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 
 /// First, middle and last block of the volume, each with its own content.

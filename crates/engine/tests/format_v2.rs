@@ -17,6 +17,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 
 /// `image` with its older super block copy zeroed: the damage forged in the newest

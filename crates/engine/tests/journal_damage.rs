@@ -24,6 +24,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: Some(1 << 20),
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 /// "FBJP": a parity sector's magic, read from the bytes (so this file also builds
 /// against an engine without parity sectors, to see it fail there).

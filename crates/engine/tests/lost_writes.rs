@@ -34,6 +34,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 
 /// A `FaultStorage` that remembers the offset of every write, so a test knows what

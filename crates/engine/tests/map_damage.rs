@@ -33,6 +33,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 
 /// What each (volume, block) should read: the seed of its random block (0: zeros).

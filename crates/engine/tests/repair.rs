@@ -283,6 +283,7 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     )?;
     t.pool = Some(pool);
@@ -307,6 +308,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     );
     match refused {

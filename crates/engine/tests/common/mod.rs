@@ -59,9 +59,7 @@ impl TestPool {
     pub fn open(&mut self) {
         self.open_with(&OpenOptions {
             threads: Some(2),
-            index_memory_bytes: None,
-            no_discard: false,
-            hold_index_build: false,
+            ..OpenOptions::default()
         });
     }
 
@@ -97,6 +95,17 @@ impl TestPool {
 
     /// Crash: keep what `mode` keeps of the unflushed writes, reopen from that image.
     pub fn crash(&mut self, mode: CrashMode) {
+        self.crash_then_open_with(
+            mode,
+            &OpenOptions {
+                threads: Some(2),
+                ..OpenOptions::default()
+            },
+        );
+    }
+
+    /// [`Self::crash`], reopening with `opts`.
+    pub fn crash_then_open_with(&mut self, mode: CrashMode, opts: &OpenOptions) {
         let image = self.dev.crash_image(mode);
         let meta_image = self.meta.as_ref().map(|m| m.crash_image(mode));
         // The old pool keeps its own (old) devices. Fail every write and flush on
@@ -112,7 +121,7 @@ impl TestPool {
         drop(self.pool.take());
         self.dev = Arc::new(FaultStorage::from_image("data", image));
         self.meta = meta_image.map(|i| Arc::new(FaultStorage::from_image("meta", i)));
-        self.open();
+        self.open_with(opts);
     }
 }
 

@@ -146,6 +146,7 @@ impl Devices {
                 index_memory_bytes: None,
                 no_discard: false,
                 hold_index_build: false,
+                saved_index: fewerbytes_engine::SavedIndex::Off,
             },
         )
     }
