@@ -152,6 +152,10 @@ struct Tally {
     bad_sectors: AtomicU64,
     /// Crash points opened with one copy of a directory page reading back flipped.
     bad_copies: AtomicU64,
+    /// Crash points opened with a saved dedup index beside the pool, and those whose
+    /// open loaded it (the rest found it stale and rebuilt).
+    saved_index_offered: AtomicU64,
+    saved_index_loaded: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -162,6 +166,37 @@ impl Tally {
     fn fail(&self, why: String) {
         let _ = writeln!(std::io::stdout(), "crash simulation failure: {why}");
         self.failures.lock().push(why);
+    }
+}
+
+/// The dedup index a clean close of the recorded run saved, as a file of its own for
+/// one crash point (removed with it).
+struct SavedFile<'a> {
+    bytes: &'a [u8],
+    path: std::path::PathBuf,
+}
+
+impl<'a> SavedFile<'a> {
+    /// The latest index saved at or before log position `at`.
+    fn latest(rec: &'a Recorded, at: usize) -> Option<SavedFile<'a>> {
+        let (_, bytes) = rec.saved_indexes.iter().rev().find(|(end, _)| *end <= at)?;
+        Some(SavedFile {
+            bytes,
+            path: workload::index_file(rec.seed, "point"),
+        })
+    }
+
+    /// Write the file (again: an open that loads it removes it).
+    fn put(&self) -> Result<std::path::PathBuf, String> {
+        std::fs::write(&self.path, self.bytes)
+            .map_err(|e| format!("writing {}: {e}", self.path.display()))?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for SavedFile<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -185,7 +220,14 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     };
     let second = mix(rec.seed, at as u64).is_multiple_of(SECOND_CRASH_EVERY);
     let open_log = IoLog::new();
-    let devices = Devices::from_images(&images, second.then_some(&open_log));
+    let mut devices = Devices::from_images(&images, second.then_some(&open_log));
+    // The index the latest clean close before the crash saved lies beside the pool:
+    // the open must load it only if it is this state's, and rebuild otherwise.
+    let saved = SavedFile::latest(rec, at);
+    if let Some(file) = &saved {
+        devices = devices.saving_index_to(file.put()?);
+        tally.saved_index_offered.fetch_add(1, Ordering::Relaxed);
+    }
     // One fault at a time: a flipped super block copy only where no journal sector
     // rotted (two bad sectors are beyond the model).
     let flip = if rotted.is_none() {
@@ -214,6 +256,9 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
         None => with_rot(format!("open failed: {e}")),
     })?;
     let open_events = open_log.take();
+    if pool.index_status().loaded {
+        tally.saved_index_loaded.fetch_add(1, Ordering::Relaxed);
+    }
     let first = rec.verify(&pool, at).map_err(|e| match &bad {
         Some(what) => format!("{what}: {e}"),
         None => e,
@@ -233,7 +278,10 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     let mode2 = mode_for(rec.seed, at, 1 + m as u64);
     let mut replay2 = LogReplay::new(images, &open_events);
     replay2.seek(m);
-    let devices2 = Devices::from_images(&replay2.crash_images(mode2), None);
+    let mut devices2 = Devices::from_images(&replay2.crash_images(mode2), None);
+    if let Some(file) = &saved {
+        devices2 = devices2.saving_index_to(file.put()?);
+    }
     // The bad sector stays bad unless a write of the recovery landed on it before
     // its crash (the copy's bytes on the device changed).
     if let Some((f, pristine)) = &flip {
@@ -453,10 +501,12 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), in {:.1} s",
         seeds.len(),
         tally.bad_sectors.load(Ordering::Relaxed),
         tally.bad_copies.load(Ordering::Relaxed),
+        tally.saved_index_offered.load(Ordering::Relaxed),
+        tally.saved_index_loaded.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -494,6 +544,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         tally.bad_copies.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
         "no crash point read a flipped directory page copy: they prove nothing about the copies"
+    );
+    assert!(
+        tally.saved_index_loaded.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point loaded a saved dedup index: they prove nothing about loading one"
     );
     let failures = tally.failures.into_inner();
     assert!(

@@ -9,8 +9,9 @@ use fewerbytes_engine::geometry::Geometry;
 use fewerbytes_engine::storage::{
     CrashMode, FaultPlan, FaultStorage, Image, IoEvent, IoLog, Storage,
 };
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_engine::{CreateOptions, OpenOptions, Pool, SavedIndex};
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Operations per workload after the first volumes are made (bounds the log).
@@ -116,6 +117,8 @@ impl Coverage {
 pub(crate) struct Devices {
     pub(crate) data: Arc<FaultStorage>,
     pub(crate) meta: Option<Arc<FaultStorage>>,
+    /// Where a clean close saves the dedup index and an open loads it from.
+    pub(crate) saved_index: Option<PathBuf>,
 }
 
 impl Devices {
@@ -131,7 +134,14 @@ impl Devices {
         Devices {
             data: device("data", &images[DATA], DATA),
             meta: images.get(META).map(|image| device("meta", image, META)),
+            saved_index: None,
         }
+    }
+
+    /// Save the dedup index at clean closes to `path`, and load it from there.
+    pub(crate) fn saving_index_to(mut self, path: PathBuf) -> Self {
+        self.saved_index = Some(path);
+        self
     }
 
     /// Open the pool on them (recovering, after a crash), with two worker zones.
@@ -146,7 +156,10 @@ impl Devices {
                 index_memory_bytes: None,
                 no_discard: false,
                 hold_index_build: false,
-                saved_index: fewerbytes_engine::SavedIndex::Off,
+                saved_index: match &self.saved_index {
+                    Some(path) => SavedIndex::At(path.clone()),
+                    None => SavedIndex::Off,
+                },
             },
         )
     }
@@ -170,6 +183,20 @@ pub(crate) struct Recorded {
     pub(crate) events: Vec<IoEvent>,
     pub(crate) model: Model,
     pub(crate) coverage: Coverage,
+    /// The dedup index each clean close saved, and the log position it was saved
+    /// at: a crash point at or past it opens with the latest such file beside the
+    /// pool, as a host that crashed then would.
+    pub(crate) saved_indexes: Vec<(usize, Vec<u8>)>,
+}
+
+/// A file of its own for the saved index of workload `seed` (`what`: its use).
+pub(crate) fn index_file(seed: u64, what: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "fewerbytes-crash-{}-{seed}-{what}-{n}.index",
+        std::process::id()
+    ))
 }
 
 /// `blocks` of random bytes (incompressible, unique: each takes a data block).
@@ -253,7 +280,8 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let mut bases = vec![data.crash_pages(CrashMode::KeepAll)];
     bases.extend(meta.as_ref().map(|m| m.crash_pages(CrashMode::KeepAll)));
     let log = IoLog::new();
-    let devices = Devices::from_images(&bases, Some(&log));
+    let index_path = index_file(seed, "recorded");
+    let devices = Devices::from_images(&bases, Some(&log)).saving_index_to(index_path.clone());
     drop((data, meta));
 
     let mut model = Model::default();
@@ -263,6 +291,7 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         coverage: Coverage::default(),
         capacity_blocks: 0,
         full,
+        saved_indexes: Vec::new(),
     };
     let mut pool = w.run("open", true, |_| devices.open().expect("open"));
     w.capacity_blocks = pool.info().addressable_bytes / BLOCK as u64;
@@ -283,13 +312,17 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     }
     w.coverage.note(&pool);
     w.run("close", true, |_| pool.close().expect("close"));
+    w.keep_saved_index(&devices);
+    let _ = std::fs::remove_file(&index_path);
     let coverage = w.coverage;
+    let saved_indexes = w.saved_indexes;
     Recorded {
         seed,
         bases,
         events: log.take(),
         model,
         coverage,
+        saved_indexes,
     }
 }
 
@@ -324,9 +357,23 @@ pub(crate) struct Workload<'a> {
     pub(crate) capacity_blocks: u64,
     /// Whether this workload fills the pool (its large writes are then random data).
     pub(crate) full: bool,
+    /// What each clean close saved of the index, at its log position.
+    pub(crate) saved_indexes: Vec<(usize, Vec<u8>)>,
 }
 
 impl Workload<'_> {
+    /// After a clean close: keep what it saved of the index (nothing, when the
+    /// index was not ready), for the crash points past it.
+    fn keep_saved_index(&mut self, devices: &Devices) {
+        if let Some(bytes) = devices
+            .saved_index
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+        {
+            self.saved_indexes.push((self.log.len(), bytes));
+        }
+    }
+
     /// Run `f` as operation `what`; `f` gets the operation's index for the model.
     pub(crate) fn run<T>(&mut self, what: &str, barrier: bool, f: impl FnOnce(usize) -> T) -> T {
         let op = self.model.ops.len();
@@ -559,6 +606,7 @@ impl Workload<'_> {
                 let p = pool.clone();
                 // Every handle but `p` is gone; closing takes the final checkpoint.
                 self.run("close", true, |_| p.close().expect("close"));
+                self.keep_saved_index(devices);
                 *pool = self.run("open", true, |_| devices.open().expect("reopen"));
             }
             (24..=25, Some(name)) => self.read_back(rng, pool, &name),
