@@ -202,35 +202,51 @@ fn a_served_pool_reports_its_index_and_read_only_commands_never_build_it() {
         text.contains("not built (opened read-only)"),
         "pool info of an unserved pool:\n{text}"
     );
-    // Served, then restarted: each open rebuilds it, and says so until it is ready.
+    // `volume import`'s close saved the index beside the pool: the server loads it,
+    // and its stop saves it again. Without the file, the next open rebuilds it, and
+    // says so until it is ready.
+    let saved = {
+        let mut name = std::fs::canonicalize(&pool).expect("pool path").into_os_string();
+        name.push(".index");
+        std::path::PathBuf::from(name)
+    };
+    assert!(saved.exists(), "volume import's close saved no index");
     let mut server = Server::start(dir.path(), &pool, &[]);
     for round in 0..2 {
         let stats = stats_once_index_built(&server);
         assert_eq!(stats["index"]["state"], "ready", "round {round}: {stats}");
         assert_eq!(stats["index"]["percent"], 100, "round {round}: {stats}");
+        assert_eq!(stats["index"]["loaded"], round == 0, "round {round}: {stats}");
         let text = server.cli_ok(&["stats"]).stdout;
         assert!(
             text.contains("Index: ready"),
             "round {round}: stats:\n{text}"
         );
         let text = server.cli_ok(&["pool", "info"]).stdout;
+        let ends = if round == 0 {
+            "ready (loaded from the index saved at the last close)"
+        } else {
+            "ready"
+        };
         assert!(
             text.lines()
-                .any(|l| l.starts_with("Index") && l.trim_end().ends_with("ready")),
+                .any(|l| l.starts_with("Index") && l.trim_end().ends_with(ends)),
             "round {round}: pool info:\n{text}"
         );
+        assert!(!saved.exists(), "round {round}: the loaded file stayed");
         let status = server.stop();
         assert!(status.success(), "{}", server.log_text());
+        assert!(saved.exists(), "round {round}: the stop saved no index");
         if round == 0 {
+            std::fs::remove_file(&saved).expect("remove the saved index");
             server.spawn();
         }
     }
-    // The server's log says what the index was built from.
+    // The server's log says where the index came from each time.
+    let log = server.log_text();
+    assert!(log.contains("dedup index loaded from"), "{log}");
     assert!(
-        server
-            .log_text()
-            .contains("dedup index rebuilt from 2048 stored objects"),
-        "{}",
-        server.log_text()
+        log.contains("dedup index rebuilt from 2048 stored objects"),
+        "{log}"
     );
 }
