@@ -2,7 +2,9 @@
 # What a pool costs against the size of its device: for each size, a sparse pool file
 # is created, inspected, served, written, restarted cleanly and after kill -9, and
 # each step's wall time and the peak memory (RSS) of the process that ran it are
-# printed as one markdown table row.
+# printed as one markdown table row. A restart is timed twice: until the server's
+# first NBD answer (serving), and until `stats` says the dedup index is ready (loaded
+# from the copy the clean stop saved, or rebuilt after kill -9).
 #
 #   scripts/bench-scale.sh                 # 1T 4T 15T on ext4, 64T 256T on XFS
 #   SIZES="1T 15T" DATA=4G scripts/bench-scale.sh
@@ -64,6 +66,7 @@ measure() {
 serve_ready() {
     local pool=$1 start end
     start=$(date +%s.%N)
+    echo "$start" >"$pool.start"
     "$FB" --pool "$pool" serve --listen "127.0.0.1:$PORT" --socket "$pool.sock" \
         >"$pool.serve.log" 2>&1 &
     echo $! >"$pool.pid"
@@ -76,6 +79,18 @@ serve_ready() {
     done
     end=$(date +%s.%N)
     awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }'
+}
+
+# Waits until the server of $1 says its dedup index is ready; prints the seconds since
+# its serve started.
+index_ready() {
+    local pool=$1 end
+    until "$FB" --pool "$pool" stats --json 2>/dev/null |
+        python3 -c 'import json, sys; sys.exit(json.load(sys.stdin)["index"]["state"] != "ready")'; do
+        sleep 0.05
+    done
+    end=$(date +%s.%N)
+    awk -v a="$(cat "$pool.start")" -v b="$end" 'BEGIN { printf "%.2f", b - a }'
 }
 
 rss_mib() { awk '/VmRSS/ { printf "%d", $2 / 1024 }' "/proc/$(cat "$1.pid")/status"; }
@@ -91,7 +106,7 @@ for t in nbdinfo fio; do command -v $t >/dev/null || DEBIAN_FRONTEND=noninteract
 command -v /usr/bin/time >/dev/null ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q time >/dev/null
 
-echo "| device | create s / MiB | pool info s / MiB | ready s | RSS idle MiB | written | RSS after MiB | clean restart ready s | kill -9 restart ready s | check s / MiB |"
+echo "| device | create s / MiB | pool info s / MiB | ready s | RSS idle MiB | written | RSS after MiB | clean restart: serving / index ready s | kill -9 restart: serving / index ready s | check s / MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for size in $SIZES; do
     dir=$(pool_dir_for "$size")
@@ -108,10 +123,12 @@ for size in $SIZES; do
             --buffer_compress_chunk=512 --end_fsync=1 >/dev/null
     fi
     after_mib=$(rss_mib "$pool")
+    # Stopped once the index is built, so the stop saves it.
+    index_ready "$pool" >/dev/null
     stop_server "$pool" TERM
-    clean_s=$(serve_ready "$pool")
+    clean_s="$(serve_ready "$pool") / $(index_ready "$pool")"
     stop_server "$pool" KILL
-    crash_s=$(serve_ready "$pool")
+    crash_s="$(serve_ready "$pool") / $(index_ready "$pool")"
     stop_server "$pool" TERM
     read -r check_s check_mib < <(measure "$FB" --pool "$pool" check)
     echo "| $size | $create_s / $create_mib | $info_s / $info_mib | $ready_s | $idle_mib | $DATA | $after_mib | $clean_s | $crash_s | $check_s / $check_mib |"

@@ -111,6 +111,10 @@ fn write(index: &DedupIndex, path: &Path, nonce: u64, generation: u64) -> std::i
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".{}.new", std::process::id()));
     let tmp = PathBuf::from(tmp);
+    // The state directory of a pool on a block device may not exist yet.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
     // A new file only (never one another user made), readable by its owner alone.
     let file = std::fs::OpenOptions::new()
         .write(true)
