@@ -90,7 +90,12 @@ fn fill(path: &Path, gib: u64, crash: bool, small: bool) {
     });
     pool.flush().expect("flush");
     eprintln!(
-        "filled {gib} GiB of random data in {:.1} s",
+        "filled {gib} GiB of {} in {:.1} s",
+        if small {
+            "distinct compressible blocks"
+        } else {
+            "random data"
+        },
         start.elapsed().as_secs_f64()
     );
     if crash {
