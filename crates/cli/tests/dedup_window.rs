@@ -206,7 +206,9 @@ fn a_served_pool_reports_its_index_and_read_only_commands_never_build_it() {
     // and its stop saves it again. Without the file, the next open rebuilds it, and
     // says so until it is ready.
     let saved = {
-        let mut name = std::fs::canonicalize(&pool).expect("pool path").into_os_string();
+        let mut name = std::fs::canonicalize(&pool)
+            .expect("pool path")
+            .into_os_string();
         name.push(".index");
         std::path::PathBuf::from(name)
     };
@@ -216,7 +218,11 @@ fn a_served_pool_reports_its_index_and_read_only_commands_never_build_it() {
         let stats = stats_once_index_built(&server);
         assert_eq!(stats["index"]["state"], "ready", "round {round}: {stats}");
         assert_eq!(stats["index"]["percent"], 100, "round {round}: {stats}");
-        assert_eq!(stats["index"]["loaded"], round == 0, "round {round}: {stats}");
+        assert_eq!(
+            stats["index"]["loaded"],
+            round == 0,
+            "round {round}: {stats}"
+        );
         let text = server.cli_ok(&["stats"]).stdout;
         assert!(
             text.contains("Index: ready"),
