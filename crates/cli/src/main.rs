@@ -18,6 +18,7 @@ mod cmd_volume_allow;
 mod control;
 mod control_server;
 mod export;
+mod homes;
 mod image_format;
 mod logging;
 mod low_water;
@@ -232,7 +233,7 @@ fn which_pool(
     }
     Ok(match pool {
         Some(path) => PoolPath {
-            path,
+            path: homes::pool_name(path)?,
             explicit: true,
         },
         None => PoolPath {
