@@ -826,6 +826,7 @@ pub fn run_and_close<T>(
 /// at this open's close (`SavedIndex::Beside`).
 pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
     require_pool(pool_path)?;
+    crate::homes::make_state_home(pool_path);
     let options = OpenOptions {
         saved_index: SavedIndex::Beside,
         ..options.clone()

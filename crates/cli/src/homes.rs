@@ -132,6 +132,18 @@ pub fn make_home(pool_path: &Path, file: &Path) -> Result<()> {
         })
 }
 
+/// Make the state directory a pool that is not a file saves its index in at a clean
+/// close (`engine/src/index_save.rs` writes `<pool-id>.index` there but makes no
+/// directory). Best effort: without it the index is rebuilt at the next open, which
+/// the close's warning says; nothing is refused for it.
+pub fn make_state_home(pool_path: &Path) {
+    let made = state_file(pool_path, ".index")
+        .and_then(|index| index.map_or(Ok(()), |index| make_home(pool_path, &index)));
+    if let Err(e) = made {
+        tracing::warn!("{e:#}");
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
