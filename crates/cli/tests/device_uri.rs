@@ -6,7 +6,8 @@
 //! existing image (a larger --size refused, naming `rbd resize`), served with its
 //! control socket in the run directory and its saved index in the state directory,
 //! written with qemu-img, stopped, served again, every byte read back, managed through
-//! the control socket, and checked clean.
+//! the control socket, and checked clean; and a pool whose metadata device is a second
+//! image, found again through the data image's label.
 
 mod common;
 
@@ -382,6 +383,43 @@ fn a_pool_on_an_rbd_image_serves_restarts_and_reads_back() {
     assert_volume_is(&socket, "disk0", &data);
     server.stop();
     let check = cli_ok(&env, &["--pool", &name, "check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+}
+
+/// A pool whose data and metadata devices are both RBD images: the data image's label
+/// names the metadata image by its URI, and a later open (by the data image's name)
+/// finds it there.
+#[test]
+fn a_pool_with_its_metadata_on_a_second_rbd_image_opens_by_its_label() {
+    let cluster = ceph::cluster();
+    let data = format!("rbd:{}/{}", ceph::POOL, ceph::new_image("uri-data", 256));
+    let meta = format!("rbd:{}/{}", ceph::POOL, ceph::new_image("uri-meta", 64));
+    let dir = TempDir::new("device-uri-rbd-meta");
+    let env: Env = vec![
+        ("CEPH_CONF", cluster.conf.clone().into_os_string()),
+        ("FEWERBYTES_RUN_DIR", dir.join("run").into_os_string()),
+        ("FEWERBYTES_STATE_DIR", dir.join("state").into_os_string()),
+    ];
+    cli_ok(&env, &["pool", "create", &data, "--metadata-device", &meta]);
+    cli_ok(
+        &env,
+        &[
+            "--pool", &data, "volume", "create", "disk0", "--size", "16M",
+        ],
+    );
+    let info = cli_ok(&env, &["--pool", &data, "pool", "info", "--json"]);
+    let info: serde_json::Value = serde_json::from_str(&info.stdout).expect("pool info is JSON");
+    assert_eq!(
+        info["metadata_path"].as_str(),
+        Some(meta.as_str()),
+        "{info}"
+    );
+    assert_eq!(volume_names(&env, &data), ["disk0"]);
+    let check = cli_ok(&env, &["--pool", &data, "check"]);
     assert!(
         check.stdout.contains("No problems found"),
         "{}",
