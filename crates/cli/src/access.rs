@@ -63,15 +63,17 @@ pub fn set_allow_file(path: PathBuf) {
 
 /// The allow file: `--allow-file`, else `<pool>.allow.json` beside the pool file itself
 /// (symbolic links followed), so a pool named through a link and by its real path has
-/// one list.
-pub fn allow_path(pool_path: &Path) -> PathBuf {
-    match ALLOW_FILE.get() {
-        Some(path) => path.clone(),
-        None => {
-            let real = std::fs::canonicalize(pool_path).unwrap_or_else(|_| pool_path.to_path_buf());
-            with_suffix(&real, ".allow.json")
-        }
+/// one list; for a pool that is not a file (an RBD image), `<pool-id>.allow.json` in
+/// the state directory (`homes`).
+pub fn allow_path(pool_path: &Path) -> Result<PathBuf> {
+    if let Some(path) = ALLOW_FILE.get() {
+        return Ok(path.clone());
     }
+    if let Some(path) = crate::homes::state_file(pool_path, ".allow.json")? {
+        return Ok(path);
+    }
+    let real = std::fs::canonicalize(pool_path).unwrap_or_else(|_| pool_path.to_path_buf());
+    Ok(with_suffix(&real, ".allow.json"))
 }
 
 /// The allow file, to add limits to. A pool on a block device has no directory of its
@@ -87,7 +89,9 @@ pub fn allow_path_to_write(pool_path: &Path) -> Result<PathBuf> {
             pool_path.display()
         );
     }
-    Ok(allow_path(pool_path))
+    let path = allow_path(pool_path)?;
+    crate::homes::make_home(pool_path, &path)?;
+    Ok(path)
 }
 
 /// Read the allow file; `None` when there is none. A file that another user owns, or
@@ -378,9 +382,9 @@ mod tests {
         std::fs::write(&real, b"").unwrap();
         let link = dir.join("link.img");
         std::os::unix::fs::symlink(&real, &link).unwrap();
-        assert_eq!(allow_path(&link), allow_path(&real));
+        assert_eq!(allow_path(&link).unwrap(), allow_path(&real).unwrap());
         assert_eq!(
-            allow_path(&real).file_name().unwrap(),
+            allow_path(&real).unwrap().file_name().unwrap(),
             "pool.img.allow.json"
         );
         std::fs::remove_dir_all(&dir).unwrap();

@@ -14,7 +14,7 @@ use crate::size::{format_size, parse_size_arg};
 /// `fewerbytes pool …`
 #[derive(Subcommand)]
 pub enum PoolCommand {
-    /// Format a file or block device as a new pool (PATH here, not --pool).
+    /// Format a file, block device or RBD image as a new pool (PATH here, not --pool).
     Create(CreateArgs),
     /// Geometry, settings and the pool's space: Size, Used and its parts, Available,
     /// Reservable, Reserved, Promised.
@@ -52,13 +52,16 @@ pub enum PoolCommand {
 /// `pool create`.
 #[derive(clap::Args)]
 pub struct CreateArgs {
-    /// The file or block device to format (a file is created, sparse, if missing).
+    /// The file, block device or RBD image to format: a path, file:///PATH, or
+    /// rbd:POOL/IMAGE[@CLUSTER] (an existing image, used at its size). A file is
+    /// created, sparse, if missing.
     path: PathBuf,
     /// Size of the file to create or extend (512, 4K, 64M, 10G, 1T; binary units).
     #[arg(long, value_parser = parse_size_arg, value_name = "S")]
     size: Option<u64>,
-    /// A separate device for every metadata region; the pool device then holds only data.
-    #[arg(long, value_name = "PATH")]
+    /// A separate device for every metadata region (a path, file:///PATH or
+    /// rbd:POOL/IMAGE[@CLUSTER]); the pool device then holds only data.
+    #[arg(long, value_name = "DEVICE")]
     metadata_device: Option<PathBuf>,
     /// Size of the metadata file to create (default: sized to fit); only with
     /// --metadata-device (without one, the metadata shares the pool device).
@@ -109,8 +112,13 @@ pub fn run(command: PoolCommand, pool_path: &Path) -> Result<ExitCode> {
     }
 }
 
-fn create(args: CreateArgs) -> Result<ExitCode> {
-    if !args.path.exists() && args.size.is_none() {
+fn create(mut args: CreateArgs) -> Result<ExitCode> {
+    args.path = crate::homes::pool_name(args.path)?;
+    args.metadata_device = args
+        .metadata_device
+        .map(crate::homes::pool_name)
+        .transpose()?;
+    if !crate::homes::is_elsewhere(&args.path) && !args.path.exists() && args.size.is_none() {
         bail!(
             "{} does not exist; give --size to create it as a file (e.g. --size 16G)",
             args.path.display()

@@ -253,7 +253,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         } => {
             let allow_path = match allow {
                 Some(_) => access::allow_path_to_write(pool_path)?,
-                None => access::allow_path(pool_path),
+                None => access::allow_path(pool_path)?,
             };
             let pool_id = match allow {
                 Some(_) => access::pool_id(pool_path)?,
@@ -386,7 +386,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
         VolumeCommand::Delete { name, force } => {
             // Another pool's allow file is refused here, before the volume is gone.
             let pool_id = access::pool_id(pool_path)?;
-            access::read(&access::allow_path(pool_path), &pool_id)?;
+            access::read(&access::allow_path(pool_path)?, &pool_id)?;
             with_pool(pool_path, |pool| {
                 pool.call(&Request::DeleteVolume {
                     name: name.clone(),

@@ -20,7 +20,7 @@ pub(crate) fn allow(
     let pool_id = access::pool_id(pool_path)?;
     let path = match identities {
         Some(_) => access::allow_path_to_write(pool_path)?,
-        None => access::allow_path(pool_path),
+        None => access::allow_path(pool_path)?,
     };
     if (identities.is_some() || anyone) && !volume_exists(pool_path, name) {
         bail!("no volume named '{name}' in this pool");
@@ -91,7 +91,7 @@ pub(crate) fn limit(pool_path: &Path, name: &str, limited: bool) -> Result<()> {
 
 /// Give `to` the limit `from` has (before a volume appears as `to`).
 pub(crate) fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()> {
-    let path = access::allow_path(pool_path);
+    let path = access::allow_path(pool_path)?;
     let pool_id = access::pool_id(pool_path)?;
     if let Some(identities) = access::read(&path, &pool_id)?.volumes.get(from).cloned() {
         access::update(&path, &pool_id, |list| {
@@ -104,7 +104,7 @@ pub(crate) fn copy_allowed(pool_path: &Path, from: &str, to: &str) -> Result<()>
 /// Drop the limit of a volume that is gone (after it is). A list that does not name it
 /// is left as it is.
 pub(crate) fn forget_allowed(pool_path: &Path, name: &str) -> Result<()> {
-    let path = access::allow_path(pool_path);
+    let path = access::allow_path(pool_path)?;
     let pool_id = access::pool_id(pool_path)?;
     if !access::read(&path, &pool_id)?.volumes.contains_key(name) {
         return Ok(());

@@ -34,30 +34,44 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// Which file a pool lives in: device and inode of a regular file, or `u64::MAX`
-/// and the device number of a block device (whatever node names it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Which pool a name leads to: device and inode of a regular file, or `u64::MAX` and
+/// the device number of a block device (whatever node names it); for a pool that is
+/// not a file (an RBD image), its id from its super block, with `dev` and `ino` 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolIdentity {
     /// `st_dev`, or `u64::MAX` for a block device.
     pub dev: u64,
     /// `st_ino`, or `st_rdev` for a block device.
     pub ino: u64,
+    /// The pool's id (`pool info`), for a pool that is not a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<String>,
 }
 
 impl PoolIdentity {
-    /// The identity of the file at `path` now (following symbolic links).
-    pub fn of(path: &Path) -> io::Result<PoolIdentity> {
+    /// The identity of the pool named `path` now (a file's, following symbolic links;
+    /// an RBD pool's id, read from its device).
+    pub fn of(path: &Path) -> Result<PoolIdentity> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if crate::homes::is_elsewhere(path) {
+            return Ok(PoolIdentity {
+                dev: 0,
+                ino: 0,
+                pool_id: Some(crate::homes::pool_id(path)?),
+            });
+        }
         let meta = std::fs::metadata(path)?;
         Ok(if meta.file_type().is_block_device() {
             PoolIdentity {
                 dev: u64::MAX,
                 ino: meta.rdev(),
+                pool_id: None,
             }
         } else {
             PoolIdentity {
                 dev: meta.dev(),
                 ino: meta.ino(),
+                pool_id: None,
             }
         })
     }
@@ -500,11 +514,11 @@ pub fn set_require_server() {
 }
 
 /// The control socket: the one named by `--control-socket`, else `<pool>.ctl` beside
-/// the pool.
-pub fn control_path(pool_path: &Path) -> PathBuf {
+/// the pool, or `<run dir>/<pool-id>.ctl` for a pool that is not a file (`homes`).
+pub fn control_path(pool_path: &Path) -> Result<PathBuf> {
     match CONTROL_SOCKET.get() {
-        Some(path) => path.clone(),
-        None => with_suffix(pool_path, ".ctl"),
+        Some(path) => Ok(path.clone()),
+        None => crate::homes::run_file(pool_path, ".ctl"),
     }
 }
 
@@ -529,7 +543,7 @@ impl ControlClient {
     /// path before it was renamed) is left alone, and `None` returned: the command
     /// then opens the pool at the path itself.
     pub fn probe(pool_path: &Path) -> Result<Option<ControlClient>> {
-        let path = control_path(pool_path);
+        let path = control_path(pool_path)?;
         match UnixStream::connect(&path) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -572,7 +586,7 @@ impl ControlClient {
             stream,
             &self.path,
             &Envelope {
-                pool: Some(self.pool),
+                pool: Some(self.pool.clone()),
                 request: request.clone(),
             },
         )
@@ -712,11 +726,12 @@ fn with_pool_access<T>(
         return body(&PoolHandle::Served(client));
     }
     if REQUIRE_SERVER.get().is_some() {
+        let control = control_path(pool_path)?;
         bail!(
             "no fewerbytes server answers for pool {} on {} (--require-server); start it \
              (`systemctl start fewerbytes@NAME` for the service)",
             pool_path.display(),
-            control_path(pool_path).display()
+            control.display()
         );
     }
     let opened = match access {
@@ -738,7 +753,7 @@ fn with_pool_access<T>(
                 "no server answers on {} (a server started with --control-socket, as the \
                  fewerbytes@ service is with /run/fewerbytes/NAME.ctl, answers only there: \
                  pass the same --control-socket or FEWERBYTES_CONTROL_SOCKET)",
-                control_path(pool_path).display()
+                control_path(pool_path)?.display()
             )));
         }
         Err(e) => return Err(e),
@@ -811,6 +826,7 @@ pub fn run_and_close<T>(
 /// at this open's close (`SavedIndex::Beside`).
 pub fn open_pool(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
     require_pool(pool_path)?;
+    crate::homes::make_state_home(pool_path);
     let options = OpenOptions {
         saved_index: SavedIndex::Beside,
         ..options.clone()
@@ -834,9 +850,10 @@ pub fn open_pool_for_repair(pool_path: &Path, options: &OpenOptions) -> Result<A
         .with_context(|| format!("could not open pool {}", pool_path.display()))
 }
 
-/// An error unless something is at `pool_path`.
+/// An error unless something is at `pool_path`. A pool that is not a file (an RBD
+/// image) is not looked for here: opening it says what is missing.
 fn require_pool(pool_path: &Path) -> Result<()> {
-    if !pool_path.exists() {
+    if !crate::homes::is_elsewhere(pool_path) && !pool_path.exists() {
         bail!(
             "there is no pool at {} (create one with `fewerbytes pool create {} --size 16G`, \
              or name another with --pool or FEWERBYTES_POOL)",
@@ -891,7 +908,11 @@ mod tests {
     #[test]
     fn a_request_carries_the_pool_it_is_for() {
         let envelope = Envelope {
-            pool: Some(PoolIdentity { dev: 2049, ino: 12 }),
+            pool: Some(PoolIdentity {
+                dev: 2049,
+                ino: 12,
+                pool_id: None,
+            }),
             request: Request::DeleteVolume {
                 name: "vm1".into(),
                 force: false,
@@ -916,7 +937,7 @@ mod tests {
     #[test]
     fn control_path_is_beside_the_pool() {
         assert_eq!(
-            control_path(Path::new("/var/lib/vm.pool")),
+            control_path(Path::new("/var/lib/vm.pool")).unwrap(),
             PathBuf::from("/var/lib/vm.pool.ctl")
         );
     }

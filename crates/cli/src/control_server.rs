@@ -50,7 +50,7 @@ pub struct ControlServer {
 impl ControlServer {
     /// Listen on the pool's control socket and serve requests against `pool`.
     pub fn start(pool_path: &Path, pool: Arc<Pool>, served: Arc<Served>) -> Result<ControlServer> {
-        let path = control_path(pool_path);
+        let path = control_path(pool_path)?;
         if ControlClient::probe(pool_path)?.is_some() {
             bail!(
                 "another server already answers on {}; stop it first",
@@ -60,12 +60,19 @@ impl ControlServer {
         // The pool this server holds: requests for any other file are refused.
         let identity = PoolIdentity::of(pool_path)
             .with_context(|| format!("could not identify {}", pool_path.display()))?;
-        // Absolute, so a command run from another directory finds the same file.
+        // Absolute, so a command run from another directory finds the same file (an
+        // RBD pool's name is its canonical URI already).
+        let path_held = if crate::homes::is_elsewhere(pool_path) {
+            pool_path.to_path_buf()
+        } else {
+            std::fs::canonicalize(pool_path)
+                .with_context(|| format!("could not resolve {}", pool_path.display()))?
+        };
         let held = Arc::new(ServedPool {
-            path: std::fs::canonicalize(pool_path)
-                .with_context(|| format!("could not resolve {}", pool_path.display()))?,
+            path: path_held,
             identity,
         });
+        crate::homes::make_home(pool_path, &path)?;
         let listener = Arc::new(UnixListener::bind(&path).with_context(|| {
             if path.exists() {
                 format!(
@@ -244,7 +251,7 @@ fn serve_connection(
             error: None,
             wrong_pool: false,
         },
-        Ok(envelope) if envelope.pool != Some(held.identity) => Reply {
+        Ok(envelope) if envelope.pool.as_ref() != Some(&held.identity) => Reply {
             ok: false,
             value: None,
             error: Some(

@@ -18,6 +18,7 @@ mod cmd_volume_allow;
 mod control;
 mod control_server;
 mod export;
+mod homes;
 mod image_format;
 mod logging;
 mod low_water;
@@ -44,18 +45,20 @@ const GLOBAL_OPTIONS: &str = "Global options (every command)";
 #[derive(Parser)]
 #[command(name = "fewerbytes", version, propagate_version = true)]
 struct Cli {
-    /// The pool (a file or block device). Default: $FEWERBYTES_POOL, else
-    /// ./fewerbytes.pool.
+    /// The pool: a file or block device by its path (or file:///PATH), or an RBD image,
+    /// rbd:POOL/IMAGE[@CLUSTER] (Ceph config from $CEPH_CONF, client id from $CEPH_ID).
+    /// Default: $FEWERBYTES_POOL, else ./fewerbytes.pool.
     #[arg(
         long,
         global = true,
         env = "FEWERBYTES_POOL",
-        value_name = "PATH",
+        value_name = "NAME",
         help_heading = GLOBAL_OPTIONS
     )]
     pool: Option<PathBuf>,
 
-    /// The control socket of a served pool [default: <pool>.ctl beside the pool]. The
+    /// The control socket of a served pool [default: <pool>.ctl beside the pool; for
+    /// an RBD pool, <pool-id>.ctl in $FEWERBYTES_RUN_DIR, else /run/fewerbytes]. The
     /// systemd unit serves with /run/fewerbytes/NAME.ctl: commands for that pool need
     /// the same path here (or in FEWERBYTES_CONTROL_SOCKET). Given without --pool, a
     /// command works on the pool the server on this socket holds, or fails if none
@@ -70,7 +73,8 @@ struct Cli {
     control_socket: Option<PathBuf>,
 
     /// The allow file: which TLS identities may open which volume [default:
-    /// <pool>.allow.json beside the pool]. Written by `volume create --allow` and
+    /// <pool>.allow.json beside the pool; for an RBD pool, <pool-id>.allow.json in
+    /// $FEWERBYTES_STATE_DIR, else /var/lib/fewerbytes]. Written by `volume create --allow` and
     /// `volume allow`, read by `serve`.
     #[arg(
         long,
@@ -232,7 +236,7 @@ fn which_pool(
     }
     Ok(match pool {
         Some(path) => PoolPath {
-            path,
+            path: homes::pool_name(path)?,
             explicit: true,
         },
         None => PoolPath {

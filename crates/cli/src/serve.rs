@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::access::{allow_path, AllowFile};
-use crate::control::{open_pool, open_pool_read_only, with_suffix, Endpoints, Served};
+use crate::control::{open_pool, open_pool_read_only, Endpoints, Served};
 use crate::control_server::ControlServer;
 use crate::low_water::LowWater;
 use crate::notify::Notifier;
@@ -199,6 +199,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     } else {
         open_pool(path, &options)?
     };
+    crate::homes::remember_id(path, pool.id());
     let served = start(&args, path, &pool);
     let Started {
         server,
@@ -257,7 +258,11 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
 /// What `systemctl status` shows while serving: the pool, its volumes, the endpoints.
 fn ready_status(pool_path: &Path, pool: &Pool, socket: &Path, tcp: Option<&str>) -> String {
     let volumes = pool.list_volumes().len();
-    let pool_path = std::path::absolute(pool_path).unwrap_or_else(|_| pool_path.to_path_buf());
+    let pool_path = if crate::homes::is_elsewhere(pool_path) {
+        pool_path.to_path_buf()
+    } else {
+        std::path::absolute(pool_path).unwrap_or_else(|_| pool_path.to_path_buf())
+    };
     let mut status = format!(
         "Serving {volumes} volume{} of {} on {}",
         if volumes == 1 { "" } else { "s" },
@@ -283,12 +288,18 @@ struct Started {
 }
 
 /// The uids whose connections take the slots kept for trusted peers: root, and the
-/// pool file's owner (who can read the pool anyway).
+/// pool file's owner (who can read the pool anyway); for a pool that is not a file (an
+/// RBD image), the server's own user (whose Ceph key reaches the image).
 fn trusted_uids(pool_path: &Path) -> Result<Vec<u32>> {
     use std::os::unix::fs::MetadataExt;
-    let owner = std::fs::metadata(pool_path)
-        .with_context(|| format!("could not read the owner of {}", pool_path.display()))?
-        .uid();
+    let owner = if crate::homes::is_elsewhere(pool_path) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() }
+    } else {
+        std::fs::metadata(pool_path)
+            .with_context(|| format!("could not read the owner of {}", pool_path.display()))?
+            .uid()
+    };
     let mut uids = vec![0, owner];
     uids.dedup();
     Ok(uids)
@@ -297,18 +308,18 @@ fn trusted_uids(pool_path: &Path) -> Result<Vec<u32>> {
 /// Who may open which volume: the pool's flags and its allow file, checked now (the
 /// log names each limited volume that stays closed, and why). The policy holds the
 /// pool weakly: the server must not keep it open past its close; a pool gone is closed.
-fn allow_policy(pool_path: &Path, pool: &Arc<Pool>, read_only: bool) -> AllowFile {
-    let path = allow_path(pool_path);
+fn allow_policy(pool_path: &Path, pool: &Arc<Pool>, read_only: bool) -> Result<AllowFile> {
+    let path = allow_path(pool_path)?;
     crate::access::check_at_start(pool, &path, read_only);
     let weak = Arc::downgrade(pool);
-    AllowFile::new(
+    Ok(AllowFile::new(
         path,
         format!("{:016x}", pool.id()),
         Box::new(move |name| {
             weak.upgrade()
                 .is_none_or(|pool| pool.volume_limited(name).unwrap_or(false))
         }),
-    )
+    ))
 }
 
 /// Listen on every endpoint and print how to connect.
@@ -325,7 +336,7 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
         default_export: args.default_volume.clone(),
         read_spin: std::time::Duration::from_micros(args.poll_us),
         tls,
-        access: Some(Arc::new(allow_policy(pool_path, pool, args.read_only))),
+        access: Some(Arc::new(allow_policy(pool_path, pool, args.read_only)?)),
         idle_timeout: (args.idle_timeout > 0)
             .then(|| std::time::Duration::from_secs(args.idle_timeout)),
         max_connections_per_source: args.max_connections_per_source,
@@ -338,9 +349,10 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
     let socket = std::path::absolute(
         args.socket
             .clone()
-            .unwrap_or_else(|| with_suffix(pool_path, ".sock")),
+            .map_or_else(|| crate::homes::run_file(pool_path, ".sock"), Ok)?,
     )
     .context("could not resolve the socket path")?;
+    crate::homes::make_home(pool_path, &socket)?;
     clear_stale_socket(&socket)?;
     server
         .listen_unix(&socket)

@@ -25,7 +25,7 @@ use fewerbytes_format::superblock::{
     SUPER_MAGIC,
 };
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION};
-use fewerbytes_storage::{FileStorage, Storage};
+use fewerbytes_storage::{open_device, DeviceOptions, DeviceUri, FileStorage, Storage};
 use parking_lot::Mutex;
 use std::path::Path;
 use std::sync::Arc;
@@ -86,17 +86,67 @@ fn first_mib_in_use(dev: &dyn Storage) -> Result<Option<String>> {
     Ok(None)
 }
 
-fn open_or_create(path: &Path, size: Option<u64>) -> Result<FileStorage> {
-    let exists = path.exists();
-    match (exists, size) {
-        // A regular file is grown to the size asked for (sparse); a block device is
-        // taken as it is and checked by the caller.
-        (_, Some(s)) => Ok(FileStorage::create(path, s)?),
-        (true, None) => Ok(FileStorage::open(path)?),
-        (false, None) => Err(EngineError::Refused(format!(
+/// The device `name` names (a path or a URI, `DeviceUri`), opened read-write and
+/// exclusive through the storage crate's one factory.
+fn open_named(name: &Path) -> Result<Arc<dyn Storage>> {
+    let uri = DeviceUri::from_path(name)?;
+    Ok(open_device(&uri, &DeviceOptions::default())?)
+}
+
+/// The device a new pool is made on. A regular file is created or grown to `size`
+/// (sparse); a block device or an RBD image is taken as it is, and its size checked by
+/// the caller.
+fn open_or_create(uri: &DeviceUri, size: Option<u64>) -> Result<Arc<dyn Storage>> {
+    match (uri, size) {
+        (DeviceUri::File(path), Some(s)) => Ok(Arc::new(FileStorage::create(path, s)?)),
+        (DeviceUri::File(path), None) if !path.exists() => Err(EngineError::Refused(format!(
             "{} does not exist; give --size to create it",
             path.display()
         ))),
+        _ => Ok(open_device(uri, &DeviceOptions::default())?),
+    }
+}
+
+/// What to do when a device is smaller than the size asked for.
+fn too_small(uri: &DeviceUri, has_bytes: u64, asked_bytes: u64) -> EngineError {
+    let hint = match uri {
+        DeviceUri::Rbd { .. } => format!(
+            " (an RBD image is used at its size: grow it first with `rbd resize --size {}M {}`, \
+             or leave --size out)",
+            asked_bytes.div_ceil(1 << 20),
+            rbd_spec(uri)
+        ),
+        DeviceUri::File(_) => String::new(),
+    };
+    EngineError::Refused(format!(
+        "{uri} holds {}, less than the {} asked for{hint}",
+        human_bytes(has_bytes),
+        human_bytes(asked_bytes)
+    ))
+}
+
+/// `POOL/IMAGE` (and `--cluster`) as the `rbd` command names an image.
+fn rbd_spec(uri: &DeviceUri) -> String {
+    match uri {
+        DeviceUri::Rbd {
+            pool,
+            image,
+            cluster: Some(cluster),
+        } => format!("--cluster {cluster} {pool}/{image}"),
+        DeviceUri::Rbd { pool, image, .. } => format!("{pool}/{image}"),
+        DeviceUri::File(path) => path.display().to_string(),
+    }
+}
+
+/// The name a data device's label records for the metadata device: a file's real
+/// path (so the pool opens from any working directory), a URI as its canonical text.
+fn label_name(uri: &DeviceUri) -> String {
+    match uri {
+        DeviceUri::File(path) => std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string(),
+        DeviceUri::Rbd { .. } => uri.to_string(),
     }
 }
 
@@ -117,37 +167,38 @@ impl Pool {
                 )));
             }
         }
-        let data = open_or_create(&opts.path, opts.size_bytes)?;
-        if opts.size_bytes.is_some_and(|s| data.len_bytes() < s) {
-            return Err(EngineError::Refused(format!(
-                "{} holds {}, less than the {} asked for",
-                opts.path.display(),
-                human_bytes(data.len_bytes()),
-                human_bytes(opts.size_bytes.unwrap_or(0))
-            )));
+        let data_uri = DeviceUri::from_path(&opts.path)?;
+        let data = open_or_create(&data_uri, opts.size_bytes)?;
+        if let Some(asked) = opts.size_bytes.filter(|s| data.len_bytes() < *s) {
+            return Err(too_small(&data_uri, data.len_bytes(), asked));
         }
-        let meta = match &opts.metadata_path {
-            Some(p) => {
+        let meta_uri = opts
+            .metadata_path
+            .as_deref()
+            .map(DeviceUri::from_path)
+            .transpose()?;
+        let meta = match &meta_uri {
+            Some(uri) => {
                 let data_blocks = data.len_bytes() / BLOCK_BYTES as u64;
                 let planned =
                     data_blocks.max(opts.max_size_bytes.unwrap_or(0) / BLOCK_BYTES as u64);
                 let need =
                     Geometry::metadata_blocks_needed(planned, opts.overcommit) * BLOCK_BYTES as u64;
-                let size = opts
-                    .metadata_size_bytes
-                    .unwrap_or(need.div_ceil(1 << 20) << 20);
-                Some(open_or_create(p, Some(size))?)
+                let size = match (uri, opts.metadata_size_bytes) {
+                    (_, Some(size)) => size,
+                    (DeviceUri::File(_), None) => need.div_ceil(1 << 20) << 20,
+                    // An image is used at its size; the geometry says if it is too small.
+                    (DeviceUri::Rbd { .. }, None) => 0,
+                };
+                let meta = open_or_create(uri, Some(size))?;
+                if uri.file_path().is_none() && meta.len_bytes() < size {
+                    return Err(too_small(uri, meta.len_bytes(), size));
+                }
+                Some(meta)
             }
             None => None,
         };
-        let data: Arc<dyn Storage> = Arc::new(data);
-        let meta: Option<Arc<dyn Storage>> = meta.map(|m| Arc::new(m) as Arc<dyn Storage>);
-        let meta_path = opts.metadata_path.as_ref().map(|p| {
-            std::fs::canonicalize(p)
-                .unwrap_or_else(|_| p.clone())
-                .display()
-                .to_string()
-        });
+        let meta_path = meta_uri.as_ref().map(label_name);
         Self::format(data, meta, meta_path, opts)?;
         let pool = Self::open(&opts.path, &OpenOptions::default())?;
         if !opts.no_discard {
@@ -298,7 +349,7 @@ impl Pool {
     }
 
     fn open_path(path: &Path, opts: &OpenOptions, mode: OpenMode) -> Result<Arc<Pool>> {
-        let data = FileStorage::open(path)?;
+        let data = open_named(path)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
             let offset = (copy * BLOCK_BYTES) as u64;
@@ -311,7 +362,7 @@ impl Pool {
             .filter(|m| *m == SUPER_MAGIC || *m == DATA_LABEL_MAGIC)
             .or_else(|| magic_of(second));
         match kind {
-            Some(SUPER_MAGIC) => Self::open_devices_as(Arc::new(data), None, opts, mode),
+            Some(SUPER_MAGIC) => Self::open_devices_as(data, None, opts, mode),
             Some(DATA_LABEL_MAGIC) => {
                 let labels = [DataLabel::decode(first), DataLabel::decode(second)];
                 let (label, damaged) = match labels {
@@ -338,11 +389,10 @@ impl Pool {
                         1 - copy
                     );
                 }
-                let meta = FileStorage::open(Path::new(&label.metadata_path))?;
-                let data: Arc<dyn Storage> = Arc::new(data);
+                let meta = open_named(Path::new(&label.metadata_path))?;
                 let pool = Self::open_devices_as(
                     data.clone(),
-                    Some((Arc::new(meta), label.metadata_path.clone())),
+                    Some((meta, label.metadata_path.clone())),
                     opts,
                     mode,
                 )?;
@@ -367,6 +417,38 @@ impl Pool {
                 path.display()
             ))),
         }
+    }
+
+    /// The id of the pool on the device `name` names (a path or a URI): the nonce its
+    /// creation drew, as [`Pool::id`] gives it, read from the super block or the data
+    /// device's label in its first two blocks. The pool is not opened: the device is
+    /// read without a lock, so this works while a server holds the pool (the CLI finds
+    /// an RBD pool's control socket and allow list by it). Either copy will do (the
+    /// nonce is in both); a copy being rewritten fails its checksum and the other is
+    /// read.
+    pub fn read_id(name: &Path) -> Result<u64> {
+        let uri = DeviceUri::from_path(name)?;
+        let device = open_device(&uri, &DeviceOptions { read_only: true })?;
+        let mut why = String::from("the device is shorter than one block");
+        for copy in 0..2u64 {
+            let offset = copy * BLOCK_BYTES as u64;
+            if offset + BLOCK_BYTES as u64 > device.len_bytes() {
+                break;
+            }
+            let mut block = vec![0u8; BLOCK_BYTES];
+            device.read_at(&mut block, offset)?;
+            let decoded = match magic_of(&block) {
+                Some(DATA_LABEL_MAGIC) => DataLabel::decode(&block).map(|l| l.nonce),
+                _ => SuperBlock::decode(&block).map(|sb| sb.nonce),
+            };
+            match decoded {
+                Ok(nonce) => return Ok(nonce),
+                Err(e) => why = e.to_string(),
+            }
+        }
+        Err(EngineError::Refused(format!(
+            "{uri} is not a fewerbytes pool (create one with `fewerbytes pool create`): {why}"
+        )))
     }
 
     /// Write label copy `copy` (block 0 or 1) of a separate data device, durably.

@@ -139,6 +139,31 @@ impl FileStorage {
         Self::open_inner(path, Some(len_bytes))
     }
 
+    /// Open an existing file or block device to read only, without a lock, while
+    /// another program may hold it (`open_device` with `read_only`): to read a
+    /// pool's identity from its first blocks. Writes fail (`EBADF`).
+    pub fn open_read_only(path: &Path) -> Result<Self, StorageError> {
+        let name = path.display().to_string();
+        let file = File::open(path).map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| io_err(&name, IoOp::Open, 0, 0, e))?;
+        let storage = FileStorage {
+            file,
+            held: Vec::new(),
+            name,
+            is_block: meta.file_type().is_block_device(),
+            len_bytes: AtomicU64::new(0),
+            // Nothing is given back through a device opened to read.
+            discard: AtomicU8::new(DISCARD_OFF),
+            identities: Vec::new(),
+            counters: IoCounters::default(),
+            nowait: std::sync::atomic::AtomicBool::new(true),
+        };
+        storage.refresh_len()?;
+        Ok(storage)
+    }
+
     fn open_inner(path: &Path, create_len: Option<u64>) -> Result<Self, StorageError> {
         let name = path.display().to_string();
         let (file, meta) = open_locked(path, &name, create_len.is_some())?;

@@ -16,11 +16,16 @@
 //! and [`RbdStorage`] (an image of a Ceph RBD pool, through librbd loaded at run
 //! time: [`open_rbd`]).
 //!
+//! A device named by a path or URI ([`DeviceUri`]: `/path`, `file:///path`,
+//! `rbd:POOL/IMAGE[@CLUSTER]`) is opened by [`open_device`], the one place a pool's
+//! devices are opened from their names.
+//!
 //! **Architecture invariant:** `storage` knows nothing of pools, blocks or dedup.
 
 #![deny(missing_docs)]
 #![deny(clippy::unwrap_used, clippy::indexing_slicing)]
 
+mod device;
 mod fault;
 mod file;
 mod image;
@@ -28,6 +33,7 @@ mod loop_device;
 mod rbd;
 mod rbd_lib;
 
+pub use device::{open_device, DeviceOptions, DeviceUri};
 pub use fault::{CrashMode, FaultPlan, FaultStorage, FlipRead, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
 pub use image::Image;
@@ -142,6 +148,14 @@ pub enum StorageError {
         len_bytes: u64,
         /// Its length when opened or last grown.
         expected_bytes: u64,
+    },
+    /// A device's name that is not a path, `file:` or `rbd:` URI ([`DeviceUri`]).
+    #[error("{uri:?} is not a device name fewerbytes can open: {reason}")]
+    InvalidUri {
+        /// The name as given.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// An injected fault (tests only).
     #[error("injected {op} fault on {device}")]

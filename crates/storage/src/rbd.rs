@@ -94,6 +94,8 @@ pub struct RbdStorage {
     name: String,
     /// The key in `OPEN_IN_PROCESS`.
     key: (String, String, String),
+    /// Whether `key` was taken there (a read-write open), and is released on drop.
+    registered: bool,
     len: AtomicU64,
     features: u64,
     discard_enabled: AtomicBool,
@@ -156,6 +158,21 @@ impl RbdStorage {
         cluster: Option<&str>,
         id: Option<&str>,
         conf: Option<&Path>,
+    ) -> Result<RbdStorage, StorageError> {
+        Self::open_with(pool, image, cluster, id, conf, false)
+    }
+
+    /// Open `pool/image` as [`RbdStorage::open`] does, or with `read_only` by
+    /// `rbd_open_read_only`: to read while another client writes (librbd then refuses
+    /// every write with `EROFS`); such an opener is not counted as this process's
+    /// one opener of the image.
+    pub fn open_with(
+        pool: &str,
+        image: &str,
+        cluster: Option<&str>,
+        id: Option<&str>,
+        conf: Option<&Path>,
+        read_only: bool,
     ) -> Result<RbdStorage, StorageError> {
         let name = match cluster {
             Some(c) => format!("rbd:{pool}/{image}@{c}"),
@@ -244,7 +261,7 @@ impl RbdStorage {
         }
 
         let key = (fsid, pool.to_string(), image.to_string());
-        {
+        if !read_only {
             let mut open = OPEN_IN_PROCESS.lock();
             let open = open.get_or_insert_with(HashSet::new);
             if !open.insert(key.clone()) {
@@ -258,15 +275,23 @@ impl RbdStorage {
             }
         }
         let forget = |key: &(String, String, String)| {
+            if read_only {
+                return;
+            }
             if let Some(open) = OPEN_IN_PROCESS.lock().as_mut() {
                 open.remove(key);
             }
         };
 
         let mut handle: Image = std::ptr::null_mut();
+        let open_fn = if read_only {
+            lib.rbd_open_read_only
+        } else {
+            lib.rbd_open
+        };
         // SAFETY: a valid ioctx, a NUL-terminated image name, a valid out-pointer,
-        // NULL for no snapshot (the image itself, writable).
-        let r = unsafe { (lib.rbd_open)(h.ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
+        // NULL for no snapshot (the image itself; writable unless read-only).
+        let r = unsafe { open_fn(h.ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
         if r < 0 {
             forget(&key);
             return Err(open_error(
@@ -297,6 +322,7 @@ impl RbdStorage {
             image: handle,
             name,
             key,
+            registered: !read_only,
             len: AtomicU64::new(len),
             features,
             discard_enabled: AtomicBool::new(true),
@@ -534,6 +560,9 @@ impl Drop for RbdStorage {
             (self.lib.rbd_close)(self.image);
             (self.lib.rados_ioctx_destroy)(self.ioctx);
             (self.lib.rados_shutdown)(self.rados);
+        }
+        if !self.registered {
+            return;
         }
         if let Some(open) = OPEN_IN_PROCESS.lock().as_mut() {
             open.remove(&self.key);

@@ -64,6 +64,7 @@ library! {
     rados rados_ioctx_create: fn(Rados, *const c_char, *mut Ioctx) -> c_int;
     rados rados_ioctx_destroy: fn(Ioctx);
     rbd rbd_open: fn(Ioctx, *const c_char, *mut Image, *const c_char) -> c_int;
+    rbd rbd_open_read_only: fn(Ioctx, *const c_char, *mut Image, *const c_char) -> c_int;
     rbd rbd_close: fn(Image) -> c_int;
     rbd rbd_read2: fn(Image, u64, usize, *mut c_char, c_int) -> isize;
     rbd rbd_write2: fn(Image, u64, usize, *const c_char, c_int) -> isize;
