@@ -13,7 +13,8 @@
 //! every socket accepts and `STOPPING=1` when the stop begins (see `notify`).
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool, SavedIndex};
+use fewerbytes_engine::storage::{StorageError, TakeOver};
+use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool, SavedIndex};
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -68,6 +69,17 @@ pub struct ServeArgs {
     /// again after it fell below and reaches it again; `stats` shows the mark.
     #[arg(long, value_name = "PERCENT", default_value_t = crate::low_water::DEFAULT_WARN_AT_PERCENT, value_parser = crate::low_water::parse_percent)]
     warn_at: u8,
+    /// Take the pool over from a server that died or is cut off (a pool on RBD): its
+    /// client is blocklisted on the Ceph cluster, so that nothing it still sends is
+    /// accepted, and its lock broken; then the pool opens as usual (the journal
+    /// replayed). Only when that server is known to be down or fenced: the old server,
+    /// if it wakes, loses every write it had not flushed and stops.
+    #[arg(long)]
+    take_over: bool,
+    /// With --take-over: seconds the old server's client stays blocklisted
+    /// [default: the cluster's, `mon_osd_blocklist_default_expire`, one hour].
+    #[arg(long, value_name = "SECONDS", requires = "take_over")]
+    blocklist_expire: Option<u64>,
     /// Worker threads for hashing and compression [default: one per CPU].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -190,15 +202,34 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         index_memory_bytes: args.index_memory,
         no_discard: args.no_discard,
         hold_index_build: false,
+        take_over: args.take_over.then_some(TakeOver {
+            blocklist_expire_seconds: args.blocklist_expire,
+        }),
         saved_index: SavedIndex::Beside,
     };
     // A read-only server writes nothing to the pool (no checkpoint at open or close),
     // so it can serve a pool whose file system is full.
+    if args.take_over && !crate::homes::is_elsewhere(path) {
+        bail!(
+            "--take-over is for a pool on RBD images; a pool file is locked by the \
+             kernel, and its lock goes with the process that held it"
+        );
+    }
+    if args.take_over && args.read_only {
+        bail!("--take-over opens the pool to write it; leave out --read-only");
+    }
     let pool = if args.read_only {
         open_pool_read_only(path, &options)?
     } else {
-        open_pool(path, &options)?
+        open_pool(path, &options).map_err(|e| owned_hint(e, path))?
     };
+    // A pool taken over by another server stops this one (below), rather than have
+    // it serve reads of a pool it no longer owns.
+    pool.on_latch(Box::new(|latched| {
+        if latched.fenced {
+            signals::wake_fenced();
+        }
+    }));
     crate::homes::remember_id(path, pool.id());
     let served = start(&args, path, &pool);
     let Started {
@@ -226,7 +257,12 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     if notifier.is_active() {
         notifier.ready(&ready_status(path, &pool, &socket, tcp.as_deref()));
     }
-    let signal = stop.wait();
+    let signal = match stop.wait() {
+        signals::Woken::Signal(signal) => signal,
+        signals::Woken::Fenced => {
+            return stop_fenced(&pool, server, control, watcher);
+        }
+    };
     tracing::info!("{signal} received: stopping");
     let stopping = if args.read_only {
         "Stopping: closing connections (the pool was opened read-only: nothing to write)"
@@ -253,6 +289,49 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         println!("Pool {} closed cleanly.", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stop a server whose pool another server took over: connections are closed (they
+/// reconnect to the new owner), nothing is written (the pool is latched, and the
+/// cluster refuses this client anyway), and the exit is an error.
+fn stop_fenced(
+    pool: &Arc<Pool>,
+    server: Arc<Server>,
+    control: ControlServer,
+    watcher: Option<crate::low_water::Watcher>,
+) -> Result<ExitCode> {
+    let why = pool.latched_reason().unwrap_or_default();
+    tracing::error!("the pool was taken over by another server: stopping ({why})");
+    control.stop();
+    drop(watcher);
+    server.shutdown();
+    drop(server);
+    // The close fails (latched): nothing is checkpointed, nothing more is written.
+    let _ = Arc::clone(pool).close();
+    bail!(
+        "stopped serving: another server took the pool over and fenced this one off \
+         (its writes are refused by the cluster; what was not flushed before is lost): {why}"
+    )
+}
+
+/// Add to the refusal of a pool another server holds how to take it over.
+fn owned_hint(error: anyhow::Error, path: &Path) -> anyhow::Error {
+    let owned = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<EngineError>(),
+            Some(EngineError::Io(StorageError::Owned { .. }))
+        )
+    });
+    if !owned {
+        return error;
+    }
+    error.context(format!(
+        "another server holds pool {}: stop it, or, if its host is down or cut off and \
+         will not be back, take the pool over with `fewerbytes --pool {} serve --take-over` \
+         (which blocklists the other server's client on the cluster first)",
+        path.display(),
+        path.display()
+    ))
 }
 
 /// What `systemctl status` shows while serving: the pool, its volumes, the endpoints.
@@ -477,9 +556,30 @@ mod signals {
     /// that signal (130 for SIGINT, 143 for SIGTERM).
     const FORCED_EXIT_CODE_BASE: i32 = 128;
 
+    /// The byte `wake_fenced` writes: no signal has number 0.
+    const FENCED_BYTE: u8 = 0;
+
     /// The read end of the self-pipe.
     pub struct Stop {
         read_fd: i32,
+    }
+
+    /// What woke the main thread.
+    pub enum Woken {
+        /// SIGINT or SIGTERM, by name.
+        Signal(&'static str),
+        /// The pool was taken over by another server.
+        Fenced,
+    }
+
+    /// Wake the main thread: the pool was taken over (called from the pool's latch).
+    pub fn wake_fenced() {
+        let fd = WAKE_FD.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: one valid byte written to our own pipe; a full pipe means the
+            // main thread is already being woken.
+            unsafe { libc::write(fd, (&FENCED_BYTE as *const u8).cast(), 1) };
+        }
     }
 
     extern "C" fn on_signal(signal: libc::c_int) {
@@ -525,17 +625,18 @@ mod signals {
     }
 
     impl Stop {
-        /// Block until SIGINT or SIGTERM arrives; returns its name.
-        pub fn wait(&self) -> &'static str {
+        /// Block until SIGINT or SIGTERM arrives, or the pool is taken over.
+        pub fn wait(&self) -> Woken {
             let mut byte = 0u8;
             loop {
                 // SAFETY: reading one byte into a valid one-byte buffer from our own fd.
                 let n = unsafe { libc::read(self.read_fd, (&mut byte as *mut u8).cast(), 1) };
                 if n == 1 {
                     return match i32::from(byte) {
-                        libc::SIGINT => "SIGINT",
-                        libc::SIGTERM => "SIGTERM",
-                        _ => "a signal",
+                        _ if byte == FENCED_BYTE => Woken::Fenced,
+                        libc::SIGINT => Woken::Signal("SIGINT"),
+                        libc::SIGTERM => Woken::Signal("SIGTERM"),
+                        _ => Woken::Signal("a signal"),
                     };
                 }
                 if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
@@ -543,7 +644,7 @@ mod signals {
                 }
                 // EOF or an error on our own pipe cannot happen while WAKE_FD is open;
                 // treat it as a stop rather than spin.
-                return "a stop";
+                return Woken::Signal("a stop");
             }
         }
     }

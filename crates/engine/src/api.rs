@@ -78,6 +78,11 @@ pub struct OpenOptions {
     /// read-write open (`index_save.rs`). Default: not saved (the command line
     /// saves it beside the pool).
     pub saved_index: SavedIndex,
+    /// Take the pool's devices over from a holder that died or was cut off (a pool
+    /// on RBD images: the holder is blocklisted and its lock broken, then the pool
+    /// opens as usual, replaying the journal). `None`: a device another client holds
+    /// is refused, naming it.
+    pub take_over: Option<fewerbytes_storage::TakeOver>,
 }
 
 /// Where a pool's dedup index is saved between a clean close and the next open.

@@ -6,6 +6,11 @@
 //! (EngineError::ReadOnly), reads go on, and the journal is failed so that every
 //! flush waiting on it returns. A pool opened read-only is latched from its open and
 //! writes nothing.
+//!
+//! A latch because another client took a device over and fenced this one off
+//! (`StorageError::Fenced`, an RBD image's lock lost) is told apart: the pool is no
+//! longer this process's, and a server should stop rather than go on serving reads
+//! from it (`Pool::on_latch`).
 
 use crate::journal::Journal;
 use crate::{EngineError, Result};
@@ -13,6 +18,19 @@ use fewerbytes_storage::{Storage, StorageError};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// What a latch listener is told (`Pool::on_latch`).
+#[derive(Debug, Clone)]
+pub struct Latched {
+    /// Why the pool latched (the first failure).
+    pub reason: String,
+    /// Another client took a device over and fenced this process off: the pool is
+    /// no longer this process's to serve.
+    pub fenced: bool,
+}
+
+/// Called once when the pool latches.
+pub type LatchListener = Box<dyn Fn(&Latched) + Send + Sync>;
 
 /// The devices, the latch, and whether the pool is closed.
 pub(crate) struct Devices {
@@ -25,6 +43,10 @@ pub(crate) struct Devices {
     latched: AtomicBool,
     /// Why the latch was set (the first reason wins).
     latch_reason: Mutex<String>,
+    /// The latch was set because a device was taken over by another client.
+    fenced: AtomicBool,
+    /// Told once when the latch is set (`Pool::on_latch`).
+    latch_listener: Mutex<Option<LatchListener>>,
     closed: AtomicBool,
     /// Failed by the latch, so that flushes waiting for a commit return.
     journal: Arc<Journal>,
@@ -51,6 +73,8 @@ impl Devices {
             opened_read_only,
             latched: AtomicBool::new(false),
             latch_reason: Mutex::new(String::new()),
+            fenced: AtomicBool::new(false),
+            latch_listener: Mutex::new(None),
             closed: AtomicBool::new(false),
             journal,
         }
@@ -117,17 +141,42 @@ impl Devices {
             err,
             EngineError::Io(_) | EngineError::Corrupt { .. } | EngineError::Invariant(_)
         ) {
-            self.latch_with(format!("latched read-only after: {err}"));
+            let fenced = matches!(err, EngineError::Io(e) if e.is_fenced());
+            self.latch_as(format!("latched read-only after: {err}"), fenced);
         }
     }
 
     /// Latch the pool read-only for `why` (the first reason wins).
     pub(crate) fn latch_with(&self, why: String) {
+        self.latch_as(why, false);
+    }
+
+    fn latch_as(&self, why: String, fenced: bool) {
         if !self.latched.swap(true, Ordering::SeqCst) {
             tracing::error!("{why}");
             *self.latch_reason.lock() = why.clone();
-            self.journal.fail(why);
+            self.fenced.store(fenced, Ordering::SeqCst);
+            self.journal.fail(why.clone());
+            if let Some(listener) = self.latch_listener.lock().as_ref() {
+                listener(&Latched { reason: why, fenced });
+            }
         }
+    }
+
+    /// Call `listener` once when the pool latches (at once if it already has).
+    /// A pool opened read-only never calls it.
+    pub(crate) fn on_latch(&self, listener: LatchListener) {
+        let mut slot = self.latch_listener.lock();
+        if !self.opened_read_only {
+            if let Some(reason) = self.latched() {
+                listener(&Latched {
+                    reason,
+                    fenced: self.fenced.load(Ordering::SeqCst),
+                });
+                return;
+            }
+        }
+        *slot = Some(listener);
     }
 
     /// Latch the pool read-only if `r` reports a broken invariant (a count below zero).

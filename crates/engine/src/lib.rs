@@ -70,6 +70,7 @@ pub use capacity::Capacity;
 pub use codec::{looks_incompressible, Compression};
 pub use damage::{read_damage, volume_range, DamagedAt};
 pub use damaged_range::DamagedRange;
+pub use devices::{LatchListener, Latched};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;

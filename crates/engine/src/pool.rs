@@ -87,10 +87,15 @@ fn first_mib_in_use(dev: &dyn Storage) -> Result<Option<String>> {
 }
 
 /// The device `name` names (a path or a URI, `DeviceUri`), opened read-write and
-/// exclusive through the storage crate's one factory.
-fn open_named(name: &Path) -> Result<Arc<dyn Storage>> {
+/// exclusive through the storage crate's one factory (taken over from a dead
+/// holder when `opts` asks).
+fn open_named(name: &Path, opts: &OpenOptions) -> Result<Arc<dyn Storage>> {
     let uri = DeviceUri::from_path(name)?;
-    Ok(open_device(&uri, &DeviceOptions::default())?)
+    let options = DeviceOptions {
+        take_over: opts.take_over,
+        ..DeviceOptions::default()
+    };
+    Ok(open_device(&uri, &options)?)
 }
 
 /// The device a new pool is made on. A regular file is created or grown to `size`
@@ -349,7 +354,7 @@ impl Pool {
     }
 
     fn open_path(path: &Path, opts: &OpenOptions, mode: OpenMode) -> Result<Arc<Pool>> {
-        let data = open_named(path)?;
+        let data = open_named(path, opts)?;
         let mut blocks = [vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]];
         for (copy, block) in blocks.iter_mut().enumerate() {
             let offset = (copy * BLOCK_BYTES) as u64;
@@ -389,7 +394,7 @@ impl Pool {
                         1 - copy
                     );
                 }
-                let meta = open_named(Path::new(&label.metadata_path))?;
+                let meta = open_named(Path::new(&label.metadata_path), opts)?;
                 let pool = Self::open_devices_as(
                     data.clone(),
                     Some((meta, label.metadata_path.clone())),
@@ -428,7 +433,10 @@ impl Pool {
     /// read.
     pub fn read_id(name: &Path) -> Result<u64> {
         let uri = DeviceUri::from_path(name)?;
-        let device = open_device(&uri, &DeviceOptions { read_only: true })?;
+        let device = open_device(&uri, &DeviceOptions {
+                read_only: true,
+                ..DeviceOptions::default()
+            })?;
         let mut why = String::from("the device is shorter than one block");
         for copy in 0..2u64 {
             let offset = copy * BLOCK_BYTES as u64;
@@ -854,6 +862,13 @@ impl Pool {
             return None;
         }
         self.inner.devices.latched()
+    }
+
+    /// Call `listener` once when the pool latches read-only (at once if it already
+    /// has), with the reason and whether another client took the devices over
+    /// ([`Latched::fenced`](crate::Latched)). A pool opened read-only never calls it.
+    pub fn on_latch(&self, listener: crate::LatchListener) {
+        self.inner.devices.on_latch(listener);
     }
 
     /// Normal, latched read-only, or opened read-only.

@@ -65,6 +65,7 @@ fn open_image(image: Vec<u8>) -> Result<Arc<Pool>, EngineError> {
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     )

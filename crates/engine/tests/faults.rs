@@ -105,6 +105,7 @@ fn corruption_anywhere_is_detected_or_harmless() {
                     index_memory_bytes: None,
                     no_discard: false,
                     hold_index_build: false,
+                    take_over: None,
                     saved_index: fewerbytes_engine::SavedIndex::Off,
                 },
             )
@@ -175,6 +176,7 @@ fn a_full_pool_refuses_new_data_and_recovers_after_trim() {
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     )
@@ -357,6 +359,7 @@ fn a_data_block_failing_its_fingerprint_is_named_by_volume_offset_and_data_block
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     )

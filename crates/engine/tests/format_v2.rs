@@ -17,6 +17,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: None,
     no_discard: false,
     hold_index_build: false,
+    take_over: None,
     saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 

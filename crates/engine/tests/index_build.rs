@@ -16,6 +16,7 @@ fn held_open() -> OpenOptions {
     OpenOptions {
         threads: Some(2),
         hold_index_build: true,
+        take_over: None,
         ..OpenOptions::default()
     }
 }

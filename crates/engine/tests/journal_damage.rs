@@ -24,6 +24,7 @@ const OPTS: OpenOptions = OpenOptions {
     index_memory_bytes: Some(1 << 20),
     no_discard: false,
     hold_index_build: false,
+    take_over: None,
     saved_index: fewerbytes_engine::SavedIndex::Off,
 };
 /// "FBJP": a parity sector's magic, read from the bytes (so this file also builds

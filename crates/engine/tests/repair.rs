@@ -283,6 +283,7 @@ fn reopen_for_repair(t: &mut TestPool) -> Result<(), EngineError> {
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     )?;
@@ -308,6 +309,7 @@ fn a_count_of_zero_under_live_references_is_refused_at_open_and_restored_by_repa
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     );

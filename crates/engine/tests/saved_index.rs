@@ -26,6 +26,7 @@ fn saving(path: &Path) -> OpenOptions {
 fn saving_held(path: &Path) -> OpenOptions {
     OpenOptions {
         hold_index_build: true,
+        take_over: None,
         ..saving(path)
     }
 }

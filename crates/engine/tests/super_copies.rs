@@ -106,6 +106,7 @@ fn open(image: Vec<u8>) -> (Arc<FaultStorage>, Arc<Pool>) {
             index_memory_bytes: None,
             no_discard: false,
             hold_index_build: false,
+            take_over: None,
             saved_index: fewerbytes_engine::SavedIndex::Off,
         },
     );

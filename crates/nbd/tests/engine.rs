@@ -137,6 +137,7 @@ fn a_read_error_fails_that_request_alone() {
                 index_memory_bytes: None,
                 no_discard: false,
                 hold_index_build: false,
+                take_over: None,
                 saved_index: fewerbytes_engine::SavedIndex::Off,
             },
         )

@@ -21,6 +21,7 @@
 //! for its metadata device and what messages and statistics call the device.
 
 use crate::{FileStorage, RbdStorage, Storage, StorageError};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -46,12 +47,30 @@ pub enum DeviceUri {
 /// How a device is opened ([`open_device`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceOptions {
+    /// Take the device over from a holder that is dead or cut off (an RBD image):
+    /// blocklist the holder's client address on the cluster, so that nothing it still
+    /// sends is accepted, then break its lock and take it. Without it a device another
+    /// client holds is refused ([`StorageError::Owned`]). A file's lock is the
+    /// kernel's and dies with its process: there is nothing to take over.
+    pub take_over: Option<TakeOver>,
     /// Only read, taking no lock, while another program may hold the device (to read
     /// a pool's identity from its first blocks): a file is opened `O_RDONLY` and not
     /// locked, an RBD image with `rbd_open_read_only`. Writes to such a device fail.
     /// The default (false) opens it read-write and exclusive, which is how a pool is
     /// opened, also read-only: the engine's read-only mode relies on nobody writing.
+    /// Exclusive is a file's `flock`, and an RBD image's exclusive lock taken at open
+    /// and kept until close (see `rbd.rs`: another client that holds it is named in
+    /// the refusal).
     pub read_only: bool,
+}
+
+/// How a take-over fences the old holder ([`DeviceOptions::take_over`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TakeOver {
+    /// How long the old holder stays blocklisted (librbd's
+    /// `rbd_blocklist_expire_seconds`); `None`: the cluster's default
+    /// (`mon_osd_blocklist_default_expire`, one hour unless configured).
+    pub blocklist_expire_seconds: Option<u64>,
 }
 
 fn invalid(uri: &str, reason: impl Into<String>) -> StorageError {
@@ -255,7 +274,7 @@ pub fn open_device(
                 cluster.as_deref(),
                 id.as_deref(),
                 conf.as_deref(),
-                options.read_only,
+                options,
             )?;
             Ok(Arc::new(opened))
         }

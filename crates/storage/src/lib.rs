@@ -33,7 +33,7 @@ mod loop_device;
 mod rbd;
 mod rbd_lib;
 
-pub use device::{open_device, DeviceOptions, DeviceUri};
+pub use device::{open_device, DeviceOptions, DeviceUri, TakeOver};
 pub use fault::{CrashMode, FaultPlan, FaultStorage, FlipRead, IoEvent, IoLog, LogReplay};
 pub use file::{FileStorage, LockHolder};
 pub use image::Image;
@@ -126,6 +126,36 @@ pub enum StorageError {
         /// Who holds it, as well as can be told.
         holder: LockHolder,
     },
+    /// An RBD image whose exclusive lock another client holds: a server elsewhere (or
+    /// one that died or was cut off without releasing it) owns the image.
+    #[error("{device} is owned by another client, {owner}: it holds the image's exclusive lock")]
+    Owned {
+        /// The device's name.
+        device: String,
+        /// The holder, as librbd names it (its client address, `IP:PORT/NONCE`).
+        owner: String,
+    },
+    /// An RBD image that cannot be locked for one writer (no `exclusive-lock`
+    /// feature), or whose lock could not be taken or broken.
+    #[error("{device} cannot be locked for one writer: {reason}")]
+    NotLockable {
+        /// The device's name.
+        device: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// This client no longer owns the device: another client took its exclusive lock
+    /// over and blocklisted this one, so the cluster refuses its writes. What was not
+    /// flushed before is lost; nothing written from now on reaches the device.
+    #[error("{op} on {device} was refused: this client lost the device to another one, which took it over and fenced this one off (blocklisted it): {source}")]
+    Fenced {
+        /// The device's name.
+        device: String,
+        /// What was refused.
+        op: IoOp,
+        /// librbd's error (`ESHUTDOWN`, Ceph's `EBLOCKLISTED`; or `EROFS`, the lock lost).
+        source: std::io::Error,
+    },
     /// A loop device whose backing file cannot be opened and locked: another process
     /// could hold the same bytes through it, so the device is refused.
     #[error("{device} is a loop device over {backing}, which cannot be locked ({why}); refusing it, since another program could be using the same bytes through that file")]
@@ -172,6 +202,12 @@ impl StorageError {
     /// succeed once space is freed, and the device is otherwise sound.
     pub fn is_no_space(&self) -> bool {
         matches!(self, StorageError::NoSpace { .. })
+    }
+
+    /// Whether another client took the device over and fenced this one off
+    /// ([`StorageError::Fenced`]): nothing this handle writes reaches it any more.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, StorageError::Fenced { .. })
     }
 
     /// The error for an OS failure of `op`: [`StorageError::NoSpace`] when a write or

@@ -25,17 +25,25 @@
 //! closing the handle while a call is in flight, which `Drop` (by `&mut self`)
 //! rules out.
 //!
-//! One opener per image in this process: a second `open` of the same image (same
-//! cluster fsid, pool and name) is refused with [`StorageError::Locked`]. Between
-//! processes and hosts nothing is fenced yet: the image's exclusive-lock feature
-//! (reported by [`RbdStorage::feature_names`]) passes the lock to whichever client
-//! writes, so two writers would take turns. Taking the lock for good and
-//! blocklisting a dead holder is the next step (docs/ceph.md).
+//! One owner per image. A read-write open takes the image's exclusive lock
+//! (`rbd_lock_acquire`) and keeps it until close: a lock taken that way is
+//! *managed*, and librbd then answers another client's request for it with a
+//! refusal instead of handing it over (which is what its transparent locking does
+//! for a plain writer). An image whose lock another client holds is refused,
+//! naming the holder ([`StorageError::Owned`]), unless the open is a take-over
+//! ([`crate::TakeOver`]): then the holder is blocklisted on the cluster and its
+//! lock broken (`rbd_lock_break`, with `rbd_blocklist_on_break_lock` forced on)
+//! before the lock is taken. A blocklisted client's writes are refused by the OSDs
+//! (`ESHUTDOWN`, Ceph's `EBLOCKLISTED`): its writes and flushes fail with
+//! [`StorageError::Fenced`]. An image without the `exclusive-lock` feature cannot
+//! be owned and is refused for read-write ([`StorageError::NotLockable`]). Within
+//! this process a second read-write open of the same image (same cluster fsid,
+//! pool and name) is refused with [`StorageError::Locked`].
 
-use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados};
+use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados, LOCK_MODE_EXCLUSIVE};
 use crate::{
-    check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, LockHolder, Storage,
-    StorageError,
+    check_bounds, discard_pages, DeviceOptions, DiscardOutcome, IoCounters, IoOp, LockHolder,
+    Storage, StorageError,
 };
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -47,6 +55,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 /// librbd takes at most `INT_MAX` bytes per call (its results are `int`); larger
 /// requests are cut into pieces of this size.
 const CALL_BYTES_MAX: usize = 1 << 30;
+
+/// The `exclusive-lock` feature bit (`RBD_FEATURE_EXCLUSIVE_LOCK`).
+const FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+/// `EBLOCKLISTED` in Ceph's headers is `ESHUTDOWN`: what the OSDs answer a client
+/// whose address is blocklisted.
+const EBLOCKLISTED: i32 = libc::ESHUTDOWN;
 
 /// RBD image feature bits (`RBD_FEATURE_*` in `rbd/features.h`) and their names as
 /// `rbd info` prints them.
@@ -96,6 +110,8 @@ pub struct RbdStorage {
     key: (String, String, String),
     /// Whether `key` was taken there (a read-write open), and is released on drop.
     registered: bool,
+    /// Whether this handle took the image's exclusive lock (a read-write open).
+    owner: bool,
     len: AtomicU64,
     features: u64,
     discard_enabled: AtomicBool,
@@ -133,6 +149,30 @@ impl Drop for Opening {
     }
 }
 
+/// The error of a failed write, flush or discard on an image: [`StorageError::Fenced`]
+/// when this client owned the image and the cluster now refuses it (blocklisted:
+/// `ESHUTDOWN`; or its lock lost: `EROFS`, librbd's answer to a write without the
+/// lock it cannot take back), else as [`StorageError::from_os`].
+fn write_error(
+    device: &str,
+    owner: bool,
+    op: IoOp,
+    offset_bytes: u64,
+    len_bytes: u64,
+    r: i64,
+) -> StorageError {
+    let source = errno_error(r);
+    let fenced = matches!(source.raw_os_error(), Some(EBLOCKLISTED | libc::EROFS));
+    if owner && fenced {
+        return StorageError::Fenced {
+            device: device.to_string(),
+            op,
+            source,
+        };
+    }
+    StorageError::from_os(device, op, offset_bytes, len_bytes, source)
+}
+
 fn errno_error(r: i64) -> std::io::Error {
     std::io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO))
 }
@@ -150,6 +190,126 @@ fn c_string(what: &str, value: &[u8], device: &str) -> Result<CString, StorageEr
     })
 }
 
+/// Set a config option on a configuring cluster handle; the negative errno.
+fn set_conf(lib: &Lib, rados: Rados, option: &str, value: &str) -> Result<(), i64> {
+    let option = CString::new(option).map_err(|_| -i64::from(libc::EINVAL))?;
+    let value = CString::new(value).map_err(|_| -i64::from(libc::EINVAL))?;
+    // SAFETY: a created, not yet connected handle (librbd reads its options from the
+    // handle's context when an image is opened); both strings are NUL-terminated and
+    // only read during the call.
+    let r = unsafe { (lib.rados_conf_set)(rados, option.as_ptr(), value.as_ptr()) };
+    if r < 0 {
+        return Err(r.into());
+    }
+    Ok(())
+}
+
+/// An image opened read-write, being made this client's own: its exclusive lock
+/// taken, or broken and taken in a take-over.
+struct Owning<'a> {
+    lib: &'static Lib,
+    image: Image,
+    name: &'a str,
+}
+
+impl Owning<'_> {
+    fn not_lockable(&self, reason: String) -> StorageError {
+        StorageError::NotLockable {
+            device: self.name.to_string(),
+            reason,
+        }
+    }
+
+    /// Take the lock (see the module's comment).
+    fn take(&self, features: u64, options: &DeviceOptions) -> Result<(), StorageError> {
+        if features & FEATURE_EXCLUSIVE_LOCK == 0 {
+            let spec = self.name.trim_start_matches("rbd:");
+            return Err(self.not_lockable(format!(
+                "the image has no exclusive-lock feature, without which two hosts could \
+                 write it at once; enable it with `rbd feature enable {spec} exclusive-lock`"
+            )));
+        }
+        if let Some(owner) = self.owner()? {
+            if options.take_over.is_none() {
+                return Err(StorageError::Owned {
+                    device: self.name.to_string(),
+                    owner,
+                });
+            }
+            tracing::warn!(
+                "{}: taking over from {owner}: blocklisting it and breaking its lock",
+                self.name
+            );
+            let owner_c = CString::new(owner.as_str())
+                .map_err(|_| self.not_lockable(format!("the owner {owner:?} has a NUL")))?;
+            // SAFETY: an open image; a NUL-terminated owner string read during the
+            // call. librbd blocklists the owner's address first
+            // (`rbd_blocklist_on_break_lock`, forced on at connect), waits for the
+            // OSD map that carries the blocklist, then breaks the lock; it breaks it
+            // even while the owner still watches the image (a paused process).
+            let r =
+                unsafe { (self.lib.rbd_lock_break)(self.image, LOCK_MODE_EXCLUSIVE, owner_c.as_ptr()) };
+            // ENOENT: the lock went away meanwhile (released, or broken by another).
+            if r < 0 && r != -libc::ENOENT {
+                return Err(self.not_lockable(format!(
+                    "could not blocklist {owner} and break its lock: {}",
+                    errno_error(r.into())
+                )));
+            }
+        }
+        // SAFETY: an open image. The call waits for the lock; once held it is managed:
+        // librbd refuses to give it up when another client asks for it.
+        let r = unsafe { (self.lib.rbd_lock_acquire)(self.image, LOCK_MODE_EXCLUSIVE) };
+        if r < 0 {
+            // Another client took it between the look and the acquire.
+            if let Some(owner) = self.owner()? {
+                return Err(StorageError::Owned {
+                    device: self.name.to_string(),
+                    owner,
+                });
+            }
+            return Err(self.not_lockable(format!(
+                "rbd_lock_acquire failed: {}",
+                errno_error(r.into())
+            )));
+        }
+        Ok(())
+    }
+
+    /// The client that holds the image's exclusive lock, if any (its address).
+    fn owner(&self) -> Result<Option<String>, StorageError> {
+        /// More than one owner is only possible in shared mode, which is not used.
+        const OWNERS_MAX: usize = 4;
+        let mut owners: [*mut c_char; OWNERS_MAX] = [std::ptr::null_mut(); OWNERS_MAX];
+        let mut count = OWNERS_MAX;
+        let mut mode: std::ffi::c_int = 0;
+        // SAFETY: an open image; `owners` has room for `count` pointers, which librbd
+        // fills with strings it allocates (freed below by the cleanup call).
+        let r = unsafe {
+            (self.lib.rbd_lock_get_owners)(self.image, &mut mode, owners.as_mut_ptr(), &mut count)
+        };
+        if r == -libc::ENOENT {
+            return Ok(None);
+        }
+        if r < 0 {
+            return Err(self.not_lockable(format!(
+                "could not read who holds the image's lock: {}",
+                errno_error(r.into())
+            )));
+        }
+        let count = count.min(OWNERS_MAX);
+        let first = owners.first().copied().filter(|p| count > 0 && !p.is_null()).map(|p| {
+            // SAFETY: a NUL-terminated string librbd allocated, alive until cleanup.
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        });
+        // SAFETY: the `count` strings librbd returned, freed once.
+        unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), count) };
+        Ok(first)
+    }
+}
+
 impl RbdStorage {
     /// Open `pool/image` (see [`open_rbd`]).
     pub fn open(
@@ -159,12 +319,14 @@ impl RbdStorage {
         id: Option<&str>,
         conf: Option<&Path>,
     ) -> Result<RbdStorage, StorageError> {
-        Self::open_with(pool, image, cluster, id, conf, false)
+        Self::open_with(pool, image, cluster, id, conf, &DeviceOptions::default())
     }
 
-    /// Open `pool/image` as [`RbdStorage::open`] does, or with `read_only` by
-    /// `rbd_open_read_only`: to read while another client writes (librbd then refuses
-    /// every write with `EROFS`); such an opener is not counted as this process's
+    /// Open `pool/image` as [`RbdStorage::open`] does (read-write, taking the image's
+    /// exclusive lock), as a take-over of a dead holder's lock
+    /// ([`DeviceOptions::take_over`]), or with `read_only` by `rbd_open_read_only`:
+    /// to read while another client writes (librbd then refuses every write with
+    /// `EROFS`); such an opener takes no lock and is not counted as this process's
     /// one opener of the image.
     pub fn open_with(
         pool: &str,
@@ -172,8 +334,9 @@ impl RbdStorage {
         cluster: Option<&str>,
         id: Option<&str>,
         conf: Option<&Path>,
-        read_only: bool,
+        options: &DeviceOptions,
     ) -> Result<RbdStorage, StorageError> {
+        let read_only = options.read_only;
         let name = match cluster {
             Some(c) => format!("rbd:{pool}/{image}@{c}"),
             None => format!("rbd:{pool}/{image}"),
@@ -235,6 +398,22 @@ impl RbdStorage {
         let r = unsafe { (lib.rados_conf_parse_env)(h.rados, std::ptr::null()) };
         if r < 0 {
             return Err(open_error("bad CEPH_ARGS".into(), r.into()));
+        }
+        if let Some(take_over) = options.take_over.filter(|_| !read_only) {
+            // A take-over must fence the old holder whatever the config says: a
+            // ceph.conf with `rbd_blocklist_on_break_lock = false` would let a holder
+            // that only seemed dead go on writing.
+            set_conf(lib, h.rados, "rbd_blocklist_on_break_lock", "true")
+                .map_err(|r| open_error("rbd_blocklist_on_break_lock".into(), r))?;
+            if let Some(seconds) = take_over.blocklist_expire_seconds {
+                set_conf(
+                    lib,
+                    h.rados,
+                    "rbd_blocklist_expire_seconds",
+                    &seconds.to_string(),
+                )
+                .map_err(|r| open_error("rbd_blocklist_expire_seconds".into(), r))?;
+            }
         }
         // SAFETY: a configured handle, connected once.
         let r = unsafe { (lib.rados_connect)(h.rados) };
@@ -315,6 +494,15 @@ impl RbdStorage {
             forget(&key);
             return Err(open_error("cannot size the image".into(), r2.into()));
         }
+        if !read_only {
+            let owned = Owning { lib, image: handle, name: &name }.take(features, options);
+            if let Err(e) = owned {
+                // SAFETY: the image was opened above and is closed once, here.
+                unsafe { (lib.rbd_close)(handle) };
+                forget(&key);
+                return Err(e);
+            }
+        }
         let storage = RbdStorage {
             lib,
             rados: h.rados,
@@ -323,6 +511,7 @@ impl RbdStorage {
             name,
             key,
             registered: !read_only,
+            owner: !read_only,
             len: AtomicU64::new(len),
             features,
             discard_enabled: AtomicBool::new(true),
@@ -443,15 +632,21 @@ impl Storage for RbdStorage {
                     0,
                 )
             };
-            if r < 0 || r as usize != piece.len() {
-                let source = if r < 0 {
-                    errno_error(r as i64)
-                } else {
-                    std::io::Error::new(
-                        std::io::ErrorKind::WriteZero,
-                        format!("librbd wrote {r} of {} bytes", piece.len()),
-                    )
-                };
+            if r < 0 {
+                return Err(write_error(
+                    &self.name,
+                    self.owner,
+                    IoOp::Write,
+                    at,
+                    piece.len() as u64,
+                    r as i64,
+                ));
+            }
+            if r as usize != piece.len() {
+                let source = std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    format!("librbd wrote {r} of {} bytes", piece.len()),
+                );
                 return Err(StorageError::from_os(
                     &self.name,
                     IoOp::Write,
@@ -471,12 +666,13 @@ impl Storage for RbdStorage {
         // before it is on the OSDs, or with the error that kept one from them.
         let r = unsafe { (self.lib.rbd_flush)(self.image) };
         if r < 0 {
-            return Err(StorageError::from_os(
+            return Err(write_error(
                 &self.name,
+                self.owner,
                 IoOp::Flush,
                 0,
                 0,
-                errno_error(r.into()),
+                r.into(),
             ));
         }
         let expected = self.len_bytes();
@@ -513,12 +709,13 @@ impl Storage for RbdStorage {
             // SAFETY: an open image; a range inside it.
             let r = unsafe { (self.lib.rbd_discard)(self.image, at, piece) };
             if r < 0 {
-                return Err(StorageError::from_os(
+                return Err(write_error(
                     &self.name,
+                    self.owner,
                     IoOp::Discard,
                     at,
                     piece,
-                    errno_error(r.into()),
+                    r.into(),
                 ));
             }
             at += piece;

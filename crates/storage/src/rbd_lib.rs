@@ -17,6 +17,9 @@ pub(crate) type Ioctx = *mut c_void;
 /// `rbd_image_t`: an open image.
 pub(crate) type Image = *mut c_void;
 
+/// `RBD_LOCK_MODE_EXCLUSIVE` of the `rbd_lock_mode_t` enum (a C `int`).
+pub(crate) const LOCK_MODE_EXCLUSIVE: c_int = 0;
+
 /// The package that installs `librbd.so.1` and `librados.so.2` on Debian.
 pub(crate) const PACKAGE: &str = "librbd1";
 
@@ -58,6 +61,7 @@ library! {
     rados rados_create2: fn(*mut Rados, *const c_char, *const c_char, u64) -> c_int;
     rados rados_conf_read_file: fn(Rados, *const c_char) -> c_int;
     rados rados_conf_parse_env: fn(Rados, *const c_char) -> c_int;
+    rados rados_conf_set: fn(Rados, *const c_char, *const c_char) -> c_int;
     rados rados_connect: fn(Rados) -> c_int;
     rados rados_shutdown: fn(Rados);
     rados rados_cluster_fsid: fn(Rados, *mut c_char, usize) -> c_int;
@@ -73,6 +77,10 @@ library! {
     rbd rbd_get_size: fn(Image, *mut u64) -> c_int;
     rbd rbd_get_features: fn(Image, *mut u64) -> c_int;
     rbd rbd_resize: fn(Image, u64) -> c_int;
+    rbd rbd_lock_acquire: fn(Image, c_int) -> c_int;
+    rbd rbd_lock_get_owners: fn(Image, *mut c_int, *mut *mut c_char, *mut usize) -> c_int;
+    rbd rbd_lock_get_owners_cleanup: fn(*mut *mut c_char, usize);
+    rbd rbd_lock_break: fn(Image, c_int, *const c_char) -> c_int;
 }
 
 static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();

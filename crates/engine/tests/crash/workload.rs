@@ -156,6 +156,7 @@ impl Devices {
                 index_memory_bytes: None,
                 no_discard: false,
                 hold_index_build: false,
+                take_over: None,
                 saved_index: match &self.saved_index {
                     Some(path) => SavedIndex::At(path.clone()),
                     None => SavedIndex::Off,
