@@ -309,8 +309,8 @@ fn stop_fenced(
     // The close fails (latched): nothing is checkpointed, nothing more is written.
     let _ = Arc::clone(pool).close();
     bail!(
-        "stopped serving: another server took the pool over and fenced this one off \
-         (its writes are refused by the cluster; what was not flushed before is lost): {why}"
+        "stopped serving: the pool is no longer this server's (another server took it \
+         over; what this one had not flushed is lost): {why}"
     )
 }
 

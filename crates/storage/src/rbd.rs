@@ -31,9 +31,9 @@
 //! refusal instead of handing it over (which is what its transparent locking does
 //! for a plain writer). An image whose lock another client holds is refused,
 //! naming the holder ([`StorageError::Owned`]), unless the open is a take-over
-//! ([`crate::TakeOver`]): then the holder is blocklisted on the cluster and its
-//! lock broken (`rbd_lock_break`, with `rbd_blocklist_on_break_lock` forced on)
-//! before the lock is taken. A blocklisted client's writes are refused by the OSDs
+//! ([`crate::TakeOver`]): then the holder's client address is blocklisted on the
+//! cluster (`rados_blocklist_add`, which returns once the OSD map carrying it is
+//! out) and its lock broken (`rbd_lock_break`) before the lock is taken. A blocklisted client's writes are refused by the OSDs
 //! (`ESHUTDOWN`, Ceph's `EBLOCKLISTED`): its writes and flushes fail with
 //! [`StorageError::Fenced`]. An image without the `exclusive-lock` feature cannot
 //! be owned and is refused for read-write ([`StorageError::NotLockable`]). Within
@@ -208,6 +208,7 @@ fn set_conf(lib: &Lib, rados: Rados, option: &str, value: &str) -> Result<(), i6
 /// taken, or broken and taken in a take-over.
 struct Owning<'a> {
     lib: &'static Lib,
+    rados: Rados,
     image: Image,
     name: &'a str,
 }
@@ -230,29 +231,29 @@ impl Owning<'_> {
             )));
         }
         if let Some(owner) = self.owner()? {
-            if options.take_over.is_none() {
+            let Some(take_over) = options.take_over else {
                 return Err(StorageError::Owned {
                     device: self.name.to_string(),
                     owner,
                 });
-            }
+            };
             tracing::warn!(
                 "{}: taking over from {owner}: blocklisting it and breaking its lock",
                 self.name
             );
+            self.fence(&owner, take_over.blocklist_expire_seconds)?;
             let owner_c = CString::new(owner.as_str())
                 .map_err(|_| self.not_lockable(format!("the owner {owner:?} has a NUL")))?;
             // SAFETY: an open image; a NUL-terminated owner string read during the
-            // call. librbd blocklists the owner's address first
-            // (`rbd_blocklist_on_break_lock`, forced on at connect), waits for the
-            // OSD map that carries the blocklist, then breaks the lock; it breaks it
-            // even while the owner still watches the image (a paused process).
-            let r =
-                unsafe { (self.lib.rbd_lock_break)(self.image, LOCK_MODE_EXCLUSIVE, owner_c.as_ptr()) };
+            // call. The owner is fenced already (above); librbd breaks its lock even
+            // while it still watches the image (a paused process).
+            let r = unsafe {
+                (self.lib.rbd_lock_break)(self.image, LOCK_MODE_EXCLUSIVE, owner_c.as_ptr())
+            };
             // ENOENT: the lock went away meanwhile (released, or broken by another).
             if r < 0 && r != -libc::ENOENT {
                 return Err(self.not_lockable(format!(
-                    "could not blocklist {owner} and break its lock: {}",
+                    "{owner} is blocklisted, but its lock could not be broken: {}",
                     errno_error(r.into())
                 )));
             }
@@ -270,6 +271,39 @@ impl Owning<'_> {
             }
             return Err(self.not_lockable(format!(
                 "rbd_lock_acquire failed: {}",
+                errno_error(r.into())
+            )));
+        }
+        Ok(())
+    }
+
+    /// Blocklist `owner` (a client address) on the cluster: from the OSD map that
+    /// carries the entry, which librados waits for before returning, the OSDs refuse
+    /// everything that client sends, and its watches are dropped.
+    fn fence(&self, owner: &str, expire_seconds: Option<u64>) -> Result<(), StorageError> {
+        let expire = match expire_seconds {
+            // 0 asks for the cluster's default expiry (`mon_osd_blocklist_default_expire`).
+            None => 0,
+            Some(0) => {
+                return Err(self.not_lockable(
+                    "a blocklist expiry of 0 seconds would not fence anything".into(),
+                ))
+            }
+            Some(s) => u32::try_from(s).map_err(|_| {
+                self.not_lockable(format!("a blocklist expiry of {s} seconds is too long"))
+            })?,
+        };
+        let owner_c = CString::new(owner)
+            .map_err(|_| self.not_lockable(format!("the owner {owner:?} has a NUL")))?;
+        let mut address = owner_c.into_bytes_with_nul();
+        // SAFETY: a connected cluster handle; `address` is a NUL-terminated string that
+        // librados only reads (the C prototype lacks `const`), alive for the call.
+        let r = unsafe {
+            (self.lib.rados_blocklist_add)(self.rados, address.as_mut_ptr().cast::<c_char>(), expire)
+        };
+        if r < 0 {
+            return Err(self.not_lockable(format!(
+                "could not blocklist {owner}, so it cannot be taken over safely: {}",
                 errno_error(r.into())
             )));
         }
@@ -399,21 +433,13 @@ impl RbdStorage {
         if r < 0 {
             return Err(open_error("bad CEPH_ARGS".into(), r.into()));
         }
-        if let Some(take_over) = options.take_over.filter(|_| !read_only) {
-            // A take-over must fence the old holder whatever the config says: a
-            // ceph.conf with `rbd_blocklist_on_break_lock = false` would let a holder
-            // that only seemed dead go on writing.
-            set_conf(lib, h.rados, "rbd_blocklist_on_break_lock", "true")
+        if options.take_over.is_some() && !read_only {
+            // A take-over blocklists the old holder itself (`Owning::take`), with the
+            // expiry asked for: librbd's own blocklist on a lock break sends an
+            // expiry the Ceph 16.2 monitor refuses (EINVAL, see docs/ceph.md), so
+            // it is turned off for this client.
+            set_conf(lib, h.rados, "rbd_blocklist_on_break_lock", "false")
                 .map_err(|r| open_error("rbd_blocklist_on_break_lock".into(), r))?;
-            if let Some(seconds) = take_over.blocklist_expire_seconds {
-                set_conf(
-                    lib,
-                    h.rados,
-                    "rbd_blocklist_expire_seconds",
-                    &seconds.to_string(),
-                )
-                .map_err(|r| open_error("rbd_blocklist_expire_seconds".into(), r))?;
-            }
         }
         // SAFETY: a configured handle, connected once.
         let r = unsafe { (lib.rados_connect)(h.rados) };
@@ -495,7 +521,13 @@ impl RbdStorage {
             return Err(open_error("cannot size the image".into(), r2.into()));
         }
         if !read_only {
-            let owned = Owning { lib, image: handle, name: &name }.take(features, options);
+            let owned = Owning {
+                lib,
+                rados: h.rados,
+                image: handle,
+                name: &name,
+            }
+            .take(features, options);
             if let Err(e) = owned {
                 // SAFETY: the image was opened above and is closed once, here.
                 unsafe { (lib.rbd_close)(handle) };

@@ -65,6 +65,7 @@ library! {
     rados rados_connect: fn(Rados) -> c_int;
     rados rados_shutdown: fn(Rados);
     rados rados_cluster_fsid: fn(Rados, *mut c_char, usize) -> c_int;
+    rados rados_blocklist_add: fn(Rados, *mut c_char, u32) -> c_int;
     rados rados_ioctx_create: fn(Rados, *const c_char, *mut Ioctx) -> c_int;
     rados rados_ioctx_destroy: fn(Ioctx);
     rbd rbd_open: fn(Ioctx, *const c_char, *mut Image, *const c_char) -> c_int;
