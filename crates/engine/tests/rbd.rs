@@ -1,12 +1,16 @@
 //! A pool on a Ceph RBD image (a one-node cluster from scripts/ceph/cluster.sh,
 //! started by this binary and stopped when it exits): made through the engine's
 //! API on `open_rbd`, written, closed, reopened and read back; and a process
-//! killed with SIGKILL after a flush, whose pool reopens with every flushed block.
+//! killed with SIGKILL after a flush, whose image is refused to a plain open (the
+//! dead client still holds its lock) and whose pool, taken over, reopens with every
+//! flushed block.
 
 #[path = "../../storage/tests/ceph/mod.rs"]
 mod ceph;
 use ceph::*;
-use fewerbytes_engine::storage::{open_rbd, Storage};
+use fewerbytes_engine::storage::{
+    open_rbd, DeviceOptions, RbdStorage, Storage, StorageError, TakeOver,
+};
 use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -140,9 +144,34 @@ fn a_pool_whose_process_was_killed_reopens_with_every_flushed_block() {
     child.kill().expect("kill the child");
     child.wait().expect("reap the child");
     assert!(flushed, "the child never flushed");
-    // The dead client still holds the image's exclusive lock; librbd takes it
-    // over (breaking it once the client's watch has expired) at the first write.
-    let pool = open_pool(&image, &cluster().conf);
+    // The dead client still holds the image's exclusive lock: a plain open is
+    // refused, naming it; a take-over blocklists it, breaks the lock and opens.
+    match open_rbd(POOL, &image, None, None, Some(&cluster().conf)) {
+        Err(StorageError::Owned { owner, .. }) => assert!(!owner.is_empty()),
+        Err(other) => panic!("the held image was refused for another reason: {other}"),
+        Ok(_) => panic!("an image whose lock a dead client holds was opened without a take-over"),
+    }
+    let taken = RbdStorage::open_with(
+        POOL,
+        &image,
+        None,
+        None,
+        Some(&cluster().conf),
+        &DeviceOptions {
+            take_over: Some(TakeOver::default()),
+            ..DeviceOptions::default()
+        },
+    )
+    .expect("take the image over");
+    let pool = Pool::open_devices(
+        Arc::new(taken),
+        None,
+        &OpenOptions {
+            threads: Some(2),
+            ..OpenOptions::default()
+        },
+    )
+    .expect("open the pool taken over");
     check_blocks(&pool);
     pool.close().expect("close");
 }

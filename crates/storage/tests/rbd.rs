@@ -2,11 +2,17 @@
 //! by the first test and stopped when the binary exits): what is written reads
 //! back, also through a second open after a flush; discards give the space back to
 //! the cluster; the length follows `rbd resize`, and a shrunk image fails a flush;
-//! bad names and a second opener get clear errors.
+//! bad names and a second opener get clear errors. One owner: a read-write open
+//! holds the image's exclusive lock and keeps it from another writer; an image that
+//! cannot be locked is refused, naming the `rbd` command that fixes it; and an owner
+//! the cluster blocklisted finds its writes and flushes fenced, with nothing landed.
 
 mod ceph;
 use ceph::*;
-use fewerbytes_storage::{open_rbd, DiscardOutcome, RbdStorage, Storage, StorageError};
+use fewerbytes_storage::{
+    open_rbd, DeviceOptions, DiscardOutcome, RbdStorage, Storage, StorageError,
+};
+use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
@@ -233,4 +239,95 @@ fn a_machine_without_librbd_gets_an_error_naming_the_package() {
             && line.contains("install librbd1 (apt-get install librbd1)"),
         "{line}"
     );
+}
+
+fn open_read_only(image: &str) -> RbdStorage {
+    let options = DeviceOptions {
+        read_only: true,
+        ..DeviceOptions::default()
+    };
+    RbdStorage::open_with(POOL, image, None, None, Some(&cluster().conf), &options)
+        .expect("open the image read-only")
+}
+
+fn read(dev: &RbdStorage, offset_bytes: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    dev.read_at(&mut buf, offset_bytes).expect("read");
+    buf
+}
+
+#[test]
+fn an_image_without_exclusive_lock_is_refused_for_writing() {
+    let image = format!("nolock-{}", std::process::id());
+    rbd(&[
+        "create",
+        "--size",
+        "8M",
+        "--image-feature",
+        "layering",
+        &format!("{POOL}/{image}"),
+    ]);
+    let err = open_rbd(POOL, &image, None, None, Some(&cluster().conf))
+        .err()
+        .expect("an image without exclusive-lock is refused read-write");
+    let msg = err.to_string();
+    assert!(matches!(err, StorageError::NotLockable { .. }), "{msg}");
+    assert!(
+        msg.contains(&format!("rbd feature enable {POOL}/{image} exclusive-lock")),
+        "{msg}"
+    );
+    // Reading takes no lock.
+    assert_eq!(open_read_only(&image).len_bytes(), 8 * MIB);
+}
+
+#[test]
+fn the_owner_keeps_its_lock_from_another_writer() {
+    let image = new_image("owned", 16);
+    let dev = open(&image);
+    let mine = pattern(11, 64 * 1024);
+    dev.write_at(&mine, 0).expect("write");
+    dev.flush().expect("flush");
+    let holder = lock_holder(&image).expect("the open holds the image's lock");
+    // Another client writes at the same offset: librbd asks the holder for the lock,
+    // which (taken with rbd_lock_acquire) refuses to hand it over.
+    let out = Command::new("rbd")
+        .arg("-c")
+        .arg(&cluster().conf)
+        .args(["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K"])
+        .args(["--io-pattern", "seq", &format!("{POOL}/{image}")])
+        .output()
+        .expect("run rbd bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "another client wrote the owned image: {stderr}");
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+    assert_eq!(lock_holder(&image).as_deref(), Some(holder.as_str()));
+    // Nothing of the other writer's reached the image, and the owner goes on.
+    assert!(read(&open_read_only(&image), 0, mine.len()) == mine);
+    dev.write_at(&pattern(12, 4096), 0).expect("the owner still writes");
+    dev.flush().expect("and flushes");
+}
+
+#[test]
+fn a_blocklisted_owner_finds_its_writes_fenced_and_nothing_lands() {
+    let image = new_image("fenced", 16);
+    let dev = open(&image);
+    let before = pattern(21, 64 * 1024);
+    dev.write_at(&before, 0).expect("write");
+    dev.flush().expect("flush");
+    let holder = lock_holder(&image).expect("the open holds the image's lock");
+    // What a take-over does first: the owner's client address is blocklisted.
+    ceph(&["osd", "blocklist", "add", &holder, "600"]);
+    assert!(blocklisted(&holder));
+    let write = dev.write_at(&pattern(22, 64 * 1024), 0);
+    let flush = dev.flush();
+    // librbd's cache may take the write, but then the flush cannot succeed: the
+    // write is never reported durable.
+    let first = match (write, flush) {
+        (Err(e), _) | (Ok(()), Err(e)) => e,
+        (Ok(()), Ok(())) => panic!("a blocklisted owner's write was flushed"),
+    };
+    assert!(first.is_fenced(), "not reported as fenced: {first}");
+    assert!(first.to_string().contains("fenced"), "{first}");
+    drop(dev);
+    assert!(read(&open_read_only(&image), 0, before.len()) == before);
 }

@@ -103,3 +103,35 @@ pub fn used_bytes(image: &str) -> u64 {
         .parse()
         .unwrap_or_else(|_| panic!("bad used_size in {out}"))
 }
+
+/// Run the `ceph` CLI against the cluster; its stdout.
+pub fn ceph(args: &[&str]) -> String {
+    let c = cluster();
+    let out = Command::new("ceph")
+        .arg("-c")
+        .arg(&c.conf)
+        .args(args)
+        .output()
+        .expect("run ceph (apt-get install ceph-common)");
+    assert!(
+        out.status.success(),
+        "ceph {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The client address that holds `image`'s exclusive lock, as `rbd lock ls` shows it.
+pub fn lock_holder(image: &str) -> Option<String> {
+    let out = rbd(&["lock", "ls", "--format", "json", &format!("{POOL}/{image}")]);
+    let key = "\"address\":\"";
+    let at = out.find(key)? + key.len();
+    Some(out[at..].chars().take_while(|c| *c != '"').collect())
+}
+
+/// Whether `address` is on the cluster's blocklist.
+pub fn blocklisted(address: &str) -> bool {
+    ceph(&["osd", "blocklist", "ls"])
+        .lines()
+        .any(|line| line.split_whitespace().next() == Some(address))
+}
