@@ -158,7 +158,10 @@ impl Devices {
             self.fenced.store(fenced, Ordering::SeqCst);
             self.journal.fail(why.clone());
             if let Some(listener) = self.latch_listener.lock().as_ref() {
-                listener(&Latched { reason: why, fenced });
+                listener(&Latched {
+                    reason: why,
+                    fenced,
+                });
             }
         }
     }

@@ -433,10 +433,13 @@ impl Pool {
     /// read.
     pub fn read_id(name: &Path) -> Result<u64> {
         let uri = DeviceUri::from_path(name)?;
-        let device = open_device(&uri, &DeviceOptions {
+        let device = open_device(
+            &uri,
+            &DeviceOptions {
                 read_only: true,
                 ..DeviceOptions::default()
-            })?;
+            },
+        )?;
         let mut why = String::from("the device is shorter than one block");
         for copy in 0..2u64 {
             let offset = copy * BLOCK_BYTES as u64;

@@ -299,7 +299,11 @@ impl Owning<'_> {
         // SAFETY: a connected cluster handle; `address` is a NUL-terminated string that
         // librados only reads (the C prototype lacks `const`), alive for the call.
         let r = unsafe {
-            (self.lib.rados_blocklist_add)(self.rados, address.as_mut_ptr().cast::<c_char>(), expire)
+            (self.lib.rados_blocklist_add)(
+                self.rados,
+                address.as_mut_ptr().cast::<c_char>(),
+                expire,
+            )
         };
         if r < 0 {
             return Err(self.not_lockable(format!(
@@ -332,12 +336,16 @@ impl Owning<'_> {
             )));
         }
         let count = count.min(OWNERS_MAX);
-        let first = owners.first().copied().filter(|p| count > 0 && !p.is_null()).map(|p| {
-            // SAFETY: a NUL-terminated string librbd allocated, alive until cleanup.
-            unsafe { std::ffi::CStr::from_ptr(p) }
-                .to_string_lossy()
-                .into_owned()
-        });
+        let first = owners
+            .first()
+            .copied()
+            .filter(|p| count > 0 && !p.is_null())
+            .map(|p| {
+                // SAFETY: a NUL-terminated string librbd allocated, alive until cleanup.
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            });
         // SAFETY: the `count` strings librbd returned, freed once.
         unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), count) };
         Ok(first)

@@ -293,17 +293,29 @@ fn the_owner_keeps_its_lock_from_another_writer() {
     let out = Command::new("rbd")
         .arg("-c")
         .arg(&cluster().conf)
-        .args(["bench", "--io-type", "write", "--io-size", "4K", "--io-total", "64K"])
+        .args([
+            "bench",
+            "--io-type",
+            "write",
+            "--io-size",
+            "4K",
+            "--io-total",
+            "64K",
+        ])
         .args(["--io-pattern", "seq", &format!("{POOL}/{image}")])
         .output()
         .expect("run rbd bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "another client wrote the owned image: {stderr}");
+    assert!(
+        !out.status.success(),
+        "another client wrote the owned image: {stderr}"
+    );
     assert!(stderr.contains("Read-only file system"), "{stderr}");
     assert_eq!(lock_holder(&image).as_deref(), Some(holder.as_str()));
     // Nothing of the other writer's reached the image, and the owner goes on.
     assert!(read(&open_read_only(&image), 0, mine.len()) == mine);
-    dev.write_at(&pattern(12, 4096), 0).expect("the owner still writes");
+    dev.write_at(&pattern(12, 4096), 0)
+        .expect("the owner still writes");
     dev.flush().expect("and flushes");
 }
 
