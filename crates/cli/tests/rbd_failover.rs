@@ -8,9 +8,11 @@
 //! frozen (SIGSTOP, as a paused or partitioned host would be); server B takes over
 //! (`--take-over`: A blocklisted, its lock broken, the journal replayed), the client
 //! reads every flushed byte from B, and B stops cleanly. A is resumed (SIGCONT) and a
-//! client tries to write through it: the write fails, A exits non-zero, and the
-//! images hold the same bytes as before A woke. `check` is clean. The same for a
-//! pool whose metadata device is a second image.
+//! client tries to write through it: the write fails (A finds itself fenced as it
+//! wakes, by its watch on the image or by the write's refusal, whichever comes
+//! first), A exits non-zero saying why, and the images hold the same bytes as before
+//! A woke. `check` is clean, and B serves again without a take-over (its clean stop
+//! released the pool). The same for a pool whose metadata device is a second image.
 
 mod common;
 

@@ -40,16 +40,46 @@ pub(crate) struct Devices {
     meta_path: Option<String>,
     /// Opened read-only: no checkpoint, no upgrade, no write of any kind.
     opened_read_only: bool,
+    /// Shared with the devices' take-over watches (`Storage::on_fenced`), which hold
+    /// it and not the devices.
+    latch: Arc<Latch>,
+    closed: AtomicBool,
+}
+
+/// The read-only latch.
+struct Latch {
     latched: AtomicBool,
     /// Why the latch was set (the first reason wins).
-    latch_reason: Mutex<String>,
+    reason: Mutex<String>,
     /// The latch was set because a device was taken over by another client.
     fenced: AtomicBool,
     /// Told once when the latch is set (`Pool::on_latch`).
-    latch_listener: Mutex<Option<LatchListener>>,
-    closed: AtomicBool,
+    listener: Mutex<Option<LatchListener>>,
     /// Failed by the latch, so that flushes waiting for a commit return.
     journal: Arc<Journal>,
+}
+
+impl Latch {
+    fn set(&self, why: String, fenced: bool) {
+        if !self.latched.swap(true, Ordering::SeqCst) {
+            tracing::error!("{why}");
+            *self.reason.lock() = why.clone();
+            self.fenced.store(fenced, Ordering::SeqCst);
+            self.journal.fail(why.clone());
+            if let Some(listener) = self.listener.lock().as_ref() {
+                listener(&Latched {
+                    reason: why,
+                    fenced,
+                });
+            }
+        }
+    }
+
+    fn reason(&self) -> Option<String> {
+        self.latched
+            .load(Ordering::Acquire)
+            .then(|| self.reason.lock().clone())
+    }
 }
 
 impl Devices {
@@ -65,18 +95,34 @@ impl Devices {
             Some((m, p)) => (m, Some(p)),
             None => (data.clone(), None),
         };
+        let latch = Arc::new(Latch {
+            latched: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+            fenced: AtomicBool::new(false),
+            listener: Mutex::new(None),
+            journal,
+        });
+        if !opened_read_only {
+            let watched = if separate_metadata {
+                vec![&data, &meta]
+            } else {
+                vec![&data]
+            };
+            for device in watched {
+                let latch = Arc::clone(&latch);
+                device.on_fenced(Box::new(move |e| {
+                    latch.set(format!("latched read-only: {e}"), true);
+                }));
+            }
+        }
         Devices {
             data,
             meta,
             separate_metadata,
             meta_path,
             opened_read_only,
-            latched: AtomicBool::new(false),
-            latch_reason: Mutex::new(String::new()),
-            fenced: AtomicBool::new(false),
-            latch_listener: Mutex::new(None),
+            latch,
             closed: AtomicBool::new(false),
-            journal,
         }
     }
 
@@ -108,8 +154,8 @@ impl Devices {
     /// Set the latch of a pool opened read-only, once loaded (no failure: no log,
     /// and the journal stays as it is).
     pub(crate) fn latch_opened_read_only(&self) {
-        self.latched.store(true, Ordering::SeqCst);
-        *self.latch_reason.lock() = "opened read-only".into();
+        self.latch.latched.store(true, Ordering::SeqCst);
+        *self.latch.reason.lock() = "opened read-only".into();
     }
 
     /// A device result, latching the pool read-only on an I/O failure.
@@ -142,39 +188,25 @@ impl Devices {
             EngineError::Io(_) | EngineError::Corrupt { .. } | EngineError::Invariant(_)
         ) {
             let fenced = matches!(err, EngineError::Io(e) if e.is_fenced());
-            self.latch_as(format!("latched read-only after: {err}"), fenced);
+            self.latch
+                .set(format!("latched read-only after: {err}"), fenced);
         }
     }
 
     /// Latch the pool read-only for `why` (the first reason wins).
     pub(crate) fn latch_with(&self, why: String) {
-        self.latch_as(why, false);
-    }
-
-    fn latch_as(&self, why: String, fenced: bool) {
-        if !self.latched.swap(true, Ordering::SeqCst) {
-            tracing::error!("{why}");
-            *self.latch_reason.lock() = why.clone();
-            self.fenced.store(fenced, Ordering::SeqCst);
-            self.journal.fail(why.clone());
-            if let Some(listener) = self.latch_listener.lock().as_ref() {
-                listener(&Latched {
-                    reason: why,
-                    fenced,
-                });
-            }
-        }
+        self.latch.set(why, false);
     }
 
     /// Call `listener` once when the pool latches (at once if it already has).
     /// A pool opened read-only never calls it.
     pub(crate) fn on_latch(&self, listener: LatchListener) {
-        let mut slot = self.latch_listener.lock();
+        let mut slot = self.latch.listener.lock();
         if !self.opened_read_only {
             if let Some(reason) = self.latched() {
                 listener(&Latched {
                     reason,
-                    fenced: self.fenced.load(Ordering::SeqCst),
+                    fenced: self.latch.fenced.load(Ordering::SeqCst),
                 });
                 return;
             }
@@ -189,9 +221,7 @@ impl Devices {
 
     /// Why the pool is latched, if it is.
     pub(crate) fn latched(&self) -> Option<String> {
-        self.latched
-            .load(Ordering::Acquire)
-            .then(|| self.latch_reason.lock().clone())
+        self.latch.reason()
     }
 
     /// Refuse a change to a latched or closed pool.

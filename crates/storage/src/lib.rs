@@ -32,6 +32,7 @@ mod image;
 mod loop_device;
 mod rbd;
 mod rbd_lib;
+mod rbd_watch;
 
 pub use device::{open_device, DeviceOptions, DeviceUri, TakeOver};
 pub use fault::{CrashMode, FaultPlan, FaultStorage, FlipRead, IoEvent, IoLog, LogReplay};
@@ -54,6 +55,8 @@ pub enum IoOp {
     Open,
     /// Giving a range back to the device (a punched hole, a block-device discard).
     Discard,
+    /// Checking that this handle still owns the device (an RBD image's lock).
+    Own,
 }
 
 impl std::fmt::Display for IoOp {
@@ -64,6 +67,7 @@ impl std::fmt::Display for IoOp {
             IoOp::Flush => "flush",
             IoOp::Open => "open",
             IoOp::Discard => "discard",
+            IoOp::Own => "ownership check",
         })
     }
 }
@@ -408,7 +412,19 @@ pub trait Storage: Send + Sync {
     fn name(&self) -> &str;
     /// Bytes and calls that crossed this device.
     fn counters(&self) -> &IoCounters;
+    /// Be told, once, when another client takes the device over and fences this
+    /// handle off, even while nothing is written through it: `fenced` gets the error
+    /// ([`StorageError::Fenced`]). An RBD image learns it from its header's watch (the
+    /// cluster drops a blocklisted client's watch). Default: never, for a device whose
+    /// lock cannot be taken from a live holder (a file's). A later call replaces the
+    /// listener.
+    fn on_fenced(&self, fenced: FencedListener) {
+        drop(fenced);
+    }
 }
+
+/// Told when a device was taken over by another client ([`Storage::on_fenced`]).
+pub type FencedListener = Box<dyn Fn(StorageError) + Send + Sync>;
 
 /// The whole [`DISCARD_UNIT_BYTES`] pages inside `[offset_bytes, offset_bytes+len_bytes)`,
 /// as (offset, length); `None` when there is none (or the range overflows).

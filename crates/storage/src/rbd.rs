@@ -41,9 +41,10 @@
 //! pool and name) is refused with [`StorageError::Locked`].
 
 use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados, LOCK_MODE_EXCLUSIVE};
+use crate::rbd_watch::OwnerWatch;
 use crate::{
-    check_bounds, discard_pages, DeviceOptions, DiscardOutcome, IoCounters, IoOp, LockHolder,
-    Storage, StorageError,
+    check_bounds, discard_pages, DeviceOptions, DiscardOutcome, FencedListener, IoCounters, IoOp,
+    LockHolder, Storage, StorageError,
 };
 use parking_lot::Mutex;
 use std::collections::HashSet;
@@ -112,6 +113,8 @@ pub struct RbdStorage {
     registered: bool,
     /// Whether this handle took the image's exclusive lock (a read-write open).
     owner: bool,
+    /// The watch that finds the image taken over while idle (`rbd_watch.rs`).
+    watch: Option<OwnerWatch>,
     len: AtomicU64,
     features: u64,
     discard_enabled: AtomicBool,
@@ -543,6 +546,11 @@ impl RbdStorage {
                 return Err(e);
             }
         }
+        let watch = if read_only {
+            None
+        } else {
+            OwnerWatch::start(lib, handle, &name)
+        };
         let storage = RbdStorage {
             lib,
             rados: h.rados,
@@ -552,6 +560,7 @@ impl RbdStorage {
             key,
             registered: !read_only,
             owner: !read_only,
+            watch,
             len: AtomicU64::new(len),
             features,
             discard_enabled: AtomicBool::new(true),
@@ -785,14 +794,23 @@ impl Storage for RbdStorage {
     fn counters(&self) -> &IoCounters {
         &self.counters
     }
+
+    fn on_fenced(&self, fenced: FencedListener) {
+        if let Some(watch) = &self.watch {
+            watch.on_fenced(fenced, &self.name);
+        }
+    }
 }
 
 impl Drop for RbdStorage {
     fn drop(&mut self) {
+        // The watch's thread uses the image: it ends first.
+        drop(self.watch.take());
         // SAFETY: the handles were made in `open` and are released once, here, in
-        // reverse order; `&mut self` means no call on them is in flight. rbd_close
-        // writes back librbd's cache (what a caller did not flush may still land;
-        // nothing relies on it).
+        // reverse order; `&mut self` means no call on them is in flight, and the
+        // watch's thread has ended. rbd_close writes back librbd's cache (what a
+        // caller did not flush may still land; nothing relies on it) and releases
+        // the image's lock.
         unsafe {
             (self.lib.rbd_close)(self.image);
             (self.lib.rados_ioctx_destroy)(self.ioctx);

@@ -17,6 +17,10 @@ pub(crate) type Ioctx = *mut c_void;
 /// `rbd_image_t`: an open image.
 pub(crate) type Image = *mut c_void;
 
+/// `rbd_update_callback_t`: called by librbd, on one of its threads, when the
+/// image's header may have changed.
+pub(crate) type UpdateCallback = unsafe extern "C" fn(*mut c_void);
+
 /// `RBD_LOCK_MODE_EXCLUSIVE` of the `rbd_lock_mode_t` enum (a C `int`).
 pub(crate) const LOCK_MODE_EXCLUSIVE: c_int = 0;
 
@@ -78,6 +82,9 @@ library! {
     rbd rbd_get_size: fn(Image, *mut u64) -> c_int;
     rbd rbd_get_features: fn(Image, *mut u64) -> c_int;
     rbd rbd_resize: fn(Image, u64) -> c_int;
+    rbd rbd_update_watch: fn(Image, *mut u64, UpdateCallback, *mut c_void) -> c_int;
+    rbd rbd_update_unwatch: fn(Image, u64) -> c_int;
+    rbd rbd_is_exclusive_lock_owner: fn(Image, *mut c_int) -> c_int;
     rbd rbd_lock_acquire: fn(Image, c_int) -> c_int;
     rbd rbd_lock_get_owners: fn(Image, *mut c_int, *mut *mut c_char, *mut usize) -> c_int;
     rbd rbd_lock_get_owners_cleanup: fn(*mut *mut c_char, usize);

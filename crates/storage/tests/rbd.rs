@@ -5,7 +5,8 @@
 //! bad names and a second opener get clear errors. One owner: a read-write open
 //! holds the image's exclusive lock and keeps it from another writer; an image that
 //! cannot be locked is refused, naming the `rbd` command that fixes it; and an owner
-//! the cluster blocklisted finds its writes and flushes fenced, with nothing landed.
+//! the cluster blocklisted is told so while idle, and finds its writes and flushes
+//! fenced, with nothing landed.
 
 mod ceph;
 use ceph::*;
@@ -327,9 +328,19 @@ fn a_blocklisted_owner_finds_its_writes_fenced_and_nothing_lands() {
     dev.write_at(&before, 0).expect("write");
     dev.flush().expect("flush");
     let holder = lock_holder(&image).expect("the open holds the image's lock");
+    let (told, fenced) = std::sync::mpsc::channel();
+    let told = std::sync::Mutex::new(told);
+    dev.on_fenced(Box::new(move |e| {
+        let _ = told.lock().map(|t| t.send(e.to_string()));
+    }));
     // What a take-over does first: the owner's client address is blocklisted.
     ceph(&["osd", "blocklist", "add", &holder, "600"]);
     assert!(blocklisted(&holder));
+    // The owner learns it with nothing written: its watch on the header is dropped.
+    let said = fenced
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the owner was not told it was fenced");
+    assert!(said.contains("fenced"), "{said}");
     let write = dev.write_at(&pattern(22, 64 * 1024), 0);
     let flush = dev.flush();
     // librbd's cache may take the write, but then the flush cannot succeed: the
