@@ -214,6 +214,8 @@ struct Owning<'a> {
     rados: Rados,
     image: Image,
     name: &'a str,
+    /// The image as the `rbd` command names it (`POOL/IMAGE`, `--cluster` first).
+    spec: String,
 }
 
 impl Owning<'_> {
@@ -227,10 +229,10 @@ impl Owning<'_> {
     /// Take the lock (see the module's comment).
     fn take(&self, features: u64, options: &DeviceOptions) -> Result<(), StorageError> {
         if features & FEATURE_EXCLUSIVE_LOCK == 0 {
-            let spec = self.name.trim_start_matches("rbd:");
             return Err(self.not_lockable(format!(
                 "the image has no exclusive-lock feature, without which two hosts could \
-                 write it at once; enable it with `rbd feature enable {spec} exclusive-lock`"
+                 write it at once; enable it with `rbd feature enable {} exclusive-lock`",
+                self.spec
             )));
         }
         if let Some(owner) = self.owner()? {
@@ -537,6 +539,10 @@ impl RbdStorage {
                 rados: h.rados,
                 image: handle,
                 name: &name,
+                spec: match cluster {
+                    Some(c) => format!("--cluster {c} {pool}/{image}"),
+                    None => format!("{pool}/{image}"),
+                },
             }
             .take(features, options);
             if let Err(e) = owned {
