@@ -225,8 +225,13 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     };
     // A pool taken over by another server stops this one (below), rather than have
     // it serve reads of a pool it no longer owns.
-    pool.on_latch(Box::new(|latched| {
+    let fenced_why = Arc::new(std::sync::Mutex::new(String::new()));
+    let told = Arc::clone(&fenced_why);
+    pool.on_latch(Box::new(move |latched| {
         if latched.fenced {
+            if let Ok(mut why) = told.lock() {
+                why.clone_from(&latched.reason);
+            }
             signals::wake_fenced();
         }
     }));
@@ -260,7 +265,8 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     let signal = match stop.wait() {
         signals::Woken::Signal(signal) => signal,
         signals::Woken::Fenced => {
-            return stop_fenced(&pool, server, control, watcher);
+            let why = fenced_why.lock().map(|why| why.clone()).unwrap_or_default();
+            return stop_fenced(&pool, &why, server, control, watcher);
         }
     };
     tracing::info!("{signal} received: stopping");
@@ -296,17 +302,18 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
 /// cluster refuses this client anyway), and the exit is an error.
 fn stop_fenced(
     pool: &Arc<Pool>,
+    why: &str,
     server: Arc<Server>,
     control: ControlServer,
     watcher: Option<crate::low_water::Watcher>,
 ) -> Result<ExitCode> {
-    let why = pool.latched_reason().unwrap_or_default();
     tracing::error!("the pool was taken over by another server: stopping ({why})");
     control.stop();
     drop(watcher);
     server.shutdown();
     drop(server);
-    // The close fails (latched): nothing is checkpointed, nothing more is written.
+    // The close fails (latched), or writes nothing (opened read-only): nothing is
+    // checkpointed, nothing more is written.
     let _ = Arc::clone(pool).close();
     bail!(
         "stopped serving: the pool is no longer this server's (another server took it \

@@ -13,6 +13,8 @@
 //! first), A exits non-zero saying why, and the images hold the same bytes as before
 //! A woke. `check` is clean, and B serves again without a take-over (its clean stop
 //! released the pool). The same for a pool whose metadata device is a second image.
+//! A read-only server taken over stops as well; `--take-over` on a pool file is
+//! refused (its lock is the kernel's).
 
 mod common;
 
@@ -379,4 +381,52 @@ fn a_frozen_server_is_fenced_and_its_pool_taken_over() {
 #[test]
 fn a_pool_with_its_metadata_on_a_second_image_is_taken_over_whole() {
     failover(true);
+}
+
+/// A read-only server holds the pool too (the engine's read-only mode relies on
+/// nobody writing), and stops when another server takes it over, rather than serve
+/// reads of a pool that another server now changes.
+#[test]
+fn a_read_only_server_taken_over_stops() {
+    let dir = TempDir::new("rbd-failover-ro");
+    let image = ceph::new_image("failover-ro", 128);
+    let pool = format!("rbd:{}/{image}", ceph::POOL);
+    let a = Host::new(&dir, "host-a");
+    let b = Host::new(&dir, "host-b");
+    a.cli_ok(&["pool", "create", &pool]);
+    let mut server_a = a.serve(&pool, &["--read-only"]);
+    let owner_a = ceph::lock_holder(&image).expect("a read-only server holds the lock");
+    server_a.signal(libc::SIGSTOP);
+    let server_b = b.serve(&pool, &["--take-over"]);
+    assert!(ceph::blocklisted(&owner_a), "A's client is not blocklisted");
+    server_a.signal(libc::SIGCONT);
+    let status = server_a.wait_exit();
+    assert!(
+        !status.success(),
+        "the fenced server exited cleanly:\n{}",
+        server_a.log_text()
+    );
+    assert!(
+        server_a.log_text().contains("no longer this server's"),
+        "the fenced server did not say why it stopped:\n{}",
+        server_a.log_text()
+    );
+    server_b.stop();
+}
+
+#[test]
+fn take_over_is_refused_for_a_pool_file() {
+    let dir = TempDir::new("rbd-failover-file");
+    let host = Host::new(&dir, "host-a");
+    let file = dir.join("vms.pool");
+    let file = file.to_str().expect("utf-8");
+    host.cli_ok(&["pool", "create", file, "--size", "64M"]);
+    let ran = host.cli(&["--pool", file, "serve", "--no-tcp", "--take-over"]);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr
+            .contains("--take-over is for a pool on RBD images"),
+        "{}",
+        ran.report()
+    );
 }

@@ -60,6 +60,24 @@ struct Latch {
 }
 
 impl Latch {
+    /// A device was taken over (`Storage::on_fenced`). A pool opened read-only is
+    /// latched from its open; it is only told, once, so that its server stops too.
+    fn fence(&self, why: String, opened_read_only: bool) {
+        if !opened_read_only {
+            return self.set(why, true);
+        }
+        if !self.fenced.swap(true, Ordering::SeqCst) {
+            tracing::error!("{why}");
+            *self.reason.lock() = why.clone();
+            if let Some(listener) = self.listener.lock().as_ref() {
+                listener(&Latched {
+                    reason: why,
+                    fenced: true,
+                });
+            }
+        }
+    }
+
     fn set(&self, why: String, fenced: bool) {
         if !self.latched.swap(true, Ordering::SeqCst) {
             tracing::error!("{why}");
@@ -102,18 +120,16 @@ impl Devices {
             listener: Mutex::new(None),
             journal,
         });
-        if !opened_read_only {
-            let watched = if separate_metadata {
-                vec![&data, &meta]
-            } else {
-                vec![&data]
-            };
-            for device in watched {
-                let latch = Arc::clone(&latch);
-                device.on_fenced(Box::new(move |e| {
-                    latch.set(format!("latched read-only: {e}"), true);
-                }));
-            }
+        let watched = if separate_metadata {
+            vec![&data, &meta]
+        } else {
+            vec![&data]
+        };
+        for device in watched {
+            let latch = Arc::clone(&latch);
+            device.on_fenced(Box::new(move |e| {
+                latch.fence(format!("latched read-only: {e}"), opened_read_only);
+            }));
         }
         Devices {
             data,
@@ -198,18 +214,18 @@ impl Devices {
         self.latch.set(why, false);
     }
 
-    /// Call `listener` once when the pool latches (at once if it already has).
-    /// A pool opened read-only never calls it.
+    /// Call `listener` once when the pool latches (at once if it already has). A
+    /// pool opened read-only calls it only when a device is taken over.
     pub(crate) fn on_latch(&self, listener: LatchListener) {
         let mut slot = self.latch.listener.lock();
-        if !self.opened_read_only {
-            if let Some(reason) = self.latched() {
-                listener(&Latched {
-                    reason,
-                    fenced: self.latch.fenced.load(Ordering::SeqCst),
-                });
-                return;
-            }
+        let fenced = self.latch.fenced.load(Ordering::SeqCst);
+        let already = match self.latched() {
+            Some(reason) if !self.opened_read_only || fenced => Some(reason),
+            _ => None,
+        };
+        if let Some(reason) = already {
+            listener(&Latched { reason, fenced });
+            return;
         }
         *slot = Some(listener);
     }

@@ -869,7 +869,8 @@ impl Pool {
 
     /// Call `listener` once when the pool latches read-only (at once if it already
     /// has), with the reason and whether another client took the devices over
-    /// ([`Latched::fenced`](crate::Latched)). A pool opened read-only never calls it.
+    /// ([`Latched::fenced`](crate::Latched)). A pool opened read-only calls it only
+    /// when a device is taken over.
     pub fn on_latch(&self, listener: crate::LatchListener) {
         self.inner.devices.on_latch(listener);
     }
