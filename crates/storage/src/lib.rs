@@ -32,6 +32,7 @@ mod image;
 mod loop_device;
 mod rbd;
 mod rbd_lib;
+mod rbd_lock;
 mod rbd_watch;
 
 pub use device::{open_device, DeviceOptions, DeviceUri, TakeOver};

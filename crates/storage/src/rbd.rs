@@ -33,14 +33,17 @@
 //! naming the holder ([`StorageError::Owned`]), unless the open is a take-over
 //! ([`crate::TakeOver`]): then the holder's client address is blocklisted on the
 //! cluster (`rados_blocklist_add`, which returns once the OSD map carrying it is
-//! out) and its lock broken (`rbd_lock_break`) before the lock is taken. A blocklisted client's writes are refused by the OSDs
-//! (`ESHUTDOWN`, Ceph's `EBLOCKLISTED`): its writes and flushes fail with
-//! [`StorageError::Fenced`]. An image without the `exclusive-lock` feature cannot
+//! out) and its lock broken (`rbd_lock_break`) before the lock is taken. A
+//! blocklisted client's writes are refused by the OSDs (`ESHUTDOWN`, Ceph's
+//! `EBLOCKLISTED`): its writes and flushes fail with [`StorageError::Fenced`], and
+//! its watch on the image (`rbd_watch.rs`) tells [`Storage::on_fenced`] even while
+//! nothing is written. An image without the `exclusive-lock` feature cannot
 //! be owned and is refused for read-write ([`StorageError::NotLockable`]). Within
 //! this process a second read-write open of the same image (same cluster fsid,
 //! pool and name) is refused with [`StorageError::Locked`].
 
-use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados, LOCK_MODE_EXCLUSIVE};
+use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados};
+use crate::rbd_lock::Owning;
 use crate::rbd_watch::OwnerWatch;
 use crate::{
     check_bounds, discard_pages, DeviceOptions, DiscardOutcome, FencedListener, IoCounters, IoOp,
@@ -57,8 +60,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 /// requests are cut into pieces of this size.
 const CALL_BYTES_MAX: usize = 1 << 30;
 
-/// The `exclusive-lock` feature bit (`RBD_FEATURE_EXCLUSIVE_LOCK`).
-const FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
 /// `EBLOCKLISTED` in Ceph's headers is `ESHUTDOWN`: what the OSDs answer a client
 /// whose address is blocklisted.
 const EBLOCKLISTED: i32 = libc::ESHUTDOWN;
@@ -176,7 +177,7 @@ fn write_error(
     StorageError::from_os(device, op, offset_bytes, len_bytes, source)
 }
 
-fn errno_error(r: i64) -> std::io::Error {
+pub(crate) fn errno_error(r: i64) -> std::io::Error {
     std::io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO))
 }
 
@@ -205,156 +206,6 @@ fn set_conf(lib: &Lib, rados: Rados, option: &str, value: &str) -> Result<(), i6
         return Err(r.into());
     }
     Ok(())
-}
-
-/// An image opened read-write, being made this client's own: its exclusive lock
-/// taken, or broken and taken in a take-over.
-struct Owning<'a> {
-    lib: &'static Lib,
-    rados: Rados,
-    image: Image,
-    name: &'a str,
-    /// The image as the `rbd` command names it (`POOL/IMAGE`, `--cluster` first).
-    spec: String,
-}
-
-impl Owning<'_> {
-    fn not_lockable(&self, reason: String) -> StorageError {
-        StorageError::NotLockable {
-            device: self.name.to_string(),
-            reason,
-        }
-    }
-
-    /// Take the lock (see the module's comment).
-    fn take(&self, features: u64, options: &DeviceOptions) -> Result<(), StorageError> {
-        if features & FEATURE_EXCLUSIVE_LOCK == 0 {
-            return Err(self.not_lockable(format!(
-                "the image has no exclusive-lock feature, without which two hosts could \
-                 write it at once; enable it with `rbd feature enable {} exclusive-lock`",
-                self.spec
-            )));
-        }
-        if let Some(owner) = self.owner()? {
-            let Some(take_over) = options.take_over else {
-                return Err(StorageError::Owned {
-                    device: self.name.to_string(),
-                    owner,
-                });
-            };
-            tracing::warn!(
-                "{}: taking over from {owner}: blocklisting it and breaking its lock",
-                self.name
-            );
-            self.fence(&owner, take_over.blocklist_expire_seconds)?;
-            let owner_c = CString::new(owner.as_str())
-                .map_err(|_| self.not_lockable(format!("the owner {owner:?} has a NUL")))?;
-            // SAFETY: an open image; a NUL-terminated owner string read during the
-            // call. The owner is fenced already (above); librbd breaks its lock even
-            // while it still watches the image (a paused process).
-            let r = unsafe {
-                (self.lib.rbd_lock_break)(self.image, LOCK_MODE_EXCLUSIVE, owner_c.as_ptr())
-            };
-            // ENOENT: the lock went away meanwhile (released, or broken by another).
-            if r < 0 && r != -libc::ENOENT {
-                return Err(self.not_lockable(format!(
-                    "{owner} is blocklisted, but its lock could not be broken: {}",
-                    errno_error(r.into())
-                )));
-            }
-        }
-        // SAFETY: an open image. The call waits for the lock; once held it is managed:
-        // librbd refuses to give it up when another client asks for it.
-        let r = unsafe { (self.lib.rbd_lock_acquire)(self.image, LOCK_MODE_EXCLUSIVE) };
-        if r < 0 {
-            // Another client took it between the look and the acquire.
-            if let Some(owner) = self.owner()? {
-                return Err(StorageError::Owned {
-                    device: self.name.to_string(),
-                    owner,
-                });
-            }
-            return Err(self.not_lockable(format!(
-                "rbd_lock_acquire failed: {}",
-                errno_error(r.into())
-            )));
-        }
-        Ok(())
-    }
-
-    /// Blocklist `owner` (a client address) on the cluster: from the OSD map that
-    /// carries the entry, which librados waits for before returning, the OSDs refuse
-    /// everything that client sends, and its watches are dropped.
-    fn fence(&self, owner: &str, expire_seconds: Option<u64>) -> Result<(), StorageError> {
-        let expire = match expire_seconds {
-            // 0 asks for the cluster's default expiry (`mon_osd_blocklist_default_expire`).
-            None => 0,
-            Some(0) => {
-                return Err(self.not_lockable(
-                    "a blocklist expiry of 0 seconds would not fence anything".into(),
-                ))
-            }
-            Some(s) => u32::try_from(s).map_err(|_| {
-                self.not_lockable(format!("a blocklist expiry of {s} seconds is too long"))
-            })?,
-        };
-        let owner_c = CString::new(owner)
-            .map_err(|_| self.not_lockable(format!("the owner {owner:?} has a NUL")))?;
-        let mut address = owner_c.into_bytes_with_nul();
-        // SAFETY: a connected cluster handle; `address` is a NUL-terminated string that
-        // librados only reads (the C prototype lacks `const`), alive for the call.
-        let r = unsafe {
-            (self.lib.rados_blocklist_add)(
-                self.rados,
-                address.as_mut_ptr().cast::<c_char>(),
-                expire,
-            )
-        };
-        if r < 0 {
-            return Err(self.not_lockable(format!(
-                "could not blocklist {owner}, so it cannot be taken over safely: {}",
-                errno_error(r.into())
-            )));
-        }
-        Ok(())
-    }
-
-    /// The client that holds the image's exclusive lock, if any (its address).
-    fn owner(&self) -> Result<Option<String>, StorageError> {
-        /// More than one owner is only possible in shared mode, which is not used.
-        const OWNERS_MAX: usize = 4;
-        let mut owners: [*mut c_char; OWNERS_MAX] = [std::ptr::null_mut(); OWNERS_MAX];
-        let mut count = OWNERS_MAX;
-        let mut mode: std::ffi::c_int = 0;
-        // SAFETY: an open image; `owners` has room for `count` pointers, which librbd
-        // fills with strings it allocates (freed below by the cleanup call).
-        let r = unsafe {
-            (self.lib.rbd_lock_get_owners)(self.image, &mut mode, owners.as_mut_ptr(), &mut count)
-        };
-        if r == -libc::ENOENT {
-            return Ok(None);
-        }
-        if r < 0 {
-            return Err(self.not_lockable(format!(
-                "could not read who holds the image's lock: {}",
-                errno_error(r.into())
-            )));
-        }
-        let count = count.min(OWNERS_MAX);
-        let first = owners
-            .first()
-            .copied()
-            .filter(|p| count > 0 && !p.is_null())
-            .map(|p| {
-                // SAFETY: a NUL-terminated string librbd allocated, alive until cleanup.
-                unsafe { std::ffi::CStr::from_ptr(p) }
-                    .to_string_lossy()
-                    .into_owned()
-            });
-        // SAFETY: the `count` strings librbd returned, freed once.
-        unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), count) };
-        Ok(first)
-    }
 }
 
 impl RbdStorage {
