@@ -78,7 +78,7 @@ pub struct ServeArgs {
     take_over: bool,
     /// With --take-over: seconds the old server's client stays blocklisted
     /// [default: the cluster's, `mon_osd_blocklist_default_expire`, one hour].
-    #[arg(long, value_name = "SECONDS", requires = "take_over")]
+    #[arg(long, value_name = "SECONDS", requires = "take_over", value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
     blocklist_expire: Option<u64>,
     /// Worker threads for hashing and compression [default: one per CPU].
     #[arg(long, value_name = "N")]
