@@ -199,6 +199,8 @@ fn main() -> ExitCode {
             );
             if checking {
                 cmd_check::error_code(&error)
+            } else if serving && serve::is_not_owner(&error) {
+                ExitCode::from(serve::EXIT_NOT_OWNER)
             } else {
                 ExitCode::FAILURE
             }

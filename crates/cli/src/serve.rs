@@ -315,21 +315,47 @@ fn stop_fenced(
     // The close fails (latched), or writes nothing (opened read-only): nothing is
     // checkpointed, nothing more is written.
     let _ = Arc::clone(pool).close();
-    bail!(
-        "stopped serving: the pool is no longer this server's (another server took it \
-         over; what this one had not flushed is lost): {why}"
-    )
+    Err(TakenOver(why.to_string()).into())
+}
+
+/// The exit code of a `serve` that does not own its pool: refused because another
+/// server holds it, or stopped because another server took it over. Apart from 1
+/// so that a service manager does not start it again and again
+/// (`RestartPreventExitStatus=` in the unit).
+pub const EXIT_NOT_OWNER: u8 = 3;
+
+/// `serve` stopped: another server took the pool over.
+#[derive(Debug)]
+struct TakenOver(String);
+
+impl std::fmt::Display for TakenOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stopped serving: the pool is no longer this server's (another server took it \
+             over; what this one had not flushed is lost): {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for TakenOver {}
+
+/// Whether `error` says the pool is another server's: held by it at open, or taken
+/// over by it while served ([`EXIT_NOT_OWNER`]).
+pub fn is_not_owner(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.is::<TakenOver>()
+            || matches!(
+                cause.downcast_ref::<EngineError>(),
+                Some(EngineError::Io(StorageError::Owned { .. }))
+            )
+    })
 }
 
 /// Add to the refusal of a pool another server holds how to take it over.
 fn owned_hint(error: anyhow::Error, path: &Path) -> anyhow::Error {
-    let owned = error.chain().any(|cause| {
-        matches!(
-            cause.downcast_ref::<EngineError>(),
-            Some(EngineError::Io(StorageError::Owned { .. }))
-        )
-    });
-    if !owned {
+    if !is_not_owner(&error) {
         return error;
     }
     error.context(format!(

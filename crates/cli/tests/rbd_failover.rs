@@ -10,7 +10,7 @@
 //! reads every flushed byte from B, and B stops cleanly. A is resumed (SIGCONT) and a
 //! client tries to write through it: the write fails (A finds itself fenced as it
 //! wakes, by its watch on the image or by the write's refusal, whichever comes
-//! first), A exits non-zero saying why, and the images hold the same bytes as before
+//! first), A exits 3 (not this server's pool) saying why, and the images hold the same bytes as before
 //! A woke. `check` is clean, and B serves again without a take-over (its clean stop
 //! released the pool). The same for a pool whose metadata device is a second image.
 //! A read-only server taken over stops as well; `--take-over` on a pool file is
@@ -34,6 +34,9 @@ const SERVER_LIMIT: Duration = Duration::from_secs(120);
 /// The volume served, and its size in MiB.
 const VOLUME: &str = "disk0";
 const VOLUME_MIB: u64 = 32;
+/// `serve`'s exit code when the pool is another server's (refused, or taken over):
+/// the unit does not restart it (`RestartPreventExitStatus=3`).
+const NOT_OWNER: i32 = 3;
 
 /// One "host": a Ceph client id and directories of its own.
 struct Host {
@@ -137,6 +140,7 @@ impl Host {
             "a second server was let in:\n{}",
             ran.report()
         );
+        assert_eq!(ran.status.code(), Some(NOT_OWNER), "{}", ran.report());
         ran
     }
 }
@@ -348,9 +352,10 @@ fn failover(separate_metadata: bool) {
         wrote.report()
     );
     let status = server_a.wait_exit();
-    assert!(
-        !status.success(),
-        "the fenced server exited cleanly:\n{}",
+    assert_eq!(
+        status.code(),
+        Some(NOT_OWNER),
+        "the fenced server's exit:\n{}",
         server_a.log_text()
     );
     assert!(
@@ -401,9 +406,10 @@ fn a_read_only_server_taken_over_stops() {
     assert!(ceph::blocklisted(&owner_a), "A's client is not blocklisted");
     server_a.signal(libc::SIGCONT);
     let status = server_a.wait_exit();
-    assert!(
-        !status.success(),
-        "the fenced server exited cleanly:\n{}",
+    assert_eq!(
+        status.code(),
+        Some(NOT_OWNER),
+        "the fenced server's exit:\n{}",
         server_a.log_text()
     );
     assert!(
