@@ -17,6 +17,7 @@ mod cmd_volume;
 mod cmd_volume_allow;
 mod control;
 mod control_server;
+mod exit_codes;
 mod export;
 mod homes;
 mod image_format;
