@@ -29,6 +29,7 @@ mod output;
 mod serve;
 mod size;
 mod transfer;
+mod volume_requests;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
