@@ -36,7 +36,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::control::with_suffix;
+use crate::homes::with_suffix;
 
 mod policy;
 pub use policy::{check_at_start, AllowFile};

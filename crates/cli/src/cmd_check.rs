@@ -18,22 +18,9 @@ use std::process::ExitCode;
 use crate::control::{
     inspect_pool, open_pool, open_pool_for_repair, run_and_close, Answer, ControlClient, Request,
 };
+use crate::exit_codes as exit;
 use crate::output::print_json;
 use crate::size::format_size;
-
-/// Exit codes, as fsck(8) has them.
-pub mod exit {
-    /// No damage found.
-    pub const CLEAN: u8 = 0;
-    /// Damage found and repaired.
-    pub const REPAIRED: u8 = 1;
-    /// Damage left: found without `--repair`, beyond what a repair changes, or
-    /// metadata that does not load at all.
-    pub const DAMAGE_LEFT: u8 = 4;
-    /// The check could not run (no pool there, held by another process, served
-    /// while `--repair` was asked, an I/O error).
-    pub const NOT_CHECKED: u8 = 8;
-}
 
 /// `check`.
 #[derive(clap::Args)]

@@ -19,6 +19,7 @@ use crate::control::{inspect_pool, with_pool, Answer, Request};
 use crate::output::{print_json, Align, Table};
 use crate::size::{format_size, parse_size_arg};
 use crate::transfer;
+use crate::volume_requests::{expect_volume, list_volumes, volume_exists};
 
 /// `fewerbytes volume …`
 #[derive(Subcommand)]
@@ -456,26 +457,6 @@ fn warn_if_thin_cannot_write(pool_path: &Path, volume: &VolumeInfo) -> Result<()
         volume.name,
     );
     Ok(())
-}
-
-pub(crate) fn volume_exists(pool_path: &Path, name: &str) -> bool {
-    list_volumes(pool_path).is_ok_and(|volumes| volumes.iter().any(|v| v.name == name))
-}
-
-pub(crate) fn list_volumes(pool_path: &Path) -> Result<Vec<VolumeInfo>> {
-    inspect_pool(pool_path, |pool| {
-        match pool.call(&Request::ListVolumes)? {
-            Answer::Volumes(volumes) => Ok(volumes),
-            other => bail!("unexpected answer to volume list: {other:?}"),
-        }
-    })
-}
-
-pub(crate) fn expect_volume(pool_path: &Path, request: &Request) -> Result<VolumeInfo> {
-    with_pool(pool_path, |pool| match pool.call(request)? {
-        Answer::Volume(volume) => Ok(volume),
-        other => bail!("unexpected answer to {request:?}: {other:?}"),
-    })
 }
 
 /// The `volume list` table; sizes in bytes when `bytes`, else in binary units.

@@ -6,8 +6,8 @@ use anyhow::{bail, Result};
 use std::path::Path;
 
 use crate::access;
-use crate::cmd_volume::{expect_volume, list_volumes, volume_exists};
 use crate::control::Request;
+use crate::volume_requests::{expect_volume, list_volumes, volume_exists};
 
 /// `volume allow`.
 pub(crate) fn allow(

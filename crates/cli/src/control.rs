@@ -28,7 +28,6 @@ use fewerbytes_engine::{
 };
 use fewerbytes_nbd::{Server, ServerStats};
 use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -520,13 +519,6 @@ pub fn control_path(pool_path: &Path) -> Result<PathBuf> {
         Some(path) => Ok(path.clone()),
         None => crate::homes::run_file(pool_path, ".ctl"),
     }
-}
-
-/// `path` with `suffix` appended to its last component (`a/b.pool` → `a/b.pool.ctl`).
-pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = OsString::from(path.as_os_str());
-    name.push(suffix);
-    PathBuf::from(name)
 }
 
 /// A server found on the control socket, holding the pool at the path it was

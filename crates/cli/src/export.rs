@@ -34,7 +34,7 @@ use crate::transfer::{device_len, refuse_if_served, Direction, CHUNK_BYTES, TRAN
 /// The exit status of an export that found damaged blocks: refused (nothing written),
 /// or, with `--skip-damaged`, done with zeros in their place (the stderr says which).
 /// The same as `check`'s "damage left".
-pub const DAMAGE_FOUND: u8 = crate::cmd_check::exit::DAMAGE_LEFT;
+pub const DAMAGE_FOUND: u8 = crate::exit_codes::DAMAGE_LEFT;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 

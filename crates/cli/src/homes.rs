@@ -88,7 +88,7 @@ fn dir_of(variable: &str, default: &str) -> PathBuf {
 /// `<run dir>/<pool-id><suffix>`.
 pub fn run_file(pool_path: &Path, suffix: &str) -> Result<PathBuf> {
     if !is_elsewhere(pool_path) {
-        return Ok(crate::control::with_suffix(pool_path, suffix));
+        return Ok(with_suffix(pool_path, suffix));
     }
     let id = pool_id(pool_path)?;
     Ok(dir_of("FEWERBYTES_RUN_DIR", RUN_DIR).join(format!("{id}{suffix}")))
@@ -142,6 +142,14 @@ pub fn make_state_home(pool_path: &Path) {
     if let Err(e) = made {
         tracing::warn!("{e:#}");
     }
+}
+
+/// `path` with `suffix` appended to its last component (`a/b.pool` → `a/b.pool.ctl`):
+/// a file beside the pool.
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = std::ffi::OsString::from(path.as_os_str());
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 #[cfg(test)]

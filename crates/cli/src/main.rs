@@ -17,6 +17,7 @@ mod cmd_volume;
 mod cmd_volume_allow;
 mod control;
 mod control_server;
+mod exit_codes;
 mod export;
 mod homes;
 mod image_format;
@@ -28,6 +29,7 @@ mod output;
 mod serve;
 mod size;
 mod transfer;
+mod volume_requests;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

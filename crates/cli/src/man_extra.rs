@@ -25,7 +25,7 @@ const PLAIN: &[(u8, &str)] = &[
     ),
 ];
 
-/// `check`'s codes, as fsck's (cmd_check::exit).
+/// `check`'s codes, as fsck's (exit_codes.rs).
 const CHECK: &[(u8, &str)] = &[
     (0, "No damage found."),
     (

@@ -617,3 +617,18 @@ impl ScrubStatus {
         self.errors_found.saturating_sub(self.repaired)
     }
 }
+
+/// What a repair found and did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RepairReport {
+    /// Object records examined (every record in use).
+    pub objects_checked: u64,
+    /// Map entries examined (every entry naming an object).
+    pub map_entries_checked: u64,
+    /// Each change made (or, without `apply`, that would be made), one sentence each.
+    pub repairs: Vec<String>,
+    /// Bytes of volumes whose data was gone and that now read as zeros.
+    pub lost_bytes: u64,
+    /// Damage a repair does not change (data that fails its fingerprint), one sentence each.
+    pub damage_left: Vec<String>,
+}

@@ -9,7 +9,7 @@
 //! corruption, reported at the first copy with what was wrong with each.
 
 use crate::inner::Inner;
-use crate::load::{page_place, read_page_at};
+use crate::page_read::{page_place, read_page_at};
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{PageHeader, PageKind, PageRef};
 use fewerbytes_format::BLOCK_BYTES;

@@ -70,6 +70,9 @@ const FULL_PERMILLE: u64 = 995;
 /// Moves an insert tries before dropping an entry, below and above `FULL_PERMILLE`.
 const MAX_KICKS: usize = 500;
 const KICKS_PAST_WINDOW: usize = 16;
+/// Words of a shard a saved index keeps together (`index_save.rs`): a 4 KiB page of
+/// memory; runs of zeros are not saved, and not written when loaded.
+pub const SAVED_RUN_WORDS: usize = 512;
 /// Candidates a lookup returns at most: the slots of two buckets.
 pub const MAX_CANDIDATES: usize = 2 * BUCKET_SLOTS;
 
@@ -355,18 +358,32 @@ impl DedupIndex {
         Ok(())
     }
 
-    /// Set shard `k` from a saved one (`index_save.rs`, before any insert): its
-    /// words are copied into the table's own (never reallocated: `prefetch` reads
-    /// them by address). False when `k` or the length does not fit.
-    pub(crate) fn restore_shard(&self, k: usize, state: [u64; 3], words: &[u64]) -> bool {
+    /// Set shard `k`, still empty, from a saved one (`index_save.rs`, before any
+    /// insert): its state, and the runs of [`SAVED_RUN_WORDS`] words that are not
+    /// all zero, each copied at run number `run` into the table's own words (never
+    /// reallocated: `prefetch` reads them by address). The runs of zeros are left
+    /// as they are, untouched memory: an empty table costs no RAM once loaded.
+    /// False when `k` does not exist, the shard is not empty, or a run does not fit.
+    pub(crate) fn restore_shard<'a>(
+        &self,
+        k: usize,
+        state: [u64; 3],
+        runs: impl IntoIterator<Item = (u64, &'a [u64])>,
+    ) -> bool {
         let Some(shard) = self.shards.get(k) else {
             return false;
         };
         let mut shard = shard.lock();
-        if shard.words.len() != words.len() {
+        if shard.held != 0 {
             return false;
         }
-        shard.words.copy_from_slice(words);
+        for (run, words) in runs {
+            let start = run as usize * SAVED_RUN_WORDS;
+            match shard.words.get_mut(start..start + words.len()) {
+                Some(dst) => dst.copy_from_slice(words),
+                None => return false,
+            }
+        }
         let [held, dropped, rng] = state;
         shard.held = held;
         shard.dropped = dropped;
@@ -374,11 +391,16 @@ impl DedupIndex {
         true
     }
 
-    /// Empty every shard, as a new table (a saved one that failed half-way).
+    /// Empty every shard, as a new table (a saved one that failed half-way). Only
+    /// runs that hold something are written, so untouched memory stays untouched.
     pub(crate) fn clear(&self) {
         for (s, shard) in self.shards.iter().enumerate() {
             let mut shard = shard.lock();
-            shard.words.fill(0);
+            for run in shard.words.chunks_mut(SAVED_RUN_WORDS) {
+                if run.iter().any(|&w| w != 0) {
+                    run.fill(0);
+                }
+            }
             shard.held = 0;
             shard.dropped = 0;
             shard.rng = initial_rng(s);

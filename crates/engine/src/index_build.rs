@@ -19,7 +19,8 @@
 //!
 //! [`DedupIndex::insert_once`]: crate::index::DedupIndex::insert_once
 
-use crate::inner::Inner;
+use crate::index::DedupIndex;
+use crate::slab_depot::SlabDepot;
 use fewerbytes_format::location::ObjectId;
 use parking_lot::{Condvar, Mutex};
 use std::path::{Path, PathBuf};
@@ -142,11 +143,11 @@ impl IndexBuild {
     /// build is done: the build may have found the object's record (set before this
     /// insert) and inserted it just before it finished, and a second entry would
     /// outlive the object's free, which removes one.
-    pub(crate) fn insert_stored(&self, inner: &Inner, fp: &[u8; 32], object: ObjectId) {
+    pub(crate) fn insert_stored(&self, index: &DedupIndex, fp: &[u8; 32], object: ObjectId) {
         if self.state.load(Ordering::Acquire) != READY {
             self.stored_while_rebuilding.fetch_add(1, Ordering::Relaxed);
         }
-        inner.depot.index().insert_once(fp, object);
+        index.insert_once(fp, object);
     }
 
     /// Let a held build run.
@@ -176,14 +177,14 @@ impl IndexBuild {
     }
 }
 
-/// The build thread: every live record of every slab into the index, then ready.
-pub(crate) fn run(inner: &Inner) {
-    build(inner);
-    inner.index_build.end();
+/// The build thread of the pool on `device` (its name, for the log): every live
+/// record of every slab of `depot` into its index, then ready.
+pub(crate) fn run(build: &IndexBuild, depot: &SlabDepot, objects_per_slab: u32, device: &str) {
+    fill(build, depot, objects_per_slab, device);
+    build.end();
 }
 
-fn build(inner: &Inner) {
-    let build = &inner.index_build;
+fn fill(build: &IndexBuild, depot: &SlabDepot, objects_per_slab: u32, device: &str) {
     {
         let mut held = build.held.lock();
         while *held {
@@ -191,10 +192,10 @@ fn build(inner: &Inner) {
         }
     }
     let started = std::time::Instant::now();
-    let objects_per_slab = u64::from(inner.geometry.objects_per_slab());
+    let objects_per_slab = u64::from(objects_per_slab);
     // Only slabs touched hold objects (the open loaded them); one touched later,
     // or added by a grow, holds only what writes store meanwhile, and they insert.
-    let slabs: Vec<u32> = inner.depot.touched().map(|(s, _)| s).collect();
+    let slabs: Vec<u32> = depot.touched().map(|(s, _)| s).collect();
     build
         .slabs_total
         .store(slabs.len() as u32, Ordering::Release);
@@ -205,14 +206,14 @@ fn build(inner: &Inner) {
             return;
         }
         {
-            let slab = inner.depot.slab(s).lock();
+            let slab = depot.slab(s).lock();
             for i in slab.objects_in_memory() {
                 let rec = slab.rec(i);
                 if rec.refcount == 0 {
                     continue;
                 }
                 let o = ObjectId(u64::from(s) * objects_per_slab + u64::from(i));
-                inner.depot.index().insert_once(&rec.fingerprint, o);
+                depot.index().insert_once(&rec.fingerprint, o);
                 inserted += 1;
             }
         }
@@ -220,8 +221,7 @@ fn build(inner: &Inner) {
     }
     build.state.store(READY, Ordering::Release);
     tracing::info!(
-        "{}: dedup index rebuilt from {inserted} stored objects in {:.2} s",
-        inner.devices.meta().name(),
+        "{device}: dedup index rebuilt from {inserted} stored objects in {:.2} s",
         started.elapsed().as_secs_f64()
     );
 }

@@ -24,11 +24,14 @@
 //!
 //! Layout, little-endian: a header of magic `FBINDEX1`, nonce, generation, the six
 //! shape words, the shard count, the lossy flag (u64 each) and the crc32c of those
-//! 88 bytes; then per shard its held, dropped and walk state and its words (u64
-//! each) followed by their crc32c; then `FBIDXEND`.
+//! 88 bytes; then per shard its held, dropped and walk state, the number of runs of
+//! [`SAVED_RUN_WORDS`] words (4 KiB) it saves, and each such run that is not all
+//! zeros as its number and its words (u64 each, in increasing order), followed by
+//! the crc32c of the shard's bytes; then `FBIDXEND`. An empty table is a few KiB,
+//! and loading one touches no memory (the runs of zeros are never written).
 
 use crate::api::SavedIndex;
-use crate::index::{DedupIndex, INDEX_SHARDS};
+use crate::index::{DedupIndex, INDEX_SHARDS, SAVED_RUN_WORDS};
 use crate::inner::Inner;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -140,8 +143,18 @@ fn write(index: &DedupIndex, path: &Path, nonce: u64, generation: u64) -> std::i
         let mut buf = Vec::new();
         index.each_shard(|state, words| {
             buf.clear();
-            for w in state.iter().chain(words) {
+            let runs: Vec<(u64, &[u64])> = (0u64..)
+                .zip(words.chunks(SAVED_RUN_WORDS))
+                .filter(|(_, run)| run.iter().any(|&w| w != 0))
+                .collect();
+            for w in state.iter().chain([&(runs.len() as u64)]) {
                 buf.extend_from_slice(&w.to_le_bytes());
+            }
+            for (number, run) in runs {
+                buf.extend_from_slice(&number.to_le_bytes());
+                for w in run {
+                    buf.extend_from_slice(&w.to_le_bytes());
+                }
             }
             let crc = crc32c::crc32c(&buf);
             buf.extend_from_slice(&crc.to_le_bytes());
@@ -211,6 +224,20 @@ pub(crate) fn load(inner: &Inner, generation: u64) -> bool {
     }
 }
 
+/// A little-endian u64 from 8 bytes (`chunks_exact(8)` gives no other length).
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]))
+}
+
+/// The first `N` little-endian u64 of `bytes`.
+fn words_of<const N: usize>(bytes: &[u8]) -> [u64; N] {
+    let mut out = [0u64; N];
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+        *o = word(c);
+    }
+    out
+}
+
 fn read(index: &DedupIndex, file: File, nonce: u64, generation: u64) -> Result<(), String> {
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut header = [0u8; HEADER_BYTES + 4];
@@ -224,11 +251,7 @@ fn read(index: &DedupIndex, file: File, nonce: u64, generation: u64) -> Result<(
     if crc32c::crc32c(covered).to_le_bytes() != crc {
         return Err("its header's checksum does not match".into());
     }
-    let words: Vec<u64> = covered
-        .chunks_exact(8)
-        .skip(1)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
+    let words: Vec<u64> = covered.chunks_exact(8).skip(1).map(word).collect();
     let [saved_nonce, saved_generation, shape @ .., shards, lossy] = words.as_slice() else {
         return Err("its header is short".into());
     };
@@ -250,25 +273,56 @@ fn read(index: &DedupIndex, file: File, nonce: u64, generation: u64) -> Result<(
              {INDEX_SHARDS} (another --index-memory?)"
         ));
     }
-    let words_per_shard = ours[5] as usize;
-    let mut bytes = vec![0u8; (3 + words_per_shard) * 8 + 4];
-    let mut words = vec![0u64; words_per_shard];
+    let words_per_shard = ours[5];
+    let all_runs = words_per_shard.div_ceil(SAVED_RUN_WORDS as u64);
+    let mut head = [0u8; 32];
+    let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut run_bytes = vec![0u8; SAVED_RUN_WORDS * 8];
     for k in 0..INDEX_SHARDS {
         input
-            .read_exact(&mut bytes)
+            .read_exact(&mut head)
             .map_err(|e| format!("shard {k}: {e}"))?;
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        if crc32c::crc32c(body).to_le_bytes() != crc {
+        let mut crc = crc32c::crc32c(&head);
+        let [held, dropped, rng, count] = words_of::<4>(&head);
+        if count > all_runs {
+            return Err(format!(
+                "shard {k} says {count} runs, and a shard has {all_runs}"
+            ));
+        }
+        runs.clear();
+        let mut last = None;
+        for _ in 0..count {
+            let mut number = [0u8; 8];
+            input
+                .read_exact(&mut number)
+                .map_err(|e| format!("shard {k}: {e}"))?;
+            crc = crc32c::crc32c_append(crc, &number);
+            let number = u64::from_le_bytes(number);
+            // In order, each once, inside the shard.
+            if number >= all_runs || last.is_some_and(|l| number <= l) {
+                return Err(format!(
+                    "shard {k} names run {number} out of order or place"
+                ));
+            }
+            last = Some(number);
+            let len = (words_per_shard - number * SAVED_RUN_WORDS as u64)
+                .min(SAVED_RUN_WORDS as u64) as usize;
+            let bytes = run_bytes.get_mut(..len * 8).unwrap_or_default();
+            input
+                .read_exact(bytes)
+                .map_err(|e| format!("shard {k}: {e}"))?;
+            crc = crc32c::crc32c_append(crc, bytes);
+            runs.push((number, bytes.chunks_exact(8).map(word).collect()));
+        }
+        let mut stored = [0u8; 4];
+        input
+            .read_exact(&mut stored)
+            .map_err(|e| format!("shard {k}: {e}"))?;
+        if crc.to_le_bytes() != stored {
             return Err(format!("shard {k}'s checksum does not match"));
         }
-        let mut all = body
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
-        let state = [(); 3].map(|()| all.next().unwrap_or(0));
-        for (w, v) in words.iter_mut().zip(all) {
-            *w = v;
-        }
-        if !index.restore_shard(k, state, &words) {
+        let pages = runs.iter().map(|(n, w)| (*n, w.as_slice()));
+        if !index.restore_shard(k, [held, dropped, rng], pages) {
             return Err(format!("shard {k} does not fit the table"));
         }
     }

@@ -29,10 +29,10 @@
 //!   the leak, and the range is listed as lost ([`clear_for_repair`]); a
 //!   version-1 pool is upgraded only past that ([`before_upgrade`]).
 
+use crate::api::RepairReport;
 use crate::block_map::VolumeState;
 pub use crate::damaged_range::DamagedRange;
 use crate::inner::Inner;
-use crate::repair::RepairReport;
 pub(crate) use crate::volume_damage::Damage;
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{PageKind, PageRef};
@@ -108,7 +108,7 @@ impl LostPage {
         // Both copies of a directory page (version 3): a freed twin address would be
         // reused, and the next open would find another page there.
         for address in reference.addresses() {
-            if crate::load::page_place(inner, kind, address).is_ok() {
+            if crate::page_read::page_place(inner, kind, address).is_ok() {
                 inner.checkpointer.page_store().mark_address(address);
             }
         }

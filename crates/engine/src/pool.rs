@@ -620,7 +620,14 @@ impl Pool {
             Some(
                 std::thread::Builder::new()
                     .name("fewerbytes-index".into())
-                    .spawn(move || crate::index_build::run(&build_inner))
+                    .spawn(move || {
+                        crate::index_build::run(
+                            &build_inner.index_build,
+                            &build_inner.depot,
+                            build_inner.geometry.objects_per_slab(),
+                            build_inner.devices.meta().name(),
+                        )
+                    })
                     .map_err(|e| {
                         EngineError::Refused(format!("cannot start the index build thread: {e}"))
                     })?,

@@ -14,6 +14,7 @@
 //! meanwhile, and the repaired state is durable when it returns. It changes nothing a
 //! person did not ask for: with `apply` unset it only reports what it would change.
 
+use crate::api::RepairReport;
 use crate::block_map::ENTRIES_PER_PAGE;
 use crate::inner::Inner;
 use crate::inner::Wait;
@@ -22,7 +23,6 @@ use crate::slab::REFCOUNT_MAX;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
@@ -59,21 +59,6 @@ impl RepairPhase {
             RepairPhase::Writing => "writing checkpoint",
         }
     }
-}
-
-/// What a repair found and did.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RepairReport {
-    /// Object records examined (every record in use).
-    pub objects_checked: u64,
-    /// Map entries examined (every entry naming an object).
-    pub map_entries_checked: u64,
-    /// Each change made (or, without `apply`, that would be made), one sentence each.
-    pub repairs: Vec<String>,
-    /// Bytes of volumes whose data was gone and that now read as zeros.
-    pub lost_bytes: u64,
-    /// Damage a repair does not change (data that fails its fingerprint), one sentence each.
-    pub damage_left: Vec<String>,
 }
 
 /// A map entry naming an object that is not stored.

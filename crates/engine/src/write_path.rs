@@ -78,7 +78,9 @@ fn store_new(
         location: location.encode(),
         fingerprint: *fp,
     });
-    inner.index_build.insert_stored(inner, fp, object);
+    inner
+        .index_build
+        .insert_stored(inner.depot.index(), fp, object);
     Ok(object)
 }
 

@@ -258,3 +258,30 @@ fn a_read_only_open_leaves_the_saved_index_alone() {
     p.close().expect("close");
     assert_eq!(std::fs::read(s.path()).expect("still there"), before);
 }
+
+#[test]
+fn an_empty_table_saves_as_a_few_kib_and_loads_as_empty() {
+    let dir = Dir::new();
+    let path = dir.0.join("pool.index");
+    // 256 MiB of pool: a table of about a MiB, nothing in it.
+    let mut t = create(256 << 20, None);
+    t.close();
+    t.open_with(&saving(&path));
+    t.pool().wait_index_built();
+    let memory = t.pool().stats().limits;
+    t.close();
+    let len = std::fs::metadata(&path).expect("saved").len();
+    assert!(
+        len < 8 << 10,
+        "an empty table saved as {len} bytes (runs of zeros must not be saved); {memory:?}"
+    );
+    t.open_with(&saving_held(&path));
+    let p = t.pool().clone();
+    assert!(loaded(&p));
+    // Loaded empty: a first copy is stored, a second found through the table.
+    p.create_volume("c", 8 << 20).expect("volume");
+    write_copy(&p, "c", 77);
+    p.create_volume("d", 8 << 20).expect("volume");
+    write_copy(&p, "d", 77);
+    assert_eq!(p.stats().objects, BLOCKS);
+}
