@@ -42,7 +42,7 @@
 //! this process a second read-write open of the same image (same cluster fsid,
 //! pool and name) is refused with [`StorageError::Locked`].
 
-use crate::rbd_lib::{self, Image, Ioctx, Lib, Rados};
+use crate::rbd_lib::{self, errno_error, Image, Ioctx, Lib, Rados};
 use crate::rbd_lock::Owning;
 use crate::rbd_watch::OwnerWatch;
 use crate::{
@@ -175,10 +175,6 @@ fn write_error(
         };
     }
     StorageError::from_os(device, op, offset_bytes, len_bytes, source)
-}
-
-pub(crate) fn errno_error(r: i64) -> std::io::Error {
-    std::io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO))
 }
 
 fn c_string(what: &str, value: &[u8], device: &str) -> Result<CString, StorageError> {

@@ -146,3 +146,8 @@ fn load() -> Result<Lib, String> {
     let rbd = open(c"librbd.so.1")?;
     bind(rados, rbd)
 }
+
+/// The error a librbd or librados call's negative return `r` (`-errno`) stands for.
+pub(crate) fn errno_error(r: i64) -> std::io::Error {
+    std::io::Error::from_raw_os_error(i32::try_from(-r).unwrap_or(libc::EIO))
+}

@@ -4,7 +4,7 @@
 //! (`rados_blocklist_add`) and its lock broken (`rbd_lock_break`) first. See
 //! `rbd.rs` for the whole picture and ARCHITECTURE.md for the failure model.
 
-use crate::rbd::errno_error;
+use crate::rbd_lib::errno_error;
 use crate::rbd_lib::{Image, Lib, Rados, LOCK_MODE_EXCLUSIVE};
 use crate::{DeviceOptions, StorageError};
 use std::ffi::{c_char, CString};
