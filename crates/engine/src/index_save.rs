@@ -173,7 +173,10 @@ fn write(index: &DedupIndex, path: &Path, nonce: u64, generation: u64) -> std::i
             return Err(e);
         }
     };
-    std::fs::rename(&tmp, path)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         File::open(dir)?.sync_all()?;
     }
