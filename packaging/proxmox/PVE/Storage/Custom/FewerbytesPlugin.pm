@@ -15,6 +15,11 @@ package PVE::Storage::Custom::FewerbytesPlugin;
 # `/`, and the template's name must survive in the pool for Proxmox to refuse deleting
 # a template that clones still name. A snapshot SNAP of a volume is the pool volume
 # `snap:SNAP:VOLUME`, a clone taken at that moment.
+#
+# A pool on a Ceph RBD image (`rbd:POOL/IMAGE[@CLUSTER]`) is reachable from every node,
+# so such a storage is `shared` (set when it is added); one node serves it at a time
+# (docs/proxmox.md, "A pool on RBD: shared storage"). It has no directory to keep
+# sockets beside, so its storage must name the sockets of the server that serves it.
 
 use strict;
 use warnings;
@@ -68,18 +73,20 @@ sub plugindata {
 sub properties {
     return {
         'fewerbytes-pool' => {
-            description => "The fewerbytes pool (file or block device) this storage keeps its"
-                . " disks in, as the server was started with.",
+            description => "The fewerbytes pool (file, block device or rbd:POOL/IMAGE"
+                . " image) this storage keeps its disks in, as the server was started with.",
             type => 'string',
         },
         'fewerbytes-socket' => {
-            description => "The server's NBD unix socket (default: <pool>.sock;"
-                . " /run/fewerbytes/NAME.sock for the fewerbytes\@NAME service).",
+            description => "The server's NBD unix socket (default: <pool>.sock, for a pool"
+                . " file; /run/fewerbytes/NAME.sock for the fewerbytes\@NAME service;"
+                . " required for a pool on RBD).",
             type => 'string',
         },
         'fewerbytes-control-socket' => {
-            description => "The server's control socket (default: <pool>.ctl;"
-                . " /run/fewerbytes/NAME.ctl for the fewerbytes\@NAME service).",
+            description => "The server's control socket (default: <pool>.ctl, for a pool"
+                . " file; /run/fewerbytes/NAME.ctl for the fewerbytes\@NAME service;"
+                . " required for a pool on RBD).",
             type => 'string',
         },
     };
@@ -91,6 +98,7 @@ sub options {
         'fewerbytes-socket' => { optional => 1 },
         'fewerbytes-control-socket' => { optional => 1 },
         nodes => { optional => 1 },
+        shared => { optional => 1 },
         disable => { optional => 1 },
         content => { optional => 1 },
         bwlimit => { optional => 1 },
@@ -100,13 +108,41 @@ sub options {
 # ---------------------------------------------------------------------------------
 # Talking to the server
 
+# Whether the pool is on a Ceph RBD image (`rbd:POOL/IMAGE[@CLUSTER]`, the scheme as
+# the fewerbytes CLI reads it): every node of the cluster can reach it.
+my sub is_rbd_pool {
+    my ($scfg) = @_;
+    return ($scfg->{'fewerbytes-pool'} // '') =~ m/^rbd:/;
+}
+
+# The sockets of a pool on RBD are where its server was told to put them: the CLI's
+# own default, /run/fewerbytes/<pool id>.*, is not what the fewerbytes@NAME service
+# uses, and there is no directory beside an image. So they must be named: the
+# sentence saying so, or undef when they are (or the pool is a file).
+my sub rbd_sockets_missing {
+    my ($scfg) = @_;
+    return undef if !is_rbd_pool($scfg);
+    my @missing = grep { ($scfg->{$_} // '') eq '' } qw(fewerbytes-socket fewerbytes-control-socket);
+    return undef if !@missing;
+    return "pool $scfg->{'fewerbytes-pool'} is on RBD, with no directory to find its"
+        . " server's sockets in: set " . join(' and ', @missing) . " (for the"
+        . " fewerbytes\@NAME service that serves it: /run/fewerbytes/NAME.sock and"
+        . " /run/fewerbytes/NAME.ctl)\n";
+}
+
 my sub control_socket {
     my ($scfg) = @_;
+    if (my $missing = rbd_sockets_missing($scfg)) {
+        die $missing;
+    }
     return $scfg->{'fewerbytes-control-socket'} // "$scfg->{'fewerbytes-pool'}.ctl";
 }
 
 my sub nbd_socket {
     my ($scfg) = @_;
+    if (my $missing = rbd_sockets_missing($scfg)) {
+        die $missing;
+    }
     return $scfg->{'fewerbytes-socket'} // "$scfg->{'fewerbytes-pool'}.sock";
 }
 
@@ -218,6 +254,30 @@ sub on_add_hook {
         . " (rootdir) need a block device or file system on the host, which an NBD"
         . " export served to QEMU is not\n"
         if $scfg->{content} && $scfg->{content}->{rootdir};
+    if (my $missing = rbd_sockets_missing($scfg)) {
+        die "storage '$storeid': $missing";
+    }
+    # A pool on RBD is the same pool from every node: Proxmox must know, to restart
+    # or move a VM on another node without copying its disks. pve-storage stores the
+    # options this hook is given, so the flag is kept in storage.cfg. A pool file
+    # stays as the admin said (a block device shared by other means may be `shared`).
+    $scfg->{shared} = 1 if is_rbd_pool($scfg);
+    return undef;
+}
+
+# `pvesm set` (storage API 13 on: the current config, the changed options and the
+# deleted ones). A pool on RBD keeps its sockets and stays shared.
+sub on_update_hook_full {
+    my ($class, $storeid, $scfg, $param, $delete, $sensitive) = @_;
+    my %after = (%$scfg, %$param);
+    delete $after{$_} for ($delete // [])->@*;
+    return undef if !is_rbd_pool(\%after);
+    if (my $missing = rbd_sockets_missing(\%after)) {
+        die "storage '$storeid': $missing";
+    }
+    die "storage '$storeid': pool $after{'fewerbytes-pool'} is on RBD, the same pool from"
+        . " every node: it stays shared\n"
+        if !$after{shared};
     return undef;
 }
 
