@@ -112,7 +112,7 @@ sub options {
 # the fewerbytes CLI reads it): every node of the cluster can reach it.
 my sub is_rbd_pool {
     my ($scfg) = @_;
-    return ($scfg->{'fewerbytes-pool'} // '') =~ m/^rbd:/;
+    return ($scfg->{'fewerbytes-pool'} // '') =~ m/^rbd:/ ? 1 : 0;
 }
 
 # The sockets of a pool on RBD are where its server was told to put them: the CLI's
