@@ -59,6 +59,7 @@ pub(crate) fn resolve(at: &SavedIndex, meta_name: &str, nonce: u64) -> Option<Pa
                 Some(PathBuf::from(name))
             } else {
                 let dir = std::env::var_os("FEWERBYTES_STATE_DIR")
+                    .filter(|dir| !dir.is_empty())
                     .map_or_else(|| PathBuf::from(STATE_DIR), PathBuf::from);
                 Some(dir.join(format!("{nonce:016x}.index")))
             }
