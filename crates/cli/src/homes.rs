@@ -25,9 +25,6 @@ use std::sync::Mutex;
 
 /// Where sockets of pools that are not files go, unless `FEWERBYTES_RUN_DIR` says.
 pub const RUN_DIR: &str = "/run/fewerbytes";
-/// Where files of pools that are not files go, unless `FEWERBYTES_STATE_DIR` says
-/// (the engine's saved index uses the same directory and variable).
-pub const STATE_DIR: &str = "/var/lib/fewerbytes";
 
 /// The pool a command was given, as the rest of the CLI takes it: a path or a
 /// `file:` URI becomes the file's path, an RBD name its canonical URI; anything else
@@ -102,7 +99,7 @@ pub fn state_file(pool_path: &Path, suffix: &str) -> Result<Option<PathBuf>> {
     }
     let id = pool_id(pool_path)?;
     Ok(Some(
-        dir_of("FEWERBYTES_STATE_DIR", STATE_DIR).join(format!("{id}{suffix}")),
+        fewerbytes_engine::state_dir().join(format!("{id}{suffix}")),
     ))
 }
 

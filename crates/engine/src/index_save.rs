@@ -41,8 +41,17 @@ const MAGIC: &[u8; 8] = b"FBINDEX1";
 const END: &[u8; 8] = b"FBIDXEND";
 /// Header bytes the crc covers: magic, nonce, generation, shape (6), shards, lossy.
 const HEADER_BYTES: usize = 8 * 11;
-/// Where the files of pools on block devices go, unless `FEWERBYTES_STATE_DIR` says.
-const STATE_DIR: &str = "/var/lib/fewerbytes";
+/// Where files kept for a pool that has no directory of its own (a block device, an
+/// RBD image) go, unless `FEWERBYTES_STATE_DIR` names another (empty: this one). The
+/// command line keeps such pools' allow lists there too.
+pub const STATE_DIR: &str = "/var/lib/fewerbytes";
+
+/// The state directory: `FEWERBYTES_STATE_DIR`, else [`STATE_DIR`].
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("FEWERBYTES_STATE_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from(STATE_DIR), PathBuf::from)
+}
 
 /// The saved index's path for a read-write open of the pool whose super block lives
 /// on `meta_name` (a path, for a pool on files or block devices) with `nonce`.
@@ -58,10 +67,7 @@ pub(crate) fn resolve(at: &SavedIndex, meta_name: &str, nonce: u64) -> Option<Pa
                 name.push(".index");
                 Some(PathBuf::from(name))
             } else {
-                let dir = std::env::var_os("FEWERBYTES_STATE_DIR")
-                    .filter(|dir| !dir.is_empty())
-                    .map_or_else(|| PathBuf::from(STATE_DIR), PathBuf::from);
-                Some(dir.join(format!("{nonce:016x}.index")))
+                Some(state_dir().join(format!("{nonce:016x}.index")))
             }
         }
     }

@@ -76,6 +76,7 @@ pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
 pub use index_mode::{IndexMode, SPARSE_SAMPLE_SHIFT};
+pub use index_save::{state_dir, STATE_DIR};
 pub use pool::Pool;
 pub use repair::{RepairOptions, RepairPhase};
 pub use scrub::SCRUB_RATE_DEFAULT_BYTES_PER_S;

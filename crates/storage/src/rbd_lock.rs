@@ -145,7 +145,15 @@ impl Owning<'_> {
                 errno_error(r.into())
             )));
         }
-        let count = count.min(OWNERS_MAX);
+        if count > OWNERS_MAX {
+            // librbd answers -ERANGE when the room is too small: a larger count with
+            // success is a broken library, and the array holds only what it had room for.
+            // SAFETY: at most `OWNERS_MAX` strings were written; freed once.
+            unsafe { (self.lib.rbd_lock_get_owners_cleanup)(owners.as_mut_ptr(), OWNERS_MAX) };
+            return Err(self.not_lockable(format!(
+                "librbd reported {count} lock owners in room for {OWNERS_MAX}"
+            )));
+        }
         let first = owners
             .first()
             .copied()
