@@ -58,21 +58,26 @@ pub fn cluster() -> &'static Cluster {
     })
 }
 
-/// Run the `rbd` CLI against the cluster; its stdout.
-pub fn rbd(args: &[&str]) -> String {
+/// Run Ceph's command-line `tool` (`rbd`, `ceph`) against the cluster; its stdout.
+fn run_tool(tool: &str, args: &[&str]) -> String {
     let c = cluster();
-    let out = Command::new("rbd")
+    let out = Command::new(tool)
         .arg("-c")
         .arg(&c.conf)
         .args(args)
         .output()
-        .expect("run rbd (apt-get install ceph-common)");
+        .unwrap_or_else(|e| panic!("run {tool} (apt-get install ceph-common): {e}"));
     assert!(
         out.status.success(),
-        "rbd {args:?} failed: {}",
+        "{tool} {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run the `rbd` CLI against the cluster; its stdout.
+pub fn rbd(args: &[&str]) -> String {
+    run_tool("rbd", args)
 }
 
 /// A new image of `size_mib` MiB with a name of its own (Ceph's default features).
@@ -106,19 +111,7 @@ pub fn used_bytes(image: &str) -> u64 {
 
 /// Run the `ceph` CLI against the cluster; its stdout.
 pub fn ceph(args: &[&str]) -> String {
-    let c = cluster();
-    let out = Command::new("ceph")
-        .arg("-c")
-        .arg(&c.conf)
-        .args(args)
-        .output()
-        .expect("run ceph (apt-get install ceph-common)");
-    assert!(
-        out.status.success(),
-        "ceph {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_tool("ceph", args)
 }
 
 /// The client address that holds `image`'s exclusive lock, as `rbd lock ls` shows it.
