@@ -66,16 +66,25 @@ fn a_reopened_pool_serves_while_its_index_rebuilds_and_dedups_once_it_is_ready()
     );
     assert_eq!(p.info().index.state, IndexState::Rebuilding);
     // Served before the index holds anything: a second copy is written, stored
-    // anew (no advice), and counted.
+    // anew, and counted. (Nearly all of it: the second copy's own entries name
+    // groups of objects, and a lookup whose tag matches one scans the group, where
+    // it may find a block of the first copy that shares it. Verified, so a true
+    // duplicate, but found by luck, not by the index.)
     assert_eq!(p.stats().objects, BLOCKS);
+    let hits = p.stats().counters.dedup_hits;
     write_copy(&p, "b", 0, 1000);
     let stats = p.stats();
+    let stored = stats.index.blocks_stored_while_rebuilding;
     assert_eq!(
         stats.objects,
-        2 * BLOCKS,
-        "with no index yet, the second copy is stored"
+        BLOCKS + stored,
+        "what was stored meanwhile is counted"
     );
-    assert_eq!(stats.index.blocks_stored_while_rebuilding, BLOCKS);
+    assert_eq!(stored + stats.counters.dedup_hits - hits, BLOCKS);
+    assert!(
+        stored >= BLOCKS - BLOCKS / 10,
+        "with no index yet, the second copy is stored: {stored} of {BLOCKS} blocks"
+    );
     assert_eq!(
         stats.index.to_string().split(';').next(),
         Some("rebuilding 0%")
