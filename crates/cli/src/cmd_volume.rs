@@ -84,6 +84,21 @@ pub enum VolumeCommand {
         #[command(flatten)]
         reserve: SetReserveArgs,
     },
+    /// Roll a volume back to a snapshot: it then holds what SNAPSHOT holds, at
+    /// SNAPSHOT's size.
+    ///
+    /// A snapshot is a clone taken earlier (`volume clone NAME SNAP`); any other
+    /// volume will do. One durable step: a crash leaves the volume as it was or as
+    /// the snapshot, never without it. What only the volume's later writes held is
+    /// freed; the snapshot is untouched. Refused while a client has the volume open.
+    /// The volume keeps its name, what it reserves (thick, thin, --reserve) and its
+    /// allow list.
+    Rollback {
+        /// The volume to roll back.
+        name: String,
+        /// The volume (snapshot) whose content it takes.
+        snapshot: String,
+    },
     /// Give a volume another name (and so another NBD export name).
     ///
     /// No data moves: the catalog names the volume anew, durably on return (a crash
@@ -383,6 +398,20 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             )?;
             forget_allowed(pool_path, &name)?;
             println!("Volume '{name}' renamed to '{}'.", volume.name);
+        }
+        VolumeCommand::Rollback { name, snapshot } => {
+            let volume = expect_volume(
+                pool_path,
+                &Request::RollbackVolume {
+                    name: name.clone(),
+                    from: snapshot.clone(),
+                },
+            )?;
+            println!(
+                "Volume '{name}' rolled back to '{snapshot}': {} ({}).",
+                format_size(volume.size_bytes),
+                reservation_in_words(&volume)
+            );
         }
         VolumeCommand::Delete { name, force } => {
             // Another pool's allow file is refused here, before the volume is gone.

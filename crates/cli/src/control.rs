@@ -132,6 +132,8 @@ pub enum Request {
     DeleteVolume { name: String, force: bool },
     /// `volume rename`.
     RenameVolume { name: String, new_name: String },
+    /// `volume rollback`: `name` takes what `from` holds.
+    RollbackVolume { name: String, from: String },
     /// `volume allow`: limit a volume to the allow list's identities (the pool's
     /// flag), or lift the limit.
     LimitVolume { name: String, limited: bool },
@@ -226,6 +228,9 @@ impl Request {
             Request::RenameVolume { name, new_name } => {
                 format!("rename volume '{name}' to '{new_name}'")
             }
+            Request::RollbackVolume { name, from } => {
+                format!("roll volume '{name}' back to '{from}'")
+            }
             Request::LimitVolume {
                 name,
                 limited: true,
@@ -268,6 +273,7 @@ impl Request {
                 | Request::SetVolume { .. }
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
+                | Request::RollbackVolume { .. }
                 | Request::GrowPool
                 | Request::SetCompression { .. }
                 | Request::ScrubStart { .. }
@@ -446,6 +452,7 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
         Request::RenameVolume { name, new_name } => {
             Answer::Volume(pool.rename_volume(name, new_name)?)
         }
+        Request::RollbackVolume { name, from } => Answer::Volume(pool.rollback_volume(name, from)?),
         Request::LimitVolume { name, limited } => {
             Answer::Volume(pool.set_volume_limited(name, *limited)?)
         }

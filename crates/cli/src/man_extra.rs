@@ -172,6 +172,10 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             PLAIN,
             &[("Rename (and re-export) vm2:", "fewerbytes --pool vms.pool volume rename vm2 web1")],
         ),
+        "volume rollback" => (
+            PLAIN,
+            &[("A snapshot before an upgrade, and back to it:", "fewerbytes --pool vms.pool volume clone vm1 vm1.before --thin && fewerbytes --pool vms.pool volume rollback vm1 vm1.before")],
+        ),
         "volume delete" => (
             PLAIN,
             &[("Delete vm2, freeing the blocks only it held:", "fewerbytes --pool vms.pool volume delete vm2")],

@@ -1,4 +1,4 @@
-//! The admin tools with the real binary: `volume rename`, `volume
+//! The admin tools with the real binary: `volume rename`, `volume rollback`, `volume
 //! info`, `--require-server` (what the Proxmox plugin stands on), `volume import`'s
 //! format detection, `--force` and sparse reads, `volume export`'s `--force`, script
 //! output, JSON log lines, and `serve`'s socket clean-up and warnings.
@@ -97,6 +97,110 @@ fn rename_keeps_the_data_under_the_new_export_name() {
         &["volume", "info", "renamed", "--json"],
     ));
     assert_eq!(info["size_bytes"], 4 << 20);
+}
+
+#[test]
+fn rollback_returns_a_served_volume_to_its_snapshot_in_one_step() {
+    let dir = TempDir::new("rollback");
+    let mut server = Server::start_new(dir.path(), &[("vm-100-disk-0", "16M")], &[]);
+    let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", server.socket.display());
+    let disk = uri("vm-100-disk-0");
+    qemu_io(&disk, &["write -P 0x11 0 8M".into()]);
+    fewerbytes_ok(
+        &server.pool,
+        &[
+            "volume",
+            "clone",
+            "vm-100-disk-0",
+            "snap:before:vm-100-disk-0",
+            "--thin",
+        ],
+    );
+    let objects = || {
+        json(&fewerbytes_ok(&server.pool, &["stats", "--json"]))["objects"]
+            .as_u64()
+            .expect("objects")
+    };
+    // One object: the 8 MiB of one pattern are one block stored once.
+    assert_eq!(objects(), 1);
+    // After the snapshot: new data over half of it, and past it.
+    qemu_io(
+        &disk,
+        &["write -P 0x22 0 4M".into(), "write -P 0x33 12M 4M".into()],
+    );
+
+    // Refused while a client has the volume open; nothing changes.
+    let mut holder = std::process::Command::new(common::require_tool("qemu-io"))
+        .args(["-f", "raw", "-c", "sleep 3000", &disk])
+        .spawn()
+        .expect("start qemu-io");
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let refused = fewerbytes(
+        &server.pool,
+        &[
+            "volume",
+            "rollback",
+            "vm-100-disk-0",
+            "snap:before:vm-100-disk-0",
+        ],
+    );
+    holder.wait().expect("qemu-io exits");
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused
+            .stderr
+            .contains("volume 'vm-100-disk-0' is open by 1 client(s)"),
+        "the refusal names the volume:\n{}",
+        refused.report()
+    );
+    qemu_io(&disk, &["read -P 0x22 0 4M".into()]);
+
+    let ran = fewerbytes_ok(
+        &server.pool,
+        &[
+            "volume",
+            "rollback",
+            "vm-100-disk-0",
+            "snap:before:vm-100-disk-0",
+        ],
+    );
+    assert!(
+        ran.stdout.starts_with(
+            "Volume 'vm-100-disk-0' rolled back to 'snap:before:vm-100-disk-0': 16.00 MiB"
+        ),
+        "{}",
+        ran.report()
+    );
+    qemu_io(
+        &disk,
+        &["read -P 0x11 0 8M".into(), "read -P 0 8M 8M".into()],
+    );
+    assert_eq!(objects(), 1, "what only the later writes held is freed");
+    let log = server.log_text();
+    assert!(
+        log.contains(
+            "control: roll volume 'vm-100-disk-0' back to 'snap:before:vm-100-disk-0': done"
+        ),
+        "{log}"
+    );
+    // The pool's own check agrees, and the rollback survived the server's stop.
+    server.stop();
+    fewerbytes_ok(&server.pool, &["check"]);
+    let missing = fewerbytes(
+        &server.pool,
+        &[
+            "volume",
+            "rollback",
+            "vm-100-disk-0",
+            "snap:after:vm-100-disk-0",
+        ],
+    );
+    assert!(!missing.status.success(), "{}", missing.report());
+    assert!(
+        missing.stderr.contains("snap:after:vm-100-disk-0"),
+        "{}",
+        missing.report()
+    );
 }
 
 #[test]

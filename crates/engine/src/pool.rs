@@ -948,6 +948,13 @@ impl Pool {
         crate::volume_ops::clone(&self.inner, src, dst, p)
     }
 
+    /// Roll volume `name` back to `from` (a snapshot: any other volume, usually a
+    /// clone taken earlier): `name` then holds what `from` holds, at its size. One
+    /// durable step (a crash leaves one or the other); refused while `name` is open.
+    pub fn rollback_volume(&self, name: &str, from: &str) -> Result<VolumeInfo> {
+        crate::volume_ops::rollback(&self.inner, name, from)
+    }
+
     /// Change what a volume reserves (`volume set`): refused, with nothing changed,
     /// when the pool cannot honour it. Durable on return, as every volume change.
     pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {

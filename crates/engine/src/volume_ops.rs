@@ -1,5 +1,5 @@
 //! Volume operations: create, clone, resize, set (what a volume reserves), rename,
-//! delete, and a volume's usage.
+//! delete, rollback, and a volume's usage.
 //! Each runs alone (the checkpointer's serial lock) with the gate held exclusively,
 //! and ends with a checkpoint taken under that gate, so a crash leaves the pool
 //! before the operation or after it. The block read and write paths are apart
@@ -187,20 +187,28 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
             users,
         });
     }
+    let released = unlist(i, &vol);
+    i.depot.release_objects(&i.devices, &released)?;
+    crate::checkpoint::checkpoint_locked(i, gate, true)
+}
+
+/// Take a volume out of the pool in memory (its handles fail from now on, its map
+/// and directory pages are freed after the next checkpoint, its slot and
+/// reservation are forgotten): the objects its entries name, once per entry, for
+/// the caller to release. Gate held exclusively; the caller's checkpoint makes it
+/// durable.
+fn unlist(i: &Inner, vol: &VolumeState) -> Vec<fewerbytes_format::location::ObjectId> {
     vol.mark_deleted();
     let mut released = Vec::new();
     vol.for_each_mapped(|_, e| released.extend(e.object()));
-    {
-        let mut free = Vec::new();
-        for (_, page) in vol.map_pages().iter() {
-            free.extend(page_addresses(&page.lock().durable()));
-        }
-        free.extend(vol.dirs().slots());
-        i.checkpointer.free_after_next(free);
+    let mut free = Vec::new();
+    for (_, page) in vol.map_pages().iter() {
+        free.extend(page_addresses(&page.lock().durable()));
     }
+    free.extend(vol.dirs().slots());
+    i.checkpointer.free_after_next(free);
     i.volumes.remove(vol.slot());
-    i.depot.release_objects(&i.devices, &released)?;
-    crate::checkpoint::checkpoint_locked(i, gate, true)
+    released
 }
 
 /// Grow a volume (or shrink with `allow_shrink`).
@@ -282,6 +290,68 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
     vol.set_limited(source.limited());
     let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &shared)?;
+    i.volumes.reservations().set(vol.id(), p);
+    i.volumes.insert(vol.clone());
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Roll volume `name` back to `from` (a snapshot, or any other volume): `name` then
+/// maps what `from` maps, at `from`'s size, and what it alone held is freed. One
+/// durable step, as a delete and a clone in one checkpoint: a crash leaves the
+/// volume as it was or as `from`, never without it. Refused while `name` has open
+/// handles. The volume keeps its name, its reservation's kind and its limit; it is
+/// a new volume underneath (a new id, as a clone is), so nothing of the old map
+/// outlives the step.
+pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeInfo> {
+    let i = inner;
+    if name == from {
+        return Err(EngineError::Refused(format!(
+            "volume '{name}' cannot be rolled back to itself"
+        )));
+    }
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let old = i.volumes.by_name(name)?;
+    let source = i.volumes.by_name(from)?;
+    refuse_if_damaged(&source, "rolled back to")?;
+    // A running guest would see its disk change under it: a volume is rolled back
+    // while nothing uses it, as Proxmox rolls back a stopped VM's disk.
+    let users = old.users();
+    if users > 0 {
+        return Err(EngineError::Refused(format!(
+            "volume '{name}' is open by {users} client(s): disconnect them to roll it back"
+        )));
+    }
+    let size_blocks = source.size_blocks();
+    let p = i.volumes.reservations().of(old.id());
+    check_reservation(
+        inner,
+        &format!(
+            "rolling '{name}' back to '{from}' of {}",
+            human_bytes(size_blocks * BLOCK_BYTES as u64)
+        ),
+        Some(old.id()),
+        size_blocks,
+        source.mapped_blocks(),
+        p,
+    )?;
+    let source_pages = source
+        .map_pages()
+        .iter()
+        .filter(|(_, page)| page.lock().is_written())
+        .count() as u64;
+    room_for_new_volume(inner, source_pages)?;
+    // The old volume leaves its slot first (a full catalog has room for the new
+    // one), and the source's references are taken before the old map's are
+    // dropped, so a block both share is never free in between.
+    let released = unlist(i, &old);
+    let vol = i.volumes.make(name, size_blocks)?;
+    vol.set_limited(old.limited());
+    let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
+    i.depot.add_references(&i.devices, &shared)?;
+    i.depot.release_objects(&i.devices, &released)?;
     i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;

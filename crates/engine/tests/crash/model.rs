@@ -133,6 +133,30 @@ impl Model {
     /// them, against what the model allows.
     pub(crate) fn check_volumes(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
         let durable = self.barrier_kept(pool, at)?;
+        let kept = self.check_barrier(pool, at, durable);
+        // A volume operation under way that changes no name and no size (a rollback
+        // to a volume of the same size) may have landed: the pool's volumes cannot
+        // tell, their contents do.
+        match (kept, self.under_way(at)) {
+            (Err(before), Some(i)) if Some(i) != durable && self.ops[i].barrier => self
+                .check_barrier(pool, at, Some(i))
+                .map_err(|after| format!("{before}; nor as after '{}': {after}", self.ops[i].what)),
+            (kept, _) => kept,
+        }
+    }
+
+    /// The volume operation under way at `at`, if any.
+    fn under_way(&self, at: usize) -> Option<usize> {
+        self.ops.iter().position(|o| o.start < at && at < o.end)
+    }
+
+    /// Check every volume and block against barrier `durable` kept.
+    fn check_barrier(
+        &self,
+        pool: &Arc<Pool>,
+        at: usize,
+        durable: Option<usize>,
+    ) -> Result<(), String> {
         let empty = VolumeSet::new();
         for (name, (inc, blocks)) in durable.map_or(&empty, |i| &self.ops[i].volumes) {
             self.check_volume(pool, at, durable, name, *inc, *blocks)?;
@@ -146,7 +170,7 @@ impl Model {
     fn barrier_kept(&self, pool: &Arc<Pool>, at: usize) -> Result<Option<usize>, String> {
         let ops = &self.ops;
         let durable = ops.iter().rposition(|o| o.barrier && o.end <= at);
-        let under_way = ops.iter().position(|o| o.start < at && at < o.end);
+        let under_way = self.under_way(at);
         let got: BTreeMap<String, u64> = pool
             .volume_sizes()
             .into_iter()

@@ -578,6 +578,22 @@ impl Workload<'_> {
                 })
                 .expect("flush");
             }
+            (17, Some(name)) if names.len() >= 2 && rng.gen_bool(0.4) => {
+                let others: Vec<&String> = names.iter().filter(|n| **n != name).collect();
+                let from = others[rng.gen_range(0..others.len())].clone();
+                let grows = self.model.volumes[&from]
+                    .1
+                    .saturating_sub(self.model.volumes[&name].1);
+                if self.room_for(grows) {
+                    let op = self.run(&format!("roll {name} back to {from}"), true, |op| {
+                        pool.rollback_volume(&name, &from).expect("rollback");
+                        op
+                    });
+                    // A new incarnation of the name, holding what `from` holds.
+                    self.model.clone_volume(op, &from, &name);
+                    self.settle();
+                }
+            }
             (17, Some(src)) if !free.is_empty() && self.room_for(self.model.volumes[&src].1) => {
                 let dst = free[rng.gen_range(0..free.len())];
                 let op = self.run(&format!("clone {src} to {dst}"), true, |op| {

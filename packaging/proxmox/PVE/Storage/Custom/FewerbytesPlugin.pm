@@ -493,11 +493,110 @@ sub volume_snapshot_rollback {
     my $snapshot = pool_name($volname, $snap);
     my $volumes = pool_volumes($scfg);
     die "snapshot '$snap' of '$storeid:$volname' does not exist\n" if !$volumes->{$snapshot};
-    # The disk is deleted (refused while a VM has it open), then cloned back from the
-    # snapshot; the snapshot stays.
-    fewerbytes($scfg, 'volume', 'delete', $name);
-    fewerbytes($scfg, 'volume', 'clone', $snapshot, $name);
+    # One durable step (a crash leaves the disk as it was or as the snapshot), refused
+    # while a VM has the disk open; the snapshot stays.
+    fewerbytes($scfg, 'volume', 'rollback', $name, $snapshot);
     return undef;
+}
+
+# ---------------------------------------------------------------------------------
+# Export and import (`pvesm export`/`import`, which offline migration and
+# `storage_migrate` pipe from one node to the other): `raw+size`, the disk's size as a
+# little-endian u64, then its bytes. The bytes go through NBD (`nbdcopy`), as every
+# byte of a served pool does; the plugin counts them, so a stream cut short fails
+# the import (and removes the half-written disk) instead of leaving zeros.
+
+my $STREAM_CHUNK = 1024 * 1024;
+
+my sub raw_size_only {
+    my ($format, $base_snapshot, $with_snapshots) = @_;
+    die "volume format '$format' is not available for a fewerbytes storage (raw+size"
+        . " only, without snapshots or a base)\n"
+        if $format ne 'raw+size' || $with_snapshots || defined($base_snapshot);
+}
+
+# Copy exactly $size bytes from $from to $to (file handles), dying with $what if the
+# source ends early or holds more.
+my sub copy_exactly {
+    my ($from, $to, $size, $what) = @_;
+    my $copied = 0;
+    while (1) {
+        my $n = sysread($from, my $chunk, $STREAM_CHUNK);
+        die "$what: read failed: $!\n" if !defined($n);
+        last if $n == 0;
+        $copied += $n;
+        die "$what: more than the $size bytes the stream's header announced\n"
+            if $copied > $size;
+        my $off = 0;
+        while ($off < $n) {
+            my $w = syswrite($to, $chunk, $n - $off, $off);
+            die "$what: write failed: $!\n" if !defined($w);
+            $off += $w;
+        }
+    }
+    die "$what: the stream ended after $copied of $size bytes\n" if $copied != $size;
+}
+
+sub volume_export_formats {
+    my ($class, $scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
+    return () if $with_snapshots || defined($base_snapshot);
+    return ('raw+size');
+}
+
+sub volume_import_formats {
+    my ($class, $scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
+    return () if $with_snapshots || defined($base_snapshot);
+    return ('raw+size');
+}
+
+sub volume_export {
+    my ($class, $scfg, $storeid, $fh, $volname, $format, $snapshot, $base_snapshot,
+        $with_snapshots) = @_;
+    raw_size_only($format, $base_snapshot, $with_snapshots);
+    my $name = pool_name($volname, $snapshot);
+    my $size = fewerbytes_json($scfg, 'volume', 'info', $name)->{size_bytes};
+    my $header = pack('Q<', $size);
+    syswrite($fh, $header, 8) == 8 or die "export of '$storeid:$volname': write failed: $!\n";
+    my $uri = scalar($class->path($scfg, $volname, $storeid, $snapshot));
+    open(my $nbd, '-|', 'nbdcopy', '--', $uri, '-')
+        or die "export of '$storeid:$volname': cannot run nbdcopy: $!\n";
+    copy_exactly($nbd, $fh, $size, "export of '$storeid:$volname'");
+    close($nbd) or die "export of '$storeid:$volname': nbdcopy failed (exit " . ($? >> 8) . ")\n";
+    return undef;
+}
+
+sub volume_import {
+    my ($class, $scfg, $storeid, $fh, $volname, $format, $snapshot, $base_snapshot,
+        $with_snapshots, $allow_rename) = @_;
+    raw_size_only($format, $base_snapshot, $with_snapshots);
+    my ($vtype, $name, $vmid) = $class->parse_volname($volname);
+    die "cannot import '$volname': a fewerbytes storage holds disk images only\n"
+        if $vtype ne 'images';
+    if (pool_volumes($scfg)->{pool_name($volname)}) {
+        die "volume '$storeid:$volname' already exists\n" if !$allow_rename;
+        warn "volume '$storeid:$volname' already exists - importing with a different name\n";
+        $name = undef;
+    }
+    my $read = sysread($fh, my $header, 8);
+    die "import into '$storeid': no size found in the stream's header\n"
+        if !defined($read) || $read != 8;
+    my $size = unpack('Q<', $header);
+    die "import into '$storeid': the stream announces a disk of 0 bytes\n" if !$size;
+    my $allocated = $class->alloc_image($storeid, $scfg, $vmid, 'raw', $name, ceil($size / 1024));
+    eval {
+        my $uri = scalar($class->path($scfg, $allocated, $storeid));
+        open(my $nbd, '|-', 'nbdcopy', '--', '-', $uri)
+            or die "import of '$storeid:$allocated': cannot run nbdcopy: $!\n";
+        copy_exactly($fh, $nbd, $size, "import of '$storeid:$allocated'");
+        close($nbd)
+            or die "import of '$storeid:$allocated': nbdcopy failed (exit " . ($? >> 8) . ")\n";
+    };
+    if (my $err = $@) {
+        eval { $class->free_image($storeid, $scfg, $allocated, 0, 'raw') };
+        warn $@ if $@;
+        die $err;
+    }
+    return "$storeid:$allocated";
 }
 
 # The clone is taken with the server's write gate held: the image of every write
