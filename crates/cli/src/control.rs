@@ -134,6 +134,8 @@ pub enum Request {
     RenameVolume { name: String, new_name: String },
     /// `volume rollback`: `name` takes what `from` holds.
     RollbackVolume { name: String, from: String },
+    /// `volume diff`: the byte ranges of `name` that differ from `from`.
+    DiffVolume { name: String, from: String },
     /// `volume allow`: limit a volume to the allow list's identities (the pool's
     /// flag), or lift the limit.
     LimitVolume { name: String, limited: bool },
@@ -231,6 +233,9 @@ impl Request {
             Request::RollbackVolume { name, from } => {
                 format!("roll volume '{name}' back to '{from}'")
             }
+            Request::DiffVolume { name, from } => {
+                format!("changes of volume '{name}' since '{from}'")
+            }
             Request::LimitVolume {
                 name,
                 limited: true,
@@ -309,6 +314,8 @@ pub enum Answer {
     Scrub(fewerbytes_engine::ScrubStatus),
     /// The pool a server holds.
     ServedPool(ServedPool),
+    /// Byte ranges (offset, length) that changed (`volume diff`), in order.
+    Changes(Vec<(u64, u64)>),
 }
 
 /// The pool a server holds, as it tells a command that named only its control socket.
@@ -453,6 +460,17 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             Answer::Volume(pool.rename_volume(name, new_name)?)
         }
         Request::RollbackVolume { name, from } => Answer::Volume(pool.rollback_volume(name, from)?),
+        Request::DiffVolume { name, from } => {
+            let mut changes: Vec<(u64, u64)> = Vec::new();
+            let mut at = 0;
+            for run in pool.changed_extents(name, from)? {
+                if run.changed {
+                    changes.push((at, run.len_bytes));
+                }
+                at += run.len_bytes;
+            }
+            Answer::Changes(changes)
+        }
         Request::LimitVolume { name, limited } => {
             Answer::Volume(pool.set_volume_limited(name, *limited)?)
         }

@@ -176,6 +176,10 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             PLAIN,
             &[("A snapshot before an upgrade, and back to it:", "fewerbytes --pool vms.pool volume clone vm1 vm1.before --thin && fewerbytes --pool vms.pool volume rollback vm1 vm1.before")],
         ),
+        "volume diff" => (
+            PLAIN,
+            &[("What changed in vm1 since the snapshot vm1.monday:", "fewerbytes --pool vms.pool volume diff vm1 --from vm1.monday")],
+        ),
         "volume delete" => (
             PLAIN,
             &[("Delete vm2, freeing the blocks only it held:", "fewerbytes --pool vms.pool volume delete vm2")],

@@ -346,6 +346,16 @@ pub struct Extent {
     pub data: bool,
 }
 
+/// A run of a volume's bytes that differs, or not, from another volume's
+/// (`Volume::changed_extents`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangedExtent {
+    /// Length in bytes.
+    pub len_bytes: u64,
+    /// The bytes differ from the base's.
+    pub changed: bool,
+}
+
 /// One metadata region, as `list-metadata` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Region {

@@ -955,6 +955,16 @@ impl Pool {
         crate::volume_ops::rollback(&self.inner, name, from)
     }
 
+    /// The runs of volume `name`, whole, that differ from volume `from` (changed or
+    /// not, in order): [`Volume::changed_extents`] by names, for `volume diff`.
+    pub fn changed_extents(&self, name: &str, from: &str) -> Result<Vec<ChangedExtent>> {
+        let i = &self.inner;
+        let _gate = i.locks.shared();
+        let (vol, old) = (i.volumes.by_name(name)?, i.volumes.by_name(from)?);
+        let end = vol.size_blocks() * BLOCK_BYTES as u64;
+        Ok(crate::volume::changed_runs(&vol, &old, 0, end))
+    }
+
     /// Change what a volume reserves (`volume set`): refused, with nothing changed,
     /// when the pool cannot honour it. Durable on return, as every volume change.
     pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {

@@ -2,7 +2,9 @@
 //! [`Export`]: each NBD connection opens its own `Volume` handle, and engine
 //! errors become NBD error values here ([`errno_of`]): the engine knows no protocol.
 
-use crate::export::{Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOSPC, EPERM, ESHUTDOWN};
+use crate::export::{
+    Bitmap, Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOSPC, EPERM, ESHUTDOWN,
+};
 use fewerbytes_engine::{EngineError, Pool, Volume};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -108,7 +110,8 @@ impl ExportProvider for PoolExports {
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, String> {
         match self.pool.open_volume(name) {
             Ok(volume) => Ok(Arc::new(VolumeExport {
-                volume,
+                volume: Arc::new(volume),
+                pool: Arc::clone(&self.pool),
                 no_space: Arc::clone(&self.no_space),
             })),
             Err(e) => Err(e.to_string()),
@@ -118,8 +121,27 @@ impl ExportProvider for PoolExports {
 
 /// One connection's handle on a volume.
 struct VolumeExport {
-    volume: Volume,
+    volume: Arc<Volume>,
+    /// Its pool, where a dirty bitmap's base is found.
+    pool: Arc<Pool>,
     no_space: Arc<NoSpaceLog>,
+}
+
+/// `qemu:dirty-bitmap:BASE` of a volume: the blocks whose map entries differ from
+/// volume BASE's (a snapshot of it). It holds BASE open, so BASE cannot be deleted
+/// (but by `--force`) while a client reads the bitmap.
+struct VolumeBitmap {
+    volume: Arc<Volume>,
+    base: Volume,
+}
+
+impl Bitmap for VolumeBitmap {
+    fn runs(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, u32> {
+        self.volume
+            .changed_extents(&self.base, offset, len)
+            .map(|runs| runs.into_iter().map(|x| (x.len_bytes, x.changed)).collect())
+            .map_err(|e| errno("dirty bitmap", e))
+    }
 }
 
 /// The NBD error value a client sees for an engine error: a refused write on a
@@ -199,6 +221,17 @@ impl Export for VolumeExport {
             .extents(offset, len)
             .map(|runs| runs.into_iter().map(|x| (x.len_bytes, x.data)).collect())
             .map_err(|e| errno("extents", e))
+    }
+
+    fn dirty_bitmap(&self, base: &str) -> Result<Arc<dyn Bitmap>, String> {
+        if base == self.volume.name() {
+            return Err("a volume is not its own snapshot".into());
+        }
+        let base = self.pool.open_volume(base).map_err(|e| e.to_string())?;
+        Ok(Arc::new(VolumeBitmap {
+            volume: Arc::clone(&self.volume),
+            base,
+        }))
     }
 }
 

@@ -52,6 +52,20 @@ pub trait Export: Send + Sync {
     fn flush(&self) -> Result<(), u32>;
     /// Runs covering [offset, offset+len): (len_bytes, is_data). Non-data = hole|zero.
     fn extents(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, u32>;
+    /// The blocks changed since export `base` of the same store (a snapshot taken
+    /// earlier), for the `qemu:dirty-bitmap:BASE` metadata context; `Err`: a sentence
+    /// saying why there is none. The server checks first that the client may open
+    /// `base` itself (else the bitmap would tell it about bytes it may not read). The
+    /// default offers none.
+    fn dirty_bitmap(&self, base: &str) -> Result<Arc<dyn Bitmap>, String> {
+        Err(format!("no dirty bitmap '{base}' on this export"))
+    }
+}
+
+/// Which bytes of an export differ from its base: `qemu:dirty-bitmap:BASE`.
+pub trait Bitmap: Send + Sync {
+    /// Runs covering [offset, offset+len): (len_bytes, dirty).
+    fn runs(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, u32>;
 }
 
 /// One export as `NBD_OPT_LIST` and `NBD_OPT_INFO` describe it.

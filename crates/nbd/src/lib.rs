@@ -50,8 +50,8 @@ pub use config::{
 };
 pub use engine_export::pool_exports;
 pub use export::{
-    Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM,
-    ESHUTDOWN,
+    Bitmap, Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW,
+    EPERM, ESHUTDOWN,
 };
 pub use memory_export::{MemoryExport, MemoryExports, MEMORY_BLOCK_BYTES};
 pub use negotiate::{NegotiationError, OPTIONS_PER_CONNECTION_MAX, OPTION_DATA_MAX_BYTES};

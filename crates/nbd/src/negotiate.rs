@@ -2,8 +2,9 @@
 //! client picks an export (`NBD_OPT_GO` or `NBD_OPT_EXPORT_NAME`) or leaves.
 //!
 //! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS, INFO, GO,
-//! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for `base:allocation`),
-//! EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP` and negotiation
+//! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for `base:allocation`, and
+//! `qemu:dirty-bitmap:BASE`: the blocks changed since BASE, another export the client
+//! may open, as [`Export::dirty_bitmap`] finds it), EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP` and negotiation
 //! continues. Bytes that break the framing (wrong magic, unknown client flags, an
 //! option too large to be real) drop the connection.
 //!
@@ -17,7 +18,7 @@
 //! its `NBD_OPT_LIST`; the real reason is logged at info.
 
 use crate::config::{NEGOTIATION_TIMEOUT, READ_BUFFER_BYTES, REPLY_WRITE_TIMEOUT};
-use crate::export::Export;
+use crate::export::{Bitmap, Export};
 use crate::protocol::*;
 use crate::shared::Shared;
 use crate::stream::{Stream, StreamReader};
@@ -42,10 +43,27 @@ pub(crate) struct Session {
     pub(crate) name: String,
     /// Structured replies / extended headers.
     pub(crate) mode: ReplyMode,
-    /// `base:allocation` was selected for this export.
-    pub(crate) meta_context: bool,
+    /// The metadata contexts selected for this export.
+    pub(crate) contexts: Contexts,
     /// Writes are refused.
     pub(crate) read_only: bool,
+}
+
+/// Metadata contexts a connection selected (`NBD_OPT_SET_META_CONTEXT`).
+#[derive(Default, Clone)]
+pub(crate) struct Contexts {
+    /// `base:allocation` (id [`META_CONTEXT_BASE_ALLOCATION_ID`]).
+    pub(crate) base_allocation: bool,
+    /// `qemu:dirty-bitmap:NAME`, by NAME; the `i`-th has id
+    /// [`META_CONTEXT_DIRTY_BITMAP_FIRST_ID`] + `i`.
+    pub(crate) bitmaps: Vec<(String, Arc<dyn Bitmap>)>,
+}
+
+impl Contexts {
+    /// Whether any was selected (block status is allowed).
+    pub(crate) fn any(&self) -> bool {
+        self.base_allocation || !self.bitmaps.is_empty()
+    }
 }
 
 /// A connection's way to its client during negotiation: the buffered reader, the
@@ -123,8 +141,18 @@ pub enum NegotiationError {
 #[derive(Default)]
 struct Agreed {
     mode: ReplyMode,
-    /// Canonical name of the export `base:allocation` was selected for.
-    meta_context_export: Option<String>,
+    /// Canonical name of the export metadata contexts were selected for, and them.
+    contexts: Option<(String, Contexts)>,
+}
+
+impl Agreed {
+    /// The contexts selected for export `name` (none if they were for another).
+    fn contexts_for(&self, name: &str) -> Contexts {
+        match &self.contexts {
+            Some((export, contexts)) if export == name => contexts.clone(),
+            _ => Contexts::default(),
+        }
+    }
 }
 
 /// Run the handshake on `channel` (replaced by its TLS relay after STARTTLS) for
@@ -488,12 +516,12 @@ fn export_name(
     }
     let mut w = writer;
     w.write_all(&out)?;
-    let meta_context = agreed.meta_context_export.as_deref() == Some(name.as_str());
+    let contexts = agreed.contexts_for(&name);
     Ok(Session {
         export,
         name,
         mode: agreed.mode,
-        meta_context,
+        contexts,
         read_only,
     })
 }
@@ -588,12 +616,12 @@ fn info_or_go(
     if !go {
         return Ok(None);
     }
-    let meta_context = agreed.meta_context_export.as_deref() == Some(name.as_str());
+    let contexts = agreed.contexts_for(&name);
     Ok(Some(Session {
         export,
         name,
         mode: agreed.mode,
-        meta_context,
+        contexts,
         read_only,
     }))
 }
@@ -629,7 +657,7 @@ fn meta_context(
     let set = replies.option == OPT_SET_META_CONTEXT;
     if set {
         // The spec: SET replaces the previous selection, even when it fails.
-        agreed.meta_context_export = None;
+        agreed.contexts = None;
     }
     if !agreed.mode.chunked() {
         return replies.error(
@@ -640,11 +668,13 @@ fn meta_context(
     let Some((asked, queries)) = parse_meta_request(data) else {
         return replies.error(REP_ERR_INVALID, "malformed metadata context request");
     };
-    let name = match open(shared, peer, asked) {
-        Ok((name, _export)) => name,
+    let (name, export) = match open(shared, peer, asked) {
+        Ok(opened) => opened,
         Err((kind, reason)) => return replies.error(kind, &reason),
     };
-    let matched = if set {
+    // LIST answers with id 0 (the spec: reserved there); SET with the real ids.
+    let mut contexts = Contexts::default();
+    let base_allocation = if set {
         queries.contains(&META_CONTEXT_BASE_ALLOCATION)
     } else {
         queries.is_empty()
@@ -652,22 +682,65 @@ fn meta_context(
                 .iter()
                 .any(|q| *q == "base:" || *q == META_CONTEXT_BASE_ALLOCATION)
     };
-    if matched {
-        // LIST answers with id 0 (the spec: reserved there); SET with the real id.
+    if base_allocation {
         let id = if set {
             META_CONTEXT_BASE_ALLOCATION_ID
         } else {
             0
         };
-        let mut out = Vec::with_capacity(4 + META_CONTEXT_BASE_ALLOCATION.len());
-        out.extend_from_slice(&id.to_be_bytes());
-        out.extend_from_slice(META_CONTEXT_BASE_ALLOCATION.as_bytes());
-        replies.send(REP_META_CONTEXT, &out)?;
-        if set {
-            agreed.meta_context_export = Some(name);
+        send_context(replies, id, META_CONTEXT_BASE_ALLOCATION)?;
+        contexts.base_allocation = true;
+    }
+    // Dirty bitmaps are named, never listed by a prefix query: which other exports
+    // this one could be compared with is not the client's to enumerate.
+    for query in &queries {
+        let Some(base) = query.strip_prefix(META_CONTEXT_DIRTY_BITMAP_PREFIX) else {
+            continue;
+        };
+        if base.is_empty() || contexts.bitmaps.iter().any(|(b, _)| b == base) {
+            continue;
+        }
+        if contexts.bitmaps.len() == DIRTY_BITMAPS_PER_CONNECTION_MAX {
+            return replies.error(
+                REP_ERR_TOO_BIG,
+                &format!("at most {DIRTY_BITMAPS_PER_CONNECTION_MAX} dirty bitmaps per connection"),
+            );
+        }
+        // The base must be an export this client may open: its bitmap tells which
+        // of its blocks differ from this export's.
+        let bitmap = may_open(shared, peer, base)
+            .map_err(|(_, why)| why)
+            .and_then(|()| export.dirty_bitmap(base));
+        match bitmap {
+            Ok(bitmap) => {
+                let id = if set {
+                    META_CONTEXT_DIRTY_BITMAP_FIRST_ID + contexts.bitmaps.len() as u32
+                } else {
+                    0
+                };
+                send_context(replies, id, query)?;
+                contexts.bitmaps.push((base.to_string(), bitmap));
+            }
+            // Not offered: the spec has the server leave an unknown context out.
+            Err(why) => tracing::debug!(
+                "metadata context {} for export {} not offered: {why}",
+                query.escape_debug(),
+                name.escape_debug()
+            ),
         }
     }
+    if set && contexts.any() {
+        agreed.contexts = Some((name, contexts));
+    }
     replies.send(REP_ACK, &[])
+}
+
+/// One `NBD_REP_META_CONTEXT`: the context's id, then its name.
+fn send_context(replies: &mut Replies<'_>, id: u32, name: &str) -> io::Result<()> {
+    let mut out = Vec::with_capacity(4 + name.len());
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    replies.send(REP_META_CONTEXT, &out)
 }
 
 #[cfg(test)]

@@ -79,7 +79,8 @@ pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 /// `NBD_REP_ERR_SHUTDOWN`: the server is shutting down.
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
-/// `NBD_REP_ERR_TOO_BIG`: the option's data is larger than this server accepts.
+/// `NBD_REP_ERR_TOO_BIG`: the option's data, or what it asks for, is larger than this
+/// server accepts.
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
 /// `NBD_REP_ERR_EXT_HEADER_REQD`: structured replies asked after extended headers.
 pub const REP_ERR_EXT_HEADER_REQD: u32 = REP_ERR | 10;
@@ -195,10 +196,20 @@ pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const STATE_HOLE: u32 = 1 << 0;
 /// `base:allocation` flag: reads as zeros.
 pub const STATE_ZERO: u32 = 1 << 1;
-/// The one metadata context this server offers.
+/// The allocation metadata context.
 pub const META_CONTEXT_BASE_ALLOCATION: &str = "base:allocation";
 /// The id this server gives `base:allocation` in `NBD_REP_META_CONTEXT` (any nonzero value).
 pub const META_CONTEXT_BASE_ALLOCATION_ID: u32 = 1;
+/// The prefix of QEMU's dirty-bitmap contexts: `qemu:dirty-bitmap:NAME`, the blocks
+/// changed since NAME (here: another export, a snapshot of this one).
+pub const META_CONTEXT_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+/// The id of the first dirty-bitmap context a client selects; the next get the ids
+/// after it.
+pub const META_CONTEXT_DIRTY_BITMAP_FIRST_ID: u32 = 2;
+/// Dirty bitmaps one connection may select at once.
+pub const DIRTY_BITMAPS_PER_CONNECTION_MAX: usize = 8;
+/// `qemu:dirty-bitmap` flag: the block changed.
+pub const STATE_DIRTY: u32 = 1 << 0;
 
 // ---------------------------------------------------------------------------
 // Size constraints (NBD_INFO_BLOCK_SIZE)

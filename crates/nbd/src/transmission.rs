@@ -26,7 +26,7 @@ use crate::config::{
 };
 use crate::export::{Export, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW, EPERM, ESHUTDOWN};
 use crate::inflight::{Inflight, Permit};
-use crate::negotiate::Session;
+use crate::negotiate::{Contexts, Session};
 use crate::protocol::*;
 use crate::reply::{Replies, Reply};
 use crate::shared::Shared;
@@ -67,6 +67,8 @@ const REPLIES_DEFERRED_MAX: usize = 8;
 struct Conn {
     id: u64,
     export: Arc<dyn Export>,
+    /// Metadata contexts selected in negotiation (block status answers each).
+    contexts: Contexts,
     mode: ReplyMode,
     replies: Replies,
     queue: Mutex<Queue>,
@@ -173,6 +175,7 @@ pub(crate) fn serve(
     let conn = Arc::new(Conn {
         id,
         export: session.export,
+        contexts: session.contexts.clone(),
         mode: session.mode,
         replies: Replies::new(id, stream),
         queue: Mutex::new(Queue::default()),
@@ -190,7 +193,7 @@ pub(crate) fn serve(
         mode: session.mode,
         size_bytes: 0,
         read_only: session.read_only,
-        meta_context: session.meta_context,
+        meta_context: session.contexts.any(),
     };
     reader.get_mut().set_spin(
         config.read_spin,
@@ -848,21 +851,23 @@ impl Conn {
     }
 
     /// The runs of `[offset, offset+len)` (at most [`BLOCK_STATUS_QUERY_MAX_BYTES`]),
-    /// asked of the export in steps of [`BLOCK_STATUS_QUERY_STEP_BYTES`] until
-    /// `descriptors` runs are known: the runs in memory stay near that count,
-    /// however fragmented the range.
+    /// asked of `query` (the export's extents, or a dirty bitmap's runs) in steps of
+    /// [`BLOCK_STATUS_QUERY_STEP_BYTES`] until `descriptors` runs are known: the runs
+    /// in memory stay near that count, however fragmented the range. A run's flag is
+    /// true for data (allocation) or dirty (a bitmap); what `query` leaves out is
+    /// reported so, the answer a client can act on safely.
     fn runs(
-        &self,
         offset: u64,
         len: u64,
         descriptors: usize,
+        query: impl Fn(u64, u64) -> Result<Vec<(u64, bool)>, u32>,
     ) -> Result<Vec<(u64, u64, bool)>, u32> {
         let end = offset.saturating_add(len.min(BLOCK_STATUS_QUERY_MAX_BYTES));
         let mut out: Vec<(u64, u64, bool)> = Vec::new();
         let mut pos = offset;
         while pos < end && out.len() < descriptors {
             let step = BLOCK_STATUS_QUERY_STEP_BYTES.min(end - pos);
-            for run in plan_runs(pos, step, &self.export.extents(pos, step)?) {
+            for run in plan_runs(pos, step, &query(pos, step)?) {
                 match out.last_mut() {
                     Some(last) if last.2 == run.2 => last.1 += run.1,
                     _ => out.push(run),
@@ -874,35 +879,62 @@ impl Conn {
         Ok(out)
     }
 
+    /// One block status chunk's payload: the context's id and its descriptors.
+    fn status_payload(
+        &self,
+        id: u32,
+        runs: &[(u64, u64, bool)],
+        flags: impl Fn(bool) -> u32,
+    ) -> Vec<u8> {
+        let mut payload;
+        if self.mode.extended {
+            payload = Vec::with_capacity(8 + 16 * runs.len());
+            payload.extend_from_slice(&id.to_be_bytes());
+            payload.extend_from_slice(&(runs.len() as u32).to_be_bytes());
+            for &(_, n, flag) in runs {
+                payload.extend_from_slice(&n.to_be_bytes());
+                payload.extend_from_slice(&u64::from(flags(flag)).to_be_bytes());
+            }
+        } else {
+            payload = Vec::with_capacity(4 + 8 * runs.len());
+            payload.extend_from_slice(&id.to_be_bytes());
+            for &(_, n, flag) in runs {
+                // Compact requests carry a 32-bit length, so every run fits.
+                let n32 = u32::try_from(n).unwrap_or(COMPACT_DESCRIPTOR_MAX_BYTES as u32);
+                payload.extend_from_slice(&n32.to_be_bytes());
+                payload.extend_from_slice(&flags(flag).to_be_bytes());
+            }
+        }
+        payload
+    }
+
+    /// Block status: a chunk for each metadata context selected (`base:allocation`
+    /// first, then the dirty bitmaps in the order chosen), the last one flagged done.
     fn block_status(&self, h: &RequestHeader, offset: u64, len: u64, req_one: bool) -> Reply {
         let descriptors = if req_one {
             1
         } else {
             BLOCK_STATUS_DESCRIPTORS_MAX
         };
-        let runs = match self.runs(offset, len, descriptors) {
-            Ok(runs) => runs,
-            Err(errno) => return self.export_failed(h, "block status", errno),
-        };
-        let count = runs.len();
-        let status = |data: bool| if data { 0 } else { STATE_HOLE | STATE_ZERO };
-        let mut payload;
-        if self.mode.extended {
-            payload = Vec::with_capacity(8 + 16 * count);
-            payload.extend_from_slice(&META_CONTEXT_BASE_ALLOCATION_ID.to_be_bytes());
-            payload.extend_from_slice(&(count as u32).to_be_bytes());
-            for &(_, n, data) in runs.iter().take(count) {
-                payload.extend_from_slice(&n.to_be_bytes());
-                payload.extend_from_slice(&u64::from(status(data)).to_be_bytes());
+        let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(1 + self.contexts.bitmaps.len());
+        if self.contexts.base_allocation {
+            match Self::runs(offset, len, descriptors, |at, n| self.export.extents(at, n)) {
+                Ok(runs) => payloads.push(self.status_payload(
+                    META_CONTEXT_BASE_ALLOCATION_ID,
+                    &runs,
+                    |data| if data { 0 } else { STATE_HOLE | STATE_ZERO },
+                )),
+                Err(errno) => return self.export_failed(h, "block status", errno),
             }
-        } else {
-            payload = Vec::with_capacity(4 + 8 * count);
-            payload.extend_from_slice(&META_CONTEXT_BASE_ALLOCATION_ID.to_be_bytes());
-            for &(_, n, data) in runs.iter().take(count) {
-                // Compact requests carry a 32-bit length, so every run fits.
-                let n32 = u32::try_from(n).unwrap_or(COMPACT_DESCRIPTOR_MAX_BYTES as u32);
-                payload.extend_from_slice(&n32.to_be_bytes());
-                payload.extend_from_slice(&status(data).to_be_bytes());
+        }
+        for (k, (_, bitmap)) in self.contexts.bitmaps.iter().enumerate() {
+            match Self::runs(offset, len, descriptors, |at, n| bitmap.runs(at, n)) {
+                Ok(runs) => payloads.push(self.status_payload(
+                    META_CONTEXT_DIRTY_BITMAP_FIRST_ID + k as u32,
+                    &runs,
+                    |dirty| if dirty { STATE_DIRTY } else { 0 },
+                )),
+                Err(errno) => return self.export_failed(h, "block status (dirty bitmap)", errno),
             }
         }
         let kind = if self.mode.extended {
@@ -910,19 +942,28 @@ impl Conn {
         } else {
             REPLY_TYPE_BLOCK_STATUS
         };
-        let head = ChunkHeader::new(
-            self.mode,
-            REPLY_FLAG_DONE,
-            kind,
-            h.cookie,
-            h.offset,
-            payload.len() as u64,
-        );
-        let payload_bytes = payload.len();
-        let mut reply = Reply::with_capacity(2, head.as_bytes().len());
-        reply.push_head(head.as_bytes());
-        reply.set_data(payload);
-        reply.push_data(0..payload_bytes);
+        let last = payloads.len().saturating_sub(1);
+        let mut reply = Reply::with_capacity(2 * payloads.len(), 32 * payloads.len());
+        let mut data = Vec::with_capacity(payloads.iter().map(Vec::len).sum());
+        let mut ranges = Vec::with_capacity(payloads.len());
+        for payload in &payloads {
+            ranges.push(data.len()..data.len() + payload.len());
+            data.extend_from_slice(payload);
+        }
+        reply.set_data(data);
+        for (k, range) in ranges.into_iter().enumerate() {
+            let flags = if k == last { REPLY_FLAG_DONE } else { 0 };
+            let head = ChunkHeader::new(
+                self.mode,
+                flags,
+                kind,
+                h.cookie,
+                h.offset,
+                range.len() as u64,
+            );
+            reply.push_head(head.as_bytes());
+            reply.push_data(range);
+        }
         reply
     }
 
