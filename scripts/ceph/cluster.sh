@@ -7,6 +7,9 @@
 #   scripts/ceph/cluster.sh env [DIR]     # CEPH_CONF=... and the pool's name, for `eval`
 #   scripts/ceph/cluster.sh stop [DIR]    # kill the daemons and remove DIR
 #
+# FEWERBYTES_CEPH_OSD_SIZE sets the OSD's size at start (bytes, or with a K/M/G suffix
+# of powers of 1024; default 4G): a test that fills the cluster starts a small one.
+#
 # Needs Debian's ceph-mon ceph-mgr ceph-osd ceph-common (Ceph 16.2 on Debian 12).
 # Starts in a few seconds, in about 250 MiB. The mon listens on a free port picked at
 # start, so several clusters (one per test binary) can run side by side.
@@ -15,6 +18,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-${FEWERBYTES_CEPH_DIR:-/tmp/fewerbytes-ceph}}
 pool=rbd
+osd_size=${FEWERBYTES_CEPH_OSD_SIZE:-4G}
 export PATH="$PATH:/usr/sbin:/sbin"
 
 die() {
@@ -58,6 +62,22 @@ stop() {
     rm -rf "$dir"
 }
 
+# OSD_SIZE in bytes: digits, or digits and one of K M G (powers of 1024).
+osd_bytes() {
+    local size=$1 shift_bits=0
+    case $size in
+    *[Kk]) shift_bits=10 size=${size%?} ;;
+    *[Mm]) shift_bits=20 size=${size%?} ;;
+    *[Gg]) shift_bits=30 size=${size%?} ;;
+    esac
+    [[ $size =~ ^[0-9]+$ && ${#size} -le 12 ]] ||
+        die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is not a size (bytes, or digits with K, M or G)"
+    local bytes=$((size << shift_bits))
+    # Below 1 GiB bluestore's own metadata (its RocksDB) does not fit beside data.
+    ((bytes >= 1 << 30)) || die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is below the 1G an OSD needs"
+    echo "$bytes"
+}
+
 free_port() {
     local port
     for _ in $(seq 100); do
@@ -82,7 +102,8 @@ start() {
     # A half-started cluster (a crash, a killed test) is thrown away.
     stop
     mkdir -p "$dir"/{run,log,mon/ceph-a,mgr/ceph-x,osd/ceph-0}
-    local fsid port conf
+    local fsid port conf block_bytes
+    block_bytes=$(osd_bytes "$osd_size")
     fsid=$(cat /proc/sys/kernel/random/uuid)
     port=$(free_port)
     conf=$dir/ceph.conf
@@ -119,7 +140,7 @@ bluestore cache size = 67108864
 osd objectstore = bluestore
 bluestore block path = $dir/osd/block-0
 bluestore block create = true
-bluestore block size = 4294967296
+bluestore block size = $block_bytes
 bluestore block db create = false
 bluestore block wal create = false
 mgr initial modules =
