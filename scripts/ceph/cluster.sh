@@ -8,7 +8,9 @@
 #   scripts/ceph/cluster.sh stop [DIR]    # kill the daemons and remove DIR
 #
 # FEWERBYTES_CEPH_OSD_SIZE sets the OSD's size at start (bytes, or with a K/M/G suffix
-# of powers of 1024; default 4G): a test that fills the cluster starts a small one.
+# of powers of 1024; default 4G, at least 512M). An OSD filled faster than the monitors
+# flag it full runs out of space and stops (bluestore: "ENOSPC ... misconfigured
+# cluster"), a small one soonest: to fill a pool on purpose, set a quota on it.
 #
 # Needs Debian's ceph-mon ceph-mgr ceph-osd ceph-common (Ceph 16.2 on Debian 12).
 # Starts in a few seconds, in about 250 MiB. The mon listens on a free port picked at
@@ -73,8 +75,9 @@ osd_bytes() {
     [[ $size =~ ^[0-9]+$ && ${#size} -le 12 ]] ||
         die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is not a size (bytes, or digits with K, M or G)"
     local bytes=$((size << shift_bits))
-    # Below 1 GiB bluestore's own metadata (its RocksDB) does not fit beside data.
-    ((bytes >= 1 << 30)) || die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is below the 1G an OSD needs"
+    # bluestore's own metadata (RocksDB) takes about 290 MiB of a new OSD: at 256 MiB
+    # `ceph-osd --mkfs` crashes, at 512 MiB it starts with 220 MiB free.
+    ((bytes >= 512 << 20)) || die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is below the 512M an OSD needs"
     echo "$bytes"
 }
 
@@ -95,6 +98,8 @@ start() {
         command -v "$tool" >/dev/null ||
             die "$tool is missing: apt-get install ceph-mon ceph-mgr ceph-osd ceph-common"
     done
+    local block_bytes
+    block_bytes=$(osd_bytes "$osd_size")
     if running; then
         print_env
         return
@@ -102,8 +107,7 @@ start() {
     # A half-started cluster (a crash, a killed test) is thrown away.
     stop
     mkdir -p "$dir"/{run,log,mon/ceph-a,mgr/ceph-x,osd/ceph-0}
-    local fsid port conf block_bytes
-    block_bytes=$(osd_bytes "$osd_size")
+    local fsid port conf
     fsid=$(cat /proc/sys/kernel/random/uuid)
     port=$(free_port)
     conf=$dir/ceph.conf

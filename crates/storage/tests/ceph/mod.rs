@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,7 +176,11 @@ pub fn watchdog(what: &str, limit: Duration) -> Watchdog {
     let what = what.to_string();
     let thread = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
-            eprintln!("HANG: {what} did not return within {limit:?}");
+            // Past the test harness's capture of eprintln!, which _exit would drop.
+            let _ = writeln!(
+                std::io::stderr(),
+                "HANG: {what} did not return within {limit:?}"
+            );
             stop_cluster();
             // _exit, not exit: the hung call holds librados's locks, which its
             // static destructors would wait for.
