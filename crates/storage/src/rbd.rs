@@ -8,7 +8,9 @@
 //!   the cache on, librbd acknowledges a write before sending it and reports a
 //!   refusal only at the next flush, by which time the write is dropped and nothing
 //!   says which one it was: a full pool could then only latch the pool (a failed
-//!   flush), never answer the one write with no-space.
+//!   flush), never answer the one write with no-space. The price is speed: each
+//!   write waits for the OSDs (docs/benchmarks.md, "RBD: fewerbytes with librbd's
+//!   cache off and on").
 //! - `flush` is `rbd_flush`: its result, and only its result, says the writes that
 //!   returned before it are on the OSDs (with the cache off they already are).
 //! - `discard` is `rbd_discard` of the whole 4 KiB pages of the range (librbd frees
