@@ -363,7 +363,8 @@ fn a_blocklisted_owner_finds_its_writes_fenced_and_nothing_lands() {
 #[test]
 fn a_full_pool_refuses_new_writes_with_no_space_and_takes_them_once_space_is_back() {
     let pool = new_pool("full-storage");
-    let image = new_image_in(&pool, "full", 64);
+    // Sparse: 1,024 objects of 4 MiB, each a new object to write into.
+    let image = new_image_in(&pool, "full", 4096);
     let conf = &cluster().conf;
     let open_full = || RbdStorage::open(&pool, &image, None, None, Some(conf)).expect("open");
     let dev = open_full();
@@ -375,14 +376,18 @@ fn a_full_pool_refuses_new_writes_with_no_space_and_takes_them_once_space_is_bac
 
     let limit = std::time::Duration::from_secs(120);
     let guard = watchdog("a librbd call on a full pool", limit);
-    // The OSD may act on the map that flags the pool full a moment after the
-    // monitors show it: a write into a new object is refused from then on.
-    let refused = (1..16u64).find_map(|object| {
-        dev.write_at(&pattern(40 + object, 4096), object * 4 * MIB)
-            .err()
-            .map(|e| (object, e))
+    // The OSD may act on the map that flags the pool full a while after the
+    // monitors show it (a loaded machine): a write into a new object is refused from
+    // then on. One new object every 50 ms, for up to 1,000 of them.
+    let refused = (1..1024u64).find_map(|object| {
+        let written = dev.write_at(&pattern(40 + object, 4096), object * 4 * MIB);
+        if written.is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        written.err().map(|e| (object, e))
     });
-    let (object, err) = refused.expect("15 writes into new objects of a full pool all succeeded");
+    let (object, err) =
+        refused.expect("1,023 writes into new objects of a full pool all succeeded");
     assert!(err.is_no_space(), "not reported as no space: {err}");
     assert!(err.to_string().contains("found no space"), "{err}");
     // Rewriting bytes an object already holds adds nothing: allowed while full.
