@@ -6,10 +6,10 @@
 #
 #   RUNTIME=30 scripts/bench-rbd.sh
 #
-# The cluster's one OSD holds 4 GiB (scripts/ceph/cluster.sh): the plain 128 KiB run
-# fills it in about 30 s here, and a full Ceph pool holds every write (no error), so
-# the fewerbytes 128 KiB run then waits forever; docs/benchmarks.md has the figures of
-# the 4 KiB runs, which came first.
+# The cluster's one OSD holds 4 GiB (scripts/ceph/cluster.sh; FEWERBYTES_CEPH_OSD_SIZE=16G
+# for more): the plain 128 KiB run fills it in about 30 s here. fio's rbd engine then
+# waits (librbd holds writes to a full pool); the fewerbytes server refuses them with
+# ENOSPC (docs/ceph.md, "A full Ceph pool"), which fails its fio run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FB=target/release/fewerbytes

@@ -7,6 +7,11 @@
 #   scripts/ceph/cluster.sh env [DIR]     # CEPH_CONF=... and the pool's name, for `eval`
 #   scripts/ceph/cluster.sh stop [DIR]    # kill the daemons and remove DIR
 #
+# FEWERBYTES_CEPH_OSD_SIZE sets the OSD's size at start (bytes, or with a K/M/G suffix
+# of powers of 1024; default 4G, at least 512M). An OSD filled faster than the monitors
+# flag it full runs out of space and stops (bluestore: "ENOSPC ... misconfigured
+# cluster"), a small one soonest: to fill a pool on purpose, set a quota on it.
+#
 # Needs Debian's ceph-mon ceph-mgr ceph-osd ceph-common (Ceph 16.2 on Debian 12).
 # Starts in a few seconds, in about 250 MiB. The mon listens on a free port picked at
 # start, so several clusters (one per test binary) can run side by side.
@@ -15,6 +20,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-${FEWERBYTES_CEPH_DIR:-/tmp/fewerbytes-ceph}}
 pool=rbd
+osd_size=${FEWERBYTES_CEPH_OSD_SIZE:-4G}
 export PATH="$PATH:/usr/sbin:/sbin"
 
 die() {
@@ -58,6 +64,23 @@ stop() {
     rm -rf "$dir"
 }
 
+# OSD_SIZE in bytes: digits, or digits and one of K M G (powers of 1024).
+osd_bytes() {
+    local size=$1 shift_bits=0
+    case $size in
+    *[Kk]) shift_bits=10 size=${size%?} ;;
+    *[Mm]) shift_bits=20 size=${size%?} ;;
+    *[Gg]) shift_bits=30 size=${size%?} ;;
+    esac
+    [[ $size =~ ^[0-9]+$ && ${#size} -le 12 ]] ||
+        die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is not a size (bytes, or digits with K, M or G)"
+    local bytes=$((size << shift_bits))
+    # bluestore's own metadata (RocksDB) takes about 290 MiB of a new OSD: at 256 MiB
+    # `ceph-osd --mkfs` crashes, at 512 MiB it starts with 220 MiB free.
+    ((bytes >= 512 << 20)) || die "FEWERBYTES_CEPH_OSD_SIZE=$osd_size is below the 512M an OSD needs"
+    echo "$bytes"
+}
+
 free_port() {
     local port
     for _ in $(seq 100); do
@@ -75,6 +98,8 @@ start() {
         command -v "$tool" >/dev/null ||
             die "$tool is missing: apt-get install ceph-mon ceph-mgr ceph-osd ceph-common"
     done
+    local block_bytes
+    block_bytes=$(osd_bytes "$osd_size")
     if running; then
         print_env
         return
@@ -119,7 +144,7 @@ bluestore cache size = 67108864
 osd objectstore = bluestore
 bluestore block path = $dir/osd/block-0
 bluestore block create = true
-bluestore block size = 4294967296
+bluestore block size = $block_bytes
 bluestore block db create = false
 bluestore block wal create = false
 mgr initial modules =

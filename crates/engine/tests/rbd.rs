@@ -3,7 +3,9 @@
 //! API on `open_rbd`, written, closed, reopened and read back; and a process
 //! killed with SIGKILL after a flush, whose image is refused to a plain open (the
 //! dead client still holds its lock) and whose pool, taken over, reopens with every
-//! flushed block.
+//! flushed block; and a pool on a Ceph pool that fills (a quota): its writes are
+//! refused with the no-space error, never held, it reads on, loses no flushed block,
+//! and takes writes again once the quota is lifted.
 
 #[path = "../../storage/tests/ceph/mod.rs"]
 mod ceph;
@@ -11,7 +13,7 @@ use ceph::*;
 use fewerbytes_engine::storage::{
     open_rbd, DeviceOptions, RbdStorage, Storage, StorageError, TakeOver,
 };
-use fewerbytes_engine::{CreateOptions, OpenOptions, Pool};
+use fewerbytes_engine::{CreateOptions, Mode, OpenOptions, Pool, Volume};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -26,7 +28,11 @@ const BLOCKS: u64 = 2000;
 const CHILD_ENV: &str = "FEWERBYTES_RBD_CHILD";
 
 fn block(seed: u64) -> Vec<u8> {
-    let seed = if seed % 4 == 3 { 7 } else { seed };
+    noise(if seed % 4 == 3 { 7 } else { seed })
+}
+
+/// Incompressible bytes, different for each `seed`: each needs a block of its own.
+fn noise(seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..BLOCK)
         .map(|_| {
@@ -173,5 +179,97 @@ fn a_pool_whose_process_was_killed_reopens_with_every_flushed_block() {
     )
     .expect("open the pool taken over");
     check_blocks(&pool);
+    pool.close().expect("close");
+}
+
+fn read_block(vol: &Volume, lbn: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BLOCK];
+    vol.read(lbn * BLOCK as u64, &mut buf).expect("a read");
+    buf
+}
+
+/// What the NBD client of a pool on a full Ceph pool sees: the pool's Ceph pool
+/// (one of this test's own) is filled by a quota below what it holds. librbd's
+/// default would hold every write and flush until the pool had room; here a write
+/// fails with the no-space error (ENOSPC over NBD), the pool stays writable (not
+/// latched), every flushed block reads back, and once the quota is lifted the
+/// refused write succeeds without a reopen, as on a full file system.
+#[test]
+fn a_full_ceph_pool_refuses_writes_with_no_space_and_takes_them_once_space_is_back() {
+    let ceph_pool = new_pool("full-engine");
+    let image = new_image_in(&ceph_pool, "pool", 256);
+    let conf = &cluster().conf;
+    let open_device = || -> Arc<dyn Storage> {
+        Arc::from(open_rbd(&ceph_pool, &image, None, None, Some(conf)).expect("open the image"))
+    };
+    Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
+    let options = OpenOptions {
+        threads: Some(2),
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open_devices(open_device(), None, &options).expect("open the pool");
+    pool.create_volume("vm", 64 * MIB).expect("create volume");
+    let vol = pool.open_volume("vm").expect("open volume");
+    let flushed = 256u64;
+    for lbn in 0..flushed {
+        vol.write(lbn * BLOCK as u64, &noise(lbn), false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+    set_quota_bytes(&ceph_pool, MIB);
+    wait_pool_full(&ceph_pool, true);
+
+    let limit = std::time::Duration::from_secs(120);
+    let guard = watchdog("the engine's I/O on a full Ceph pool", limit);
+    // Each new block must land in the image's objects past what they hold, which a
+    // full pool refuses; the engine keeps some in memory first.
+    let mut acknowledged = flushed;
+    let refused = loop {
+        assert!(
+            acknowledged < flushed + 8192,
+            "32 MiB written to a full Ceph pool without a refusal"
+        );
+        match vol.write(acknowledged * BLOCK as u64, &noise(acknowledged), false) {
+            Ok(()) => acknowledged += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(refused.is_no_space(), "not a no-space refusal: {refused}");
+    eprintln!("write {acknowledged} found no space: {refused}");
+    assert_eq!(
+        pool.stats().mode,
+        Mode::Normal,
+        "a full Ceph pool latched the pool"
+    );
+    // A flush commits what it can: done, or refused for want of space, not held.
+    if let Err(e) = vol.flush() {
+        assert!(e.is_no_space(), "a flush on a full Ceph pool: {e}");
+    }
+    for lbn in 0..acknowledged {
+        assert!(read_block(&vol, lbn) == noise(lbn), "block {lbn}");
+    }
+    drop(guard);
+
+    set_quota_bytes(&ceph_pool, 0);
+    wait_pool_full(&ceph_pool, false);
+    let guard = watchdog("the engine's I/O once space is back", limit);
+    vol.write(acknowledged * BLOCK as u64, &noise(acknowledged), false)
+        .expect("the refused write succeeds once space is back, without a reopen");
+    vol.flush().expect("flush");
+    assert_eq!(pool.stats().mode, Mode::Normal);
+    drop(vol);
+    pool.close().expect("close");
+    drop(guard);
+    let pool = Pool::open_devices(open_device(), None, &options).expect("reopen");
+    let vol = pool.open_volume("vm").expect("open volume");
+    for lbn in 0..=acknowledged {
+        assert!(
+            read_block(&vol, lbn) == noise(lbn),
+            "block {lbn} after a reopen"
+        );
+    }
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    drop(vol);
     pool.close().expect("close");
 }

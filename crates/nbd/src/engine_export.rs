@@ -33,6 +33,23 @@ struct PoolExports {
     no_space: Arc<NoSpaceLog>,
 }
 
+/// What to do about a no-space refusal: room in the pool, or on the device below it
+/// (which the pool cannot make: writes resume once its owner does).
+fn no_space_hint(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::Io(_) => {
+            "The device below the pool is full: free space on it (the host file system, \
+             the thin pool; for an rbd: image, raise the Ceph pool's quota or free space \
+             in the cluster); writes resume by themselves once there is room"
+        }
+        _ => {
+            "Make room for thin writes: make thick volumes thin (`volume set NAME --thin`) \
+             or reserve less (`--reserve SIZE`), trim or delete volumes, or grow the pool \
+             (`pool grow`)"
+        }
+    }
+}
+
 /// The server's ENOSPC lines, rate-limited per volume: a refused write is logged at
 /// warn (the guest sees only ENOSPC, and QEMU may pause it), then at most once per
 /// [`NO_SPACE_LOG_EVERY`] with the count of those not logged.
@@ -53,11 +70,8 @@ impl NoSpaceLog {
         } else {
             String::new()
         };
-        tracing::warn!(
-            "a {op} to volume '{volume}' was refused with ENOSPC{also}: {e}. Make room for \
-             thin writes: make thick volumes thin (`volume set NAME --thin`) or reserve \
-             less (`--reserve SIZE`), trim or delete volumes, or grow the pool (`pool grow`)"
-        );
+        let hint = no_space_hint(e);
+        tracing::warn!("a {op} to volume '{volume}' was refused with ENOSPC{also}: {e}. {hint}");
     }
 
     /// Whether a refusal for `volume` at `now` gets a line: `Some(refusals not
@@ -271,6 +285,21 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(errno_of(&e), want, "{e}");
         }
+    }
+
+    #[test]
+    fn a_full_device_below_the_pool_is_told_apart_from_a_full_pool() {
+        let device = EngineError::Io(fewerbytes_engine::storage::StorageError::from_os(
+            "rbd:vms/pool0",
+            fewerbytes_engine::storage::IoOp::Write,
+            0,
+            4096,
+            std::io::Error::from_raw_os_error(122),
+        ));
+        assert!(device.is_no_space());
+        assert!(no_space_hint(&device).contains("raise the Ceph pool's quota"));
+        let pool = EngineError::NoSpace("no free data blocks left".into());
+        assert!(no_space_hint(&pool).contains("grow the pool"));
     }
 
     #[test]

@@ -2,13 +2,17 @@
 //! see `rbd_lib`).
 //!
 //! How the [`Storage`] contract maps onto librbd:
-//! - `read_at`/`write_at` are `rbd_read2`/`rbd_write2` (synchronous). librbd's
-//!   cache may acknowledge a write it has not sent to the OSDs; such a write is
-//!   visible to this handle's later reads, like an unflushed write to a file.
+//! - `read_at`/`write_at` are `rbd_read2`/`rbd_write2` (synchronous), with librbd's
+//!   cache off (`rbd_cache = false`, set on the handle over any ceph.conf): a write
+//!   returns once the OSDs have it, or with the error that kept it from them. With
+//!   the cache on, librbd acknowledges a write before sending it and reports a
+//!   refusal only at the next flush, by which time the write is dropped and nothing
+//!   says which one it was: a full pool could then only latch the pool (a failed
+//!   flush), never answer the one write with no-space. The price is speed: each
+//!   write waits for the OSDs (docs/benchmarks.md, "RBD: fewerbytes with librbd's
+//!   cache off and on").
 //! - `flush` is `rbd_flush`: its result, and only its result, says the writes that
-//!   returned before it are on the OSDs. A client cut off from the cluster (its lock
-//!   broken, its address blocklisted) can have writes acknowledged by the cache that
-//!   never land; its flush fails, and the engine latches on a failed flush.
+//!   returned before it are on the OSDs (with the cache off they already are).
 //! - `discard` is `rbd_discard` of the whole 4 KiB pages of the range (librbd frees
 //!   whole objects, and zeroes or skips partial ones: both are allowed).
 //! - `len_bytes` is the image's size at open or at the last `refresh_len`
@@ -16,8 +20,22 @@
 //!   ([`StorageError::Shrunk`]), as for a file.
 //! - errors are librbd's negative errno values: `ENOSPC`/`EDQUOT` on a write or a
 //!   discard are [`StorageError::NoSpace`], everything else [`StorageError::Io`].
-//!   A full cluster pauses writes by default rather than failing them (the OSDs'
-//!   full flag); a pool quota set with `ceph osd pool set-quota` does the same.
+//!
+//! A full pool fails writes instead of holding them. By default a librados client
+//! holds every write to a pool flagged full (an OSD past `mon_osd_full_ratio`, or the
+//! pool past a quota, `ceph osd pool set-quota`) until the flag is cleared: each
+//! librbd call waits, with no timeout, and so does an open (it writes the image's
+//! header). This handle's I/O context is made *full-try*
+//! (`rados_set_pool_full_try`, which librbd 16 carries into the contexts it makes for
+//! the image): its writes are sent to a full pool all the same, and the OSD answers
+//! one that would add bytes or objects with `EDQUOT` (a quota) or `ENOSPC` (a full
+//! OSD), which is [`StorageError::NoSpace`]; overwrites within an object's size,
+//! reads, discards and flushes go on. Once the flag is cleared (quota raised, data
+//! removed) the same writes succeed. Not covered: an OSD that really runs out of
+//! space (past `osd_failsafe_full_ratio`, which the mon's full flag is there to keep
+//! it from) drops writes or stops, and its clients wait for it as for any OSD that
+//! is down; librados has only a timeout for that (`rados_osd_op_timeout`), left
+//! unset, since it would fail the I/O of a briefly slow cluster too.
 //!
 //! Threads: the engine reads and writes from several threads on one handle. librbd
 //! serves concurrent calls on one `rbd_image_t` (its `ImageCtx` takes its own locks;
@@ -293,6 +311,10 @@ impl RbdStorage {
         if r < 0 {
             return Err(open_error("bad CEPH_ARGS".into(), r.into()));
         }
+        // Each write's own result must say whether it landed (see the module's
+        // comment): no write-back cache, whatever ceph.conf or CEPH_ARGS say.
+        set_conf(lib, h.rados, "rbd_cache", "false")
+            .map_err(|r| open_error("rbd_cache".into(), r))?;
         if options.take_over.is_some() && !read_only {
             // A take-over blocklists the old holder itself (`Owning::take`), with the
             // expiry asked for: librbd's own blocklist on a lock break sends an
@@ -324,6 +346,11 @@ impl RbdStorage {
             h.ioctx = std::ptr::null_mut();
             return Err(open_error(format!("no pool {pool}"), r.into()));
         }
+        // SAFETY: a valid ioctx, made above and not yet shared. A full pool then
+        // answers this handle's writes with ENOSPC/EDQUOT instead of holding them
+        // (the module's comment); librbd copies the flag into the I/O contexts it
+        // makes from this one at `rbd_open`.
+        unsafe { (lib.rados_set_pool_full_try)(h.ioctx) };
 
         let key = (fsid, pool.to_string(), image.to_string());
         if !read_only {
@@ -523,8 +550,7 @@ impl Storage for RbdStorage {
         let mut at = offset_bytes;
         for piece in buf.chunks(CALL_BYTES_MAX) {
             // SAFETY: an open image; `piece` is valid for reads of its length for
-            // the whole call (librbd copies it before returning, also into its
-            // cache).
+            // the whole (synchronous) call.
             let r = unsafe {
                 (self.lib.rbd_write2)(
                     self.image,
@@ -661,9 +687,8 @@ impl Drop for RbdStorage {
         drop(self.watch.take());
         // SAFETY: the handles were made in `open` and are released once, here, in
         // reverse order; `&mut self` means no call on them is in flight, and the
-        // watch's thread has ended. rbd_close writes back librbd's cache (what a
-        // caller did not flush may still land; nothing relies on it) and releases
-        // the image's lock.
+        // watch's thread has ended. rbd_close releases the image's lock (the cache
+        // is off: there is nothing to write back).
         unsafe {
             (self.lib.rbd_close)(self.image);
             (self.lib.rados_ioctx_destroy)(self.ioctx);

@@ -72,6 +72,7 @@ library! {
     rados rados_blocklist_add: fn(Rados, *mut c_char, u32) -> c_int;
     rados rados_ioctx_create: fn(Rados, *const c_char, *mut Ioctx) -> c_int;
     rados rados_ioctx_destroy: fn(Ioctx);
+    rados rados_set_pool_full_try: fn(Ioctx);
     rbd rbd_open: fn(Ioctx, *const c_char, *mut Image, *const c_char) -> c_int;
     rbd rbd_open_read_only: fn(Ioctx, *const c_char, *mut Image, *const c_char) -> c_int;
     rbd rbd_close: fn(Image) -> c_int;

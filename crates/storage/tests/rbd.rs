@@ -6,7 +6,8 @@
 //! holds the image's exclusive lock and keeps it from another writer; an image that
 //! cannot be locked is refused, naming the `rbd` command that fixes it; and an owner
 //! the cluster blocklisted is told so while idle, and finds its writes and flushes
-//! fenced, with nothing landed.
+//! fenced, with nothing landed. A full Ceph pool refuses new writes with the no-space
+//! error (never holds them) and takes them again once space is back.
 
 mod ceph;
 use ceph::*;
@@ -353,4 +354,67 @@ fn a_blocklisted_owner_finds_its_writes_fenced_and_nothing_lands() {
     assert!(first.to_string().contains("fenced"), "{first}");
     drop(dev);
     assert!(read(&open_read_only(&image), 0, before.len()) == before);
+}
+
+/// What a full Ceph pool does to a writer: this test's own pool, filled by a quota set
+/// below what it holds. librbd's default is to hold every write (and an open) until
+/// the pool has room again, with no timeout; an `RbdStorage` gets the no-space error
+/// instead, from the write itself, and keeps reading, flushing and opening.
+#[test]
+fn a_full_pool_refuses_new_writes_with_no_space_and_takes_them_once_space_is_back() {
+    let pool = new_pool("full-storage");
+    // Sparse: 1,024 objects of 4 MiB, each a new object to write into.
+    let image = new_image_in(&pool, "full", 4096);
+    let conf = &cluster().conf;
+    let open_full = || RbdStorage::open(&pool, &image, None, None, Some(conf)).expect("open");
+    let dev = open_full();
+    let flushed = pattern(31, 4 * MIB as usize);
+    dev.write_at(&flushed, 0).expect("write object 0");
+    dev.flush().expect("flush");
+    set_quota_bytes(&pool, MIB);
+    wait_pool_full(&pool, true);
+
+    let limit = std::time::Duration::from_secs(120);
+    let guard = watchdog("a librbd call on a full pool", limit);
+    // The OSD may act on the map that flags the pool full a while after the
+    // monitors show it (a loaded machine): a write into a new object is refused from
+    // then on. One new object every 50 ms, for up to 1,000 of them.
+    let refused = (1..1024u64).find_map(|object| {
+        let written = dev.write_at(&pattern(40 + object, 4096), object * 4 * MIB);
+        if written.is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        written.err().map(|e| (object, e))
+    });
+    let (object, err) =
+        refused.expect("1,023 writes into new objects of a full pool all succeeded");
+    assert!(err.is_no_space(), "not reported as no space: {err}");
+    assert!(err.to_string().contains("found no space"), "{err}");
+    // Rewriting bytes an object already holds adds nothing: allowed while full.
+    let rewritten = pattern(32, 4096);
+    dev.write_at(&rewritten, 8192)
+        .expect("an overwrite inside object 0");
+    dev.flush().expect("a flush on a full pool");
+    let mut expected = flushed.clone();
+    expected[8192..8192 + 4096].copy_from_slice(&rewritten);
+    assert!(read(&dev, 0, expected.len()) == expected);
+    // Opening takes the image's lock, a write to its header: also not held.
+    drop(dev);
+    let dev = open_full();
+    assert!(
+        read(&dev, 0, expected.len()) == expected,
+        "lost by a reopen"
+    );
+    drop(guard);
+
+    set_quota_bytes(&pool, 0);
+    wait_pool_full(&pool, false);
+    let guard = watchdog("a librbd call once space is back", limit);
+    let late = pattern(50, 4096);
+    dev.write_at(&late, object * 4 * MIB)
+        .expect("the refused write succeeds once space is back");
+    dev.flush().expect("flush");
+    assert!(read(&dev, object * 4 * MIB, late.len()) == late);
+    assert!(read(&dev, 0, expected.len()) == expected);
+    drop(guard);
 }
