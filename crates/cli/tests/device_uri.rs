@@ -520,7 +520,11 @@ fn a_pool_on_an_rbd_image_grows_after_rbd_resize_served_and_offline() {
     );
     assert_eq!(report["untaken_bytes"].as_u64(), Some(0), "{report}");
     let info = json(&["--pool", &name, "pool", "info", "--json"]);
-    assert_eq!(info["data_device_bytes"].as_u64(), Some(512 * MIB), "{info}");
+    assert_eq!(
+        info["data_device_bytes"].as_u64(),
+        Some(512 * MIB),
+        "{info}"
+    );
     assert_eq!(data_bytes(&info), data_bytes(&report), "{info}");
 
     // Served again: both volumes read back whole, and the pool keeps its size.
