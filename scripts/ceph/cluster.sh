@@ -7,6 +7,8 @@
 #   scripts/ceph/cluster.sh env [DIR]     # CEPH_CONF=... and the pool's name, for `eval`
 #   scripts/ceph/cluster.sh stop [DIR]    # kill the daemons and remove DIR
 #
+# FEWERBYTES_CEPH_OSD_SIZE: the OSD's sparse file, in bytes (default 4294967296, 4 GiB).
+#
 # Needs Debian's ceph-mon ceph-mgr ceph-osd ceph-common (Ceph 16.2 on Debian 12).
 # Starts in a few seconds, in about 250 MiB. The mon listens on a free port picked at
 # start, so several clusters (one per test binary) can run side by side.
@@ -119,7 +121,7 @@ bluestore cache size = 67108864
 osd objectstore = bluestore
 bluestore block path = $dir/osd/block-0
 bluestore block create = true
-bluestore block size = 4294967296
+bluestore block size = ${FEWERBYTES_CEPH_OSD_SIZE:-4294967296}
 bluestore block db create = false
 bluestore block wal create = false
 mgr initial modules =

@@ -457,8 +457,7 @@ fn a_pool_on_an_rbd_image_grows_after_rbd_resize_served_and_offline() {
             .unwrap_or_else(|| panic!("no data_bytes in {v}"))
     };
 
-    // --max-size sizes the page store for the image's later size.
-    cli_ok(&env, &["pool", "create", &name, "--max-size", "512M"]);
+    cli_ok(&env, &["pool", "create", &name]);
     cli_ok(
         &env,
         &[
