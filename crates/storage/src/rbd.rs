@@ -7,7 +7,7 @@
 //!   visible to this handle's later reads, like an unflushed write to a file.
 //!   With the cache on (librbd's default), a synchronous write returns once in the
 //!   cache, which writes back with many requests in flight: the engine's threads
-//!   need no deeper queue (docs/benchmarks.md, "RBD: ops in flight").
+//!   need no deeper queue (docs/benchmarks.md, "RBD: queue depth").
 //! - `write_batch` is `rbd_aio_write2`, up to [`AIO_IN_FLIGHT_MAX`] in flight
 //!   (`rbd_aio.rs`): what a checkpoint writes, which with the cache off would
 //!   otherwise wait one round trip per page.
