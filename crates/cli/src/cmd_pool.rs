@@ -24,7 +24,8 @@ pub enum PoolCommand {
         json: bool,
     },
     /// Take the space the pool's device gained (`truncate -s` of a file, `losetup -c`
-    /// of a loop device, `lvextend`) into the data region; while served too.
+    /// of a loop device, `lvextend`, `rbd resize` of an RBD image) into the data
+    /// region; while served too.
     Grow {
         /// Print what was done as JSON.
         #[arg(long)]

@@ -108,10 +108,16 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
         ),
         "pool grow" => (
             PLAIN,
-            &[(
-                "Grow a pool file, then let the pool take the new space:",
-                "truncate -s 128G vms.pool\nfewerbytes --pool vms.pool pool grow",
-            )],
+            &[
+                (
+                    "Grow a pool file, then let the pool take the new space:",
+                    "truncate -s 128G vms.pool\nfewerbytes --pool vms.pool pool grow",
+                ),
+                (
+                    "Grow a pool's Ceph RBD image (served or not), then the pool:",
+                    "rbd resize --size 200G vms/pool0\nfewerbytes --pool rbd:vms/pool0 pool grow",
+                ),
+            ],
         ),
         "pool set" => (
             PLAIN,

@@ -6,8 +6,9 @@
 //! existing image (a larger --size refused, naming `rbd resize`), served with its
 //! control socket in the run directory and its saved index in the state directory,
 //! written with qemu-img, stopped, served again, every byte read back, managed through
-//! the control socket, and checked clean; and a pool whose metadata device is a second
-//! image, found again through the data image's label.
+//! the control socket, and checked clean; a pool whose metadata device is a second
+//! image, found again through the data image's label; and a pool that takes the
+//! space of its image grown with `rbd resize` (`pool grow`, served and offline).
 
 mod common;
 
@@ -420,6 +421,119 @@ fn a_pool_with_its_metadata_on_a_second_rbd_image_opens_by_its_label() {
     );
     assert_eq!(volume_names(&env, &data), ["disk0"]);
     let check = cli_ok(&env, &["--pool", &data, "check"]);
+    assert!(
+        check.stdout.contains("No problems found"),
+        "{}",
+        check.report()
+    );
+}
+
+/// `pool grow` of a pool on an RBD image after `rbd resize`: while served (through the
+/// control socket) and offline. The new capacity shows in `stats` and `pool info`; a
+/// volume the old data region could not hold is written while served, and what was
+/// written before and after the grow reads back from the pool served again.
+#[test]
+fn a_pool_on_an_rbd_image_grows_after_rbd_resize_served_and_offline() {
+    const MIB: u64 = 1 << 20;
+    let cluster = ceph::cluster();
+    let image = ceph::new_image("grow", 128);
+    let name = format!("rbd:{}/{image}", ceph::POOL);
+    let spec = format!("{}/{image}", ceph::POOL);
+    let dir = TempDir::new("device-uri-rbd-grow");
+    let run_dir = dir.join("run");
+    let env: Env = vec![
+        ("CEPH_CONF", cluster.conf.clone().into_os_string()),
+        ("FEWERBYTES_RUN_DIR", run_dir.clone().into_os_string()),
+        ("FEWERBYTES_STATE_DIR", dir.join("state").into_os_string()),
+    ];
+    let json = |args: &[&str]| -> serde_json::Value {
+        let ran = cli_ok(&env, args);
+        serde_json::from_str(&ran.stdout)
+            .unwrap_or_else(|e| panic!("{args:?} is not JSON ({e}):\n{}", ran.report()))
+    };
+    let data_bytes = |v: &serde_json::Value| {
+        v["data_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no data_bytes in {v}"))
+    };
+
+    cli_ok(&env, &["pool", "create", &name]);
+    cli_ok(
+        &env,
+        &[
+            "--pool", &name, "volume", "create", "disk0", "--size", "32M",
+        ],
+    );
+    let id = json(&["--pool", &name, "pool", "info", "--json"])["id"]
+        .as_str()
+        .expect("pool info has an id")
+        .to_string();
+    let socket = dir.join("nbd.sock");
+    let control = run_dir.join(format!("{id}.ctl"));
+    let log = dir.join("serve.log");
+    let early = test_image(dir.path(), 3);
+    let server = Serving::start(&env, &name, &socket, &control, &log);
+    write_volume(&socket, "disk0", &early);
+    let before = json(&["--pool", &name, "stats", "--json"]);
+    assert!(
+        data_bytes(&before) < 128 * MIB,
+        "the data region fits the image: {before}"
+    );
+    let big = ["--pool", &name, "volume", "create", "big", "--size", "160M"];
+    let ran = cli_fails(&env, &big);
+    assert!(ran.stderr.contains("big"), "{}", ran.report());
+
+    // Served: the image grows under the server, which takes it on `pool grow`.
+    ceph::rbd(&["resize", "--no-progress", "--size", "384M", &spec]);
+    let grown = cli_ok(&env, &["--pool", &name, "pool", "grow"]);
+    assert!(grown.stdout.contains("grown"), "{}", grown.report());
+    let after = json(&["--pool", &name, "stats", "--json"]);
+    assert!(
+        data_bytes(&after) > data_bytes(&before) + 200 * MIB,
+        "data region {} before, {} after",
+        data_bytes(&before),
+        data_bytes(&after)
+    );
+    // 160 MiB of random bytes, more than the whole old data region: some land in the
+    // new space.
+    cli_ok(&env, &big);
+    let late = dir.join("late.raw");
+    let mut bytes = vec![0u8; (160 * MIB) as usize];
+    common::data::Rng::new(47).fill(&mut bytes);
+    std::fs::write(&late, &bytes).expect("write late.raw");
+    drop(bytes);
+    write_volume(&socket, "big", &late);
+    server.stop();
+
+    // Offline: the image grows again, and `pool grow` opens the pool itself.
+    ceph::rbd(&["resize", "--no-progress", "--size", "512M", &spec]);
+    let report = json(&["--pool", &name, "pool", "grow", "--json"]);
+    assert_eq!(
+        report["old_data_bytes"].as_u64(),
+        Some(data_bytes(&after)),
+        "{report}"
+    );
+    assert!(
+        data_bytes(&report) > data_bytes(&after) + 100 * MIB,
+        "{report}"
+    );
+    assert_eq!(report["untaken_bytes"].as_u64(), Some(0), "{report}");
+    let info = json(&["--pool", &name, "pool", "info", "--json"]);
+    assert_eq!(
+        info["data_device_bytes"].as_u64(),
+        Some(512 * MIB),
+        "{info}"
+    );
+    assert_eq!(data_bytes(&info), data_bytes(&report), "{info}");
+
+    // Served again: both volumes read back whole, and the pool keeps its size.
+    let server = Serving::start(&env, &name, &socket, &control, &log);
+    assert_volume_is(&socket, "disk0", &early);
+    assert_volume_is(&socket, "big", &late);
+    let stats = json(&["--pool", &name, "stats", "--json"]);
+    assert_eq!(data_bytes(&stats), data_bytes(&report), "{stats}");
+    server.stop();
+    let check = cli_ok(&env, &["--pool", &name, "check"]);
     assert!(
         check.stdout.contains("No problems found"),
         "{}",

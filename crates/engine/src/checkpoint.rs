@@ -735,21 +735,35 @@ fn write_snapshot(inner: &Inner, snap: &Snapshot) -> Result<()> {
     inner.devices.check_io(r)?;
     let mut sorted: Vec<&Encoded> = snap.pages.iter().collect();
     sorted.sort_by_key(|p| p.address);
-    let mut in_data_region = false;
-    for page in sorted {
-        let (device, at) = match address_block(page.address) {
+    // Each page has its own block: the writes of one device go out as one batch,
+    // which a device may keep in flight at once (an RBD image does). The page
+    // store's first, then the data region's (bit 63): the order of the addresses.
+    let mut to_data: Vec<(u64, &[u8])> = Vec::new();
+    let mut to_meta: Vec<(u64, &[u8])> = Vec::with_capacity(sorted.len());
+    for page in &sorted {
+        match address_block(page.address) {
             Some(pbn) => {
-                in_data_region = true;
                 let at = inner.geometry.data_offset_bytes() + pbn * BLOCK_BYTES as u64;
-                (inner.devices.data(), at)
+                to_data.push((at, &page.bytes[..]));
             }
             None => {
                 let block = inner.geometry.pages_start_block() + page.address;
-                (inner.devices.meta(), block * BLOCK_BYTES as u64)
+                to_meta.push((block * BLOCK_BYTES as u64, &page.bytes[..]));
             }
-        };
-        let r = device.write_at(&page.bytes[..], at);
+        }
+    }
+    let in_data_region = !to_data.is_empty();
+    for (device, writes) in [
+        (inner.devices.meta(), &to_meta),
+        (inner.devices.data(), &to_data),
+    ] {
+        if writes.is_empty() {
+            continue;
+        }
+        let r = device.write_batch(writes);
         inner.devices.check_io(r)?;
+    }
+    for page in &sorted {
         inner.checkpointer.written().count_page(page.kind);
     }
     // One device: the flush below covers both regions.

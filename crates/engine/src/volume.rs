@@ -567,7 +567,24 @@ pub(crate) fn changed_runs(
         {
             (true, ((lbn + 1) * BLOCK).min(end))
         } else if pages.get(p).is_none() && (lbn >= old_blocks || old_pages.get(p).is_none()) {
-            (false, ((p + 1) * ENTRIES_PER_PAGE * BLOCK).min(end))
+            // Zeros on both sides up to the next page either holds, or the next
+            // damaged range: a jump, so the work follows the pages written.
+            let next_page = [pages.next_in_memory(p + 1), old_pages.next_in_memory(p + 1)]
+                .into_iter()
+                .flatten()
+                .min();
+            let mut to = next_page.map_or(end, |q| (q * ENTRIES_PER_PAGE * BLOCK).min(end));
+            let to_lbn = to.div_ceil(BLOCK);
+            let damage = [
+                vol.damage_in(lbn, to_lbn)
+                    .map(|d| d.lbns(vol.size_blocks()).start),
+                old.damage_in(lbn, to_lbn.min(old_blocks))
+                    .map(|d| d.lbns(old_blocks).start),
+            ];
+            for first in damage.into_iter().flatten() {
+                to = to.min(first.max(lbn + 1) * BLOCK);
+            }
+            (false, to)
         } else {
             let was = if lbn < old_blocks {
                 old.get(lbn)

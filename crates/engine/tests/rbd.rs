@@ -190,17 +190,25 @@ fn read_block(vol: &Volume, lbn: u64) -> Vec<u8> {
 
 /// What the NBD client of a pool on a full Ceph pool sees: the pool's Ceph pool
 /// (one of this test's own) is filled by a quota below what it holds. librbd's
-/// default would hold every write and flush until the pool had room; here a write
-/// fails with the no-space error (ENOSPC over NBD), the pool stays writable (not
-/// latched), every flushed block reads back, and once the quota is lifted the
-/// refused write succeeds without a reopen, as on a full file system.
+/// default would hold every write and flush until the pool had room; here, with
+/// librbd's cache off (`DeviceOptions::write_through`), a write fails with the
+/// no-space error (ENOSPC over NBD), the pool stays writable (not latched), every
+/// flushed block reads back, and once the quota is lifted the refused write succeeds
+/// without a reopen, as on a full file system.
 #[test]
 fn a_full_ceph_pool_refuses_writes_with_no_space_and_takes_them_once_space_is_back() {
     let ceph_pool = new_pool("full-engine");
     let image = new_image_in(&ceph_pool, "pool", 256);
     let conf = &cluster().conf;
+    let write_through = DeviceOptions {
+        write_through: true,
+        ..DeviceOptions::default()
+    };
     let open_device = || -> Arc<dyn Storage> {
-        Arc::from(open_rbd(&ceph_pool, &image, None, None, Some(conf)).expect("open the image"))
+        Arc::new(
+            RbdStorage::open_with(&ceph_pool, &image, None, None, Some(conf), &write_through)
+                .expect("open the image"),
+        )
     };
     Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
     let options = OpenOptions {
@@ -272,4 +280,85 @@ fn a_full_ceph_pool_refuses_writes_with_no_space_and_takes_them_once_space_is_ba
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     drop(vol);
     pool.close().expect("close");
+}
+
+/// The same with librbd's cache on (its default, which fewerbytes keeps): a write is
+/// acknowledged by the cache, and the OSD's refusal comes back from the next flush,
+/// which fails: the pool latches read-only rather than hold anything. Every block
+/// flushed before reads back, then and after a reopen once the quota is lifted.
+#[test]
+fn with_the_cache_on_a_full_ceph_pool_fails_a_flush_and_loses_no_flushed_block() {
+    let ceph_pool = new_pool("full-cached");
+    let image = new_image_in(&ceph_pool, "pool", 256);
+    let conf = &cluster().conf;
+    let open_device = || -> Arc<dyn Storage> {
+        Arc::from(open_rbd(&ceph_pool, &image, None, None, Some(conf)).expect("open the image"))
+    };
+    Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
+    let options = OpenOptions {
+        threads: Some(2),
+        ..OpenOptions::default()
+    };
+    let pool = Pool::open_devices(open_device(), None, &options).expect("open the pool");
+    pool.create_volume("vm", 64 * MIB).expect("create volume");
+    let vol = pool.open_volume("vm").expect("open volume");
+    let mut flushed = 256u64;
+    for lbn in 0..flushed {
+        vol.write(lbn * BLOCK as u64, &noise(lbn), false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+    set_quota_bytes(&ceph_pool, MIB);
+    wait_pool_full(&ceph_pool, true);
+
+    let limit = std::time::Duration::from_secs(120);
+    let guard = watchdog("the engine's I/O on a full Ceph pool, cache on", limit);
+    // Steps of 64 new blocks, each flushed, until one is refused (the OSD may act on
+    // the full flag a while after the monitors show it).
+    let refused = loop {
+        assert!(
+            flushed < 256 + 8192,
+            "32 MiB written and flushed to a full Ceph pool without a refusal"
+        );
+        let step = (flushed..flushed + 64)
+            .try_for_each(|lbn| vol.write(lbn * BLOCK as u64, &noise(lbn), false))
+            .and_then(|()| vol.flush());
+        match step {
+            Ok(()) => flushed += 64,
+            Err(e) => break e,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    eprintln!("after {flushed} blocks flushed: {refused}");
+    assert!(
+        refused.is_no_space() || pool.stats().mode != Mode::Normal,
+        "refused, but neither for want of space nor latched: {refused}"
+    );
+    for lbn in 0..flushed {
+        assert!(read_block(&vol, lbn) == noise(lbn), "block {lbn}");
+    }
+    drop(vol);
+    // A latched pool closes without its final checkpoint; either way, not held.
+    let _ = pool.close();
+    drop(guard);
+
+    set_quota_bytes(&ceph_pool, 0);
+    wait_pool_full(&ceph_pool, false);
+    let guard = watchdog("the engine's reopen once space is back, cache on", limit);
+    let pool = Pool::open_devices(open_device(), None, &options).expect("reopen");
+    let vol = pool.open_volume("vm").expect("open volume");
+    for lbn in 0..flushed {
+        assert!(
+            read_block(&vol, lbn) == noise(lbn),
+            "block {lbn} after a reopen"
+        );
+    }
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    vol.write(flushed * BLOCK as u64, &noise(flushed), false)
+        .expect("a write once space is back");
+    vol.flush().expect("flush");
+    drop(vol);
+    pool.close().expect("close");
+    drop(guard);
 }

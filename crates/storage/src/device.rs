@@ -62,6 +62,12 @@ pub struct DeviceOptions {
     /// and kept until close (see `rbd.rs`: another client that holds it is named in
     /// the refusal).
     pub read_only: bool,
+    /// An RBD image with librbd's write-back cache off (`rbd_cache = false` over
+    /// ceph.conf): each write returns once the OSDs have it, or with its own error,
+    /// so a full Ceph pool refuses the one write with no space and the pool stays
+    /// writable, where with the cache on (the default) the refusal comes at the next
+    /// flush and latches the pool. Much slower writes (`rbd.rs`). No effect on a file.
+    pub write_through: bool,
 }
 
 /// How a take-over fences the old holder ([`DeviceOptions::take_over`]).

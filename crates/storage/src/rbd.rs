@@ -2,17 +2,19 @@
 //! see `rbd_lib`).
 //!
 //! How the [`Storage`] contract maps onto librbd:
-//! - `read_at`/`write_at` are `rbd_read2`/`rbd_write2` (synchronous), with librbd's
-//!   cache off (`rbd_cache = false`, set on the handle over any ceph.conf): a write
-//!   returns once the OSDs have it, or with the error that kept it from them. With
-//!   the cache on, librbd acknowledges a write before sending it and reports a
-//!   refusal only at the next flush, by which time the write is dropped and nothing
-//!   says which one it was: a full pool could then only latch the pool (a failed
-//!   flush), never answer the one write with no-space. The price is speed: each
-//!   write waits for the OSDs (docs/benchmarks.md, "RBD: fewerbytes with librbd's
-//!   cache off and on").
+//! - `read_at`/`write_at` are `rbd_read2`/`rbd_write2` (synchronous). librbd's
+//!   cache may acknowledge a write it has not sent to the OSDs; such a write is
+//!   visible to this handle's later reads, like an unflushed write to a file.
+//!   With the cache on (librbd's default), a synchronous write returns once in the
+//!   cache, which writes back with many requests in flight: the engine's threads
+//!   need no deeper queue (docs/benchmarks.md, "RBD: queue depth").
+//! - `write_batch` is `rbd_aio_write2`, up to [`AIO_IN_FLIGHT_MAX`] in flight
+//!   (`rbd_aio.rs`): what a checkpoint writes, which with the cache off would
+//!   otherwise wait one round trip per page.
 //! - `flush` is `rbd_flush`: its result, and only its result, says the writes that
-//!   returned before it are on the OSDs (with the cache off they already are).
+//!   returned before it are on the OSDs. A client cut off from the cluster (its lock
+//!   broken, its address blocklisted) can have writes acknowledged by the cache that
+//!   never land; its flush fails, and the engine latches on a failed flush.
 //! - `discard` is `rbd_discard` of the whole 4 KiB pages of the range (librbd frees
 //!   whole objects, and zeroes or skips partial ones: both are allowed).
 //! - `len_bytes` is the image's size at open or at the last `refresh_len`
@@ -29,13 +31,24 @@
 //! (`rados_set_pool_full_try`, which librbd 16 carries into the contexts it makes for
 //! the image): its writes are sent to a full pool all the same, and the OSD answers
 //! one that would add bytes or objects with `EDQUOT` (a quota) or `ENOSPC` (a full
-//! OSD), which is [`StorageError::NoSpace`]; overwrites within an object's size,
-//! reads, discards and flushes go on. Once the flag is cleared (quota raised, data
-//! removed) the same writes succeed. Not covered: an OSD that really runs out of
-//! space (past `osd_failsafe_full_ratio`, which the mon's full flag is there to keep
-//! it from) drops writes or stops, and its clients wait for it as for any OSD that
-//! is down; librados has only a timeout for that (`rados_osd_op_timeout`), left
-//! unset, since it would fail the I/O of a briefly slow cluster too.
+//! OSD); overwrites within an object's size, reads, discards and flushes go on. Who
+//! hears the refusal depends on librbd's cache:
+//! - on (librbd's default, and what fewerbytes leaves it at): the write was
+//!   acknowledged by the cache, and the refusal comes back from the next flush, which
+//!   fails: the engine latches the pool read-only (every write flushed before stays;
+//!   those since are lost, as in a crash), and a restart once there is room serves
+//!   again;
+//! - off (`rbd cache = false` in ceph.conf, or [`DeviceOptions::write_through`]): the
+//!   write itself fails with [`StorageError::NoSpace`], the pool stays writable and
+//!   takes the write once there is room, at a large price in write speed (each write
+//!   waits for the OSDs: docs/benchmarks.md, "RBD: fewerbytes with librbd's cache off
+//!   and on").
+//!
+//! Either way nothing is held. Not covered: an OSD that really runs out of space
+//! (past `osd_failsafe_full_ratio`, which the mon's full flag is there to keep it
+//! from) drops writes or stops, and its clients wait for it as for any OSD that is
+//! down; librados has only a timeout for that (`rados_osd_op_timeout`), left unset,
+//! since it would fail the I/O of a briefly slow cluster too.
 //!
 //! Threads: the engine reads and writes from several threads on one handle. librbd
 //! serves concurrent calls on one `rbd_image_t` (its `ImageCtx` takes its own locks;
@@ -60,15 +73,16 @@
 //! this process a second read-write open of the same image (same cluster fsid,
 //! pool and name) is refused with [`StorageError::Locked`].
 
+use crate::rbd_aio::{InFlight, AIO_IN_FLIGHT_MAX};
 use crate::rbd_lib::{self, errno_error, Image, Ioctx, Lib, Rados};
 use crate::rbd_lock::Owning;
 use crate::rbd_watch::OwnerWatch;
 use crate::{
-    check_bounds, discard_pages, DeviceOptions, DiscardOutcome, FencedListener, IoCounters, IoOp,
-    LockHolder, Storage, StorageError,
+    check_batch_bounds, check_bounds, discard_pages, DeviceOptions, DiscardOutcome, FencedListener,
+    IoCounters, IoOp, LockHolder, Storage, StorageError,
 };
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{c_char, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -311,10 +325,12 @@ impl RbdStorage {
         if r < 0 {
             return Err(open_error("bad CEPH_ARGS".into(), r.into()));
         }
-        // Each write's own result must say whether it landed (see the module's
-        // comment): no write-back cache, whatever ceph.conf or CEPH_ARGS say.
-        set_conf(lib, h.rados, "rbd_cache", "false")
-            .map_err(|r| open_error("rbd_cache".into(), r))?;
+        if options.write_through {
+            // Each write's own result says whether it landed (the module's
+            // comment), whatever ceph.conf or CEPH_ARGS say.
+            set_conf(lib, h.rados, "rbd_cache", "false")
+                .map_err(|r| open_error("rbd_cache".into(), r))?;
+        }
         if options.take_over.is_some() && !read_only {
             // A take-over blocklists the old holder itself (`Owning::take`), with the
             // expiry asked for: librbd's own blocklist on a lock break sends an
@@ -477,6 +493,27 @@ impl RbdStorage {
         self.refresh_len()
     }
 
+    /// The error of a write of `len_bytes` at `offset_bytes` whose librbd result is
+    /// `r`: none for a success (the length written, or 0 from an aio write).
+    fn write_result(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+        r: isize,
+    ) -> Result<(), StorageError> {
+        if r < 0 {
+            return Err(write_error(
+                &self.name,
+                self.owner,
+                IoOp::Write,
+                offset_bytes,
+                len_bytes as u64,
+                r as i64,
+            ));
+        }
+        Ok(())
+    }
+
     fn size_now(&self) -> Result<u64, StorageError> {
         let mut len = 0u64;
         // SAFETY: an open image and a valid out-pointer.
@@ -550,7 +587,8 @@ impl Storage for RbdStorage {
         let mut at = offset_bytes;
         for piece in buf.chunks(CALL_BYTES_MAX) {
             // SAFETY: an open image; `piece` is valid for reads of its length for
-            // the whole (synchronous) call.
+            // the whole call (librbd copies it before returning, also into its
+            // cache).
             let r = unsafe {
                 (self.lib.rbd_write2)(
                     self.image,
@@ -586,6 +624,50 @@ impl Storage for RbdStorage {
             at += piece.len() as u64;
         }
         self.counters.count_write(buf.len());
+        Ok(())
+    }
+
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Result<(), StorageError> {
+        check_batch_bounds(&self.name, writes, self.len_bytes())?;
+        // Oldest first: when full, the oldest is waited for before the next goes out.
+        let mut in_flight: VecDeque<(InFlight<'_>, u64, usize)> =
+            VecDeque::with_capacity(AIO_IN_FLIGHT_MAX);
+        let mut failed = None;
+        'submit: for &(offset_bytes, bytes) in writes {
+            let mut at = offset_bytes;
+            for piece in bytes.chunks(CALL_BYTES_MAX) {
+                if in_flight.len() >= AIO_IN_FLIGHT_MAX {
+                    if let Some((mut request, done_at, len)) = in_flight.pop_front() {
+                        if let Err(e) = self.write_result(done_at, len, request.wait()) {
+                            failed = Some(e);
+                            break 'submit;
+                        }
+                    }
+                }
+                match InFlight::write(self.lib, self.image, piece, at) {
+                    Ok(request) => in_flight.push_back((request, at, piece.len())),
+                    Err(r) => {
+                        failed = self.write_result(at, piece.len(), r as isize).err();
+                        break 'submit;
+                    }
+                }
+                at += piece.len() as u64;
+            }
+        }
+        // Every request submitted is waited for (and its completion released) before
+        // the bytes it borrows go back to the caller, also after an error.
+        for (mut request, at, len) in in_flight {
+            let r = self.write_result(at, len, request.wait());
+            if failed.is_none() {
+                failed = r.err();
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for (_, bytes) in writes {
+            self.counters.count_write(bytes.len());
+        }
         Ok(())
     }
 
@@ -687,8 +769,9 @@ impl Drop for RbdStorage {
         drop(self.watch.take());
         // SAFETY: the handles were made in `open` and are released once, here, in
         // reverse order; `&mut self` means no call on them is in flight, and the
-        // watch's thread has ended. rbd_close releases the image's lock (the cache
-        // is off: there is nothing to write back).
+        // watch's thread has ended. rbd_close writes back librbd's cache (what a
+        // caller did not flush may still land; nothing relies on it) and releases
+        // the image's lock.
         unsafe {
             (self.lib.rbd_close)(self.image);
             (self.lib.rados_ioctx_destroy)(self.ioctx);

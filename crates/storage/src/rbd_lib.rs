@@ -17,6 +17,12 @@ pub(crate) type Ioctx = *mut c_void;
 /// `rbd_image_t`: an open image.
 pub(crate) type Image = *mut c_void;
 
+/// `rbd_completion_t`: the completion of one asynchronous request (`rbd_aio_*`).
+pub(crate) type Completion = *mut c_void;
+/// `rbd_callback_t`: called by librbd, on one of its threads, when a request whose
+/// completion it was given at creation has completed.
+pub(crate) type CompletionCallback = unsafe extern "C" fn(Completion, *mut c_void);
+
 /// `rbd_update_callback_t`: called by librbd, on one of its threads, when the
 /// image's header may have changed.
 pub(crate) type UpdateCallback = unsafe extern "C" fn(*mut c_void);
@@ -79,6 +85,11 @@ library! {
     rbd rbd_read2: fn(Image, u64, usize, *mut c_char, c_int) -> isize;
     rbd rbd_write2: fn(Image, u64, usize, *const c_char, c_int) -> isize;
     rbd rbd_flush: fn(Image) -> c_int;
+    rbd rbd_aio_create_completion: fn(*mut c_void, CompletionCallback, *mut Completion) -> c_int;
+    rbd rbd_aio_write2: fn(Image, u64, usize, *const c_char, Completion, c_int) -> c_int;
+    rbd rbd_aio_wait_for_complete: fn(Completion) -> c_int;
+    rbd rbd_aio_get_return_value: fn(Completion) -> isize;
+    rbd rbd_aio_release: fn(Completion);
     rbd rbd_discard: fn(Image, u64, u64) -> c_int;
     rbd rbd_get_size: fn(Image, *mut u64) -> c_int;
     rbd rbd_get_features: fn(Image, *mut u64) -> c_int;

@@ -6,8 +6,11 @@
 //! holds the image's exclusive lock and keeps it from another writer; an image that
 //! cannot be locked is refused, naming the `rbd` command that fixes it; and an owner
 //! the cluster blocklisted is told so while idle, and finds its writes and flushes
-//! fenced, with nothing landed. A full Ceph pool refuses new writes with the no-space
-//! error (never holds them) and takes them again once space is back.
+//! fenced, with nothing landed. A batch of writes (librbd's aio) reads back, writes
+//! nothing when one of its writes is past the end, fails with librbd's error when
+//! refused, and is fenced like a single write. A full Ceph pool, with librbd's cache
+//! off (`DeviceOptions::write_through`), refuses new writes with the no-space error
+//! (never holds them) and takes them again once space is back.
 
 mod ceph;
 use ceph::*;
@@ -78,6 +81,63 @@ fn writes_read_back_and_survive_a_reopen_after_a_flush() {
     assert!(
         never_written.iter().all(|&b| b == 0),
         "a new image reads as zeros"
+    );
+}
+
+/// A batch (`write_batch`, librbd's aio): more writes than it keeps in flight at
+/// once, 4 KiB pages scattered over the image and one across an object boundary,
+/// read back through the handle and after a reopen; counted one write each.
+#[test]
+fn a_batch_of_writes_reads_back_and_survives_a_reopen() {
+    let image = new_image("batch", 64);
+    let dev = open(&image);
+    let mut writes: Vec<(u64, Vec<u8>)> = (0..300u64)
+        .map(|i| ((i * 37 % 300) * 128 * 1024, pattern(100 + i, 4096)))
+        .collect();
+    writes.push((40 * MIB - 5000, pattern(99, 3 * MIB as usize)));
+    let batch: Vec<(u64, &[u8])> = writes.iter().map(|(at, b)| (*at, &b[..])).collect();
+    dev.write_batch(&batch).expect("write the batch");
+    let check = |dev: &RbdStorage, when: &str| {
+        for (at, bytes) in &writes {
+            assert!(
+                read(dev, *at, bytes.len()) == *bytes,
+                "the batch's write at {at} reads back other bytes {when}"
+            );
+        }
+    };
+    check(&dev, "at once");
+    dev.flush().expect("flush");
+    assert_eq!(dev.counters().snapshot().writes, writes.len() as u64);
+    drop(dev);
+    check(&open(&image), "after a reopen");
+}
+
+/// A batch with one write past the end writes none of them; a batch librbd refuses
+/// (an image opened read-only: each request completes with EROFS) fails with that
+/// error once every request has completed.
+#[test]
+fn a_batch_past_the_end_or_refused_fails_and_writes_nothing() {
+    let image = new_image("batch-refused", 8);
+    let dev = open(&image);
+    let page = pattern(7, 4096);
+    let err = dev
+        .write_batch(&[(0, &page[..]), (8 * MIB - 2048, &page[..])])
+        .unwrap_err();
+    assert!(matches!(err, StorageError::OutOfBounds { .. }), "{err}");
+    assert!(
+        read(&dev, 0, 4096).iter().all(|&b| b == 0),
+        "a refused batch wrote"
+    );
+    drop(dev);
+
+    let reader = open_read_only(&image);
+    let batch: Vec<(u64, &[u8])> = (0..100u64).map(|i| (i * 8192, &page[..])).collect();
+    let err = reader.write_batch(&batch).unwrap_err();
+    assert!(err.to_string().contains("ead-only"), "{err}");
+    assert_eq!(reader.counters().snapshot().writes, 0);
+    assert!(
+        read(&reader, 0, 4096).iter().all(|&b| b == 0),
+        "a refused batch wrote"
     );
 }
 
@@ -352,21 +412,38 @@ fn a_blocklisted_owner_finds_its_writes_fenced_and_nothing_lands() {
     };
     assert!(first.is_fenced(), "not reported as fenced: {first}");
     assert!(first.to_string().contains("fenced"), "{first}");
+    // The same for a batch (aio writes).
+    let page = pattern(23, 4096);
+    let batch = dev.write_batch(&[(0, &page[..]), (8192, &page[..])]);
+    let flush = dev.flush();
+    let first = match (batch, flush) {
+        (Err(e), _) | (Ok(()), Err(e)) => e,
+        (Ok(()), Ok(())) => panic!("a blocklisted owner's batch was flushed"),
+    };
+    assert!(first.is_fenced(), "a batch not reported as fenced: {first}");
     drop(dev);
     assert!(read(&open_read_only(&image), 0, before.len()) == before);
 }
 
 /// What a full Ceph pool does to a writer: this test's own pool, filled by a quota set
 /// below what it holds. librbd's default is to hold every write (and an open) until
-/// the pool has room again, with no timeout; an `RbdStorage` gets the no-space error
-/// instead, from the write itself, and keeps reading, flushing and opening.
+/// the pool has room again, with no timeout; an `RbdStorage` with librbd's cache off
+/// gets the no-space error instead, from the write itself, and keeps reading,
+/// flushing and opening.
 #[test]
 fn a_full_pool_refuses_new_writes_with_no_space_and_takes_them_once_space_is_back() {
     let pool = new_pool("full-storage");
     // Sparse: 1,024 objects of 4 MiB, each a new object to write into.
     let image = new_image_in(&pool, "full", 4096);
     let conf = &cluster().conf;
-    let open_full = || RbdStorage::open(&pool, &image, None, None, Some(conf)).expect("open");
+    let write_through = DeviceOptions {
+        write_through: true,
+        ..DeviceOptions::default()
+    };
+    let open_full = || {
+        RbdStorage::open_with(&pool, &image, None, None, Some(conf), &write_through)
+            .expect("open")
+    };
     let dev = open_full();
     let flushed = pattern(31, 4 * MIB as usize);
     dev.write_at(&flushed, 0).expect("write object 0");
