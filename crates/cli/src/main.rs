@@ -26,6 +26,8 @@ mod low_water;
 mod man_extra;
 mod notify;
 mod output;
+mod receive;
+mod send;
 mod serve;
 mod size;
 mod transfer;

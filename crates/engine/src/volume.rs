@@ -12,7 +12,7 @@ use crate::error::within_mut;
 use crate::inner::{Inner, Wait, BLOCKS_PER_STEP};
 use crate::pool::Pool;
 use crate::recovery::range_result;
-use crate::{EngineError, Extent, Result};
+use crate::{BlockSource, EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::MapEntry;
@@ -450,6 +450,39 @@ impl Volume {
     pub fn flush(&self) -> Result<()> {
         add(&self.h.vol.counters().flushes, 1);
         self.h.pool.flush()
+    }
+
+    /// What the map names for blocks `first_lbn .. first_lbn + out.len()`, one per
+    /// element of `out` (`map_diff.rs`); blocks past the end read as zeros.
+    pub fn block_sources(&self, first_lbn: u64, out: &mut [BlockSource]) -> Result<()> {
+        let vol = &self.h.vol;
+        if vol.is_deleted() {
+            return Err(EngineError::VolumeGone(vol.name()));
+        }
+        let _gate = self.inner().locks.shared();
+        crate::map_diff::block_sources(vol, first_lbn, out);
+        Ok(())
+    }
+
+    /// The runs of blocks (block ranges, in order) whose map entries differ from
+    /// `base`'s: a volume of the same pool, typically a clone taken earlier
+    /// (`map_diff.rs`). Blocks both read as zeros, or both take from one stored
+    /// object, are the same; `base`'s blocks past its end read as zeros.
+    pub fn changed_since(&self, base: &Volume) -> Result<Vec<std::ops::Range<u64>>> {
+        if !Arc::ptr_eq(&self.h.pool, &base.h.pool) {
+            return Err(EngineError::Refused(format!(
+                "volumes '{}' and '{}' are in different pools: their maps cannot be compared",
+                self.name(),
+                base.name()
+            )));
+        }
+        for vol in [&self.h.vol, &base.h.vol] {
+            if vol.is_deleted() {
+                return Err(EngineError::VolumeGone(vol.name()));
+            }
+        }
+        let _gate = self.inner().locks.shared();
+        Ok(crate::map_diff::changed_runs(&self.h.vol, &base.h.vol))
     }
 
     /// What backs `[offset, offset+len)`: runs of data and of holes (zero/unmapped).

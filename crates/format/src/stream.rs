@@ -6,15 +6,17 @@
 //! little-endian encoding, decoded through checks in a fixed order (length, magic,
 //! version, checksum, then each field's bounds) into a typed [`FormatError`].
 
-use crate::{Reader, Writer};
 use crate::{FormatError, BLOCK_BYTES};
+use crate::{Reader, Writer};
 
 /// "FBSTREAM" read as a little-endian u64.
 pub const STREAM_MAGIC: u64 = u64::from_le_bytes(*b"FBSTREAM");
 /// The stream version this code writes and reads.
 pub const STREAM_VERSION: u32 = 1;
 /// Bytes of the header.
-pub const HEADER_BYTES: usize = 128;
+pub const HEADER_BYTES: usize = 192;
+/// Bytes of the base's name in the header (a volume name's longest).
+pub const BASE_NAME_BYTES: usize = crate::catalog::MAX_NAME_BYTES;
 /// Bytes of a record before its payload.
 pub const RECORD_HEAD_BYTES: usize = 32;
 /// The largest payload a record may carry: one block, stored whole. A decoder
@@ -55,14 +57,38 @@ pub struct StreamHeader {
 /// digest of its content (docs/stream.md, "Base digest").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BaseId {
+    /// The base's name in the sending pool, zero-padded: what the receiver looks
+    /// for unless told another name.
+    pub name: [u8; BASE_NAME_BYTES],
     /// Bytes of the base volume.
     pub size_bytes: u64,
     /// BLAKE3 of the base's content in canonical form.
     pub content_digest: [u8; 32],
 }
 
+impl BaseId {
+    /// `name` zero-padded into the header's field; `None` if it does not fit.
+    pub fn pad_name(name: &str) -> Option<[u8; BASE_NAME_BYTES]> {
+        let mut out = [0u8; BASE_NAME_BYTES];
+        out.get_mut(..name.len())?.copy_from_slice(name.as_bytes());
+        Some(out)
+    }
+
+    /// The base's name: the bytes before the padding, if they are a volume name.
+    pub fn name_str(&self) -> Option<&str> {
+        let len = self
+            .name
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(BASE_NAME_BYTES);
+        let name = std::str::from_utf8(self.name.get(..len)?).ok()?;
+        crate::catalog::validate_name(name).ok()?;
+        Some(name)
+    }
+}
+
 impl StreamHeader {
-    /// The 128-byte header.
+    /// The 192-byte header.
     pub fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
         let mut w = Writer::new(&mut out);
@@ -79,12 +105,14 @@ impl StreamHeader {
         w.u64(self.source_pool_id);
         w.put(&self.stream_key);
         let base = self.base.unwrap_or(BaseId {
+            name: [0; BASE_NAME_BYTES],
             size_bytes: 0,
             content_digest: [0; 32],
         });
         w.u64(base.size_bytes);
         w.put(&base.content_digest);
         w.u64(self.source_map_digest);
+        w.put(&base.name);
         debug_assert_eq!(w.pos(), HEADER_BYTES - 8, "the header's layout");
         crate::seal_checksum(&mut out, HEADER_CRC_OFFSET);
         out
@@ -140,9 +168,14 @@ impl StreamHeader {
         let base_size_bytes = r.u64()?;
         let content_digest = r.bytes32()?;
         let source_map_digest = r.u64()?;
+        let mut name = [0u8; BASE_NAME_BYTES];
+        name.copy_from_slice(r.take(BASE_NAME_BYTES)?);
         let reserved = r.u64()?;
         if reserved != 0 {
-            return Err(invalid(WHAT_HEADER, format!("reserved bytes hold {reserved:#x}")));
+            return Err(invalid(
+                WHAT_HEADER,
+                format!("reserved bytes hold {reserved:#x}"),
+            ));
         }
         let base = if flags & FLAG_INCREMENTAL != 0 {
             if base_size_bytes % BLOCK_BYTES as u64 != 0 || base_size_bytes == 0 {
@@ -151,12 +184,20 @@ impl StreamHeader {
                     format!("base size {base_size_bytes} is not a positive whole number of blocks"),
                 ));
             }
-            Some(BaseId {
+            let base = BaseId {
+                name,
                 size_bytes: base_size_bytes,
                 content_digest,
-            })
+            };
+            if base.name_str().is_none() {
+                return Err(invalid(
+                    WHAT_HEADER,
+                    "the base's name is not a volume name".into(),
+                ));
+            }
+            Some(base)
         } else {
-            if base_size_bytes != 0 || content_digest != [0; 32] {
+            if base_size_bytes != 0 || content_digest != [0; 32] || name != [0; BASE_NAME_BYTES] {
                 return Err(invalid(WHAT_HEADER, "a full stream names a base".into()));
             }
             None
@@ -274,7 +315,10 @@ impl Record {
                 (KIND_END, 0, &payload[..])
             }
         };
-        debug_assert!(payload.len() <= PAYLOAD_BYTES_MAX, "a payload past its limit");
+        debug_assert!(
+            payload.len() <= PAYLOAD_BYTES_MAX,
+            "a payload past its limit"
+        );
         let mut head = [0u8; RECORD_HEAD_BYTES];
         let mut w = Writer::new(&mut head);
         w.u8(kind);
@@ -372,10 +416,7 @@ impl RecordHead {
                     codec => {
                         return Err(invalid(
                             WHAT_RECORD,
-                            format!(
-                                "data record with codec {codec} and {} bytes",
-                                payload.len()
-                            ),
+                            format!("data record with codec {codec} and {} bytes", payload.len()),
                         ))
                     }
                 },
@@ -458,6 +499,7 @@ mod tests {
             source_pool_id: 0x1234,
             stream_key: [7; 32],
             base: Some(BaseId {
+                name: BaseId::pad_name("base0").unwrap(),
                 size_bytes: 1 << 29,
                 content_digest: [9; 32],
             }),

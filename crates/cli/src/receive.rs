@@ -1,0 +1,550 @@
+//! `volume receive`: a send stream (docs/stream.md) from stdin into a new volume.
+//!
+//! The volume is made under a partial name, `NAME:receiving` (a full stream: a new
+//! volume of the stream's size; an incremental one: a clone of the base, after its
+//! size and content digest matched the stream's), and renamed to NAME only after the
+//! end record checked out: no half-made volume is ever visible under NAME. Progress
+//! lives in a small file beside the pool, `<pool>.receive.NAME.json` (for a pool that
+//! is not a file, in the state directory): the stream's header and the first record
+//! not yet durable. It is rewritten (written aside, synced, renamed over) only after
+//! a pool flush made every record before it durable, so a crash or a cut stream
+//! leaves a record count that is true; records are absolute (each writes its own
+//! blocks), so those applied again after it are harmless. `--resume` reads the same
+//! stream again, or a resumed send's, skipping the records already held.
+
+use anyhow::{anyhow, bail, Context, Result};
+use fewerbytes_engine::{OpenOptions, Pool, Volume, BLOCK_BYTES};
+use fewerbytes_format::location::Codec;
+use fewerbytes_format::stream::{
+    PayloadCodec, Record, RecordBody, RecordHead, StreamHeader, HEADER_BYTES, RECORD_HEAD_BYTES,
+};
+use serde::{Deserialize, Serialize};
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::control::with_local_pool;
+use crate::homes;
+use crate::send::{content_digest, hex, refuse_if_served, ResumeToken};
+use crate::size::format_size;
+
+const BLOCK: u64 = BLOCK_BYTES as u64;
+/// The suffix of the partial volume's name.
+pub const PARTIAL_SUFFIX: &str = ":receiving";
+/// Stream bytes applied between two durable progress records: what a crash may
+/// make a resumed receive apply again (a pool flush and a small file each).
+const SAVE_EVERY_BYTES: u64 = 64 << 20;
+/// Blocks a reference record copies per read and write (1 MiB).
+const REF_CHUNK_BLOCKS: u64 = 256;
+
+/// The progress file: which stream, and how far it is durable.
+#[derive(Serialize, Deserialize, Clone)]
+struct Saved {
+    /// The stream's header, hex: a resumed receive takes only this stream.
+    header: String,
+    /// The partial volume's name.
+    partial: String,
+    /// The first record not yet durable.
+    next_position: u64,
+    /// The first block the next record may cover (records go in block order).
+    next_lbn: u64,
+    /// Counts of the records before `next_position`, checked by the end record.
+    data_records: u64,
+    ref_blocks: u64,
+    zero_blocks: u64,
+}
+
+/// Where a receive into `name` keeps its progress.
+fn progress_path(pool_path: &Path, name: &str) -> Result<PathBuf> {
+    let suffix = format!(".receive.{name}.json");
+    Ok(match homes::state_file(pool_path, &suffix)? {
+        Some(path) => path,
+        None => homes::with_suffix(pool_path, &suffix),
+    })
+}
+
+fn read_saved(path: &Path) -> Result<Option<Saved>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "the receive progress file {} does not parse",
+                path.display()
+            )
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("could not read {}", path.display())),
+    }
+}
+
+/// Write the progress file durably: beside itself, synced, renamed over, the
+/// directory synced.
+fn write_saved(pool_path: &Path, path: &Path, saved: &Saved) -> Result<()> {
+    homes::make_home(pool_path, path)?;
+    let aside = homes::with_suffix(path, ".new");
+    let mut file = std::fs::File::create(&aside)
+        .with_context(|| format!("could not write {}", aside.display()))?;
+    file.write_all(&serde_json::to_vec(saved)?)?;
+    file.sync_all()?;
+    std::fs::rename(&aside, path).with_context(|| {
+        format!(
+            "could not rename {} over {}",
+            aside.display(),
+            path.display()
+        )
+    })?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The partial volume's name for a receive into `name`.
+fn partial_name(name: &str) -> Result<String> {
+    fewerbytes_format::catalog::validate_name(name).map_err(|e| anyhow!(e))?;
+    let partial = format!("{name}{PARTIAL_SUFFIX}");
+    if partial.len() > fewerbytes_format::catalog::MAX_NAME_BYTES {
+        bail!(
+            "volume name '{name}' is too long to receive into: the partial volume \
+             '{partial}' must fit {} bytes",
+            fewerbytes_format::catalog::MAX_NAME_BYTES
+        );
+    }
+    Ok(partial)
+}
+
+/// Receive a stream from stdin into a new volume `name`; `from` names the base of an
+/// incremental stream when it is not the name the stream carries.
+pub fn receive(
+    pool_path: &Path,
+    name: &str,
+    from: Option<&str>,
+    resume: bool,
+    abandon: bool,
+) -> Result<()> {
+    refuse_if_served(pool_path, "receive")?;
+    let partial = partial_name(name)?;
+    let saved_path = progress_path(pool_path, name)?;
+    let saved = read_saved(&saved_path)?;
+    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        let exists = |n: &str| pool.list_volumes().iter().any(|v| v.name == n);
+        if abandon {
+            if exists(&partial) {
+                pool.delete_volume(&partial, false)?;
+            }
+            if saved.is_some() {
+                std::fs::remove_file(&saved_path)
+                    .with_context(|| format!("could not remove {}", saved_path.display()))?;
+            }
+            eprintln!("Interrupted receive of '{name}' discarded.");
+            return Ok(());
+        }
+        if exists(name) {
+            bail!("a volume named '{name}' already exists: receive into a new name");
+        }
+        if !resume && (saved.is_some() || exists(&partial)) {
+            bail!(
+                "an interrupted receive of '{name}' is waiting (partial volume '{partial}'): \
+                 continue it with `volume receive {name} --resume`, or discard it with \
+                 `volume receive {name} --abandon`"
+            );
+        }
+        if resume && saved.is_none() {
+            bail!("no interrupted receive of '{name}' to resume");
+        }
+        // Dedup against what the pool held before the open, as an import does.
+        pool.wait_index_built();
+        let mut input = StreamInput {
+            reader: BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
+            offset_bytes: 0,
+        };
+        let header_bytes = input.header()?;
+        let header = StreamHeader::decode(&header_bytes)
+            .map_err(|e| anyhow!("not a fewerbytes send stream: {e}"))?;
+        let saved = match saved {
+            Some(saved) if saved.header != hex(&header_bytes) => bail!(
+                "this stream is not the one the interrupted receive of '{name}' began with \
+                 (another stream key): feed it the same stream, or a send resumed with \
+                 --resume-token {}",
+                ResumeToken::text(&stream_key_of(&saved)?, saved.next_position)
+            ),
+            Some(saved) if exists(&saved.partial) => saved,
+            // The progress file was written before the volume was made, or the
+            // volume was deleted since: begin again.
+            _ => {
+                let base = check_base(pool, &header, from)?;
+                let saved = Saved {
+                    header: hex(&header_bytes),
+                    partial: partial.clone(),
+                    next_position: 0,
+                    next_lbn: 0,
+                    data_records: 0,
+                    ref_blocks: 0,
+                    zero_blocks: 0,
+                };
+                // The progress file first: a crash before the volume exists leaves a
+                // file that a resume begins again from (and --abandon removes).
+                write_saved(pool_path, &saved_path, &saved)?;
+                if let Err(e) = make_partial(pool, &header, &partial, base.as_deref()) {
+                    if exists(&partial) {
+                        let _ = pool.delete_volume(&partial, true);
+                    }
+                    let _ = std::fs::remove_file(&saved_path);
+                    return Err(e);
+                }
+                saved
+            }
+        };
+        let volume = pool.open_volume(&saved.partial)?;
+        let mut apply = Apply {
+            pool,
+            pool_path,
+            saved_path: &saved_path,
+            volume: &volume,
+            header,
+            incremental: header.base.is_some(),
+            saved,
+            applied_since_save: 0,
+        };
+        let result = apply.run(&mut input);
+        let saved = apply.saved.clone();
+        drop(volume);
+        match result {
+            Ok(()) => {
+                pool.rename_volume(&partial, name)?;
+                std::fs::remove_file(&saved_path)
+                    .with_context(|| format!("could not remove {}", saved_path.display()))?;
+                eprintln!(
+                    "Received volume '{name}': {} ({} blocks of data, {} by reference), \
+                     {} of stream.",
+                    format_size(header.volume_size_bytes),
+                    saved.data_records,
+                    saved.ref_blocks,
+                    format_size(input.offset_bytes)
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.context(format!(
+                "the receive of '{name}' stopped; the partial volume '{partial}' holds \
+                 records 0..{} durably. Continue with `volume receive {name} --resume` fed \
+                 the same stream, or fed `volume send VOLUME --resume-token {}` (with the \
+                 same --from); discard it with `volume receive {name} --abandon`",
+                saved.next_position,
+                ResumeToken::text(&header.stream_key, saved.next_position)
+            ))),
+        }
+    })
+}
+
+fn stream_key_of(saved: &Saved) -> Result<[u8; 32]> {
+    let bytes: Vec<u8> = (0..saved.header.len() / 2)
+        .map(|i| u8::from_str_radix(saved.header.get(2 * i..2 * i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| anyhow!("the receive progress file's header is not hex"))?;
+    let header = StreamHeader::decode(&bytes)
+        .map_err(|e| anyhow!("the receive progress file's header: {e}"))?;
+    Ok(header.stream_key)
+}
+
+/// For an incremental stream, the local base: `from`, else the name the stream
+/// carries, refused unless its size and content digest are the stream's.
+fn check_base(
+    pool: &Arc<Pool>,
+    header: &StreamHeader,
+    from: Option<&str>,
+) -> Result<Option<String>> {
+    let Some(base) = &header.base else {
+        return Ok(None);
+    };
+    let base_name = match from {
+        Some(name) => name,
+        None => base
+            .name_str()
+            .ok_or_else(|| anyhow!("the stream's base has no name"))?,
+    };
+    if !pool.list_volumes().iter().any(|v| v.name == base_name) {
+        bail!(
+            "the stream is incremental from volume '{base_name}', which this pool does not \
+             hold: receive a full stream first (or name the base here with --from)"
+        );
+    }
+    let volume = pool.open_volume(base_name)?;
+    if volume.size_bytes() != base.size_bytes {
+        bail!(
+            "the stream is incremental from a base of {} bytes, but volume '{base_name}' \
+             holds {} bytes: it is not the sender's base",
+            base.size_bytes,
+            volume.size_bytes()
+        );
+    }
+    let digest = content_digest(&volume, "base")?;
+    if digest != base.content_digest {
+        bail!(
+            "volume '{base_name}' differs from the sender's base (content digest {}… here, \
+             {}… in the stream): it was written since, or is another volume",
+            hex(&digest[..8]),
+            hex(&base.content_digest[..8])
+        );
+    }
+    Ok(Some(base_name.to_string()))
+}
+
+/// Make the partial volume: a new volume for a full stream; for an incremental one,
+/// a clone of the base (as `volume clone` makes one: thick, reserving what it does
+/// not map), resized to the stream's size.
+fn make_partial(
+    pool: &Arc<Pool>,
+    header: &StreamHeader,
+    partial: &str,
+    base: Option<&str>,
+) -> Result<()> {
+    let Some(base) = base else {
+        pool.create_volume(partial, header.volume_size_bytes)
+            .with_context(|| format!("could not create the partial volume '{partial}'"))?;
+        return Ok(());
+    };
+    pool.clone_volume(base, partial)
+        .with_context(|| format!("could not clone '{base}' to '{partial}'"))?;
+    if pool.open_volume(partial)?.size_bytes() != header.volume_size_bytes {
+        pool.resize_volume(partial, header.volume_size_bytes, true)?;
+    }
+    Ok(())
+}
+
+/// The stream on stdin, and how far it has been read.
+struct StreamInput<R: Read> {
+    reader: R,
+    offset_bytes: u64,
+}
+
+impl<R: Read> StreamInput<R> {
+    /// Fill `buf`; `Ok(false)` at a clean end of input before the first byte.
+    fn fill(&mut self, buf: &mut [u8], what: &str) -> Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = match self.reader.read(&mut buf[got..]) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e).context("could not read the stream from stdin"),
+            };
+            if n == 0 {
+                if got == 0 {
+                    return Ok(false);
+                }
+                bail!(
+                    "the stream is truncated: it ends {} bytes into {what} (stream byte {})",
+                    got,
+                    self.offset_bytes + got as u64
+                );
+            }
+            got += n;
+        }
+        self.offset_bytes += buf.len() as u64;
+        Ok(true)
+    }
+
+    fn header(&mut self) -> Result<[u8; HEADER_BYTES]> {
+        let mut bytes = [0u8; HEADER_BYTES];
+        if !self.fill(&mut bytes, "its header")? {
+            bail!("the stream is empty: stdin held no bytes");
+        }
+        Ok(bytes)
+    }
+
+    /// The next record, checked; `None` at the end of input.
+    fn record(&mut self, header: &StreamHeader, expected: u64) -> Result<Option<Record>> {
+        let at = self.offset_bytes;
+        let mut head_bytes = [0u8; RECORD_HEAD_BYTES];
+        if !self.fill(&mut head_bytes, "a record's head")? {
+            return Ok(None);
+        }
+        let damaged = |e: fewerbytes_format::FormatError| {
+            anyhow!("the stream is damaged: the record at stream byte {at} (record {expected} expected there): {e}")
+        };
+        let head = RecordHead::decode(&head_bytes).map_err(damaged)?;
+        let mut payload = vec![0u8; head.payload_bytes as usize];
+        if !payload.is_empty() && !self.fill(&mut payload, "a record's payload")? {
+            bail!(
+                "the stream is truncated: it ends after the head of the record at stream byte {at}"
+            );
+        }
+        Ok(Some(
+            head.finish(&head_bytes, &payload, header)
+                .map_err(damaged)?,
+        ))
+    }
+}
+
+/// Applying records to the partial volume, and keeping the progress file true.
+struct Apply<'a> {
+    pool: &'a Arc<Pool>,
+    pool_path: &'a Path,
+    saved_path: &'a Path,
+    volume: &'a Volume,
+    header: StreamHeader,
+    /// A clone of the base: zero runs must be written (a new volume reads zeros).
+    incremental: bool,
+    saved: Saved,
+    applied_since_save: u64,
+}
+
+impl Apply<'_> {
+    fn run<R: Read>(&mut self, input: &mut StreamInput<R>) -> Result<()> {
+        let result = self.apply_all(input);
+        if result.is_err() {
+            // What was applied before the failure is made durable, so a resume
+            // starts there.
+            if let Err(e) = self.save() {
+                tracing::warn!("could not record the receive's progress: {e:#}");
+            }
+        }
+        result
+    }
+
+    fn apply_all<R: Read>(&mut self, input: &mut StreamInput<R>) -> Result<()> {
+        loop {
+            let Some(record) = input.record(&self.header, self.saved.next_position)? else {
+                bail!(
+                    "the stream is truncated: it ends after record {} (stream byte {}) without \
+                     its end record",
+                    self.saved.next_position.saturating_sub(1),
+                    input.offset_bytes
+                );
+            };
+            if record.position < self.saved.next_position {
+                // Held already (a resume fed the stream from its start).
+                continue;
+            }
+            if record.position > self.saved.next_position {
+                bail!(
+                    "the stream skips records {}..{}: a resumed send must start at or before \
+                     record {}",
+                    self.saved.next_position,
+                    record.position,
+                    self.saved.next_position
+                );
+            }
+            if let RecordBody::End {
+                data_records,
+                ref_blocks,
+                zero_blocks,
+            } = record.body
+            {
+                let s = &self.saved;
+                if (data_records, ref_blocks, zero_blocks)
+                    != (s.data_records, s.ref_blocks, s.zero_blocks)
+                {
+                    bail!(
+                        "the stream is damaged: its end record counts {data_records} data \
+                         records, {ref_blocks} blocks by reference and {zero_blocks} zero \
+                         blocks, but {} , {} and {} came before it",
+                        s.data_records,
+                        s.ref_blocks,
+                        s.zero_blocks
+                    );
+                }
+                let mut extra = [0u8; 1];
+                if input.fill(&mut extra, "past the end record")? {
+                    bail!(
+                        "the stream is damaged: bytes follow its end record (stream byte {})",
+                        input.offset_bytes - 1
+                    );
+                }
+                self.pool
+                    .flush()
+                    .context("could not flush the pool after the receive")?;
+                return Ok(());
+            }
+            if record.lbn < self.saved.next_lbn {
+                bail!(
+                    "the stream is damaged: record {} covers block {}, before block {} where \
+                     the record before it ended",
+                    record.position,
+                    record.lbn,
+                    self.saved.next_lbn
+                );
+            }
+            let bytes = self.apply(&record)?;
+            match record.body {
+                RecordBody::Zero => self.saved.zero_blocks += u64::from(record.count),
+                RecordBody::Data { .. } => self.saved.data_records += 1,
+                RecordBody::Ref { .. } => self.saved.ref_blocks += u64::from(record.count),
+                RecordBody::End { .. } => {}
+            }
+            self.saved.next_position += 1;
+            self.saved.next_lbn = record.lbn + u64::from(record.count);
+            self.applied_since_save += bytes;
+            if self.applied_since_save >= SAVE_EVERY_BYTES {
+                self.save()?;
+            }
+        }
+    }
+
+    /// Apply one record; returns the bytes it wrote, for the pacing of saves.
+    fn apply(&self, record: &Record) -> Result<u64> {
+        let offset = record.lbn * BLOCK;
+        let len = u64::from(record.count) * BLOCK;
+        let name = self.volume.name();
+        let at = |what: &str| format!("could not {what} volume '{name}' at byte {offset}");
+        match &record.body {
+            RecordBody::Zero => {
+                if self.incremental {
+                    self.volume
+                        .trim(offset, len, false)
+                        .with_context(|| at("trim"))?;
+                }
+                Ok(0)
+            }
+            RecordBody::Data { codec, bytes } => {
+                let mut block = vec![0u8; BLOCK_BYTES];
+                let codec = match codec {
+                    PayloadCodec::Raw => None,
+                    PayloadCodec::Lz4 => Some(Codec::Lz4),
+                    PayloadCodec::Zstd => Some(Codec::Zstd),
+                };
+                match codec {
+                    None => block.copy_from_slice(bytes),
+                    Some(codec) => fewerbytes_engine::decompress_block(codec, bytes, &mut block)
+                        .map_err(|e| {
+                            anyhow!(
+                                "the stream is damaged: record {} (block {}) does not decode: {e}",
+                                record.position,
+                                record.lbn
+                            )
+                        })?,
+                }
+                self.volume
+                    .write(offset, &block, false)
+                    .with_context(|| at("write"))?;
+                Ok(BLOCK)
+            }
+            RecordBody::Ref { source_lbn } => {
+                let mut done = 0u64;
+                let count = u64::from(record.count);
+                let mut buf = vec![0u8; (REF_CHUNK_BLOCKS * BLOCK) as usize];
+                while done < count {
+                    let n = (count - done).min(REF_CHUNK_BLOCKS);
+                    let chunk = &mut buf[..(n * BLOCK) as usize];
+                    self.volume
+                        .read((source_lbn + done) * BLOCK, chunk)
+                        .with_context(|| at("read the source of a reference in"))?;
+                    self.volume
+                        .write(offset + done * BLOCK, chunk, false)
+                        .with_context(|| at("write"))?;
+                    done += n;
+                }
+                Ok(len)
+            }
+            RecordBody::End { .. } => Ok(0),
+        }
+    }
+
+    /// Make every applied record durable, then say so in the progress file.
+    fn save(&mut self) -> Result<()> {
+        self.pool
+            .flush()
+            .context("could not flush the pool to record the receive's progress")?;
+        write_saved(self.pool_path, self.saved_path, &self.saved)?;
+        self.applied_since_save = 0;
+        Ok(())
+    }
+}

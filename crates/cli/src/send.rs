@@ -1,0 +1,512 @@
+//! `volume send`: a volume out as a send stream on stdout (docs/stream.md), full or
+//! incremental from a base volume both pools hold; `receive.rs` applies it.
+//!
+//! The stream is made in block order. A block whose map names zeros goes out in a
+//! zero run; a block whose stored object was sent before in this stream, or whose
+//! bytes were (a keyed BLAKE3 under the stream's key), goes out as a reference to the
+//! block it was first sent as; any other block is read and sent once, compressed with
+//! the pool's codec when that saves an eighth. An incremental stream covers only the
+//! blocks whose map entries differ from the base's (`Volume::changed_since`).
+//!
+//! Given the same key and the same source, a send makes the same records: that is
+//! how `--resume-token` sends only the records after those a receiver holds.
+
+use anyhow::{bail, Context, Result};
+use fewerbytes_engine::{BlockSource, Compression, OpenOptions, Volume, BLOCK_BYTES};
+use fewerbytes_format::location::Codec;
+use fewerbytes_format::stream::{BaseId, PayloadCodec, Record, RecordBody, StreamHeader};
+use std::collections::HashMap;
+use std::io::Write;
+use std::ops::Range;
+use std::path::Path;
+
+use crate::control::{with_local_pool_read_only, ControlClient};
+use crate::output::Progress;
+use crate::size::format_size;
+
+const BLOCK: u64 = BLOCK_BYTES as u64;
+/// Blocks whose map entries are read at once, and the largest read: 1 MiB.
+const CHUNK_BLOCKS: usize = 256;
+/// Bytes of stream buffered before a write to stdout.
+const OUT_BUFFER_BYTES: usize = 1 << 20;
+
+/// What a resumed send starts from (`volume receive` prints it on an interruption).
+pub struct ResumeToken {
+    /// The stream's key.
+    pub stream_key: [u8; 32],
+    /// The first record the receiver lacks.
+    pub position: u64,
+}
+
+impl ResumeToken {
+    /// `KEYHEX-POSITION`.
+    pub fn parse(text: &str) -> Result<ResumeToken> {
+        let bad = || {
+            anyhow::anyhow!(
+                "'{text}' is not a resume token (64 hex digits, '-', a record number; \
+                 `volume receive` prints it when a stream is cut short)"
+            )
+        };
+        let (key, position) = text.split_once('-').ok_or_else(bad)?;
+        let key = decode_hex32(key).ok_or_else(bad)?;
+        let position = position.parse().map_err(|_| bad())?;
+        Ok(ResumeToken {
+            stream_key: key,
+            position,
+        })
+    }
+
+    /// The token's text.
+    pub fn text(stream_key: &[u8; 32], position: u64) -> String {
+        format!("{}-{position}", hex(stream_key))
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 32 bytes from 64 hex digits.
+pub fn decode_hex32(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Refuse a pool a server holds: send and receive open the pool themselves.
+pub fn refuse_if_served(pool_path: &Path, verb: &str) -> Result<()> {
+    if let Some(client) = ControlClient::probe(pool_path)? {
+        bail!(
+            "pool {} is being served (control socket {}); `volume {verb}` opens the pool \
+             itself, so it runs only while no server holds it: stop the server first",
+            pool_path.display(),
+            client.path().display()
+        );
+    }
+    Ok(())
+}
+
+/// Write volume `name` as a stream to stdout, incremental from `from` if given.
+pub fn send(
+    pool_path: &Path,
+    name: &str,
+    from: Option<&str>,
+    resume: Option<ResumeToken>,
+) -> Result<()> {
+    refuse_if_served(pool_path, "send")?;
+    let stdout = std::io::stdout();
+    if std::io::IsTerminal::is_terminal(&stdout) {
+        bail!(
+            "stdout is a terminal: a send stream is binary; redirect it to a file or pipe \
+             it into `fewerbytes volume receive`"
+        );
+    }
+    with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
+        let volume = pool.open_volume(name)?;
+        let base = from.map(|b| pool.open_volume(b)).transpose()?;
+        let compression = pool.info().compression;
+        let source_map_digest = map_digest(&volume, base.as_ref())?;
+        let base_id = match &base {
+            Some(base) => Some(BaseId {
+                name: BaseId::pad_name(&base.name())
+                    .with_context(|| format!("base name '{}' is too long", base.name()))?,
+                size_bytes: base.size_bytes(),
+                content_digest: content_digest(base, "base")?,
+            }),
+            None => None,
+        };
+        let stream_key = match &resume {
+            Some(token) => token.stream_key,
+            None => {
+                let mut key = [0u8; 32];
+                rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
+                key
+            }
+        };
+        let header = StreamHeader {
+            volume_size_bytes: volume.size_bytes(),
+            source_pool_id: pool.id(),
+            stream_key,
+            base: base_id,
+            source_map_digest,
+        };
+        let runs = match &base {
+            Some(base) => volume.changed_since(base)?,
+            None => vec![0..volume.size_bytes() / BLOCK],
+        };
+        let planned_blocks: u64 = runs.iter().map(|r| r.end - r.start).sum();
+        let progress = Progress::new(planned_blocks * BLOCK, &format!("send {name}"));
+        let mut out = Emitter {
+            out: stdout.lock(),
+            buffer: Vec::with_capacity(OUT_BUFFER_BYTES + 2 * BLOCK_BYTES),
+            header,
+            skip_before: resume.as_ref().map_or(0, |t| t.position),
+            position: 0,
+            pending: None,
+            counts: Counts::default(),
+            wire_bytes: 0,
+        };
+        out.write_raw(&header.encode())?;
+        let mut sender = Sender {
+            volume: &volume,
+            compression,
+            first_by_object: HashMap::new(),
+            first_by_content: HashMap::new(),
+            stream_key,
+        };
+        for run in runs {
+            sender.send_run(run.clone(), &mut out)?;
+            progress.advance((run.end - run.start) * BLOCK);
+        }
+        let counts = out.finish()?;
+        progress.finish_on_stderr(
+            &format!(
+                "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} of zeros; \
+                 {} on the wire",
+                from.map(|b| format!(" (changes since '{b}')"))
+                    .unwrap_or_default(),
+                counts.data_records,
+                counts.ref_blocks,
+                format_size(counts.zero_blocks * BLOCK),
+                format_size(out.wire_bytes)
+            ),
+            planned_blocks * BLOCK,
+        );
+        Ok(())
+    })
+}
+
+/// The records' counts, as the end record carries them.
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    data_records: u64,
+    ref_blocks: u64,
+    zero_blocks: u64,
+}
+
+/// A run of zeros or of references not written yet: the next block may extend it.
+enum Pending {
+    Zero { lbn: u64, count: u32 },
+    Ref { lbn: u64, count: u32, source: u64 },
+}
+
+/// Numbers records, joins runs, and writes what a resumed send does not skip.
+struct Emitter<W: Write> {
+    out: W,
+    buffer: Vec<u8>,
+    header: StreamHeader,
+    /// Records before this position are made but not written (`--resume-token`).
+    skip_before: u64,
+    position: u64,
+    pending: Option<Pending>,
+    counts: Counts,
+    wire_bytes: u64,
+}
+
+impl<W: Write> Emitter<W> {
+    fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.buffer.extend_from_slice(bytes);
+        self.wire_bytes += bytes.len() as u64;
+        if self.buffer.len() >= OUT_BUFFER_BYTES {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        self.out
+            .write_all(&self.buffer)
+            .context("could not write the stream to stdout")?;
+        self.buffer.clear();
+        Ok(())
+    }
+
+    fn record(&mut self, lbn: u64, count: u32, body: RecordBody) -> Result<()> {
+        let record = Record {
+            position: self.position,
+            lbn,
+            count,
+            body,
+        };
+        self.position += 1;
+        if record.position < self.skip_before {
+            return Ok(());
+        }
+        let mut bytes = Vec::with_capacity(BLOCK_BYTES + 64);
+        record.encode(&self.header.stream_key, &mut bytes);
+        self.write_raw(&bytes)
+    }
+
+    fn flush_pending(&mut self) -> Result<()> {
+        match self.pending.take() {
+            None => Ok(()),
+            Some(Pending::Zero { lbn, count }) => self.record(lbn, count, RecordBody::Zero),
+            Some(Pending::Ref { lbn, count, source }) => {
+                self.record(lbn, count, RecordBody::Ref { source_lbn: source })
+            }
+        }
+    }
+
+    fn zero(&mut self, lbn: u64, blocks: u64) -> Result<()> {
+        self.counts.zero_blocks += blocks;
+        let mut lbn = lbn;
+        let mut left = blocks;
+        while left > 0 {
+            if let Some(Pending::Zero {
+                lbn: start,
+                count: n,
+            }) = &mut self.pending
+            {
+                if *start + u64::from(*n) == lbn && *n < u32::MAX {
+                    let take = left.min(u64::from(u32::MAX - *n));
+                    *n += take as u32;
+                    lbn += take;
+                    left -= take;
+                    continue;
+                }
+            }
+            self.flush_pending()?;
+            let take = left.min(u64::from(u32::MAX));
+            self.pending = Some(Pending::Zero {
+                lbn,
+                count: take as u32,
+            });
+            lbn += take;
+            left -= take;
+        }
+        Ok(())
+    }
+
+    fn reference(&mut self, lbn: u64, source: u64) -> Result<()> {
+        self.counts.ref_blocks += 1;
+        if let Some(Pending::Ref {
+            lbn: start,
+            count,
+            source: first,
+        }) = &mut self.pending
+        {
+            let next = u64::from(*count);
+            // The source run must lie wholly before the record's first block.
+            if *start + next == lbn
+                && *first + next == source
+                && source < *start
+                && *count < u32::MAX
+            {
+                *count += 1;
+                return Ok(());
+            }
+        }
+        self.flush_pending()?;
+        self.pending = Some(Pending::Ref {
+            lbn,
+            count: 1,
+            source,
+        });
+        Ok(())
+    }
+
+    fn data(&mut self, lbn: u64, codec: PayloadCodec, bytes: Vec<u8>) -> Result<()> {
+        self.counts.data_records += 1;
+        self.flush_pending()?;
+        self.record(lbn, 1, RecordBody::Data { codec, bytes })
+    }
+
+    fn finish(&mut self) -> Result<Counts> {
+        self.flush_pending()?;
+        let counts = self.counts;
+        self.record(
+            0,
+            0,
+            RecordBody::End {
+                data_records: counts.data_records,
+                ref_blocks: counts.ref_blocks,
+                zero_blocks: counts.zero_blocks,
+            },
+        )?;
+        self.drain()?;
+        self.out
+            .flush()
+            .context("could not write the stream to stdout")?;
+        Ok(counts)
+    }
+}
+
+/// What the stream has sent so far, to send each distinct block once.
+struct Sender<'a> {
+    volume: &'a Volume,
+    compression: Compression,
+    /// Stored object → the block it was first sent as: a block naming it needs no read.
+    first_by_object: HashMap<u64, u64>,
+    /// Keyed BLAKE3 of the bytes → the block first sent with them: two objects of
+    /// the same bytes (a pool's index need not have found every duplicate).
+    first_by_content: HashMap<[u8; 32], u64>,
+    stream_key: [u8; 32],
+}
+
+impl Sender<'_> {
+    fn send_run<W: Write>(&mut self, run: Range<u64>, out: &mut Emitter<W>) -> Result<()> {
+        // Holes first, from the extents (no walk over a thin volume's unwritten
+        // blocks); then the data runs block by block.
+        for (data, blocks) in extents(self.volume, run)? {
+            if !data {
+                out.zero(blocks.start, blocks.end - blocks.start)?;
+                continue;
+            }
+            let mut lbn = blocks.start;
+            let mut sources = vec![BlockSource::Zero; CHUNK_BLOCKS];
+            let mut bytes = vec![0u8; CHUNK_BLOCKS * BLOCK_BYTES];
+            while lbn < blocks.end {
+                let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
+                let sources = &mut sources[..n];
+                self.volume.block_sources(lbn, sources)?;
+                let must_read = sources.iter().any(
+                    |s| matches!(s, BlockSource::Stored(o) if !self.first_by_object.contains_key(o)),
+                );
+                let bytes = &mut bytes[..n * BLOCK_BYTES];
+                if must_read {
+                    self.volume.read(lbn * BLOCK, bytes).with_context(|| {
+                        format!(
+                            "could not read volume '{}' at blocks {lbn}..+{n}",
+                            self.volume.name()
+                        )
+                    })?;
+                }
+                for (i, source) in sources.iter().enumerate() {
+                    let at = lbn + i as u64;
+                    let block = &bytes[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+                    self.send_block(at, *source, block, out)?;
+                }
+                lbn += n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn send_block<W: Write>(
+        &mut self,
+        lbn: u64,
+        source: BlockSource,
+        block: &[u8],
+        out: &mut Emitter<W>,
+    ) -> Result<()> {
+        let object = match source {
+            BlockSource::Zero => return out.zero(lbn, 1),
+            BlockSource::Stored(object) => object,
+        };
+        if let Some(first) = self.first_by_object.get(&object) {
+            return out.reference(lbn, *first);
+        }
+        if block.iter().all(|b| *b == 0) {
+            return out.zero(lbn, 1);
+        }
+        let digest = *blake3::keyed_hash(&self.stream_key, block).as_bytes();
+        self.first_by_object.insert(object, lbn);
+        if let Some(first) = self.first_by_content.get(&digest) {
+            return out.reference(lbn, *first);
+        }
+        self.first_by_content.insert(digest, lbn);
+        let (codec, bytes) = match fewerbytes_engine::compress_block(self.compression, block) {
+            Some((Codec::Lz4, bytes)) => (PayloadCodec::Lz4, bytes),
+            Some((Codec::Zstd, bytes)) => (PayloadCodec::Zstd, bytes),
+            None => (PayloadCodec::Raw, block.to_vec()),
+        };
+        out.data(lbn, codec, bytes)
+    }
+}
+
+/// The runs of `blocks` (a block range of `volume`) as data or holes, in order.
+fn extents(volume: &Volume, blocks: Range<u64>) -> Result<Vec<(bool, Range<u64>)>> {
+    let mut out = Vec::new();
+    let mut lbn = blocks.start;
+    for extent in volume.extents(blocks.start * BLOCK, (blocks.end - blocks.start) * BLOCK)? {
+        let n = extent.len_bytes / BLOCK;
+        out.push((extent.data, lbn..lbn + n));
+        lbn += n;
+    }
+    Ok(out)
+}
+
+/// A digest of what `volume`'s map (and `base`'s) name: a resumed send refuses a
+/// source that changed since the stream began. Object numbers, not bytes: it costs
+/// a walk over the maps' data runs, no read.
+fn map_digest(volume: &Volume, base: Option<&Volume>) -> Result<u64> {
+    let mut hasher = blake3::Hasher::new();
+    for vol in std::iter::once(volume).chain(base) {
+        hasher.update(&vol.size_bytes().to_le_bytes());
+        let mut sources = vec![BlockSource::Zero; CHUNK_BLOCKS];
+        for (data, blocks) in extents(vol, 0..vol.size_bytes() / BLOCK)? {
+            let mut lbn = blocks.start;
+            while data && lbn < blocks.end {
+                let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
+                vol.block_sources(lbn, &mut sources[..n])?;
+                for (i, s) in sources[..n].iter().enumerate() {
+                    if let BlockSource::Stored(object) = s {
+                        hasher.update(&(lbn + i as u64).to_le_bytes());
+                        hasher.update(&object.to_le_bytes());
+                    }
+                }
+                lbn += n as u64;
+            }
+        }
+    }
+    let digest = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_bytes()[..8]);
+    Ok(u64::from_le_bytes(first))
+}
+
+/// The base digest (docs/stream.md): BLAKE3 over the volume's size and, for each
+/// block that does not read as zeros, its number and the BLAKE3 of its bytes. The
+/// same bytes give the same digest in any pool, whatever its maps and keys; a block
+/// whose object was hashed already is not read again.
+pub fn content_digest(volume: &Volume, role: &str) -> Result<[u8; 32]> {
+    let size_bytes = volume.size_bytes();
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&size_bytes.to_le_bytes());
+    let mut by_object: HashMap<u64, Option<[u8; 32]>> = HashMap::new();
+    let mut sources = vec![BlockSource::Zero; CHUNK_BLOCKS];
+    let mut bytes = vec![0u8; CHUNK_BLOCKS * BLOCK_BYTES];
+    let progress = Progress::new(size_bytes, &format!("check {role} '{}'", volume.name()));
+    for (data, blocks) in extents(volume, 0..size_bytes / BLOCK)? {
+        let mut lbn = blocks.start;
+        while data && lbn < blocks.end {
+            let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
+            volume.block_sources(lbn, &mut sources[..n])?;
+            let must_read = sources[..n]
+                .iter()
+                .any(|s| matches!(s, BlockSource::Stored(o) if !by_object.contains_key(o)));
+            let bytes = &mut bytes[..n * BLOCK_BYTES];
+            if must_read {
+                volume.read(lbn * BLOCK, bytes).with_context(|| {
+                    format!(
+                        "could not read volume '{}' at blocks {lbn}..+{n}",
+                        volume.name()
+                    )
+                })?;
+            }
+            for (i, source) in sources[..n].iter().enumerate() {
+                let BlockSource::Stored(object) = source else {
+                    continue;
+                };
+                let block = &bytes[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+                let hash = *by_object.entry(*object).or_insert_with(|| {
+                    (!block.iter().all(|b| *b == 0)).then(|| *blake3::hash(block).as_bytes())
+                });
+                if let Some(hash) = hash {
+                    hasher.update(&(lbn + i as u64).to_le_bytes());
+                    hasher.update(&hash);
+                }
+            }
+            lbn += n as u64;
+        }
+        progress.advance((blocks.end - blocks.start) * BLOCK);
+    }
+    progress.finish_quietly();
+    Ok(*hasher.finalize().as_bytes())
+}
