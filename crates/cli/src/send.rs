@@ -138,7 +138,7 @@ pub fn send(
         };
         let runs = match &base {
             Some(base) => volume.changed_since(base)?,
-            None => vec![0..volume.size_bytes() / BLOCK],
+            None => std::iter::once(0..volume.size_bytes() / BLOCK).collect(),
         };
         let planned_blocks: u64 = runs.iter().map(|r| r.end - r.start).sum();
         let progress = Progress::new(planned_blocks * BLOCK, &format!("send {name}"));
