@@ -190,6 +190,8 @@ pub enum VolumeCommand {
         /// Discard a receive that stopped: its partial volume and progress file.
         #[arg(long)]
         abandon: bool,
+        #[command(flatten)]
+        reserve: ReserveArgs,
     },
 }
 
@@ -464,7 +466,17 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             from,
             resume,
             abandon,
-        } => crate::receive::receive(pool_path, &name, from.as_deref(), resume, abandon)?,
+            reserve,
+        } => crate::receive::receive(
+            pool_path,
+            &name,
+            &crate::receive::ReceiveOptions {
+                from: from.as_deref(),
+                resume,
+                abandon,
+                provisioning: reserve.provisioning(),
+            },
+        )?,
     }
     Ok(ExitCode::SUCCESS)
 }

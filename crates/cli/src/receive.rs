@@ -13,7 +13,7 @@
 //! stream again, or a resumed send's, skipping the records already held.
 
 use anyhow::{anyhow, bail, Context, Result};
-use fewerbytes_engine::{OpenOptions, Pool, Volume, BLOCK_BYTES};
+use fewerbytes_engine::{OpenOptions, Pool, Provisioning, Volume, BLOCK_BYTES};
 use fewerbytes_format::location::Codec;
 use fewerbytes_format::stream::{
     PayloadCodec, Record, RecordBody, RecordHead, StreamHeader, HEADER_BYTES, RECORD_HEAD_BYTES,
@@ -112,15 +112,26 @@ fn partial_name(name: &str) -> Result<String> {
     Ok(partial)
 }
 
-/// Receive a stream from stdin into a new volume `name`; `from` names the base of an
-/// incremental stream when it is not the name the stream carries.
-pub fn receive(
-    pool_path: &Path,
-    name: &str,
-    from: Option<&str>,
-    resume: bool,
-    abandon: bool,
-) -> Result<()> {
+/// How `volume receive` was asked to run.
+pub struct ReceiveOptions<'a> {
+    /// The base of an incremental stream, when not the name the stream carries.
+    pub from: Option<&'a str>,
+    /// Continue a receive that stopped.
+    pub resume: bool,
+    /// Discard a receive that stopped.
+    pub abandon: bool,
+    /// What the new volume reserves (as `volume create` and `volume clone`).
+    pub provisioning: Provisioning,
+}
+
+/// Receive a stream from stdin into a new volume `name`.
+pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result<()> {
+    let ReceiveOptions {
+        from,
+        resume,
+        abandon,
+        provisioning,
+    } = *options;
     refuse_if_served(pool_path, "receive")?;
     let partial = partial_name(name)?;
     let saved_path = progress_path(pool_path, name)?;
@@ -184,7 +195,8 @@ pub fn receive(
                 // The progress file first: a crash before the volume exists leaves a
                 // file that a resume begins again from (and --abandon removes).
                 write_saved(pool_path, &saved_path, &saved)?;
-                if let Err(e) = make_partial(pool, &header, &partial, base.as_deref()) {
+                if let Err(e) = make_partial(pool, &header, &partial, base.as_deref(), provisioning)
+                {
                     if exists(&partial) {
                         let _ = pool.delete_volume(&partial, true);
                     }
@@ -289,20 +301,21 @@ fn check_base(
 }
 
 /// Make the partial volume: a new volume for a full stream; for an incremental one,
-/// a clone of the base (as `volume clone` makes one: thick, reserving what it does
-/// not map), resized to the stream's size.
+/// a clone of the base, resized to the stream's size; each reserving as asked (thick
+/// by default, as `volume create` and `volume clone`).
 fn make_partial(
     pool: &Arc<Pool>,
     header: &StreamHeader,
     partial: &str,
     base: Option<&str>,
+    provisioning: Provisioning,
 ) -> Result<()> {
     let Some(base) = base else {
-        pool.create_volume(partial, header.volume_size_bytes)
+        pool.create_volume_with(partial, header.volume_size_bytes, provisioning)
             .with_context(|| format!("could not create the partial volume '{partial}'"))?;
         return Ok(());
     };
-    pool.clone_volume(base, partial)
+    pool.clone_volume_with(base, partial, provisioning)
         .with_context(|| format!("could not clone '{base}' to '{partial}'"))?;
     if pool.open_volume(partial)?.size_bytes() != header.volume_size_bytes {
         pool.resize_volume(partial, header.volume_size_bytes, true)?;

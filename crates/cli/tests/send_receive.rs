@@ -373,6 +373,33 @@ fn a_cut_stream_fails_and_resume_completes_it() {
     let ran = receive(&b, &["vm3", "--resume"], &rest);
     assert!(ran.status.success(), "{}", ran.report());
     assert!(exported(&b, "vm3", &dir) == image);
+
+    // A source written between the cut and the resumed send makes another stream,
+    // which the waiting receive refuses rather than finish with a mix of the two.
+    let ran = receive(&b, &["vm4"], &cut);
+    assert!(!ran.status.success(), "{}", ran.report());
+    let token = resume_token(&ran);
+    let (other, _) = image_with_duplicates(6);
+    let raw = write_image(&dir, "other.raw", &other);
+    fewerbytes_ok(
+        &a,
+        &[
+            "volume",
+            "import",
+            "vm",
+            raw.to_str().expect("utf-8"),
+            "--force",
+        ],
+    );
+    send(&a, &["vm", "--resume-token", &token], &rest);
+    let ran = receive(&b, &["vm4", "--resume"], &rest);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("not the one the interrupted receive"),
+        "{}",
+        ran.report()
+    );
+    assert!(!volume_names(&b).contains(&"vm4".to_string()));
     assert_check_clean(&b);
 }
 
