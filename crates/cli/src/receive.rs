@@ -51,7 +51,11 @@ struct Saved {
     /// Counts of the records before `next_position`, checked by the end record.
     data_records: u64,
     ref_blocks: u64,
+    base_ref_blocks: u64,
     zero_blocks: u64,
+    /// The local base of an incremental stream: base references read it, and a
+    /// resume checks it again.
+    base: Option<String>,
 }
 
 /// Where a receive into `name` keeps its progress.
@@ -178,7 +182,11 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                  --resume-token {}",
                 ResumeToken::text(&stream_key_of(&saved)?, saved.next_position)
             ),
-            Some(saved) if exists(&saved.partial) => saved,
+            Some(saved) if exists(&saved.partial) => {
+                // The base is read by base references: it must still be the sender's.
+                check_base(pool, &header, saved.base.as_deref())?;
+                saved
+            }
             // The progress file was written before the volume was made, or the
             // volume was deleted since: begin again.
             _ => {
@@ -190,7 +198,9 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                     next_lbn: 0,
                     data_records: 0,
                     ref_blocks: 0,
+                    base_ref_blocks: 0,
                     zero_blocks: 0,
+                    base: base.clone(),
                 };
                 // The progress file first: a crash before the volume exists leaves a
                 // file that a resume begins again from (and --abandon removes).
@@ -207,11 +217,17 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
             }
         };
         let volume = pool.open_volume(&saved.partial)?;
+        let base_volume = saved
+            .base
+            .as_deref()
+            .map(|b| pool.open_volume(b))
+            .transpose()?;
         let mut apply = Apply {
             pool,
             pool_path,
             saved_path: &saved_path,
             volume: &volume,
+            base: base_volume.as_ref(),
             header,
             incremental: header.base.is_some(),
             saved,
@@ -220,17 +236,19 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         let result = apply.run(&mut input);
         let saved = apply.saved.clone();
         drop(volume);
+        drop(base_volume);
         match result {
             Ok(()) => {
                 pool.rename_volume(&partial, name)?;
                 std::fs::remove_file(&saved_path)
                     .with_context(|| format!("could not remove {}", saved_path.display()))?;
                 eprintln!(
-                    "Received volume '{name}': {} ({} blocks of data, {} by reference), \
-                     {} of stream.",
+                    "Received volume '{name}': {} ({} blocks of data, {} by reference, {} by \
+                     reference to the base), {} of stream.",
                     format_size(header.volume_size_bytes),
                     saved.data_records,
                     saved.ref_blocks,
+                    saved.base_ref_blocks,
                     format_size(input.offset_bytes)
                 );
                 Ok(())
@@ -393,6 +411,8 @@ struct Apply<'a> {
     pool_path: &'a Path,
     saved_path: &'a Path,
     volume: &'a Volume,
+    /// The base of an incremental stream, which base references read.
+    base: Option<&'a Volume>,
     header: StreamHeader,
     /// A clone of the base: zero runs must be written (a new volume reads zeros).
     incremental: bool,
@@ -439,19 +459,27 @@ impl Apply<'_> {
             if let RecordBody::End {
                 data_records,
                 ref_blocks,
+                base_ref_blocks,
                 zero_blocks,
             } = record.body
             {
                 let s = &self.saved;
-                if (data_records, ref_blocks, zero_blocks)
-                    != (s.data_records, s.ref_blocks, s.zero_blocks)
+                if (data_records, ref_blocks, base_ref_blocks, zero_blocks)
+                    != (
+                        s.data_records,
+                        s.ref_blocks,
+                        s.base_ref_blocks,
+                        s.zero_blocks,
+                    )
                 {
                     bail!(
                         "the stream is damaged: its end record counts {data_records} data \
-                         records, {ref_blocks} blocks by reference and {zero_blocks} zero \
-                         blocks, but {} , {} and {} came before it",
+                         records, {ref_blocks} blocks by reference, {base_ref_blocks} by \
+                         reference to the base and {zero_blocks} zero blocks, but {}, {}, \
+                         {} and {} came before it",
                         s.data_records,
                         s.ref_blocks,
+                        s.base_ref_blocks,
                         s.zero_blocks
                     );
                 }
@@ -481,6 +509,7 @@ impl Apply<'_> {
                 RecordBody::Zero => self.saved.zero_blocks += u64::from(record.count),
                 RecordBody::Data { .. } => self.saved.data_records += 1,
                 RecordBody::Ref { .. } => self.saved.ref_blocks += u64::from(record.count),
+                RecordBody::BaseRef { .. } => self.saved.base_ref_blocks += u64::from(record.count),
                 RecordBody::End { .. } => {}
             }
             self.saved.next_position += 1;
@@ -530,15 +559,24 @@ impl Apply<'_> {
                     .with_context(|| at("write"))?;
                 Ok(BLOCK)
             }
-            RecordBody::Ref { source_lbn } => {
+            RecordBody::Ref { source_lbn } | RecordBody::BaseRef { source_lbn } => {
+                // A reference reads the volume being received; a base reference the
+                // base (which the header check guarantees exists for one).
+                let from = match (&record.body, self.base) {
+                    (RecordBody::BaseRef { .. }, Some(base)) => base,
+                    (RecordBody::BaseRef { .. }, None) => bail!(
+                        "the stream is damaged: record {} refers to a base, in a full stream",
+                        record.position
+                    ),
+                    _ => self.volume,
+                };
                 let mut done = 0u64;
                 let count = u64::from(record.count);
                 let mut buf = vec![0u8; (REF_CHUNK_BLOCKS * BLOCK) as usize];
                 while done < count {
                     let n = (count - done).min(REF_CHUNK_BLOCKS);
                     let chunk = &mut buf[..(n * BLOCK) as usize];
-                    self.volume
-                        .read((source_lbn + done) * BLOCK, chunk)
+                    from.read((source_lbn + done) * BLOCK, chunk)
                         .with_context(|| at("read the source of a reference in"))?;
                     self.volume
                         .write(offset + done * BLOCK, chunk, false)

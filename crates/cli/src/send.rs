@@ -153,11 +153,16 @@ pub fn send(
             wire_bytes: 0,
         };
         out.write_raw(&header.encode())?;
+        let in_base = match &base {
+            Some(base) => objects_in_base(&volume, &runs, base)?,
+            None => HashMap::new(),
+        };
         let mut sender = Sender {
             volume: &volume,
             compression,
             first_by_object: HashMap::new(),
             first_by_content: HashMap::new(),
+            in_base,
             stream_key,
         };
         for run in runs {
@@ -167,12 +172,13 @@ pub fn send(
         let counts = out.finish()?;
         progress.finish_on_stderr(
             &format!(
-                "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} of zeros; \
-                 {} on the wire",
+                "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} by reference \
+                 to the base, {} of zeros; {} on the wire",
                 from.map(|b| format!(" (changes since '{b}')"))
                     .unwrap_or_default(),
                 counts.data_records,
                 counts.ref_blocks,
+                counts.base_ref_blocks,
                 format_size(counts.zero_blocks * BLOCK),
                 format_size(out.wire_bytes)
             ),
@@ -187,6 +193,7 @@ pub fn send(
 struct Counts {
     data_records: u64,
     ref_blocks: u64,
+    base_ref_blocks: u64,
     zero_blocks: u64,
 }
 
@@ -194,6 +201,7 @@ struct Counts {
 enum Pending {
     Zero { lbn: u64, count: u32 },
     Ref { lbn: u64, count: u32, source: u64 },
+    BaseRef { lbn: u64, count: u32, source: u64 },
 }
 
 /// Numbers records, joins runs, and writes what a resumed send does not skip.
@@ -249,6 +257,9 @@ impl<W: Write> Emitter<W> {
             Some(Pending::Zero { lbn, count }) => self.record(lbn, count, RecordBody::Zero),
             Some(Pending::Ref { lbn, count, source }) => {
                 self.record(lbn, count, RecordBody::Ref { source_lbn: source })
+            }
+            Some(Pending::BaseRef { lbn, count, source }) => {
+                self.record(lbn, count, RecordBody::BaseRef { source_lbn: source })
             }
         }
     }
@@ -311,6 +322,29 @@ impl<W: Write> Emitter<W> {
         Ok(())
     }
 
+    fn base_reference(&mut self, lbn: u64, source: u64) -> Result<()> {
+        self.counts.base_ref_blocks += 1;
+        if let Some(Pending::BaseRef {
+            lbn: start,
+            count,
+            source: first,
+        }) = &mut self.pending
+        {
+            let next = u64::from(*count);
+            if *start + next == lbn && *first + next == source && *count < u32::MAX {
+                *count += 1;
+                return Ok(());
+            }
+        }
+        self.flush_pending()?;
+        self.pending = Some(Pending::BaseRef {
+            lbn,
+            count: 1,
+            source,
+        });
+        Ok(())
+    }
+
     fn data(&mut self, lbn: u64, codec: PayloadCodec, bytes: Vec<u8>) -> Result<()> {
         self.counts.data_records += 1;
         self.flush_pending()?;
@@ -326,6 +360,7 @@ impl<W: Write> Emitter<W> {
             RecordBody::End {
                 data_records: counts.data_records,
                 ref_blocks: counts.ref_blocks,
+                base_ref_blocks: counts.base_ref_blocks,
                 zero_blocks: counts.zero_blocks,
             },
         )?;
@@ -346,6 +381,9 @@ struct Sender<'a> {
     /// Keyed BLAKE3 of the bytes → the block first sent with them: two objects of
     /// the same bytes (a pool's index need not have found every duplicate).
     first_by_content: HashMap<[u8; 32], u64>,
+    /// Stored object → a block of the base that names it (incremental streams): the
+    /// receiver holds those bytes, so they go as a base reference, never sent.
+    in_base: HashMap<u64, u64>,
     stream_key: [u8; 32],
 }
 
@@ -365,9 +403,10 @@ impl Sender<'_> {
                 let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
                 let sources = &mut sources[..n];
                 self.volume.block_sources(lbn, sources)?;
-                let must_read = sources.iter().any(
-                    |s| matches!(s, BlockSource::Stored(o) if !self.first_by_object.contains_key(o)),
-                );
+                let must_read = sources.iter().any(|s| {
+                    matches!(s, BlockSource::Stored(o)
+                        if !self.first_by_object.contains_key(o) && !self.in_base.contains_key(o))
+                });
                 let bytes = &mut bytes[..n * BLOCK_BYTES];
                 if must_read {
                     self.volume.read(lbn * BLOCK, bytes).with_context(|| {
@@ -399,6 +438,9 @@ impl Sender<'_> {
             BlockSource::Zero => return out.zero(lbn, 1),
             BlockSource::Stored(object) => object,
         };
+        if let Some(at) = self.in_base.get(&object) {
+            return out.base_reference(lbn, *at);
+        }
         if let Some(first) = self.first_by_object.get(&object) {
             return out.reference(lbn, *first);
         }
@@ -418,6 +460,48 @@ impl Sender<'_> {
         };
         out.data(lbn, codec, bytes)
     }
+}
+
+/// For the stored objects the changed `runs` of `volume` name, a block of `base`
+/// naming the same object: a walk over both maps, no read; its memory follows the
+/// changed blocks, not the base.
+fn objects_in_base(
+    volume: &Volume,
+    runs: &[Range<u64>],
+    base: &Volume,
+) -> Result<HashMap<u64, u64>> {
+    let mut wanted: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut sources = vec![BlockSource::Zero; CHUNK_BLOCKS];
+    let mut visit = |vol: &Volume, blocks: Range<u64>, f: &mut dyn FnMut(u64, u64)| -> Result<()> {
+        for (data, blocks) in extents(vol, blocks)? {
+            let mut lbn = blocks.start;
+            while data && lbn < blocks.end {
+                let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
+                vol.block_sources(lbn, &mut sources[..n])?;
+                for (i, s) in sources[..n].iter().enumerate() {
+                    if let BlockSource::Stored(object) = s {
+                        f(lbn + i as u64, *object);
+                    }
+                }
+                lbn += n as u64;
+            }
+        }
+        Ok(())
+    };
+    for run in runs {
+        visit(volume, run.clone(), &mut |_, object| {
+            wanted.insert(object);
+        })?;
+    }
+    let mut found = HashMap::new();
+    if !wanted.is_empty() {
+        visit(base, 0..base.size_bytes() / BLOCK, &mut |lbn, object| {
+            if wanted.contains(&object) {
+                found.entry(object).or_insert(lbn);
+            }
+        })?;
+    }
+    Ok(found)
 }
 
 /// The runs of `blocks` (a block range of `volume`) as data or holes, in order.

@@ -225,6 +225,16 @@ fn replicas(label: &str) -> Replicas {
             file.to_str().expect("utf-8")
         ));
     }
+    // A block the base holds elsewhere (a file copied in the guest): sent as a
+    // reference to the base, not as data.
+    let copied = image[70 * BLOCK..71 * BLOCK].to_vec();
+    let file = write_image(&dir, "copied", &copied);
+    image[1800 * BLOCK..1801 * BLOCK].copy_from_slice(&copied);
+    commands.push(format!(
+        "write -s {} {} {BLOCK}",
+        file.to_str().expect("utf-8"),
+        1800 * BLOCK
+    ));
     let zeroed = 100 * BLOCK..116 * BLOCK;
     image[zeroed.clone()].fill(0);
     commands.push(format!("write -z {} {}", zeroed.start, zeroed.len()));
@@ -245,6 +255,11 @@ fn an_incremental_stream_from_a_clone_carries_only_the_changed_blocks() {
     let stream = r.dir.join("inc.fbs");
     let sent = send(&r.a, &["vm", "--from", "base"], &stream);
     assert_eq!(data_blocks_sent(&sent), r.changed, "{}", sent.report());
+    assert!(
+        sent.stderr.contains("1 by reference to the base"),
+        "{}",
+        sent.report()
+    );
     let stream_bytes = std::fs::metadata(&stream).expect("stream").len();
     let bound = HEADER_BYTES + r.changed * (BLOCK as u64 + RECORD_HEAD_BYTES) + 4 * 64;
     assert!(

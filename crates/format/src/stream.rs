@@ -24,8 +24,8 @@ pub const RECORD_HEAD_BYTES: usize = 32;
 pub const PAYLOAD_BYTES_MAX: usize = BLOCK_BYTES;
 /// Bytes of a reference's payload: the source block number.
 pub const REF_PAYLOAD_BYTES: usize = 8;
-/// Bytes of the end record's payload: three counts.
-pub const END_PAYLOAD_BYTES: usize = 24;
+/// Bytes of the end record's payload: four counts.
+pub const END_PAYLOAD_BYTES: usize = 32;
 
 /// Header flag: the stream is incremental (its base is named by size and digest).
 pub const FLAG_INCREMENTAL: u32 = 1;
@@ -246,12 +246,20 @@ pub enum RecordBody {
         /// The first block the content was sent as.
         source_lbn: u64,
     },
+    /// The blocks hold what blocks `source_lbn .. source_lbn + count` of the base
+    /// hold (an incremental stream only): bytes the receiver has, never sent.
+    BaseRef {
+        /// The first block of the base.
+        source_lbn: u64,
+    },
     /// The stream ends here; the counts of what came before, checked by the receiver.
     End {
         /// Data records before this one.
         data_records: u64,
         /// Blocks carried by reference records.
         ref_blocks: u64,
+        /// Blocks carried by base reference records.
+        base_ref_blocks: u64,
         /// Blocks carried by zero records.
         zero_blocks: u64,
     },
@@ -275,6 +283,7 @@ const KIND_ZERO: u8 = 1;
 const KIND_DATA: u8 = 2;
 const KIND_REF: u8 = 3;
 const KIND_END: u8 = 4;
+const KIND_BASE_REF: u8 = 5;
 
 /// The head of a record, decoded from its first 32 bytes before its payload is read
 /// (its length is checked against [`PAYLOAD_BYTES_MAX`] here).
@@ -298,19 +307,26 @@ impl Record {
         let (kind, codec, payload): (u8, u8, &[u8]) = match &self.body {
             RecordBody::Zero => (KIND_ZERO, 0, &[]),
             RecordBody::Data { codec, bytes } => (KIND_DATA, *codec as u8, bytes),
-            RecordBody::Ref { source_lbn } => {
+            RecordBody::Ref { source_lbn } | RecordBody::BaseRef { source_lbn } => {
                 let mut w = Writer::new(&mut payload);
                 w.u64(*source_lbn);
-                (KIND_REF, 0, payload.get(..REF_PAYLOAD_BYTES).unwrap_or(&[]))
+                let kind = if matches!(self.body, RecordBody::Ref { .. }) {
+                    KIND_REF
+                } else {
+                    KIND_BASE_REF
+                };
+                (kind, 0, payload.get(..REF_PAYLOAD_BYTES).unwrap_or(&[]))
             }
             RecordBody::End {
                 data_records,
                 ref_blocks,
+                base_ref_blocks,
                 zero_blocks,
             } => {
                 let mut w = Writer::new(&mut payload);
                 w.u64(*data_records);
                 w.u64(*ref_blocks);
+                w.u64(*base_ref_blocks);
                 w.u64(*zero_blocks);
                 (KIND_END, 0, &payload[..])
             }
@@ -364,7 +380,7 @@ impl RecordHead {
         let allowed = match head.kind {
             KIND_ZERO => 0..=0,
             KIND_DATA => 1..=PAYLOAD_BYTES_MAX,
-            KIND_REF => REF_PAYLOAD_BYTES..=REF_PAYLOAD_BYTES,
+            KIND_REF | KIND_BASE_REF => REF_PAYLOAD_BYTES..=REF_PAYLOAD_BYTES,
             KIND_END => END_PAYLOAD_BYTES..=END_PAYLOAD_BYTES,
             kind => {
                 // A damaged kind byte is told apart from a new kind by the checksum,
@@ -425,11 +441,15 @@ impl RecordHead {
             KIND_REF => RecordBody::Ref {
                 source_lbn: Reader::new(WHAT_RECORD, payload).u64()?,
             },
+            KIND_BASE_REF => RecordBody::BaseRef {
+                source_lbn: Reader::new(WHAT_RECORD, payload).u64()?,
+            },
             _ => {
                 let mut r = Reader::new(WHAT_RECORD, payload);
                 RecordBody::End {
                     data_records: r.u64()?,
                     ref_blocks: r.u64()?,
+                    base_ref_blocks: r.u64()?,
                     zero_blocks: r.u64()?,
                 }
             }
@@ -447,7 +467,8 @@ impl RecordHead {
 
 impl Record {
     /// The record's blocks lie inside the volume; a data record covers one block, an
-    /// end record none, a reference a source wholly before its own blocks.
+    /// end record none, a reference a source wholly before its own blocks, a base
+    /// reference (incremental streams only) a source inside the base.
     fn check_bounds(&self, header: &StreamHeader) -> Result<(), FormatError> {
         let count = u64::from(self.count);
         let end = self.lbn.checked_add(count);
@@ -474,6 +495,25 @@ impl Record {
                     self.lbn
                 ))
             }
+            RecordBody::BaseRef { source_lbn } => match header.base {
+                None => bad(format!(
+                    "record {} refers to a base, in a full stream",
+                    self.position
+                )),
+                Some(base)
+                    if source_lbn
+                        .checked_add(count)
+                        .is_none_or(|end| end > base.size_bytes / BLOCK_BYTES as u64) =>
+                {
+                    bad(format!(
+                        "blocks {}..+{count} refer to base blocks {source_lbn}..+{count}, \
+                         past the base's {} blocks",
+                        self.lbn,
+                        base.size_bytes / BLOCK_BYTES as u64
+                    ))
+                }
+                Some(_) => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -569,11 +609,18 @@ mod tests {
             },
             Record {
                 position: 4,
+                lbn: 400,
+                count: 3,
+                body: RecordBody::BaseRef { source_lbn: 1000 },
+            },
+            Record {
+                position: 5,
                 lbn: 0,
                 count: 0,
                 body: RecordBody::End {
                     data_records: 2,
                     ref_blocks: 2,
+                    base_ref_blocks: 3,
                     zero_blocks: 100,
                 },
             },
@@ -615,6 +662,13 @@ mod tests {
             (5, 1, RecordBody::Ref { source_lbn: 5 }),
             (
                 5,
+                1,
+                RecordBody::BaseRef {
+                    source_lbn: (1 << 29) / 4096,
+                },
+            ),
+            (
+                5,
                 2,
                 RecordBody::Data {
                     codec: PayloadCodec::Raw,
@@ -633,6 +687,23 @@ mod tests {
             .encode(&h.stream_key, &mut bytes);
             assert!(decode(&bytes, &h).is_err(), "{lbn} {count} {body:?}");
         }
+    }
+
+    #[test]
+    fn a_base_reference_is_refused_in_a_full_stream() {
+        let h = StreamHeader {
+            base: None,
+            ..header()
+        };
+        let mut bytes = Vec::new();
+        Record {
+            position: 0,
+            lbn: 0,
+            count: 1,
+            body: RecordBody::BaseRef { source_lbn: 0 },
+        }
+        .encode(&h.stream_key, &mut bytes);
+        assert!(decode(&bytes, &h).is_err());
     }
 
     proptest! {
