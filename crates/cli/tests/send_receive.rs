@@ -462,3 +462,49 @@ fn a_flipped_byte_is_refused_and_abandon_discards_the_partial_volume() {
     );
     assert!(!volume_names(&b).contains(&"vm".to_string()));
 }
+
+#[test]
+fn an_incremental_receive_resumes_and_checks_its_base_again() {
+    let r = replicas("sendincres");
+    let stream = r.dir.join("inc.fbs");
+    send(&r.a, &["vm", "--from", "base"], &stream);
+    let bytes = std::fs::read(&stream).expect("stream");
+    let cut = write_image(&r.dir, "cut.fbs", &bytes[..bytes.len() / 2]);
+
+    // Cut; the base written before the resume: refused, the partial kept.
+    let ran = receive(&r.b, &["vm2"], &cut);
+    assert!(!ran.status.success(), "{}", ran.report());
+    fewerbytes_ok(&r.b, &["volume", "clone", "base", "base-kept"]);
+    let (mut other, _) = image_with_duplicates(11);
+    other[BLOCK * 9] ^= 1;
+    let raw = write_image(&r.dir, "other.raw", &other);
+    fewerbytes_ok(
+        &r.b,
+        &[
+            "volume",
+            "import",
+            "base",
+            raw.to_str().expect("utf-8"),
+            "--force",
+        ],
+    );
+    let ran = receive(&r.b, &["vm2", "--resume"], &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("differs from the sender's base"),
+        "{}",
+        ran.report()
+    );
+    assert!(!volume_names(&r.b).contains(&"vm2".to_string()));
+
+    // The base as it was: the resume completes.
+    fewerbytes_ok(&r.b, &["volume", "delete", "base"]);
+    fewerbytes_ok(&r.b, &["volume", "rename", "base-kept", "base"]);
+    let ran = receive(&r.b, &["vm2", "--resume"], &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(
+        exported(&r.b, "vm2", &r.dir) == r.image,
+        "vm2 differs from the source"
+    );
+    assert_check_clean(&r.b);
+}
