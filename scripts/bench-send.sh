@@ -44,7 +44,7 @@ rm "$dir/twice.raw"
 
 # vm1: a clone of the template, written through NBD.
 "$FB" "${A[@]}" volume clone template vm1 --thin >/dev/null
-"$FB" "${A[@]}" serve --socket "$dir/a.sock" --no-tcp 2>"$dir/serve.log" &
+"$FB" "${A[@]}" serve --socket "$dir/a.sock" --no-tcp >"$dir/serve.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do [[ -S $dir/a.sock ]] && break; sleep 0.1; done
 # The 16 MiB window, 1 MiB aligned, holding the most data (overwritten with zeros:
