@@ -166,6 +166,12 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         if resume && saved.is_none() {
             bail!("no interrupted receive of '{name}' to resume");
         }
+        if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            bail!(
+                "stdin is a terminal: `volume receive` reads a send stream; redirect it from \
+                 a file or pipe `fewerbytes volume send` into it"
+            );
+        }
         // Dedup against what the pool held before the open, as an import does.
         pool.wait_index_built();
         let mut input = StreamInput {

@@ -13,8 +13,8 @@ use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::page::MAP_ENTRIES_PER_PAGE;
 use std::ops::Range;
 
-/// The source of each block `first_lbn ..` of `vol`, one per element of `out`;
-/// blocks past the volume's end read as zeros.
+/// The source of each block `first_lbn ..` of `vol`, one per element of `out` (the
+/// caller checked the range lies inside the volume and outside any damage).
 pub(crate) fn block_sources(vol: &VolumeState, first_lbn: u64, out: &mut [BlockSource]) {
     let pages = vol.map_pages();
     let mut lbn = first_lbn;

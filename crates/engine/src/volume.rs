@@ -453,12 +453,13 @@ impl Volume {
     }
 
     /// What the map names for blocks `first_lbn .. first_lbn + out.len()`, one per
-    /// element of `out` (`map_diff.rs`); blocks past the end read as zeros.
+    /// element of `out` (`map_diff.rs`). A range outside the volume, or touching a
+    /// damaged range (whose entries are unknown, so never reported as zeros), is
+    /// refused as a read of it would be.
     pub fn block_sources(&self, first_lbn: u64, out: &mut [BlockSource]) -> Result<()> {
         let vol = &self.h.vol;
-        if vol.is_deleted() {
-            return Err(EngineError::VolumeGone(vol.name()));
-        }
+        let offset_bytes = first_lbn.checked_mul(BLOCK).unwrap_or(u64::MAX);
+        self.check("read", offset_bytes, out.len() as u64 * BLOCK)?;
         let _gate = self.inner().locks.shared();
         crate::map_diff::block_sources(vol, first_lbn, out);
         Ok(())
