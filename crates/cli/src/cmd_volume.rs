@@ -168,8 +168,13 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "BASE")]
         from: Option<String>,
         /// Send only the records a cut-short receive lacks: the token it printed.
-        #[arg(long, value_name = "TOKEN")]
+        #[arg(long, value_name = "TOKEN", conflicts_with = "to")]
         resume_token: Option<String>,
+        /// Two-way mode: run this shell command as the receiver (`ssh host2 fewerbytes
+        /// --pool P volume receive NAME --negotiate-with VOL,…`), offer it the digest
+        /// of each block to send, and send only the blocks it does not hold.
+        #[arg(long, value_name = "COMMAND")]
+        to: Option<String>,
     },
     /// Make a new volume from a send stream on stdin.
     ///
@@ -190,6 +195,16 @@ pub enum VolumeCommand {
         /// Discard a receive that stopped: its partial volume and progress file.
         #[arg(long)]
         abandon: bool,
+        /// Two-way mode (`volume send --to`): answer the sender's offers from these
+        /// volumes' blocks (read and hashed under the stream's key), which are then
+        /// not sent; stdout carries the answer.
+        #[arg(
+            long,
+            value_name = "VOL,VOL",
+            value_delimiter = ',',
+            conflicts_with = "abandon"
+        )]
+        negotiate_with: Vec<String>,
         #[command(flatten)]
         reserve: ReserveArgs,
     },
@@ -454,18 +469,20 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             name,
             from,
             resume_token,
+            to,
         } => {
             let resume = resume_token
                 .as_deref()
                 .map(crate::send::ResumeToken::parse)
                 .transpose()?;
-            crate::send::send(pool_path, &name, from.as_deref(), resume)?
+            crate::send::send(pool_path, &name, from.as_deref(), resume, to.as_deref())?
         }
         VolumeCommand::Receive {
             name,
             from,
             resume,
             abandon,
+            negotiate_with,
             reserve,
         } => crate::receive::receive(
             pool_path,
@@ -474,6 +491,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 from: from.as_deref(),
                 resume,
                 abandon,
+                negotiate_with: &negotiate_with,
                 provisioning: reserve.provisioning(),
             },
         )?,

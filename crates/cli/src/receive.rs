@@ -13,12 +13,14 @@
 //! stream again, or a resumed send's, skipping the records already held.
 
 use anyhow::{anyhow, bail, Context, Result};
-use fewerbytes_engine::{OpenOptions, Pool, Provisioning, Volume, BLOCK_BYTES};
+use fewerbytes_engine::{BlockSource, OpenOptions, Pool, Provisioning, Volume, BLOCK_BYTES};
 use fewerbytes_format::location::Codec;
 use fewerbytes_format::stream::{
-    PayloadCodec, Record, RecordBody, RecordHead, StreamHeader, HEADER_BYTES, RECORD_HEAD_BYTES,
+    Answer, PayloadCodec, Record, RecordBody, RecordHead, StreamHeader, HEADER_BYTES,
+    OFFER_DIGEST_BYTES, RECORD_HEAD_BYTES,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,6 +54,8 @@ struct Saved {
     data_records: u64,
     ref_blocks: u64,
     base_ref_blocks: u64,
+    #[serde(default)]
+    pool_ref_blocks: u64,
     zero_blocks: u64,
     /// The local base of an incremental stream: base references read it, and a
     /// resume checks it again.
@@ -126,6 +130,8 @@ pub struct ReceiveOptions<'a> {
     pub abandon: bool,
     /// What the new volume reserves (as `volume create` and `volume clone`).
     pub provisioning: Provisioning,
+    /// Two-way mode: the volumes whose blocks answer the sender's offers.
+    pub negotiate_with: &'a [String],
 }
 
 /// Receive a stream from stdin into a new volume `name`.
@@ -135,6 +141,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         resume,
         abandon,
         provisioning,
+        negotiate_with,
     } = *options;
     refuse_if_served(pool_path, "receive")?;
     let partial = partial_name(name)?;
@@ -181,6 +188,12 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         let header_bytes = input.header()?;
         let header = StreamHeader::decode(&header_bytes)
             .map_err(|e| anyhow!("not a fewerbytes send stream: {e}"))?;
+        if header.negotiated && saved.is_some() {
+            bail!(
+                "a two-way stream cannot resume an interrupted receive: discard it with \
+                 `volume receive {name} --abandon`, then send again"
+            );
+        }
         let saved = match saved {
             Some(saved) if saved.header != hex(&header_bytes) => bail!(
                 "this stream is not the one the interrupted receive of '{name}' began with \
@@ -205,6 +218,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                     data_records: 0,
                     ref_blocks: 0,
                     base_ref_blocks: 0,
+                    pool_ref_blocks: 0,
                     zero_blocks: 0,
                     base: base.clone(),
                 };
@@ -228,12 +242,38 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
             .as_deref()
             .map(|b| pool.open_volume(b))
             .transpose()?;
+        let negotiation = if header.negotiated {
+            let candidates = negotiate_with
+                .iter()
+                .map(|v| {
+                    pool.open_volume(v)
+                        .with_context(|| format!("--negotiate-with names volume '{v}'"))
+                })
+                .collect::<Result<Vec<_>>>();
+            match candidates {
+                Ok(candidates) => Some(Negotiation {
+                    candidates,
+                    offered: Vec::new(),
+                    table: HashMap::new(),
+                    answered: false,
+                }),
+                Err(e) => {
+                    drop(volume);
+                    let _ = pool.delete_volume(&partial, true);
+                    let _ = std::fs::remove_file(&saved_path);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         let mut apply = Apply {
             pool,
             pool_path,
             saved_path: &saved_path,
             volume: &volume,
             base: base_volume.as_ref(),
+            negotiation,
             header,
             incremental: header.base.is_some(),
             saved,
@@ -241,8 +281,17 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         };
         let result = apply.run(&mut input);
         let saved = apply.saved.clone();
+        drop(apply);
         drop(volume);
         drop(base_volume);
+        if result.is_err() && header.negotiated {
+            // Its records depend on the answer: a two-way receive is not resumed.
+            let _ = pool.delete_volume(&partial, true);
+            let _ = std::fs::remove_file(&saved_path);
+            return result.with_context(|| {
+                format!("the two-way receive of '{name}' stopped and was discarded; send again")
+            });
+        }
         match result {
             Ok(()) => {
                 pool.rename_volume(&partial, name)?;
@@ -411,6 +460,86 @@ impl<R: Read> StreamInput<R> {
     }
 }
 
+/// Two-way mode: the candidate volumes, the digests offered, and for each offered
+/// digest a candidate holds, where.
+struct Negotiation {
+    candidates: Vec<Volume>,
+    offered: Vec<[u8; OFFER_DIGEST_BYTES]>,
+    table: HashMap<[u8; OFFER_DIGEST_BYTES], (usize, u64)>,
+    answered: bool,
+}
+
+/// Blocks the answer's table reads at once (1 MiB).
+const TABLE_CHUNK_BLOCKS: usize = 256;
+
+impl Negotiation {
+    /// Hash the candidates' stored blocks under the stream key (each object once),
+    /// keep those offered, and write the answer to stdout.
+    fn answer(&mut self, stream_key: &[u8; 32]) -> Result<()> {
+        let wanted: HashSet<[u8; OFFER_DIGEST_BYTES]> = self.offered.iter().copied().collect();
+        let mut sources = vec![BlockSource::Zero; TABLE_CHUNK_BLOCKS];
+        let mut bytes = vec![0u8; TABLE_CHUNK_BLOCKS * BLOCK_BYTES];
+        for (index, volume) in self.candidates.iter().enumerate() {
+            let mut seen: HashSet<u64> = HashSet::new();
+            for run in data_runs(volume)? {
+                let mut lbn = run.start;
+                while lbn < run.end {
+                    let n = (run.end - lbn).min(TABLE_CHUNK_BLOCKS as u64) as usize;
+                    volume.block_sources(lbn, &mut sources[..n])?;
+                    volume.read(lbn * BLOCK, &mut bytes[..n * BLOCK_BYTES])?;
+                    for (i, source) in sources[..n].iter().enumerate() {
+                        let BlockSource::Stored(object) = *source else {
+                            continue;
+                        };
+                        if !seen.insert(object) {
+                            continue;
+                        }
+                        let block = &bytes[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+                        let full = blake3::keyed_hash(stream_key, block);
+                        let mut digest = [0u8; OFFER_DIGEST_BYTES];
+                        digest.copy_from_slice(&full.as_bytes()[..OFFER_DIGEST_BYTES]);
+                        if wanted.contains(&digest) {
+                            self.table.entry(digest).or_insert((index, lbn + i as u64));
+                        }
+                    }
+                    lbn += n as u64;
+                }
+            }
+        }
+        let count = self.offered.len() as u64;
+        let mut bitmap = vec![0u8; self.offered.len().div_ceil(8)];
+        for (i, digest) in self.offered.iter().enumerate() {
+            if self.table.contains_key(digest) {
+                if let Some(byte) = bitmap.get_mut(i / 8) {
+                    *byte |= 1 << (i % 8);
+                }
+            }
+        }
+        let answer = Answer { count, bitmap };
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(&answer.encode())
+            .and_then(|()| stdout.flush())
+            .context("could not write the answer to the sender (stdout)")?;
+        self.answered = true;
+        Ok(())
+    }
+}
+
+/// The block ranges of `volume` that hold data, in order.
+fn data_runs(volume: &Volume) -> Result<Vec<std::ops::Range<u64>>> {
+    let mut out = Vec::new();
+    let mut lbn = 0;
+    for extent in volume.extents(0, volume.size_bytes())? {
+        let n = extent.len_bytes / BLOCK;
+        if extent.data {
+            out.push(lbn..lbn + n);
+        }
+        lbn += n;
+    }
+    Ok(out)
+}
+
 /// Applying records to the partial volume, and keeping the progress file true.
 struct Apply<'a> {
     pool: &'a Arc<Pool>,
@@ -419,6 +548,8 @@ struct Apply<'a> {
     volume: &'a Volume,
     /// The base of an incremental stream, which base references read.
     base: Option<&'a Volume>,
+    /// Two-way mode: the offers, the answer, and where the held blocks are.
+    negotiation: Option<Negotiation>,
     header: StreamHeader,
     /// A clone of the base: zero runs must be written (a new volume reads zeros).
     incremental: bool,
@@ -462,31 +593,38 @@ impl Apply<'_> {
                     self.saved.next_position
                 );
             }
+            if self.negotiate(&record)? {
+                self.saved.next_position += 1;
+                continue;
+            }
             if let RecordBody::End {
                 data_records,
                 ref_blocks,
                 base_ref_blocks,
+                pool_ref_blocks,
                 zero_blocks,
             } = record.body
             {
                 let s = &self.saved;
-                if (data_records, ref_blocks, base_ref_blocks, zero_blocks)
-                    != (
-                        s.data_records,
-                        s.ref_blocks,
-                        s.base_ref_blocks,
-                        s.zero_blocks,
-                    )
-                {
+                let theirs = (
+                    data_records,
+                    ref_blocks,
+                    base_ref_blocks,
+                    pool_ref_blocks,
+                    zero_blocks,
+                );
+                let ours = (
+                    s.data_records,
+                    s.ref_blocks,
+                    s.base_ref_blocks,
+                    s.pool_ref_blocks,
+                    s.zero_blocks,
+                );
+                if theirs != ours {
                     bail!(
-                        "the stream is damaged: its end record counts {data_records} data \
-                         records, {ref_blocks} blocks by reference, {base_ref_blocks} by \
-                         reference to the base and {zero_blocks} zero blocks, but {}, {}, \
-                         {} and {} came before it",
-                        s.data_records,
-                        s.ref_blocks,
-                        s.base_ref_blocks,
-                        s.zero_blocks
+                        "the stream is damaged: its end record counts (data records, blocks \
+                         by reference, to the base, held, zeros) {theirs:?}, but {ours:?} came \
+                         before it"
                     );
                 }
                 let mut extra = [0u8; 1];
@@ -516,6 +654,8 @@ impl Apply<'_> {
                 RecordBody::Data { .. } => self.saved.data_records += 1,
                 RecordBody::Ref { .. } => self.saved.ref_blocks += u64::from(record.count),
                 RecordBody::BaseRef { .. } => self.saved.base_ref_blocks += u64::from(record.count),
+                RecordBody::PoolRef { .. } => self.saved.pool_ref_blocks += 1,
+                RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => {}
                 RecordBody::End { .. } => {}
             }
             self.saved.next_position += 1;
@@ -591,7 +731,65 @@ impl Apply<'_> {
                 }
                 Ok(len)
             }
-            RecordBody::End { .. } => Ok(0),
+            RecordBody::PoolRef { digest } => {
+                let held = self.negotiation.as_ref().and_then(|n| {
+                    let (volume, lbn) = n.table.get(digest)?;
+                    Some((n.candidates.get(*volume)?, *lbn))
+                });
+                let Some((from, source_lbn)) = held else {
+                    bail!(
+                        "the stream is damaged: record {} refers to a block this pool did not \
+                         answer it holds",
+                        record.position
+                    );
+                };
+                let mut block = vec![0u8; BLOCK_BYTES];
+                from.read(source_lbn * BLOCK, &mut block)
+                    .with_context(|| at("read a held block for"))?;
+                self.volume
+                    .write(offset, &block, false)
+                    .with_context(|| at("write"))?;
+                Ok(BLOCK)
+            }
+            RecordBody::End { .. } | RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => {
+                Ok(0)
+            }
+        }
+    }
+
+    /// Two-way mode: take an offer, or answer at the offers' end (true: the record
+    /// was one of those). Refuses offers in the wrong place and blocks before the
+    /// answer.
+    fn negotiate(&mut self, record: &Record) -> Result<bool> {
+        let stream_key = self.header.stream_key;
+        let Some(negotiation) = &mut self.negotiation else {
+            return Ok(false);
+        };
+        match &record.body {
+            RecordBody::Offer { digests } if !negotiation.answered => {
+                negotiation.offered.extend_from_slice(digests);
+                Ok(true)
+            }
+            RecordBody::OffersEnd { offered } if !negotiation.answered => {
+                if *offered != negotiation.offered.len() as u64 {
+                    bail!(
+                        "the stream is damaged: its offers' end counts {offered} digests, {} \
+                         came before it",
+                        negotiation.offered.len()
+                    );
+                }
+                negotiation.answer(&stream_key)?;
+                Ok(true)
+            }
+            RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => bail!(
+                "the stream is damaged: record {} offers digests after the answer",
+                record.position
+            ),
+            _ if !negotiation.answered => bail!(
+                "the stream is damaged: record {} carries blocks before the offers' end",
+                record.position
+            ),
+            _ => Ok(false),
         }
     }
 

@@ -14,9 +14,12 @@
 use anyhow::{bail, Context, Result};
 use fewerbytes_engine::{BlockSource, Compression, OpenOptions, Volume, BLOCK_BYTES};
 use fewerbytes_format::location::Codec;
-use fewerbytes_format::stream::{BaseId, PayloadCodec, Record, RecordBody, StreamHeader};
-use std::collections::HashMap;
-use std::io::Write;
+use fewerbytes_format::stream::{
+    Answer, BaseId, PayloadCodec, Record, RecordBody, StreamHeader, ANSWER_HEAD_BYTES,
+    OFFER_DIGESTS_MAX, OFFER_DIGEST_BYTES,
+};
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::path::Path;
 
@@ -92,22 +95,48 @@ pub fn refuse_if_served(pool_path: &Path, verb: &str) -> Result<()> {
     Ok(())
 }
 
-/// Write volume `name` as a stream to stdout, incremental from `from` if given.
+/// Write volume `name` as a stream to stdout, incremental from `from` if given; with
+/// `to`, to the stdin of that shell command (a `volume receive --negotiate-with`),
+/// in two-way mode: the blocks its answer says it holds are not sent.
 pub fn send(
     pool_path: &Path,
     name: &str,
     from: Option<&str>,
     resume: Option<ResumeToken>,
+    to: Option<&str>,
 ) -> Result<()> {
     refuse_if_served(pool_path, "send")?;
+    if to.is_some() && resume.is_some() {
+        bail!("a two-way send (--to) cannot be resumed: send it again");
+    }
     let stdout = std::io::stdout();
-    if std::io::IsTerminal::is_terminal(&stdout) {
+    if to.is_none() && std::io::IsTerminal::is_terminal(&stdout) {
         bail!(
             "stdout is a terminal: a send stream is binary; redirect it to a file or pipe \
              it into `fewerbytes volume receive`"
         );
     }
-    with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
+    if to.is_some() {
+        // A receiver that exits early must cost an error here (EPIPE), naming it,
+        // not end this process silently by SIGPIPE.
+        // SAFETY: setting a signal disposition; no handler runs.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+    }
+    let mut receiver = match to {
+        Some(command) => Some(
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(command)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .with_context(|| format!("could not start the receiver `{command}`"))?,
+        ),
+        None => None,
+    };
+    let result = with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
         let base = from.map(|b| pool.open_volume(b)).transpose()?;
         let compression = pool.info().compression;
@@ -134,6 +163,7 @@ pub fn send(
             source_pool_id: pool.id(),
             stream_key,
             base: base_id,
+            negotiated: receiver.is_some(),
             source_map_digest,
         };
         let runs = match &base {
@@ -142,8 +172,17 @@ pub fn send(
         };
         let planned_blocks: u64 = runs.iter().map(|r| r.end - r.start).sum();
         let progress = Progress::new(planned_blocks * BLOCK, &format!("send {name}"));
+        let (sink, mut answers): (Box<dyn Write>, Option<Box<dyn Read>>) = match &mut receiver {
+            Some(child) => (
+                Box::new(child.stdin.take().context("the receiver's stdin")?),
+                Some(Box::new(
+                    child.stdout.take().context("the receiver's stdout")?,
+                )),
+            ),
+            None => (Box::new(stdout.lock()), None),
+        };
         let mut out = Emitter {
-            out: stdout.lock(),
+            out: sink,
             buffer: Vec::with_capacity(OUT_BUFFER_BYTES + 2 * BLOCK_BYTES),
             header,
             skip_before: resume.as_ref().map_or(0, |t| t.position),
@@ -163,29 +202,53 @@ pub fn send(
             first_by_object: HashMap::new(),
             first_by_content: HashMap::new(),
             in_base,
+            held_objects: HashMap::new(),
+            held_digests: HashSet::new(),
             stream_key,
         };
+        if let Some(answers) = &mut answers {
+            sender.negotiate(&runs, &mut out, answers)?;
+        }
         for run in runs {
             sender.send_run(run.clone(), &mut out)?;
             progress.advance((run.end - run.start) * BLOCK);
         }
         let counts = out.finish()?;
+        let wire_bytes = out.wire_bytes;
+        // The receiver's stdin closes here: it sees the end of the stream.
+        drop(out);
+        let held = if answers.is_some() {
+            format!(", {} the receiver held", counts.pool_ref_blocks)
+        } else {
+            String::new()
+        };
         progress.finish_on_stderr(
             &format!(
                 "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} by reference \
-                 to the base, {} of zeros; {} on the wire",
+                 to the base{held}, {} of zeros; {} on the wire",
                 from.map(|b| format!(" (changes since '{b}')"))
                     .unwrap_or_default(),
                 counts.data_records,
                 counts.ref_blocks,
                 counts.base_ref_blocks,
                 format_size(counts.zero_blocks * BLOCK),
-                format_size(out.wire_bytes)
+                format_size(wire_bytes)
             ),
             planned_blocks * BLOCK,
         );
         Ok(())
-    })
+    });
+    if let Some(mut child) = receiver {
+        // Its stdin is closed (dropped with the emitter, or never written on an
+        // error): it ends, and its status tells whether it made the volume.
+        drop(child.stdin.take());
+        let status = child.wait().context("could not wait for the receiver")?;
+        if !status.success() {
+            bail!("the receiver failed ({status}); its error is above");
+        }
+        return result;
+    }
+    result
 }
 
 /// The records' counts, as the end record carries them.
@@ -194,6 +257,7 @@ struct Counts {
     data_records: u64,
     ref_blocks: u64,
     base_ref_blocks: u64,
+    pool_ref_blocks: u64,
     zero_blocks: u64,
 }
 
@@ -345,6 +409,12 @@ impl<W: Write> Emitter<W> {
         Ok(())
     }
 
+    fn pool_reference(&mut self, lbn: u64, digest: [u8; OFFER_DIGEST_BYTES]) -> Result<()> {
+        self.counts.pool_ref_blocks += 1;
+        self.flush_pending()?;
+        self.record(lbn, 1, RecordBody::PoolRef { digest })
+    }
+
     fn data(&mut self, lbn: u64, codec: PayloadCodec, bytes: Vec<u8>) -> Result<()> {
         self.counts.data_records += 1;
         self.flush_pending()?;
@@ -361,6 +431,7 @@ impl<W: Write> Emitter<W> {
                 data_records: counts.data_records,
                 ref_blocks: counts.ref_blocks,
                 base_ref_blocks: counts.base_ref_blocks,
+                pool_ref_blocks: counts.pool_ref_blocks,
                 zero_blocks: counts.zero_blocks,
             },
         )?;
@@ -384,6 +455,11 @@ struct Sender<'a> {
     /// Stored object → a block of the base that names it (incremental streams): the
     /// receiver holds those bytes, so they go as a base reference, never sent.
     in_base: HashMap<u64, u64>,
+    /// Two-way mode: stored object → its digest, for the objects whose bytes the
+    /// receiver answered it holds (sent as pool references, never read again).
+    held_objects: HashMap<u64, [u8; OFFER_DIGEST_BYTES]>,
+    /// Two-way mode: the digests the receiver holds.
+    held_digests: HashSet<[u8; OFFER_DIGEST_BYTES]>,
     stream_key: [u8; 32],
 }
 
@@ -405,7 +481,9 @@ impl Sender<'_> {
                 self.volume.block_sources(lbn, sources)?;
                 let must_read = sources.iter().any(|s| {
                     matches!(s, BlockSource::Stored(o)
-                        if !self.first_by_object.contains_key(o) && !self.in_base.contains_key(o))
+                        if !self.first_by_object.contains_key(o)
+                            && !self.in_base.contains_key(o)
+                            && !self.held_objects.contains_key(o))
                 });
                 let bytes = &mut bytes[..n * BLOCK_BYTES];
                 if must_read {
@@ -444,6 +522,11 @@ impl Sender<'_> {
         if let Some(first) = self.first_by_object.get(&object) {
             return out.reference(lbn, *first);
         }
+        if let Some(digest) = self.held_objects.get(&object) {
+            // Later copies refer to this block, as to a block sent.
+            self.first_by_object.insert(object, lbn);
+            return out.pool_reference(lbn, *digest);
+        }
         if block.iter().all(|b| *b == 0) {
             return out.zero(lbn, 1);
         }
@@ -453,12 +536,115 @@ impl Sender<'_> {
             return out.reference(lbn, *first);
         }
         self.first_by_content.insert(digest, lbn);
+        let short = short_digest(&digest);
+        if self.held_digests.contains(&short) {
+            return out.pool_reference(lbn, short);
+        }
         let (codec, bytes) = match fewerbytes_engine::compress_block(self.compression, block) {
             Some((Codec::Lz4, bytes)) => (PayloadCodec::Lz4, bytes),
             Some((Codec::Zstd, bytes)) => (PayloadCodec::Zstd, bytes),
             None => (PayloadCodec::Raw, block.to_vec()),
         };
         out.data(lbn, codec, bytes)
+    }
+}
+
+/// The first 16 bytes of a digest: what an offer and a pool reference carry.
+fn short_digest(digest: &[u8; 32]) -> [u8; OFFER_DIGEST_BYTES] {
+    let mut out = [0u8; OFFER_DIGEST_BYTES];
+    out.copy_from_slice(&digest[..OFFER_DIGEST_BYTES]);
+    out
+}
+
+impl Sender<'_> {
+    /// Two-way mode: offer the digest of every distinct block the stream would send
+    /// as data (neither in the base nor zeros), read the receiver's answer, and keep
+    /// what it holds. Reads each such block once more than a one-way send.
+    fn negotiate<W: Write>(
+        &mut self,
+        runs: &[Range<u64>],
+        out: &mut Emitter<W>,
+        answers: &mut dyn Read,
+    ) -> Result<()> {
+        let mut offered: Vec<([u8; OFFER_DIGEST_BYTES], u64)> = Vec::new();
+        let mut seen_objects: HashSet<u64> = HashSet::new();
+        let mut seen_digests: HashSet<[u8; OFFER_DIGEST_BYTES]> = HashSet::new();
+        let mut sources = vec![BlockSource::Zero; CHUNK_BLOCKS];
+        let mut bytes = vec![0u8; CHUNK_BLOCKS * BLOCK_BYTES];
+        for run in runs {
+            for (data, blocks) in extents(self.volume, run.clone())? {
+                let mut lbn = blocks.start;
+                while data && lbn < blocks.end {
+                    let n = (blocks.end - lbn).min(CHUNK_BLOCKS as u64) as usize;
+                    self.volume.block_sources(lbn, &mut sources[..n])?;
+                    let fresh = |s: &BlockSource| {
+                        matches!(s, BlockSource::Stored(o)
+                            if !seen_objects.contains(o) && !self.in_base.contains_key(o))
+                    };
+                    if sources[..n].iter().any(fresh) {
+                        self.volume
+                            .read(lbn * BLOCK, &mut bytes[..n * BLOCK_BYTES])?;
+                    }
+                    for (i, source) in sources[..n].iter().enumerate() {
+                        let BlockSource::Stored(object) = *source else {
+                            continue;
+                        };
+                        if self.in_base.contains_key(&object) || !seen_objects.insert(object) {
+                            continue;
+                        }
+                        let block = &bytes[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+                        if block.iter().all(|b| *b == 0) {
+                            continue;
+                        }
+                        let digest =
+                            short_digest(blake3::keyed_hash(&self.stream_key, block).as_bytes());
+                        if seen_digests.insert(digest) {
+                            offered.push((digest, object));
+                        }
+                    }
+                    lbn += n as u64;
+                }
+            }
+        }
+        for batch in offered.chunks(OFFER_DIGESTS_MAX) {
+            out.record(
+                0,
+                batch.len() as u32,
+                RecordBody::Offer {
+                    digests: batch.iter().map(|(d, _)| *d).collect(),
+                },
+            )?;
+        }
+        out.record(
+            0,
+            0,
+            RecordBody::OffersEnd {
+                offered: offered.len() as u64,
+            },
+        )?;
+        out.drain()?;
+        out.out
+            .flush()
+            .context("could not write the offers to the receiver")?;
+        let mut head = [0u8; ANSWER_HEAD_BYTES];
+        answers
+            .read_exact(&mut head)
+            .context("the receiver sent no answer to the offers (its error is above)")?;
+        let len = Answer::bitmap_bytes(&head, offered.len() as u64)
+            .map_err(|e| anyhow::anyhow!("the receiver's answer is damaged: {e}"))?;
+        let mut bitmap = vec![0u8; len];
+        answers
+            .read_exact(&mut bitmap)
+            .context("the receiver's answer is cut short")?;
+        let answer = Answer::decode(&head, &bitmap)
+            .map_err(|e| anyhow::anyhow!("the receiver's answer is damaged: {e}"))?;
+        for (i, (digest, object)) in offered.iter().enumerate() {
+            if answer.holds(i as u64) {
+                self.held_objects.insert(*object, *digest);
+                self.held_digests.insert(*digest);
+            }
+        }
+        Ok(())
     }
 }
 

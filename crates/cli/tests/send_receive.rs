@@ -508,3 +508,93 @@ fn an_incremental_receive_resumes_and_checks_its_base_again() {
     );
     assert_check_clean(&r.b);
 }
+
+/// The number before `what` in a send's summary ("N the receiver held").
+fn count_before(ran: &Ran, what: &str) -> u64 {
+    let end = ran
+        .stderr
+        .find(what)
+        .unwrap_or_else(|| panic!("no '{what}':\n{}", ran.report()));
+    ran.stderr[..end]
+        .trim_end()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count before '{what}':\n{}", ran.report()))
+}
+
+#[test]
+fn a_two_way_send_sends_only_the_blocks_the_receiver_lacks() {
+    let dir = TempDir::new("send2way");
+    let a = new_pool(&dir, "a.pool");
+    let b = new_pool(&dir, "b.pool");
+    let (image, distinct) = image_with_duplicates(13);
+    let raw = write_image(&dir, "template.raw", &image);
+    fewerbytes_ok(
+        &a,
+        &["volume", "import", "template", raw.to_str().expect("utf-8")],
+    );
+    let stream = dir.join("template.fbs");
+    send(&a, &["template"], &stream);
+    let ran = receive(&b, &["template"], &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+
+    // vm: the template's bytes with 3 new blocks, a volume of its own (no base).
+    let mut vm = image.clone();
+    let mut rng = Rng::new(77);
+    for lbn in [10usize, 900, 2000] {
+        vm[lbn * BLOCK..(lbn + 1) * BLOCK].copy_from_slice(&random_block(&mut rng));
+    }
+    let raw = write_image(&dir, "vm.raw", &vm);
+    fewerbytes_ok(
+        &a,
+        &["volume", "import", "vm", raw.to_str().expect("utf-8")],
+    );
+    let one_way = dir.join("vm.fbs");
+    send(&a, &["vm"], &one_way);
+    let one_way_bytes = std::fs::metadata(&one_way).expect("stream").len();
+
+    let receiver = format!(
+        "{} --pool {} volume receive vm --negotiate-with template",
+        fewerbytes_bin().display(),
+        b.display()
+    );
+    let ran = piped(&a, &["volume", "send", "vm", "--to", &receiver], None, None);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_eq!(data_blocks_sent(&ran), 3, "{}", ran.report());
+    // Every other distinct block of vm is the template's: held, not sent (319: the
+    // unique block at 2000 is gone from vm; those at 10 and 900 repeat elsewhere).
+    assert_eq!(
+        count_before(&ran, " the receiver held"),
+        distinct - 1,
+        "{}",
+        ran.report()
+    );
+    assert!(exported(&b, "vm", &dir) == vm, "vm differs from the source");
+    assert_check_clean(&b);
+    // The one-way stream carried every distinct block (at least the 64 random ones
+    // whole); the two-way one, 3 blocks and a digest and a reference for each other.
+    assert!(
+        one_way_bytes > 64 * BLOCK as u64,
+        "one way: {one_way_bytes} bytes"
+    );
+
+    // A receiver that fails is named, and leaves nothing.
+    let receiver = format!(
+        "{} --pool {} volume receive vm2 --negotiate-with nosuch",
+        fewerbytes_bin().display(),
+        b.display()
+    );
+    let ran = piped(&a, &["volume", "send", "vm", "--to", &receiver], None, None);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("the receiver failed"),
+        "{}",
+        ran.report()
+    );
+    assert!(ran.stderr.contains("'nosuch'"), "{}", ran.report());
+    assert_eq!(
+        volume_names(&b),
+        vec!["template".to_string(), "vm".to_string()]
+    );
+}

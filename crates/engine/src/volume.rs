@@ -458,7 +458,7 @@ impl Volume {
     /// refused as a read of it would be.
     pub fn block_sources(&self, first_lbn: u64, out: &mut [BlockSource]) -> Result<()> {
         let vol = &self.h.vol;
-        let offset_bytes = first_lbn.checked_mul(BLOCK).unwrap_or(u64::MAX);
+        let offset_bytes = first_lbn.saturating_mul(BLOCK);
         self.check("read", offset_bytes, out.len() as u64 * BLOCK)?;
         let _gate = self.inner().locks.shared();
         crate::map_diff::block_sources(vol, first_lbn, out);

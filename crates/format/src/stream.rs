@@ -24,12 +24,24 @@ pub const RECORD_HEAD_BYTES: usize = 32;
 pub const PAYLOAD_BYTES_MAX: usize = BLOCK_BYTES;
 /// Bytes of a reference's payload: the source block number.
 pub const REF_PAYLOAD_BYTES: usize = 8;
-/// Bytes of the end record's payload: four counts.
-pub const END_PAYLOAD_BYTES: usize = 32;
+/// Bytes of the end record's payload: five counts.
+pub const END_PAYLOAD_BYTES: usize = 40;
+/// Bytes of a block's digest in a negotiated stream's offers and pool references:
+/// the first 16 of its keyed BLAKE3 under the stream key.
+pub const OFFER_DIGEST_BYTES: usize = 16;
+/// Digests one offer record carries at most (a payload's limit).
+pub const OFFER_DIGESTS_MAX: usize = PAYLOAD_BYTES_MAX / OFFER_DIGEST_BYTES;
+/// "FBANSWER" read as a little-endian u64: the receiver's answer to the offers.
+pub const ANSWER_MAGIC: u64 = u64::from_le_bytes(*b"FBANSWER");
+/// Bytes of the answer before its bitmap: magic, count, crc.
+pub const ANSWER_HEAD_BYTES: usize = 20;
 
 /// Header flag: the stream is incremental (its base is named by size and digest).
 pub const FLAG_INCREMENTAL: u32 = 1;
-const FLAGS_KNOWN: u32 = FLAG_INCREMENTAL;
+/// Header flag: two-way mode: the sender offers digests and reads the receiver's
+/// answer before the block records (docs/stream.md, "Two-way mode").
+pub const FLAG_NEGOTIATED: u32 = 2;
+const FLAGS_KNOWN: u32 = FLAG_INCREMENTAL | FLAG_NEGOTIATED;
 
 const WHAT_HEADER: &str = "stream header";
 const WHAT_RECORD: &str = "stream record";
@@ -48,6 +60,8 @@ pub struct StreamHeader {
     pub stream_key: [u8; 32],
     /// The base of an incremental stream; `None`: a full stream.
     pub base: Option<BaseId>,
+    /// Two-way mode: offers and an answer come before the block records.
+    pub negotiated: bool,
     /// A digest of the source volume's block map when the stream was made: a resumed
     /// send refuses a source that changed since (docs/stream.md, "Resume").
     pub source_map_digest: u64,
@@ -95,11 +109,13 @@ impl StreamHeader {
         w.u64(STREAM_MAGIC);
         w.u32(STREAM_VERSION);
         w.u32(0); // crc, sealed below
-        w.u32(if self.base.is_some() {
+        let incremental = if self.base.is_some() {
             FLAG_INCREMENTAL
         } else {
             0
-        });
+        };
+        let negotiated = if self.negotiated { FLAG_NEGOTIATED } else { 0 };
+        w.u32(incremental | negotiated);
         w.u32(BLOCK_BYTES as u32);
         w.u64(self.volume_size_bytes);
         w.u64(self.source_pool_id);
@@ -207,6 +223,7 @@ impl StreamHeader {
             source_pool_id,
             stream_key,
             base,
+            negotiated: flags & FLAG_NEGOTIATED != 0,
             source_map_digest,
         })
     }
@@ -252,6 +269,23 @@ pub enum RecordBody {
         /// The first block of the base.
         source_lbn: u64,
     },
+    /// Digests of blocks the sender is about to send (a negotiated stream, before
+    /// any block record): the receiver answers which ones it holds.
+    Offer {
+        /// The digests, in the order the answer's bits follow.
+        digests: Vec<[u8; OFFER_DIGEST_BYTES]>,
+    },
+    /// The last offer: the receiver answers now.
+    OffersEnd {
+        /// Digests offered in all.
+        offered: u64,
+    },
+    /// One block (`count` 1) holding the bytes of an offered digest the receiver
+    /// answered it holds (a negotiated stream): never sent.
+    PoolRef {
+        /// The digest.
+        digest: [u8; OFFER_DIGEST_BYTES],
+    },
     /// The stream ends here; the counts of what came before, checked by the receiver.
     End {
         /// Data records before this one.
@@ -260,6 +294,8 @@ pub enum RecordBody {
         ref_blocks: u64,
         /// Blocks carried by base reference records.
         base_ref_blocks: u64,
+        /// Blocks carried by pool reference records.
+        pool_ref_blocks: u64,
         /// Blocks carried by zero records.
         zero_blocks: u64,
     },
@@ -284,6 +320,9 @@ const KIND_DATA: u8 = 2;
 const KIND_REF: u8 = 3;
 const KIND_END: u8 = 4;
 const KIND_BASE_REF: u8 = 5;
+const KIND_OFFER: u8 = 6;
+const KIND_POOL_REF: u8 = 7;
+const KIND_OFFERS_END: u8 = 8;
 
 /// The head of a record, decoded from its first 32 bytes before its payload is read
 /// (its length is checked against [`PAYLOAD_BYTES_MAX`] here).
@@ -304,7 +343,17 @@ impl Record {
     /// so a record of another stream fails it.
     pub fn encode(&self, stream_key: &[u8; 32], out: &mut Vec<u8>) {
         let mut payload = [0u8; END_PAYLOAD_BYTES];
+        let offers: Vec<u8>;
         let (kind, codec, payload): (u8, u8, &[u8]) = match &self.body {
+            RecordBody::Offer { digests } => {
+                offers = digests.concat();
+                (KIND_OFFER, 0, &offers)
+            }
+            RecordBody::OffersEnd { offered } => {
+                Writer::new(&mut payload).u64(*offered);
+                (KIND_OFFERS_END, 0, payload.get(..8).unwrap_or(&[]))
+            }
+            RecordBody::PoolRef { digest } => (KIND_POOL_REF, 0, &digest[..]),
             RecordBody::Zero => (KIND_ZERO, 0, &[]),
             RecordBody::Data { codec, bytes } => (KIND_DATA, *codec as u8, bytes),
             RecordBody::Ref { source_lbn } | RecordBody::BaseRef { source_lbn } => {
@@ -321,12 +370,14 @@ impl Record {
                 data_records,
                 ref_blocks,
                 base_ref_blocks,
+                pool_ref_blocks,
                 zero_blocks,
             } => {
                 let mut w = Writer::new(&mut payload);
                 w.u64(*data_records);
                 w.u64(*ref_blocks);
                 w.u64(*base_ref_blocks);
+                w.u64(*pool_ref_blocks);
                 w.u64(*zero_blocks);
                 (KIND_END, 0, &payload[..])
             }
@@ -382,6 +433,9 @@ impl RecordHead {
             KIND_DATA => 1..=PAYLOAD_BYTES_MAX,
             KIND_REF | KIND_BASE_REF => REF_PAYLOAD_BYTES..=REF_PAYLOAD_BYTES,
             KIND_END => END_PAYLOAD_BYTES..=END_PAYLOAD_BYTES,
+            KIND_OFFER => OFFER_DIGEST_BYTES..=PAYLOAD_BYTES_MAX,
+            KIND_POOL_REF => OFFER_DIGEST_BYTES..=OFFER_DIGEST_BYTES,
+            KIND_OFFERS_END => 8..=8,
             kind => {
                 // A damaged kind byte is told apart from a new kind by the checksum,
                 // which the caller has not read yet: both are refused here.
@@ -444,12 +498,39 @@ impl RecordHead {
             KIND_BASE_REF => RecordBody::BaseRef {
                 source_lbn: Reader::new(WHAT_RECORD, payload).u64()?,
             },
+            KIND_OFFER => {
+                if !payload.len().is_multiple_of(OFFER_DIGEST_BYTES) {
+                    return Err(invalid(
+                        WHAT_RECORD,
+                        format!("an offer of {} bytes, not whole digests", payload.len()),
+                    ));
+                }
+                RecordBody::Offer {
+                    digests: payload
+                        .chunks_exact(OFFER_DIGEST_BYTES)
+                        .map(|c| {
+                            let mut d = [0u8; OFFER_DIGEST_BYTES];
+                            d.copy_from_slice(c);
+                            d
+                        })
+                        .collect(),
+                }
+            }
+            KIND_OFFERS_END => RecordBody::OffersEnd {
+                offered: Reader::new(WHAT_RECORD, payload).u64()?,
+            },
+            KIND_POOL_REF => {
+                let mut digest = [0u8; OFFER_DIGEST_BYTES];
+                digest.copy_from_slice(payload);
+                RecordBody::PoolRef { digest }
+            }
             _ => {
                 let mut r = Reader::new(WHAT_RECORD, payload);
                 RecordBody::End {
                     data_records: r.u64()?,
                     ref_blocks: r.u64()?,
                     base_ref_blocks: r.u64()?,
+                    pool_ref_blocks: r.u64()?,
                     zero_blocks: r.u64()?,
                 }
             }
@@ -473,7 +554,28 @@ impl Record {
         let count = u64::from(self.count);
         let end = self.lbn.checked_add(count);
         let bad = |reason: String| Err(invalid(WHAT_RECORD, reason));
+        let negotiation_only = matches!(
+            self.body,
+            RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } | RecordBody::PoolRef { .. }
+        );
+        if negotiation_only && !header.negotiated {
+            return bad(format!(
+                "record {} belongs to a negotiated stream, and this one is not",
+                self.position
+            ));
+        }
         match &self.body {
+            RecordBody::Offer { digests } if self.lbn != 0 || count != digests.len() as u64 => {
+                bad(format!("an offer at block {} count {count}", self.lbn))
+            }
+            RecordBody::Offer { .. } => Ok(()),
+            RecordBody::OffersEnd { .. } if self.lbn != 0 || count != 0 => {
+                bad(format!("the offers' end at block {} count {count}", self.lbn))
+            }
+            RecordBody::OffersEnd { .. } => Ok(()),
+            RecordBody::PoolRef { .. } if count != 1 => {
+                bad(format!("a pool reference of {count} blocks (one a record)"))
+            }
             RecordBody::End { .. } if self.lbn != 0 || count != 0 => {
                 bad(format!("end record at block {} count {count}", self.lbn))
             }
@@ -519,6 +621,76 @@ impl Record {
     }
 }
 
+/// The receiver's answer to a negotiated stream's offers: bit `i` (byte `i / 8`,
+/// bit `i % 8`) set when it holds the bytes of the `i`th digest offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Digests answered (the number offered).
+    pub count: u64,
+    /// The bits, `count.div_ceil(8)` bytes.
+    pub bitmap: Vec<u8>,
+}
+
+const WHAT_ANSWER: &str = "negotiation answer";
+
+impl Answer {
+    /// Head and bitmap; the crc covers the head (crc taken as zero) and the bitmap.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; ANSWER_HEAD_BYTES];
+        let mut w = Writer::new(&mut out);
+        w.u64(ANSWER_MAGIC);
+        w.u64(self.count);
+        out.extend_from_slice(&self.bitmap);
+        let crc = crate::checksum_with_hole(&out, 16);
+        if let Some(dst) = out.get_mut(16..20) {
+            dst.copy_from_slice(&crc.to_le_bytes());
+        }
+        out
+    }
+
+    /// Check the head of an answer to `offered` digests; returns the bitmap's length.
+    pub fn bitmap_bytes(
+        head: &[u8; ANSWER_HEAD_BYTES],
+        offered: u64,
+    ) -> Result<usize, FormatError> {
+        let mut r = Reader::new(WHAT_ANSWER, head);
+        let magic = r.u64()?;
+        if magic != ANSWER_MAGIC {
+            return Err(FormatError::BadMagic {
+                what: WHAT_ANSWER,
+                found: magic,
+            });
+        }
+        let count = r.u64()?;
+        if count != offered {
+            return Err(invalid(
+                WHAT_ANSWER,
+                format!("answers {count} digests, {offered} were offered"),
+            ));
+        }
+        usize::try_from(count.div_ceil(8))
+            .map_err(|_| invalid(WHAT_ANSWER, format!("{count} digests")))
+    }
+
+    /// Check the crc over the head and `bitmap`, and return the answer.
+    pub fn decode(head: &[u8; ANSWER_HEAD_BYTES], bitmap: &[u8]) -> Result<Answer, FormatError> {
+        let mut bytes = head.to_vec();
+        bytes.extend_from_slice(bitmap);
+        crate::verify_checksum(WHAT_ANSWER, &bytes, 16)?;
+        let count = Reader::new(WHAT_ANSWER, head.get(8..16).unwrap_or(&[])).u64()?;
+        Ok(Answer {
+            count,
+            bitmap: bitmap.to_vec(),
+        })
+    }
+
+    /// Whether the `i`th digest is held.
+    pub fn holds(&self, i: u64) -> bool {
+        let byte = usize::try_from(i / 8).ok().and_then(|b| self.bitmap.get(b));
+        byte.is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+}
+
 fn invalid(what: &'static str, reason: String) -> FormatError {
     FormatError::Invalid { what, reason }
 }
@@ -543,6 +715,7 @@ mod tests {
                 size_bytes: 1 << 29,
                 content_digest: [9; 32],
             }),
+            negotiated: false,
             source_map_digest: 42,
         }
     }
@@ -621,6 +794,7 @@ mod tests {
                     data_records: 2,
                     ref_blocks: 2,
                     base_ref_blocks: 3,
+                    pool_ref_blocks: 0,
                     zero_blocks: 100,
                 },
             },
@@ -704,6 +878,58 @@ mod tests {
         }
         .encode(&h.stream_key, &mut bytes);
         assert!(decode(&bytes, &h).is_err());
+    }
+
+    #[test]
+    fn negotiation_records_and_the_answer_round_trip() {
+        let h = StreamHeader {
+            negotiated: true,
+            ..header()
+        };
+        assert_eq!(StreamHeader::decode(&h.encode()).unwrap(), h);
+        let records = [
+            Record {
+                position: 0,
+                lbn: 0,
+                count: 2,
+                body: RecordBody::Offer {
+                    digests: vec![[1; 16], [2; 16]],
+                },
+            },
+            Record {
+                position: 1,
+                lbn: 0,
+                count: 0,
+                body: RecordBody::OffersEnd { offered: 2 },
+            },
+            Record {
+                position: 2,
+                lbn: 9,
+                count: 1,
+                body: RecordBody::PoolRef { digest: [2; 16] },
+            },
+        ];
+        for record in records {
+            let mut bytes = Vec::new();
+            record.encode(&h.stream_key, &mut bytes);
+            assert_eq!(decode(&bytes, &h).unwrap(), record);
+            // Not in a stream without negotiation.
+            assert!(decode(&bytes, &header()).is_err());
+        }
+        let answer = Answer {
+            count: 10,
+            bitmap: vec![0b0000_0101, 0b10],
+        };
+        let bytes = answer.encode();
+        let head: [u8; ANSWER_HEAD_BYTES] = bytes[..ANSWER_HEAD_BYTES].try_into().unwrap();
+        assert_eq!(Answer::bitmap_bytes(&head, 10).unwrap(), 2);
+        assert!(Answer::bitmap_bytes(&head, 11).is_err());
+        let decoded = Answer::decode(&head, &bytes[ANSWER_HEAD_BYTES..]).unwrap();
+        assert_eq!(decoded, answer);
+        assert!(decoded.holds(0) && !decoded.holds(1) && decoded.holds(2) && decoded.holds(9));
+        let mut bad = bytes.clone();
+        bad[21] ^= 1;
+        assert!(Answer::decode(&head, &bad[ANSWER_HEAD_BYTES..]).is_err());
     }
 
     proptest! {
