@@ -104,11 +104,12 @@ receive() { # stream name, volume, args...: receive into B
     "$FB" "${B[@]}" volume receive "$volume" "$@" <"$dir/$stream.fbs" 2>>"$dir/receive.log"
 }
 
-same() {    # volume: A's and B's exports are the same bytes
+same() {    # volume [B's name]: A's and B's exports are the same bytes
+    local theirs=${2:-$1}
     "$FB" "${A[@]}" volume export "$1" "$dir/a-$1.raw" >/dev/null
-    "$FB" "${B[@]}" volume export "$1" "$dir/b-$1.raw" >/dev/null
-    cmp "$dir/a-$1.raw" "$dir/b-$1.raw"
-    rm "$dir/a-$1.raw" "$dir/b-$1.raw"
+    "$FB" "${B[@]}" volume export "$theirs" "$dir/b-$theirs.raw" >/dev/null
+    cmp "$dir/a-$1.raw" "$dir/b-$theirs.raw"
+    rm "$dir/a-$1.raw" "$dir/b-$theirs.raw"
 }
 
 allocated=$(($(stat -c %b "$IMAGE") * 512))
@@ -140,6 +141,17 @@ send vm1-inc vm1 --from template
 row "vm1: \`volume send vm1 --from template\` (incremental)" "$(mib "$bytes")" "$seconds s"
 receive vm1-inc vm1
 same vm1
+# Two-way: vm1 with no base, to a pool that holds the template; tee keeps a copy of
+# what the sender wrote, the bytes on the wire one way (the answer coming back is 20
+# bytes and a bit per offered digest).
+start=$(date +%s.%N)
+"$FB" "${A[@]}" volume send vm1 \
+    --to "tee $dir/vm1-2way.fbs | $FB --pool $dir/b.pool volume receive vm1-2way --negotiate-with template" \
+    2>"$dir/vm1-2way.send.log"
+end=$(date +%s.%N)
+seconds=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+row "vm1: \`volume send vm1 --to '… receive vm1 --negotiate-with template'\` (two-way, no base)" "$(mib "$(stat -c %s "$dir/vm1-2way.fbs")")" "$seconds s"
+same vm1 vm1-2way
 echo
 grep -h "^Sent" "$dir"/*.send.log
 echo "every received volume equals its source"
