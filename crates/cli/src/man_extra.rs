@@ -189,6 +189,10 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             &[
                 ("vm1 to another host's pool (neither pool served):", "fewerbytes --pool vms.pool volume send vm1 | ssh host2 fewerbytes --pool vms.pool volume receive vm1"),
                 ("Only what changed since the clone vm1-base both pools hold:", "fewerbytes --pool vms.pool volume send vm1 --from vm1-base > vm1.fbs"),
+                (
+                    "Two-way: only the blocks host2's template does not hold:",
+                    "fewerbytes --pool vms.pool volume send vm1 --to 'ssh host2 fewerbytes --pool vms.pool volume receive vm1 --negotiate-with template'",
+                ),
             ],
         ),
         "volume receive" => (
