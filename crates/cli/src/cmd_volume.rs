@@ -1,4 +1,4 @@
-//! `volume create|list|info|resize|clone|set|rename|delete|allow|import|export`: the VM
+//! `volume create|list|info|resize|clone|set|rename|delete|allow|import|export|send|receive`: the VM
 //! disks of a pool. Which TLS identities may open a volume lives in the allow file
 //! (`access`), which create, clone, rename, delete and allow keep up to date: an
 //! entry is written before the volume appears under a name, and removed only after
@@ -186,6 +186,60 @@ pub enum VolumeCommand {
         /// when there were any.
         #[arg(long)]
         skip_damaged: bool,
+    },
+    /// Write a volume to stdout as a send stream, for `volume receive` in another pool.
+    ///
+    /// Each distinct block goes once (later copies as references), compressed with the
+    /// pool's codec; with --from, only the blocks whose map entries differ from BASE's
+    /// (a clone taken earlier, which the receiving pool also holds). Runs on a pool no
+    /// server holds. docs/stream.md has the format.
+    Send {
+        /// Volume name.
+        name: String,
+        /// Send only what changed since BASE, a volume of this pool the receiver holds
+        /// with the same content (checked by its size and a digest of its bytes).
+        #[arg(long, value_name = "BASE")]
+        from: Option<String>,
+        /// Send only the records a cut-short receive lacks: the token it printed.
+        #[arg(long, value_name = "TOKEN", conflicts_with = "to")]
+        resume_token: Option<String>,
+        /// Two-way mode: run this shell command as the receiver (`ssh host2 fewerbytes
+        /// --pool P volume receive NAME --negotiate-with VOL,…`), offer it the digest
+        /// of each block to send, and send only the blocks it does not hold.
+        #[arg(long, value_name = "COMMAND")]
+        to: Option<String>,
+    },
+    /// Make a new volume from a send stream on stdin.
+    ///
+    /// The volume is built as NAME:receiving and renamed to NAME once the stream's end
+    /// record checked out; a cut-short or damaged stream leaves that partial volume
+    /// and its progress (`<pool>.receive.NAME.json`) for --resume, or --abandon. An
+    /// incremental stream starts from a clone of its base, refused unless the base's
+    /// size and content digest are the sender's. Runs on a pool no server holds.
+    Receive {
+        /// The new volume's name.
+        name: String,
+        /// The base of an incremental stream, when not the name the stream carries.
+        #[arg(long, value_name = "BASE", conflicts_with = "abandon")]
+        from: Option<String>,
+        /// Continue a receive that stopped: the records the pool holds are skipped.
+        #[arg(long, conflicts_with = "abandon")]
+        resume: bool,
+        /// Discard a receive that stopped: its partial volume and progress file.
+        #[arg(long)]
+        abandon: bool,
+        /// Two-way mode (`volume send --to`): answer the sender's offers from these
+        /// volumes' blocks (read and hashed under the stream's key), which are then
+        /// not sent; stdout carries the answer.
+        #[arg(
+            long,
+            value_name = "VOL,VOL",
+            value_delimiter = ',',
+            conflicts_with = "abandon"
+        )]
+        negotiate_with: Vec<String>,
+        #[command(flatten)]
+        reserve: ReserveArgs,
     },
 }
 
@@ -487,6 +541,36 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             force,
             skip_damaged,
         } => return crate::export::export(pool_path, &name, &file, force, skip_damaged),
+        VolumeCommand::Send {
+            name,
+            from,
+            resume_token,
+            to,
+        } => {
+            let resume = resume_token
+                .as_deref()
+                .map(crate::send::ResumeToken::parse)
+                .transpose()?;
+            crate::send::send(pool_path, &name, from.as_deref(), resume, to.as_deref())?
+        }
+        VolumeCommand::Receive {
+            name,
+            from,
+            resume,
+            abandon,
+            negotiate_with,
+            reserve,
+        } => crate::receive::receive(
+            pool_path,
+            &name,
+            &crate::receive::ReceiveOptions {
+                from: from.as_deref(),
+                resume,
+                abandon,
+                negotiate_with: &negotiate_with,
+                provisioning: reserve.provisioning(),
+            },
+        )?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -26,6 +26,8 @@ mod low_water;
 mod man_extra;
 mod notify;
 mod output;
+mod receive;
+mod send;
 mod serve;
 mod size;
 mod transfer;
@@ -118,7 +120,7 @@ enum Command {
     /// Create a pool, or show its geometry.
     #[command(subcommand)]
     Pool(cmd_pool::PoolCommand),
-    /// Create, list, show, resize, clone, rename, delete, import and export volumes.
+    /// Create, list, show, resize, clone, rename, delete, import, export, send and receive volumes.
     #[command(subcommand)]
     Volume(cmd_volume::VolumeCommand),
     /// Space used and saved, like vdostats: Size = Used + Available (what a thin write

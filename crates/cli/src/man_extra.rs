@@ -198,6 +198,24 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             PLAIN,
             &[("A volume out to a sparse raw file (pool not served):", "fewerbytes --pool vms.pool volume export vm1 vm1.raw")],
         ),
+        "volume send" => (
+            PLAIN,
+            &[
+                ("vm1 to another host's pool (neither pool served):", "fewerbytes --pool vms.pool volume send vm1 | ssh host2 fewerbytes --pool vms.pool volume receive vm1"),
+                ("Only what changed since the clone vm1-base both pools hold:", "fewerbytes --pool vms.pool volume send vm1 --from vm1-base > vm1.fbs"),
+                (
+                    "Two-way: only the blocks host2's template does not hold:",
+                    "fewerbytes --pool vms.pool volume send vm1 --to 'ssh host2 fewerbytes --pool vms.pool volume receive vm1 --negotiate-with template'",
+                ),
+            ],
+        ),
+        "volume receive" => (
+            PLAIN,
+            &[
+                ("A stream saved to a file:", "fewerbytes --pool vms.pool volume receive vm1 < vm1.fbs"),
+                ("Continue a receive the stream cut short:", "fewerbytes --pool vms.pool volume receive vm1 --resume < vm1.fbs"),
+            ],
+        ),
         "stats" => (
             PLAIN,
             &[

@@ -138,6 +138,13 @@ impl Progress {
         eprintln!("{}", self.summary(what, bytes));
     }
 
+    /// Clear the bar, printing nothing: a step of a longer command.
+    pub fn finish_quietly(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+
     fn summary(&self, what: &str, bytes: u64) -> String {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();

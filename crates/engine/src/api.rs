@@ -356,6 +356,17 @@ pub struct ChangedExtent {
     pub changed: bool,
 }
 
+/// What a volume's block map names for one block (`Volume::block_sources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BlockSource {
+    /// Reads as zeros: never written, trimmed, or written with zeros.
+    #[default]
+    Zero,
+    /// A stored object, by its number in the pool: two blocks naming the same
+    /// object hold the same bytes (the converse needs their bytes compared).
+    Stored(u64),
+}
+
 /// One metadata region, as `list-metadata` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Region {

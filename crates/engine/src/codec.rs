@@ -236,6 +236,23 @@ pub(crate) fn compress<T>(
     })
 }
 
+/// Compress one block as a new block of a pool with `setting` would be (the same
+/// give-up test, the same codecs, kept only if it saves an eighth): the codec and
+/// the compressed bytes, or `None` to send the block whole. For `volume send`.
+pub fn compress_block(setting: Compression, block: &[u8]) -> Option<(Codec, Vec<u8>)> {
+    compress(setting, block, |codec, bytes| (codec, bytes.to_vec()))
+}
+
+/// Decode a block compressed by [`compress_block`] into `out` (one block); the
+/// error says why, and a decoded length other than `out`'s is one.
+pub fn decompress_block(codec: Codec, src: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let n = decompress(codec, src, out)?;
+    if n != out.len() {
+        return Err(format!("decodes to {n} bytes, not {}", out.len()));
+    }
+    Ok(())
+}
+
 fn zstd_compress(level: i32, block: &[u8], out: &mut [u8]) -> Option<usize> {
     ZSTD_COMPRESSOR.with(|cell| {
         let mut cell = cell.borrow_mut();

@@ -40,6 +40,7 @@ mod journal_read;
 mod lbn_locks;
 mod load;
 mod map_damage;
+mod map_diff;
 mod map_pages;
 mod metadata_room;
 mod older_copy;
@@ -68,7 +69,7 @@ mod write_path;
 
 pub use api::*;
 pub use capacity::Capacity;
-pub use codec::{looks_incompressible, Compression};
+pub use codec::{compress_block, decompress_block, looks_incompressible, Compression};
 pub use damage::{read_damage, volume_range, DamagedAt};
 pub use damaged_range::DamagedRange;
 pub use devices::{LatchListener, Latched};

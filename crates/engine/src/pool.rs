@@ -962,7 +962,7 @@ impl Pool {
         let _gate = i.locks.shared();
         let (vol, old) = (i.volumes.by_name(name)?, i.volumes.by_name(from)?);
         let end = vol.size_blocks() * BLOCK_BYTES as u64;
-        Ok(crate::volume::changed_runs(&vol, &old, 0, end))
+        Ok(crate::map_diff::changed_extents(&vol, &old, 0, end))
     }
 
     /// Change what a volume reserves (`volume set`): refused, with nothing changed,

@@ -12,7 +12,7 @@ use crate::error::within_mut;
 use crate::inner::{Inner, Wait, BLOCKS_PER_STEP};
 use crate::pool::Pool;
 use crate::recovery::range_result;
-use crate::{ChangedExtent, EngineError, Extent, Result};
+use crate::{BlockSource, ChangedExtent, EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
 use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::MapEntry;
@@ -452,6 +452,40 @@ impl Volume {
         self.h.pool.flush()
     }
 
+    /// What the map names for blocks `first_lbn .. first_lbn + out.len()`, one per
+    /// element of `out` (`map_diff.rs`). A range outside the volume, or touching a
+    /// damaged range (whose entries are unknown, so never reported as zeros), is
+    /// refused as a read of it would be.
+    pub fn block_sources(&self, first_lbn: u64, out: &mut [BlockSource]) -> Result<()> {
+        let vol = &self.h.vol;
+        let offset_bytes = first_lbn.saturating_mul(BLOCK);
+        self.check("read", offset_bytes, out.len() as u64 * BLOCK)?;
+        let _gate = self.inner().locks.shared();
+        crate::map_diff::block_sources(vol, first_lbn, out);
+        Ok(())
+    }
+
+    /// The runs of blocks (block ranges, in order) whose map entries differ from
+    /// `base`'s: a volume of the same pool, typically a clone taken earlier
+    /// (`map_diff.rs`). Blocks both read as zeros, or both take from one stored
+    /// object, are the same; `base`'s blocks past its end read as zeros.
+    pub fn changed_since(&self, base: &Volume) -> Result<Vec<std::ops::Range<u64>>> {
+        if !Arc::ptr_eq(&self.h.pool, &base.h.pool) {
+            return Err(EngineError::Refused(format!(
+                "volumes '{}' and '{}' are in different pools: their maps cannot be compared",
+                self.name(),
+                base.name()
+            )));
+        }
+        for vol in [&self.h.vol, &base.h.vol] {
+            if vol.is_deleted() {
+                return Err(EngineError::VolumeGone(vol.name()));
+            }
+        }
+        let _gate = self.inner().locks.shared();
+        Ok(crate::map_diff::changed_blocks(&self.h.vol, &base.h.vol))
+    }
+
     /// What backs `[offset, offset+len)`: runs of data and of holes (zero/unmapped).
     pub fn extents(&self, offset_bytes: u64, len_bytes: u64) -> Result<Vec<Extent>> {
         self.check("block status", offset_bytes, len_bytes)?;
@@ -538,75 +572,13 @@ impl Volume {
         }
         // One view of both maps: no write step runs between their reads.
         let _gate = self.inner().locks.shared();
-        Ok(changed_runs(
+        Ok(crate::map_diff::changed_extents(
             vol,
             old,
             offset_bytes,
             offset_bytes + len_bytes,
         ))
     }
-}
-
-/// The runs of `[offset, end)` of `vol` that differ from `old`
-/// ([`Volume::changed_extents`]); the caller holds the gate.
-pub(crate) fn changed_runs(
-    vol: &VolumeState,
-    old: &VolumeState,
-    offset_bytes: u64,
-    end: u64,
-) -> Vec<ChangedExtent> {
-    let (pages, old_pages) = (vol.map_pages(), old.map_pages());
-    let old_blocks = old.size_blocks();
-    let mut out: Vec<ChangedExtent> = Vec::new();
-    let mut at = offset_bytes;
-    while at < end {
-        let lbn = at / BLOCK;
-        let p = lbn / ENTRIES_PER_PAGE;
-        let (changed, run_end) = if vol.damage_in(lbn, lbn + 1).is_some()
-            || (lbn < old_blocks && old.damage_in(lbn, lbn + 1).is_some())
-        {
-            (true, ((lbn + 1) * BLOCK).min(end))
-        } else if pages.get(p).is_none() && (lbn >= old_blocks || old_pages.get(p).is_none()) {
-            // Zeros on both sides up to the next page either holds, or the next
-            // damaged range: a jump, so the work follows the pages written.
-            let next_page = [pages.next_in_memory(p + 1), old_pages.next_in_memory(p + 1)]
-                .into_iter()
-                .flatten()
-                .min();
-            let mut to = next_page.map_or(end, |q| (q * ENTRIES_PER_PAGE * BLOCK).min(end));
-            let to_lbn = to.div_ceil(BLOCK);
-            let damage = [
-                vol.damage_in(lbn, to_lbn)
-                    .map(|d| d.lbns(vol.size_blocks()).start),
-                old.damage_in(lbn, to_lbn.min(old_blocks))
-                    .map(|d| d.lbns(old_blocks).start),
-            ];
-            for first in damage.into_iter().flatten() {
-                to = to.min(first.max(lbn + 1) * BLOCK);
-            }
-            (false, to)
-        } else {
-            let was = if lbn < old_blocks {
-                old.get(lbn)
-            } else {
-                MapEntry::Unmapped
-            };
-            (
-                !crate::block_map::reads_alike(vol.get(lbn), was),
-                ((lbn + 1) * BLOCK).min(end),
-            )
-        };
-        let len = run_end - at;
-        match out.last_mut() {
-            Some(last) if last.changed == changed => last.len_bytes += len,
-            _ => out.push(ChangedExtent {
-                len_bytes: len,
-                changed,
-            }),
-        }
-        at = run_end;
-    }
-    out
 }
 
 /// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a

@@ -17,6 +17,7 @@ pub mod dir_tree;
 pub mod journal;
 pub mod location;
 pub mod page;
+pub mod stream;
 pub mod superblock;
 pub mod twin_ref;
 

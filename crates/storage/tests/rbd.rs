@@ -441,8 +441,7 @@ fn a_full_pool_refuses_new_writes_with_no_space_and_takes_them_once_space_is_bac
         ..DeviceOptions::default()
     };
     let open_full = || {
-        RbdStorage::open_with(&pool, &image, None, None, Some(conf), &write_through)
-            .expect("open")
+        RbdStorage::open_with(&pool, &image, None, None, Some(conf), &write_through).expect("open")
     };
     let dev = open_full();
     let flushed = pattern(31, 4 * MIB as usize);
