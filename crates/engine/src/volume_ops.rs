@@ -159,6 +159,14 @@ pub(crate) fn create(
     Ok(info(inner, &vol))
 }
 
+/// The map pages of `vol` that hold entries: what a copy of its map writes.
+fn written_pages(vol: &VolumeState) -> u64 {
+    vol.map_pages()
+        .iter()
+        .filter(|(_, page)| page.lock().is_written())
+        .count() as u64
+}
+
 /// Before a new volume (with `map_pages` pages copied into it) is put in memory: the
 /// no-space error when its checkpoint would be refused for want of room. The
 /// refusal comes before anything changed, so nothing of the volume stays behind
@@ -279,12 +287,7 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         source.mapped_blocks(),
         p,
     )?;
-    let source_pages = source
-        .map_pages()
-        .iter()
-        .filter(|(_, page)| page.lock().is_written())
-        .count() as u64;
-    room_for_new_volume(inner, source_pages)?;
+    room_for_new_volume(inner, written_pages(&source))?;
     let vol = i.volumes.make(dst, size_blocks)?;
     // The copy holds the same bytes: it keeps its source's limit.
     vol.set_limited(source.limited());
@@ -337,12 +340,7 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
         source.mapped_blocks(),
         p,
     )?;
-    let source_pages = source
-        .map_pages()
-        .iter()
-        .filter(|(_, page)| page.lock().is_written())
-        .count() as u64;
-    room_for_new_volume(inner, source_pages)?;
+    room_for_new_volume(inner, written_pages(&source))?;
     // The old volume leaves its slot first (a full catalog has room for the new
     // one), and the source's references are taken before the old map's are
     // dropped, so a block both share is never free in between.

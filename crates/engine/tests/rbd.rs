@@ -188,6 +188,37 @@ fn read_block(vol: &Volume, lbn: u64) -> Vec<u8> {
     buf
 }
 
+/// The open options of the full-pool tests.
+fn full_pool_options() -> OpenOptions {
+    OpenOptions {
+        threads: Some(2),
+        ..OpenOptions::default()
+    }
+}
+
+/// A new pool on `open_device`'s image with volume `vm` holding the first blocks
+/// written and flushed (their count is returned), then the Ceph pool under it
+/// filled by a quota below what it holds, and seen full.
+fn fill_under_a_pool(
+    ceph_pool: &str,
+    open_device: &dyn Fn() -> Arc<dyn Storage>,
+) -> (Arc<Pool>, Volume, u64) {
+    Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
+    let pool =
+        Pool::open_devices(open_device(), None, &full_pool_options()).expect("open the pool");
+    pool.create_volume("vm", 64 * MIB).expect("create volume");
+    let vol = pool.open_volume("vm").expect("open volume");
+    let flushed = 256u64;
+    for lbn in 0..flushed {
+        vol.write(lbn * BLOCK as u64, &noise(lbn), false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+    set_quota_bytes(ceph_pool, MIB);
+    wait_pool_full(ceph_pool, true);
+    (pool, vol, flushed)
+}
+
 /// What the NBD client of a pool on a full Ceph pool sees: the pool's Ceph pool
 /// (one of this test's own) is filled by a quota below what it holds. librbd's
 /// default would hold every write and flush until the pool had room; here, with
@@ -210,22 +241,7 @@ fn a_full_ceph_pool_refuses_writes_with_no_space_and_takes_them_once_space_is_ba
                 .expect("open the image"),
         )
     };
-    Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
-    let options = OpenOptions {
-        threads: Some(2),
-        ..OpenOptions::default()
-    };
-    let pool = Pool::open_devices(open_device(), None, &options).expect("open the pool");
-    pool.create_volume("vm", 64 * MIB).expect("create volume");
-    let vol = pool.open_volume("vm").expect("open volume");
-    let flushed = 256u64;
-    for lbn in 0..flushed {
-        vol.write(lbn * BLOCK as u64, &noise(lbn), false)
-            .expect("write");
-    }
-    vol.flush().expect("flush");
-    set_quota_bytes(&ceph_pool, MIB);
-    wait_pool_full(&ceph_pool, true);
+    let (pool, vol, flushed) = fill_under_a_pool(&ceph_pool, &open_device);
 
     let limit = std::time::Duration::from_secs(120);
     let guard = watchdog("the engine's I/O on a full Ceph pool", limit);
@@ -268,7 +284,7 @@ fn a_full_ceph_pool_refuses_writes_with_no_space_and_takes_them_once_space_is_ba
     drop(vol);
     pool.close().expect("close");
     drop(guard);
-    let pool = Pool::open_devices(open_device(), None, &options).expect("reopen");
+    let pool = Pool::open_devices(open_device(), None, &full_pool_options()).expect("reopen");
     let vol = pool.open_volume("vm").expect("open volume");
     for lbn in 0..=acknowledged {
         assert!(
@@ -294,22 +310,7 @@ fn with_the_cache_on_a_full_ceph_pool_fails_a_flush_and_loses_no_flushed_block()
     let open_device = || -> Arc<dyn Storage> {
         Arc::from(open_rbd(&ceph_pool, &image, None, None, Some(conf)).expect("open the image"))
     };
-    Pool::format(open_device(), None, None, &CreateOptions::default()).expect("format");
-    let options = OpenOptions {
-        threads: Some(2),
-        ..OpenOptions::default()
-    };
-    let pool = Pool::open_devices(open_device(), None, &options).expect("open the pool");
-    pool.create_volume("vm", 64 * MIB).expect("create volume");
-    let vol = pool.open_volume("vm").expect("open volume");
-    let mut flushed = 256u64;
-    for lbn in 0..flushed {
-        vol.write(lbn * BLOCK as u64, &noise(lbn), false)
-            .expect("write");
-    }
-    vol.flush().expect("flush");
-    set_quota_bytes(&ceph_pool, MIB);
-    wait_pool_full(&ceph_pool, true);
+    let (pool, vol, mut flushed) = fill_under_a_pool(&ceph_pool, &open_device);
 
     let limit = std::time::Duration::from_secs(120);
     let guard = watchdog("the engine's I/O on a full Ceph pool, cache on", limit);
@@ -345,7 +346,7 @@ fn with_the_cache_on_a_full_ceph_pool_fails_a_flush_and_loses_no_flushed_block()
     set_quota_bytes(&ceph_pool, 0);
     wait_pool_full(&ceph_pool, false);
     let guard = watchdog("the engine's reopen once space is back, cache on", limit);
-    let pool = Pool::open_devices(open_device(), None, &options).expect("reopen");
+    let pool = Pool::open_devices(open_device(), None, &full_pool_options()).expect("reopen");
     let vol = pool.open_volume("vm").expect("open volume");
     for lbn in 0..flushed {
         assert!(
