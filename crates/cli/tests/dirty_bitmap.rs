@@ -170,3 +170,25 @@ fn a_backup_client_reads_only_the_blocks_changed_since_a_snapshot() {
         assert_eq!(got["offered"]["base:allocation"], true, "{got}");
     }
 }
+
+#[test]
+fn a_bitmap_against_a_volume_the_client_may_not_open_is_not_offered() {
+    // The bitmap says which of the base's blocks differ from the export's: against a
+    // volume limited to TLS identities, a client in clear would learn about a volume
+    // it may not read. Not offered, as an unknown base is not.
+    let dir = TempDir::new("bitmap-access");
+    let pool = create_pool(dir.path(), &[("vm", "16M"), ("hers", "16M")]);
+    fewerbytes_ok(&pool, &["volume", "allow", "hers", "alice"]);
+    let server = Server::start(dir.path(), &pool, &[]);
+    let uri = server.unix_uri("vm");
+    qemu_io(&uri, &["write -P 0x44 0 1M".into()]);
+    let backup = dir.path().join("unused.raw");
+    std::fs::write(&backup, []).expect("an empty file");
+    let got = incremental(&uri, "hers", &backup);
+    assert_eq!(got["offered"]["qemu:dirty-bitmap:hers"], false, "{got}");
+    assert_eq!(got["copied"], 0, "{got}");
+    // The same request against a volume it may open is offered.
+    fewerbytes_ok(&pool, &["volume", "clone", "vm", "vm.snap", "--thin"]);
+    let got = incremental(&uri, "vm.snap", &backup);
+    assert_eq!(got["offered"]["qemu:dirty-bitmap:vm.snap"], true, "{got}");
+}
