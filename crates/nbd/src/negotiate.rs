@@ -4,9 +4,10 @@
 //! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS, INFO, GO,
 //! STRUCTURED_REPLY, LIST_META_CONTEXT, SET_META_CONTEXT (for `base:allocation`, and
 //! `qemu:dirty-bitmap:BASE`: the blocks changed since BASE, another export the client
-//! may open, as [`Export::dirty_bitmap`] finds it), EXTENDED_HEADERS. Anything else gets `NBD_REP_ERR_UNSUP` and negotiation
-//! continues. Bytes that break the framing (wrong magic, unknown client flags, an
-//! option too large to be real) drop the connection.
+//! may open, as [`Export::dirty_bitmap`] finds it), EXTENDED_HEADERS. Anything else
+//! gets `NBD_REP_ERR_UNSUP` and negotiation continues. Bytes that break the framing
+//! (wrong magic, unknown client flags, an option too large to be real) drop the
+//! connection.
 //!
 //! TLS as the spec's "TLS support" section has it: STARTTLS is answered with an ACK,
 //! the handshake follows on the same socket, and negotiation starts again inside it
