@@ -15,23 +15,7 @@ scripts/ceph/cluster.sh start $D >/dev/null
 eval "$(scripts/ceph/cluster.sh env $D)"
 export CEPH_CONF FEWERBYTES_RUN_DIR=$D/run-fb FEWERBYTES_STATE_DIR=$D/state-fb
 inflight() {
-    python3 -c '
-import json, socket, struct, sys, time, signal
-samples = []
-signal.signal(signal.SIGTERM, lambda *a: (print("%.1f %d" % (sum(samples) / max(len(samples), 1), max(samples or [0]))), sys.exit(0)))
-while True:
-    try:
-        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-        s.sendall(b"{\"prefix\": \"perf dump\"}\0")
-        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
-        samples.append(json.loads(data)["objecter"]["op_active"])
-    except (OSError, KeyError, ValueError, struct.error):
-        pass
-    time.sleep(0.2)
-' "$1" >$D/inflight.out &
+    python3 scripts/ceph/inflight.py "$1" >$D/inflight.out &
     SAMPLER=$!
 }
 for round in 1 2; do

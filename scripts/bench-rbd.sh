@@ -46,23 +46,7 @@ MIX="--dedupe_percentage=75 --buffer_compress_percentage=50 --buffer_compress_ch
 # Ops in flight from a librbd client to the OSDs: its objecter's op_active, sampled every
 # 0.2 s through the client's admin socket while fio runs; prints the mean and the max.
 inflight() {
-    python3 -c '
-import json, socket, struct, sys, time, signal
-samples = []
-signal.signal(signal.SIGTERM, lambda *a: (print("%.1f %d" % (sum(samples) / max(len(samples), 1), max(samples or [0]))), sys.exit(0)))
-while True:
-    try:
-        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-        s.sendall(b"{\"prefix\": \"perf dump\"}\0")
-        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
-        samples.append(json.loads(data)["objecter"]["op_active"])
-    except (OSError, KeyError, ValueError, struct.error):
-        pass
-    time.sleep(0.2)
-' "$1" >$D/inflight.out &
+    python3 scripts/ceph/inflight.py "$1" >$D/inflight.out &
     SAMPLER=$!
 }
 run() { # name, engine args, rw, bs, qd, jobs

@@ -124,15 +124,7 @@ fn image_with_duplicates(seed: u64) -> (Vec<u8>, u64) {
 
 /// The number in "N blocks of data" of a send's summary.
 fn data_blocks_sent(ran: &Ran) -> u64 {
-    let text = &ran.stderr;
-    let end = text
-        .find(" blocks of data")
-        .unwrap_or_else(|| panic!("no summary:\n{}", ran.report()));
-    text[..end]
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count:\n{}", ran.report()))
+    count_before(ran, " blocks of data")
 }
 
 #[test]
