@@ -955,6 +955,24 @@ impl Pool {
         crate::volume_ops::rollback(&self.inner, name, from)
     }
 
+    /// Take snapshot `snapshot` of volume `name` (`name@snapshot` from then on): a
+    /// read-only point in time sharing every map page of the volume, so it costs the
+    /// same at any size; durable on return (`volume_ops::snapshot`).
+    pub fn snapshot_volume(&self, name: &str, snapshot: &str) -> Result<VolumeInfo> {
+        crate::volume_ops::snapshot(&self.inner, name, snapshot)
+    }
+
+    /// The snapshots of volume `name`, oldest first.
+    pub fn snapshots(&self, name: &str) -> Result<Vec<VolumeInfo>> {
+        crate::volume_ops::snapshots(&self.inner, name)
+    }
+
+    /// Map pages more than one volume's tree reaches (clones and snapshots share
+    /// them).
+    pub fn shared_map_pages(&self) -> u64 {
+        self.inner.volumes.shares().shared_pages()
+    }
+
     /// The runs of volume `name`, whole, that differ from volume `from` (changed or
     /// not, in order): [`Volume::changed_extents`] by names, for `volume diff`.
     pub fn changed_extents(&self, name: &str, from: &str) -> Result<Vec<ChangedExtent>> {

@@ -582,6 +582,9 @@ mod tests {
             reservation_bytes,
             thin,
             limited: false,
+            lineage: id,
+            origin: 0,
+            snapshot: false,
             map: Default::default(),
         };
         let catalog = Catalog {

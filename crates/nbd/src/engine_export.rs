@@ -199,6 +199,10 @@ impl Export for VolumeExport {
         self.volume.size_bytes()
     }
 
+    fn read_only(&self) -> bool {
+        self.volume.is_snapshot()
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
         self.volume.read(offset, buf).map_err(|e| errno("read", e))
     }

@@ -31,6 +31,11 @@ pub const ESHUTDOWN: u32 = 108;
 pub trait Export: Send + Sync {
     /// Current size in bytes (read again for every request: volumes can be resized).
     fn size_bytes(&self) -> u64;
+    /// Whether the export is never written (a snapshot): served with
+    /// `NBD_FLAG_READ_ONLY`, and its writes answer EPERM.
+    fn read_only(&self) -> bool {
+        false
+    }
     /// Fill `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
     /// Fill `buf` from `offset` only if that needs no wait (for a disk, a lock held
