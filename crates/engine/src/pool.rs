@@ -973,12 +973,22 @@ impl Pool {
         self.inner.volumes.shares().shared_pages()
     }
 
-    /// The runs of volume `name`, whole, that differ from volume `from` (changed or
-    /// not, in order): [`Volume::changed_extents`] by names, for `volume diff`.
+    /// The full name of the base volume `name` is compared with when `from` is
+    /// given: its snapshot `name@from` when it has one, else `from`.
+    pub fn base_name(&self, name: &str, from: &str) -> Result<String> {
+        let i = &self.inner;
+        let base = i.volumes.base_of(name, from)?;
+        Ok(i.volumes.full_name(&base))
+    }
+
+    /// The runs of volume `name`, whole, that differ from `from` (its snapshot
+    /// `name@from` when it has one, else the volume or snapshot `from` names;
+    /// changed or not, in order): [`Volume::changed_extents`] by names, for
+    /// `volume diff`.
     pub fn changed_extents(&self, name: &str, from: &str) -> Result<Vec<ChangedExtent>> {
         let i = &self.inner;
         let _gate = i.locks.shared();
-        let (vol, old) = (i.volumes.by_name(name)?, i.volumes.by_name(from)?);
+        let (vol, old) = (i.volumes.by_name(name)?, i.volumes.base_of(name, from)?);
         let end = vol.size_blocks() * BLOCK_BYTES as u64;
         Ok(crate::map_diff::changed_extents(&vol, &old, 0, end))
     }

@@ -54,9 +54,9 @@ impl Volume {
         self.h.pool.inner()
     }
 
-    /// The volume's name.
+    /// The volume's name (a snapshot's: `VOLUME@SNAPSHOT`).
     pub fn name(&self) -> String {
-        self.h.vol.name()
+        self.inner().volumes.full_name(&self.h.vol)
     }
 
     /// Current size in bytes (volumes can be resized while open).

@@ -345,7 +345,7 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(name)?;
-    let source = i.volumes.by_name(from)?;
+    let source = i.volumes.base_of(name, from)?;
     if vol.id() == source.id() {
         return Err(EngineError::Refused(format!(
             "volume '{name}' cannot be rolled back to itself"

@@ -64,6 +64,18 @@ impl Volumes {
             .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
     }
 
+    /// The base a comparison of volume `name` names as `from`: its own snapshot
+    /// `from` when it has one (`name@from`), else the volume or snapshot `from`
+    /// names in full.
+    pub(crate) fn base_of(&self, name: &str, from: &str) -> Result<Arc<VolumeState>> {
+        if !from.contains('@') {
+            if let Ok(snapshot) = self.by_name(&format!("{name}@{from}")) {
+                return Ok(snapshot);
+            }
+        }
+        self.by_name(from)
+    }
+
     /// Whether a volume (or, for `VOLUME@SNAPSHOT`, a snapshot) is named `name`.
     pub(crate) fn exists(&self, name: &str) -> bool {
         self.by_name(name).is_ok()

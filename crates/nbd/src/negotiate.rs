@@ -711,9 +711,11 @@ fn meta_context(
         }
         // The base must be an export this client may open: its bitmap tells which
         // of its blocks differ from this export's.
-        let bitmap = may_open(shared, peer, base)
+        // Checked under its full name: a volume's snapshot `before` is `vm@before`.
+        let full = export.base_name(base);
+        let bitmap = may_open(shared, peer, &full)
             .map_err(|(_, why)| why)
-            .and_then(|()| export.dirty_bitmap(base));
+            .and_then(|()| export.dirty_bitmap(&full));
         match bitmap {
             Ok(bitmap) => {
                 let id = if set {
