@@ -235,8 +235,9 @@ pub enum VolumeCommand {
     ///
     /// Each distinct block goes once (later copies as references), compressed with the
     /// pool's codec; with --from, only the blocks whose map entries differ from BASE's
-    /// (a clone taken earlier, which the receiving pool also holds). Runs on a pool no
-    /// server holds. docs/stream.md has the format.
+    /// (a clone taken earlier, which the receiving pool also holds). A served pool is
+    /// read by its server, the stream coming over the control socket. docs/stream.md
+    /// has the format.
     Send {
         /// Volume name.
         name: String,
@@ -259,7 +260,8 @@ pub enum VolumeCommand {
     /// record checked out; a cut-short or damaged stream leaves that partial volume
     /// and its progress (`<pool>.receive.NAME.json`) for --resume, or --abandon. An
     /// incremental stream starts from a clone of its base, refused unless the base's
-    /// size and content digest are the sender's. Runs on a pool no server holds.
+    /// size and content digest are the sender's. A served pool takes the stream
+    /// through its server's control socket.
     Receive {
         /// The new volume's name.
         name: String,
@@ -621,12 +623,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             reserve,
         } => crate::receive::receive(
             pool_path,
-            &name,
-            &crate::receive::ReceiveOptions {
-                from: from.as_deref(),
+            &crate::receive::ReceiveRequest {
+                name,
+                from,
                 resume,
                 abandon,
-                negotiate_with: &negotiate_with,
+                negotiate_with,
                 provisioning: reserve.provisioning(),
             },
         )?,

@@ -168,6 +168,12 @@ pub enum Request {
     ScrubResume,
     /// `scrub status`.
     ScrubStatus,
+    /// `volume send`: the server writes the stream on this connection, after the
+    /// `Streaming` answer, in frames (`stream_socket`).
+    SendVolume(crate::send::SendRequest),
+    /// `volume receive`: the connection carries the stream to the server, after the
+    /// `Streaming` answer (`stream_socket`).
+    ReceiveVolume(crate::receive::ReceiveRequest),
 }
 
 fn is_thick(p: &Provisioning) -> bool {
@@ -273,6 +279,14 @@ impl Request {
             Request::ScrubPause => "pause the scrub".into(),
             Request::ScrubResume => "resume the scrub".into(),
             Request::ScrubStatus => "scrub status".into(),
+            Request::SendVolume(send) => match &send.from {
+                Some(base) => format!("send volume '{}' (changes since '{base}')", send.name),
+                None => format!("send volume '{}'", send.name),
+            },
+            Request::ReceiveVolume(receive) if receive.abandon => {
+                format!("discard the interrupted receive of '{}'", receive.name)
+            }
+            Request::ReceiveVolume(receive) => format!("receive volume '{}'", receive.name),
         }
     }
 
@@ -293,6 +307,7 @@ impl Request {
                 | Request::ScrubStart { .. }
                 | Request::ScrubPause
                 | Request::ScrubResume
+                | Request::ReceiveVolume(_)
         )
     }
 }
@@ -325,6 +340,10 @@ pub enum Answer {
     ServedPool(ServedPool),
     /// Byte ranges (offset, length) that changed (`volume diff`), in order.
     Changes(Vec<(u64, u64)>),
+    /// A send or receive begins: the stream's frames follow on this connection.
+    Streaming,
+    /// A send or receive ended well: its summary line for the person who asked.
+    Streamed(String),
 }
 
 /// The pool a server holds, as it tells a command that named only its control socket.
@@ -525,6 +544,11 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
                 "the pool is not being served, so it has no NBD endpoints".into(),
             ))
         }
+        Request::SendVolume(_) | Request::ReceiveVolume(_) => {
+            return Err(EngineError::Refused(
+                "a send or receive streams: only a server's control connection carries it".into(),
+            ))
+        }
     })
 }
 
@@ -608,6 +632,33 @@ impl ControlClient {
         &self.path
     }
 
+    /// Send a streaming request (`SendVolume`, `ReceiveVolume`) and wait for the
+    /// server's `Streaming` answer; then the connection carries the stream
+    /// (`stream_socket`). Returns the connection's reading side (which may hold
+    /// the first frames already) and its writing side.
+    pub fn open_stream(&self, request: &Request) -> Result<(BufReader<UnixStream>, UnixStream)> {
+        let stream = UnixStream::connect(&self.path)
+            .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
+        let stream = send_envelope(
+            stream,
+            &Envelope {
+                pool: Some(self.pool.clone()),
+                request: request.clone(),
+            },
+        )?;
+        let writer = stream
+            .try_clone()
+            .context("could not duplicate the control connection")?;
+        let mut reader = BufReader::new(stream);
+        match read_reply(&mut reader, &self.path)? {
+            Answer::Streaming => Ok((reader, writer)),
+            other => bail!(
+                "the server answered a {} with {other:?}",
+                request.in_words()
+            ),
+        }
+    }
+
     /// Send one request and wait for its reply.
     pub fn call(&self, request: &Request) -> Result<Answer> {
         let stream = UnixStream::connect(&self.path)
@@ -624,13 +675,23 @@ impl ControlClient {
 }
 
 /// Send one request on a connected control socket and read its reply.
-fn exchange(mut stream: UnixStream, path: &Path, envelope: &Envelope) -> Result<Answer> {
+fn exchange(stream: UnixStream, path: &Path, envelope: &Envelope) -> Result<Answer> {
+    let mut reader = BufReader::new(send_envelope(stream, envelope)?);
+    read_reply(&mut reader, path)
+}
+
+/// Write the request line.
+fn send_envelope(mut stream: UnixStream, envelope: &Envelope) -> Result<UnixStream> {
     let mut line = serde_json::to_string(envelope)?;
     line.push('\n');
     stream
         .write_all(line.as_bytes())
         .context("could not send the request to the server")?;
-    let mut reader = BufReader::new(stream);
+    Ok(stream)
+}
+
+/// Read one reply line.
+fn read_reply(reader: &mut impl BufRead, path: &Path) -> Result<Answer> {
     let mut reply_line = String::new();
     reader
         .read_line(&mut reply_line)
@@ -641,7 +702,12 @@ fn exchange(mut stream: UnixStream, path: &Path, envelope: &Envelope) -> Result<
             path.display()
         );
     }
-    let reply: Reply = serde_json::from_str(&reply_line)
+    answer_of(&reply_line)
+}
+
+/// The answer a reply line carries, or its error.
+pub fn answer_of(reply_line: &str) -> Result<Answer> {
+    let reply: Reply = serde_json::from_str(reply_line)
         .context("the server's reply is not what this version of fewerbytes expects")?;
     match (reply.ok, reply.value, reply.error) {
         (true, Some(answer), _) => Ok(answer),
@@ -723,6 +789,24 @@ impl PoolHandle {
             PoolHandle::Local(pool) => Ok(execute(pool, request)?),
         }
     }
+}
+
+/// The server holding the pool at `pool_path`, if one answers; `None` when this
+/// process may open the pool itself (refused under `--require-server`).
+pub fn served_or_local(pool_path: &Path) -> Result<Option<ControlClient>> {
+    if let Some(client) = ControlClient::probe(pool_path)? {
+        tracing::debug!("using the server on {}", client.path().display());
+        return Ok(Some(client));
+    }
+    if REQUIRE_SERVER.get().is_some() {
+        bail!(
+            "no fewerbytes server answers for pool {} on {} (--require-server); start it \
+             (`systemctl start fewerbytes@NAME` for the service)",
+            pool_path.display(),
+            control_path(pool_path)?.display()
+        );
+    }
+    Ok(None)
 }
 
 /// How a command that is not served opens the pool.

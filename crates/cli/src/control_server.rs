@@ -213,7 +213,7 @@ fn refuse(mut stream: UnixStream, error: &str) -> Result<()> {
 
 fn serve_connection(
     stream: UnixStream,
-    pool: &Pool,
+    pool: &Arc<Pool>,
     served: &Served,
     held: &ServedPool,
 ) -> Result<()> {
@@ -262,6 +262,25 @@ fn serve_connection(
             ),
             wrong_pool: true,
         },
+        Ok(Envelope {
+            request: request @ (Request::SendVolume(_) | Request::ReceiveVolume(_)),
+            ..
+        }) => {
+            // The connection carries the stream from here on, at the pace of the
+            // other end: no timeout.
+            stream.set_read_timeout(None)?;
+            let mut line = serde_json::to_string(&Reply {
+                ok: true,
+                value: Some(Answer::Streaming),
+                error: None,
+                wrong_pool: false,
+            })?;
+            line.push('\n');
+            (&stream).write_all(line.as_bytes())?;
+            tracing::info!("control: {}: begins", request.in_words());
+            crate::stream_socket::serve(&stream, pool, &held.path, &request);
+            return Ok(());
+        }
         Ok(Envelope { request, .. }) => {
             let what = request.in_words();
             let changes_pool = request.changes_pool();

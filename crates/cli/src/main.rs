@@ -30,6 +30,7 @@ mod receive;
 mod send;
 mod serve;
 mod size;
+mod stream_socket;
 mod transfer;
 mod volume_requests;
 

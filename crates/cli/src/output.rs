@@ -138,6 +138,12 @@ impl Progress {
         eprintln!("{}", self.summary(what, bytes));
     }
 
+    /// Clear the bar and return the summary line, for a caller that prints it
+    /// elsewhere (a server's answer to the command that asked).
+    pub fn summary_line(&self, what: &str, bytes: u64) -> String {
+        self.summary(what, bytes)
+    }
+
     /// Clear the bar, printing nothing: a step of a longer command.
     pub fn finish_quietly(&self) {
         if let Some(bar) = &self.bar {

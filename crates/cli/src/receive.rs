@@ -25,9 +25,9 @@ use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::control::with_local_pool;
+use crate::control::{served_or_local, with_local_pool};
 use crate::homes;
-use crate::send::{content_digest, hex, refuse_if_served, ResumeToken};
+use crate::send::{content_digest, hex, ResumeToken};
 use crate::size::format_size;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
@@ -120,34 +120,73 @@ fn partial_name(name: &str) -> Result<String> {
     Ok(partial)
 }
 
-/// How `volume receive` was asked to run.
-pub struct ReceiveOptions<'a> {
+/// How `volume receive` was asked to run: the same on the command line and over
+/// the control socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReceiveRequest {
+    /// The new volume's name.
+    pub name: String,
     /// The base of an incremental stream, when not the name the stream carries.
-    pub from: Option<&'a str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
     /// Continue a receive that stopped.
+    #[serde(default)]
     pub resume: bool,
     /// Discard a receive that stopped.
+    #[serde(default)]
     pub abandon: bool,
     /// What the new volume reserves (as `volume create` and `volume clone`).
+    #[serde(default)]
     pub provisioning: Provisioning,
     /// Two-way mode: the volumes whose blocks answer the sender's offers.
-    pub negotiate_with: &'a [String],
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub negotiate_with: Vec<String>,
 }
 
-/// Receive a stream from stdin into a new volume `name`.
-pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result<()> {
-    let ReceiveOptions {
-        from,
-        resume,
-        abandon,
-        provisioning,
-        negotiate_with,
-    } = *options;
-    refuse_if_served(pool_path, "receive")?;
+/// Receive a stream from stdin into a new volume: through the server's control
+/// socket when a server holds the pool (`stream_socket`), else in this process.
+pub fn receive(pool_path: &Path, request: &ReceiveRequest) -> Result<()> {
+    if !request.abandon && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        bail!(
+            "stdin is a terminal: `volume receive` reads a send stream; redirect it from \
+             a file or pipe `fewerbytes volume send` into it"
+        );
+    }
+    let summary = match served_or_local(pool_path)? {
+        Some(client) => crate::stream_socket::receive_through(&client, request)?,
+        None => with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+            receive_into_pool(
+                pool,
+                pool_path,
+                request,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout(),
+            )
+        })?,
+    };
+    eprintln!("{summary}");
+    Ok(())
+}
+
+/// Receive the stream read from `input` into a new volume of an open pool (this
+/// process's, or a server's, `pool_path` the path it was opened by); in two-way mode
+/// the answer goes to `answer_out`. Returns the summary line.
+pub fn receive_into_pool(
+    pool: &Arc<Pool>,
+    pool_path: &Path,
+    request: &ReceiveRequest,
+    input: &mut dyn Read,
+    answer_out: &mut dyn Write,
+) -> Result<String> {
+    let name = request.name.as_str();
+    let from = request.from.as_deref();
+    let (resume, abandon) = (request.resume, request.abandon);
+    let provisioning = request.provisioning;
+    let negotiate_with = &request.negotiate_with;
     let partial = partial_name(name)?;
     let saved_path = progress_path(pool_path, name)?;
     let saved = read_saved(&saved_path)?;
-    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+    {
         let exists = |n: &str| pool.list_volumes().iter().any(|v| v.name == n);
         if abandon {
             if exists(&partial) {
@@ -157,8 +196,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                 std::fs::remove_file(&saved_path)
                     .with_context(|| format!("could not remove {}", saved_path.display()))?;
             }
-            eprintln!("Interrupted receive of '{name}' discarded.");
-            return Ok(());
+            return Ok(format!("Interrupted receive of '{name}' discarded."));
         }
         if exists(name) {
             bail!("a volume named '{name}' already exists: receive into a new name");
@@ -173,16 +211,10 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         if resume && saved.is_none() {
             bail!("no interrupted receive of '{name}' to resume");
         }
-        if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
-            bail!(
-                "stdin is a terminal: `volume receive` reads a send stream; redirect it from \
-                 a file or pipe `fewerbytes volume send` into it"
-            );
-        }
         // Dedup against what the pool held before the open, as an import does.
         pool.wait_index_built();
         let mut input = StreamInput {
-            reader: BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
+            reader: BufReader::with_capacity(1 << 20, input),
             offset_bytes: 0,
         };
         let header_bytes = input.header()?;
@@ -274,6 +306,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
             volume: &volume,
             base: base_volume.as_ref(),
             negotiation,
+            answer_out,
             header,
             incremental: header.base.is_some(),
             saved,
@@ -284,20 +317,20 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
         drop(apply);
         drop(volume);
         drop(base_volume);
-        if result.is_err() && header.negotiated {
-            // Its records depend on the answer: a two-way receive is not resumed.
-            let _ = pool.delete_volume(&partial, true);
-            let _ = std::fs::remove_file(&saved_path);
-            return result.with_context(|| {
-                format!("the two-way receive of '{name}' stopped and was discarded; send again")
-            });
-        }
         match result {
+            Err(e) if header.negotiated => {
+                // Its records depend on the answer: a two-way receive is not resumed.
+                let _ = pool.delete_volume(&partial, true);
+                let _ = std::fs::remove_file(&saved_path);
+                Err(e.context(format!(
+                    "the two-way receive of '{name}' stopped and was discarded; send again"
+                )))
+            }
             Ok(()) => {
                 pool.rename_volume(&partial, name)?;
                 std::fs::remove_file(&saved_path)
                     .with_context(|| format!("could not remove {}", saved_path.display()))?;
-                eprintln!(
+                Ok(format!(
                     "Received volume '{name}': {} ({} blocks of data, {} by reference, {} by \
                      reference to the base), {} of stream.",
                     format_size(header.volume_size_bytes),
@@ -305,8 +338,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                     saved.ref_blocks,
                     saved.base_ref_blocks,
                     format_size(input.offset_bytes)
-                );
-                Ok(())
+                ))
             }
             Err(e) => Err(e.context(format!(
                 "the receive of '{name}' stopped; the partial volume '{partial}' holds \
@@ -317,7 +349,7 @@ pub fn receive(pool_path: &Path, name: &str, options: &ReceiveOptions) -> Result
                 ResumeToken::text(&header.stream_key, saved.next_position)
             ))),
         }
-    })
+    }
 }
 
 fn stream_key_of(saved: &Saved) -> Result<[u8; 32]> {
@@ -410,7 +442,7 @@ impl<R: Read> StreamInput<R> {
             let n = match self.reader.read(&mut buf[got..]) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).context("could not read the stream from stdin"),
+                Err(e) => return Err(e).context("could not read the stream"),
             };
             if n == 0 {
                 if got == 0 {
@@ -431,7 +463,7 @@ impl<R: Read> StreamInput<R> {
     fn header(&mut self) -> Result<[u8; HEADER_BYTES]> {
         let mut bytes = [0u8; HEADER_BYTES];
         if !self.fill(&mut bytes, "its header")? {
-            bail!("the stream is empty: stdin held no bytes");
+            bail!("the stream is empty: its input held no bytes");
         }
         Ok(bytes)
     }
@@ -475,7 +507,7 @@ const TABLE_CHUNK_BLOCKS: usize = 256;
 impl Negotiation {
     /// Hash the candidates' stored blocks under the stream key (each object once),
     /// keep those offered, and write the answer to stdout.
-    fn answer(&mut self, stream_key: &[u8; 32]) -> Result<()> {
+    fn answer(&mut self, stream_key: &[u8; 32], out: &mut dyn Write) -> Result<()> {
         let wanted: HashSet<[u8; OFFER_DIGEST_BYTES]> = self.offered.iter().copied().collect();
         let mut sources = vec![BlockSource::Zero; TABLE_CHUNK_BLOCKS];
         let mut bytes = vec![0u8; TABLE_CHUNK_BLOCKS * BLOCK_BYTES];
@@ -516,11 +548,9 @@ impl Negotiation {
             }
         }
         let answer = Answer { count, bitmap };
-        let mut stdout = std::io::stdout().lock();
-        stdout
-            .write_all(&answer.encode())
-            .and_then(|()| stdout.flush())
-            .context("could not write the answer to the sender (stdout)")?;
+        out.write_all(&answer.encode())
+            .and_then(|()| out.flush())
+            .context("could not write the answer to the sender")?;
         self.answered = true;
         Ok(())
     }
@@ -550,6 +580,8 @@ struct Apply<'a> {
     base: Option<&'a Volume>,
     /// Two-way mode: the offers, the answer, and where the held blocks are.
     negotiation: Option<Negotiation>,
+    /// Where the answer goes (stdout, or the control connection).
+    answer_out: &'a mut dyn Write,
     header: StreamHeader,
     /// A clone of the base: zero runs must be written (a new volume reads zeros).
     incremental: bool,
@@ -778,7 +810,7 @@ impl Apply<'_> {
                         negotiation.offered.len()
                     );
                 }
-                negotiation.answer(&stream_key)?;
+                negotiation.answer(&stream_key, &mut *self.answer_out)?;
                 Ok(true)
             }
             RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => bail!(

@@ -12,7 +12,7 @@
 //! how `--resume-token` sends only the records after those a receiver holds.
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_engine::{BlockSource, Compression, OpenOptions, Volume, BLOCK_BYTES};
+use fewerbytes_engine::{BlockSource, Compression, OpenOptions, Pool, Volume, BLOCK_BYTES};
 use fewerbytes_format::location::Codec;
 use fewerbytes_format::stream::{
     Answer, BaseId, PayloadCodec, Record, RecordBody, StreamHeader, ANSWER_HEAD_BYTES,
@@ -22,8 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::control::{with_local_pool_read_only, ControlClient};
+use crate::control::{served_or_local, with_local_pool_read_only};
 use crate::output::Progress;
 use crate::size::format_size;
 
@@ -82,22 +83,11 @@ pub fn decode_hex32(text: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Refuse a pool a server holds: send and receive open the pool themselves.
-pub fn refuse_if_served(pool_path: &Path, verb: &str) -> Result<()> {
-    if let Some(client) = ControlClient::probe(pool_path)? {
-        bail!(
-            "pool {} is being served (control socket {}); `volume {verb}` opens the pool \
-             itself, so it runs only while no server holds it: stop the server first",
-            pool_path.display(),
-            client.path().display()
-        );
-    }
-    Ok(())
-}
-
 /// Write volume `name` as a stream to stdout, incremental from `from` if given; with
 /// `to`, to the stdin of that shell command (a `volume receive --negotiate-with`),
-/// in two-way mode: the blocks its answer says it holds are not sent.
+/// in two-way mode: the blocks its answer says it holds are not sent. A pool a
+/// server holds is read by the server, the stream coming over its control socket
+/// (`stream_socket`); else this process opens the pool read-only.
 pub fn send(
     pool_path: &Path,
     name: &str,
@@ -105,7 +95,6 @@ pub fn send(
     resume: Option<ResumeToken>,
     to: Option<&str>,
 ) -> Result<()> {
-    refuse_if_served(pool_path, "send")?;
     if to.is_some() && resume.is_some() {
         bail!("a two-way send (--to) cannot be resumed: send it again");
     }
@@ -136,110 +125,40 @@ pub fn send(
         ),
         None => None,
     };
-    let result = with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
-        let volume = pool.open_volume(name)?;
-        let base = from.map(|b| pool.open_volume(b)).transpose()?;
-        let compression = pool.info().compression;
-        let source_map_digest = map_digest(&volume, base.as_ref())?;
-        let base_id = match &base {
-            Some(base) => Some(BaseId {
-                name: BaseId::pad_name(&base.name())
-                    .with_context(|| format!("base name '{}' is too long", base.name()))?,
-                size_bytes: base.size_bytes(),
-                content_digest: content_digest(base, "base")?,
-            }),
-            None => None,
-        };
-        let stream_key = match &resume {
-            Some(token) => token.stream_key,
-            None => {
-                let mut key = [0u8; 32];
-                rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
-                key
-            }
-        };
-        let header = StreamHeader {
-            volume_size_bytes: volume.size_bytes(),
-            source_pool_id: pool.id(),
-            stream_key,
-            base: base_id,
-            negotiated: receiver.is_some(),
-            source_map_digest,
-        };
-        let runs = match &base {
-            Some(base) => volume.changed_since(base)?,
-            None => std::iter::once(0..volume.size_bytes() / BLOCK).collect(),
-        };
-        let planned_blocks: u64 = runs.iter().map(|r| r.end - r.start).sum();
-        let progress = Progress::new(planned_blocks * BLOCK, &format!("send {name}"));
-        let (sink, mut answers): (Box<dyn Write>, Option<Box<dyn Read>>) = match &mut receiver {
-            Some(child) => (
-                Box::new(child.stdin.take().context("the receiver's stdin")?),
-                Some(Box::new(
-                    child.stdout.take().context("the receiver's stdout")?,
-                )),
-            ),
-            None => (Box::new(stdout.lock()), None),
-        };
-        let mut out = Emitter {
-            out: sink,
-            buffer: Vec::with_capacity(OUT_BUFFER_BYTES + 2 * BLOCK_BYTES),
-            header,
-            skip_before: resume.as_ref().map_or(0, |t| t.position),
-            position: 0,
-            pending: None,
-            counts: Counts::default(),
-            wire_bytes: 0,
-        };
-        out.write_raw(&header.encode())?;
-        let in_base = match &base {
-            Some(base) => objects_in_base(&volume, &runs, base)?,
-            None => HashMap::new(),
-        };
-        let mut sender = Sender {
-            volume: &volume,
-            compression,
-            first_by_object: HashMap::new(),
-            first_by_content: HashMap::new(),
-            in_base,
-            held_objects: HashMap::new(),
-            held_digests: HashSet::new(),
-            stream_key,
-        };
-        if let Some(answers) = &mut answers {
-            sender.negotiate(&runs, &mut out, answers)?;
-        }
-        for run in runs {
-            sender.send_run(run.clone(), &mut out)?;
-            progress.advance((run.end - run.start) * BLOCK);
-        }
-        let counts = out.finish()?;
-        let wire_bytes = out.wire_bytes;
-        // The receiver's stdin closes here: it sees the end of the stream.
-        drop(out);
-        let held = if answers.is_some() {
-            format!(", {} the receiver held", counts.pool_ref_blocks)
-        } else {
-            String::new()
-        };
-        progress.finish_on_stderr(
-            &format!(
-                "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} by reference \
-                 to the base{held}, {} of zeros; {} on the wire",
-                from.map(|b| format!(" (changes since '{b}')"))
-                    .unwrap_or_default(),
-                counts.data_records,
-                counts.ref_blocks,
-                counts.base_ref_blocks,
-                format_size(counts.zero_blocks * BLOCK),
-                format_size(wire_bytes)
-            ),
-            planned_blocks * BLOCK,
-        );
-        Ok(())
-    });
+    let (sink, answers): (Box<dyn Write + Send>, Option<Box<dyn Read + Send>>) = match &mut receiver
+    {
+        Some(child) => (
+            Box::new(child.stdin.take().context("the receiver's stdin")?),
+            Some(Box::new(
+                child.stdout.take().context("the receiver's stdout")?,
+            )),
+        ),
+        None => (Box::new(stdout), None),
+    };
+    let request = SendRequest {
+        name: name.to_string(),
+        from: from.map(str::to_string),
+        resume_token: resume
+            .as_ref()
+            .map(|t| ResumeToken::text(&t.stream_key, t.position)),
+        negotiated: answers.is_some(),
+    };
+    let result = match served_or_local(pool_path)? {
+        Some(client) => crate::stream_socket::send_through(&client, &request, sink, answers),
+        None => with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
+            let mut sink = sink;
+            let mut answers = answers;
+            send_from_pool(
+                pool,
+                &request,
+                &mut sink,
+                answers.as_mut().map(|a| a as &mut dyn Read),
+            )
+        }),
+    };
+    let result = result.map(|summary| eprintln!("{summary}"));
     if let Some(mut child) = receiver {
-        // Its stdin is closed (dropped with the emitter, or never written on an
+        // Its stdin is closed (dropped with the sink, or never written on an
         // error): it ends, and its status tells whether it made the volume.
         drop(child.stdin.take());
         let status = child.wait().context("could not wait for the receiver")?;
@@ -249,6 +168,135 @@ pub fn send(
         return result;
     }
     result
+}
+
+/// What a send is asked for: the same on the command line and over the control
+/// socket.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SendRequest {
+    /// The volume sent.
+    pub name: String,
+    /// The base of an incremental stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// `--resume-token`: the key, and the first record written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_token: Option<String>,
+    /// Two-way mode: offers go out first and the answer comes back on `answers`.
+    #[serde(default)]
+    pub negotiated: bool,
+}
+
+/// Write the stream of `request` to `sink` from an open pool (this process's, or a
+/// server's); in two-way mode `answers` carries the receiver's answer. Returns the
+/// summary line for the person who asked.
+pub fn send_from_pool(
+    pool: &Arc<Pool>,
+    request: &SendRequest,
+    sink: &mut dyn Write,
+    mut answers: Option<&mut dyn Read>,
+) -> Result<String> {
+    let name = request.name.as_str();
+    let from = request.from.as_deref();
+    let resume = request
+        .resume_token
+        .as_deref()
+        .map(ResumeToken::parse)
+        .transpose()?;
+    if request.negotiated != answers.is_some() {
+        bail!("a two-way send needs the receiver's answers, and only it reads them");
+    }
+    if request.negotiated && resume.is_some() {
+        bail!("a two-way send (--to) cannot be resumed: send it again");
+    }
+    let volume = pool.open_volume(name)?;
+    let base = from.map(|b| pool.open_volume(b)).transpose()?;
+    let compression = pool.info().compression;
+    let source_map_digest = map_digest(&volume, base.as_ref())?;
+    let base_id = match &base {
+        Some(base) => Some(BaseId {
+            name: BaseId::pad_name(&base.name())
+                .with_context(|| format!("base name '{}' is too long", base.name()))?,
+            size_bytes: base.size_bytes(),
+            content_digest: content_digest(base, "base")?,
+        }),
+        None => None,
+    };
+    let stream_key = match &resume {
+        Some(token) => token.stream_key,
+        None => {
+            let mut key = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
+            key
+        }
+    };
+    let header = StreamHeader {
+        volume_size_bytes: volume.size_bytes(),
+        source_pool_id: pool.id(),
+        stream_key,
+        base: base_id,
+        negotiated: request.negotiated,
+        source_map_digest,
+    };
+    let runs = match &base {
+        Some(base) => volume.changed_since(base)?,
+        None => std::iter::once(0..volume.size_bytes() / BLOCK).collect(),
+    };
+    let planned_blocks: u64 = runs.iter().map(|r| r.end - r.start).sum();
+    let progress = Progress::new(planned_blocks * BLOCK, &format!("send {name}"));
+    let mut out = Emitter {
+        out: sink,
+        buffer: Vec::with_capacity(OUT_BUFFER_BYTES + 2 * BLOCK_BYTES),
+        header,
+        skip_before: resume.as_ref().map_or(0, |t| t.position),
+        position: 0,
+        pending: None,
+        counts: Counts::default(),
+        wire_bytes: 0,
+    };
+    out.write_raw(&header.encode())?;
+    let in_base = match &base {
+        Some(base) => objects_in_base(&volume, &runs, base)?,
+        None => HashMap::new(),
+    };
+    let mut sender = Sender {
+        volume: &volume,
+        compression,
+        first_by_object: HashMap::new(),
+        first_by_content: HashMap::new(),
+        in_base,
+        held_objects: HashMap::new(),
+        held_digests: HashSet::new(),
+        stream_key,
+    };
+    if let Some(answers) = &mut answers {
+        sender.negotiate(&runs, &mut out, *answers)?;
+    }
+    for run in runs {
+        sender.send_run(run.clone(), &mut out)?;
+        progress.advance((run.end - run.start) * BLOCK);
+    }
+    let counts = out.finish()?;
+    let wire_bytes = out.wire_bytes;
+    let held = if answers.is_some() {
+        format!(", {} the receiver held", counts.pool_ref_blocks)
+    } else {
+        String::new()
+    };
+    Ok(progress.summary_line(
+        &format!(
+            "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} by reference \
+             to the base{held}, {} of zeros; {} on the wire",
+            from.map(|b| format!(" (changes since '{b}')"))
+                .unwrap_or_default(),
+            counts.data_records,
+            counts.ref_blocks,
+            counts.base_ref_blocks,
+            format_size(counts.zero_blocks * BLOCK),
+            format_size(wire_bytes)
+        ),
+        planned_blocks * BLOCK,
+    ))
 }
 
 /// The records' counts, as the end record carries them.
@@ -269,8 +317,8 @@ enum Pending {
 }
 
 /// Numbers records, joins runs, and writes what a resumed send does not skip.
-struct Emitter<W: Write> {
-    out: W,
+struct Emitter<'w> {
+    out: &'w mut dyn Write,
     buffer: Vec<u8>,
     header: StreamHeader,
     /// Records before this position are made but not written (`--resume-token`).
@@ -281,7 +329,7 @@ struct Emitter<W: Write> {
     wire_bytes: u64,
 }
 
-impl<W: Write> Emitter<W> {
+impl Emitter<'_> {
     fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
         self.buffer.extend_from_slice(bytes);
         self.wire_bytes += bytes.len() as u64;
@@ -294,7 +342,7 @@ impl<W: Write> Emitter<W> {
     fn drain(&mut self) -> Result<()> {
         self.out
             .write_all(&self.buffer)
-            .context("could not write the stream to stdout")?;
+            .context("could not write the stream")?;
         self.buffer.clear();
         Ok(())
     }
@@ -436,9 +484,7 @@ impl<W: Write> Emitter<W> {
             },
         )?;
         self.drain()?;
-        self.out
-            .flush()
-            .context("could not write the stream to stdout")?;
+        self.out.flush().context("could not write the stream")?;
         Ok(counts)
     }
 }
@@ -464,7 +510,7 @@ struct Sender<'a> {
 }
 
 impl Sender<'_> {
-    fn send_run<W: Write>(&mut self, run: Range<u64>, out: &mut Emitter<W>) -> Result<()> {
+    fn send_run(&mut self, run: Range<u64>, out: &mut Emitter<'_>) -> Result<()> {
         // Holes first, from the extents (no walk over a thin volume's unwritten
         // blocks); then the data runs block by block.
         for (data, blocks) in extents(self.volume, run)? {
@@ -505,12 +551,12 @@ impl Sender<'_> {
         Ok(())
     }
 
-    fn send_block<W: Write>(
+    fn send_block(
         &mut self,
         lbn: u64,
         source: BlockSource,
         block: &[u8],
-        out: &mut Emitter<W>,
+        out: &mut Emitter<'_>,
     ) -> Result<()> {
         let object = match source {
             BlockSource::Zero => return out.zero(lbn, 1),
@@ -560,10 +606,10 @@ impl Sender<'_> {
     /// Two-way mode: offer the digest of every distinct block the stream would send
     /// as data (neither in the base nor zeros), read the receiver's answer, and keep
     /// what it holds. Reads each such block once more than a one-way send.
-    fn negotiate<W: Write>(
+    fn negotiate(
         &mut self,
         runs: &[Range<u64>],
-        out: &mut Emitter<W>,
+        out: &mut Emitter<'_>,
         answers: &mut dyn Read,
     ) -> Result<()> {
         let mut offered: Vec<([u8; OFFER_DIGEST_BYTES], u64)> = Vec::new();

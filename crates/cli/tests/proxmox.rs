@@ -2,7 +2,9 @@
 //! `prove` against this build of `fewerbytes`, each starting its own server. They
 //! drive every method Proxmox calls — allocation, listing, status, the NBD path opened
 //! by qemu-img, `qm disk import`'s convert, resize, templates, linked clones,
-//! snapshots, deletion and what is refused — and check what Proxmox would see.
+//! snapshots, deletion, export, import and migration between two served pools through
+//! `storage_migrate` (with snapshots), and what is refused — and check what Proxmox
+//! would see.
 //!
 //! Needs perl's `prove`, `libtest-mockmodule-perl`, `libjson-perl` and qemu-utils
 //! (`scripts/test.sh` and `.ci/run` install them); a missing one is a failure.

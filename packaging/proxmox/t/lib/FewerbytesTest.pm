@@ -24,6 +24,10 @@ use PVE::Storage::Custom::FewerbytesPlugin;
 use base qw(Exporter);
 our @EXPORT = qw(fewerbytes_bin start_server stop_server scfg cli cli_json run_ok STOREID);
 
+# Servers started before the current one and left running (`start_server(keep =>
+# 1)`): a migration test holds two pools at once. Stopped when the test ends.
+our @kept;
+
 use constant STOREID => 'fb';
 use constant PLUGIN => 'PVE::Storage::Custom::FewerbytesPlugin';
 
@@ -57,6 +61,7 @@ sub scfg {
 sub start_server {
     my (%opt) = @_;
     $PVE::Storage::Custom::FewerbytesPlugin::FEWERBYTES = fewerbytes_bin();
+    push @kept, {%server} if $opt{keep} && $server{pid};
     my $dir = tempdir('fb-pve-XXXXXX', TMPDIR => 1, CLEANUP => !$ENV{FEWERBYTES_KEEP_TEMP});
     %server = (
         dir => $dir,
@@ -109,7 +114,7 @@ sub stop_server {
 
 END {
     my $status = $?;
-    if (my $pid = delete $server{pid}) {
+    for my $pid (grep { defined } delete($server{pid}), map { $_->{pid} } @kept) {
         kill('TERM', $pid);
         waitpid($pid, 0);
     }

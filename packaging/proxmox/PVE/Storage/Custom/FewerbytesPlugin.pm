@@ -501,19 +501,42 @@ sub volume_snapshot_rollback {
 
 # ---------------------------------------------------------------------------------
 # Export and import (`pvesm export`/`import`, which offline migration and
-# `storage_migrate` pipe from one node to the other): `raw+size`, the disk's size as a
-# little-endian u64, then its bytes. The bytes go through NBD (`nbdcopy`), as every
-# byte of a served pool does; the plugin counts them, so a stream cut short fails
-# the import (and removes the half-written disk) instead of leaving zeros.
+# `storage_migrate` pipe from one node to the other). Two formats, the first the one
+# pve-storage picks between two fewerbytes storages (it takes the first format both
+# sides offer):
+#
+# - `fewerbytes`: the disk (and, when asked, its snapshots) as fewerbytes send
+#   streams (docs/stream.md), run by the servers: each distinct block crosses once,
+#   zeros as runs, each snapshot as an increment from the one before, and an export
+#   from a snapshot both sides hold (`$base_snapshot`) carries only what changed.
+# - `raw+size`: the disk's size as a little-endian u64, then its bytes, read and
+#   written over NBD (`nbdcopy`): what other storage types export and import. The
+#   plugin counts the bytes, so a stream cut short fails the import (and removes the
+#   half-written disk) instead of leaving zeros.
+#
+# A `fewerbytes` export is a sequence of parts, one send stream each:
+#
+#   "fewerbytes-pve 1\n"
+#   for each part: "part " JSON "\n", then the stream in chunks (a u32 big-endian
+#       length, then that many bytes), a length of 0 ending it
+#   "end\n"
+#
+# A part's JSON says what it becomes, {"snapshot": SNAP} a snapshot or {"snapshot":
+# null} the disk itself, and {"base": SNAP} (or null) the snapshot it is an
+# increment from: the importer names its own copy of it (`volume receive --from`),
+# and the stream's base digest refuses a base that is not the sender's.
 
 my $STREAM_CHUNK = 1024 * 1024;
 
-my sub raw_size_only {
-    my ($format, $base_snapshot, $with_snapshots) = @_;
-    die "volume format '$format' is not available for a fewerbytes storage (raw+size"
-        . " only, without snapshots or a base)\n"
-        if $format ne 'raw+size' || $with_snapshots || defined($base_snapshot);
+# Our format's name. pve-storage's `pvesm export` and `pvesm import` take only the
+# formats in $PVE::Storage::KNOWN_EXPORT_FORMATS (their `format` parameter is an enum
+# of that array, checked when they run), so the plugin adds its own to it when
+# pve-storage loads it.
+my $STREAM_FORMAT = 'fewerbytes';
+if (my $known = do { no warnings 'once'; $PVE::Storage::KNOWN_EXPORT_FORMATS }) {
+    push @$known, $STREAM_FORMAT if !grep { $_ eq $STREAM_FORMAT } @$known;
 }
+my $CONTAINER_MAGIC = "fewerbytes-pve 1\n";
 
 # Copy exactly $size bytes from $from to $to (file handles), dying with $what if the
 # source ends early or holds more.
@@ -537,21 +560,253 @@ my sub copy_exactly {
     die "$what: the stream ended after $copied of $size bytes\n" if $copied != $size;
 }
 
+my sub write_all {
+    my ($fh, $bytes, $what) = @_;
+    my $off = 0;
+    while ($off < length($bytes)) {
+        my $w = syswrite($fh, $bytes, length($bytes) - $off, $off);
+        die "$what: write failed: $!\n" if !defined($w);
+        $off += $w;
+    }
+}
+
+# Exactly $len bytes from $fh, or die naming $what.
+my sub read_exactly {
+    my ($fh, $len, $what) = @_;
+    my $bytes = '';
+    while (length($bytes) < $len) {
+        my $n = sysread($fh, $bytes, $len - length($bytes), length($bytes));
+        die "$what: read failed: $!\n" if !defined($n);
+        die "$what: the stream ended early\n" if $n == 0;
+    }
+    return $bytes;
+}
+
+# One line (up to "\n", at most 4 KiB) from $fh, a byte at a time: what follows it
+# is chunked stream bytes, which must stay unread.
+my sub read_line {
+    my ($fh, $what) = @_;
+    my $line = '';
+    while ($line !~ /\n\z/) {
+        die "$what: the stream is damaged (a header line past 4 KiB)\n" if length($line) > 4096;
+        $line .= read_exactly($fh, 1, $what);
+    }
+    return $line;
+}
+
+# The snapshots of pool volume $name, oldest first: the pool volumes
+# `snap:SNAP:NAME`, in the order they were made (a pool's volume ids grow).
+my sub snapshots_of {
+    my ($volumes, $name) = @_;
+    my @snaps;
+    for my $pool_name (keys %$volumes) {
+        push @snaps, [$1, $volumes->{$pool_name}->{id}]
+            if $pool_name =~ m/^snap:([^:]+):\Q$name\E$/;
+    }
+    return map { $_->[0] } sort { $a->[1] <=> $b->[1] } @snaps;
+}
+
+# `fewerbytes ARGS` as the plugin's other commands run it, for a pipe.
+my sub fewerbytes_command {
+    my ($scfg, @args) = @_;
+    die "storage has no fewerbytes-pool\n" if !$scfg->{'fewerbytes-pool'};
+    return (
+        $FEWERBYTES,
+        '--pool', $scfg->{'fewerbytes-pool'},
+        '--control-socket', control_socket($scfg),
+        '--require-server',
+        @args,
+    );
+}
+
+# The parts an export of $volname sends, in order: [snapshot or undef (the disk),
+# base snapshot or undef (a full stream)] each.
+my sub export_parts {
+    my ($scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
+    my $name = pool_name($volname);
+    my $volumes = pool_volumes($scfg);
+    die "volume '$storeid:$volname' does not exist\n" if !$volumes->{$name};
+    my @snaps = snapshots_of($volumes, $name);
+    for my $snap (grep { defined } $snapshot, $base_snapshot) {
+        die "snapshot '$snap' of '$storeid:$volname' does not exist\n"
+            if !grep { $_ eq $snap } @snaps;
+    }
+    my @wanted;
+    if ($with_snapshots) {
+        # Every snapshot after the base (all of them without one), up to $snapshot
+        # when the export is of that snapshot's moment.
+        my $past_base = !defined($base_snapshot);
+        for my $snap (@snaps) {
+            if (!$past_base) {
+                $past_base = $snap eq $base_snapshot;
+                next;
+            }
+            push @wanted, $snap;
+            last if defined($snapshot) && $snap eq $snapshot;
+        }
+        die "snapshot '$snapshot' of '$storeid:$volname' is not newer than the base"
+            . " '$base_snapshot'\n"
+            if defined($snapshot) && !grep { $_ eq $snapshot } @wanted;
+    } elsif (defined($snapshot)) {
+        @wanted = ($snapshot);
+    }
+    my @parts;
+    my $base = $base_snapshot;
+    for my $snap (@wanted) {
+        push @parts, [$snap, $base];
+        $base = $snap;
+    }
+    # The disk itself, unless the export is of a snapshot's moment.
+    push @parts, [undef, $base] if !defined($snapshot);
+    return @parts;
+}
+
+my sub stream_export {
+    my ($scfg, $storeid, $fh, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
+    my $what = "export of '$storeid:$volname'";
+    my @parts = export_parts($scfg, $storeid, $volname, $snapshot, $base_snapshot,
+        $with_snapshots);
+    write_all($fh, $CONTAINER_MAGIC, $what);
+    for my $part (@parts) {
+        my ($snap, $base) = @$part;
+        my @args = ('volume', 'send', pool_name($volname, $snap));
+        push @args, '--from', pool_name($volname, $base) if defined($base);
+        write_all($fh, 'part ' . encode_json({ snapshot => $snap, base => $base }) . "\n",
+            $what);
+        open(my $send, '-|', fewerbytes_command($scfg, @args))
+            or die "$what: cannot run fewerbytes: $!\n";
+        while (1) {
+            my $n = sysread($send, my $chunk, $STREAM_CHUNK);
+            die "$what: read failed: $!\n" if !defined($n);
+            last if $n == 0;
+            write_all($fh, pack('N', $n) . $chunk, $what);
+        }
+        close($send) or die "$what: `fewerbytes @args` failed (exit " . ($? >> 8) . ")\n";
+        write_all($fh, pack('N', 0), $what);
+    }
+    write_all($fh, "end\n", $what);
+    return undef;
+}
+
+# Receive one part's chunks from $fh into pool volume $into (from $base, a pool
+# volume, if set); a failure abandons the partial volume.
+my sub receive_part {
+    my ($scfg, $fh, $into, $base, $what) = @_;
+    my @args = ('volume', 'receive', $into);
+    push @args, '--from', $base if defined($base);
+    open(my $receive, '|-', fewerbytes_command($scfg, @args))
+        or die "$what: cannot run fewerbytes: $!\n";
+    my $ok = eval {
+        while (1) {
+            my $len = unpack('N', read_exactly($fh, 4, $what));
+            last if $len == 0;
+            die "$what: the stream is damaged (a chunk of $len bytes)\n"
+                if $len > $STREAM_CHUNK;
+            write_all($receive, read_exactly($fh, $len, $what), $what);
+        }
+        1;
+    };
+    my $err = $@;
+    close($receive);
+    my $status = $?;
+    return if $ok && $status == 0;
+    # A migration that failed is run again from its start: nothing is kept to resume.
+    eval { fewerbytes($scfg, 'volume', 'receive', $into, '--abandon') };
+    die $err if !$ok;
+    die "$what: `fewerbytes @args` failed (exit " . ($status >> 8) . "); its error is above\n";
+}
+
+my sub stream_import {
+    my ($class, $scfg, $storeid, $fh, $volname, $base_snapshot, $allow_rename) = @_;
+    my (undef, undef, $vmid) = $class->parse_volname($volname);
+    my $volumes = pool_volumes($scfg);
+    my $target = $volname;
+    if (defined($base_snapshot)) {
+        # An increment onto the disk this storage holds (replication): its base
+        # snapshot must be here.
+        die "cannot import an increment into '$storeid:$volname': its base snapshot"
+            . " '$base_snapshot' is not here\n"
+            if !$volumes->{pool_name($volname, $base_snapshot)};
+    } elsif ($volumes->{pool_name($volname)}) {
+        die "volume '$storeid:$volname' already exists\n" if !$allow_rename;
+        warn "volume '$storeid:$volname' already exists - importing with a different name\n";
+        $target = free_disk_name($scfg, $storeid, $vmid, $volumes);
+    }
+    my $what = "import into '$storeid:$target'";
+    die "$what: not a '$STREAM_FORMAT' export\n"
+        if read_exactly($fh, length($CONTAINER_MAGIC), $what) ne $CONTAINER_MAGIC;
+    my @made;
+    my $disk_received;
+    eval {
+        while (1) {
+            my $line = read_line($fh, $what);
+            last if $line eq "end\n";
+            die "$what: the stream is damaged (a part expected)\n"
+                if $line !~ m/^part (\{.*\})\n\z/;
+            my $part = decode_json($1);
+            my ($snap, $base) = ($part->{snapshot}, $part->{base});
+            for my $name (grep { defined } $snap, $base) {
+                die "$what: the stream names snapshot '$name', not a Proxmox snapshot name\n"
+                    if $name !~ m/^[A-Za-z0-9_\-]{1,40}$/;
+            }
+            die "$what: the stream carries the disk, which exists here\n"
+                if !defined($snap) && pool_volumes($scfg)->{pool_name($target)};
+            my $into = pool_name($target, $snap);
+            receive_part($scfg, $fh, $into, defined($base) ? pool_name($target, $base) : undef,
+                $what);
+            push @made, $into;
+            $disk_received = 1 if !defined($snap);
+        }
+        # An export of a snapshot's moment ends with that snapshot: the disk takes
+        # its content (a new disk is a clone of it; one that exists, a replica, is
+        # rolled back to it: refused while a VM has it open).
+        if (!$disk_received) {
+            my $last = $made[-1] // die "$what: the stream carries nothing\n";
+            if (pool_volumes($scfg)->{pool_name($target)}) {
+                fewerbytes($scfg, 'volume', 'rollback', pool_name($target), $last);
+            } else {
+                fewerbytes($scfg, 'volume', 'clone', $last, pool_name($target));
+                push @made, pool_name($target);
+            }
+        }
+        1;
+    } or do {
+        my $err = $@;
+        for my $pool_name (reverse @made) {
+            eval { fewerbytes($scfg, 'volume', 'delete', $pool_name) };
+            warn $@ if $@;
+        }
+        die $err;
+    };
+    return "$storeid:$target";
+}
+
+my sub raw_size_only {
+    my ($format, $base_snapshot, $with_snapshots) = @_;
+    die "volume format '$format' is not available for a fewerbytes storage"
+        . " ($STREAM_FORMAT, or raw+size without snapshots or a base)\n"
+        if $format ne 'raw+size' || $with_snapshots || defined($base_snapshot);
+}
+
+# Snapshots and increments travel only in our own format; a plain disk in either.
 sub volume_export_formats {
     my ($class, $scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
-    return () if $with_snapshots || defined($base_snapshot);
-    return ('raw+size');
+    return ($STREAM_FORMAT) if $with_snapshots || defined($base_snapshot);
+    return ($STREAM_FORMAT, 'raw+size');
 }
 
 sub volume_import_formats {
     my ($class, $scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
-    return () if $with_snapshots || defined($base_snapshot);
-    return ('raw+size');
+    return ($STREAM_FORMAT) if $with_snapshots || defined($base_snapshot);
+    return ($STREAM_FORMAT, 'raw+size');
 }
 
 sub volume_export {
     my ($class, $scfg, $storeid, $fh, $volname, $format, $snapshot, $base_snapshot,
         $with_snapshots) = @_;
+    return stream_export($scfg, $storeid, $fh, $volname, $snapshot, $base_snapshot,
+        $with_snapshots)
+        if $format eq $STREAM_FORMAT;
     raw_size_only($format, $base_snapshot, $with_snapshots);
     my $name = pool_name($volname, $snapshot);
     my $size = fewerbytes_json($scfg, 'volume', 'info', $name)->{size_bytes};
@@ -568,10 +823,13 @@ sub volume_export {
 sub volume_import {
     my ($class, $scfg, $storeid, $fh, $volname, $format, $snapshot, $base_snapshot,
         $with_snapshots, $allow_rename) = @_;
-    raw_size_only($format, $base_snapshot, $with_snapshots);
     my ($vtype, $name, $vmid) = $class->parse_volname($volname);
     die "cannot import '$volname': a fewerbytes storage holds disk images only\n"
         if $vtype ne 'images';
+    return stream_import($class, $scfg, $storeid, $fh, $volname, $base_snapshot,
+        $allow_rename)
+        if $format eq $STREAM_FORMAT;
+    raw_size_only($format, $base_snapshot, $with_snapshots);
     if (pool_volumes($scfg)->{pool_name($volname)}) {
         die "volume '$storeid:$volname' already exists\n" if !$allow_rename;
         warn "volume '$storeid:$volname' already exists - importing with a different name\n";

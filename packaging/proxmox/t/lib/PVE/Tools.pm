@@ -2,7 +2,9 @@ package PVE::Tools;
 
 # Stand-in for Proxmox's PVE::Tools (pve-common), for the plugin's tests only: the one
 # function the plugin uses, run_command, with the arguments it passes (a command as an
-# array, outfunc and errfunc called once per line, a timeout in seconds). Like the real
+# array, outfunc and errfunc called once per line, a timeout in seconds), and what
+# pve-storage's storage_migrate passes it (a pipeline, an array of commands, run by
+# bash with pipefail; logfunc called for every line of both outputs). Like the real
 # one, it dies when the command fails, times out or cannot start.
 
 use strict;
@@ -17,8 +19,13 @@ our @EXPORT_OK = qw(run_command);
 
 sub run_command {
     my ($cmd, %param) = @_;
-    my $outfunc = $param{outfunc} // sub { print "$_[0]\n" };
-    my $errfunc = $param{errfunc} // sub { print STDERR "$_[0]\n" };
+    my $outfunc = $param{outfunc} // $param{logfunc} // sub { print "$_[0]\n" };
+    my $errfunc = $param{errfunc} // $param{logfunc} // sub { print STDERR "$_[0]\n" };
+    if (ref($cmd->[0]) eq 'ARRAY') {
+        my $quote = sub { "'" . ($_[0] =~ s/'/'\\''/gr) . "'" };
+        my $line = join(' | ', map { join(' ', map { $quote->($_) } @$_) } @$cmd);
+        $cmd = ['/bin/bash', '-c', "set -o pipefail; $line"];
+    }
     my $timeout = $param{timeout} // 0;
     my $cmdstr = join(' ', @$cmd);
 

@@ -8,6 +8,13 @@ package PVE::Storage::Plugin;
 use strict;
 use warnings;
 
+# The plugin class of a storage type: what pve-storage's functions call methods on.
+sub lookup {
+    my ($class, $type) = @_;
+    return 'PVE::Storage::Custom::FewerbytesPlugin' if $type eq 'fewerbytes';
+    die "unknown storage type '$type'\n";
+}
+
 sub volume_rollback_is_possible {
     return 1;
 }

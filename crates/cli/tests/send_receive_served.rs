@@ -1,0 +1,325 @@
+//! `volume send` / `volume receive` on pools that servers hold: the stream goes
+//! through each server's control socket, the servers read and write the volumes,
+//! and the command only carries bytes. With a served pool on each side: a full
+//! stream piped from one command into the other makes a volume `qemu-img compare`
+//! finds identical over NBD; an incremental one from a clone carries only the blocks
+//! qemu-io wrote since; a two-way send carries only the blocks the receiver lacks; a
+//! cut stream, and a receive whose command is killed, leave a partial volume that a
+//! resumed send completes; a stream whose base the receiver lacks is refused.
+
+mod common;
+
+use common::data::{compressible_block, Rng};
+use common::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 4096;
+
+/// A served pool in its own directory (its NBD socket, control socket and log).
+fn served_pool(dir: &TempDir, name: &str, images: &[(&str, &[u8])]) -> Server {
+    let home = dir.join(name);
+    std::fs::create_dir_all(&home).expect("pool directory");
+    let pool = home.join(format!("{name}.pool"));
+    let path = pool.to_str().expect("utf-8 path");
+    fewerbytes_ok(&pool, &["pool", "create", path, "--size", "1G"]);
+    for (volume, bytes) in images {
+        let raw = home.join(format!("{volume}.raw"));
+        std::fs::write(&raw, bytes).expect("write the image");
+        fewerbytes_ok(
+            &pool,
+            &["volume", "import", volume, raw.to_str().expect("utf-8")],
+        );
+    }
+    Server::start(&home, &pool, &[])
+}
+
+/// `sh -c SCRIPT`, for pipelines of the real binary.
+fn shell(script: &str) -> Ran {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script);
+    run_with_limit(&mut cmd, CLIENT_LIMIT)
+}
+
+fn bin() -> String {
+    fewerbytes_bin().display().to_string()
+}
+
+/// `fewerbytes --pool POOL volume send ARGS > stream`.
+fn send_to_file(pool: &Path, args: &str, stream: &Path) -> Ran {
+    let ran = shell(&format!(
+        "{} --pool {} volume send {args} > {}",
+        bin(),
+        pool.display(),
+        stream.display()
+    ));
+    assert!(ran.status.success(), "{}", ran.report());
+    ran
+}
+
+/// `fewerbytes --pool POOL volume receive ARGS < stream`.
+fn receive_from_file(pool: &Path, args: &str, stream: &Path) -> Ran {
+    shell(&format!(
+        "{} --pool {} volume receive {args} < {}",
+        bin(),
+        pool.display(),
+        stream.display()
+    ))
+}
+
+/// `qemu-img compare` of two NBD exports: they read the same bytes.
+fn assert_same(left: &str, right: &str) {
+    let mut cmd = tool("qemu-img");
+    cmd.args(["compare", "-f", "raw", "-F", "raw", left, right]);
+    let ran = run_with_limit(&mut cmd, CLIENT_LIMIT);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stdout.contains("Images are identical"),
+        "{}",
+        ran.report()
+    );
+}
+
+/// 1,024 blocks: 32 random blocks each written 16 times, 256 compressible blocks,
+/// 256 zero blocks.
+fn image(seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let templates: Vec<Vec<u8>> = (0..32)
+        .map(|_| {
+            let mut block = vec![0u8; BLOCK];
+            rng.fill(&mut block);
+            block
+        })
+        .collect();
+    let mut image = Vec::new();
+    for _ in 0..16 {
+        for t in &templates {
+            image.extend_from_slice(t);
+        }
+    }
+    image.extend_from_slice(&vec![0u8; 256 * BLOCK]);
+    for i in 0..256 {
+        image.extend_from_slice(&compressible_block(seed * 1000 + i));
+    }
+    image
+}
+
+/// The number before `what` in a summary line.
+fn count_before(ran: &Ran, what: &str) -> u64 {
+    let end = ran
+        .stderr
+        .find(what)
+        .unwrap_or_else(|| panic!("no '{what}':\n{}", ran.report()));
+    ran.stderr[..end]
+        .trim_end()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count before '{what}':\n{}", ran.report()))
+}
+
+#[test]
+fn full_and_incremental_streams_between_served_pools_make_identical_volumes() {
+    let dir = TempDir::new("servedsend");
+    let bytes = image(3);
+    let a = served_pool(&dir, "a", &[("vm", &bytes)]);
+    let b = served_pool(&dir, "b", &[]);
+
+    // Full, piped from one command into the other, both through their servers.
+    let ran = shell(&format!(
+        "{0} --pool {1} volume send vm | {0} --pool {2} volume receive vm",
+        bin(),
+        a.pool.display(),
+        b.pool.display()
+    ));
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("Sent volume 'vm'"), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("Received volume 'vm'"),
+        "{}",
+        ran.report()
+    );
+    // Each distinct block once: 32 random, 256 compressible.
+    assert_eq!(count_before(&ran, " blocks of data"), 32 + 256);
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm"));
+    // The servers logged the streams they ran.
+    assert!(
+        a.log_text().contains("send volume 'vm'"),
+        "{}",
+        a.log_text()
+    );
+    assert!(
+        b.log_text().contains("receive volume 'vm'"),
+        "{}",
+        b.log_text()
+    );
+
+    // A base on both sides, then 5 blocks written over NBD on the sender.
+    a.cli_ok(&["volume", "clone", "vm", "base"]);
+    b.cli_ok(&["volume", "clone", "vm", "base"]);
+    for (i, lbn) in [7usize, 300, 301, 700, 1000].iter().enumerate() {
+        let ran = qemu_io(
+            &a.unix_uri("vm"),
+            &[format!("write -P {} {} 4096", i + 1, lbn * BLOCK)],
+        );
+        assert!(ran.status.success(), "{}", ran.report());
+    }
+    let stream = dir.join("inc.fbs");
+    let sent = send_to_file(&a.pool, "vm --from base", &stream);
+    assert_eq!(
+        count_before(&sent, " blocks of data"),
+        5,
+        "{}",
+        sent.report()
+    );
+    let ran = receive_from_file(&b.pool, "vm2", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm2"));
+    assert_check_clean(&b.pool);
+}
+
+#[test]
+fn a_two_way_send_between_served_pools_sends_only_what_the_receiver_lacks() {
+    let dir = TempDir::new("served2way");
+    let template = image(5);
+    let mut vm = template.clone();
+    let mut rng = Rng::new(17);
+    for lbn in [10usize, 600, 1000] {
+        rng.fill(&mut vm[lbn * BLOCK..(lbn + 1) * BLOCK]);
+    }
+    let a = served_pool(&dir, "a", &[("template", &template), ("vm", &vm)]);
+    let b = served_pool(&dir, "b", &[("template", &template)]);
+    let ran = shell(&format!(
+        "{0} --pool {1} volume send vm --to '{0} --pool {2} volume receive vm \
+         --negotiate-with template'",
+        bin(),
+        a.pool.display(),
+        b.pool.display()
+    ));
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_eq!(count_before(&ran, " blocks of data"), 3, "{}", ran.report());
+    assert!(
+        count_before(&ran, " the receiver held") > 200,
+        "{}",
+        ran.report()
+    );
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm"));
+}
+
+/// The resume token a failed receive printed.
+fn resume_token(ran: &Ran) -> String {
+    let at = ran
+        .stderr
+        .find("--resume-token ")
+        .unwrap_or_else(|| panic!("no token:\n{}", ran.report()));
+    ran.stderr[at + "--resume-token ".len()..]
+        .split_whitespace()
+        .next()
+        .expect("token")
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// `volume receive ARGS` fed `stream`, again while the server still applies a cut
+/// receive into the same name (it refuses a second one until that one stopped).
+fn receive_when_free(pool: &Path, args: &str, stream: &Path) -> Ran {
+    let started = Instant::now();
+    loop {
+        let ran = receive_from_file(pool, args, stream);
+        if !ran.stderr.contains("is running on this server") {
+            return ran;
+        }
+        assert!(
+            started.elapsed() < CLIENT_LIMIT,
+            "the cut receive never stopped:\n{}",
+            ran.report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_cut_or_killed_receive_into_a_served_pool_resumes_from_a_served_sender() {
+    let dir = TempDir::new("servedcut");
+    let bytes = image(7);
+    let a = served_pool(&dir, "a", &[("vm", &bytes)]);
+    let b = served_pool(&dir, "b", &[]);
+    let stream = dir.join("vm.fbs");
+    send_to_file(&a.pool, "vm", &stream);
+    let whole = std::fs::read(&stream).expect("stream");
+    let cut: PathBuf = dir.join("cut.fbs");
+    std::fs::write(&cut, &whole[..whole.len() / 3]).expect("cut");
+
+    // Cut: refused, the partial kept on the server's pool, nothing under the name.
+    let ran = receive_from_file(&b.pool, "vm", &cut);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("truncated"), "{}", ran.report());
+    assert_eq!(volume_names(&b.pool), vec!["vm:receiving".to_string()]);
+    // Resumed by a send from the served sender that starts at the token's record.
+    let token = resume_token(&ran);
+    let rest = dir.join("rest.fbs");
+    send_to_file(&a.pool, &format!("vm --resume-token {token}"), &rest);
+    let rest_len = std::fs::metadata(&rest).expect("rest").len();
+    assert!(
+        rest_len < whole.len() as u64 * 3 / 4,
+        "{rest_len} of {}",
+        whole.len()
+    );
+    let ran = receive_from_file(&b.pool, "vm --resume", &rest);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm"));
+
+    // The receiving command killed half-way: the server sees the connection end,
+    // keeps what it applied, and the same stream fed again completes it.
+    let mut cmd = Command::new(fewerbytes_bin());
+    cmd.arg("--pool")
+        .arg(&b.pool)
+        .args(["volume", "receive", "vm3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().expect("start the receive");
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(&whole[..whole.len() / 2])
+        .expect("feed half");
+    input.flush().expect("flush");
+    child.kill().expect("kill the receive");
+    let _ = child.wait();
+    drop(input);
+    let ran = receive_when_free(&b.pool, "vm3 --resume", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm3"));
+    assert_check_clean(&b.pool);
+}
+
+#[test]
+fn a_served_receive_refuses_a_stream_whose_base_it_lacks() {
+    let dir = TempDir::new("servedbase");
+    let bytes = image(9);
+    let a = served_pool(&dir, "a", &[("vm", &bytes)]);
+    let c = served_pool(&dir, "c", &[]);
+    a.cli_ok(&["volume", "clone", "vm", "base"]);
+    let stream = dir.join("inc.fbs");
+    send_to_file(&a.pool, "vm --from base", &stream);
+    let ran = receive_from_file(&c.pool, "vm", &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr
+            .contains("volume 'base', which this pool does not hold"),
+        "{}",
+        ran.report()
+    );
+    assert!(volume_names(&c.pool).is_empty());
+    // The sender's base missing is refused by the sending server.
+    let ran = shell(&format!(
+        "{} --pool {} volume send vm --from nosuch > {}",
+        bin(),
+        a.pool.display(),
+        dir.join("x.fbs").display()
+    ));
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("nosuch"), "{}", ran.report());
+}
