@@ -46,6 +46,10 @@ pub struct VolumeState {
     /// The volume this is a snapshot of (0: not a snapshot). A snapshot is never
     /// written.
     origin: u64,
+    /// When a snapshot was made (seconds since 1970; 0 for a volume).
+    created: u32,
+    /// A snapshot's identity, the same in every pool it was sent to (0: none).
+    guid: u64,
     /// Name (changed only by a rename, with the gate held exclusively).
     name: RwLock<String>,
     /// Size in 4 KiB blocks.
@@ -109,6 +113,8 @@ impl VolumeState {
             id,
             lineage: AtomicU64::new(id),
             origin: 0,
+            created: 0,
+            guid: 0,
             name: RwLock::new(name),
             size_blocks: AtomicU64::new(size_blocks),
             pages: RwLock::new(MapPages::new(size_blocks.div_ceil(ENTRIES_PER_PAGE))),
@@ -246,11 +252,29 @@ impl VolumeState {
         self.origin != 0
     }
 
-    /// This volume as a snapshot of the volume with id `origin` (set once, before
-    /// it is listed).
-    pub(crate) fn with_origin(mut self, origin: u64) -> Self {
+    /// This volume as a snapshot of the volume with id `origin`, with identity
+    /// `guid` (set once, before it is listed).
+    pub(crate) fn with_origin(mut self, origin: u64, guid: u64) -> Self {
         self.origin = origin;
+        self.guid = guid;
         self
+    }
+
+    /// This volume as made at `created` (seconds since 1970; set once, before it
+    /// is listed).
+    pub(crate) fn made_at(mut self, created: u32) -> Self {
+        self.created = created;
+        self
+    }
+
+    /// When it was made (seconds since 1970; 0: not known).
+    pub fn created(&self) -> u32 {
+        self.created
+    }
+
+    /// A snapshot's identity (0: none).
+    pub fn guid(&self) -> u64 {
+        self.guid
     }
 
     /// The map pages in memory, held so the map is not resized meanwhile (a page is

@@ -439,6 +439,14 @@ pub(crate) fn checkpoint_locked(
     Ok(())
 }
 
+/// A checkpoint with the gate held by the caller, who keeps it after: a clone, a
+/// snapshot or a rollback takes one first when its source has pages changed since
+/// the last, so that every page it takes is durable and shared, not copied
+/// (`page_share.rs`).
+pub(crate) fn checkpoint_held(inner: &Inner) -> Result<()> {
+    checkpoint_once(inner, None, false, Vec::new()).map(drop)
+}
+
 /// Data blocks and objects a snapshot took as freed, per slab.
 type Pending = Vec<(u32, Vec<u32>, Vec<u32>)>;
 
@@ -668,6 +676,8 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
             lineage: vol.lineage(),
             origin: vol.origin().unwrap_or(0),
             snapshot: vol.is_snapshot(),
+            created: vol.created(),
+            guid: vol.guid(),
             map: dirs.root(),
         });
     }

@@ -600,15 +600,14 @@ pub(crate) fn load(
             ));
             vol.set_limited(record.limited);
             vol.set_lineage(record.lineage);
-            let vol = if record.snapshot {
-                Arc::new(
-                    Arc::into_inner(vol)
-                        .ok_or_else(|| corrupt("a volume loaded is held elsewhere".into()))?
-                        .with_origin(record.origin),
-                )
+            let vol = Arc::into_inner(vol)
+                .ok_or_else(|| corrupt("a volume loaded is held elsewhere".into()))?
+                .made_at(record.created);
+            let vol = Arc::new(if record.snapshot {
+                vol.with_origin(record.origin, record.guid)
             } else {
                 vol
-            };
+            });
             crate::load::load_map(inner, record, &vol, tolerate_map_damage, &mut loaded)?;
             inner.volumes.insert(vol);
         }

@@ -806,6 +806,8 @@ impl Pool {
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),
             damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
+            shared_map_pages: i.volumes.shares().shared_pages(),
+            shared_maps: sb.flags & fewerbytes_format::superblock::FLAG_SHARED_MAPS != 0,
         }
     }
 
@@ -959,7 +961,16 @@ impl Pool {
     /// read-only point in time sharing every map page of the volume, so it costs the
     /// same at any size; durable on return (`volume_ops::snapshot`).
     pub fn snapshot_volume(&self, name: &str, snapshot: &str) -> Result<VolumeInfo> {
-        crate::volume_ops::snapshot(&self.inner, name, snapshot)
+        crate::volume_ops::snapshot(&self.inner, name, snapshot, None)
+    }
+
+    /// [`Self::snapshot_volume`] with the identity `guid` (a snapshot received from
+    /// a send stream keeps the sender's; 0 is refused).
+    pub fn snapshot_volume_as(&self, name: &str, snapshot: &str, guid: u64) -> Result<VolumeInfo> {
+        if guid == 0 {
+            return Err(EngineError::Refused("a snapshot's identity is never 0".into()));
+        }
+        crate::volume_ops::snapshot(&self.inner, name, snapshot, Some(guid))
     }
 
     /// The snapshots of volume `name`, oldest first.

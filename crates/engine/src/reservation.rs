@@ -585,6 +585,8 @@ mod tests {
             lineage: id,
             origin: 0,
             snapshot: false,
+            created: 0,
+            guid: 0,
             map: Default::default(),
         };
         let catalog = Catalog {

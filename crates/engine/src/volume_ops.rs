@@ -57,6 +57,12 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         limited: v.limited(),
         no_space_refusals: v.counters().no_space_refusals(),
         damaged_ranges: v.damaged_ranges(),
+        snapshot_of: v.origin().map(|_| {
+            let full = inner.volumes.full_name(v);
+            full.split_once('@').map_or(full.clone(), |(of, _)| of.to_string())
+        }),
+        created: u64::from(v.created()),
+        guid: (v.guid() != 0).then(|| format!("{:016x}", v.guid())),
     }
 }
 
@@ -175,6 +181,16 @@ pub(crate) fn create(
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
+}
+
+/// Before a volume takes `source`'s map: when pages of it changed since the last
+/// checkpoint, a checkpoint (the gate held), so that every page is durable and the
+/// new tree shares it rather than a copy (`MapPage::share`).
+fn settle_pages(inner: &Inner, source: &VolumeState) -> Result<()> {
+    if written_pages(source).1 > 0 {
+        crate::checkpoint::checkpoint_held(inner)?;
+    }
+    Ok(())
 }
 
 /// The map pages of `vol` that hold entries, and of those the ones changed since
@@ -321,6 +337,7 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         source.mapped_blocks(),
         p,
     )?;
+    settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
     let vol = i.volumes.make(dst, size_blocks)?;
     // The copy holds the same bytes: it keeps its source's limit.
@@ -378,6 +395,7 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
         source.mapped_blocks(),
         p,
     )?;
+    settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
     // The volume leaves its map and its directory pages (freed after the
     // checkpoint), then takes the source's pages. The source's references are taken
@@ -404,7 +422,12 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
 /// so it costs the same at any size. Taken with the gate held exclusively (no
 /// write is half done) and made durable by one checkpoint. It reserves nothing: it
 /// holds blocks only as the volume overwrites them, which the pool's space shows.
-pub(crate) fn snapshot(inner: &Inner, name: &str, snapshot: &str) -> Result<VolumeInfo> {
+pub(crate) fn snapshot(
+    inner: &Inner,
+    name: &str,
+    snapshot: &str,
+    guid: Option<u64>,
+) -> Result<VolumeInfo> {
     validate_name(snapshot).map_err(EngineError::Refused)?;
     let i = inner;
     i.devices.ensure_writable()?;
@@ -421,8 +444,15 @@ pub(crate) fn snapshot(inner: &Inner, name: &str, snapshot: &str) -> Result<Volu
     if i.volumes.exists(&full) {
         return Err(EngineError::VolumeExists(full));
     }
+    settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
-    let vol = i.volumes.make_snapshot(snapshot, source.size_blocks(), source.id())?;
+    // A snapshot taken here gets an identity no other pool's can have: from the
+    // pool's nonce and the snapshot's id. A received one keeps the sender's.
+    let id = i.volumes.next_id();
+    let guid = guid.unwrap_or_else(|| snapshot_guid(inner.geometry.nonce(), id));
+    let vol = i
+        .volumes
+        .make_snapshot(snapshot, source.size_blocks(), source.id(), guid)?;
     vol.set_limited(source.limited());
     let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &copied)?;
@@ -432,6 +462,18 @@ pub(crate) fn snapshot(inner: &Inner, name: &str, snapshot: &str) -> Result<Volu
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
+}
+
+/// A new snapshot's identity: a keyed hash of the pool's nonce and the snapshot's
+/// volume id (never 0, which means none).
+fn snapshot_guid(nonce: u64, id: u64) -> u64 {
+    let mut input = [0u8; 16];
+    input[..8].copy_from_slice(&nonce.to_le_bytes());
+    input[8..].copy_from_slice(&id.to_le_bytes());
+    let hash = blake3::hash(&input);
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(low).max(1)
 }
 
 /// The snapshots of volume `name`, oldest first.

@@ -164,18 +164,25 @@ impl Volumes {
         )))
     }
 
-    /// A new snapshot's state (see [`Self::make`]) of the volume with id `origin`.
+    /// A new snapshot's state (see [`Self::make`]) of the volume with id `origin`,
+    /// with identity `guid`.
     pub(crate) fn make_snapshot(
         &self,
         name: &str,
         size_blocks: u64,
         origin: u64,
+        guid: u64,
     ) -> Result<Arc<VolumeState>> {
         let vol = self.make(name, size_blocks)?;
         let vol = Arc::into_inner(vol).ok_or_else(|| {
             EngineError::Invariant("a volume just made is held elsewhere".into())
         })?;
-        Ok(Arc::new(vol.with_origin(origin)))
+        // Only a snapshot records when it was made (what replication compares), so
+        // a pool without snapshots or shared pages keeps the plain catalog.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        Ok(Arc::new(vol.with_origin(origin, guid).made_at(now)))
     }
 
     /// List a volume in its slot.

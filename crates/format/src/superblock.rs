@@ -83,8 +83,9 @@ pub const FLAG_JOURNAL_COMMITS: u32 = 32;
 /// trees (clones, snapshots and rollbacks share pages), map pages name their
 /// volume's lineage as owner, and the catalog is a lineage stream
 /// (`catalog::CATALOG_MAGIC_V3_LINEAGE`). Set by each checkpoint whose catalog
-/// carries lineages and cleared by one whose catalog does not, so a pool that never
-/// shared a page stays readable by engines that do not know the bit. (Bit 6 is kept
+/// carries lineages (a snapshot, or a clone of this version, exists) and cleared
+/// by one whose catalog does not, so a pool that never had either stays readable
+/// by engines that do not know the bit. (Bit 6 is kept
 /// for slim new-block records, `docs/format.md`.)
 pub const FLAG_SHARED_MAPS: u32 = 128;
 /// The flags this version knows; a version-2 super block with any other is refused.
