@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Metadata operations at size (the performance targets): delete of a 32 GiB volume and trim of
-# 15 GiB, each under one second, and clones that add no data.
+# 15 GiB, each under one second, clones that add no data, and snapshots of a full 32 GiB
+# volume and of a 4 PiB thin one in at most 10 ms each.
 #
 #   scripts/bench-metadata.sh               # a 32 GiB volume
 #   VOLUME_GIB=8 scripts/bench-metadata.sh  # smaller
@@ -46,8 +47,46 @@ fio --name=fill --ioengine=nbd --uri="nbd+unix:///big?socket=$sock" --rw=write -
 t1=$(now)
 echo "fill ${VOLUME_GIB} GiB (seed mix, 1M writes QD8): $(seconds "$t0" "$t1") s"
 
+# The server logs each volume operation's own time ("done in X ms"): the engine's work
+# and its checkpoint, without the command's start-up and its control-socket round trip.
+logged_ms() { grep -F "control: $1: done in" "$dir/serve.log" | tail -1 | sed 's/.*done in \([0-9.]*\) ms.*/\1/'; }
+# The command's own floor in this run: a query through the same socket.
+t0=$(now); "$FB" --pool "$pool" volume list >/dev/null; t1=$(now)
+echo "volume list (the command's start-up and round trip, for scale): $(seconds "$t0" "$t1") s"
+
+t0=$(now); "$FB" --pool "$pool" volume snapshot big before >/dev/null; t1=$(now)
+echo "snapshot of the full ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'big'") ms)"
+
+fio --name=change --ioengine=nbd --uri="nbd+unix:///big?socket=$sock" --rw=randwrite --bs=4k \
+    --iodepth=8 --size="${VOLUME_GIB}G" --io_size=64M --refill_buffers --end_fsync=1 >/dev/null
+t0=$(now); changed=$("$FB" --pool "$pool" volume diff big --from before 2>&1 | tail -1); t1=$(now)
+echo "diff after 64 MiB of 4k random writes ($changed): $(seconds "$t0" "$t1") s"
+
+t0=$(now); "$FB" --pool "$pool" volume rollback big before >/dev/null; t1=$(now)
+echo "rollback of the ${VOLUME_GIB} GiB volume to the snapshot: $(seconds "$t0" "$t1") s (server: $(logged_ms "roll volume 'big' back to 'before'") ms)"
+
+t0=$(now); "$FB" --pool "$pool" volume snapshot delete big before >/dev/null; t1=$(now)
+echo "delete of the snapshot (the volume holds all its pages alone again): $(seconds "$t0" "$t1") s (server: $(logged_ms "delete volume 'big@before'") ms)"
+
+# A 4 PiB thin volume with 64 MiB written at 64 scattered places.
+"$FB" --pool "$pool" volume create huge --size 4P --thin >/dev/null 2>&1
+"$(command -v -p python3)" - "nbd+unix:///huge?socket=$sock" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+size = h.get_size()
+for i in range(64):
+    h.pwrite(os.urandom(1 << 20), (size // 64) * i)
+h.flush()
+h.shutdown()
+EOF
+t0=$(now); "$FB" --pool "$pool" volume snapshot huge before >/dev/null; t1=$(now)
+echo "snapshot of a 4 PiB thin volume (64 MiB written at 64 places): $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'huge'") ms)"
+"$FB" --pool "$pool" volume snapshot delete huge before >/dev/null
+"$FB" --pool "$pool" volume delete huge >/dev/null
+
 t0=$(now); "$FB" --pool "$pool" volume clone big big-clone >/dev/null; t1=$(now)
-echo "clone of the ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s"
+echo "clone of the ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s (server: $(logged_ms "clone volume 'big' as 'big-clone' (thick)") ms)"
 
 # The reference-count audit pauses the pool's I/O while it runs.
 t0=$(now); "$FB" --pool "$pool" check >/dev/null; t1=$(now)

@@ -21,6 +21,32 @@ use crate::size::{format_size, parse_size_arg};
 use crate::transfer;
 use crate::volume_requests::{expect_volume, list_volumes, volume_exists};
 
+/// `fewerbytes volume snapshot …`
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot (the same as `volume snapshot VOLUME NAME`).
+    Create {
+        /// The volume.
+        name: String,
+        /// The snapshot's name.
+        snapshot: String,
+    },
+    /// The snapshots of a volume, oldest first.
+    List {
+        /// The volume.
+        name: String,
+        #[command(flatten)]
+        format: ListFormat,
+    },
+    /// Delete a snapshot, freeing the blocks only it held.
+    Delete {
+        /// The volume.
+        name: String,
+        /// The snapshot's name.
+        snapshot: String,
+    },
+}
+
 /// `fewerbytes volume …`
 #[derive(Subcommand)]
 pub enum VolumeCommand {
@@ -84,11 +110,29 @@ pub enum VolumeCommand {
         #[command(flatten)]
         reserve: SetReserveArgs,
     },
+    /// Snapshots of a volume: `volume snapshot VOLUME NAME` takes one; `list` and
+    /// `delete` below.
+    ///
+    /// A snapshot is the volume at one point in time, read-only, reached as
+    /// VOLUME@NAME (also its NBD export name, served read-only). It shares every
+    /// block-map page of the volume, so taking one costs the same whatever the
+    /// volume's size, and it holds stored blocks only as the volume overwrites them.
+    /// Taken with every write either done or not begun; durable on return.
+    #[command(args_conflicts_with_subcommands = true)]
+    Snapshot {
+        #[command(subcommand)]
+        command: Option<SnapshotCommand>,
+        /// The volume.
+        name: Option<String>,
+        /// The snapshot's name.
+        snapshot: Option<String>,
+    },
     /// Roll a volume back to a snapshot: it then holds what SNAPSHOT holds, at
     /// SNAPSHOT's size.
     ///
-    /// A snapshot is a clone taken earlier (`volume clone NAME SNAP`); any other
-    /// volume will do. One durable step: a crash leaves the volume as it was or as
+    /// SNAPSHOT is a snapshot of the volume (`volume snapshot NAME SNAPSHOT`), or
+    /// any other volume or VOLUME@SNAPSHOT (a clone taken earlier will do). One
+    /// durable step: a crash leaves the volume as it was or as
     /// the snapshot, never without it. What only the volume's later writes held is
     /// freed; the snapshot is untouched. Refused while a client has the volume open.
     /// The volume keeps its name, what it reserves (thick, thin, --reserve) and its
@@ -487,6 +531,21 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 reservation_in_words(&volume)
             );
         }
+        VolumeCommand::Snapshot {
+            command,
+            name,
+            snapshot,
+        } => {
+            let command = match (command, name, snapshot) {
+                (Some(command), _, _) => command,
+                (None, Some(name), Some(snapshot)) => SnapshotCommand::Create { name, snapshot },
+                _ => bail!(
+                    "usage: fewerbytes volume snapshot VOLUME NAME (or snapshot list VOLUME, \
+                     snapshot delete VOLUME NAME)"
+                ),
+            };
+            snapshot_command(pool_path, command)?;
+        }
         VolumeCommand::Diff { name, from, json } => {
             let request = Request::DiffVolume {
                 name: name.clone(),
@@ -654,4 +713,73 @@ fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
         ]);
     }
     table
+}
+
+/// `volume snapshot create|list|delete`.
+fn snapshot_command(pool_path: &Path, command: SnapshotCommand) -> Result<()> {
+    match command {
+        SnapshotCommand::Create { name, snapshot } => {
+            let full = format!("{name}@{snapshot}");
+            // The snapshot holds the volume's bytes: it keeps the volume's limit.
+            copy_allowed(pool_path, &name, &full)?;
+            let taken = expect_volume(
+                pool_path,
+                &Request::SnapshotVolume {
+                    name: name.clone(),
+                    snapshot,
+                },
+            );
+            let volume = match taken {
+                Ok(volume) => volume,
+                Err(e) => {
+                    let taken = list_snapshots(pool_path, &name)
+                        .is_ok_and(|list| list.iter().any(|s| s.name == full));
+                    if !taken {
+                        let _ = forget_allowed(pool_path, &full);
+                    }
+                    return Err(e);
+                }
+            };
+            println!(
+                "Snapshot '{}' of {} taken.",
+                volume.name,
+                format_size(volume.size_bytes)
+            );
+        }
+        SnapshotCommand::List { name, format } => {
+            let snapshots = list_snapshots(pool_path, &name)?;
+            if format.json {
+                print_json(&snapshots)?;
+            } else {
+                format.print(&snapshots)?;
+            }
+        }
+        SnapshotCommand::Delete { name, snapshot } => {
+            let full = format!("{name}@{snapshot}");
+            // Another pool's allow file is refused here, before the snapshot is gone.
+            let pool_id = access::pool_id(pool_path)?;
+            access::read(&access::allow_path(pool_path)?, &pool_id)?;
+            with_pool(pool_path, |pool| {
+                pool.call(&Request::DeleteVolume {
+                    name: full.clone(),
+                    force: false,
+                })
+            })?;
+            forget_allowed(pool_path, &full)?;
+            println!("Snapshot '{full}' deleted.");
+        }
+    }
+    Ok(())
+}
+
+/// The snapshots of volume `name`, oldest first.
+fn list_snapshots(pool_path: &Path, name: &str) -> Result<Vec<VolumeInfo>> {
+    inspect_pool(pool_path, |pool| {
+        match pool.call(&Request::ListSnapshots {
+            name: name.to_string(),
+        })? {
+            Answer::Volumes(list) => Ok(list),
+            other => bail!("unexpected answer to volume snapshot list: {other:?}"),
+        }
+    })
 }

@@ -134,6 +134,10 @@ pub enum Request {
     RenameVolume { name: String, new_name: String },
     /// `volume rollback`: `name` takes what `from` holds.
     RollbackVolume { name: String, from: String },
+    /// `volume snapshot`: take snapshot `snapshot` of volume `name`.
+    SnapshotVolume { name: String, snapshot: String },
+    /// `volume snapshot list`: the snapshots of volume `name`.
+    ListSnapshots { name: String },
     /// `volume diff`: the byte ranges of `name` that differ from `from`.
     DiffVolume { name: String, from: String },
     /// `volume allow`: limit a volume to the allow list's identities (the pool's
@@ -242,6 +246,10 @@ impl Request {
             Request::DiffVolume { name, from } => {
                 format!("changes of volume '{name}' since '{from}'")
             }
+            Request::SnapshotVolume { name, snapshot } => {
+                format!("take snapshot '{snapshot}' of volume '{name}'")
+            }
+            Request::ListSnapshots { name } => format!("snapshots of volume '{name}'"),
             Request::LimitVolume {
                 name,
                 limited: true,
@@ -293,6 +301,7 @@ impl Request {
                 | Request::DeleteVolume { .. }
                 | Request::RenameVolume { .. }
                 | Request::RollbackVolume { .. }
+                | Request::SnapshotVolume { .. }
                 | Request::GrowPool
                 | Request::SetCompression { .. }
                 | Request::ScrubStart { .. }
@@ -479,6 +488,10 @@ pub fn execute(pool: &Pool, request: &Request) -> std::result::Result<Answer, En
             Answer::Volume(pool.rename_volume(name, new_name)?)
         }
         Request::RollbackVolume { name, from } => Answer::Volume(pool.rollback_volume(name, from)?),
+        Request::SnapshotVolume { name, snapshot } => {
+            Answer::Volume(pool.snapshot_volume(name, snapshot)?)
+        }
+        Request::ListSnapshots { name } => Answer::Volumes(pool.snapshots(name)?),
         Request::DiffVolume { name, from } => {
             let mut changes: Vec<(u64, u64)> = Vec::new();
             let mut at = 0;

@@ -284,6 +284,7 @@ fn serve_connection(
         Ok(Envelope { request, .. }) => {
             let what = request.in_words();
             let changes_pool = request.changes_pool();
+            let started = std::time::Instant::now();
             let answer = match request {
                 Request::Endpoints => Ok(Answer::Endpoints(served.endpoints.clone())),
                 Request::Stats => {
@@ -302,7 +303,10 @@ fn serve_connection(
             };
             // Changes at INFO, with their outcome; queries (list, stats, ...) at DEBUG.
             match (&answer, changes_pool) {
-                (Ok(_), true) => tracing::info!("control: {what}: done"),
+                (Ok(_), true) => tracing::info!(
+                    "control: {what}: done in {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1000.0
+                ),
                 (Err(e), true) => tracing::info!("control: {what}: refused: {e}"),
                 (Ok(_), false) => tracing::debug!("control: {what}: answered"),
                 (Err(e), false) => tracing::debug!("control: {what}: refused: {e}"),

@@ -266,6 +266,15 @@ pub struct PoolInfo {
     /// `stats` and `Pool::damaged_ranges` list them).
     #[serde(default)]
     pub damaged_range_count: u64,
+    /// Block-map pages more than one volume's tree reaches (clones and snapshots
+    /// share their source's pages until either writes below them).
+    #[serde(default)]
+    pub shared_map_pages: u64,
+    /// The pool records shared map pages and lineages (format flag bit 7): engines
+    /// that do not know the flag refuse it. Cleared again once no volume is a
+    /// snapshot or carries another's lineage (a clone does while it exists).
+    #[serde(default)]
+    pub shared_maps: bool,
 }
 
 /// Who has the pool open, or had it open and did not close it: the super block's
@@ -335,6 +344,17 @@ pub struct VolumeInfo {
     /// `check --repair` clears them (`map_damage.rs`).
     #[serde(default)]
     pub damaged_ranges: Vec<crate::DamagedRange>,
+    /// For a snapshot, the volume it is a point in time of (its name is
+    /// `VOLUME@SNAPSHOT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_of: Option<String>,
+    /// When a snapshot was made, in seconds since 1970 (0 for a volume).
+    #[serde(default)]
+    pub created: u64,
+    /// A snapshot's identity, the same in every pool a send stream carried it to
+    /// (16 hex digits; none for a volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guid: Option<String>,
 }
 
 /// A range of a volume, by what backs it.

@@ -8,7 +8,8 @@
 use crate::counters::Counters;
 use crate::damaged_range::DamagedRange;
 use crate::dir_tree::DirTree;
-use crate::map_pages::{MapPage, MapPages};
+use crate::map_pages::{Entries, MapPage, MapPages};
+use crate::page_share::Shares;
 use crate::volume_damage::Damage;
 use crate::Result;
 use fewerbytes_format::location::{MapEntry, ObjectId};
@@ -19,6 +20,17 @@ use parking_lot::{
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+/// What unmapping the end of a map changed (`VolumeState::unmap_from`).
+#[derive(Default)]
+pub struct Unmapped {
+    /// Objects that gain a reference (a page made its volume's own), once per entry.
+    pub gained: Vec<ObjectId>,
+    /// Objects whose reference is dropped, once per entry.
+    pub released: Vec<ObjectId>,
+    /// Durable copies of pages past the end that no other tree reaches.
+    pub retired: Vec<PageRef>,
+}
+
 /// Entries per page, as a u64 for LBN arithmetic.
 pub const ENTRIES_PER_PAGE: u64 = MAP_ENTRIES_PER_PAGE as u64;
 
@@ -28,6 +40,16 @@ pub struct VolumeState {
     slot: u16,
     /// Unique id.
     id: u64,
+    /// The owner its map pages name: its id, or the lineage of the volume whose
+    /// pages it took (a clone, a snapshot, a rollback: `page_share.rs`).
+    lineage: AtomicU64,
+    /// The volume this is a snapshot of (0: not a snapshot). A snapshot is never
+    /// written.
+    origin: u64,
+    /// When a snapshot was made (seconds since 1970; 0 for a volume).
+    created: u32,
+    /// A snapshot's identity, the same in every pool it was sent to (0: none).
+    guid: u64,
     /// Name (changed only by a rename, with the gate held exclusively).
     name: RwLock<String>,
     /// Size in 4 KiB blocks.
@@ -89,6 +111,10 @@ impl VolumeState {
         VolumeState {
             slot,
             id,
+            lineage: AtomicU64::new(id),
+            origin: 0,
+            created: 0,
+            guid: 0,
             name: RwLock::new(name),
             size_blocks: AtomicU64::new(size_blocks),
             pages: RwLock::new(MapPages::new(size_blocks.div_ceil(ENTRIES_PER_PAGE))),
@@ -168,7 +194,7 @@ impl VolumeState {
     /// damaged map pages become written with every entry unmapped, and the level-1
     /// directory pages under a damaged directory page are marked for the next
     /// checkpoint to rewrite.
-    pub(crate) fn clear_damage(&self, dirty_pages: &AtomicU64) {
+    pub(crate) fn clear_damage(&self, shares: &Shares, dirty_pages: &AtomicU64) -> Result<()> {
         let cleared = std::mem::take(&mut *self.damage.write());
         self.damaged.store(false, Ordering::Release);
         let per_dir = fewerbytes_format::page::REFS_PER_DIR_PAGE as u64;
@@ -176,13 +202,17 @@ impl VolumeState {
             if d.level == 0 {
                 let pages = self.pages.read();
                 if let Some(page) = pages.get(d.first_page) {
-                    page.lock().clear_damage(dirty_pages);
+                    let mut page = page.lock();
+                    // A damaged page's entries are unknown: no reference is gained.
+                    page.make_own(shares, dirty_pages);
+                    page.clear_damage(dirty_pages)?;
                 }
             } else {
                 let mut dirs = self.cleared_dirs.lock();
                 dirs.extend(d.first_page / per_dir..d.end_page.div_ceil(per_dir));
             }
         }
+        Ok(())
     }
 
     /// The level-1 directory pages a repair cleared damage under, taken by the
@@ -199,6 +229,52 @@ impl VolumeState {
     /// Unique id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The owner its map pages name (`page_share.rs`).
+    pub fn lineage(&self) -> u64 {
+        self.lineage.load(Ordering::Acquire)
+    }
+
+    /// Take the lineage of the volume whose map pages this one now reaches (a
+    /// clone's, a rollback's; gate held exclusively).
+    pub(crate) fn set_lineage(&self, lineage: u64) {
+        self.lineage.store(lineage, Ordering::Release);
+    }
+
+    /// The volume this is a snapshot of, if it is one.
+    pub fn origin(&self) -> Option<u64> {
+        Some(self.origin).filter(|&o| o != 0)
+    }
+
+    /// Whether this is a snapshot (read-only, a point in time of its origin).
+    pub fn is_snapshot(&self) -> bool {
+        self.origin != 0
+    }
+
+    /// This volume as a snapshot of the volume with id `origin`, with identity
+    /// `guid` (set once, before it is listed).
+    pub(crate) fn with_origin(mut self, origin: u64, guid: u64) -> Self {
+        self.origin = origin;
+        self.guid = guid;
+        self
+    }
+
+    /// This volume as made at `created` (seconds since 1970; set once, before it
+    /// is listed).
+    pub(crate) fn made_at(mut self, created: u32) -> Self {
+        self.created = created;
+        self
+    }
+
+    /// When it was made (seconds since 1970; 0: not known).
+    pub fn created(&self) -> u32 {
+        self.created
+    }
+
+    /// A snapshot's identity (0: none).
+    pub fn guid(&self) -> u64 {
+        self.guid
     }
 
     /// The map pages in memory, held so the map is not resized meanwhile (a page is
@@ -224,7 +300,7 @@ impl VolumeState {
     }
 
     /// Load page `p` from its durable copy at `from` (`load.rs`).
-    pub fn load_page(&self, p: u64, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
+    pub fn load_page(&self, p: u64, entries: Entries, from: PageRef) {
         let mut pages = self.pages.write();
         if pages.make(p) {
             if let Some(page) = pages.get(p) {
@@ -348,44 +424,126 @@ impl VolumeState {
         }
     }
 
+    /// Visit every entry that is not unmapped, as the reference counts count them:
+    /// a page several trees reach only in the first volume a walk over all of them
+    /// (sharing `counted`) meets it in.
+    pub(crate) fn for_each_counted(
+        &self,
+        counted: &mut crate::page_share::CountedPages,
+        mut f: impl FnMut(u64, MapEntry),
+    ) {
+        let pages = self.pages.read();
+        for (p, page) in pages.iter() {
+            let page = page.lock();
+            if !counted.counts(&page) {
+                continue;
+            }
+            if let Some(entries) = page.encoded_entries() {
+                for (i, raw) in entries.iter().enumerate() {
+                    if *raw != 0 {
+                        f(p * ENTRIES_PER_PAGE + i as u64, MapEntry::decode(*raw));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Visit every entry that is not unmapped in the pages no other volume's tree
+    /// reaches (`page_share.rs`).
+    pub(crate) fn for_each_held_alone(&self, shares: &Shares, mut f: impl FnMut(u64, MapEntry)) {
+        let pages = self.pages.read();
+        for (p, page) in pages.iter() {
+            let page = page.lock();
+            if page.is_shared() && shares.referrers(page.durable()) > 1 {
+                continue;
+            }
+            if let Some(entries) = page.encoded_entries() {
+                for (i, raw) in entries.iter().enumerate() {
+                    if *raw != 0 {
+                        f(p * ENTRIES_PER_PAGE + i as u64, MapEntry::decode(*raw));
+                    }
+                }
+            }
+        }
+    }
+
     /// Unmap every entry from `lbn` on, before a shrink to `lbn` blocks
-    /// ([`Self::set_size`]): counts the change, and returns the objects released (once
-    /// per entry) and the durable copies of the pages wholly past `lbn`, which the
-    /// shrink's checkpoint retires. Visits the pages in memory only.
-    pub fn unmap_from(&self, lbn: u64, dirty_pages: &AtomicU64) -> (Vec<ObjectId>, Vec<PageRef>) {
-        let mut released = Vec::new();
-        let mut retired = Vec::new();
+    /// ([`Self::set_size`]), counting the change. A page wholly past `lbn` is left
+    /// (`MapPage::leave`: to the other trees that reach it, else its durable copy
+    /// retired and its references dropped); the page `lbn` falls in is made this
+    /// volume's own first (`MapPage::make_own`). Visits the pages in memory only.
+    pub fn unmap_from(
+        &self,
+        lbn: u64,
+        shares: &Shares,
+        dirty_pages: &AtomicU64,
+    ) -> Result<Unmapped> {
+        let mut out = Unmapped::default();
         let keep = lbn.div_ceil(ENTRIES_PER_PAGE);
         let pages = self.pages.read();
         for (p, page) in pages.iter_from(lbn / ENTRIES_PER_PAGE) {
             let mut page = page.lock();
+            let first = lbn.saturating_sub(p * ENTRIES_PER_PAGE) as usize;
+            for i in first..MAP_ENTRIES_PER_PAGE {
+                self.account(page.get(i), MapEntry::Unmapped);
+            }
             if p >= keep {
-                retired.push(page.durable());
+                let (durable, objects) = page.leave(shares);
+                out.retired.extend(durable);
+                out.released.extend(objects);
+                *page = MapPage::default();
+                continue;
             }
             if !page.is_written() {
                 continue;
             }
-            let first = lbn.saturating_sub(p * ENTRIES_PER_PAGE) as usize;
+            out.gained
+                .extend(page.make_own(shares, dirty_pages));
             for i in first..MAP_ENTRIES_PER_PAGE {
                 if page.get(i) != MapEntry::Unmapped {
-                    let old = page.set(i, MapEntry::Unmapped, dirty_pages);
-                    self.account(old, MapEntry::Unmapped);
-                    released.extend(old.object());
+                    let old = page.set(i, MapEntry::Unmapped, dirty_pages)?;
+                    out.released.extend(old.object());
                 }
             }
         }
-        (released, retired)
+        Ok(out)
     }
 
-    /// A clone's map: every written page of `source` copied, dirty, and its usage
-    /// counts. Returns the objects the copied entries name, once per entry.
-    pub fn copy_map_from(&self, source: &VolumeState, dirty_pages: &AtomicU64) -> Vec<ObjectId> {
-        let shared = self
+    /// A clone's, snapshot's or rollback's map: `source`'s pages, shared where
+    /// they can be (`MapPages::share_from`), its usage counts and its lineage.
+    /// Returns the objects that gain a reference (those of the pages copied), once
+    /// per entry.
+    pub fn share_map_from(
+        &self,
+        source: &VolumeState,
+        shares: &Shares,
+        dirty_pages: &AtomicU64,
+    ) -> Vec<ObjectId> {
+        let copied = self
             .pages
             .write()
-            .copy_from(&source.pages.read(), dirty_pages);
+            .share_from(&source.pages.read(), shares, dirty_pages);
         self.copy_usage(source);
-        shared
+        self.set_lineage(source.lineage());
+        copied
+    }
+
+    /// Leave every page of the map (a delete, a rollback): the durable copies no
+    /// other tree reaches, to free, and the objects whose references to drop, once
+    /// per entry. The map is empty after.
+    pub(crate) fn leave_map(&self, shares: &Shares) -> (Vec<PageRef>, Vec<ObjectId>) {
+        let mut free = Vec::new();
+        let mut released = Vec::new();
+        let mut pages = self.pages.write();
+        for (_, page) in pages.iter() {
+            let (durable, objects) = page.lock().leave(shares);
+            free.extend(durable);
+            released.extend(objects);
+        }
+        let len = pages.len();
+        *pages = MapPages::new(len);
+        self.set_usage(0, 0);
+        (free, released)
     }
 
     /// Change the size to `size_blocks`; entries past the end must be unmapped by the

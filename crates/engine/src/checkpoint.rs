@@ -37,7 +37,7 @@ use fewerbytes_format::page::{
     TWIN_REF_BYTES,
 };
 use fewerbytes_format::superblock::{
-    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
+    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_SHARED_MAPS, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;
@@ -439,6 +439,14 @@ pub(crate) fn checkpoint_locked(
     Ok(())
 }
 
+/// A checkpoint with the gate held by the caller, who keeps it after: a clone, a
+/// snapshot or a rollback takes one first when its source has pages changed since
+/// the last, so that every page it takes is durable and shared, not copied
+/// (`page_share.rs`).
+pub(crate) fn checkpoint_held(inner: &Inner) -> Result<()> {
+    checkpoint_once(inner, None, false, Vec::new()).map(drop)
+}
+
 /// Data blocks and objects a snapshot took as freed, per slab.
 type Pending = Vec<(u32, Vec<u32>, Vec<u32>)>;
 
@@ -630,13 +638,21 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
         let mut dirty_dirs = vol.take_cleared_dirs();
         for (p, page) in map.iter() {
             let mut page = page.lock();
+            if page.is_dirty() && page.is_shared() {
+                return Err(EngineError::Invariant(format!(
+                    "map page {p} of volume '{}' is dirty and shared",
+                    vol.name()
+                )));
+            }
             if page.is_dirty() {
                 let mut w = Writer::new(&mut payload);
                 match page.encoded_entries() {
                     Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
                     None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
                 }
-                let name = PageName::table(PageKind::Map, vol.id(), p);
+                // A map page names its volume's lineage: the trees that share it
+                // all accept it (`page_share.rs`).
+                let name = PageName::table(PageKind::Map, vol.lineage(), p);
                 let at = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable())?;
                 page.written(at);
                 dirty_dirs.insert(p / PER_DIR);
@@ -657,6 +673,11 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
             reservation_bytes,
             thin,
             limited: vol.limited(),
+            lineage: vol.lineage(),
+            origin: vol.origin().unwrap_or(0),
+            snapshot: vol.is_snapshot(),
+            created: vol.created(),
+            guid: vol.guid(),
             map: dirs.root(),
         });
     }
@@ -671,6 +692,12 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     };
     let stream = catalog.encode();
     let mut sb = inner.checkpointer.super_block().clone();
+    // Shared map pages and lineages: flag bit 7 while the catalog carries them.
+    if catalog.has_lineage() {
+        sb.flags |= FLAG_SHARED_MAPS;
+    } else {
+        sb.flags &= !FLAG_SHARED_MAPS;
+    }
     let chunks = stream.len().div_ceil(PAGE_PAYLOAD_BYTES);
     if chunks > MAX_CATALOG_PAGES_V2 {
         return Err(EngineError::Refused(format!(

@@ -47,6 +47,7 @@ mod older_copy;
 mod open_repair;
 mod packer;
 mod page_read;
+mod page_share;
 mod page_store;
 mod partial;
 mod pool;

@@ -30,6 +30,8 @@ use fewerbytes_format::page::{
 };
 use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_JOURNAL_COMMITS};
 use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
+use crate::map_pages::Entries;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The directory tree of a table of `entries` pages, read down from the top list
@@ -220,6 +222,18 @@ pub(crate) fn load_catalog(inner: &Inner) -> Result<Catalog> {
             ),
         ));
     }
+    let flagged = sb.flags & fewerbytes_format::superblock::FLAG_SHARED_MAPS != 0;
+    if catalog.has_lineage() != flagged {
+        return Err(catalog_corrupt(
+            inner,
+            format!(
+                "the catalog {} lineages but the super block's flag bit 7 (shared map \
+                 pages) is {}",
+                if catalog.has_lineage() { "carries" } else { "carries no" },
+                if flagged { "set" } else { "clear" }
+            ),
+        ));
+    }
     Ok(catalog)
 }
 
@@ -351,11 +365,16 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
 /// With `tolerate_damage` (the older super block copy cannot stand in:
 /// `map_damage.rs`), a map page or map directory page that fails its checks marks
 /// the volume range it maps damaged, and the load goes on.
+///
+/// A map page another tree loaded already (`loaded`, by address) is not read
+/// again: the volumes share its entries in memory, and the caller counts the
+/// trees reaching each page once every map is loaded ([`share_loaded_pages`]).
 pub(crate) fn load_map(
     inner: &Inner,
     record: &VolumeRecord,
     vol: &VolumeState,
     tolerate_damage: bool,
+    loaded: &mut HashMap<u64, Entries>,
 ) -> Result<()> {
     let pages_len = vol.map_pages().len();
     let mut lost = Vec::new();
@@ -368,7 +387,12 @@ pub(crate) fn load_map(
     )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
     for (p, r) in &refs {
-        let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.id, *p) {
+        if let Some(entries) = loaded.get(&r.address) {
+            vol.load_page(*p, entries.clone(), *r);
+            continue;
+        }
+        // A map page names the lineage of the volumes that share it.
+        let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.lineage, *p) {
             Ok((_, payload)) => payload,
             Err(EngineError::Corrupt {
                 block,
@@ -382,15 +406,52 @@ pub(crate) fn load_map(
             Err(e) => return Err(e),
         };
         let mut reader = Reader::new("block map page", payload);
-        let mut entries = Box::new([0u64; ENTRIES_PER_PAGE as usize]);
+        let mut entries = [0u64; ENTRIES_PER_PAGE as usize];
         for e in entries.iter_mut() {
             *e = reader.u64()?;
         }
+        let entries = Entries::new(entries);
+        loaded.insert(r.address, entries.clone());
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
     crate::map_damage::record_lost(inner, vol, lost, pages_len);
     Ok(())
+}
+
+/// Once every map is loaded: the durable map pages more than one tree reaches,
+/// counted into the shares table and marked shared in each tree
+/// (`page_share.rs`). A damaged page's failed reference counts as any other.
+pub(crate) fn share_loaded_pages(inner: &Inner) {
+    let shares = inner.volumes.shares();
+    shares.clear();
+    let vols = inner.volumes.all();
+    let mut reached: HashMap<u64, u32> = HashMap::new();
+    for vol in &vols {
+        for (_, page) in vol.map_pages().iter() {
+            let durable = page.lock().durable();
+            if !durable.is_none() {
+                *reached.entry(durable.address).or_insert(0) += 1;
+            }
+        }
+    }
+    for vol in &vols {
+        for (_, page) in vol.map_pages().iter() {
+            let mut page = page.lock();
+            let durable = page.durable();
+            if !durable.is_none() && reached.get(&durable.address).is_some_and(|&n| n > 1) {
+                page.mark_shared();
+            }
+        }
+    }
+    for (address, n) in reached.into_iter().filter(|&(_, n)| n > 1) {
+        for _ in 1..n {
+            shares.join(PageRef {
+                address,
+                ..PageRef::NONE
+            });
+        }
+    }
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
@@ -510,6 +571,7 @@ pub(crate) fn load(
             .volumes
             .reservations()
             .load(&catalog, inner.geometry.overcommit());
+        let mut loaded = HashMap::new();
         for record in &catalog.volumes {
             let corrupt = |reason: String| EngineError::Corrupt {
                 region: "catalog",
@@ -537,9 +599,19 @@ pub(crate) fn load(
                 record.size_bytes / BLOCK_BYTES as u64,
             ));
             vol.set_limited(record.limited);
-            crate::load::load_map(inner, record, &vol, tolerate_map_damage)?;
+            vol.set_lineage(record.lineage);
+            let vol = Arc::into_inner(vol)
+                .ok_or_else(|| corrupt("a volume loaded is held elsewhere".into()))?
+                .made_at(record.created);
+            let vol = Arc::new(if record.snapshot {
+                vol.with_origin(record.origin, record.guid)
+            } else {
+                vol
+            });
+            crate::load::load_map(inner, record, &vol, tolerate_map_damage, &mut loaded)?;
             inner.volumes.insert(vol);
         }
+        crate::load::share_loaded_pages(inner);
     }
     if let (Some(older), false) = (older, inner.devices.opened_read_only()) {
         crate::older_copy::hold_older_pages(inner, older)?;

@@ -152,7 +152,11 @@ pub(crate) fn untouched_by_replay(inner: &Inner) -> Result<()> {
 /// become unmapped (read as zeros) and the next checkpoint writes its map page (or
 /// the directory pages over it) afresh, retiring the failed page. Each range is
 /// listed as lost; the counts its lost entries held are recomputed with the rest.
-pub(crate) fn clear_for_repair(inner: &Inner, apply: bool, report: &mut RepairReport) {
+pub(crate) fn clear_for_repair(
+    inner: &Inner,
+    apply: bool,
+    report: &mut RepairReport,
+) -> Result<()> {
     for vol in inner.volumes.all() {
         let ranges = vol.damaged_ranges();
         if ranges.is_empty() {
@@ -171,9 +175,10 @@ pub(crate) fn clear_for_repair(inner: &Inner, apply: bool, report: &mut RepairRe
             report.lost_bytes += range.len_bytes;
         }
         if apply {
-            vol.clear_damage(inner.checkpointer.dirty_pages());
+            vol.clear_damage(inner.volumes.shares(), inner.checkpointer.dirty_pages())?;
         }
     }
+    Ok(())
 }
 
 /// A version-1 or version-2 pool with damaged map ranges is not upgraded as it is:
@@ -200,7 +205,7 @@ pub(crate) fn before_upgrade(inner: &Inner, version: u32) -> Result<()> {
         )));
     }
     for vol in inner.volumes.all() {
-        vol.clear_damage(inner.checkpointer.dirty_pages());
+        vol.clear_damage(inner.volumes.shares(), inner.checkpointer.dirty_pages())?;
     }
     for range in ranges {
         let sentence = format!(

@@ -12,11 +12,18 @@
 //! load, delete, clone, resize, repair, recovery, usage counts) visits the chunks
 //! in memory, never the volume's length.
 
+use crate::page_share::Shares;
+use crate::{EngineError, Result};
 use fewerbytes_format::location::{MapEntry, ObjectId};
 use fewerbytes_format::page::{PageRef, MAP_ENTRIES_PER_PAGE};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A page's entries, encoded. Volumes whose trees reach the same durable page
+/// share one copy in memory; a change copies it first (`Arc::make_mut`).
+pub type Entries = Arc<[u64; MAP_ENTRIES_PER_PAGE]>;
 
 /// Page slots per chunk: a quarter of a level-1 directory page's 252 references, so
 /// a chunk (63 × 40 bytes, 2.5 KiB) costs less than one written page's entries
@@ -30,7 +37,7 @@ pub const CHUNK_PAGES: u64 = 63;
 #[derive(Default)]
 pub struct MapPage {
     /// Encoded entries; `None` while the page has never been written (all unmapped).
-    entries: Option<Box<[u64; MAP_ENTRIES_PER_PAGE]>>,
+    entries: Option<Entries>,
     /// Changed since the last checkpoint snapshot.
     dirty: bool,
     /// Its durable copy (none: never written).
@@ -38,6 +45,10 @@ pub struct MapPage {
     /// The durable copy failed its checks at open (`map_damage.rs`): no entries
     /// are known, and `durable` is kept as it is until the damage is cleared.
     damaged: bool,
+    /// Its durable copy may be reached from other volumes' trees too
+    /// (`page_share.rs`): never dirty, and made this volume's own
+    /// ([`MapPage::make_own`]) before anything changes it.
+    shared: bool,
 }
 
 impl MapPage {
@@ -51,11 +62,14 @@ impl MapPage {
         )
     }
 
-    /// Set entry `i`; returns the old entry. A page that turns dirty counts in `dirty_pages`.
-    pub fn set(&mut self, i: usize, entry: MapEntry, dirty_pages: &AtomicU64) -> MapEntry {
-        let entries = self
-            .entries
-            .get_or_insert_with(|| Box::new([0; MAP_ENTRIES_PER_PAGE]));
+    /// Set entry `i`; returns the old entry. A page that turns dirty counts in
+    /// `dirty_pages`. A shared page must be made its volume's own first.
+    pub fn set(&mut self, i: usize, entry: MapEntry, dirty_pages: &AtomicU64) -> Result<MapEntry> {
+        self.refuse_shared()?;
+        let entries = Arc::make_mut(
+            self.entries
+                .get_or_insert_with(|| Arc::new([0; MAP_ENTRIES_PER_PAGE])),
+        );
         let old = entries
             .get(i)
             .copied()
@@ -65,7 +79,87 @@ impl MapPage {
             *e = entry.encode();
         }
         self.turn_dirty(dirty_pages);
-        old
+        Ok(old)
+    }
+
+    /// The error a change of a shared page is: every change makes the page its
+    /// volume's own first ([`MapPage::make_own`]).
+    fn refuse_shared(&self) -> Result<()> {
+        if self.shared {
+            return Err(EngineError::Invariant(format!(
+                "a change to the shared map page at {:?} before it was made its volume's own",
+                self.durable
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether the page's durable copy may be reached from other trees too.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// The page's durable copy is reached from other volumes' trees too (a clone
+    /// or snapshot took it, or the open found it in several trees).
+    pub fn mark_shared(&mut self) {
+        self.shared = true;
+    }
+
+    /// Make the page its volume's own before it changes. When other trees still
+    /// reach its durable copy, it leaves them that copy: from now on it is a new page
+    /// (dirty, no durable copy) whose mapped objects each gain a reference, which
+    /// are returned (once per entry) for the caller to add. When no other tree does
+    /// any more (they were made their own, or deleted), it keeps its durable copy.
+    pub fn make_own(&mut self, shares: &Shares, dirty_pages: &AtomicU64) -> Vec<ObjectId> {
+        if !self.shared {
+            return Vec::new();
+        }
+        self.shared = false;
+        if !shares.leave(self.durable) {
+            return Vec::new();
+        }
+        self.durable = PageRef::NONE;
+        self.turn_dirty(dirty_pages);
+        self.objects()
+    }
+
+    /// The objects the page's entries name, once per entry.
+    pub fn objects(&self) -> Vec<ObjectId> {
+        self.entries
+            .iter()
+            .flat_map(|e| e.iter())
+            .filter_map(|e| MapEntry::decode(*e).object())
+            .collect()
+    }
+
+    /// A tree stops reaching this page (its volume is deleted, shrunk past it or
+    /// rolled back): the durable copy to free and the objects whose references to
+    /// drop, once per entry, when no other tree reaches it; nothing when others do.
+    pub fn leave(&mut self, shares: &Shares) -> (Option<PageRef>, Vec<ObjectId>) {
+        if self.shared && shares.leave(self.durable) {
+            return (None, Vec::new());
+        }
+        let durable = Some(self.durable).filter(|d| !d.is_none());
+        (durable, self.objects())
+    }
+
+    /// A page for another volume's tree that reaches the same durable copy: the
+    /// entries shared in memory, both pages marked shared, and one more referrer
+    /// of the copy counted in `shares`. Only a clean page with a durable copy can
+    /// be shared; `None` otherwise (the caller copies it instead).
+    pub fn share(&mut self, shares: &Shares) -> Option<MapPage> {
+        if self.dirty || self.damaged || self.durable.is_none() || self.entries.is_none() {
+            return None;
+        }
+        shares.join(self.durable);
+        self.shared = true;
+        Some(MapPage {
+            entries: self.entries.clone(),
+            dirty: false,
+            durable: self.durable,
+            damaged: false,
+            shared: true,
+        })
     }
 
     fn turn_dirty(&mut self, dirty_pages: &AtomicU64) {
@@ -77,8 +171,11 @@ impl MapPage {
 
     /// The durable copy failed its checks (a scrub found it damaged): dirty, so the
     /// next checkpoint writes the entries in memory, the good copy, to a fresh slot.
-    pub fn mark_dirty(&mut self, dirty_pages: &AtomicU64) {
+    /// A shared page must be made its volume's own first.
+    pub fn mark_dirty(&mut self, dirty_pages: &AtomicU64) -> Result<()> {
+        self.refuse_shared()?;
         self.turn_dirty(dirty_pages);
+        Ok(())
     }
 
     /// Whether the page was ever written (else every entry is unmapped).
@@ -108,7 +205,7 @@ impl MapPage {
     }
 
     /// The page as loaded from its durable copy at `from`.
-    pub fn loaded(&mut self, entries: Box<[u64; MAP_ENTRIES_PER_PAGE]>, from: PageRef) {
+    pub fn loaded(&mut self, entries: Entries, from: PageRef) {
         self.entries = Some(entries);
         self.durable = from;
         self.dirty = false;
@@ -129,11 +226,14 @@ impl MapPage {
     }
 
     /// A repair clears the damage: every entry unmapped, dirty, so the next
-    /// checkpoint writes the page afresh and retires the failed copy.
-    pub fn clear_damage(&mut self, dirty_pages: &AtomicU64) {
-        self.entries = Some(Box::new([0; MAP_ENTRIES_PER_PAGE]));
+    /// checkpoint writes the page afresh and retires the failed copy. A shared page
+    /// must be made its volume's own first.
+    pub fn clear_damage(&mut self, dirty_pages: &AtomicU64) -> Result<()> {
+        self.refuse_shared()?;
+        self.entries = Some(Arc::new([0; MAP_ENTRIES_PER_PAGE]));
         self.damaged = false;
         self.turn_dirty(dirty_pages);
+        Ok(())
     }
 
     /// The page has no durable copy any more (a version-1 pool's upgrade writes every
@@ -143,8 +243,8 @@ impl MapPage {
         self.dirty = self.entries.is_some();
     }
 
-    /// A clone's page: the entries of `from`, dirty (nothing when `from` was never
-    /// written).
+    /// A clone's page that cannot share `from`'s durable copy (changed since the
+    /// last checkpoint): its entries (in memory still shared), dirty, its own page.
     pub fn copy_from(&mut self, from: &MapPage, dirty_pages: &AtomicU64) {
         if let Some(entries) = &from.entries {
             self.entries = Some(entries.clone());
@@ -260,24 +360,36 @@ impl MapPages {
         self.len = len;
     }
 
-    /// A clone's map: every written page of `from` copied here, dirty. Returns the
-    /// objects the copied entries name, once per entry (each gains a reference).
-    pub fn copy_from(&mut self, from: &MapPages, dirty_pages: &AtomicU64) -> Vec<ObjectId> {
-        let mut shared = Vec::new();
+    /// A clone's, snapshot's or rollback's map: every written page of `from`,
+    /// sharing its durable copy when it has one and is clean (`MapPage::share`:
+    /// nothing is copied and no reference taken, whatever the map's size), else
+    /// copied, dirty. Returns the objects the copied pages' entries name, once per
+    /// entry (each gains a reference).
+    pub fn share_from(
+        &mut self,
+        from: &MapPages,
+        shares: &Shares,
+        dirty_pages: &AtomicU64,
+    ) -> Vec<ObjectId> {
+        let mut copied = Vec::new();
         for (p, source) in from.iter() {
-            let source = source.lock();
-            let Some(entries) = source.encoded_entries() else {
+            let mut source = source.lock();
+            if !source.is_written() || !self.make(p) {
+                continue;
+            }
+            let Some(page) = self.get(p) else {
                 continue;
             };
-            if !self.make(p) {
-                continue;
-            }
-            if let Some(page) = self.get(p) {
-                page.lock().copy_from(&source, dirty_pages);
-                shared.extend(entries.iter().filter_map(|e| MapEntry::decode(*e).object()));
+            let mut page = page.lock();
+            match source.share(shares) {
+                Some(shared) => *page = shared,
+                None => {
+                    page.copy_from(&source, dirty_pages);
+                    copied.extend(source.objects());
+                }
             }
         }
-        shared
+        copied
     }
 }
 
@@ -292,7 +404,8 @@ mod tests {
             .get(p)
             .unwrap()
             .lock()
-            .set(0, MapEntry::Object(ObjectId(p + 1)), dirty);
+            .set(0, MapEntry::Object(ObjectId(p + 1)), dirty)
+            .unwrap();
     }
 
     #[test]
@@ -333,9 +446,42 @@ mod tests {
         pages.set_len(1000);
         assert!(!pages.get(71).unwrap().lock().is_written());
         assert!(pages.get(999).is_none());
+        // Pages changed since the last checkpoint are copied, not shared.
         let mut clone = MapPages::new(1000);
-        let shared = clone.copy_from(&pages, &dirty);
-        assert_eq!(shared, [ObjectId(11), ObjectId(71)]);
+        let copied = clone.share_from(&pages, &Shares::default(), &dirty);
+        assert_eq!(copied, [ObjectId(11), ObjectId(71)]);
         assert_eq!(clone.in_memory(), (2 * CHUNK_PAGES, 2));
+    }
+
+    #[test]
+    fn a_clone_shares_clean_pages_and_a_change_or_a_delete_leaves_them_to_the_other_tree() {
+        let dirty = AtomicU64::new(0);
+        let shares = Shares::default();
+        let mut pages = MapPages::new(100);
+        write(&mut pages, 3, &dirty);
+        let at = PageRef {
+            address: 500,
+            ..PageRef::NONE
+        };
+        pages.get(3).unwrap().lock().written(at);
+        let mut clone = MapPages::new(100);
+        assert!(clone.share_from(&pages, &shares, &dirty).is_empty());
+        assert_eq!(shares.referrers(at), 2);
+        let mut mine = clone.get(3).unwrap().lock();
+        assert!(mine.is_shared() && !mine.is_dirty());
+        assert!(mine.set(1, MapEntry::Zero, &dirty).is_err(), "shared: made own first");
+        // Made its own: a new page, whose object gains a reference.
+        assert_eq!(mine.make_own(&shares, &dirty), [ObjectId(4)]);
+        assert!(mine.is_dirty() && mine.durable().is_none());
+        mine.set(1, MapEntry::Zero, &dirty).unwrap();
+        assert_eq!(mine.get(0), MapEntry::Object(ObjectId(4)));
+        drop(mine);
+        // The source's page is its alone again: it keeps its durable copy, and a
+        // delete frees it and drops its reference.
+        let mut theirs = pages.get(3).unwrap().lock();
+        assert_eq!(theirs.get(1), MapEntry::Unmapped, "the change stayed in the clone");
+        assert!(theirs.make_own(&shares, &dirty).is_empty());
+        assert_eq!(theirs.durable(), at);
+        assert_eq!(theirs.leave(&shares), (Some(at), vec![ObjectId(4)]));
     }
 }

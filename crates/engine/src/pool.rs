@@ -806,6 +806,8 @@ impl Pool {
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),
             damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
+            shared_map_pages: i.volumes.shares().shared_pages(),
+            shared_maps: sb.flags & fewerbytes_format::superblock::FLAG_SHARED_MAPS != 0,
         }
     }
 
@@ -955,12 +957,49 @@ impl Pool {
         crate::volume_ops::rollback(&self.inner, name, from)
     }
 
-    /// The runs of volume `name`, whole, that differ from volume `from` (changed or
-    /// not, in order): [`Volume::changed_extents`] by names, for `volume diff`.
+    /// Take snapshot `snapshot` of volume `name` (`name@snapshot` from then on): a
+    /// read-only point in time sharing every map page of the volume, so it costs the
+    /// same at any size; durable on return (`volume_ops::snapshot`).
+    pub fn snapshot_volume(&self, name: &str, snapshot: &str) -> Result<VolumeInfo> {
+        crate::volume_ops::snapshot(&self.inner, name, snapshot, None)
+    }
+
+    /// [`Self::snapshot_volume`] with the identity `guid` (a snapshot received from
+    /// a send stream keeps the sender's; 0 is refused).
+    pub fn snapshot_volume_as(&self, name: &str, snapshot: &str, guid: u64) -> Result<VolumeInfo> {
+        if guid == 0 {
+            return Err(EngineError::Refused("a snapshot's identity is never 0".into()));
+        }
+        crate::volume_ops::snapshot(&self.inner, name, snapshot, Some(guid))
+    }
+
+    /// The snapshots of volume `name`, oldest first.
+    pub fn snapshots(&self, name: &str) -> Result<Vec<VolumeInfo>> {
+        crate::volume_ops::snapshots(&self.inner, name)
+    }
+
+    /// Map pages more than one volume's tree reaches (clones and snapshots share
+    /// them).
+    pub fn shared_map_pages(&self) -> u64 {
+        self.inner.volumes.shares().shared_pages()
+    }
+
+    /// The full name of the base volume `name` is compared with when `from` is
+    /// given: its snapshot `name@from` when it has one, else `from`.
+    pub fn base_name(&self, name: &str, from: &str) -> Result<String> {
+        let i = &self.inner;
+        let base = i.volumes.base_of(name, from)?;
+        Ok(i.volumes.full_name(&base))
+    }
+
+    /// The runs of volume `name`, whole, that differ from `from` (its snapshot
+    /// `name@from` when it has one, else the volume or snapshot `from` names;
+    /// changed or not, in order): [`Volume::changed_extents`] by names, for
+    /// `volume diff`.
     pub fn changed_extents(&self, name: &str, from: &str) -> Result<Vec<ChangedExtent>> {
         let i = &self.inner;
         let _gate = i.locks.shared();
-        let (vol, old) = (i.volumes.by_name(name)?, i.volumes.by_name(from)?);
+        let (vol, old) = (i.volumes.by_name(name)?, i.volumes.base_of(name, from)?);
         let end = vol.size_blocks() * BLOCK_BYTES as u64;
         Ok(crate::map_diff::changed_extents(&vol, &old, 0, end))
     }

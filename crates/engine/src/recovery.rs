@@ -83,11 +83,15 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
                     .page_for_write(lbn / ENTRIES_PER_PAGE)
                     .ok_or_else(|| corrupt(format!("record {n}: no map page")))?;
                 let mut page = page.lock();
+                // As the write did: a shared page is made the volume's own first.
+                for o in page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages()) {
+                    *deltas.entry(o.0).or_insert(0) += 1;
+                }
                 let old = page.set(
                     (lbn % ENTRIES_PER_PAGE) as usize,
                     entry,
                     inner.checkpointer.dirty_pages(),
-                );
+                )?;
                 change(&mut deltas, old, entry);
             }
             Record::RangeSet {
@@ -124,7 +128,13 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
                         let i = (l - first) as usize;
                         let old = page.get(i);
                         if let Some(new) = range_result(old, entry) {
-                            page.set(i, new, inner.checkpointer.dirty_pages());
+                            // As the trim did: a shared page is made the volume's
+                            // own at its first change.
+                            let dirty = inner.checkpointer.dirty_pages();
+                            for o in page.make_own(inner.volumes.shares(), dirty) {
+                                *deltas.entry(o.0).or_insert(0) += 1;
+                            }
+                            page.set(i, new, dirty)?;
                             change(&mut deltas, old, new);
                         }
                     }

@@ -92,7 +92,7 @@ pub(crate) fn repair(
     };
     // Damaged map ranges first: cleared, their entries unmapped, so the counts
     // below are recomputed without them (which frees their leak).
-    crate::map_damage::clear_for_repair(i, options.apply, &mut report);
+    crate::map_damage::clear_for_repair(i, options.apply, &mut report)?;
     // Holders against the records as they are (a freed leak's blocks are not a
     // second finding), then the records against the maps.
     check_holders(i, options.apply, &mut report);
@@ -122,8 +122,9 @@ pub(crate) fn repair(
 pub(crate) fn restore_counts(inner: &Inner) -> Result<()> {
     // Object id → (references, the first volume and block naming it).
     let mut found: BTreeMap<u64, (u64, String, u64)> = BTreeMap::new();
+    let mut counted = crate::page_share::CountedPages::default();
     for vol in inner.volumes.all() {
-        vol.for_each_mapped(|lbn, e| {
+        vol.for_each_counted(&mut counted, |lbn, e| {
             let Some(o) = e.object().filter(|&o| inner.depot.valid_object(o)) else {
                 return;
             };
@@ -235,11 +236,18 @@ pub(crate) fn drop_unstored_references(inner: &Inner, unstored: &[u64]) -> Resul
                     vol.name()
                 ))
             })?;
-            page.lock().set(
-                (lbn % ENTRIES_PER_PAGE) as usize,
-                MapEntry::Zero,
-                inner.checkpointer.dirty_pages(),
-            );
+            let mut page = page.lock();
+            let dirty = inner.checkpointer.dirty_pages();
+            // Made the volume's own first: its stored objects each gain a reference
+            // (the lost ones have none to gain).
+            let gained: Vec<ObjectId> = page
+                .make_own(inner.volumes.shares(), dirty)
+                .into_iter()
+                .filter(|o| unstored.binary_search(&o.0).is_err())
+                .collect();
+            inner.depot.add_references(&inner.devices, &gained)?;
+            page.set((lbn % ENTRIES_PER_PAGE) as usize, MapEntry::Zero, dirty)?;
+            drop(page);
             let sentence = format!(
                 "volume {}: block {lbn} (bytes {}-{}) was written by a journal record whose \
                  object {object} was stored in a lost journal sector: now reads as zeros \
@@ -285,15 +293,22 @@ fn count_references(
     let mut pages_done = 0u64;
     let mut refs: HashMap<u64, u64> = HashMap::new();
     let mut dangling = Vec::new();
+    let mut counted = crate::page_share::CountedPages::default();
     for vol in &vols {
         let pages = vol.map_pages();
         for (p, page) in pages.iter() {
             let page = page.lock();
+            // A page several trees reach counts once; its dangling entries are
+            // listed for each volume (each is set to zero in its own copy).
+            let counts = counted.counts(&page);
             for k in 0..ENTRIES_PER_PAGE as usize {
                 // Counted as `audit` counts: entries naming objects.
                 let MapEntry::Object(o) = page.get(k) else {
                     continue;
                 };
+                if !counts && stored(inner, o) {
+                    continue;
+                }
                 report.map_entries_checked += 1;
                 if stored(inner, o) {
                     *refs.entry(o.0).or_insert(0) += 1;
@@ -331,11 +346,20 @@ fn count_references(
             if let Ok(vol) = inner.volumes.by_name(&d.volume) {
                 let pages = vol.map_pages();
                 if let Some(page) = pages.get(d.lbn / ENTRIES_PER_PAGE) {
-                    page.lock().set(
-                        (d.lbn % ENTRIES_PER_PAGE) as usize,
-                        MapEntry::Zero,
-                        inner.checkpointer.dirty_pages(),
-                    );
+                    let mut page = page.lock();
+                    let dirty = inner.checkpointer.dirty_pages();
+                    // Made the volume's own: a new page, whose stored objects each
+                    // gain the reference this count finds.
+                    for o in page.make_own(inner.volumes.shares(), dirty) {
+                        if stored(inner, o) {
+                            *refs.entry(o.0).or_insert(0) += 1;
+                        }
+                    }
+                    if let Err(e) =
+                        page.set((d.lbn % ENTRIES_PER_PAGE) as usize, MapEntry::Zero, dirty)
+                    {
+                        report.repairs.push(format!("not repaired: {e}"));
+                    }
                 }
             }
         }
@@ -570,11 +594,14 @@ pub(crate) fn damage_map_entry(
     let vol = i.volumes.by_name(volume)?;
     let entry = object.map_or(MapEntry::Unmapped, |o| MapEntry::Object(ObjectId(o)));
     if let Some(page) = vol.page_for_write(lbn / ENTRIES_PER_PAGE) {
-        let old = page.lock().set(
+        let mut page = page.lock();
+        let gained = page.make_own(i.volumes.shares(), i.checkpointer.dirty_pages());
+        i.depot.add_references(&i.devices, &gained)?;
+        let old = page.set(
             (lbn % ENTRIES_PER_PAGE) as usize,
             entry,
             i.checkpointer.dirty_pages(),
-        );
+        )?;
         drop(page);
         vol.account(old, entry);
     }

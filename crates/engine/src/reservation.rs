@@ -582,6 +582,11 @@ mod tests {
             reservation_bytes,
             thin,
             limited: false,
+            lineage: id,
+            origin: 0,
+            snapshot: false,
+            created: 0,
+            guid: 0,
             map: Default::default(),
         };
         let catalog = Catalog {

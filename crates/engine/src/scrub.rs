@@ -523,8 +523,13 @@ fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
             if !page.is_written() {
                 return false;
             }
-            page.mark_dirty(inner.checkpointer.dirty_pages());
-            true
+            // A page other trees reach is made this volume's own (each tree's
+            // copy is rewritten as the scrub meets it).
+            let gained = page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages());
+            if inner.depot.add_references(&inner.devices, &gained).is_err() {
+                return false;
+            }
+            page.mark_dirty(inner.checkpointer.dirty_pages()).is_ok()
         }
         None => false,
     }

@@ -370,8 +370,9 @@ struct SlabSnapshot {
 impl AuditSnapshot {
     fn take(i: &Inner) -> AuditSnapshot {
         let mut refs = Vec::new();
+        let mut counted = crate::page_share::CountedPages::default();
         for vol in i.volumes.all() {
-            vol.for_each_mapped(|_, e| refs.extend(e.object().map(|o| o.0)));
+            vol.for_each_counted(&mut counted, |_, e| refs.extend(e.object().map(|o| o.0)));
         }
         // Slabs never touched hold no record, block or holder: nothing to compare
         // (a map reference into one is a reference to a free object, found below).

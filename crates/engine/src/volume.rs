@@ -54,9 +54,9 @@ impl Volume {
         self.h.pool.inner()
     }
 
-    /// The volume's name.
+    /// The volume's name (a snapshot's: `VOLUME@SNAPSHOT`).
     pub fn name(&self) -> String {
-        self.h.vol.name()
+        self.inner().volumes.full_name(&self.h.vol)
     }
 
     /// Current size in bytes (volumes can be resized while open).
@@ -175,8 +175,25 @@ impl Volume {
         }
     }
 
+    /// Whether this is a snapshot (read-only: a point in time of its volume).
+    pub fn is_snapshot(&self) -> bool {
+        self.h.vol.is_snapshot()
+    }
+
+    /// The error a change to a snapshot is.
+    fn refuse_snapshot(&self) -> Result<()> {
+        if self.is_snapshot() {
+            return Err(EngineError::ReadOnly(format!(
+                "'{}' is a snapshot: it is never written (clone it to write)",
+                self.inner().volumes.full_name(&self.h.vol)
+            )));
+        }
+        Ok(())
+    }
+
     fn write_unsure(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check("write", offset_bytes, data.len() as u64)?;
+        self.refuse_snapshot()?;
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         inner.ensure_space()?;
@@ -318,6 +335,7 @@ impl Volume {
         fua: bool,
     ) -> Result<()> {
         self.check(op, offset_bytes, len_bytes)?;
+        self.refuse_snapshot()?;
         let inner = self.inner();
         inner.devices.ensure_writable()?;
         let end = offset_bytes + len_bytes;
@@ -422,7 +440,14 @@ impl Volume {
                     let i = (l % ENTRIES_PER_PAGE) as usize;
                     let old = page.get(i);
                     if let Some(new) = range_result(old, entry) {
-                        page.set(i, new, inner.checkpointer.dirty_pages());
+                        // A page other trees reach becomes this volume's own at its
+                        // first change (`page_share.rs`).
+                        let dirty = inner.checkpointer.dirty_pages();
+                        let gained = page.make_own(inner.volumes.shares(), dirty);
+                        if !gained.is_empty() {
+                            inner.depot.add_references(&inner.devices, &gained)?;
+                        }
+                        page.set(i, new, dirty)?;
                         vol.account(old, new);
                         released.extend(old.object());
                         changed = true;

@@ -19,7 +19,9 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
     let block = BLOCK_BYTES as u64;
     let mut exclusive = 0u64;
     let mut own: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
-    v.for_each_mapped(|_, e| {
+    // An object is the volume's alone when every reference to it is from a page
+    // only this volume's tree reaches.
+    v.for_each_held_alone(inner.volumes.shares(), |_, e| {
         if let Some(o) = e.object() {
             *own.entry(o.0).or_insert(0) += 1;
         }
@@ -40,7 +42,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
     let (map_pages, map_memory_bytes) = v.map_memory();
     VolumeInfo {
-        name: v.name(),
+        name: inner.volumes.full_name(v),
         id: v.id(),
         size_bytes: v.size_blocks() * block,
         logical_used_bytes: v.mapped_blocks() * block,
@@ -55,6 +57,12 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         limited: v.limited(),
         no_space_refusals: v.counters().no_space_refusals(),
         damaged_ranges: v.damaged_ranges(),
+        snapshot_of: v.origin().map(|_| {
+            let full = inner.volumes.full_name(v);
+            full.split_once('@').map_or(full.clone(), |(of, _)| of.to_string())
+        }),
+        created: u64::from(v.created()),
+        guid: (v.guid() != 0).then(|| format!("{:016x}", v.guid())),
     }
 }
 
@@ -75,6 +83,18 @@ fn refuse_if_damaged(vol: &VolumeState, what: &str) -> Result<()> {
     }
 }
 
+/// Refuse to change a snapshot (a point in time is never changed; it is cloned,
+/// rolled back to, or deleted).
+fn refuse_snapshot(inner: &Inner, vol: &VolumeState, what: &str) -> Result<()> {
+    if vol.is_snapshot() {
+        return Err(EngineError::Refused(format!(
+            "'{}' is a snapshot: a snapshot is not {what} (clone it to get a volume)",
+            inner.volumes.full_name(vol)
+        )));
+    }
+    Ok(())
+}
+
 /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
 /// that list exports on every connection.
 pub(crate) fn sizes(inner: &Inner) -> Vec<(String, u64)> {
@@ -83,8 +103,12 @@ pub(crate) fn sizes(inner: &Inner) -> Vec<(String, u64)> {
 
 /// All volumes, with their usage (walks every block map: for management, not per request).
 pub(crate) fn list(inner: &Inner) -> Vec<VolumeInfo> {
+    // Snapshots are listed by `snapshots`, beside their volume.
     let vols = inner.volumes.all();
-    vols.iter().map(|v| info(inner, v)).collect()
+    vols.iter()
+        .filter(|v| !v.is_snapshot())
+        .map(|v| info(inner, v))
+        .collect()
 }
 
 /// Refuse a reservation the pool cannot honour (`reservation.rs`): volume `id`
@@ -151,7 +175,7 @@ pub(crate) fn create(
         0,
         p,
     )?;
-    room_for_new_volume(inner, 0)?;
+    room_for_new_volume(inner, (0, 0))?;
     let vol = i.volumes.make(name, size_blocks)?;
     i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
@@ -159,25 +183,42 @@ pub(crate) fn create(
     Ok(info(inner, &vol))
 }
 
-/// The map pages of `vol` that hold entries: what a copy of its map writes.
-fn written_pages(vol: &VolumeState) -> u64 {
-    vol.map_pages()
-        .iter()
-        .filter(|(_, page)| page.lock().is_written())
-        .count() as u64
+/// Before a volume takes `source`'s map: when pages of it changed since the last
+/// checkpoint, a checkpoint (the gate held), so that every page is durable and the
+/// new tree shares it rather than a copy (`MapPage::share`).
+fn settle_pages(inner: &Inner, source: &VolumeState) -> Result<()> {
+    if written_pages(source).1 > 0 {
+        crate::checkpoint::checkpoint_held(inner)?;
+    }
+    Ok(())
 }
 
-/// Before a new volume (with `map_pages` pages copied into it) is put in memory: the
-/// no-space error when its checkpoint would be refused for want of room. The
-/// refusal comes before anything changed, so nothing of the volume stays behind
-/// for a later checkpoint to make durable. Its pages, a directory page over each
-/// 252 of them, and a tree's worth of directory pages for its map, each directory
-/// page twice (format version 3).
-fn room_for_new_volume(inner: &Inner, map_pages: u64) -> Result<()> {
+/// The map pages of `vol` that hold entries, and of those the ones changed since
+/// the last checkpoint (which a clone copies: `MapPage::share`).
+fn written_pages(vol: &VolumeState) -> (u64, u64) {
+    let (mut written, mut dirty) = (0, 0);
+    for (_, page) in vol.map_pages().iter() {
+        let page = page.lock();
+        if page.is_written() {
+            written += 1;
+            dirty += u64::from(page.is_dirty() || page.durable().is_none());
+        }
+    }
+    (written, dirty)
+}
+
+/// Before a volume taking `source`'s map is put in memory: the no-space error when
+/// its checkpoint would be refused for want of room. The refusal comes before
+/// anything changed, so nothing of the volume stays behind for a later checkpoint
+/// to make durable. The pages it copies (those of `source` changed since the last
+/// checkpoint: the others it shares), a directory page over each 252 of `source`'s
+/// written pages, and a tree's worth of directory pages, each directory page twice
+/// (format version 3).
+fn room_for_new_volume(inner: &Inner, (map_pages, dirty): (u64, u64)) -> Result<()> {
     inner.checkpoint_space()?;
     let directories =
         crate::metadata_room::DIR_PAGE_COPIES * (map_pages.div_ceil(252) + 2 * MAX_DEPTH as u64);
-    inner.metadata_room_with(map_pages + directories)
+    inner.metadata_room_with(dirty + directories)
 }
 
 /// Delete a volume; refused while handles are open unless `force`.
@@ -195,6 +236,15 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
             users,
         });
     }
+    let snapshots = i.volumes.snapshots_of(vol.id());
+    if !snapshots.is_empty() {
+        let names: Vec<String> = snapshots.iter().map(|s| s.name()).collect();
+        return Err(EngineError::Refused(format!(
+            "volume '{name}' has {} snapshot(s) ({}): delete them first              (`volume snapshot delete {name} SNAPSHOT`)",
+            names.len(),
+            names.join(", ")
+        )));
+    }
     let released = unlist(i, &vol);
     i.depot.release_objects(&i.devices, &released)?;
     crate::checkpoint::checkpoint_locked(i, gate, true)
@@ -207,12 +257,9 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
 /// durable.
 fn unlist(i: &Inner, vol: &VolumeState) -> Vec<fewerbytes_format::location::ObjectId> {
     vol.mark_deleted();
-    let mut released = Vec::new();
-    vol.for_each_mapped(|_, e| released.extend(e.object()));
-    let mut free = Vec::new();
-    for (_, page) in vol.map_pages().iter() {
-        free.extend(page_addresses(&page.lock().durable()));
-    }
+    // Pages other trees reach stay theirs (`page_share.rs`).
+    let (pages, released) = vol.leave_map(i.volumes.shares());
+    let mut free: Vec<u64> = pages.iter().flat_map(page_addresses).collect();
     free.extend(vol.dirs().slots());
     i.checkpointer.free_after_next(free);
     i.volumes.remove(vol.slot());
@@ -232,6 +279,7 @@ pub(crate) fn resize(
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(name)?;
+    refuse_snapshot(inner, &vol, "resized")?;
     refuse_if_damaged(&vol, "resized")?;
     let old = vol.size_blocks();
     if size_blocks > old {
@@ -251,10 +299,12 @@ pub(crate) fn resize(
                 human_bytes(size_bytes)
             )));
         }
-        let (released, retired) = vol.unmap_from(size_blocks, i.checkpointer.dirty_pages());
+        let unmapped =
+            vol.unmap_from(size_blocks, i.volumes.shares(), i.checkpointer.dirty_pages())?;
         i.checkpointer
-            .free_after_next(retired.iter().flat_map(page_addresses));
-        i.depot.release_objects(&i.devices, &released)?;
+            .free_after_next(unmapped.retired.iter().flat_map(page_addresses));
+        i.depot.add_references(&i.devices, &unmapped.gained)?;
+        i.depot.release_objects(&i.devices, &unmapped.released)?;
     }
     vol.set_size(size_blocks);
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
@@ -287,12 +337,13 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
         source.mapped_blocks(),
         p,
     )?;
+    settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
     let vol = i.volumes.make(dst, size_blocks)?;
     // The copy holds the same bytes: it keeps its source's limit.
     vol.set_limited(source.limited());
-    let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
-    i.depot.add_references(&i.devices, &shared)?;
+    let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
+    i.depot.add_references(&i.devices, &copied)?;
     i.volumes.reservations().set(vol.id(), p);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
@@ -301,59 +352,139 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
 
 /// Roll volume `name` back to `from` (a snapshot, or any other volume): `name` then
 /// maps what `from` maps, at `from`'s size, and what it alone held is freed. One
-/// durable step, as a delete and a clone in one checkpoint: a crash leaves the
-/// volume as it was or as `from`, never without it. Refused while `name` has open
-/// handles. The volume keeps its name, its reservation's kind and its limit; it is
-/// a new volume underneath (a new id, as a clone is), so nothing of the old map
-/// outlives the step.
+/// durable step (one checkpoint): a crash leaves the volume as it was or as `from`,
+/// never without it. Refused while `name` has open handles. The volume keeps its
+/// name, id, snapshots, reservation's kind and limit; it takes `from`'s map pages
+/// as a clone does (`page_share.rs`), so the step costs the same at any size.
 pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeInfo> {
     let i = inner;
-    if name == from {
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    let source = i.volumes.base_of(name, from)?;
+    if vol.id() == source.id() {
         return Err(EngineError::Refused(format!(
             "volume '{name}' cannot be rolled back to itself"
         )));
     }
-    i.devices.ensure_writable()?;
-    let _ck = i.checkpointer.serialize();
-    let gate = i.locks.exclusive();
-    let old = i.volumes.by_name(name)?;
-    let source = i.volumes.by_name(from)?;
+    if vol.is_snapshot() {
+        return Err(EngineError::Refused(format!(
+            "'{name}' is a snapshot: a snapshot is never changed"
+        )));
+    }
     refuse_if_damaged(&source, "rolled back to")?;
     // A running guest would see its disk change under it: a volume is rolled back
     // while nothing uses it, as Proxmox rolls back a stopped VM's disk.
-    let users = old.users();
+    let users = vol.users();
     if users > 0 {
         return Err(EngineError::Refused(format!(
             "volume '{name}' is open by {users} client(s): disconnect them to roll it back"
         )));
     }
     let size_blocks = source.size_blocks();
-    let p = i.volumes.reservations().of(old.id());
+    let p = i.volumes.reservations().of(vol.id());
     check_reservation(
         inner,
         &format!(
             "rolling '{name}' back to '{from}' of {}",
             human_bytes(size_blocks * BLOCK_BYTES as u64)
         ),
-        Some(old.id()),
+        Some(vol.id()),
         size_blocks,
         source.mapped_blocks(),
         p,
     )?;
+    settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
-    // The old volume leaves its slot first (a full catalog has room for the new
-    // one), and the source's references are taken before the old map's are
-    // dropped, so a block both share is never free in between.
-    let released = unlist(i, &old);
-    let vol = i.volumes.make(name, size_blocks)?;
-    vol.set_limited(old.limited());
-    let shared = vol.copy_map_from(&source, i.checkpointer.dirty_pages());
-    i.depot.add_references(&i.devices, &shared)?;
+    // The volume leaves its map and its directory pages (freed after the
+    // checkpoint), then takes the source's pages. The source's references are taken
+    // before the old map's are dropped, so a block both map is never free between.
+    let shares = i.volumes.shares();
+    let (pages, released) = vol.leave_map(shares);
+    let mut free: Vec<u64> = pages.iter().flat_map(page_addresses).collect();
+    {
+        let mut dirs = vol.dirs();
+        free.extend(dirs.slots());
+        *dirs = crate::dir_tree::DirTree::default();
+    }
+    i.checkpointer.free_after_next(free);
+    vol.set_size(size_blocks);
+    let copied = vol.share_map_from(&source, shares, i.checkpointer.dirty_pages());
+    i.depot.add_references(&i.devices, &copied)?;
     i.depot.release_objects(&i.devices, &released)?;
-    i.volumes.reservations().set(vol.id(), p);
+    crate::checkpoint::checkpoint_locked(i, gate, true)?;
+    Ok(info(inner, &vol))
+}
+
+/// Take snapshot `snapshot` of volume `name`: a read-only point in time, reached
+/// as `name@snapshot`, that shares every map page of the volume (`page_share.rs`),
+/// so it costs the same at any size. Taken with the gate held exclusively (no
+/// write is half done) and made durable by one checkpoint. It reserves nothing: it
+/// holds blocks only as the volume overwrites them, which the pool's space shows.
+pub(crate) fn snapshot(
+    inner: &Inner,
+    name: &str,
+    snapshot: &str,
+    guid: Option<u64>,
+) -> Result<VolumeInfo> {
+    validate_name(snapshot).map_err(EngineError::Refused)?;
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let source = i.volumes.by_name(name)?;
+    if source.is_snapshot() {
+        return Err(EngineError::Refused(format!(
+            "'{name}' is a snapshot: take a snapshot of its volume instead"
+        )));
+    }
+    refuse_if_damaged(&source, "snapshotted")?;
+    let full = format!("{name}@{snapshot}");
+    if i.volumes.exists(&full) {
+        return Err(EngineError::VolumeExists(full));
+    }
+    settle_pages(inner, &source)?;
+    room_for_new_volume(inner, written_pages(&source))?;
+    // A snapshot taken here gets an identity no other pool's can have: from the
+    // pool's nonce and the snapshot's id. A received one keeps the sender's.
+    let id = i.volumes.next_id();
+    let guid = guid.unwrap_or_else(|| snapshot_guid(inner.geometry.nonce(), id));
+    let vol = i
+        .volumes
+        .make_snapshot(snapshot, source.size_blocks(), source.id(), guid)?;
+    vol.set_limited(source.limited());
+    let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
+    i.depot.add_references(&i.devices, &copied)?;
+    i.volumes
+        .reservations()
+        .set(vol.id(), Provisioning::THIN);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
+}
+
+/// A new snapshot's identity: a keyed hash of the pool's nonce and the snapshot's
+/// volume id (never 0, which means none).
+fn snapshot_guid(nonce: u64, id: u64) -> u64 {
+    let mut input = [0u8; 16];
+    input[..8].copy_from_slice(&nonce.to_le_bytes());
+    input[8..].copy_from_slice(&id.to_le_bytes());
+    let hash = blake3::hash(&input);
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(low).max(1)
+}
+
+/// The snapshots of volume `name`, oldest first.
+pub(crate) fn snapshots(inner: &Inner, name: &str) -> Result<Vec<VolumeInfo>> {
+    let vol = inner.volumes.by_name(name)?;
+    Ok(inner
+        .volumes
+        .snapshots_of(vol.id())
+        .iter()
+        .map(|s| info(inner, s))
+        .collect())
 }
 
 /// Change what a volume reserves (`volume set`): refused, with nothing changed, when
@@ -364,6 +495,7 @@ pub(crate) fn set_provisioning(inner: &Inner, name: &str, p: Provisioning) -> Re
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(name)?;
+    refuse_snapshot(inner, &vol, "given a reservation")?;
     check_reservation(
         inner,
         &format!("volume '{name}'"),
@@ -412,6 +544,7 @@ pub(crate) fn rename(inner: &Inner, name: &str, new_name: &str) -> Result<Volume
     let _ck = i.checkpointer.serialize();
     let gate = i.locks.exclusive();
     let vol = i.volumes.by_name(name)?;
+    refuse_snapshot(inner, &vol, "renamed")?;
     if i.volumes.exists(new_name) {
         return Err(EngineError::VolumeExists(new_name.to_string()));
     }

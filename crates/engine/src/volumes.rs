@@ -5,6 +5,7 @@
 //! is kept beside the list (`reservation.rs`).
 
 use crate::block_map::VolumeState;
+use crate::page_share::Shares;
 use crate::reservation::Reservations;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::MAX_VOLUMES;
@@ -17,6 +18,8 @@ pub(crate) struct Volumes {
     slots: RwLock<Vec<Option<Arc<VolumeState>>>>,
     next_id: AtomicU64,
     reservations: Reservations,
+    /// The durable map pages several volumes' trees reach.
+    shares: Shares,
 }
 
 impl Volumes {
@@ -26,7 +29,13 @@ impl Volumes {
             slots: RwLock::new(Vec::new()),
             next_id: AtomicU64::new(1),
             reservations: Reservations::default(),
+            shares: Shares::default(),
         }
+    }
+
+    /// The durable map pages several volumes' trees reach (`page_share.rs`).
+    pub(crate) fn shares(&self) -> &Shares {
+        &self.shares
     }
 
     /// Every volume's reservation.
@@ -34,20 +43,72 @@ impl Volumes {
         &self.reservations
     }
 
-    /// The volume named `name`.
+    /// The volume named `name`, or the snapshot `VOLUME@SNAPSHOT` names.
     pub(crate) fn by_name(&self, name: &str) -> Result<Arc<VolumeState>> {
-        self.slots
-            .read()
-            .iter()
-            .flatten()
-            .find(|v| v.is_named(name))
+        let vols = self.slots.read();
+        let volume = |n: &str| {
+            vols.iter()
+                .flatten()
+                .find(|v| !v.is_snapshot() && v.is_named(n))
+        };
+        let found = match name.split_once('@') {
+            None => volume(name),
+            Some((of, snapshot)) => volume(of).and_then(|o| {
+                vols.iter()
+                    .flatten()
+                    .find(|v| v.origin() == Some(o.id()) && v.is_named(snapshot))
+            }),
+        };
+        found
             .cloned()
             .ok_or_else(|| EngineError::VolumeNotFound(name.to_string()))
     }
 
-    /// Whether a volume is named `name`.
+    /// The base a comparison of volume `name` names as `from`: its own snapshot
+    /// `from` when it has one (`name@from`), else the volume or snapshot `from`
+    /// names in full.
+    pub(crate) fn base_of(&self, name: &str, from: &str) -> Result<Arc<VolumeState>> {
+        if !from.contains('@') {
+            if let Ok(snapshot) = self.by_name(&format!("{name}@{from}")) {
+                return Ok(snapshot);
+            }
+        }
+        self.by_name(from)
+    }
+
+    /// Whether a volume (or, for `VOLUME@SNAPSHOT`, a snapshot) is named `name`.
     pub(crate) fn exists(&self, name: &str) -> bool {
-        self.slots.read().iter().flatten().any(|v| v.is_named(name))
+        self.by_name(name).is_ok()
+    }
+
+    /// The snapshots of the volume with id `origin`, oldest first.
+    pub(crate) fn snapshots_of(&self, origin: u64) -> Vec<Arc<VolumeState>> {
+        let mut found: Vec<Arc<VolumeState>> = self
+            .slots
+            .read()
+            .iter()
+            .flatten()
+            .filter(|v| v.origin() == Some(origin))
+            .cloned()
+            .collect();
+        found.sort_by_key(|v| v.id());
+        found
+    }
+
+    /// The name a person and the NBD export use: the volume's, or for a snapshot
+    /// `VOLUME@SNAPSHOT`.
+    pub(crate) fn full_name(&self, vol: &VolumeState) -> String {
+        let Some(origin) = vol.origin() else {
+            return vol.name();
+        };
+        let of = self
+            .slots
+            .read()
+            .iter()
+            .flatten()
+            .find(|v| v.id() == origin)
+            .map_or_else(|| format!("#{origin}"), |v| v.name());
+        format!("{of}@{}", vol.name())
     }
 
     /// Every volume, in slot order.
@@ -66,6 +127,7 @@ impl Volumes {
             .read()
             .iter()
             .flatten()
+            .filter(|v| !v.is_snapshot())
             .map(|v| (v.name(), v.size_blocks() * block_bytes))
             .collect()
     }
@@ -100,6 +162,27 @@ impl Volumes {
             name.to_string(),
             size_blocks,
         )))
+    }
+
+    /// A new snapshot's state (see [`Self::make`]) of the volume with id `origin`,
+    /// with identity `guid`.
+    pub(crate) fn make_snapshot(
+        &self,
+        name: &str,
+        size_blocks: u64,
+        origin: u64,
+        guid: u64,
+    ) -> Result<Arc<VolumeState>> {
+        let vol = self.make(name, size_blocks)?;
+        let vol = Arc::into_inner(vol).ok_or_else(|| {
+            EngineError::Invariant("a volume just made is held elsewhere".into())
+        })?;
+        // Only a snapshot records when it was made (what replication compares), so
+        // a pool without snapshots or shared pages keeps the plain catalog.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
+        Ok(Arc::new(vol.with_origin(origin, guid).made_at(now)))
     }
 
     /// List a volume in its slot.

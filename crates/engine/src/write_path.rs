@@ -272,7 +272,13 @@ pub(crate) fn write_block_hashed(
             }
             return Ok(false);
         }
-        let old = page.set(i, entry, inner.checkpointer.dirty_pages());
+        // A page other trees reach becomes this volume's own: a new page, whose
+        // objects each gain a reference (`page_share.rs`).
+        let gained = page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages());
+        if !gained.is_empty() {
+            inner.depot.add_references(&inner.devices, &gained)?;
+        }
+        let old = page.set(i, entry, inner.checkpointer.dirty_pages())?;
         // Appended under the page lock: journal order matches map order per block.
         inner.journal.append(&Record::MapSet {
             volume: vol.slot(),

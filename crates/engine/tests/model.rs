@@ -1,7 +1,8 @@
 //! The engine against a trivial model (volume → bytes), over random writes of
 //! duplicate, zero, compressible and random data at any byte offset and length
 //! (one byte, a few, across block boundaries, whole blocks), trims and write-zeroes
-//! likewise, clones, deletes, flushes, compaction, clean reopens and crashes that
+//! likewise, clones, snapshots (taken, rolled back to, deleted, written to and
+//! refused), deletes, flushes, compaction, clean reopens and crashes that
 //! keep none, all or a random subset of the unflushed writes (some torn at 512-byte
 //! boundaries). Each case ends with a reference-count audit.
 //!
@@ -57,6 +58,21 @@ enum Op {
     Delete {
         vol: u8,
     },
+    /// Take snapshot `snap` of `vol` (`v{vol}@s{snap}`).
+    Snapshot {
+        vol: u8,
+        snap: u8,
+    },
+    /// Roll `vol` back to its snapshot `snap`.
+    Rollback {
+        vol: u8,
+        snap: u8,
+    },
+    /// Delete snapshot `snap` of `vol`.
+    DeleteSnapshot {
+        vol: u8,
+        snap: u8,
+    },
     Create {
         vol: u8,
     },
@@ -105,6 +121,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (vol.clone(), range).prop_map(|(vol, (offset, len))| Op::WriteZeroes { vol, offset, len }),
         1 => (vol.clone(), vol.clone()).prop_map(|(src, dst)| Op::Clone { src, dst }),
         1 => vol.clone().prop_map(|vol| Op::Delete { vol }),
+        2 => (vol.clone(), 0u8..2).prop_map(|(vol, snap)| Op::Snapshot { vol, snap }),
+        1 => (vol.clone(), 0u8..2).prop_map(|(vol, snap)| Op::Rollback { vol, snap }),
+        1 => (vol.clone(), 0u8..2).prop_map(|(vol, snap)| Op::DeleteSnapshot { vol, snap }),
         1 => vol.prop_map(|vol| Op::Create { vol }),
         3 => Just(Op::Flush),
         1 => Just(Op::Compact),
@@ -133,6 +152,8 @@ fn bytes_of(data: &Data, len: usize) -> Vec<u8> {
 /// Per volume: current bytes, and per block the contents it may hold after a crash.
 struct Model {
     vols: BTreeMap<u8, Vec<u8>>,
+    /// (volume, snapshot) → the volume's bytes when the snapshot was taken.
+    snaps: BTreeMap<(u8, u8), Vec<u8>>,
     /// Block → allowed contents since the last flush (the flushed one first).
     maybe: BTreeMap<(u8, u64), Vec<Vec<u8>>>,
 }
@@ -160,6 +181,10 @@ impl Model {
     }
 }
 
+fn snap_name(v: u8, s: u8) -> String {
+    format!("v{v}@s{s}")
+}
+
 fn name(v: u8) -> String {
     format!("v{v}")
 }
@@ -172,6 +197,7 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
     let mut t = create_with(64 << 20, None, &options);
     let mut model = Model {
         vols: BTreeMap::new(),
+        snaps: BTreeMap::new(),
         maybe: BTreeMap::new(),
     };
     for v in 0..2u8 {
@@ -233,9 +259,34 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
                 model.vols.insert(dst, copy);
                 model.durable(); // volume operations checkpoint everything
             }
+            Op::Delete { vol } if model.snaps.keys().any(|(v, _)| *v == vol) => {
+                let refused = p.delete_volume(&name(vol), false);
+                assert!(refused.is_err(), "a volume with snapshots was deleted");
+            }
             Op::Delete { vol } if model.vols.contains_key(&vol) => {
                 p.delete_volume(&name(vol), false).unwrap();
                 model.vols.remove(&vol);
+                model.durable();
+            }
+            Op::Snapshot { vol, snap }
+                if model.vols.contains_key(&vol) && !model.snaps.contains_key(&(vol, snap)) =>
+            {
+                p.snapshot_volume(&name(vol), &format!("s{snap}")).unwrap();
+                model.snaps.insert((vol, snap), model.vols[&vol].clone());
+                model.durable(); // volume operations checkpoint everything
+                // A snapshot is never written.
+                let s = p.open_volume(&snap_name(vol, snap)).unwrap();
+                assert!(s.write(0, &[1u8; 512], false).is_err());
+                assert!(s.trim(0, BLOCK as u64, false).is_err());
+            }
+            Op::Rollback { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
+                p.rollback_volume(&name(vol), &format!("s{snap}")).unwrap();
+                model.vols.insert(vol, model.snaps[&(vol, snap)].clone());
+                model.durable();
+            }
+            Op::DeleteSnapshot { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
+                p.delete_volume(&snap_name(vol, snap), false).unwrap();
+                model.snaps.remove(&(vol, snap));
                 model.durable();
             }
             Op::Create { vol } if !model.vols.contains_key(&vol) => {
@@ -302,6 +353,14 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
                 "volume {vol} block {b} differs from the model"
             );
         }
+    }
+    for ((vol, snap), bytes) in &model.snaps {
+        let mut got = vec![0u8; bytes.len()];
+        p.open_volume(&snap_name(*vol, *snap))
+            .unwrap()
+            .read(0, &mut got)
+            .unwrap();
+        assert!(got == *bytes, "snapshot {vol}@{snap} differs from the model");
     }
     let audit = p.audit();
     assert!(audit.problems.is_empty(), "audit: {:?}", audit.problems);

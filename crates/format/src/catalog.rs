@@ -18,12 +18,20 @@ pub const CATALOG_MAGIC: u32 = 0x5443_4246;
 pub const CATALOG_MAGIC_V2: u32 = 0x3243_4246;
 /// "FBC3": a version-3 catalog stream.
 pub const CATALOG_MAGIC_V3: u32 = 0x3343_4246;
+/// "FBL3": a version-3 catalog stream whose volume records carry a lineage and an
+/// origin (super block flag bit 7, shared map pages): written when a volume shares
+/// map pages with another or is a snapshot, so a reader that does not know shared
+/// pages refuses the pool.
+pub const CATALOG_MAGIC_V3_LINEAGE: u32 = 0x334C_4246;
 /// Volume flag (version 2): the volume is thin (reserves less than its size).
 pub const VOLUME_FLAG_THIN: u32 = 1;
 /// Volume flag (version 2): the volume is limited to the TLS identities an allow
 /// list outside the pool names; a server that cannot read that list keeps it closed.
 /// Older readers refuse the bit (unknown flags), so they cannot open it to all.
 pub const VOLUME_FLAG_LIMITED: u32 = 2;
+/// Volume flag (lineage streams only): the volume is a snapshot of its origin, a
+/// point in time that is never written.
+pub const VOLUME_FLAG_SNAPSHOT: u32 = 4;
 /// Longest volume name in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most volumes a pool holds (a volume slot is a u16 in journal records).
@@ -46,6 +54,20 @@ pub struct VolumeRecord {
     pub thin: bool,
     /// Limited to some TLS identities (version 2; version 1: false).
     pub limited: bool,
+    /// The owner its map pages name: its own id for a volume made empty, its
+    /// source's lineage for a clone, a snapshot or a rollback, whose map pages it
+    /// shares (lineage streams; otherwise its id).
+    pub lineage: u64,
+    /// The id of the volume this is a snapshot of (lineage streams; 0: none).
+    pub origin: u64,
+    /// A snapshot: read-only, a point in time of its origin (lineage streams).
+    pub snapshot: bool,
+    /// When a snapshot was made, in seconds since 1970 (lineage streams; 0 for a
+    /// volume).
+    pub created: u32,
+    /// A snapshot's identity, the same in every pool a send stream carried it to
+    /// (lineage streams; 0: none).
+    pub guid: u64,
     /// The top of its block map's directory tree.
     pub map: TableRoot,
 }
@@ -107,8 +129,14 @@ const MAX_ROOT_BYTES_V3: usize = 8 + MAX_TOP_REFS * TWIN_REF_BYTES;
 pub const MAX_ENCODED_BYTES_V3: usize = 16
     + 2 * MAX_ROOT_BYTES_V3
     + MAX_VOLUMES * (2 + 2 + MAX_NAME_BYTES + 8 + 8 + 12 + MAX_ROOT_BYTES_V3);
+/// Bytes a lineage stream adds to each volume record: lineage, origin, created
+/// (u32) and guid.
+const LINEAGE_BYTES: usize = 8 + 8 + 4 + 8;
+/// Bytes of the largest version-3 lineage stream: each volume record 28 bytes more
+/// (934,112 bytes, of the 935,424 the catalog pages hold).
+pub const MAX_ENCODED_BYTES_V3_LINEAGE: usize = MAX_ENCODED_BYTES_V3 + MAX_VOLUMES * LINEAGE_BYTES;
 const _: () = assert!(
-    MAX_ENCODED_BYTES_V3 <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
+    MAX_ENCODED_BYTES_V3_LINEAGE <= MAX_CATALOG_PAGES_V2 * PAGE_PAYLOAD_BYTES,
     "the largest version-3 catalog fits the catalog pages a super block references, \
      so a checkpoint never runs out of catalog room"
 );
@@ -153,9 +181,22 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 }
 
 impl Catalog {
+    /// Whether the stream must carry lineages (version 3 only): some volume shares
+    /// pages under another's lineage, or is a snapshot.
+    pub fn has_lineage(&self) -> bool {
+        self.version >= FORMAT_VERSION
+            && self
+                .volumes
+                .iter()
+                .any(|v| {
+                    v.lineage != v.id || v.origin != 0 || v.snapshot || v.created != 0 || v.guid != 0
+                })
+    }
+
     /// Encoded size in bytes.
     pub fn encoded_len(&self) -> usize {
         let v2 = self.version != FORMAT_VERSION_1;
+        let lineage = if self.has_lineage() { LINEAGE_BYTES } else { 0 };
         let pointer = pointer_bytes(self.version);
         let root = |t: &TableRoot| {
             if v2 {
@@ -169,7 +210,9 @@ impl Catalog {
             + self
                 .volumes
                 .iter()
-                .map(|v| 2 + 2 + v.name.len() + 8 + 8 + if v2 { 12 } else { 0 } + root(&v.map))
+                .map(|v| {
+                    2 + 2 + v.name.len() + 8 + 8 + if v2 { 12 } else { 0 } + lineage + root(&v.map)
+                })
                 .sum::<usize>()
     }
 
@@ -180,6 +223,7 @@ impl Catalog {
         let mut w = Writer::new(&mut out);
         let v2 = self.version != FORMAT_VERSION_1;
         let twinned = self.version >= FORMAT_VERSION;
+        let lineage = self.has_lineage();
         let root = |w: &mut Writer<'_>, t: &TableRoot| {
             if v2 {
                 w.u32(t.depth);
@@ -196,6 +240,7 @@ impl Catalog {
         w.u32(match self.version {
             FORMAT_VERSION_1 => CATALOG_MAGIC,
             FORMAT_VERSION_2 => CATALOG_MAGIC_V2,
+            _ if lineage => CATALOG_MAGIC_V3_LINEAGE,
             _ => CATALOG_MAGIC_V3,
         });
         w.u32(self.volumes.len() as u32);
@@ -214,7 +259,14 @@ impl Catalog {
                 w.u64(v.reservation_bytes);
                 let thin = if v.thin { VOLUME_FLAG_THIN } else { 0 };
                 let limited = if v.limited { VOLUME_FLAG_LIMITED } else { 0 };
-                w.u32(thin | limited);
+                let snapshot = if v.snapshot { VOLUME_FLAG_SNAPSHOT } else { 0 };
+                w.u32(thin | limited | snapshot);
+            }
+            if lineage {
+                w.u64(v.lineage);
+                w.u64(v.origin);
+                w.u32(v.created);
+                w.u64(v.guid);
             }
             root(&mut w, &v.map);
         }
@@ -227,10 +279,11 @@ impl Catalog {
         let what = "catalog";
         let mut r = Reader::new(what, bytes);
         let magic = r.u32()?;
+        let lineage = magic == CATALOG_MAGIC_V3_LINEAGE;
         let version = match magic {
             CATALOG_MAGIC => FORMAT_VERSION_1,
             CATALOG_MAGIC_V2 => FORMAT_VERSION_2,
-            CATALOG_MAGIC_V3 => FORMAT_VERSION,
+            CATALOG_MAGIC_V3 | CATALOG_MAGIC_V3_LINEAGE => FORMAT_VERSION,
             _ => {
                 return Err(FormatError::BadMagic {
                     what,
@@ -305,10 +358,13 @@ impl Catalog {
             })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
-            let (reservation_bytes, thin, limited) = if v2 {
+            let (reservation_bytes, thin, limited, snapshot) = if v2 {
                 let reservation_bytes = r.u64()?;
                 let flags = r.u32()?;
-                if flags & !(VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED) != 0 {
+                let known = VOLUME_FLAG_THIN
+                    | VOLUME_FLAG_LIMITED
+                    | if lineage { VOLUME_FLAG_SNAPSHOT } else { 0 };
+                if flags & !known != 0 {
                     return Err(FormatError::Invalid {
                         what,
                         reason: format!("volume '{name}' has unknown flags {flags:#x}"),
@@ -318,10 +374,22 @@ impl Catalog {
                     reservation_bytes,
                     flags & VOLUME_FLAG_THIN != 0,
                     flags & VOLUME_FLAG_LIMITED != 0,
+                    flags & VOLUME_FLAG_SNAPSHOT != 0,
                 )
             } else {
-                (size_bytes, false, false)
+                (size_bytes, false, false, false)
             };
+            let (lineage_id, origin, created, guid) = if lineage {
+                (r.u64()?, r.u64()?, r.u32()?, r.u64()?)
+            } else {
+                (id, 0, 0, 0)
+            };
+            if snapshot && origin == 0 {
+                return Err(FormatError::Invalid {
+                    what,
+                    reason: format!("snapshot '{name}' names no origin"),
+                });
+            }
             let map = root(&mut r)?;
             volumes.push(VolumeRecord {
                 slot,
@@ -331,6 +399,11 @@ impl Catalog {
                 reservation_bytes,
                 thin,
                 limited,
+                lineage: lineage_id,
+                origin,
+                snapshot,
+                created,
+                guid,
                 map,
             });
         }
@@ -389,6 +462,11 @@ mod tests {
                 reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
                 thin: v2,
                 limited: v2,
+                lineage: 4,
+                origin: 0,
+                snapshot: false,
+                created: 0,
+                guid: 0,
                 map: TableRoot {
                     depth: 1,
                     top: vec![r(7)],
@@ -459,6 +537,11 @@ mod tests {
                     reservation_bytes: 0,
                     thin: false,
                     limited: true,
+                    lineage: i as u64,
+                    origin: 0,
+                    snapshot: false,
+                    created: 0,
+                    guid: 0,
                     map: full.clone(),
                 })
                 .collect(),
@@ -470,6 +553,48 @@ mod tests {
             ..c
         };
         assert_eq!(v2.encoded_len(), 688_288);
+        let mut shared = Catalog {
+            version: FORMAT_VERSION,
+            ..v2
+        };
+        shared.volumes[0].snapshot = true;
+        shared.volumes[0].origin = 7;
+        assert_eq!(shared.encoded_len(), MAX_ENCODED_BYTES_V3_LINEAGE);
+    }
+
+    #[test]
+    fn lineages_and_snapshots_round_trip_in_their_own_stream_and_older_ones_read_as_their_own() {
+        let plain = sample(FORMAT_VERSION);
+        assert!(!plain.has_lineage());
+        assert_eq!(plain.encode()[..4], CATALOG_MAGIC_V3.to_le_bytes());
+        let mut c = plain.clone();
+        c.volumes.push(VolumeRecord {
+            slot: 3,
+            id: 9,
+            name: "before-upgrade".into(),
+            lineage: 4,
+            origin: 4,
+            snapshot: true,
+            created: 1_796_000_000,
+            guid: 0x0123_4567_89ab_cdef,
+            ..c.volumes[0].clone()
+        });
+        assert!(c.has_lineage());
+        let bytes = c.encode();
+        assert_eq!(bytes[..4], CATALOG_MAGIC_V3_LINEAGE.to_le_bytes());
+        assert_eq!(bytes.len(), c.encoded_len());
+        assert_eq!(Catalog::decode(&bytes).unwrap(), c);
+        // A snapshot without an origin is refused.
+        c.volumes[1].origin = 0;
+        assert!(matches!(
+            Catalog::decode(&c.encode()),
+            Err(FormatError::Invalid { .. })
+        ));
+        // The snapshot flag means nothing in a stream without lineages.
+        let mut bytes = plain.encode();
+        let at = bytes.len() - (8 + TWIN_REF_BYTES) - 4;
+        bytes[at] |= VOLUME_FLAG_SNAPSHOT as u8;
+        assert!(Catalog::decode(&bytes).is_err());
     }
 
     proptest! {
@@ -481,6 +606,8 @@ mod tests {
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V2.to_le_bytes()); }
             let _ = Catalog::decode(&b);
             if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V3.to_le_bytes()); }
+            let _ = Catalog::decode(&b);
+            if b.len() >= 4 { b[..4].copy_from_slice(&CATALOG_MAGIC_V3_LINEAGE.to_le_bytes()); }
             let _ = Catalog::decode(&b);
         }
     }

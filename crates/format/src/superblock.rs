@@ -79,8 +79,18 @@ pub const FLAG_CODECS: u32 = 16;
 /// takes before it writes a sector, so a reader that does not know parity sectors
 /// refuses the pool instead of taking the first one for the journal's end.
 pub const FLAG_JOURNAL_COMMITS: u32 = 32;
+/// Flag (version 3), bit 7: a block-map page may be reached from several volumes'
+/// trees (clones, snapshots and rollbacks share pages), map pages name their
+/// volume's lineage as owner, and the catalog is a lineage stream
+/// (`catalog::CATALOG_MAGIC_V3_LINEAGE`). Set by each checkpoint whose catalog
+/// carries lineages (a snapshot, or a clone of this version, exists) and cleared
+/// by one whose catalog does not, so a pool that never had either stays readable
+/// by engines that do not know the bit. (Bit 6 is kept
+/// for slim new-block records, `docs/format.md`.)
+pub const FLAG_SHARED_MAPS: u32 = 128;
 /// The flags this version knows; a version-2 super block with any other is refused.
-const FLAGS_KNOWN_V2: u32 = FLAG_SEPARATE_METADATA
+const FLAGS_KNOWN_V2: u32 = FLAG_SHARED_MAPS
+    | FLAG_SEPARATE_METADATA
     | FLAG_OVERCOMMIT
     | FLAG_UPGRADED_FROM_V1
     | FLAG_CODECS
@@ -324,6 +334,13 @@ impl SuperBlock {
                     "flags {flags:#x} include features this version does not know \
                      (bit 3: metadata pages in the data region)"
                 ),
+            });
+        }
+        if version == FORMAT_VERSION_2 && flags & FLAG_SHARED_MAPS != 0 {
+            return Err(FormatError::Invalid {
+                what,
+                reason: "a version-2 super block with shared map pages (flag bit 7, version 3 only)"
+                    .into(),
             });
         }
         check_compression(what, compression, compression_level)?;

@@ -199,6 +199,16 @@ impl Export for VolumeExport {
         self.volume.size_bytes()
     }
 
+    fn read_only(&self) -> bool {
+        self.volume.is_snapshot()
+    }
+
+    fn base_name(&self, base: &str) -> String {
+        self.pool
+            .base_name(&self.volume.name(), base)
+            .unwrap_or_else(|_| base.to_string())
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
         self.volume.read(offset, buf).map_err(|e| errno("read", e))
     }

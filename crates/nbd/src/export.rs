@@ -31,6 +31,16 @@ pub const ESHUTDOWN: u32 = 108;
 pub trait Export: Send + Sync {
     /// Current size in bytes (read again for every request: volumes can be resized).
     fn size_bytes(&self) -> u64;
+    /// The full name of the base a dirty bitmap named `base` compares with (for a
+    /// volume, its own snapshot `base` when it has one).
+    fn base_name(&self, base: &str) -> String {
+        base.to_string()
+    }
+    /// Whether the export is never written (a snapshot): served with
+    /// `NBD_FLAG_READ_ONLY`, and its writes answer EPERM.
+    fn read_only(&self) -> bool {
+        false
+    }
     /// Fill `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
     /// Fill `buf` from `offset` only if that needs no wait (for a disk, a lock held

@@ -508,7 +508,8 @@ fn export_name(
             name: asked.escape_debug().to_string(),
             reason,
         })?;
-    let read_only = shared.config().read_only;
+    // A snapshot is served read-only whatever the server's mode.
+    let read_only = shared.config().read_only || export.read_only();
     let mut out = Vec::with_capacity(10 + EXPORT_NAME_PADDING_BYTES);
     out.extend_from_slice(&export.size_bytes().to_be_bytes());
     out.extend_from_slice(&transmission_flags(read_only, agreed.mode).to_be_bytes());
@@ -581,7 +582,8 @@ fn info_or_go(
             return Ok(None);
         }
     };
-    let read_only = shared.config().read_only;
+    // A snapshot is served read-only whatever the server's mode.
+    let read_only = shared.config().read_only || export.read_only();
 
     let mut info = Vec::with_capacity(14);
     info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
@@ -709,9 +711,11 @@ fn meta_context(
         }
         // The base must be an export this client may open: its bitmap tells which
         // of its blocks differ from this export's.
-        let bitmap = may_open(shared, peer, base)
+        // Checked under its full name: a volume's snapshot `before` is `vm@before`.
+        let full = export.base_name(base);
+        let bitmap = may_open(shared, peer, &full)
             .map_err(|(_, why)| why)
-            .and_then(|()| export.dirty_bitmap(base));
+            .and_then(|()| export.dirty_bitmap(&full));
         match bitmap {
             Ok(bitmap) => {
                 let id = if set {

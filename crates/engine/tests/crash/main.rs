@@ -158,6 +158,8 @@ struct Tally {
     saved_index_loaded: AtomicU64,
     /// Crash points inside a volume rollback (between its call and its return).
     in_rollback: AtomicU64,
+    /// Crash points inside the taking or the deleting of a snapshot.
+    in_snapshot: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -428,6 +430,13 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
         {
             tally.in_rollback.fetch_add(1, Ordering::Relaxed);
         }
+        if rec.model.ops.iter().any(|o| {
+            o.start < at
+                && at < o.end
+                && (o.what.starts_with("snapshot ") || o.what.starts_with("delete ") && o.what.contains('@'))
+        }) {
+            tally.in_snapshot.fetch_add(1, Ordering::Relaxed);
+        }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crash_point(&rec, &replay, tally)
         }))
@@ -511,13 +520,14 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, {} inside taking or deleting a snapshot, in {:.1} s",
         seeds.len(),
         tally.bad_sectors.load(Ordering::Relaxed),
         tally.bad_copies.load(Ordering::Relaxed),
         tally.saved_index_offered.load(Ordering::Relaxed),
         tally.saved_index_loaded.load(Ordering::Relaxed),
         tally.in_rollback.load(Ordering::Relaxed),
+        tally.in_snapshot.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -551,6 +561,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         tally.in_rollback.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
         "no crash point fell inside a volume rollback: they prove nothing about it"
+    );
+    assert!(
+        tally.in_snapshot.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point fell inside taking or deleting a snapshot: they prove nothing about it"
     );
     assert!(
         tally.bad_sectors.load(Ordering::Relaxed) > 0 || seeds.len() < 8,

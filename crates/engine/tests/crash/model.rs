@@ -171,11 +171,17 @@ impl Model {
         let ops = &self.ops;
         let durable = ops.iter().rposition(|o| o.barrier && o.end <= at);
         let under_way = self.under_way(at);
-        let got: BTreeMap<String, u64> = pool
+        let mut got: BTreeMap<String, u64> = pool
             .volume_sizes()
             .into_iter()
             .map(|(name, bytes)| (name, bytes / BLOCK as u64))
             .collect();
+        // And each volume's snapshots (`NAME@SNAPSHOT`), which the sizes leave out.
+        for name in got.keys().cloned().collect::<Vec<_>>() {
+            for s in pool.snapshots(&name).map_err(|e| e.to_string())? {
+                got.insert(s.name, s.size_bytes / BLOCK as u64);
+            }
+        }
         let sizes = |set: &VolumeSet| -> BTreeMap<String, u64> {
             set.iter().map(|(n, (_, b))| (n.clone(), *b)).collect()
         };

@@ -447,7 +447,7 @@ impl Workload<'_> {
                 })
             })
             .collect();
-        let names: Vec<String> = self.model.volumes.keys().cloned().collect();
+        let names = self.writable();
         let writes = rng.gen_range(CHURN_WRITES / 2..=CHURN_WRITES);
         for i in 0..writes {
             let name = &names[rng.gen_range(0..names.len())];
@@ -549,9 +549,59 @@ impl Workload<'_> {
         self.settle();
     }
 
+    /// The volumes that are not snapshots (a snapshot, `NAME@s`, is never written).
+    fn writable(&self) -> Vec<String> {
+        self.model
+            .volumes
+            .keys()
+            .filter(|n| !n.contains('@'))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether volume `name` has a snapshot.
+    fn has_snapshot(&self, name: &str) -> bool {
+        self.model.volumes.contains_key(&format!("{name}@s"))
+    }
+
+    /// Take snapshot `s` of `name`, or roll `name` back to it, or delete it.
+    fn snapshot_op(&mut self, rng: &mut StdRng, pool: &Arc<Pool>, name: &str) {
+        let snapshot = format!("{name}@s");
+        if !self.has_snapshot(name) {
+            if !self.room_for(self.model.volumes[name].1) {
+                return;
+            }
+            let op = self.run(&format!("snapshot {snapshot}"), true, |op| {
+                pool.snapshot_volume(name, "s").expect("snapshot");
+                op
+            });
+            // A new incarnation holding what `name` holds now.
+            self.model.clone_volume(op, name, &snapshot);
+        } else if rng.gen_bool(0.6) {
+            let grows = self.model.volumes[&snapshot]
+                .1
+                .saturating_sub(self.model.volumes[name].1);
+            if !self.room_for(grows) {
+                return;
+            }
+            let op = self.run(&format!("roll {name} back to {snapshot}"), true, |op| {
+                pool.rollback_volume(name, "s").expect("rollback to a snapshot");
+                op
+            });
+            self.model.clone_volume(op, &snapshot, name);
+        } else {
+            self.run(&format!("delete {snapshot}"), true, |_| {
+                pool.delete_volume(&snapshot, false)
+                    .expect("delete a snapshot")
+            });
+            self.model.volumes.remove(&snapshot);
+        }
+        self.settle();
+    }
+
     /// One operation drawn at random (weights out of 32).
     pub(crate) fn random_op(&mut self, rng: &mut StdRng, pool: &mut Arc<Pool>, devices: &Devices) {
-        let names: Vec<String> = self.model.volumes.keys().cloned().collect();
+        let names = self.writable();
         let free: Vec<&str> = NAMES
             .iter()
             .copied()
@@ -578,6 +628,7 @@ impl Workload<'_> {
                 })
                 .expect("flush");
             }
+            (17, Some(name)) if rng.gen_bool(0.3) => self.snapshot_op(rng, pool, &name),
             (17, Some(name)) if names.len() >= 2 && rng.gen_bool(0.4) => {
                 let others: Vec<&String> = names.iter().filter(|n| **n != name).collect();
                 let from = others[rng.gen_range(0..others.len())].clone();
@@ -601,6 +652,15 @@ impl Workload<'_> {
                     op
                 });
                 self.model.clone_volume(op, &src, dst);
+                self.settle();
+            }
+            (18, Some(name)) if self.has_snapshot(&name) => {
+                let snapshot = format!("{name}@s");
+                self.run(&format!("delete {snapshot}"), true, |_| {
+                    pool.delete_volume(&snapshot, false)
+                        .expect("delete a snapshot")
+                });
+                self.model.volumes.remove(&snapshot);
                 self.settle();
             }
             (18, Some(name)) => {
@@ -728,7 +788,7 @@ impl Workload<'_> {
             (0, _) => Beside::Write(write(rng, &other)),
             (1, _) => Beside::Compact,
             (2, Some(dst)) => Beside::Clone(dst.to_string()),
-            (3, _) => Beside::Delete,
+            (3, _) if !self.has_snapshot(&other) => Beside::Delete,
             _ => Beside::Flush,
         };
         let log = self.log;
