@@ -530,8 +530,12 @@ impl VolumeState {
 
     /// Leave every page of the map (a delete, a rollback): the durable copies no
     /// other tree reaches, to free, and the objects whose references to drop, once
-    /// per entry. The map is empty after.
+    /// per entry (a damaged page's are unknown: a leak `check --repair` frees). The
+    /// map is empty after, and so is its list of damaged ranges.
     pub(crate) fn leave_map(&self, shares: &Shares) -> (Vec<PageRef>, Vec<ObjectId>) {
+        self.damage.write().clear();
+        self.damaged.store(false, Ordering::Release);
+        self.cleared_dirs.lock().clear();
         let mut free = Vec::new();
         let mut released = Vec::new();
         let mut pages = self.pages.write();
