@@ -123,6 +123,12 @@ impl MapPage {
         self.objects()
     }
 
+    /// The page's entries as held in memory (shared with the pages of other trees
+    /// that reach the same durable copy), if it was ever written.
+    pub fn shared_entries(&self) -> Option<Entries> {
+        self.entries.clone()
+    }
+
     /// The objects the page's entries name, once per entry.
     pub fn objects(&self) -> Vec<ObjectId> {
         self.entries
