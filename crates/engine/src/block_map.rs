@@ -309,12 +309,14 @@ impl VolumeState {
         }
     }
 
-    /// The block map's memory: the pages written (each holds its entries), and the
-    /// bytes those entries and the chunks of page slots take.
+    /// The block map's memory: the pages written, and the bytes its chunks of page
+    /// slots and the entries it alone holds take (entries shared in memory with a
+    /// snapshot's or a clone's page count in neither: the pool's
+    /// `shared_map_pages` counts them).
     pub fn map_memory(&self) -> (u64, u64) {
-        let (slots, written) = self.pages.read().in_memory();
+        let (slots, written, alone) = self.pages.read().memory();
         let bytes = slots / crate::map_pages::CHUNK_PAGES * MapPages::chunk_bytes()
-            + written * (MAP_ENTRIES_PER_PAGE * 8) as u64;
+            + alone * (MAP_ENTRIES_PER_PAGE * 8) as u64;
         (written, bytes)
     }
 

@@ -338,14 +338,22 @@ impl MapPages {
 
     /// Page slots in memory (whole chunks), and the pages of them written.
     pub fn in_memory(&self) -> (u64, u64) {
-        let slots = self.chunks.len() as u64 * CHUNK_PAGES;
-        let written = self
-            .chunks
-            .values()
-            .flat_map(|chunk| chunk.iter())
-            .filter(|page| page.lock().is_written())
-            .count() as u64;
+        let (slots, written, _) = self.memory();
         (slots, written)
+    }
+
+    /// Page slots in memory (whole chunks), the pages of them written, and of
+    /// those the pages whose entries no other map shares in memory.
+    pub fn memory(&self) -> (u64, u64, u64) {
+        let slots = self.chunks.len() as u64 * CHUNK_PAGES;
+        let (mut written, mut alone) = (0, 0);
+        for page in self.chunks.values().flat_map(|chunk| chunk.iter()) {
+            if let Some(entries) = &page.lock().entries {
+                written += 1;
+                alone += u64::from(Arc::strong_count(entries) == 1);
+            }
+        }
+        (slots, written, alone)
     }
 
     /// Bytes of memory a chunk of slots takes.

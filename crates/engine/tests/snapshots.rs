@@ -242,3 +242,26 @@ fn clones_share_pages_until_written_and_a_shrink_leaves_them_to_the_other_tree()
     assert_eq!(read_all(&p, "b")[504 * BLOCK..], template[504 * BLOCK..]);
     audit_clean(&p);
 }
+
+#[test]
+fn a_snapshot_takes_no_memory_for_the_map_pages_it_shares() {
+    let t = create(64 << 20, None);
+    let p = t.pool().clone();
+    p.create_volume("vm", BLOCKS * BLOCK as u64)
+        .expect("create");
+    write_blocks(&p, "vm", 0, BLOCKS, 1);
+    let alone = p.list_volumes()[0].map_memory_bytes;
+    p.snapshot_volume("vm", "s").expect("snapshot");
+    let snapshot = &p.snapshots("vm").expect("list")[0];
+    assert_eq!(snapshot.map_pages, 4);
+    let vm = &p.list_volumes()[0];
+    assert!(
+        snapshot.map_memory_bytes < 4 * 4032 && vm.map_memory_bytes < 4 * 4032,
+        "shared entries are held once: volume {} bytes, snapshot {} bytes (alone: {alone})",
+        vm.map_memory_bytes,
+        snapshot.map_memory_bytes
+    );
+    // A write gives the volume a page of its own again.
+    write_blocks(&p, "vm", 0, 1, 99);
+    assert!(p.list_volumes()[0].map_memory_bytes >= 4032);
+}
