@@ -441,10 +441,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             }
         }
         VolumeCommand::Info { name, format } => {
-            let Some(volume) = list_volumes(pool_path)?
-                .into_iter()
-                .find(|v| v.name == name)
-            else {
+            // A snapshot, VOLUME@SNAPSHOT, is listed with its volume.
+            let candidates = match name.split_once('@') {
+                Some((of, _)) => list_snapshots(pool_path, of)?,
+                None => list_volumes(pool_path)?,
+            };
+            let Some(volume) = candidates.into_iter().find(|v| v.name == name) else {
                 bail!("no volume named '{name}' in this pool");
             };
             if format.json {

@@ -499,8 +499,7 @@ impl VolumeState {
             if !page.is_written() {
                 continue;
             }
-            out.gained
-                .extend(page.make_own(shares, dirty_pages));
+            out.gained.extend(page.make_own(shares, dirty_pages));
             for i in first..MAP_ENTRIES_PER_PAGE {
                 if page.get(i) != MapEntry::Unmapped {
                     let old = page.set(i, MapEntry::Unmapped, dirty_pages)?;

@@ -483,7 +483,10 @@ mod tests {
         assert_eq!(shares.referrers(at), 2);
         let mut mine = clone.get(3).unwrap().lock();
         assert!(mine.is_shared() && !mine.is_dirty());
-        assert!(mine.set(1, MapEntry::Zero, &dirty).is_err(), "shared: made own first");
+        assert!(
+            mine.set(1, MapEntry::Zero, &dirty).is_err(),
+            "shared: made own first"
+        );
         // Made its own: a new page, whose object gains a reference.
         assert_eq!(mine.make_own(&shares, &dirty), [ObjectId(4)]);
         assert!(mine.is_dirty() && mine.durable().is_none());
@@ -493,7 +496,11 @@ mod tests {
         // The source's page is its alone again: it keeps its durable copy, and a
         // delete frees it and drops its reference.
         let mut theirs = pages.get(3).unwrap().lock();
-        assert_eq!(theirs.get(1), MapEntry::Unmapped, "the change stayed in the clone");
+        assert_eq!(
+            theirs.get(1),
+            MapEntry::Unmapped,
+            "the change stayed in the clone"
+        );
         assert!(theirs.make_own(&shares, &dirty).is_empty());
         assert_eq!(theirs.durable(), at);
         assert_eq!(theirs.leave(&shares), (Some(at), vec![ObjectId(4)]));

@@ -451,7 +451,11 @@ fn a_damaged_volume_rolled_back_to_a_snapshot_reads_the_snapshot_whole() {
     let block = map_page_block(&image, id, PAGE);
     flip(&mut image, block);
     let (dev, pool) = open_image(image);
-    assert_eq!(pool.damaged_ranges().len(), 1, "only the volume's own copy failed");
+    assert_eq!(
+        pool.damaged_ranges().len(),
+        1,
+        "only the volume's own copy failed"
+    );
     pool.rollback_volume("a", "good").unwrap();
     assert!(pool.damaged_ranges().is_empty());
     model.insert(("a", lbn), 1_000_000 + lbn);
