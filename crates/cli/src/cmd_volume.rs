@@ -135,8 +135,9 @@ pub enum VolumeCommand {
     /// durable step: a crash leaves the volume as it was or as
     /// the snapshot, never without it. What only the volume's later writes held is
     /// freed; the snapshot is untouched. Refused while a client has the volume open.
-    /// The volume keeps its name, what it reserves (thick, thin, --reserve) and its
-    /// allow list.
+    /// The volume keeps its name, its snapshots, what it reserves (thick, thin,
+    /// --reserve) and its allow list. It takes the snapshot's block-map pages
+    /// without copying them, so the step costs the same at any size.
     Rollback {
         /// The volume to roll back.
         name: String,
@@ -154,7 +155,8 @@ pub enum VolumeCommand {
     Diff {
         /// The volume.
         name: String,
-        /// The snapshot (a clone taken earlier, or any other volume).
+        /// The snapshot: the volume's own (`volume snapshot`), else any volume or
+        /// VOLUME@SNAPSHOT (a clone taken earlier will do).
         #[arg(long = "from")]
         from: String,
         /// JSON: a list of {"offset", "length"} in bytes.
@@ -439,10 +441,12 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             }
         }
         VolumeCommand::Info { name, format } => {
-            let Some(volume) = list_volumes(pool_path)?
-                .into_iter()
-                .find(|v| v.name == name)
-            else {
+            // A snapshot, VOLUME@SNAPSHOT, is listed with its volume.
+            let candidates = match name.split_once('@') {
+                Some((of, _)) => list_snapshots(pool_path, of)?,
+                None => list_volumes(pool_path)?,
+            };
+            let Some(volume) = candidates.into_iter().find(|v| v.name == name) else {
                 bail!("no volume named '{name}' in this pool");
             };
             if format.json {

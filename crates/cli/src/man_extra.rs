@@ -178,13 +178,25 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             PLAIN,
             &[("Rename (and re-export) vm2:", "fewerbytes --pool vms.pool volume rename vm2 web1")],
         ),
+        "volume snapshot" | "volume snapshot create" => (
+            PLAIN,
+            &[("A snapshot of vm1 before an upgrade, read over NBD as vm1@before:", "fewerbytes --pool vms.pool volume snapshot vm1 before")],
+        ),
+        "volume snapshot list" => (
+            PLAIN,
+            &[("The snapshots of vm1, as JSON:", "fewerbytes --pool vms.pool volume snapshot list vm1 --json")],
+        ),
+        "volume snapshot delete" => (
+            PLAIN,
+            &[("Delete vm1's snapshot before, freeing what only it held:", "fewerbytes --pool vms.pool volume snapshot delete vm1 before")],
+        ),
         "volume rollback" => (
             PLAIN,
-            &[("A snapshot before an upgrade, and back to it:", "fewerbytes --pool vms.pool volume clone vm1 vm1.before --thin && fewerbytes --pool vms.pool volume rollback vm1 vm1.before")],
+            &[("A snapshot before an upgrade, and back to it:", "fewerbytes --pool vms.pool volume snapshot vm1 before && fewerbytes --pool vms.pool volume rollback vm1 before")],
         ),
         "volume diff" => (
             PLAIN,
-            &[("What changed in vm1 since the snapshot vm1.monday:", "fewerbytes --pool vms.pool volume diff vm1 --from vm1.monday")],
+            &[("What changed in vm1 since its snapshot monday:", "fewerbytes --pool vms.pool volume diff vm1 --from monday")],
         ),
         "volume delete" => (
             PLAIN,

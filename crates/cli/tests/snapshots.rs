@@ -91,6 +91,11 @@ fn a_snapshot_taken_while_served_is_read_only_over_nbd_and_rolls_back() {
     ));
     assert_eq!(list[0]["name"], "vm@monday", "{list}");
     assert_eq!(list[0]["snapshot_of"], "vm", "{list}");
+    let info = json(&fewerbytes_ok(
+        &server.pool,
+        &["volume", "info", "vm@monday", "--json"],
+    ));
+    assert_eq!(info["logical_used_bytes"], 8 << 20, "{info}");
 
     // What changed since Monday, by the snapshot's short name.
     let ran = python_nbd(DIRTY_PY, &[&uri, "monday"]);

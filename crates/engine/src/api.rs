@@ -329,8 +329,9 @@ pub struct VolumeInfo {
     /// more because the volume is large.
     #[serde(default)]
     pub map_pages: u64,
-    /// Bytes of memory the block map takes: its pages' entries and the chunks of
-    /// page slots that hold them.
+    /// Bytes of memory the block map takes: the entries of the pages it alone holds
+    /// and the chunks of page slots (entries shared in memory with a snapshot or a
+    /// clone count in neither: `PoolInfo::shared_map_pages`, 4,032 bytes each).
     #[serde(default)]
     pub map_memory_bytes: u64,
     /// Limited to the TLS identities of the pool's allow list (`volume allow`).

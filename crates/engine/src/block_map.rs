@@ -309,12 +309,14 @@ impl VolumeState {
         }
     }
 
-    /// The block map's memory: the pages written (each holds its entries), and the
-    /// bytes those entries and the chunks of page slots take.
+    /// The block map's memory: the pages written, and the bytes its chunks of page
+    /// slots and the entries it alone holds take (entries shared in memory with a
+    /// snapshot's or a clone's page count in neither: the pool's
+    /// `shared_map_pages` counts them).
     pub fn map_memory(&self) -> (u64, u64) {
-        let (slots, written) = self.pages.read().in_memory();
+        let (slots, written, alone) = self.pages.read().memory();
         let bytes = slots / crate::map_pages::CHUNK_PAGES * MapPages::chunk_bytes()
-            + written * (MAP_ENTRIES_PER_PAGE * 8) as u64;
+            + alone * (MAP_ENTRIES_PER_PAGE * 8) as u64;
         (written, bytes)
     }
 
@@ -497,8 +499,7 @@ impl VolumeState {
             if !page.is_written() {
                 continue;
             }
-            out.gained
-                .extend(page.make_own(shares, dirty_pages));
+            out.gained.extend(page.make_own(shares, dirty_pages));
             for i in first..MAP_ENTRIES_PER_PAGE {
                 if page.get(i) != MapEntry::Unmapped {
                     let old = page.set(i, MapEntry::Unmapped, dirty_pages)?;
@@ -530,8 +531,12 @@ impl VolumeState {
 
     /// Leave every page of the map (a delete, a rollback): the durable copies no
     /// other tree reaches, to free, and the objects whose references to drop, once
-    /// per entry. The map is empty after.
+    /// per entry (a damaged page's are unknown: a leak `check --repair` frees). The
+    /// map is empty after, and so is its list of damaged ranges.
     pub(crate) fn leave_map(&self, shares: &Shares) -> (Vec<PageRef>, Vec<ObjectId>) {
+        self.damage.write().clear();
+        self.damaged.store(false, Ordering::Release);
+        self.cleared_dirs.lock().clear();
         let mut free = Vec::new();
         let mut released = Vec::new();
         let mut pages = self.pages.write();

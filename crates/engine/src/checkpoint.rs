@@ -37,7 +37,8 @@ use fewerbytes_format::page::{
     TWIN_REF_BYTES,
 };
 use fewerbytes_format::superblock::{
-    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_SHARED_MAPS, FLAG_UPGRADED_FROM_V1, MAX_CATALOG_PAGES_V2,
+    SuperBlock, FLAG_DATA_REGION_PAGES, FLAG_SHARED_MAPS, FLAG_UPGRADED_FROM_V1,
+    MAX_CATALOG_PAGES_V2,
 };
 use fewerbytes_format::{Writer, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use parking_lot::RwLockWriteGuard;

@@ -17,6 +17,7 @@ use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
 use crate::map_damage::LostPage;
+use crate::map_pages::Entries;
 use crate::page_read::{page_place, read_page};
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
@@ -30,7 +31,6 @@ use fewerbytes_format::page::{
 };
 use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_JOURNAL_COMMITS};
 use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
-use crate::map_pages::Entries;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -229,7 +229,11 @@ pub(crate) fn load_catalog(inner: &Inner) -> Result<Catalog> {
             format!(
                 "the catalog {} lineages but the super block's flag bit 7 (shared map \
                  pages) is {}",
-                if catalog.has_lineage() { "carries" } else { "carries no" },
+                if catalog.has_lineage() {
+                    "carries"
+                } else {
+                    "carries no"
+                },
                 if flagged { "set" } else { "clear" }
             ),
         ));

@@ -8,6 +8,7 @@
 //! or a backup reads them and meets the damage's error rather than skip them.
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
+use crate::map_pages::MapPages;
 use crate::{BlockSource, ChangedExtent};
 use fewerbytes_format::BLOCK_BYTES;
 
@@ -85,6 +86,8 @@ pub(crate) fn changed_extents(
                 to = to.min(first.max(lbn + 1) * BLOCK);
             }
             (false, to)
+        } else if let Some(to) = same_page([vol, old], [&pages, &old_pages], p, lbn, end) {
+            (false, to)
         } else {
             let was = if lbn < old_blocks {
                 old.get(lbn)
@@ -107,6 +110,31 @@ pub(crate) fn changed_extents(
         at = run_end;
     }
     out
+}
+
+/// When page `p` of `vol` and of `old` hold the same entries in memory (a page a
+/// snapshot or clone shares, neither changed since), with no damage over it: where
+/// the unchanged run from `lbn` ends (the page's end, or `end`). One comparison
+/// per shared page, so a diff's work follows the pages changed. Each page's lock is
+/// taken alone; the maps' locks are the caller's.
+fn same_page(
+    [vol, old]: [&VolumeState; 2],
+    [pages, old_pages]: [&MapPages; 2],
+    p: u64,
+    lbn: u64,
+    end: u64,
+) -> Option<u64> {
+    let to = ((p + 1) * ENTRIES_PER_PAGE * BLOCK).min(end);
+    let to_lbn = to.div_ceil(BLOCK);
+    if to_lbn > old.size_blocks()
+        || vol.damage_in(lbn, to_lbn).is_some()
+        || old.damage_in(lbn, to_lbn).is_some()
+    {
+        return None;
+    }
+    let mine = pages.get(p)?.lock().shared_entries()?;
+    let theirs = old_pages.get(p)?.lock().shared_entries()?;
+    std::sync::Arc::ptr_eq(&mine, &theirs).then_some(to)
 }
 
 /// The runs of blocks of `vol`, whole, whose entries differ from `base`'s, in order,

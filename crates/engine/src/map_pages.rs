@@ -123,6 +123,12 @@ impl MapPage {
         self.objects()
     }
 
+    /// The page's entries as held in memory (shared with the pages of other trees
+    /// that reach the same durable copy), if it was ever written.
+    pub fn shared_entries(&self) -> Option<Entries> {
+        self.entries.clone()
+    }
+
     /// The objects the page's entries name, once per entry.
     pub fn objects(&self) -> Vec<ObjectId> {
         self.entries
@@ -332,14 +338,22 @@ impl MapPages {
 
     /// Page slots in memory (whole chunks), and the pages of them written.
     pub fn in_memory(&self) -> (u64, u64) {
-        let slots = self.chunks.len() as u64 * CHUNK_PAGES;
-        let written = self
-            .chunks
-            .values()
-            .flat_map(|chunk| chunk.iter())
-            .filter(|page| page.lock().is_written())
-            .count() as u64;
+        let (slots, written, _) = self.memory();
         (slots, written)
+    }
+
+    /// Page slots in memory (whole chunks), the pages of them written, and of
+    /// those the pages whose entries no other map shares in memory.
+    pub fn memory(&self) -> (u64, u64, u64) {
+        let slots = self.chunks.len() as u64 * CHUNK_PAGES;
+        let (mut written, mut alone) = (0, 0);
+        for page in self.chunks.values().flat_map(|chunk| chunk.iter()) {
+            if let Some(entries) = &page.lock().entries {
+                written += 1;
+                alone += u64::from(Arc::strong_count(entries) == 1);
+            }
+        }
+        (slots, written, alone)
     }
 
     /// Bytes of memory a chunk of slots takes.
@@ -469,7 +483,10 @@ mod tests {
         assert_eq!(shares.referrers(at), 2);
         let mut mine = clone.get(3).unwrap().lock();
         assert!(mine.is_shared() && !mine.is_dirty());
-        assert!(mine.set(1, MapEntry::Zero, &dirty).is_err(), "shared: made own first");
+        assert!(
+            mine.set(1, MapEntry::Zero, &dirty).is_err(),
+            "shared: made own first"
+        );
         // Made its own: a new page, whose object gains a reference.
         assert_eq!(mine.make_own(&shares, &dirty), [ObjectId(4)]);
         assert!(mine.is_dirty() && mine.durable().is_none());
@@ -479,7 +496,11 @@ mod tests {
         // The source's page is its alone again: it keeps its durable copy, and a
         // delete frees it and drops its reference.
         let mut theirs = pages.get(3).unwrap().lock();
-        assert_eq!(theirs.get(1), MapEntry::Unmapped, "the change stayed in the clone");
+        assert_eq!(
+            theirs.get(1),
+            MapEntry::Unmapped,
+            "the change stayed in the clone"
+        );
         assert!(theirs.make_own(&shares, &dirty).is_empty());
         assert_eq!(theirs.durable(), at);
         assert_eq!(theirs.leave(&shares), (Some(at), vec![ObjectId(4)]));

@@ -90,7 +90,10 @@ mod tests {
             ..PageRef::NONE
         };
         let shares = Shares::default();
-        assert!(!shares.leave(at), "a page no other tree reaches is the leaver's");
+        assert!(
+            !shares.leave(at),
+            "a page no other tree reaches is the leaver's"
+        );
         shares.join(at);
         shares.join(at);
         assert_eq!(shares.referrers(at), 3);

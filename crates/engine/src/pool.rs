@@ -968,7 +968,9 @@ impl Pool {
     /// a send stream keeps the sender's; 0 is refused).
     pub fn snapshot_volume_as(&self, name: &str, snapshot: &str, guid: u64) -> Result<VolumeInfo> {
         if guid == 0 {
-            return Err(EngineError::Refused("a snapshot's identity is never 0".into()));
+            return Err(EngineError::Refused(
+                "a snapshot's identity is never 0".into(),
+            ));
         }
         crate::volume_ops::snapshot(&self.inner, name, snapshot, Some(guid))
     }

@@ -59,7 +59,8 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         damaged_ranges: v.damaged_ranges(),
         snapshot_of: v.origin().map(|_| {
             let full = inner.volumes.full_name(v);
-            full.split_once('@').map_or(full.clone(), |(of, _)| of.to_string())
+            full.split_once('@')
+                .map_or(full.clone(), |(of, _)| of.to_string())
         }),
         created: u64::from(v.created()),
         guid: (v.guid() != 0).then(|| format!("{:016x}", v.guid())),
@@ -299,8 +300,11 @@ pub(crate) fn resize(
                 human_bytes(size_bytes)
             )));
         }
-        let unmapped =
-            vol.unmap_from(size_blocks, i.volumes.shares(), i.checkpointer.dirty_pages())?;
+        let unmapped = vol.unmap_from(
+            size_blocks,
+            i.volumes.shares(),
+            i.checkpointer.dirty_pages(),
+        )?;
         i.checkpointer
             .free_after_next(unmapped.retired.iter().flat_map(page_addresses));
         i.depot.add_references(&i.devices, &unmapped.gained)?;
@@ -456,9 +460,7 @@ pub(crate) fn snapshot(
     vol.set_limited(source.limited());
     let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &copied)?;
-    i.volumes
-        .reservations()
-        .set(vol.id(), Provisioning::THIN);
+    i.volumes.reservations().set(vol.id(), Provisioning::THIN);
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))

@@ -174,9 +174,8 @@ impl Volumes {
         guid: u64,
     ) -> Result<Arc<VolumeState>> {
         let vol = self.make(name, size_blocks)?;
-        let vol = Arc::into_inner(vol).ok_or_else(|| {
-            EngineError::Invariant("a volume just made is held elsewhere".into())
-        })?;
+        let vol = Arc::into_inner(vol)
+            .ok_or_else(|| EngineError::Invariant("a volume just made is held elsewhere".into()))?;
         // Only a snapshot records when it was made (what replication compares), so
         // a pool without snapshots or shared pages keeps the plain catalog.
         let now = std::time::SystemTime::now()

@@ -431,3 +431,39 @@ fn a_volume_with_a_damaged_range_can_be_deleted_and_its_leak_is_repaired() {
     assert!(audit.problems.is_empty(), "{:?}", audit.problems);
     pool.close().unwrap();
 }
+
+/// A volume whose map page is damaged, rolled back to a snapshot taken before the
+/// page changed (so the snapshot reaches its own, good copy), reads the snapshot
+/// whole: the rollback leaves the damaged page and its range with the old map.
+#[test]
+fn a_damaged_volume_rolled_back_to_a_snapshot_reads_the_snapshot_whole() {
+    let (mut t, mut model) = two_volumes();
+    let id = volume_id(t.pool(), "a");
+    t.pool().snapshot_volume("a", "good").unwrap();
+    // The volume makes the page its own: a new copy the snapshot does not reach.
+    let lbn = PAGE * PER_PAGE + 3;
+    write(t.pool(), &mut model, "a", lbn, 3_000_000);
+    t.pool.take().unwrap().close().unwrap();
+    t.open();
+    checkpoint(t.pool());
+    t.pool.take().unwrap().close().unwrap();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let block = map_page_block(&image, id, PAGE);
+    flip(&mut image, block);
+    let (dev, pool) = open_image(image);
+    assert_eq!(
+        pool.damaged_ranges().len(),
+        1,
+        "only the volume's own copy failed"
+    );
+    pool.rollback_volume("a", "good").unwrap();
+    assert!(pool.damaged_ranges().is_empty());
+    model.insert(("a", lbn), 1_000_000 + lbn);
+    verify(&pool, &model, 0..0, "rolled back");
+    assert_no_count_below_its_references(&pool.audit().problems, "rolled back");
+    pool.close().unwrap();
+    let (_dev, pool) = open_image(dev.crash_image(CrashMode::KeepAll));
+    verify(&pool, &model, 0..0, "reopened");
+    assert_no_count_below_its_references(&pool.audit().problems, "reopened");
+    pool.close().unwrap();
+}

@@ -274,7 +274,7 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
                 p.snapshot_volume(&name(vol), &format!("s{snap}")).unwrap();
                 model.snaps.insert((vol, snap), model.vols[&vol].clone());
                 model.durable(); // volume operations checkpoint everything
-                // A snapshot is never written.
+                                 // A snapshot is never written.
                 let s = p.open_volume(&snap_name(vol, snap)).unwrap();
                 assert!(s.write(0, &[1u8; 512], false).is_err());
                 assert!(s.trim(0, BLOCK as u64, false).is_err());
@@ -360,7 +360,10 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
             .unwrap()
             .read(0, &mut got)
             .unwrap();
-        assert!(got == *bytes, "snapshot {vol}@{snap} differs from the model");
+        assert!(
+            got == *bytes,
+            "snapshot {vol}@{snap} differs from the model"
+        );
     }
     let audit = p.audit();
     assert!(audit.problems.is_empty(), "audit: {:?}", audit.problems);

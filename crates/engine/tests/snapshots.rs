@@ -70,7 +70,10 @@ fn a_snapshot_keeps_its_point_in_time_and_writes_no_map_page() {
         "taking a snapshot wrote block-map pages: its cost follows the volume's size"
     );
     assert_eq!(p.info().shared_map_pages, 4);
-    assert!(p.info().shared_maps, "flag bit 7 is set while pages are shared");
+    assert!(
+        p.info().shared_maps,
+        "flag bit 7 is set while pages are shared"
+    );
     p.delete_volume("vm@first", false).expect("delete");
     let at_snapshot = read_all(&p, "vm");
 
@@ -123,11 +126,21 @@ fn a_snapshot_is_never_written_and_its_volume_is_not_deleted_under_it() {
         );
     }
     drop(snap);
-    assert!(p.resize_volume("vm@s", 2 * BLOCKS * BLOCK as u64, false).is_err());
+    assert!(p
+        .resize_volume("vm@s", 2 * BLOCKS * BLOCK as u64, false)
+        .is_err());
     assert!(p.rename_volume("vm@s", "other").is_err());
-    assert!(p.snapshot_volume("vm", "s").is_err(), "a second snapshot named s");
-    assert!(p.snapshot_volume("vm@s", "t").is_err(), "a snapshot of a snapshot");
-    let refused = p.delete_volume("vm", false).expect_err("a volume with snapshots");
+    assert!(
+        p.snapshot_volume("vm", "s").is_err(),
+        "a second snapshot named s"
+    );
+    assert!(
+        p.snapshot_volume("vm@s", "t").is_err(),
+        "a snapshot of a snapshot"
+    );
+    let refused = p
+        .delete_volume("vm", false)
+        .expect_err("a volume with snapshots");
     assert!(refused.to_string().contains("snapshot"), "{refused}");
     // A clone of the snapshot is a volume like any other.
     p.clone_volume("vm@s", "copy").expect("clone of a snapshot");
@@ -189,7 +202,11 @@ fn a_rollback_to_its_own_snapshot_keeps_the_volume_and_its_snapshots() {
     drop(open);
     let info = p.rollback_volume("vm", "s").expect("rollback");
     assert_eq!(info.id, id, "the volume keeps its id");
-    assert_eq!(info.size_bytes, BLOCKS * BLOCK as u64, "and takes the snapshot's size");
+    assert_eq!(
+        info.size_bytes,
+        BLOCKS * BLOCK as u64,
+        "and takes the snapshot's size"
+    );
     assert_eq!(read_all(&p, "vm"), at_snapshot);
     assert_eq!(p.info().shared_map_pages, 4, "every page shared again");
     audit_clean(&p);
@@ -198,7 +215,14 @@ fn a_rollback_to_its_own_snapshot_keeps_the_volume_and_its_snapshots() {
     let p = t.pool().clone();
     assert_eq!(read_all(&p, "vm"), at_snapshot);
     assert_eq!(read_all(&p, "vm@s"), at_snapshot);
-    assert_eq!(p.changed_extents("vm", "s").expect("diff").iter().filter(|r| r.changed).count(), 0);
+    assert_eq!(
+        p.changed_extents("vm", "s")
+            .expect("diff")
+            .iter()
+            .filter(|r| r.changed)
+            .count(),
+        0
+    );
     audit_clean(&p);
 }
 
@@ -241,4 +265,27 @@ fn clones_share_pages_until_written_and_a_shrink_leaves_them_to_the_other_tree()
     let p = t.pool().clone();
     assert_eq!(read_all(&p, "b")[504 * BLOCK..], template[504 * BLOCK..]);
     audit_clean(&p);
+}
+
+#[test]
+fn a_snapshot_takes_no_memory_for_the_map_pages_it_shares() {
+    let t = create(64 << 20, None);
+    let p = t.pool().clone();
+    p.create_volume("vm", BLOCKS * BLOCK as u64)
+        .expect("create");
+    write_blocks(&p, "vm", 0, BLOCKS, 1);
+    let alone = p.list_volumes()[0].map_memory_bytes;
+    p.snapshot_volume("vm", "s").expect("snapshot");
+    let snapshot = &p.snapshots("vm").expect("list")[0];
+    assert_eq!(snapshot.map_pages, 4);
+    let vm = &p.list_volumes()[0];
+    assert!(
+        snapshot.map_memory_bytes < 4 * 4032 && vm.map_memory_bytes < 4 * 4032,
+        "shared entries are held once: volume {} bytes, snapshot {} bytes (alone: {alone})",
+        vm.map_memory_bytes,
+        snapshot.map_memory_bytes
+    );
+    // A write gives the volume a page of its own again.
+    write_blocks(&p, "vm", 0, 1, 99);
+    assert!(p.list_volumes()[0].map_memory_bytes >= 4032);
 }

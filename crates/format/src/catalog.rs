@@ -185,12 +185,9 @@ impl Catalog {
     /// pages under another's lineage, or is a snapshot.
     pub fn has_lineage(&self) -> bool {
         self.version >= FORMAT_VERSION
-            && self
-                .volumes
-                .iter()
-                .any(|v| {
-                    v.lineage != v.id || v.origin != 0 || v.snapshot || v.created != 0 || v.guid != 0
-                })
+            && self.volumes.iter().any(|v| {
+                v.lineage != v.id || v.origin != 0 || v.snapshot || v.created != 0 || v.guid != 0
+            })
     }
 
     /// Encoded size in bytes.

@@ -339,8 +339,9 @@ impl SuperBlock {
         if version == FORMAT_VERSION_2 && flags & FLAG_SHARED_MAPS != 0 {
             return Err(FormatError::Invalid {
                 what,
-                reason: "a version-2 super block with shared map pages (flag bit 7, version 3 only)"
-                    .into(),
+                reason:
+                    "a version-2 super block with shared map pages (flag bit 7, version 3 only)"
+                        .into(),
             });
         }
         check_compression(what, compression, compression_level)?;

@@ -433,7 +433,8 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
         if rec.model.ops.iter().any(|o| {
             o.start < at
                 && at < o.end
-                && (o.what.starts_with("snapshot ") || o.what.starts_with("delete ") && o.what.contains('@'))
+                && (o.what.starts_with("snapshot ")
+                    || o.what.starts_with("delete ") && o.what.contains('@'))
         }) {
             tally.in_snapshot.fetch_add(1, Ordering::Relaxed);
         }

@@ -585,7 +585,8 @@ impl Workload<'_> {
                 return;
             }
             let op = self.run(&format!("roll {name} back to {snapshot}"), true, |op| {
-                pool.rollback_volume(name, "s").expect("rollback to a snapshot");
+                pool.rollback_volume(name, "s")
+                    .expect("rollback to a snapshot");
                 op
             });
             self.model.clone_volume(op, &snapshot, name);
