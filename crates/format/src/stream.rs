@@ -221,12 +221,7 @@ impl StreamHeader {
                     format!("the base identity field holds {found:#x} without flag bit 3"),
                 ))
             }
-            (true, 0) => {
-                return Err(invalid(
-                    WHAT_HEADER,
-                    "a base snapshot of identity 0".into(),
-                ))
-            }
+            (true, 0) => return Err(invalid(WHAT_HEADER, "a base snapshot of identity 0".into())),
             (true, guid) => Some(guid),
         };
         if guid.is_some() && flags & FLAG_INCREMENTAL == 0 {
@@ -494,7 +489,9 @@ impl RecordHead {
             KIND_OFFER => OFFER_DIGEST_BYTES..=PAYLOAD_BYTES_MAX,
             KIND_POOL_REF => OFFER_DIGEST_BYTES..=OFFER_DIGEST_BYTES,
             KIND_OFFERS_END => 8..=8,
-            KIND_SNAPSHOT => SNAPSHOT_GUID_BYTES + 1..=SNAPSHOT_GUID_BYTES + crate::catalog::MAX_NAME_BYTES,
+            KIND_SNAPSHOT => {
+                SNAPSHOT_GUID_BYTES + 1..=SNAPSHOT_GUID_BYTES + crate::catalog::MAX_NAME_BYTES
+            }
             kind => {
                 // A damaged kind byte is told apart from a new kind by the checksum,
                 // which the caller has not read yet: both are refused here.
@@ -860,12 +857,7 @@ mod tests {
         assert_eq!(decode(&bytes, &h).unwrap(), snapshot);
         // Only as record 0 of a stream that says it has one, with a name and an identity.
         assert!(decode(&bytes, &header()).is_err());
-        let refused = [
-            (1, "s2", 1),
-            (0, "s2", 0),
-            (0, "a@b", 1),
-            (0, "-x", 1),
-        ];
+        let refused = [(1, "s2", 1), (0, "s2", 0), (0, "a@b", 1), (0, "-x", 1)];
         for (position, name, guid) in refused {
             let mut bytes = Vec::new();
             Record {
