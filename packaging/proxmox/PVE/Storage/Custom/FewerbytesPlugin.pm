@@ -194,13 +194,27 @@ my sub pool_volumes {
 # ---------------------------------------------------------------------------------
 # Names
 
+# A Proxmox snapshot's name in the pool. A pool name starts with a letter or a digit
+# (a leading - would read as an option), and replication's `__replicate_JOB_TIME__`
+# does not: such a name gets the prefix `p.`, which no Proxmox name can hold (it has
+# no `.`), so the mapping goes both ways.
+my sub pool_snap {
+    my ($snap) = @_;
+    return $snap =~ m/^[A-Za-z0-9]/ ? $snap : "p.$snap";
+}
+
+my sub pve_snap {
+    my ($snap) = @_;
+    return $snap =~ s/^p\.//r;
+}
+
 # The pool volume holding a Proxmox volume; with $snap, the name of its snapshot SNAP
 # (`VOLUME@SNAP`), or with $legacy that of an older plugin's clone (`snap:SNAP:VOLUME`).
 my sub pool_name {
     my ($volname, $snap, $legacy) = @_;
     my $name = $volname =~ s|/|+|r;
     return $name if !defined($snap);
-    return $legacy ? "snap:$snap:$name" : "$name\@$snap";
+    return $legacy ? "snap:$snap:$name" : "$name\@" . pool_snap($snap);
 }
 
 # The snapshots of pool volume $name, oldest first (a pool's volume ids grow): its
@@ -218,7 +232,7 @@ my sub snapshot_list {
         die "volume snapshot list $name gave '$snapshot->{name}'\n"
             if $of ne $name || !defined($snap);
         push @snaps, {
-            snap => $snap,
+            snap => pve_snap($snap),
             pool_name => $snapshot->{name},
             id => $snapshot->{id},
             guid => $snapshot->{guid} // die("snapshot '$snapshot->{name}' has no guid\n"),
@@ -443,7 +457,7 @@ sub free_image {
         if ($snapshot->{legacy}) {
             fewerbytes($scfg, 'volume', 'delete', $snapshot->{pool_name});
         } else {
-            fewerbytes($scfg, 'volume', 'snapshot', 'delete', $name, $snapshot->{snap});
+            fewerbytes($scfg, 'volume', 'snapshot', 'delete', $name, pool_snap($snapshot->{snap}));
         }
     }
     fewerbytes($scfg, 'volume', 'delete', $name);
@@ -543,7 +557,7 @@ sub rename_volume {
 
 sub volume_snapshot {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
-    fewerbytes($scfg, 'volume', 'snapshot', pool_name($volname), $snap);
+    fewerbytes($scfg, 'volume', 'snapshot', pool_name($volname), pool_snap($snap));
     return undef;
 }
 
@@ -554,7 +568,7 @@ sub volume_snapshot_delete {
     if ($found->{legacy}) {
         fewerbytes($scfg, 'volume', 'delete', $found->{pool_name});
     } else {
-        fewerbytes($scfg, 'volume', 'snapshot', 'delete', pool_name($volname), $snap);
+        fewerbytes($scfg, 'volume', 'snapshot', 'delete', pool_name($volname), pool_snap($snap));
     }
     return undef;
 }
@@ -566,7 +580,7 @@ sub volume_snapshot_rollback {
     # One durable step (a crash leaves the disk as it was or as the snapshot), refused
     # while a VM has the disk open; the disk keeps its id and every snapshot.
     fewerbytes($scfg, 'volume', 'rollback', pool_name($volname),
-        $found->{legacy} ? $found->{pool_name} : $snap);
+        $found->{legacy} ? $found->{pool_name} : pool_snap($snap));
     return undef;
 }
 
@@ -581,7 +595,7 @@ sub volume_snapshot_info {
     my $info = {};
     for my $snapshot (fewerbytes_json($scfg, 'volume', 'snapshot', 'list', $name)->@*) {
         my (undef, $snap) = split(/\@/, $snapshot->{name}, 2);
-        $info->{$snap} = { id => $snapshot->{guid}, timestamp => $snapshot->{created} };
+        $info->{pve_snap($snap)} = { id => $snapshot->{guid}, timestamp => $snapshot->{created} };
     }
     return $info;
 }
@@ -866,7 +880,7 @@ my sub stream_import {
             # this import, whose writes --force discards), or a new disk.
             receive_part($scfg, $fh, $disk, $what, @from, ($disk_exists ? ('--force') : ()));
             push @made, ['volume', 'delete', $disk] if !$disk_exists;
-            push @made, ['volume', 'snapshot', 'delete', $disk, $snap] if defined($snap);
+            push @made, ['volume', 'snapshot', 'delete', $disk, pool_snap($snap)] if defined($snap);
             $disk_current = 1;
         }
         # An export of a snapshot's moment ends with that snapshot: the disk takes
