@@ -237,14 +237,17 @@ pub enum VolumeCommand {
     ///
     /// Each distinct block goes once (later copies as references), compressed with the
     /// pool's codec; with --from, only the blocks whose map entries differ from BASE's
-    /// (a clone taken earlier, which the receiving pool also holds). A served pool is
-    /// read by its server, the stream coming over the control socket. docs/stream.md
-    /// has the format.
+    /// (a snapshot or a clone taken earlier, which the receiving pool also holds). A
+    /// snapshot (VOLUME@SNAPSHOT) sent carries its identity, and the receiver makes
+    /// the same snapshot. A served pool is read by its server, the stream coming over
+    /// the control socket. docs/stream.md has the format.
     Send {
-        /// Volume name.
+        /// Volume name, or VOLUME@SNAPSHOT.
         name: String,
-        /// Send only what changed since BASE, a volume of this pool the receiver holds
-        /// with the same content (checked by its size and a digest of its bytes).
+        /// Send only what changed since BASE: a snapshot of the volume (its short
+        /// name, as `volume diff` takes it; named by its identity), or a volume the
+        /// receiver holds with the same content (checked by its size and a digest of
+        /// its bytes).
         #[arg(long, value_name = "BASE")]
         from: Option<String>,
         /// Send only the records a cut-short receive lacks: the token it printed.
@@ -261,11 +264,14 @@ pub enum VolumeCommand {
     /// The volume is built as NAME:receiving and renamed to NAME once the stream's end
     /// record checked out; a cut-short or damaged stream leaves that partial volume
     /// and its progress (`<pool>.receive.NAME.json`) for --resume, or --abandon. An
-    /// incremental stream starts from a clone of its base, refused unless the base's
-    /// size and content digest are the sender's. A served pool takes the stream
-    /// through its server's control socket.
+    /// incremental stream starts from a clone of its base, refused unless the base is
+    /// the sender's (a snapshot: the same identity; a volume: the same size and content
+    /// digest). A stream from one of NAME's snapshots updates an existing NAME in
+    /// place; a snapshot's stream makes NAME@SNAPSHOT with the sender's identity. A
+    /// served pool takes the stream through its server's control socket.
     Receive {
-        /// The new volume's name.
+        /// The new volume's name (or an existing one, updated in place by a stream
+        /// from one of its snapshots).
         name: String,
         /// The base of an incremental stream, when not the name the stream carries.
         #[arg(long, value_name = "BASE", conflicts_with = "abandon")]
@@ -286,6 +292,10 @@ pub enum VolumeCommand {
             conflicts_with = "abandon"
         )]
         negotiate_with: Vec<String>,
+        /// Into an existing NAME (a stream from one of its snapshots): discard what
+        /// was written to NAME since that snapshot, instead of refusing.
+        #[arg(long, conflicts_with = "abandon")]
+        force: bool,
         #[command(flatten)]
         reserve: ReserveArgs,
     },
@@ -624,6 +634,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             resume,
             abandon,
             negotiate_with,
+            force,
             reserve,
         } => crate::receive::receive(
             pool_path,
@@ -633,6 +644,7 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
                 resume,
                 abandon,
                 negotiate_with,
+                force,
                 provisioning: reserve.provisioning(),
             },
         )?,

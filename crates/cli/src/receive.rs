@@ -60,6 +60,20 @@ struct Saved {
     /// The local base of an incremental stream: base references read it, and a
     /// resume checks it again.
     base: Option<String>,
+    /// The stream updates the existing volume NAME (its base is one of NAME's
+    /// snapshots): at the end NAME is rolled to the partial volume, not made.
+    #[serde(default)]
+    onto: bool,
+    /// The snapshot the stream carries (record 0): made of NAME at the end.
+    #[serde(default)]
+    snapshot: Option<SavedSnapshot>,
+}
+
+/// A snapshot a stream carries: its name within the volume and its identity.
+#[derive(Serialize, Deserialize, Clone)]
+struct SavedSnapshot {
+    name: String,
+    guid: u64,
 }
 
 /// Where a receive into `name` keeps its progress.
@@ -141,6 +155,10 @@ pub struct ReceiveRequest {
     /// Two-way mode: the volumes whose blocks answer the sender's offers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub negotiate_with: Vec<String>,
+    /// Updating NAME in place: discard what was written to it since its base
+    /// snapshot (refused otherwise).
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Receive a stream from stdin into a new volume: through the server's control
@@ -187,7 +205,7 @@ pub fn receive_into_pool(
     let saved_path = progress_path(pool_path, name)?;
     let saved = read_saved(&saved_path)?;
     {
-        let exists = |n: &str| pool.list_volumes().iter().any(|v| v.name == n);
+        let exists = |n: &str| pool.volume_sizes().iter().any(|(v, _)| v == n);
         if abandon {
             if exists(&partial) {
                 pool.delete_volume(&partial, false)?;
@@ -197,9 +215,6 @@ pub fn receive_into_pool(
                     .with_context(|| format!("could not remove {}", saved_path.display()))?;
             }
             return Ok(format!("Interrupted receive of '{name}' discarded."));
-        }
-        if exists(name) {
-            bail!("a volume named '{name}' already exists: receive into a new name");
         }
         if !resume && (saved.is_some() || exists(&partial)) {
             bail!(
@@ -235,13 +250,20 @@ pub fn receive_into_pool(
             ),
             Some(saved) if exists(&saved.partial) => {
                 // The base is read by base references: it must still be the sender's.
-                check_base(pool, &header, saved.base.as_deref())?;
+                check_base(pool, &header, saved.base.as_deref(), name)?;
+                if !saved.onto && exists(name) {
+                    bail!("a volume named '{name}' was made since the receive began");
+                }
                 saved
             }
             // The progress file was written before the volume was made, or the
             // volume was deleted since: begin again.
             _ => {
-                let base = check_base(pool, &header, from)?;
+                let base = check_base(pool, &header, from, name)?;
+                let onto = exists(name);
+                if onto {
+                    check_onto(pool, name, base.as_deref(), request.force)?;
+                }
                 let saved = Saved {
                     header: hex(&header_bytes),
                     partial: partial.clone(),
@@ -253,6 +275,8 @@ pub fn receive_into_pool(
                     pool_ref_blocks: 0,
                     zero_blocks: 0,
                     base: base.clone(),
+                    onto,
+                    snapshot: None,
                 };
                 // The progress file first: a crash before the volume exists leaves a
                 // file that a resume begins again from (and --abandon removes).
@@ -300,6 +324,7 @@ pub fn receive_into_pool(
             None
         };
         let mut apply = Apply {
+            name,
             pool,
             pool_path,
             saved_path: &saved_path,
@@ -327,12 +352,12 @@ pub fn receive_into_pool(
                 )))
             }
             Ok(()) => {
-                pool.rename_volume(&partial, name)?;
+                let made = finish(pool, name, &partial, &saved)?;
                 std::fs::remove_file(&saved_path)
                     .with_context(|| format!("could not remove {}", saved_path.display()))?;
                 Ok(format!(
-                    "Received volume '{name}': {} ({} blocks of data, {} by reference, {} by \
-                     reference to the base), {} of stream.",
+                    "Received volume '{name}'{made}: {} ({} blocks of data, {} by reference, \
+                     {} by reference to the base), {} of stream.",
                     format_size(header.volume_size_bytes),
                     saved.data_records,
                     saved.ref_blocks,
@@ -362,29 +387,45 @@ fn stream_key_of(saved: &Saved) -> Result<[u8; 32]> {
     Ok(header.stream_key)
 }
 
-/// For an incremental stream, the local base: `from`, else the name the stream
-/// carries, refused unless its size and content digest are the stream's.
+/// For an incremental stream, the local base, refused unless it is the sender's:
+/// `from` (a short name is NAME's snapshot when NAME exists, as `volume diff` takes
+/// it), else the snapshot of NAME with the stream's base identity, else the name the
+/// stream carries. A base named by identity must be a snapshot of that identity (a
+/// lookup, no read); another base must match the stream's size and content digest.
 fn check_base(
     pool: &Arc<Pool>,
     header: &StreamHeader,
     from: Option<&str>,
+    name: &str,
 ) -> Result<Option<String>> {
     let Some(base) = &header.base else {
         return Ok(None);
     };
-    let base_name = match from {
-        Some(name) => name,
-        None => base
-            .name_str()
-            .ok_or_else(|| anyhow!("the stream's base has no name"))?,
+    let carried = base
+        .name_str()
+        .ok_or_else(|| anyhow!("the stream's base has no name"))?;
+    let name_exists = pool.volume_sizes().iter().any(|(v, _)| v == name);
+    let base_name = match (from, base.guid) {
+        (Some(from), _) if name_exists => pool.base_name(name, from)?,
+        (Some(from), _) => from.to_string(),
+        (None, Some(guid)) if name_exists => pool
+            .snapshots(name)?
+            .into_iter()
+            .find(|s| s.guid.as_deref() == Some(&format!("{guid:016x}")))
+            .map_or_else(|| carried.to_string(), |s| s.name),
+        (None, _) => carried.to_string(),
     };
-    if !pool.list_volumes().iter().any(|v| v.name == base_name) {
-        bail!(
-            "the stream is incremental from volume '{base_name}', which this pool does not \
-             hold: receive a full stream first (or name the base here with --from)"
-        );
-    }
-    let volume = pool.open_volume(base_name)?;
+    let volume = match pool.open_volume(&base_name) {
+        Ok(volume) => volume,
+        Err(_) => bail!(
+            "the stream is incremental from {}, which this pool does not hold: receive a \
+             full stream first (or name the base here with --from)",
+            match base.guid {
+                Some(guid) => format!("snapshot '{carried}' (identity {guid:016x})"),
+                None => format!("volume '{base_name}'"),
+            }
+        ),
+    };
     if volume.size_bytes() != base.size_bytes {
         bail!(
             "the stream is incremental from a base of {} bytes, but volume '{base_name}' \
@@ -392,6 +433,22 @@ fn check_base(
             base.size_bytes,
             volume.size_bytes()
         );
+    }
+    if let Some(guid) = base.guid {
+        if !base_name.contains('@') {
+            bail!(
+                "the stream is incremental from snapshot '{carried}' (identity {guid:016x}), \
+                 and '{base_name}' is a volume, not a snapshot of that identity"
+            );
+        }
+        let here = crate::send::snapshot_guid(pool, &base_name)?;
+        if here != guid {
+            bail!(
+                "snapshot '{base_name}' is not the sender's base: its identity is {here:016x} \
+                 here, {guid:016x} in the stream (another snapshot of the same name)"
+            );
+        }
+        return Ok(Some(base_name));
     }
     let digest = content_digest(&volume, "base")?;
     if digest != base.content_digest {
@@ -402,7 +459,66 @@ fn check_base(
             hex(&base.content_digest[..8])
         );
     }
-    Ok(Some(base_name.to_string()))
+    Ok(Some(base_name))
+}
+
+/// A receive into an existing volume NAME updates it in place, as `zfs receive`
+/// does: only from a stream whose base is one of NAME's snapshots, and only when
+/// NAME was not written since that snapshot (unless `force`: what was written since
+/// is discarded).
+fn check_onto(pool: &Arc<Pool>, name: &str, base: Option<&str>, force: bool) -> Result<()> {
+    let Some(base) = base.filter(|b| b.split_once('@').is_some_and(|(of, _)| of == name)) else {
+        bail!(
+            "a volume named '{name}' already exists: receive into a new name (an \
+             incremental stream from one of its snapshots updates it in place)"
+        );
+    };
+    if force {
+        return Ok(());
+    }
+    let size_bytes = |n: &str| pool.open_volume(n).map(|v| v.size_bytes());
+    let written = size_bytes(name)? != size_bytes(base)?
+        || pool.changed_extents(name, base)?.iter().any(|e| e.changed);
+    if written {
+        bail!(
+            "volume '{name}' was written since its snapshot '{base}', the stream's base: \
+             receive with --force to discard what was written since"
+        );
+    }
+    Ok(())
+}
+
+/// The end of a receive whose records all checked out: the partial volume becomes
+/// NAME (renamed, or NAME rolled to it and it deleted, when the stream updates NAME
+/// in place), then the stream's snapshot of NAME is made with the sender's
+/// identity. Returns what it made, for the summary.
+fn finish(pool: &Arc<Pool>, name: &str, partial: &str, saved: &Saved) -> Result<String> {
+    if saved.onto {
+        pool.rollback_volume(name, partial)
+            .with_context(|| format!("could not update volume '{name}' to what it received"))?;
+        pool.delete_volume(partial, false)?;
+    } else {
+        pool.rename_volume(partial, name)?;
+    }
+    let mut made = String::new();
+    if saved.onto {
+        made.push_str(" (updated in place)");
+    }
+    if let Some(snapshot) = &saved.snapshot {
+        pool.snapshot_volume_as(name, &snapshot.name, snapshot.guid)
+            .with_context(|| {
+                format!(
+                    "volume '{name}' holds what it received, but its snapshot '{}' could not \
+                     be made",
+                    snapshot.name
+                )
+            })?;
+        made.push_str(&format!(
+            " and its snapshot '{name}@{}' (identity {:016x})",
+            snapshot.name, snapshot.guid
+        ));
+    }
+    Ok(made)
 }
 
 /// Make the partial volume: a new volume for a full stream; for an incremental one,
@@ -572,6 +688,8 @@ fn data_runs(volume: &Volume) -> Result<Vec<std::ops::Range<u64>>> {
 
 /// Applying records to the partial volume, and keeping the progress file true.
 struct Apply<'a> {
+    /// The volume received into (NAME).
+    name: &'a str,
     pool: &'a Arc<Pool>,
     pool_path: &'a Path,
     saved_path: &'a Path,
@@ -624,6 +742,24 @@ impl Apply<'_> {
                     record.position,
                     self.saved.next_position
                 );
+            }
+            if let RecordBody::Snapshot { guid, name } = &record.body {
+                let full = format!("{}@{name}", self.name);
+                if self.saved.onto
+                    && self
+                        .pool
+                        .snapshots(self.name)?
+                        .iter()
+                        .any(|s| s.name == full)
+                {
+                    bail!("volume '{}' has a snapshot '{full}' already", self.name);
+                }
+                self.saved.snapshot = Some(SavedSnapshot {
+                    name: name.clone(),
+                    guid: *guid,
+                });
+                self.saved.next_position += 1;
+                continue;
             }
             if self.negotiate(&record)? {
                 self.saved.next_position += 1;
@@ -688,7 +824,7 @@ impl Apply<'_> {
                 RecordBody::BaseRef { .. } => self.saved.base_ref_blocks += u64::from(record.count),
                 RecordBody::PoolRef { .. } => self.saved.pool_ref_blocks += 1,
                 RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => {}
-                RecordBody::End { .. } => {}
+                RecordBody::End { .. } | RecordBody::Snapshot { .. } => {}
             }
             self.saved.next_position += 1;
             self.saved.next_lbn = record.lbn + u64::from(record.count);
@@ -783,9 +919,10 @@ impl Apply<'_> {
                     .with_context(|| at("write"))?;
                 Ok(BLOCK)
             }
-            RecordBody::End { .. } | RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } => {
-                Ok(0)
-            }
+            RecordBody::End { .. }
+            | RecordBody::Offer { .. }
+            | RecordBody::OffersEnd { .. }
+            | RecordBody::Snapshot { .. } => Ok(0),
         }
     }
 

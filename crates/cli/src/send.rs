@@ -210,17 +210,41 @@ pub fn send_from_pool(
         bail!("a two-way send (--to) cannot be resumed: send it again");
     }
     let volume = pool.open_volume(name)?;
-    let base = from.map(|b| pool.open_volume(b)).transpose()?;
+    // A snapshot of the source's own volume is named by its short name, as `volume
+    // diff --from` names it.
+    let of = name.split_once('@').map_or(name, |(of, _)| of);
+    let base_name = from.map(|b| pool.base_name(of, b)).transpose()?;
+    let base = base_name
+        .as_deref()
+        .map(|b| pool.open_volume(b))
+        .transpose()?;
     let compression = pool.info().compression;
     let source_map_digest = map_digest(&volume, base.as_ref())?;
-    let base_id = match &base {
-        Some(base) => Some(BaseId {
-            name: BaseId::pad_name(&base.name())
-                .with_context(|| format!("base name '{}' is too long", base.name()))?,
-            size_bytes: base.size_bytes(),
-            content_digest: content_digest(base, "base")?,
-        }),
+    let snapshot = match name.split_once('@') {
+        Some((_, short)) => Some((snapshot_guid(pool, name)?, short.to_string())),
         None => None,
+    };
+    let base_id = match (&base, base_name.as_deref()) {
+        (Some(base), Some(full)) => {
+            // A snapshot is never written: its identity names its content, so the
+            // digest (a read of the whole base) is left out and the receiver looks
+            // the identity up instead.
+            let guid = match full.contains('@') {
+                true => Some(snapshot_guid(pool, full)?),
+                false => None,
+            };
+            Some(BaseId {
+                name: BaseId::pad_name(full)
+                    .with_context(|| format!("base name '{full}' is too long"))?,
+                size_bytes: base.size_bytes(),
+                content_digest: match guid {
+                    Some(_) => [0; 32],
+                    None => content_digest(base, "base")?,
+                },
+                guid,
+            })
+        }
+        _ => None,
     };
     let stream_key = match &resume {
         Some(token) => token.stream_key,
@@ -237,6 +261,7 @@ pub fn send_from_pool(
         base: base_id,
         negotiated: request.negotiated,
         source_map_digest,
+        snapshot: snapshot.is_some(),
     };
     let runs = match &base {
         Some(base) => volume.changed_since(base)?,
@@ -255,6 +280,9 @@ pub fn send_from_pool(
         wire_bytes: 0,
     };
     out.write_raw(&header.encode())?;
+    if let Some((guid, name)) = snapshot {
+        out.record(0, 0, RecordBody::Snapshot { guid, name })?;
+    }
     let in_base = match &base {
         Some(base) => objects_in_base(&volume, &runs, base)?,
         None => HashMap::new(),
@@ -287,7 +315,8 @@ pub fn send_from_pool(
         &format!(
             "Sent volume '{name}'{}: {} blocks of data, {} by reference, {} by reference \
              to the base{held}, {} of zeros; {} on the wire",
-            from.map(|b| format!(" (changes since '{b}')"))
+            base_name
+                .map(|b| format!(" (changes since '{b}')"))
                 .unwrap_or_default(),
             counts.data_records,
             counts.ref_blocks,
@@ -692,6 +721,26 @@ impl Sender<'_> {
         }
         Ok(())
     }
+}
+
+/// The identity of snapshot `full_name` (`VOLUME@SNAPSHOT`), from the pool's list of
+/// the volume's snapshots.
+pub fn snapshot_guid(pool: &Pool, full_name: &str) -> Result<u64> {
+    let (of, _) = full_name
+        .split_once('@')
+        .with_context(|| format!("'{full_name}' is not a snapshot's name"))?;
+    let found = pool
+        .snapshots(of)?
+        .into_iter()
+        .find(|s| s.name == full_name)
+        .with_context(|| format!("no snapshot '{full_name}'"))?;
+    let text = found
+        .guid
+        .with_context(|| format!("snapshot '{full_name}' has no identity"))?;
+    u64::from_str_radix(&text, 16)
+        .ok()
+        .filter(|g| *g != 0)
+        .with_context(|| format!("snapshot '{full_name}' has identity '{text}', not 16 hex digits"))
 }
 
 /// For the stored objects the changed `runs` of `volume` name, a block of `base`

@@ -323,3 +323,127 @@ fn a_served_receive_refuses_a_stream_whose_base_it_lacks() {
     assert!(!ran.status.success(), "{}", ran.report());
     assert!(ran.stderr.contains("nosuch"), "{}", ran.report());
 }
+
+/// `volume snapshot list VOL --json` on a served pool: (full name, identity) of
+/// each snapshot, oldest first.
+fn snapshot_ids(server: &Server, volume: &str) -> Vec<(String, String)> {
+    let ran = server.cli_ok(&["volume", "snapshot", "list", volume, "--json"]);
+    let list: serde_json::Value = serde_json::from_str(&ran.stdout).expect("snapshot list JSON");
+    list.as_array()
+        .expect("a list")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().expect("name").to_string(),
+                s["guid"].as_str().expect("guid").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `SEND | RECEIVE` between two served pools.
+fn pipe(from: &Server, send: &str, to: &Server, receive: &str) -> Ran {
+    shell(&format!(
+        "{0} --pool {1} volume send {send} | {0} --pool {2} volume receive {receive}",
+        bin(),
+        from.pool.display(),
+        to.pool.display()
+    ))
+}
+
+/// qemu-io writes a block of its own bytes (`pattern` * 16 + its index) at each
+/// block of `lbns` over NBD.
+fn write_blocks(uri: &str, pattern: usize, lbns: &[usize]) {
+    for (i, lbn) in lbns.iter().enumerate() {
+        let byte = pattern * 16 + i;
+        let ran = qemu_io(uri, &[format!("write -P {byte} {} 4096", lbn * BLOCK)]);
+        assert!(ran.status.success(), "{}", ran.report());
+    }
+}
+
+#[test]
+fn snapshots_cross_with_their_identity_and_increments_apply_in_place() {
+    let dir = TempDir::new("servedsnaps");
+    let a = served_pool(&dir, "a", &[("vm", &image(21))]);
+    let b = served_pool(&dir, "b", &[]);
+    let vm = a.unix_uri("vm");
+    a.cli_ok(&["volume", "snapshot", "vm", "s1"]);
+    write_blocks(&vm, 1, &[3, 400, 900]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s2"]);
+    // Written after s2: never part of what is sent below.
+    write_blocks(&vm, 2, &[5]);
+
+    // The older snapshot in full: b gets vm, and vm@s1 with a's identity.
+    let ran = pipe(&a, "vm@s1", &b, "vm");
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("snapshot 'vm@s1'"), "{}", ran.report());
+    assert_same(&a.unix_uri("vm@s1"), &b.unix_uri("vm@s1"));
+    // The newer one from it: only the 3 blocks written between, and b's vm is
+    // updated in place (the same volume, its snapshots kept).
+    let ran = pipe(&a, "vm@s2 --from s1", &b, "vm");
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_eq!(count_before(&ran, " blocks of data"), 3, "{}", ran.report());
+    assert!(ran.stderr.contains("updated in place"), "{}", ran.report());
+    assert_same(&a.unix_uri("vm@s2"), &b.unix_uri("vm"));
+    assert_same(&a.unix_uri("vm@s2"), &b.unix_uri("vm@s2"));
+    assert_same(&a.unix_uri("vm@s1"), &b.unix_uri("vm@s1"));
+    assert_eq!(snapshot_ids(&a, "vm"), snapshot_ids(&b, "vm"));
+    assert_eq!(snapshot_ids(&b, "vm").len(), 2);
+
+    // An increment from the newer one.
+    write_blocks(&vm, 3, &[6, 7]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s3"]);
+    let ran = pipe(&a, "vm@s3 --from s2", &b, "vm");
+    assert!(ran.status.success(), "{}", ran.report());
+    // Block 5 (written after s2) and blocks 6 and 7.
+    assert_eq!(count_before(&ran, " blocks of data"), 3, "{}", ran.report());
+    assert_same(&a.unix_uri("vm@s3"), &b.unix_uri("vm"));
+    assert_eq!(snapshot_ids(&a, "vm"), snapshot_ids(&b, "vm"));
+    assert_check_clean(&b.pool);
+
+    // A base the receiver lacks is refused by its identity, nothing made.
+    a.cli_ok(&["volume", "snapshot", "vm", "s4"]);
+    let stream = dir.join("s4.fbs");
+    send_to_file(&a.pool, "vm@s4 --from s3", &stream);
+    b.cli_ok(&["volume", "snapshot", "delete", "vm", "s3"]);
+    let ran = receive_from_file(&b.pool, "vm", &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("snapshot 'vm@s3' (identity"),
+        "{}",
+        ran.report()
+    );
+    // A snapshot of the same name is not the base: its identity differs.
+    b.cli_ok(&["volume", "snapshot", "vm", "s3"]);
+    let ran = receive_from_file(&b.pool, "vm", &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("another snapshot of the same name"),
+        "{}",
+        ran.report()
+    );
+    assert_eq!(snapshot_ids(&b, "vm").len(), 3);
+    assert_eq!(volume_names(&b.pool), ["vm"]);
+}
+
+#[test]
+fn an_increment_into_a_volume_written_since_its_base_is_refused_unless_forced() {
+    let dir = TempDir::new("servedforce");
+    let a = served_pool(&dir, "a", &[("vm", &image(23))]);
+    let b = served_pool(&dir, "b", &[]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s1"]);
+    assert!(pipe(&a, "vm@s1", &b, "vm").status.success());
+    write_blocks(&a.unix_uri("vm"), 1, &[10]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s2"]);
+    let stream = dir.join("s2.fbs");
+    send_to_file(&a.pool, "vm@s2 --from s1", &stream);
+    // b's vm written after s1: the increment would lose that write.
+    write_blocks(&b.unix_uri("vm"), 9, &[20]);
+    let ran = receive_from_file(&b.pool, "vm", &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("--force"), "{}", ran.report());
+    let ran = receive_from_file(&b.pool, "vm --force", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm@s2"), &b.unix_uri("vm"));
+    assert_eq!(snapshot_ids(&a, "vm"), snapshot_ids(&b, "vm"));
+}

@@ -26,6 +26,8 @@ pub const PAYLOAD_BYTES_MAX: usize = BLOCK_BYTES;
 pub const REF_PAYLOAD_BYTES: usize = 8;
 /// Bytes of the end record's payload: five counts.
 pub const END_PAYLOAD_BYTES: usize = 40;
+/// Bytes of a snapshot record's payload before the snapshot's name: its identity.
+pub const SNAPSHOT_GUID_BYTES: usize = 8;
 /// Bytes of a block's digest in a negotiated stream's offers and pool references:
 /// the first 16 of its keyed BLAKE3 under the stream key.
 pub const OFFER_DIGEST_BYTES: usize = 16;
@@ -41,7 +43,14 @@ pub const FLAG_INCREMENTAL: u32 = 1;
 /// Header flag: two-way mode: the sender offers digests and reads the receiver's
 /// answer before the block records (docs/stream.md, "Two-way mode").
 pub const FLAG_NEGOTIATED: u32 = 2;
-const FLAGS_KNOWN: u32 = FLAG_INCREMENTAL | FLAG_NEGOTIATED;
+/// Header flag: the stream's source is a snapshot; record 0 is a snapshot record
+/// carrying its identity and name, and the receiver makes the same snapshot
+/// (docs/stream.md, "Snapshots").
+pub const FLAG_SNAPSHOT: u32 = 4;
+/// Header flag: the base of an incremental stream is a snapshot, named by its
+/// identity (the header's last 8 bytes) instead of a content digest.
+pub const FLAG_BASE_SNAPSHOT: u32 = 8;
+const FLAGS_KNOWN: u32 = FLAG_INCREMENTAL | FLAG_NEGOTIATED | FLAG_SNAPSHOT | FLAG_BASE_SNAPSHOT;
 
 const WHAT_HEADER: &str = "stream header";
 const WHAT_RECORD: &str = "stream record";
@@ -65,6 +74,8 @@ pub struct StreamHeader {
     /// A digest of the source volume's block map when the stream was made: a resumed
     /// send refuses a source that changed since (docs/stream.md, "Resume").
     pub source_map_digest: u64,
+    /// The source is a snapshot: record 0 carries its identity and name.
+    pub snapshot: bool,
 }
 
 /// What names the base of an incremental stream on both sides: its size and the
@@ -76,8 +87,11 @@ pub struct BaseId {
     pub name: [u8; BASE_NAME_BYTES],
     /// Bytes of the base volume.
     pub size_bytes: u64,
-    /// BLAKE3 of the base's content in canonical form.
+    /// BLAKE3 of the base's content in canonical form; zeros when `guid` names the
+    /// base (a snapshot is never written, so its identity is its content).
     pub content_digest: [u8; 32],
+    /// The base snapshot's identity (never 0), when the base is a snapshot.
+    pub guid: Option<u64>,
 }
 
 impl BaseId {
@@ -88,7 +102,8 @@ impl BaseId {
         Some(out)
     }
 
-    /// The base's name: the bytes before the padding, if they are a volume name.
+    /// The base's name: the bytes before the padding, if they are a volume name or
+    /// a snapshot's (`VOLUME@SNAPSHOT`).
     pub fn name_str(&self) -> Option<&str> {
         let len = self
             .name
@@ -96,7 +111,9 @@ impl BaseId {
             .position(|b| *b == 0)
             .unwrap_or(BASE_NAME_BYTES);
         let name = std::str::from_utf8(self.name.get(..len)?).ok()?;
-        crate::catalog::validate_name(name).ok()?;
+        let (volume, snapshot) = name.split_once('@').unwrap_or((name, "x"));
+        crate::catalog::validate_name(volume).ok()?;
+        crate::catalog::validate_name(snapshot).ok()?;
         Some(name)
     }
 }
@@ -115,7 +132,14 @@ impl StreamHeader {
             0
         };
         let negotiated = if self.negotiated { FLAG_NEGOTIATED } else { 0 };
-        w.u32(incremental | negotiated);
+        let snapshot = if self.snapshot { FLAG_SNAPSHOT } else { 0 };
+        let base_guid = self.base.and_then(|b| b.guid);
+        let base_snapshot = if base_guid.is_some() {
+            FLAG_BASE_SNAPSHOT
+        } else {
+            0
+        };
+        w.u32(incremental | negotiated | snapshot | base_snapshot);
         w.u32(BLOCK_BYTES as u32);
         w.u64(self.volume_size_bytes);
         w.u64(self.source_pool_id);
@@ -124,12 +148,14 @@ impl StreamHeader {
             name: [0; BASE_NAME_BYTES],
             size_bytes: 0,
             content_digest: [0; 32],
+            guid: None,
         });
         w.u64(base.size_bytes);
         w.put(&base.content_digest);
         w.u64(self.source_map_digest);
         w.put(&base.name);
-        debug_assert_eq!(w.pos(), HEADER_BYTES - 8, "the header's layout");
+        w.u64(base_guid.unwrap_or(0));
+        debug_assert_eq!(w.pos(), HEADER_BYTES, "the header's layout");
         crate::seal_checksum(&mut out, HEADER_CRC_OFFSET);
         out
     }
@@ -186,11 +212,22 @@ impl StreamHeader {
         let source_map_digest = r.u64()?;
         let mut name = [0u8; BASE_NAME_BYTES];
         name.copy_from_slice(r.take(BASE_NAME_BYTES)?);
-        let reserved = r.u64()?;
-        if reserved != 0 {
+        let base_guid = r.u64()?;
+        let guid = match (flags & FLAG_BASE_SNAPSHOT != 0, base_guid) {
+            (false, 0) => None,
+            (false, found) => {
+                return Err(invalid(
+                    WHAT_HEADER,
+                    format!("the base identity field holds {found:#x} without flag bit 3"),
+                ))
+            }
+            (true, 0) => return Err(invalid(WHAT_HEADER, "a base snapshot of identity 0".into())),
+            (true, guid) => Some(guid),
+        };
+        if guid.is_some() && flags & FLAG_INCREMENTAL == 0 {
             return Err(invalid(
                 WHAT_HEADER,
-                format!("reserved bytes hold {reserved:#x}"),
+                "a full stream names a base snapshot".into(),
             ));
         }
         let base = if flags & FLAG_INCREMENTAL != 0 {
@@ -204,6 +241,7 @@ impl StreamHeader {
                 name,
                 size_bytes: base_size_bytes,
                 content_digest,
+                guid,
             };
             if base.name_str().is_none() {
                 return Err(invalid(
@@ -225,6 +263,7 @@ impl StreamHeader {
             base,
             negotiated: flags & FLAG_NEGOTIATED != 0,
             source_map_digest,
+            snapshot: flags & FLAG_SNAPSHOT != 0,
         })
     }
 
@@ -286,6 +325,14 @@ pub enum RecordBody {
         /// The digest.
         digest: [u8; OFFER_DIGEST_BYTES],
     },
+    /// The source snapshot (record 0 of a stream with flag bit 2): the receiver
+    /// makes a snapshot of this name and identity of the volume it received.
+    Snapshot {
+        /// Its identity, the same in every pool (never 0).
+        guid: u64,
+        /// Its name within its volume (`SNAP` of `VOLUME@SNAP`).
+        name: String,
+    },
     /// The stream ends here; the counts of what came before, checked by the receiver.
     End {
         /// Data records before this one.
@@ -323,6 +370,7 @@ const KIND_BASE_REF: u8 = 5;
 const KIND_OFFER: u8 = 6;
 const KIND_POOL_REF: u8 = 7;
 const KIND_OFFERS_END: u8 = 8;
+const KIND_SNAPSHOT: u8 = 9;
 
 /// The head of a record, decoded from its first 32 bytes before its payload is read
 /// (its length is checked against [`PAYLOAD_BYTES_MAX`] here).
@@ -344,7 +392,12 @@ impl Record {
     pub fn encode(&self, stream_key: &[u8; 32], out: &mut Vec<u8>) {
         let mut payload = [0u8; END_PAYLOAD_BYTES];
         let offers: Vec<u8>;
+        let snapshot: Vec<u8>;
         let (kind, codec, payload): (u8, u8, &[u8]) = match &self.body {
+            RecordBody::Snapshot { guid, name } => {
+                snapshot = [&guid.to_le_bytes()[..], name.as_bytes()].concat();
+                (KIND_SNAPSHOT, 0, &snapshot)
+            }
             RecordBody::Offer { digests } => {
                 offers = digests.concat();
                 (KIND_OFFER, 0, &offers)
@@ -436,6 +489,9 @@ impl RecordHead {
             KIND_OFFER => OFFER_DIGEST_BYTES..=PAYLOAD_BYTES_MAX,
             KIND_POOL_REF => OFFER_DIGEST_BYTES..=OFFER_DIGEST_BYTES,
             KIND_OFFERS_END => 8..=8,
+            KIND_SNAPSHOT => {
+                SNAPSHOT_GUID_BYTES + 1..=SNAPSHOT_GUID_BYTES + crate::catalog::MAX_NAME_BYTES
+            }
             kind => {
                 // A damaged kind byte is told apart from a new kind by the checksum,
                 // which the caller has not read yet: both are refused here.
@@ -524,6 +580,20 @@ impl RecordHead {
                 digest.copy_from_slice(payload);
                 RecordBody::PoolRef { digest }
             }
+            KIND_SNAPSHOT => {
+                let guid = Reader::new(WHAT_RECORD, payload).u64()?;
+                let name = payload
+                    .get(SNAPSHOT_GUID_BYTES..)
+                    .and_then(|n| std::str::from_utf8(n).ok())
+                    .filter(|n| crate::catalog::validate_name(n).is_ok() && !n.contains('@'))
+                    .ok_or_else(|| {
+                        invalid(WHAT_RECORD, "a snapshot record's name is not a name".into())
+                    })?;
+                RecordBody::Snapshot {
+                    guid,
+                    name: name.to_string(),
+                }
+            }
             _ => {
                 let mut r = Reader::new(WHAT_RECORD, payload);
                 RecordBody::End {
@@ -558,6 +628,25 @@ impl Record {
             self.body,
             RecordBody::Offer { .. } | RecordBody::OffersEnd { .. } | RecordBody::PoolRef { .. }
         );
+        if let RecordBody::Snapshot { guid, .. } = &self.body {
+            // The one place it may be: record 0 of a stream that says it has one.
+            if !header.snapshot || self.position != 0 || self.lbn != 0 || count != 0 {
+                return bad(format!(
+                    "a snapshot record at position {} (block {}, count {count}) in a stream \
+                     {} a snapshot",
+                    self.position,
+                    self.lbn,
+                    if header.snapshot { "of" } else { "not of" }
+                ));
+            }
+            if *guid == 0 {
+                return bad("a snapshot of identity 0".into());
+            }
+            return Ok(());
+        }
+        if header.snapshot && self.position == 0 {
+            return bad("record 0 of a snapshot's stream is not its snapshot record".into());
+        }
         if negotiation_only && !header.negotiated {
             return bad(format!(
                 "record {} belongs to a negotiated stream, and this one is not",
@@ -714,10 +803,86 @@ mod tests {
                 name: BaseId::pad_name("base0").unwrap(),
                 size_bytes: 1 << 29,
                 content_digest: [9; 32],
+                guid: None,
             }),
             negotiated: false,
             source_map_digest: 42,
+            snapshot: false,
         }
+    }
+
+    /// A snapshot's stream incremental from an older snapshot, named by identity.
+    fn snapshot_header() -> StreamHeader {
+        let mut h = header();
+        h.snapshot = true;
+        h.base = Some(BaseId {
+            name: BaseId::pad_name("vm1@s1").unwrap(),
+            size_bytes: 1 << 29,
+            content_digest: [0; 32],
+            guid: Some(0xfeed_beef),
+        });
+        h
+    }
+
+    #[test]
+    fn a_snapshot_stream_carries_its_identity_and_its_base_s() {
+        let h = snapshot_header();
+        let bytes = h.encode();
+        let decoded = StreamHeader::decode(&bytes).unwrap();
+        assert_eq!(decoded, h);
+        assert_eq!(decoded.base.unwrap().name_str(), Some("vm1@s1"));
+        for i in 0..HEADER_BYTES {
+            let mut bad = bytes;
+            bad[i] ^= 0x10;
+            assert!(StreamHeader::decode(&bad).is_err(), "byte {i}");
+        }
+        // A full stream may not name a base snapshot.
+        let mut full = h.encode();
+        full[16] &= !(FLAG_INCREMENTAL as u8);
+        full[72..184].fill(0);
+        crate::seal_checksum(&mut full, HEADER_CRC_OFFSET);
+        assert!(StreamHeader::decode(&full).is_err());
+
+        let snapshot = Record {
+            position: 0,
+            lbn: 0,
+            count: 0,
+            body: RecordBody::Snapshot {
+                guid: 0x1234_5678_9abc_def0,
+                name: "s2".into(),
+            },
+        };
+        let mut bytes = Vec::new();
+        snapshot.encode(&h.stream_key, &mut bytes);
+        assert_eq!(decode(&bytes, &h).unwrap(), snapshot);
+        // Only as record 0 of a stream that says it has one, with a name and an identity.
+        assert!(decode(&bytes, &header()).is_err());
+        let refused = [(1, "s2", 1), (0, "s2", 0), (0, "a@b", 1), (0, "-x", 1)];
+        for (position, name, guid) in refused {
+            let mut bytes = Vec::new();
+            Record {
+                position,
+                lbn: 0,
+                count: 0,
+                body: RecordBody::Snapshot {
+                    guid,
+                    name: name.into(),
+                },
+            }
+            .encode(&h.stream_key, &mut bytes);
+            assert!(decode(&bytes, &h).is_err(), "{position} {name} {guid}");
+        }
+        // Record 0 of a snapshot's stream must be the snapshot record.
+        let mut bytes = Vec::new();
+        Record {
+            position: 0,
+            lbn: 0,
+            count: 1,
+            body: RecordBody::Zero,
+        }
+        .encode(&h.stream_key, &mut bytes);
+        assert!(decode(&bytes, &h).is_err());
+        assert!(decode(&bytes, &header()).is_ok());
     }
 
     fn decode(bytes: &[u8], header: &StreamHeader) -> Result<Record, FormatError> {

@@ -46,18 +46,25 @@ run_ok('qemu-img', 'convert', '-n', '-f', 'raw', '-O', 'raw',
     "$FewerbytesTest::server{dir}/os.raw", uri($disk));
 my $stored = stored();
 
-# Snapshots: a clone taken now; the disk moves on; rollback brings it back.
+# Snapshots: the pool's own, taken now; the disk moves on; rollback brings it back.
 ok($plugin->volume_has_feature($scfg, 'snapshot', STOREID, $disk), 'snapshots are offered');
 is($plugin->volume_qemu_snapshot_method(STOREID, $scfg, $disk), 'storage',
     'the storage takes them, also for a running VM');
 $plugin->volume_snapshot($scfg, STOREID, $disk, 'before');
-is(volume('snap:before:vm-100-disk-0')->{logical_used_bytes}, 16 * $MIB,
-    'the snapshot holds the disk\'s 16 MiB');
+is(cli_json('volume', 'snapshot', 'list', 'vm-100-disk-0')->[0]->{logical_used_bytes}, 16 * $MIB,
+    'the snapshot is the pool\'s vm-100-disk-0@before, holding the disk\'s 16 MiB');
 is(stored(), $stored, 'and stores nothing more');
 is_deeply([map { $_->{volid} } $plugin->list_images(STOREID, $scfg)->@*], ['fb:vm-100-disk-0'],
     'a snapshot is not listed as a disk');
-like(uri($disk, 'before'), qr{^nbd\+unix:///snap:before:vm-100-disk-0\?socket=},
+like(uri($disk, 'before'), qr{^nbd\+unix:///vm-100-disk-0\@before\?socket=},
     'a snapshot has its own export');
+my $refused = eval { run_ok('qemu-io', '-f', 'raw', '-c', 'write -P 0x66 0 4k', uri($disk, 'before')) };
+ok(!defined($refused), 'served read-only: qemu-io cannot write it') or diag($refused);
+my $info = $plugin->volume_snapshot_info($scfg, STOREID, $disk);
+my $listed = cli_json('volume', 'snapshot', 'list', 'vm-100-disk-0')->[0];
+is_deeply($info, { before => { id => $listed->{guid}, timestamp => $listed->{created} } },
+    'volume_snapshot_info: its identity (guid) and creation time');
+like($info->{before}->{id}, qr/^[0-9a-f]{16}$/, 'the identity is 16 hex digits');
 qemu_io_ok($disk, 'write -P 0x55 0 4M');
 $plugin->volume_snapshot_rollback($scfg, STOREID, $disk, 'before');
 like(run_ok('qemu-img', 'compare', '-f', 'raw', '-F', 'raw',
@@ -67,8 +74,31 @@ eval { $plugin->volume_snapshot_rollback($scfg, STOREID, $disk, 'never') };
 like($@, qr/snapshot 'never' of 'fb:vm-100-disk-0' does not exist/, 'an unknown snapshot');
 eval { $plugin->create_base(STOREID, $scfg, $disk) };
 like($@, qr/while it has snapshots/, 'no template while snapshots exist');
+
+# An older plugin's snapshot, a clone `snap:SNAP:VOLUME`: still rolled back to and
+# deleted after an upgrade, and not offered to replication (no shared identity).
+cli('volume', 'clone', 'vm-100-disk-0', 'snap:old:vm-100-disk-0');
+qemu_io_ok($disk, 'write -P 0x77 0 4M');
+like(uri($disk, 'old'), qr{^nbd\+unix:///snap:old:vm-100-disk-0\?socket=},
+    'an older snapshot keeps its export');
+is_deeply([sort keys $plugin->volume_snapshot_info($scfg, STOREID, $disk)->%*], ['before'],
+    'volume_snapshot_info leaves the older one out');
+$plugin->volume_snapshot_rollback($scfg, STOREID, $disk, 'old');
+like(run_ok('qemu-img', 'compare', '-f', 'raw', '-F', 'raw',
+        "$FewerbytesTest::server{dir}/os.raw", uri($disk)),
+    qr/Images are identical/, 'rolled back to the older snapshot');
+$plugin->volume_snapshot_delete($scfg, STOREID, $disk, 'old');
 $plugin->volume_snapshot_delete($scfg, STOREID, $disk, 'before');
-ok(!grep({ $_->{name} =~ /^snap:/ } cli_json('volume', 'list')->@*), 'snapshot deleted');
+ok(!grep({ $_->{name} =~ /^snap:/ } cli_json('volume', 'list')->@*), 'older snapshot deleted');
+is_deeply(cli_json('volume', 'snapshot', 'list', 'vm-100-disk-0'), [], 'snapshot deleted');
+
+# free_image takes the disk's snapshots with it, both kinds.
+my $scratch = $plugin->alloc_image(STOREID, $scfg, 100, 'raw', undef, 1024);
+$plugin->volume_snapshot($scfg, STOREID, $scratch, 'a');
+cli('volume', 'clone', $scratch, "snap:b:$scratch");
+$plugin->free_image(STOREID, $scfg, $scratch, 0, 'raw');
+ok(!grep({ $_->{name} =~ /\Q$scratch\E/ } cli_json('volume', 'list')->@*),
+    'free_image deletes the disk and its snapshots');
 
 # qm template: the disk becomes base-100-disk-0.
 my $base = $plugin->create_base(STOREID, $scfg, $disk);

@@ -85,10 +85,16 @@ is($volid, "fb2:$disk", 'the disk migrates with its snapshots, under its name')
 same("$work/now.raw", uri($dst, $disk), 'holding what it holds on the source');
 same("$work/s1.raw", uri($dst, $disk, 's1'), 'snapshot s1 arrives as it was');
 same("$work/s2.raw", uri($dst, $disk, 's2'), 'and s2');
-ok((grep { /Sent volume 'snap:s2:vm-100-disk-0' \(changes since 'snap:s1:vm-100-disk-0'\): 1 blocks of data, 255 by reference/ } @log),
+ok((grep { /Sent volume 'vm-100-disk-0\@s2' \(changes since 'vm-100-disk-0\@s1'\): 1 blocks of data, 255 by reference/ } @log),
     's2 travels as the 1 MiB written since s1 (one pattern: a block and references)') or diag(join("\n", @log));
-ok((grep { /Sent volume 'vm-100-disk-0' \(changes since 'snap:s2:vm-100-disk-0'\): 1 blocks of data, 255 by reference/ } @log),
+ok((grep { /Sent volume 'vm-100-disk-0' \(changes since 'vm-100-disk-0\@s2'\): 1 blocks of data, 255 by reference/ } @log),
     'and the disk as the 1 MiB written since s2') or diag(join("\n", @log));
+sub ids {
+    my $info = $plugin->volume_snapshot_info(@_);
+    return { map { $_ => $info->{$_}->{id} } keys %$info };
+}
+is_deeply(ids($dst, 'fb2', $disk), ids($src, 'fb', $disk),
+    'the snapshots arrive with their identities');
 
 # Without snapshots, to a name taken: the next free one, still as send streams.
 @log = ();
@@ -97,8 +103,7 @@ $volid = PVE::Storage::storage_migrate($cfg, "fb:$disk", undef, 'fb2',
 is($volid, 'fb2:vm-100-disk-1', 'a second copy arrives under the next free name');
 same("$work/now.raw", uri($dst, 'vm-100-disk-1'), 'whole');
 ok((grep { /Sent volume 'vm-100-disk-0':/ } @log), 'sent as one full stream');
-ok(!(grep { m/^snap:[^:]+:vm-100-disk-1$/ } map { $_->{name} } cli_json('volume', 'list')->@*),
-    'and without snapshots');
+is_deeply(cli_json('volume', 'snapshot', 'list', 'vm-100-disk-1'), [], 'and without snapshots');
 
 # Replication's shape: a new snapshot s3 sent from the base s2 both sides hold; the
 # target disk takes s3's content.
@@ -112,7 +117,7 @@ $volid = PVE::Storage::storage_migrate($cfg, "fb:$disk", undef, 'fb2',
 is($volid, "fb2:$disk", 'an increment from a common snapshot arrives onto the disk');
 same("$work/s3.raw", uri($dst, $disk), 'which now holds the snapshot sent');
 same("$work/s3.raw", uri($dst, $disk, 's3'), 'as the snapshot does');
-ok((grep { /Sent volume 'snap:s3:vm-100-disk-0' \(changes since 'snap:s2:vm-100-disk-0'\): 2 blocks of data, 382 by reference/ } @log),
+ok((grep { /Sent volume 'vm-100-disk-0\@s3' \(changes since 'vm-100-disk-0\@s2'\): 2 blocks of data, 382 by reference/ } @log),
     'carrying only the 1.5 MiB written since the base (two patterns)') or diag(join("\n", @log));
 
 # A base the target lacks is refused, and leaves nothing.
@@ -124,7 +129,8 @@ eval {
         sub { });
 };
 like($@, qr/failed|not here/, 'an increment whose base the target lacks is refused');
-ok(!(grep { $_->{name} =~ /s4/ } cli_json('volume', 'list')->@*), 'and leaves nothing');
+ok(!(grep { $_->{name} =~ /s4/ } cli_json('volume', 'snapshot', 'list', $disk)->@*),
+    'and leaves nothing');
 
 # What is refused by format: snapshots or an increment only travel as send streams,
 # so a storage offering raw+size alone shares no format with them.

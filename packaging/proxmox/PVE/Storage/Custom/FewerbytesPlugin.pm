@@ -13,8 +13,11 @@ package PVE::Storage::Custom::FewerbytesPlugin;
 # volume name `base-100-disk-0/vm-101-disk-0` (its template, then itself, as Proxmox
 # wants it) is stored as `base-100-disk-0+vm-101-disk-0`: a pool volume name has no
 # `/`, and the template's name must survive in the pool for Proxmox to refuse deleting
-# a template that clones still name. A snapshot SNAP of a volume is the pool volume
-# `snap:SNAP:VOLUME`, a clone taken at that moment.
+# a template that clones still name. A snapshot SNAP of a volume is the pool's own
+# snapshot `VOLUME@SNAP` (read-only, served read-only as an NBD export of that name,
+# with an identity that a send stream carries to another pool). Older versions of
+# this plugin made a clone `snap:SNAP:VOLUME` instead: those are still found, rolled
+# back to, deleted and migrated, so an upgrade loses none.
 #
 # A pool on a Ceph RBD image (`rbd:POOL/IMAGE[@CLUSTER]`) is reachable from every node,
 # so such a storage is `shared` (set when it is added); one node serves it at a time
@@ -191,11 +194,73 @@ my sub pool_volumes {
 # ---------------------------------------------------------------------------------
 # Names
 
-# The pool volume holding a Proxmox volume (or one of its snapshots).
+# A Proxmox snapshot's name in the pool. A pool name starts with a letter or a digit
+# (a leading - would read as an option), and replication's `__replicate_JOB_TIME__`
+# does not: such a name gets the prefix `p.`, which no Proxmox name can hold (it has
+# no `.`), so the mapping goes both ways.
+my sub pool_snap {
+    my ($snap) = @_;
+    return $snap =~ m/^[A-Za-z0-9]/ ? $snap : "p.$snap";
+}
+
+my sub pve_snap {
+    my ($snap) = @_;
+    return $snap =~ s/^p\.//r;
+}
+
+# The pool volume holding a Proxmox volume; with $snap, the name of its snapshot SNAP
+# (`VOLUME@SNAP`), or with $legacy that of an older plugin's clone (`snap:SNAP:VOLUME`).
 my sub pool_name {
-    my ($volname, $snap) = @_;
+    my ($volname, $snap, $legacy) = @_;
     my $name = $volname =~ s|/|+|r;
-    return defined($snap) ? "snap:$snap:$name" : $name;
+    return $name if !defined($snap);
+    return $legacy ? "snap:$snap:$name" : "$name\@" . pool_snap($snap);
+}
+
+# The snapshots of pool volume $name, oldest first (a pool's volume ids grow): its
+# own (`volume snapshot list`) and an older plugin's clones `snap:SNAP:NAME` (from
+# $volumes, `volume list`, when given; else listed). Each: { snap, pool_name, id
+# (the pool's volume id), legacy, guid, created }.
+my sub snapshot_list {
+    my ($scfg, $name, $volumes) = @_;
+    $volumes //= { map { $_->{name} => $_ } fewerbytes_json($scfg, 'volume', 'list')->@* };
+    my @snaps;
+    # An older plugin's clones may outlive their disk (an import of them in progress).
+    my $own = $volumes->{$name} ? fewerbytes_json($scfg, 'volume', 'snapshot', 'list', $name) : [];
+    for my $snapshot (@$own) {
+        my ($of, $snap) = split(/\@/, $snapshot->{name}, 2);
+        die "volume snapshot list $name gave '$snapshot->{name}'\n"
+            if $of ne $name || !defined($snap);
+        push @snaps, {
+            snap => pve_snap($snap),
+            pool_name => $snapshot->{name},
+            id => $snapshot->{id},
+            guid => $snapshot->{guid} // die("snapshot '$snapshot->{name}' has no guid\n"),
+            created => $snapshot->{created},
+            legacy => 0,
+        };
+    }
+    for my $pool_name (keys %$volumes) {
+        next if $pool_name !~ m/^snap:([^:]+):\Q$name\E$/;
+        push @snaps, { snap => $1, pool_name => $pool_name, id => $volumes->{$pool_name}->{id},
+            legacy => 1 };
+    }
+    return sort { $a->{id} <=> $b->{id} } @snaps;
+}
+
+# The snapshot SNAP of Proxmox volume $volname as snapshot_list gives it, or undef.
+my sub find_snapshot {
+    my ($scfg, $volname, $snap) = @_;
+    my ($found) = grep { $_->{snap} eq $snap } snapshot_list($scfg, pool_name($volname));
+    return $found;
+}
+
+# The pool name of a snapshot for path and activation: the pool's snapshot unless
+# only an older plugin's clone of that name exists.
+my sub snapshot_pool_name {
+    my ($scfg, $volname, $snap) = @_;
+    my $found = find_snapshot($scfg, $volname, $snap);
+    return $found ? $found->{pool_name} : pool_name($volname, $snap);
 }
 
 # The characters Proxmox may use in a disk name here: those of a pool volume name
@@ -324,7 +389,10 @@ sub check_connection {
 sub path {
     my ($class, $scfg, $volname, $storeid, $snapname) = @_;
     my ($vtype, undef, $vmid) = $class->parse_volname($volname);
-    my $path = 'nbd+unix:///' . pool_name($volname, $snapname) . '?socket=' . nbd_socket($scfg);
+    # A snapshot is served read-only under its full name.
+    my $name = defined($snapname) ? snapshot_pool_name($scfg, $volname, $snapname)
+        : pool_name($volname);
+    my $path = 'nbd+unix:///' . $name . '?socket=' . nbd_socket($scfg);
     return wantarray ? ($path, $vmid, $vtype) : $path;
 }
 
@@ -347,8 +415,12 @@ sub unmap_volume {
 
 sub activate_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $cache, $hints) = @_;
-    my $name = pool_name($volname, $snapname);
-    eval { fewerbytes($scfg, 'volume', 'info', $name, '--json') };
+    if (defined($snapname)) {
+        die "snapshot '$snapname' of '$storeid:$volname' is not available\n"
+            if !find_snapshot($scfg, $volname, $snapname);
+        return 1;
+    }
+    eval { fewerbytes($scfg, 'volume', 'info', pool_name($volname), '--json') };
     die "volume '$storeid:$volname' is not available: $@" if $@;
     return 1;
 }
@@ -376,13 +448,19 @@ sub alloc_image {
 sub free_image {
     my ($class, $storeid, $scfg, $volname, $is_base, $format) = @_;
     my $name = pool_name($volname);
-    # Refused while a VM has the disk open (the server counts its connections).
-    fewerbytes($scfg, 'volume', 'delete', $name);
-    # Its snapshots go with it, as a file's internal snapshots would.
-    for my $pool_name (sort keys pool_volumes($scfg)->%*) {
-        next if $pool_name !~ m/^snap:[^:]+:\Q$name\E$/;
-        fewerbytes($scfg, 'volume', 'delete', $pool_name);
+    # Its snapshots go with it, as a file's internal snapshots would; the pool refuses
+    # to delete a volume that has snapshots, so they go first. Not while a VM has the
+    # disk open (the server counts its connections): that is refused before any goes.
+    my $users = fewerbytes_json($scfg, 'volume', 'info', $name)->{users} // 0;
+    die "volume '$storeid:$volname' is in use by $users client(s)\n" if $users;
+    for my $snapshot (reverse snapshot_list($scfg, $name)) {
+        if ($snapshot->{legacy}) {
+            fewerbytes($scfg, 'volume', 'delete', $snapshot->{pool_name});
+        } else {
+            fewerbytes($scfg, 'volume', 'snapshot', 'delete', $name, pool_snap($snapshot->{snap}));
+        }
     }
+    fewerbytes($scfg, 'volume', 'delete', $name);
     return undef;
 }
 
@@ -439,7 +517,7 @@ sub create_base {
     my $pool_name = pool_name($volname);
     die "cannot make a template of '$storeid:$volname' while it has snapshots: delete them"
         . " first\n"
-        if grep { m/^snap:[^:]+:\Q$pool_name\E$/ } keys pool_volumes($scfg)->%*;
+        if scalar(my @snapshots = snapshot_list($scfg, $pool_name));
 
     (my $newname = $name) =~ s/^vm-/base-/;
     my $newvolname = defined($basename) ? "$basename/$newname" : $newname;
@@ -472,31 +550,59 @@ sub rename_volume {
 }
 
 # ---------------------------------------------------------------------------------
-# Snapshots: a snapshot is a clone of the volume at that moment (it shares every
-# block, and costs the volume's size in what a thick pool can address).
+# Snapshots: the pool's own (`volume snapshot`): O(1), sharing the volume's block-map
+# pages, read-only, with an identity (guid) that send streams carry, so that two
+# pools holding a replica name the same snapshot the same way. An older plugin's
+# clones `snap:SNAP:VOLUME` are still rolled back to and deleted.
 
 sub volume_snapshot {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
-    fewerbytes($scfg, 'volume', 'clone', pool_name($volname), pool_name($volname, $snap));
+    fewerbytes($scfg, 'volume', 'snapshot', pool_name($volname), pool_snap($snap));
     return undef;
 }
 
 sub volume_snapshot_delete {
     my ($class, $scfg, $storeid, $volname, $snap, $running) = @_;
-    fewerbytes($scfg, 'volume', 'delete', pool_name($volname, $snap));
+    my $found = find_snapshot($scfg, $volname, $snap)
+        // die "snapshot '$snap' of '$storeid:$volname' does not exist\n";
+    if ($found->{legacy}) {
+        fewerbytes($scfg, 'volume', 'delete', $found->{pool_name});
+    } else {
+        fewerbytes($scfg, 'volume', 'snapshot', 'delete', pool_name($volname), pool_snap($snap));
+    }
     return undef;
 }
 
 sub volume_snapshot_rollback {
     my ($class, $scfg, $storeid, $volname, $snap) = @_;
-    my $name = pool_name($volname);
-    my $snapshot = pool_name($volname, $snap);
-    my $volumes = pool_volumes($scfg);
-    die "snapshot '$snap' of '$storeid:$volname' does not exist\n" if !$volumes->{$snapshot};
+    my $found = find_snapshot($scfg, $volname, $snap)
+        // die "snapshot '$snap' of '$storeid:$volname' does not exist\n";
     # One durable step (a crash leaves the disk as it was or as the snapshot), refused
-    # while a VM has the disk open; the snapshot stays.
-    fewerbytes($scfg, 'volume', 'rollback', $name, $snapshot);
+    # while a VM has the disk open; the disk keeps its id and every snapshot.
+    fewerbytes($scfg, 'volume', 'rollback', pool_name($volname),
+        $found->{legacy} ? $found->{pool_name} : pool_snap($snap));
     return undef;
+}
+
+# For replication: each snapshot's identity, the same in every pool a send stream
+# carried it to, and its creation time (on a receiving pool: when it arrived). An
+# older plugin's clones have no identity shared with another pool: they are left out,
+# so replication never takes one for a common base.
+sub volume_snapshot_info {
+    my ($class, $scfg, $storeid, $volname) = @_;
+    my $name = pool_name($volname);
+    return {} if !pool_volumes($scfg)->{$name};
+    my $info = {};
+    for my $snapshot (fewerbytes_json($scfg, 'volume', 'snapshot', 'list', $name)->@*) {
+        my (undef, $snap) = split(/\@/, $snapshot->{name}, 2);
+        $info->{pve_snap($snap)} = { id => $snapshot->{guid}, timestamp => $snapshot->{created} };
+    }
+    return $info;
+}
+
+sub storage_can_replicate {
+    my ($class, $scfg, $storeid, $format) = @_;
+    return $format eq 'raw' ? 1 : 0;
 }
 
 # ---------------------------------------------------------------------------------
@@ -516,15 +622,18 @@ sub volume_snapshot_rollback {
 #
 # A `fewerbytes` export is a sequence of parts, one send stream each:
 #
-#   "fewerbytes-pve 1\n"
+#   "fewerbytes-pve 2\n"
 #   for each part: "part " JSON "\n", then the stream in chunks (a u32 big-endian
 #       length, then that many bytes), a length of 0 ending it
 #   "end\n"
 #
-# A part's JSON says what it becomes, {"snapshot": SNAP} a snapshot or {"snapshot":
-# null} the disk itself, and {"base": SNAP} (or null) the snapshot it is an
-# increment from: the importer names its own copy of it (`volume receive --from`),
-# and the stream's base digest refuses a base that is not the sender's.
+# A part's JSON says what it becomes: {"snapshot": SNAP} a snapshot, {"snapshot":
+# null} the disk itself; {"base": SNAP} (or null) the snapshot it is an increment
+# from; {"legacy": 1} when SNAP is an older plugin's clone (received as such). A
+# snapshot's stream carries its identity: the importer's `volume receive` makes the
+# disk (or updates it in place, from its base snapshot) and the snapshot with the
+# sender's identity, so replication finds the common snapshot on both sides by it.
+# Version 1 (an older plugin's export) had clones only; it is still imported.
 
 my $STREAM_CHUNK = 1024 * 1024;
 
@@ -536,7 +645,8 @@ my $STREAM_FORMAT = 'fewerbytes';
 if (my $known = do { no warnings 'once'; $PVE::Storage::KNOWN_EXPORT_FORMATS }) {
     push @$known, $STREAM_FORMAT if !grep { $_ eq $STREAM_FORMAT } @$known;
 }
-my $CONTAINER_MAGIC = "fewerbytes-pve 1\n";
+my $CONTAINER_MAGIC = "fewerbytes-pve 2\n";
+my $CONTAINER_MAGIC_CLONES = "fewerbytes-pve 1\n";
 
 # Copy exactly $size bytes from $from to $to (file handles), dying with $what if the
 # source ends early or holds more.
@@ -594,18 +704,6 @@ my sub read_line {
     return $line;
 }
 
-# The snapshots of pool volume $name, oldest first: the pool volumes
-# `snap:SNAP:NAME`, in the order they were made (a pool's volume ids grow).
-my sub snapshots_of {
-    my ($volumes, $name) = @_;
-    my @snaps;
-    for my $pool_name (keys %$volumes) {
-        push @snaps, [$1, $volumes->{$pool_name}->{id}]
-            if $pool_name =~ m/^snap:([^:]+):\Q$name\E$/;
-    }
-    return map { $_->[0] } sort { $a->[1] <=> $b->[1] } @snaps;
-}
-
 # `fewerbytes ARGS` as the plugin's other commands run it, for a pipe.
 my sub fewerbytes_command {
     my ($scfg, @args) = @_;
@@ -619,17 +717,17 @@ my sub fewerbytes_command {
     );
 }
 
-# The parts an export of $volname sends, in order: [snapshot or undef (the disk),
-# base snapshot or undef (a full stream)] each.
+# The parts an export of $volname sends, in order: { snap (undef: the disk), base
+# (undef: a full stream), legacy } each, with the pool names to send.
 my sub export_parts {
     my ($scfg, $storeid, $volname, $snapshot, $base_snapshot, $with_snapshots) = @_;
     my $name = pool_name($volname);
     my $volumes = pool_volumes($scfg);
     die "volume '$storeid:$volname' does not exist\n" if !$volumes->{$name};
-    my @snaps = snapshots_of($volumes, $name);
+    my @snaps = snapshot_list($scfg, $name, $volumes);
+    my %by_name = map { $_->{snap} => $_ } @snaps;
     for my $snap (grep { defined } $snapshot, $base_snapshot) {
-        die "snapshot '$snap' of '$storeid:$volname' does not exist\n"
-            if !grep { $_ eq $snap } @snaps;
+        die "snapshot '$snap' of '$storeid:$volname' does not exist\n" if !$by_name{$snap};
     }
     my @wanted;
     if ($with_snapshots) {
@@ -638,26 +736,26 @@ my sub export_parts {
         my $past_base = !defined($base_snapshot);
         for my $snap (@snaps) {
             if (!$past_base) {
-                $past_base = $snap eq $base_snapshot;
+                $past_base = $snap->{snap} eq $base_snapshot;
                 next;
             }
             push @wanted, $snap;
-            last if defined($snapshot) && $snap eq $snapshot;
+            last if defined($snapshot) && $snap->{snap} eq $snapshot;
         }
         die "snapshot '$snapshot' of '$storeid:$volname' is not newer than the base"
             . " '$base_snapshot'\n"
-            if defined($snapshot) && !grep { $_ eq $snapshot } @wanted;
+            if defined($snapshot) && !grep { $_->{snap} eq $snapshot } @wanted;
     } elsif (defined($snapshot)) {
-        @wanted = ($snapshot);
+        @wanted = ($by_name{$snapshot});
     }
     my @parts;
-    my $base = $base_snapshot;
+    my $base = defined($base_snapshot) ? $by_name{$base_snapshot} : undef;
     for my $snap (@wanted) {
-        push @parts, [$snap, $base];
+        push @parts, { snap => $snap, base => $base };
         $base = $snap;
     }
     # The disk itself, unless the export is of a snapshot's moment.
-    push @parts, [undef, $base] if !defined($snapshot);
+    push @parts, { snap => undef, base => $base } if !defined($snapshot);
     return @parts;
 }
 
@@ -668,11 +766,15 @@ my sub stream_export {
         $with_snapshots);
     write_all($fh, $CONTAINER_MAGIC, $what);
     for my $part (@parts) {
-        my ($snap, $base) = @$part;
-        my @args = ('volume', 'send', pool_name($volname, $snap));
-        push @args, '--from', pool_name($volname, $base) if defined($base);
-        write_all($fh, 'part ' . encode_json({ snapshot => $snap, base => $base }) . "\n",
-            $what);
+        my ($snap, $base) = ($part->{snap}, $part->{base});
+        my @args = ('volume', 'send', $snap ? $snap->{pool_name} : pool_name($volname));
+        push @args, '--from', $base->{pool_name} if $base;
+        my $head = {
+            snapshot => $snap ? $snap->{snap} : undef,
+            base => $base ? $base->{snap} : undef,
+            ($snap && $snap->{legacy} ? (legacy => 1) : ()),
+        };
+        write_all($fh, 'part ' . encode_json($head) . "\n", $what);
         open(my $send, '-|', fewerbytes_command($scfg, @args))
             or die "$what: cannot run fewerbytes: $!\n";
         while (1) {
@@ -688,12 +790,11 @@ my sub stream_export {
     return undef;
 }
 
-# Receive one part's chunks from $fh into pool volume $into (from $base, a pool
-# volume, if set); a failure abandons the partial volume.
+# Receive one part's chunks from $fh with `volume receive @args`; a failure abandons
+# the partial volume (into $into).
 my sub receive_part {
-    my ($scfg, $fh, $into, $base, $what) = @_;
-    my @args = ('volume', 'receive', $into);
-    push @args, '--from', $base if defined($base);
+    my ($scfg, $fh, $into, $what, @options) = @_;
+    my @args = ('volume', 'receive', $into, @options);
     open(my $receive, '|-', fewerbytes_command($scfg, @args))
         or die "$what: cannot run fewerbytes: $!\n";
     my $ok = eval {
@@ -726,17 +827,24 @@ my sub stream_import {
         # snapshot must be here.
         die "cannot import an increment into '$storeid:$volname': its base snapshot"
             . " '$base_snapshot' is not here\n"
-            if !$volumes->{pool_name($volname, $base_snapshot)};
+            if !$volumes->{pool_name($volname)} || !find_snapshot($scfg, $volname, $base_snapshot);
     } elsif ($volumes->{pool_name($volname)}) {
         die "volume '$storeid:$volname' already exists\n" if !$allow_rename;
         warn "volume '$storeid:$volname' already exists - importing with a different name\n";
         $target = free_disk_name($scfg, $storeid, $vmid, $volumes);
     }
+    my $disk = pool_name($target);
+    my $existed = $volumes->{$disk} ? 1 : 0;
     my $what = "import into '$storeid:$target'";
+    my $magic = read_exactly($fh, length($CONTAINER_MAGIC), $what);
     die "$what: not a '$STREAM_FORMAT' export\n"
-        if read_exactly($fh, length($CONTAINER_MAGIC), $what) ne $CONTAINER_MAGIC;
+        if $magic ne $CONTAINER_MAGIC && $magic ne $CONTAINER_MAGIC_CLONES;
+    my $clones_only = $magic eq $CONTAINER_MAGIC_CLONES;
+    # What this import made, undone if it fails: snapshots, clones, the disk.
     my @made;
-    my $disk_received;
+    # Whether the disk holds what the last part carried (else: an older plugin's
+    # clone was the last, and the disk takes its content at the end).
+    my $disk_current = 0;
     eval {
         while (1) {
             my $line = read_line($fh, $what);
@@ -749,31 +857,52 @@ my sub stream_import {
                 die "$what: the stream names snapshot '$name', not a Proxmox snapshot name\n"
                     if $name !~ m/^[A-Za-z0-9_\-]{1,40}$/;
             }
+            my $legacy = defined($snap) && ($clones_only || $part->{legacy});
+            # The base as this pool names it: its snapshot, or an older clone.
+            my @from;
+            if (defined($base)) {
+                my $found = find_snapshot($scfg, $target, $base)
+                    // die "$what: the base snapshot '$base' is not here\n";
+                @from = ('--from', $found->{pool_name});
+            }
+            my $disk_exists = pool_volumes($scfg)->{$disk} ? 1 : 0;
+            if ($legacy) {
+                my $into = pool_name($target, $snap, 1);
+                receive_part($scfg, $fh, $into, $what, @from);
+                push @made, ['volume', 'delete', $into];
+                $disk_current = 0;
+                next;
+            }
             die "$what: the stream carries the disk, which exists here\n"
-                if !defined($snap) && pool_volumes($scfg)->{pool_name($target)};
-            my $into = pool_name($target, $snap);
-            receive_part($scfg, $fh, $into, defined($base) ? pool_name($target, $base) : undef,
-                $what);
-            push @made, $into;
-            $disk_received = 1 if !defined($snap);
+                if !defined($snap) && !defined($base) && $disk_exists;
+            # Onto the disk that exists (from one of its snapshots: updated in place,
+            # as a replica is; written since that snapshot only by a failed run of
+            # this import, whose writes --force discards), or a new disk.
+            receive_part($scfg, $fh, $disk, $what, @from, ($disk_exists ? ('--force') : ()));
+            push @made, ['volume', 'delete', $disk] if !$disk_exists;
+            push @made, ['volume', 'snapshot', 'delete', $disk, pool_snap($snap)] if defined($snap);
+            $disk_current = 1;
         }
         # An export of a snapshot's moment ends with that snapshot: the disk takes
-        # its content (a new disk is a clone of it; one that exists, a replica, is
-        # rolled back to it: refused while a VM has it open).
-        if (!$disk_received) {
+        # its content. A snapshot of the pool made it so already; an older plugin's
+        # clone is rolled back to (the disk exists: refused while a VM has it open) or
+        # cloned (a new disk).
+        if (!$disk_current) {
             my $last = $made[-1] // die "$what: the stream carries nothing\n";
-            if (pool_volumes($scfg)->{pool_name($target)}) {
-                fewerbytes($scfg, 'volume', 'rollback', pool_name($target), $last);
+            if (pool_volumes($scfg)->{$disk}) {
+                fewerbytes($scfg, 'volume', 'rollback', $disk, $last->[2]);
             } else {
-                fewerbytes($scfg, 'volume', 'clone', $last, pool_name($target));
-                push @made, pool_name($target);
+                fewerbytes($scfg, 'volume', 'clone', $last->[2], $disk);
+                push @made, ['volume', 'delete', $disk];
             }
         }
         1;
     } or do {
         my $err = $@;
-        for my $pool_name (reverse @made) {
-            eval { fewerbytes($scfg, 'volume', 'delete', $pool_name) };
+        for my $undo (reverse @made) {
+            # The disk this import made goes; one that existed stays.
+            next if $existed && $undo->[1] eq 'delete' && $undo->[2] eq $disk;
+            eval { fewerbytes($scfg, @$undo) };
             warn $@ if $@;
         }
         die $err;
@@ -808,8 +937,17 @@ sub volume_export {
         $with_snapshots)
         if $format eq $STREAM_FORMAT;
     raw_size_only($format, $base_snapshot, $with_snapshots);
-    my $name = pool_name($volname, $snapshot);
-    my $size = fewerbytes_json($scfg, 'volume', 'info', $name)->{size_bytes};
+    my $size;
+    if (defined($snapshot)) {
+        my $found = find_snapshot($scfg, $volname, $snapshot)
+            // die "snapshot '$snapshot' of '$storeid:$volname' does not exist\n";
+        ($size) = map { $_->{size_bytes} }
+            grep { $_->{name} eq $found->{pool_name} }
+            ($found->{legacy} ? fewerbytes_json($scfg, 'volume', 'list')
+                : fewerbytes_json($scfg, 'volume', 'snapshot', 'list', pool_name($volname)))->@*;
+    } else {
+        $size = fewerbytes_json($scfg, 'volume', 'info', pool_name($volname))->{size_bytes};
+    }
     my $header = pack('Q<', $size);
     syswrite($fh, $header, 8) == 8 or die "export of '$storeid:$volname': write failed: $!\n";
     my $uri = scalar($class->path($scfg, $volname, $storeid, $snapshot));
@@ -879,6 +1017,9 @@ sub volume_has_feature {
         # A new volume reads as zeros: copies may skip zero blocks.
         sparseinit => { base => 1, current => 1 },
         rename => { current => 1 },
+        # Snapshots keep their identity across pools (volume_snapshot_info), and an
+        # increment from a common one updates the replica in place (stream_import).
+        replicate => { base => 1, current => 1 },
     };
     my (undef, undef, undef, undef, undef, $is_base) = $class->parse_volname($volname);
     my $key = $snapname ? 'snap' : $is_base ? 'base' : 'current';
