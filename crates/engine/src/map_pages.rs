@@ -336,12 +336,6 @@ impl MapPages {
         Some((c * CHUNK_PAGES).max(p)).filter(|&q| q < self.len)
     }
 
-    /// Page slots in memory (whole chunks), and the pages of them written.
-    pub fn in_memory(&self) -> (u64, u64) {
-        let (slots, written, _) = self.memory();
-        (slots, written)
-    }
-
     /// Page slots in memory (whole chunks), the pages of them written, and of
     /// those the pages whose entries no other map shares in memory.
     pub fn memory(&self) -> (u64, u64, u64) {
@@ -431,7 +425,7 @@ mod tests {
         for p in [0, len / 2, len - 1] {
             write(&mut pages, p, &dirty);
         }
-        assert_eq!(pages.in_memory(), (3 * CHUNK_PAGES, 3));
+        assert_eq!(pages.memory(), (3 * CHUNK_PAGES, 3, 3));
         let numbers: Vec<u64> = pages
             .iter()
             .filter(|(_, page)| page.lock().is_written())
@@ -456,7 +450,7 @@ mod tests {
             write(&mut pages, p, &dirty);
         }
         pages.set_len(71);
-        assert_eq!(pages.in_memory(), (2 * CHUNK_PAGES, 2));
+        assert_eq!(pages.memory(), (2 * CHUNK_PAGES, 2, 2));
         pages.set_len(1000);
         assert!(!pages.get(71).unwrap().lock().is_written());
         assert!(pages.get(999).is_none());
@@ -464,7 +458,7 @@ mod tests {
         let mut clone = MapPages::new(1000);
         let copied = clone.share_from(&pages, &Shares::default(), &dirty);
         assert_eq!(copied, [ObjectId(11), ObjectId(71)]);
-        assert_eq!(clone.in_memory(), (2 * CHUNK_PAGES, 2));
+        assert_eq!(clone.memory(), (2 * CHUNK_PAGES, 2, 0));
     }
 
     #[test]
