@@ -55,7 +55,18 @@ t0=$(now); "$FB" --pool "$pool" volume list >/dev/null; t1=$(now)
 echo "volume list (the command's start-up and round trip, for scale): $(seconds "$t0" "$t1") s"
 
 t0=$(now); "$FB" --pool "$pool" volume snapshot big before >/dev/null; t1=$(now)
-echo "snapshot of the full ${VOLUME_GIB} GiB volume: $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'big'") ms)"
+echo "snapshot of the full ${VOLUME_GIB} GiB volume, just filled (a checkpoint first writes the pages the fill left changed): $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'big'") ms)"
+# Ten more of the same volume, now idle: what a snapshot costs by itself.
+snapshots_ms() {
+    local vol=$1 ms=()
+    for i in $(seq 10); do
+        "$FB" --pool "$pool" volume snapshot "$vol" "s$i" >/dev/null
+        ms+=("$(logged_ms "take snapshot 's$i' of volume '$vol'")")
+    done
+    for i in $(seq 10); do "$FB" --pool "$pool" volume snapshot delete "$vol" "s$i" >/dev/null; done
+    printf '%s\n' "${ms[@]}" | sort -n | python3 -c "import sys; v=[float(x) for x in sys.stdin]; print(f'min {v[0]:.1f} ms, median {(v[4]+v[5])/2:.1f} ms, max {v[-1]:.1f} ms')"
+}
+echo "ten snapshots of the idle ${VOLUME_GIB} GiB volume (server): $(snapshots_ms big)"
 
 fio --name=change --ioengine=nbd --uri="nbd+unix:///big?socket=$sock" --rw=randwrite --bs=4k \
     --iodepth=8 --size="${VOLUME_GIB}G" --io_size=64M --refill_buffers --end_fsync=1 >/dev/null
@@ -81,7 +92,8 @@ h.flush()
 h.shutdown()
 EOF
 t0=$(now); "$FB" --pool "$pool" volume snapshot huge before >/dev/null; t1=$(now)
-echo "snapshot of a 4 PiB thin volume (64 MiB written at 64 places): $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'huge'") ms)"
+echo "snapshot of a 4 PiB thin volume (64 MiB written at 64 places), just written: $(seconds "$t0" "$t1") s (server: $(logged_ms "take snapshot 'before' of volume 'huge'") ms)"
+echo "ten snapshots of the idle 4 PiB thin volume (server): $(snapshots_ms huge)"
 "$FB" --pool "$pool" volume snapshot delete huge before >/dev/null
 "$FB" --pool "$pool" volume delete huge >/dev/null
 
