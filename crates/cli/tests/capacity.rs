@@ -201,12 +201,13 @@ fn stats_pool_info_volume_list_and_the_proxmox_plugin_show_one_model_of_space() 
         f.stats
     );
     // Used is made of its parts, but for the blocks packers hold open, which count in
-    // Stored and in Available (at most a run of 16 and a fragment block per zone).
+    // Stored and in Available (at most a run and a fragment block per zone).
     let parts = number(&f.stats, "stored_bytes")
         + number(&f.stats, "metadata_bytes")
         + number(&f.stats, "reserved_unused_bytes")
         + number(&f.stats, "kept_bytes");
-    let open_max = 17 * number(&f.stats, "threads") * 4096;
+    let open_max =
+        (u64::from(fewerbytes_engine::RUN_BLOCKS) + 1) * number(&f.stats, "threads") * 4096;
     assert!(
         parts >= used && parts - used <= open_max,
         "stored + metadata + reserved unused + kept free ({parts}) is not Used ({used}): {:#}",

@@ -79,6 +79,9 @@ pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
 pub use index_mode::{IndexMode, SPARSE_SAMPLE_SHIFT};
 pub use index_save::{state_dir, STATE_DIR};
+/// Blocks in a run of whole blocks a zone writes at once (what a packer may hold
+/// open beside one fragment block).
+pub use packer::RUN_BLOCKS;
 pub use pool::Pool;
 pub use repair::{RepairOptions, RepairPhase};
 pub use scrub::SCRUB_RATE_DEFAULT_BYTES_PER_S;

@@ -25,7 +25,7 @@ fn read_block(vol: &Volume, lbn: u64) -> Vec<u8> {
 /// Write blocks 0, 1, 2, ... with a flush after every `flush_every` until a write
 /// or a flush finds no space. Returns the blocks acknowledged and how many of them
 /// a flush made durable. (Every 8: a commit finds the device full; every 64: a
-/// write closing a run of 16 blocks does, and the next write fails.)
+/// write closing a run of blocks does, and the next write fails.)
 fn write_until_full(vol: &Volume, flush_every: u64) -> (u64, u64) {
     let mut acknowledged = 0u64;
     let mut flushed = 0u64;

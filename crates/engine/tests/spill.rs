@@ -52,10 +52,10 @@ fn assert_whole(pool: &Arc<Pool>, volumes: &[usize]) {
     assert!(report.damage_left.is_empty(), "{:?}", report.damage_left);
     let s = pool.stats();
     let c = s.space;
-    // Blocks packers hold open count in Stored and in Available: at most a run of 16
-    // and a fragment block per zone.
+    // Blocks packers hold open count in Stored and in Available: at most a run and
+    // a fragment block per zone.
     let parts = c.stored_bytes + c.metadata_bytes + c.reserved_unused_bytes + c.kept_bytes;
-    let open_max = 17 * s.threads as u64 * BLOCK as u64;
+    let open_max = (u64::from(fewerbytes_engine::RUN_BLOCKS) + 1) * s.threads as u64 * BLOCK as u64;
     assert!(
         parts >= c.used_bytes && parts - c.used_bytes <= open_max,
         "stored, metadata (pages in data blocks too), reserved unused and kept free make \
