@@ -20,10 +20,10 @@
 //! by both, and its second copy is what survives a bad sector there.
 
 use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
-use crate::map_pages::MapPages;
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::Work;
+use crate::map_pages::MapPages;
 use crate::page_store::{address_block, discard_slots, page_addresses, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::slab_depot::SlabDepot;
