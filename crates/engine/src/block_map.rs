@@ -78,6 +78,10 @@ pub struct VolumeState {
     /// Level-1 directory pages a repair cleared damage under: the next checkpoint
     /// rewrites them (and so retires the failed directory pages).
     cleared_dirs: Mutex<BTreeSet<u64>>,
+    /// Its pages' durable references changed without a page turning dirty (it took
+    /// another volume's pages, or left its own): the next checkpoint walks its map
+    /// and writes its tree, however quiet the pool.
+    tree_stale: AtomicBool,
 }
 
 impl VolumeState {
@@ -128,6 +132,7 @@ impl VolumeState {
             damage: RwLock::new(Vec::new()),
             damaged: AtomicBool::new(false),
             cleared_dirs: Mutex::new(BTreeSet::new()),
+            tree_stale: AtomicBool::new(true),
         }
     }
 
@@ -213,6 +218,24 @@ impl VolumeState {
             }
         }
         Ok(())
+    }
+
+    /// Whether the next checkpoint must walk the map and write the tree whatever
+    /// else changed (see `tree_stale`).
+    pub(crate) fn tree_stale(&self) -> bool {
+        self.tree_stale.load(Ordering::Acquire)
+    }
+
+    /// The map's tree names every page's durable copy as it is now (a checkpoint
+    /// wrote it, or the open read it).
+    pub(crate) fn tree_written(&self) {
+        self.tree_stale.store(false, Ordering::Release);
+    }
+
+    /// Whether a repair cleared damage under directory pages the next checkpoint
+    /// must rewrite.
+    pub(crate) fn has_cleared_dirs(&self) -> bool {
+        !self.cleared_dirs.lock().is_empty()
     }
 
     /// The level-1 directory pages a repair cleared damage under, taken by the
@@ -520,6 +543,7 @@ impl VolumeState {
         shares: &Shares,
         dirty_pages: &AtomicU64,
     ) -> Vec<ObjectId> {
+        self.tree_stale.store(true, Ordering::Release);
         let copied = self
             .pages
             .write()
@@ -537,6 +561,7 @@ impl VolumeState {
         self.damage.write().clear();
         self.damaged.store(false, Ordering::Release);
         self.cleared_dirs.lock().clear();
+        self.tree_stale.store(true, Ordering::Release);
         let mut free = Vec::new();
         let mut released = Vec::new();
         let mut pages = self.pages.write();
@@ -554,6 +579,7 @@ impl VolumeState {
     /// Change the size to `size_blocks`; entries past the end must be unmapped by the
     /// caller first ([`Self::unmap_from`]).
     pub fn set_size(&self, size_blocks: u64) {
+        self.tree_stale.store(true, Ordering::Release);
         let mut pages = self.pages.write();
         pages.set_len(size_blocks.div_ceil(ENTRIES_PER_PAGE));
         self.size_blocks.store(size_blocks, Ordering::Release);

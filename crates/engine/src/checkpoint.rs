@@ -19,10 +19,11 @@
 //! a directory page that did not change between the two newest checkpoints is shared
 //! by both, and its second copy is what survives a bad sector there.
 
-use crate::block_map::ENTRIES_PER_PAGE;
+use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::dir_tree::{DirLevel, DirTree, SparseRefs};
 use crate::inner::Inner;
 use crate::journal::Work;
+use crate::map_pages::MapPages;
 use crate::page_store::{address_block, discard_slots, page_addresses, PageStore};
 use crate::slab::{ObjTable, Slab};
 use crate::slab_depot::SlabDepot;
@@ -512,6 +513,7 @@ fn checkpoint_once(
         inner.devices.latch(&e);
         return Err(e);
     }
+    inner.checkpointer.settled();
     // Durable. The pages it retired are still reached by the older super block copy
     // (the previous checkpoint): they stay until the next checkpoint is durable.
     // Those the previous checkpoint retired are reached by no copy now (this one
@@ -570,10 +572,60 @@ fn checkpoint_once(
     Ok(kept)
 }
 
+/// One volume's block map into `wb`: every dirty page to a fresh place, and the
+/// directory pages over those and over any page whose reference changed (a tree
+/// new since the last checkpoint, the ranges a repair cleared, a resize). The
+/// volume's tree is as written after.
+fn write_map(
+    wb: &mut Writeback<'_>,
+    vol: &VolumeState,
+    map: &MapPages,
+    dirs: &mut DirTree,
+    payload: &mut [u8],
+) -> Result<()> {
+    let mut map_refs = Vec::new();
+    // A damaged page is never dirty (its reference is kept as it is); the
+    // directory pages over a range a repair cleared are rewritten.
+    let mut dirty_dirs = vol.take_cleared_dirs();
+    for (p, page) in map.iter() {
+        let mut page = page.lock();
+        if page.is_dirty() && page.is_shared() {
+            return Err(EngineError::Invariant(format!(
+                "map page {p} of volume '{}' is dirty and shared",
+                vol.name()
+            )));
+        }
+        if page.is_dirty() {
+            let mut w = Writer::new(payload);
+            match page.encoded_entries() {
+                Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
+                None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
+            }
+            // A map page names its volume's lineage: the trees that share it all
+            // accept it (`page_share.rs`).
+            let name = PageName::table(PageKind::Map, vol.lineage(), p);
+            let at = wb.place(name, ENTRIES_PER_PAGE as u32, payload, page.durable())?;
+            page.written(at);
+            dirty_dirs.insert(p / PER_DIR);
+        }
+        if !page.durable().is_none() {
+            map_refs.push((p, page.durable()));
+        }
+    }
+    wb.write_tree(dirs, map.len(), &map_refs, dirty_dirs, vol.id())?;
+    vol.tree_written();
+    Ok(())
+}
+
 /// Encode every dirty page into fresh slots, or data blocks past them. Runs with
 /// the gate held.
 fn snapshot(inner: &Inner) -> Result<Snapshot> {
     let generation = inner.checkpointer.super_block().generation + 1;
+    // No page dirty anywhere: a volume whose tree is as the last checkpoint wrote
+    // it has nothing to write, and is not walked (a snapshot's checkpoints after the
+    // first cost what changed, not the pages of every volume).
+    let quiet = inner.checkpointer.quiet_since_settled()
+        && inner.checkpointer.super_block().version == FORMAT_VERSION;
     // Every page dirty now is written by this snapshot.
     inner.checkpointer.dirty_pages_taken();
     let mut wb = Writeback {
@@ -633,37 +685,15 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
     for vol in volumes.iter() {
         // Only the pages in memory: a page never written has no durable copy.
         let map = vol.map_pages();
-        let mut map_refs = Vec::new();
-        // A damaged page is never dirty (its reference is kept as it is); the
-        // directory pages over a range a repair cleared are rewritten.
-        let mut dirty_dirs = vol.take_cleared_dirs();
-        for (p, page) in map.iter() {
-            let mut page = page.lock();
-            if page.is_dirty() && page.is_shared() {
-                return Err(EngineError::Invariant(format!(
-                    "map page {p} of volume '{}' is dirty and shared",
-                    vol.name()
-                )));
-            }
-            if page.is_dirty() {
-                let mut w = Writer::new(&mut payload);
-                match page.encoded_entries() {
-                    Some(entries) => entries.iter().for_each(|e| w.u64(*e)),
-                    None => (0..ENTRIES_PER_PAGE).for_each(|_| w.u64(0)),
-                }
-                // A map page names its volume's lineage: the trees that share it
-                // all accept it (`page_share.rs`).
-                let name = PageName::table(PageKind::Map, vol.lineage(), p);
-                let at = wb.place(name, ENTRIES_PER_PAGE as u32, &payload, page.durable())?;
-                page.written(at);
-                dirty_dirs.insert(p / PER_DIR);
-            }
-            if !page.durable().is_none() {
-                map_refs.push((p, page.durable()));
-            }
-        }
         let mut dirs = vol.dirs();
-        wb.write_tree(&mut dirs, map.len(), &map_refs, dirty_dirs, vol.id())?;
+        let settled = quiet
+            && !vol.tree_stale()
+            && dirs.pages() == map.len()
+            && dirs.marked() == 0
+            && !vol.has_cleared_dirs();
+        if !settled {
+            write_map(&mut wb, vol, &map, &mut dirs, &mut payload)?;
+        }
         let size_bytes = vol.size_blocks() * BLOCK_BYTES as u64;
         let (reservation_bytes, thin) = inner.volumes.reservations().record(vol.id(), size_bytes);
         records.push(VolumeRecord {

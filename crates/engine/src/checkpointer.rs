@@ -9,7 +9,7 @@ use crate::dir_tree::DirTree;
 use crate::page_store::PageStore;
 use fewerbytes_format::superblock::SuperBlock;
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What the checkpoints keep between them.
@@ -46,6 +46,10 @@ pub(crate) struct Checkpointer {
     /// page-store slot at the next checkpoint, so their number is bounded (see
     /// `Inner::page_store_pressed`). Map pages and slabs add to it.
     dirty_pages: Arc<AtomicU64>,
+    /// The last checkpoint was durable in full (set when it is, cleared as the next
+    /// begins): with no page turned dirty since, a checkpoint may skip the volumes
+    /// whose trees are as it wrote them (`checkpoint.rs: snapshot`).
+    settled: AtomicBool,
 }
 
 impl Checkpointer {
@@ -64,6 +68,7 @@ impl Checkpointer {
             slots_discarded: AtomicU64::new(0),
             written: RegionBytes::default(),
             dirty_pages: Arc::new(AtomicU64::new(0)),
+            settled: AtomicBool::new(false),
         }
     }
 
@@ -80,6 +85,18 @@ impl Checkpointer {
     /// A snapshot took every dirty page.
     pub(crate) fn dirty_pages_taken(&self) {
         self.dirty_pages.store(0, Ordering::Relaxed);
+    }
+
+    /// At a snapshot's start (the gate held): whether the last checkpoint was
+    /// durable in full and no map or slab page turned dirty since, so that no page
+    /// is dirty now. Clears the mark until this checkpoint is durable.
+    pub(crate) fn quiet_since_settled(&self) -> bool {
+        self.settled.swap(false, Ordering::AcqRel) && self.dirty_page_count() == 0
+    }
+
+    /// The checkpoint just taken is durable in full.
+    pub(crate) fn settled(&self) {
+        self.settled.store(true, Ordering::Release);
     }
 
     /// Run alone: no other checkpoint or volume operation until the guard drops.

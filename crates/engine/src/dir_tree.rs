@@ -150,6 +150,11 @@ impl DirTree {
         }
     }
 
+    /// Table pages under the tree as last written or loaded.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
     /// Directory pages marked for rewriting, every level.
     pub fn marked(&self) -> u64 {
         self.levels.iter().map(|l| l.rewrite.len() as u64).sum()

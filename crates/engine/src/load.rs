@@ -420,6 +420,7 @@ pub(crate) fn load_map(
     }
     *vol.dirs() = tree;
     crate::map_damage::record_lost(inner, vol, lost, pages_len);
+    vol.tree_written();
     Ok(())
 }
 

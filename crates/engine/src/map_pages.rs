@@ -150,14 +150,14 @@ impl MapPage {
     }
 
     /// A page for another volume's tree that reaches the same durable copy: the
-    /// entries shared in memory, both pages marked shared, and one more referrer
-    /// of the copy counted in `shares`. Only a clean page with a durable copy can
-    /// be shared; `None` otherwise (the caller copies it instead).
-    pub fn share(&mut self, shares: &Shares) -> Option<MapPage> {
+    /// entries shared in memory and both pages marked shared; the caller counts the
+    /// new referrer of the copy in the shares table (`Shares::join_all`). Only a
+    /// clean page with a durable copy can be shared; `None` otherwise (the caller
+    /// copies it instead).
+    pub fn share(&mut self) -> Option<MapPage> {
         if self.dirty || self.damaged || self.durable.is_none() || self.entries.is_none() {
             return None;
         }
-        shares.join(self.durable);
         self.shared = true;
         Some(MapPage {
             entries: self.entries.clone(),
@@ -380,23 +380,39 @@ impl MapPages {
         dirty_pages: &AtomicU64,
     ) -> Vec<ObjectId> {
         let mut copied = Vec::new();
-        for (p, source) in from.iter() {
-            let mut source = source.lock();
-            if !source.is_written() || !self.make(p) {
-                continue;
+        let mut joined = Vec::new();
+        // Chunk by chunk: one lookup per 63 pages, and the shares table locked once.
+        for (&c, chunk) in &from.chunks {
+            let first = c * CHUNK_PAGES;
+            if first >= self.len {
+                break;
             }
-            let Some(page) = self.get(p) else {
-                continue;
-            };
-            let mut page = page.lock();
-            match source.share(shares) {
-                Some(shared) => *page = shared,
-                None => {
-                    page.copy_from(&source, dirty_pages);
-                    copied.extend(source.objects());
+            let target = self
+                .chunks
+                .entry(c)
+                .or_insert_with(|| Box::new(std::array::from_fn(|_| Mutex::default())));
+            for (i, (source, page)) in chunk.iter().zip(target.iter_mut()).enumerate() {
+                if first + i as u64 >= self.len {
+                    break;
+                }
+                let mut source = source.lock();
+                if !source.is_written() {
+                    continue;
+                }
+                let page = page.get_mut();
+                match source.share() {
+                    Some(shared) => {
+                        joined.push(shared.durable);
+                        *page = shared;
+                    }
+                    None => {
+                        page.copy_from(&source, dirty_pages);
+                        copied.extend(source.objects());
+                    }
                 }
             }
         }
+        shares.join_all(&joined);
         copied
     }
 }

@@ -30,6 +30,16 @@ impl Shares {
         *self.referrers.lock().entry(at.address).or_insert(1) += 1;
     }
 
+    /// One more tree reaches each of the durable pages `all` (as [`Self::join`]),
+    /// the table locked once.
+    pub(crate) fn join_all(&self, all: &[PageRef]) {
+        let mut referrers = self.referrers.lock();
+        referrers.reserve(all.len());
+        for at in all {
+            *referrers.entry(at.address).or_insert(1) += 1;
+        }
+    }
+
     /// A tree stops reaching the durable page `at`: whether others still do (else
     /// the tree leaving was its only one, and the page is its to free or rewrite).
     pub(crate) fn leave(&self, at: PageRef) -> bool {
