@@ -6,27 +6,10 @@
 
 mod common;
 
-use common::{create, random_block, BLOCK};
-use fewerbytes_engine::{EngineError, Pool};
-use std::sync::Arc;
+use common::{create, read_all, write_blocks, BLOCK};
+use fewerbytes_engine::EngineError;
 
 const BLOCKS: u64 = 64;
-
-fn write_blocks(pool: &Arc<Pool>, volume: &str, first: u64, count: u64, seed: u64) {
-    let vol = pool.open_volume(volume).expect("volume");
-    for i in 0..count {
-        vol.write((first + i) * BLOCK as u64, &random_block(seed + i), false)
-            .expect("write");
-    }
-    vol.flush().expect("flush");
-}
-
-fn read_all(pool: &Arc<Pool>, volume: &str) -> Vec<u8> {
-    let vol = pool.open_volume(volume).expect("volume");
-    let mut bytes = vec![0u8; vol.size_bytes() as usize];
-    vol.read(0, &mut bytes).expect("read");
-    bytes
-}
 
 #[test]
 fn a_rolled_back_volume_reads_its_snapshot_and_frees_what_only_it_held() {

@@ -180,3 +180,22 @@ pub fn newest_super_block(image: &[u8]) -> fewerbytes_format::superblock::SuperB
         .max_by_key(|sb| sb.generation)
         .expect("a valid super block copy")
 }
+
+/// Write blocks `first..first + count` of `volume` with `random_block(seed + i)`,
+/// then flush.
+pub fn write_blocks(pool: &Arc<Pool>, volume: &str, first: u64, count: u64, seed: u64) {
+    let vol = pool.open_volume(volume).expect("volume");
+    for i in 0..count {
+        vol.write((first + i) * BLOCK as u64, &random_block(seed + i), false)
+            .expect("write");
+    }
+    vol.flush().expect("flush");
+}
+
+/// Every byte of `volume`.
+pub fn read_all(pool: &Arc<Pool>, volume: &str) -> Vec<u8> {
+    let vol = pool.open_volume(volume).expect("volume");
+    let mut bytes = vec![0u8; vol.size_bytes() as usize];
+    vol.read(0, &mut bytes).expect("read");
+    bytes
+}
