@@ -170,10 +170,10 @@ pub enum Request {
     ScrubStatus,
     /// `volume send`: the server writes the stream on this connection, after the
     /// `Streaming` answer, in frames (`stream_socket`).
-    SendVolume(crate::send::SendRequest),
+    SendVolume(crate::stream_request::SendRequest),
     /// `volume receive`: the connection carries the stream to the server, after the
     /// `Streaming` answer (`stream_socket`).
-    ReceiveVolume(crate::receive::ReceiveRequest),
+    ReceiveVolume(crate::stream_request::ReceiveRequest),
 }
 
 fn is_thick(p: &Provisioning) -> bool {

@@ -278,7 +278,7 @@ fn serve_connection(
             line.push('\n');
             (&stream).write_all(line.as_bytes())?;
             tracing::info!("control: {}: begins", request.in_words());
-            crate::stream_socket::serve(&stream, pool, &held.path, &request);
+            crate::stream_serve::serve(&stream, pool, &held.path, &request);
             return Ok(());
         }
         Ok(Envelope { request, .. }) => {

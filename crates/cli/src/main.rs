@@ -30,6 +30,8 @@ mod receive;
 mod send;
 mod serve;
 mod size;
+mod stream_request;
+mod stream_serve;
 mod stream_socket;
 mod transfer;
 mod volume_requests;

@@ -29,6 +29,7 @@ use crate::control::{served_or_local, with_local_pool};
 use crate::homes;
 use crate::send::{content_digest, hex, ResumeToken};
 use crate::size::format_size;
+pub use crate::stream_request::ReceiveRequest;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 /// The suffix of the partial volume's name.
@@ -132,33 +133,6 @@ fn partial_name(name: &str) -> Result<String> {
         );
     }
     Ok(partial)
-}
-
-/// How `volume receive` was asked to run: the same on the command line and over
-/// the control socket.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReceiveRequest {
-    /// The new volume's name.
-    pub name: String,
-    /// The base of an incremental stream, when not the name the stream carries.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    /// Continue a receive that stopped.
-    #[serde(default)]
-    pub resume: bool,
-    /// Discard a receive that stopped.
-    #[serde(default)]
-    pub abandon: bool,
-    /// What the new volume reserves (as `volume create` and `volume clone`).
-    #[serde(default)]
-    pub provisioning: Provisioning,
-    /// Two-way mode: the volumes whose blocks answer the sender's offers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub negotiate_with: Vec<String>,
-    /// Updating NAME in place: discard what was written to it since its base
-    /// snapshot (refused otherwise).
-    #[serde(default)]
-    pub force: bool,
 }
 
 /// Receive a stream from stdin into a new volume: through the server's control

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use crate::control::{served_or_local, with_local_pool_read_only};
 use crate::output::Progress;
 use crate::size::format_size;
+pub use crate::stream_request::SendRequest;
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
 /// Blocks whose map entries are read at once, and the largest read: 1 MiB.
@@ -168,23 +169,6 @@ pub fn send(
         return result;
     }
     result
-}
-
-/// What a send is asked for: the same on the command line and over the control
-/// socket.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct SendRequest {
-    /// The volume sent.
-    pub name: String,
-    /// The base of an incremental stream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
-    /// `--resume-token`: the key, and the first record written.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume_token: Option<String>,
-    /// Two-way mode: offers go out first and the answer comes back on `answers`.
-    #[serde(default)]
-    pub negotiated: bool,
 }
 
 /// Write the stream of `request` to `sink` from an open pool (this process's, or a

@@ -18,22 +18,17 @@
 //! a time, so a resume cannot meet the receive it resumes still applying records.
 
 use anyhow::{bail, Context, Result};
-use fewerbytes_engine::Pool;
-use std::collections::HashSet;
 use std::io::{BufRead, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
 
-use crate::control::{answer_of, Answer, ControlClient, Reply, Request};
-use crate::receive::{receive_into_pool, ReceiveRequest};
-use crate::send::{send_from_pool, SendRequest};
+use crate::control::{answer_of, Answer, ControlClient, Request};
+use crate::stream_request::{ReceiveRequest, SendRequest};
 
 /// A frame of stream bytes.
 const FRAME_DATA: u8 = 1;
 /// The last frame: the reply line.
-const FRAME_REPLY: u8 = 2;
+pub(crate) const FRAME_REPLY: u8 = 2;
 /// Largest frame payload: a frame is a buffer on each side, and the sender's
 /// buffer drains at 1 MiB.
 const FRAME_BYTES_MAX: usize = 4 << 20;
@@ -41,8 +36,8 @@ const FRAME_BYTES_MAX: usize = 4 << 20;
 const PUMP_BYTES: usize = 256 << 10;
 
 /// Frames of kind 1 over a writer: what the server's send and answer write to.
-struct FrameWriter<W: Write> {
-    inner: W,
+pub(crate) struct FrameWriter<W: Write> {
+    pub(crate) inner: W,
 }
 
 impl<W: Write> Write for FrameWriter<W> {
@@ -60,7 +55,7 @@ impl<W: Write> Write for FrameWriter<W> {
     }
 }
 
-fn write_frame(out: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_frame(out: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
     debug_assert!(payload.len() <= FRAME_BYTES_MAX);
     let mut head = [0u8; 5];
     head[0] = kind;
@@ -188,83 +183,5 @@ fn ignore_sigpipe() {
     // SAFETY: setting a signal disposition; no handler runs.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-    }
-}
-
-/// Names a receive on this server is writing: a second receive into one (a resume
-/// sent while the cut one still applies what reached it) is refused.
-static RECEIVING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
-
-/// A name held in `RECEIVING` while a receive runs.
-struct ReceivingName(String);
-
-impl ReceivingName {
-    fn take(name: &str) -> Result<ReceivingName> {
-        let mut names = RECEIVING.lock().unwrap_or_else(|e| e.into_inner());
-        if !names
-            .get_or_insert_with(HashSet::new)
-            .insert(name.to_string())
-        {
-            bail!(
-                "a receive into '{name}' is running on this server; wait for it to stop \
-                 (a cut stream stops it), then resume"
-            );
-        }
-        Ok(ReceivingName(name.to_string()))
-    }
-}
-
-impl Drop for ReceivingName {
-    fn drop(&mut self) {
-        let mut names = RECEIVING.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(names) = names.as_mut() {
-            names.remove(&self.0);
-        }
-    }
-}
-
-/// The server's side of a streaming request, after the `Streaming` line: run it,
-/// then write the reply frame. An error is the reply, not this function's.
-pub fn serve(stream: &UnixStream, pool: &Arc<Pool>, pool_path: &Path, request: &Request) {
-    let result = match request {
-        Request::SendVolume(send) => {
-            let mut sink = FrameWriter { inner: stream };
-            let mut answers = stream;
-            let answers = send.negotiated.then_some(&mut answers as &mut dyn Read);
-            send_from_pool(pool, send, &mut sink, answers)
-        }
-        Request::ReceiveVolume(receive) => ReceivingName::take(&receive.name).and_then(|_held| {
-            let mut input = stream;
-            let mut answer_out = FrameWriter { inner: stream };
-            receive_into_pool(pool, pool_path, receive, &mut input, &mut answer_out)
-        }),
-        other => Err(anyhow::anyhow!("{} does not stream", other.in_words())),
-    };
-    let what = request.in_words();
-    let reply = match result {
-        Ok(summary) => {
-            tracing::info!("control: {what}: {summary}");
-            Reply {
-                ok: true,
-                value: Some(Answer::Streamed(summary)),
-                error: None,
-                wrong_pool: false,
-            }
-        }
-        Err(e) => {
-            tracing::info!("control: {what}: stopped: {e:#}");
-            Reply {
-                ok: false,
-                value: None,
-                error: Some(format!("{e:#}")),
-                wrong_pool: false,
-            }
-        }
-    };
-    let line = serde_json::to_string(&reply).unwrap_or_else(|e| {
-        format!(r#"{{"ok":false,"error":"the reply could not be encoded: {e}"}}"#)
-    });
-    if let Err(e) = write_frame(&mut &*stream, FRAME_REPLY, line.as_bytes()) {
-        tracing::warn!("control: {what}: the command left before the reply: {e}");
     }
 }

@@ -460,7 +460,7 @@ impl VolumeState {
         let pages = self.pages.read();
         for (p, page) in pages.iter() {
             let page = page.lock();
-            if !counted.counts(&page) {
+            if !counted.counts(page.is_shared(), page.durable()) {
                 continue;
             }
             if let Some(entries) = page.encoded_entries() {

@@ -13,7 +13,6 @@
 //! (`MapPage::leave`), and frees only the pages no other tree reaches: its cost is
 //! what it alone holds.
 
-use crate::map_pages::MapPage;
 use fewerbytes_format::page::PageRef;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -81,10 +80,11 @@ pub(crate) struct CountedPages {
 }
 
 impl CountedPages {
-    /// Whether `page`'s entries count in this walk: every page a volume holds
-    /// alone, and a shared page the first time the walk meets its durable copy.
-    pub(crate) fn counts(&mut self, page: &MapPage) -> bool {
-        !page.is_shared() || self.seen.insert(page.durable().address)
+    /// Whether a page's entries count in this walk: every page a volume holds
+    /// alone (not `shared`), and a shared page the first time the walk meets its
+    /// durable copy `durable`.
+    pub(crate) fn counts(&mut self, shared: bool, durable: PageRef) -> bool {
+        !shared || self.seen.insert(durable.address)
     }
 }
 

@@ -300,7 +300,7 @@ fn count_references(
             let page = page.lock();
             // A page several trees reach counts once; its dangling entries are
             // listed for each volume (each is set to zero in its own copy).
-            let counts = counted.counts(&page);
+            let counts = counted.counts(page.is_shared(), page.durable());
             for k in 0..ENTRIES_PER_PAGE as usize {
                 // Counted as `audit` counts: entries naming objects.
                 let MapEntry::Object(o) = page.get(k) else {
