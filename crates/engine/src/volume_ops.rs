@@ -241,7 +241,8 @@ pub(crate) fn delete(inner: &Inner, name: &str, force: bool) -> Result<()> {
     if !snapshots.is_empty() {
         let names: Vec<String> = snapshots.iter().map(|s| s.name()).collect();
         return Err(EngineError::Refused(format!(
-            "volume '{name}' has {} snapshot(s) ({}): delete them first              (`volume snapshot delete {name} SNAPSHOT`)",
+            "volume '{name}' has {} snapshot(s) ({}): delete them first \
+             (`volume snapshot delete {name} SNAPSHOT`)",
             names.len(),
             names.join(", ")
         )));
