@@ -8,6 +8,7 @@
 mod common;
 
 use common::data::{compressible_block, Rng};
+use common::send_stream::{count_before, resume_token};
 use common::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -313,20 +314,6 @@ fn a_missing_or_different_base_is_refused_and_leaves_nothing() {
     assert!(exported(&r.b, "vm2", &r.dir) == r.image);
 }
 
-/// The resume token a failed receive printed.
-fn resume_token(ran: &Ran) -> String {
-    let at = ran
-        .stderr
-        .find("--resume-token ")
-        .unwrap_or_else(|| panic!("no token:\n{}", ran.report()));
-    ran.stderr[at + "--resume-token ".len()..]
-        .split_whitespace()
-        .next()
-        .expect("token")
-        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_string()
-}
-
 #[test]
 fn a_cut_stream_fails_and_resume_completes_it() {
     let dir = TempDir::new("sendcut");
@@ -499,20 +486,6 @@ fn an_incremental_receive_resumes_and_checks_its_base_again() {
         "vm2 differs from the source"
     );
     assert_check_clean(&r.b);
-}
-
-/// The number before `what` in a send's summary ("N the receiver held").
-fn count_before(ran: &Ran, what: &str) -> u64 {
-    let end = ran
-        .stderr
-        .find(what)
-        .unwrap_or_else(|| panic!("no '{what}':\n{}", ran.report()));
-    ran.stderr[..end]
-        .trim_end()
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count before '{what}':\n{}", ran.report()))
 }
 
 #[test]

@@ -10,6 +10,7 @@
 mod common;
 
 use common::data::{compressible_block, Rng};
+use common::send_stream::{count_before, resume_token};
 use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -106,20 +107,6 @@ fn image(seed: u64) -> Vec<u8> {
     image
 }
 
-/// The number before `what` in a summary line.
-fn count_before(ran: &Ran, what: &str) -> u64 {
-    let end = ran
-        .stderr
-        .find(what)
-        .unwrap_or_else(|| panic!("no '{what}':\n{}", ran.report()));
-    ran.stderr[..end]
-        .trim_end()
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no count before '{what}':\n{}", ran.report()))
-}
-
 #[test]
 fn full_and_incremental_streams_between_served_pools_make_identical_volumes() {
     let dir = TempDir::new("servedsend");
@@ -206,20 +193,6 @@ fn a_two_way_send_between_served_pools_sends_only_what_the_receiver_lacks() {
         ran.report()
     );
     assert_same(&a.unix_uri("vm"), &b.unix_uri("vm"));
-}
-
-/// The resume token a failed receive printed.
-fn resume_token(ran: &Ran) -> String {
-    let at = ran
-        .stderr
-        .find("--resume-token ")
-        .unwrap_or_else(|| panic!("no token:\n{}", ran.report()));
-    ran.stderr[at + "--resume-token ".len()..]
-        .split_whitespace()
-        .next()
-        .expect("token")
-        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
-        .to_string()
 }
 
 /// `volume receive ARGS` fed `stream`, again while the server still applies a cut

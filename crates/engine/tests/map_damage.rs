@@ -101,6 +101,21 @@ fn flip(image: &mut [u8], block: u64) {
     image[block as usize * BLOCK + 1000] ^= 0x40;
 }
 
+/// Close the pool, open it again and take checkpoints that leave map page `PAGE` of
+/// the tree whose pages name `owner` as it is (both super block copies then reach it,
+/// so the older copy cannot stand in), close it, and flip a bit of that page in the
+/// image: the image and the page's block.
+fn image_with_a_bad_page(t: &mut TestPool, owner: u64) -> (Vec<u8>, u64) {
+    t.pool.take().unwrap().close().unwrap();
+    t.open();
+    checkpoint(t.pool());
+    t.pool.take().unwrap().close().unwrap();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let block = map_page_block(&image, owner, PAGE);
+    flip(&mut image, block);
+    (image, block)
+}
+
 fn open_image(image: Vec<u8>) -> (Arc<FaultStorage>, Arc<Pool>) {
     let dev = Arc::new(FaultStorage::from_image("data", image));
     let pool = Pool::open_devices(dev.clone() as Arc<dyn Storage>, None, &OPTS)
@@ -206,15 +221,7 @@ fn a_bad_map_page_both_copies_share_loses_only_the_blocks_it_maps() {
     let (mut t, model) = two_volumes();
     let mut model = model;
     let id = volume_id(t.pool(), "a");
-    t.pool.take().unwrap().close().unwrap();
-    // Two more checkpoints that do not touch the page: both super block copies now
-    // reach it, so the older copy cannot stand in.
-    t.open();
-    checkpoint(t.pool());
-    t.pool.take().unwrap().close().unwrap();
-    let mut image = t.dev.crash_image(CrashMode::KeepAll);
-    let block = map_page_block(&image, id, PAGE);
-    flip(&mut image, block);
+    let (image, block) = image_with_a_bad_page(&mut t, id);
     let flipped = image[block as usize * BLOCK..(block as usize + 1) * BLOCK].to_vec();
 
     // Read-only: nothing written, the damaged range refused, the rest served.
@@ -387,13 +394,7 @@ fn journal_records_into_a_damaged_page_add_references_and_drop_none() {
 fn a_volume_with_a_damaged_range_can_be_deleted_and_its_leak_is_repaired() {
     let (mut t, mut model) = two_volumes();
     let id = volume_id(t.pool(), "a");
-    t.pool.take().unwrap().close().unwrap();
-    t.open();
-    checkpoint(t.pool());
-    t.pool.take().unwrap().close().unwrap();
-    let mut image = t.dev.crash_image(CrashMode::KeepAll);
-    let block = map_page_block(&image, id, PAGE);
-    flip(&mut image, block);
+    let (image, _) = image_with_a_bad_page(&mut t, id);
     let (dev, pool) = open_image(image);
     assert_eq!(pool.damaged_ranges().len(), 1);
     pool.delete_volume("a", false).unwrap();
@@ -443,13 +444,7 @@ fn a_damaged_volume_rolled_back_to_a_snapshot_reads_the_snapshot_whole() {
     // The volume makes the page its own: a new copy the snapshot does not reach.
     let lbn = PAGE * PER_PAGE + 3;
     write(t.pool(), &mut model, "a", lbn, 3_000_000);
-    t.pool.take().unwrap().close().unwrap();
-    t.open();
-    checkpoint(t.pool());
-    t.pool.take().unwrap().close().unwrap();
-    let mut image = t.dev.crash_image(CrashMode::KeepAll);
-    let block = map_page_block(&image, id, PAGE);
-    flip(&mut image, block);
+    let (image, _) = image_with_a_bad_page(&mut t, id);
     let (dev, pool) = open_image(image);
     assert_eq!(
         pool.damaged_ranges().len(),

@@ -18,9 +18,7 @@
 use strict;
 use warnings;
 
-use Cwd qw(abs_path);
 use File::Temp qw(tempdir);
-use FindBin;
 use JSON;
 use Test::More;
 
@@ -31,23 +29,9 @@ use PVE::Storage::Custom::FewerbytesPlugin;
 my $plugin = 'PVE::Storage::Custom::FewerbytesPlugin';
 my $work = tempdir('fb-pve-migrate-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 
-if (my $src = $ENV{PVE_STORAGE_SRC}) {
-    my @loaded = PVE::Storage::load_pve_storage($src);
-    note("pve-storage's own code from $src: @loaded");
-} else {
-    note('PVE::Storage is the stand-in in t/lib (set PVE_STORAGE_SRC to a pve-storage'
-        . ' checkout to run its own storage_migrate)');
-}
-$ENV{PATH} = abs_path("$FindBin::Bin/bin") . ":$ENV{PATH}";
-$ENV{FEWERBYTES_BIN} = fewerbytes_bin();
+between_nodes();
 
 sub uri { return scalar($plugin->path($_[0], $_[1], 'x', $_[2])) }
-
-sub same {
-    my ($file, $uri, $what) = @_;
-    like(run_ok('qemu-img', 'compare', '-f', 'raw', '-F', 'raw', $file, $uri),
-        qr/Images are identical/, $what);
-}
 
 # The source: 16 MiB of random data, snapshot s1, 1 MiB written, s2, 1 MiB more.
 my $src = start_server();
@@ -82,9 +66,9 @@ my $volid = PVE::Storage::storage_migrate($cfg, "fb:$disk", undef, 'fb2',
     { with_snapshots => 1 }, $logfunc);
 is($volid, "fb2:$disk", 'the disk migrates with its snapshots, under its name')
     or diag(join("\n", @log));
-same("$work/now.raw", uri($dst, $disk), 'holding what it holds on the source');
-same("$work/s1.raw", uri($dst, $disk, 's1'), 'snapshot s1 arrives as it was');
-same("$work/s2.raw", uri($dst, $disk, 's2'), 'and s2');
+images_identical("$work/now.raw", uri($dst, $disk), 'holding what it holds on the source');
+images_identical("$work/s1.raw", uri($dst, $disk, 's1'), 'snapshot s1 arrives as it was');
+images_identical("$work/s2.raw", uri($dst, $disk, 's2'), 'and s2');
 ok((grep { /Sent volume 'vm-100-disk-0\@s2' \(changes since 'vm-100-disk-0\@s1'\): 1 blocks of data, 255 by reference/ } @log),
     's2 travels as the 1 MiB written since s1 (one pattern: a block and references)') or diag(join("\n", @log));
 ok((grep { /Sent volume 'vm-100-disk-0' \(changes since 'vm-100-disk-0\@s2'\): 1 blocks of data, 255 by reference/ } @log),
@@ -101,7 +85,7 @@ is_deeply(ids($dst, 'fb2', $disk), ids($src, 'fb', $disk),
 $volid = PVE::Storage::storage_migrate($cfg, "fb:$disk", undef, 'fb2',
     { with_snapshots => 0, allow_rename => 1 }, $logfunc);
 is($volid, 'fb2:vm-100-disk-1', 'a second copy arrives under the next free name');
-same("$work/now.raw", uri($dst, 'vm-100-disk-1'), 'whole');
+images_identical("$work/now.raw", uri($dst, 'vm-100-disk-1'), 'whole');
 ok((grep { /Sent volume 'vm-100-disk-0':/ } @log), 'sent as one full stream');
 is_deeply(cli_json('volume', 'snapshot', 'list', 'vm-100-disk-1'), [], 'and without snapshots');
 
@@ -115,8 +99,8 @@ $volid = PVE::Storage::storage_migrate($cfg, "fb:$disk", undef, 'fb2',
     { with_snapshots => 1, snapshot => 's3', base_snapshot => 's2', target_volname => $disk },
     $logfunc);
 is($volid, "fb2:$disk", 'an increment from a common snapshot arrives onto the disk');
-same("$work/s3.raw", uri($dst, $disk), 'which now holds the snapshot sent');
-same("$work/s3.raw", uri($dst, $disk, 's3'), 'as the snapshot does');
+images_identical("$work/s3.raw", uri($dst, $disk), 'which now holds the snapshot sent');
+images_identical("$work/s3.raw", uri($dst, $disk, 's3'), 'as the snapshot does');
 ok((grep { /Sent volume 'vm-100-disk-0\@s3' \(changes since 'vm-100-disk-0\@s2'\): 2 blocks of data, 382 by reference/ } @log),
     'carrying only the 1.5 MiB written since the base (two patterns)') or diag(join("\n", @log));
 

@@ -16,9 +16,7 @@
 use strict;
 use warnings;
 
-use Cwd qw(abs_path);
 use File::Temp qw(tempdir);
-use FindBin;
 use JSON;
 use Test::More;
 
@@ -29,20 +27,9 @@ use PVE::Storage::Custom::FewerbytesPlugin;
 my $plugin = 'PVE::Storage::Custom::FewerbytesPlugin';
 my $work = tempdir('fb-pve-replicate-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 
-if (my $src = $ENV{PVE_STORAGE_SRC}) {
-    my @loaded = PVE::Storage::load_pve_storage($src);
-    note("pve-storage's own code from $src: @loaded");
-}
-$ENV{PATH} = abs_path("$FindBin::Bin/bin") . ":$ENV{PATH}";
-$ENV{FEWERBYTES_BIN} = fewerbytes_bin();
+between_nodes();
 
 sub uri { return scalar($plugin->path($_[0], $_[1], 'x', $_[2])) }
-
-sub same {
-    my ($left, $right, $what) = @_;
-    like(run_ok('qemu-img', 'compare', '-f', 'raw', '-F', 'raw', $left, $right),
-        qr/Images are identical/, $what);
-}
 
 my $src = start_server();
 $plugin->activate_storage('fb', $src, {});
@@ -119,7 +106,7 @@ ok((grep { /Sent volume 'vm-100-disk-0\@user1':/ } @log), 'the first run sends i
 is_deeply([sort keys ids($dst, 'fb2', $disk)->%*], ['__replicate_100-0_1000__', 'user1'],
     'the target holds the user snapshot and the sync snapshot');
 is_deeply(ids($dst, 'fb2', $disk), ids($src, 'fb', $disk), 'with the same ids on both sides');
-same(uri($src, $disk, '__replicate_100-0_1000__'), uri($dst, $disk),
+images_identical(uri($src, $disk, '__replicate_100-0_1000__'), uri($dst, $disk),
     'the replica holds the disk as the sync snapshot took it');
 
 # The guest writes 1 MiB; the second run sends only that, from the common snapshot.
@@ -131,8 +118,8 @@ ok((grep { /updated in place/ } @log), 'onto the replica, in place') or diag(joi
 is_deeply([sort keys ids($dst, 'fb2', $disk)->%*], ['__replicate_100-0_2000__', 'user1'],
     'the older sync snapshot is gone on the target');
 is_deeply(ids($dst, 'fb2', $disk), ids($src, 'fb', $disk), 'the ids still match');
-same(uri($src, $disk, '__replicate_100-0_2000__'), uri($dst, $disk), 'the replica is current');
-same(uri($src, $disk, 'user1'), uri($dst, $disk, 'user1'), 'and the user snapshot kept');
+images_identical(uri($src, $disk, '__replicate_100-0_2000__'), uri($dst, $disk), 'the replica is current');
+images_identical(uri($src, $disk, 'user1'), uri($dst, $disk, 'user1'), 'and the user snapshot kept');
 
 # A snapshot of the sync snapshot's name but another identity is no common base: the
 # only other common one (user1) is taken, and the increment from it, which would make

@@ -15,6 +15,7 @@ pub mod fuse_loop;
 pub mod libnbd;
 pub mod loop_device;
 pub mod nbdinfo;
+pub mod send_stream;
 pub mod service;
 pub mod tls;
 

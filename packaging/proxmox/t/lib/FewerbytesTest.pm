@@ -22,7 +22,8 @@ use PVE::Storage;
 use PVE::Storage::Custom::FewerbytesPlugin;
 
 use base qw(Exporter);
-our @EXPORT = qw(fewerbytes_bin start_server stop_server scfg cli cli_json run_ok STOREID);
+our @EXPORT = qw(fewerbytes_bin start_server stop_server scfg cli cli_json run_ok STOREID
+    between_nodes images_identical);
 
 # Servers started before the current one and left running (`start_server(keep =>
 # 1)`): a migration test holds two pools at once. Stopped when the test ends.
@@ -132,6 +133,28 @@ sub run_ok {
     };
     die "@cmd: $@$out$err" if $@;
     return $out;
+}
+
+# For the tests that move disks between two storages (t/40, t/50): pve-storage's own
+# code from a checkout when PVE_STORAGE_SRC names one (else the stand-in in t/lib),
+# and t/bin's pvesm first on PATH, which runs the fewerbytes CLI this build made.
+sub between_nodes {
+    if (my $src = $ENV{PVE_STORAGE_SRC}) {
+        my @loaded = PVE::Storage::load_pve_storage($src);
+        note("pve-storage's own code from $src: @loaded");
+    } else {
+        note('PVE::Storage is the stand-in in t/lib (set PVE_STORAGE_SRC to a pve-storage'
+            . ' checkout to run its own code)');
+    }
+    $ENV{PATH} = abs_path(dirname(__FILE__) . '/../bin') . ":$ENV{PATH}";
+    $ENV{FEWERBYTES_BIN} = fewerbytes_bin();
+}
+
+# qemu-img compare finds the two raw images (files or NBD URIs) identical.
+sub images_identical {
+    my ($left, $right, $what) = @_;
+    like(run_ok('qemu-img', 'compare', '-f', 'raw', '-F', 'raw', $left, $right),
+        qr/Images are identical/, $what);
 }
 
 # The fewerbytes CLI on the served pool, as an admin runs it.
