@@ -449,14 +449,19 @@ pub(crate) fn share_loaded_pages(inner: &Inner) {
             }
         }
     }
-    for (address, n) in reached.into_iter().filter(|&(_, n)| n > 1) {
-        for _ in 1..n {
-            shares.join(PageRef {
+    // Each page two or more trees reach joins the table once per referrer past the
+    // first.
+    let joined: Vec<PageRef> = reached
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .flat_map(|(address, n)| {
+            (1..n).map(move |_| PageRef {
                 address,
                 ..PageRef::NONE
-            });
-        }
-    }
+            })
+        })
+        .collect();
+    shares.join_all(&joined);
 }
 
 /// Make the next checkpoint the upgrade of a loaded version-1 pool: every page
@@ -615,6 +620,24 @@ pub(crate) fn load(
             });
             crate::load::load_map(inner, record, &vol, tolerate_map_damage, &mut loaded)?;
             inner.volumes.insert(vol);
+        }
+        // A snapshot's origin is a volume of the pool: a volume with snapshots is
+        // never deleted, so one without is a damaged catalog.
+        for record in catalog.volumes.iter().filter(|r| r.snapshot) {
+            let origin = catalog
+                .volumes
+                .iter()
+                .find(|v| v.id == record.origin && !v.snapshot);
+            if origin.is_none() {
+                return Err(catalog_corrupt(
+                    inner,
+                    format!(
+                        "snapshot '{}' names volume id {} as its origin, which the pool \
+                         does not hold",
+                        record.name, record.origin
+                    ),
+                ));
+            }
         }
         crate::load::share_loaded_pages(inner);
     }

@@ -24,13 +24,8 @@ pub(crate) struct Shares {
 }
 
 impl Shares {
-    /// One more tree reaches the durable page `at`, which one tree reached at least.
-    pub(crate) fn join(&self, at: PageRef) {
-        *self.referrers.lock().entry(at.address).or_insert(1) += 1;
-    }
-
-    /// One more tree reaches each of the durable pages `all` (as [`Self::join`]),
-    /// the table locked once.
+    /// One more tree reaches each of the durable pages `all`, which one tree reached
+    /// at least (a page listed twice gains two), the table locked once.
     pub(crate) fn join_all(&self, all: &[PageRef]) {
         let mut referrers = self.referrers.lock();
         referrers.reserve(all.len());
@@ -104,8 +99,7 @@ mod tests {
             !shares.leave(at),
             "a page no other tree reaches is the leaver's"
         );
-        shares.join(at);
-        shares.join(at);
+        shares.join_all(&[at, at]);
         assert_eq!(shares.referrers(at), 3);
         assert!(shares.leave(at));
         assert_eq!(shares.referrers(at), 2);
