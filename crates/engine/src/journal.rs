@@ -17,9 +17,11 @@
 use crate::error::within;
 use crate::{EngineError, Result};
 use fewerbytes_format::journal::{
-    encode_sector, record_len_of_tag, seal_parity, xor_into_parity, ParityHeader, Record,
-    SectorHeader, COMMIT_SECTORS_MAX, PARITY_GROUP_SECTORS, RECORD_BYTES_MAX, SECTOR_PAYLOAD_BYTES,
+    encode_sector, record_len, seal_parity, xor_into_parity, ParityHeader, Record, SectorHeader,
+    COMMIT_SECTORS_MAX, PARITY_GROUP_SECTORS, RECORD_BYTES_MAX, RUN_BLOCKS_MAX,
+    SECTOR_PAYLOAD_BYTES,
 };
+use fewerbytes_format::location::Location;
 use fewerbytes_format::{Writer, BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::Storage;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -51,6 +53,11 @@ pub const CHECKPOINT_RING_PERCENT: u64 = 40;
 /// How often a commit that found a device full is tried again without a flush
 /// asking: how soon a pool resumes by itself once space is freed.
 pub const STALLED_RETRY: Duration = Duration::from_secs(1);
+/// `NewStored` records since the last checkpoint at which the commit thread takes a
+/// checkpoint: replay reads each such block back to compute its fingerprint, so this
+/// bounds what an open after a crash reads (1 GiB of blocks; twice that when the
+/// newest super block copy is lost and the older one replays from further back).
+pub const STORED_RECORDS_PER_CHECKPOINT: u64 = 1 << 18;
 
 struct State {
     pending: Vec<u8>,
@@ -77,6 +84,10 @@ struct State {
     stalls: u64,
     shutdown: bool,
     checkpoint_requested: bool,
+    /// `NewStored` records appended since open, and their count when the last
+    /// checkpoint was taken.
+    stored_records: u64,
+    stored_at_checkpoint: u64,
 }
 
 /// The journal's in-memory side and ring geometry.
@@ -99,6 +110,9 @@ pub struct Journal {
     nonce: u64,
     start_bytes: u64,
     sectors: u64,
+    /// The pool's super block has `FLAG_SLIM_RECORDS`: a block stored new is
+    /// journalled as one `NewStored` record (set at open, before any append).
+    slim: AtomicBool,
 }
 
 /// What one commit takes from the tail; only the journal looks inside.
@@ -119,6 +133,67 @@ pub enum Work {
     Checkpoint,
     /// Stop.
     Shutdown,
+}
+
+/// The first record to write for `records` and how many of them it stands for: a
+/// `NewStoredRun` for two or more leading `NewStored` records of one volume that
+/// store consecutive blocks (logical block, object and PBN each one more than the
+/// last) whole, else the first record as it is.
+fn runs(records: &[Record]) -> (Record, usize) {
+    let Some(&first) = records.first() else {
+        unreachable!("runs of no records")
+    };
+    let Record::NewStored {
+        volume,
+        lbn,
+        object,
+        location,
+        crc,
+    } = first
+    else {
+        return (first, 1);
+    };
+    let Ok(Location::Block { pbn }) = Location::decode(location) else {
+        return (first, 1);
+    };
+    let mut crcs = [crc; RUN_BLOCKS_MAX];
+    let mut count = 1usize;
+    for (k, next) in (1u64..).zip(records.iter().skip(1).take(RUN_BLOCKS_MAX - 1)) {
+        match *next {
+            Record::NewStored {
+                volume: v,
+                lbn: l,
+                object: o,
+                location: loc,
+                crc,
+            } if v == volume
+                && l == lbn + k
+                && o == object + k
+                && loc == (Location::Block { pbn: pbn + k }).encode() =>
+            {
+                if let Some(slot) = crcs.get_mut(count) {
+                    *slot = crc;
+                }
+                count += 1;
+            }
+            _ => break,
+        }
+    }
+    if count < 2 {
+        return (first, 1);
+    }
+    for unused in crcs.iter_mut().skip(count) {
+        *unused = 0;
+    }
+    let run = Record::NewStoredRun {
+        volume,
+        lbn,
+        object,
+        pbn,
+        count: count as u8,
+        crcs,
+    };
+    (run, count)
 }
 
 impl Journal {
@@ -143,6 +218,8 @@ impl Journal {
                 stalls: 0,
                 shutdown: false,
                 checkpoint_requested: false,
+                stored_records: 0,
+                stored_at_checkpoint: 0,
             }),
             commit_lock: Mutex::new(()),
             commits: AtomicU64::new(0),
@@ -153,7 +230,19 @@ impl Journal {
             nonce,
             start_bytes: start_block * BLOCK_BYTES as u64,
             sectors,
+            slim: AtomicBool::new(false),
         }
+    }
+
+    /// The super block of this open generation has `FLAG_SLIM_RECORDS`: blocks stored
+    /// new are journalled as `NewStored` records from now on.
+    pub fn use_slim_records(&self) {
+        self.slim.store(true, Ordering::Release);
+    }
+
+    /// Whether a block stored new is journalled as one `NewStored` record.
+    pub fn slim_records(&self) -> bool {
+        self.slim.load(Ordering::Acquire)
     }
 
     /// The replay at open read the journal up to `next_seq` (its end): new sectors
@@ -237,15 +326,39 @@ impl Journal {
 
     /// Append one record; the caller holds a reservation covering it. Returns its number.
     pub fn append(&self, record: &Record) -> u64 {
-        let len = record.encoded_len();
+        self.append_all(std::slice::from_ref(record))
+    }
+
+    /// Append `records` together, in order: runs of `NewStored` records that store
+    /// consecutive blocks whole (`runs`) are written as `NewStoredRun` records.
+    /// Returns the number of the last record appended.
+    pub fn append_all(&self, records: &[Record]) -> u64 {
         let mut s = self.state.lock();
-        let at = s.pending.len();
-        s.pending.resize(at + len, 0);
-        let Some(dst) = s.pending.get_mut(at..) else {
-            unreachable!("the tail was just grown to {} bytes", at + len)
-        };
-        record.encode(&mut Writer::new(dst));
-        s.appended += 1;
+        let mut rest = records;
+        while !rest.is_empty() {
+            let (record, taken) = runs(rest);
+            rest = rest.get(taken..).unwrap_or_default();
+            let len = record.encoded_len();
+            let at = s.pending.len();
+            s.pending.resize(at + len, 0);
+            let Some(dst) = s.pending.get_mut(at..) else {
+                unreachable!("the tail was just grown to {} bytes", at + len)
+            };
+            record.encode(&mut Writer::new(dst));
+            if matches!(
+                record,
+                Record::NewStored { .. } | Record::NewStoredRun { .. }
+            ) {
+                s.stored_records += taken as u64;
+            }
+            s.appended += 1;
+        }
+        if s.stored_records - s.stored_at_checkpoint >= STORED_RECORDS_PER_CHECKPOINT
+            && !s.checkpoint_requested
+        {
+            s.checkpoint_requested = true;
+            self.wake.notify_one();
+        }
         if s.pending.len() as u64 >= COMMIT_BYTES_THRESHOLD {
             self.wake.notify_one();
         }
@@ -585,6 +698,7 @@ impl Journal {
         s.keep_seq = s.replay_seq;
         s.replay_seq = replay_seq;
         s.checkpoint_requested = false;
+        s.stored_at_checkpoint = s.stored_records;
         self.progress.notify_all();
     }
 
@@ -623,10 +737,10 @@ fn cut_records(bytes: &[u8]) -> Result<Vec<Range<usize>>> {
     let mut pos = 0usize;
     while pos < bytes.len() {
         let mut end = pos;
-        while let Some(tag) = bytes.get(end) {
-            let len = record_len_of_tag(*tag).ok_or_else(|| {
+        while let Some(rest) = bytes.get(end..).filter(|rest| !rest.is_empty()) {
+            let len = record_len(rest).ok_or_else(|| {
                 EngineError::Invariant(format!(
-                    "a journal batch holds an unknown record tag {tag} at byte {end}"
+                    "a journal batch holds an unknown record at byte {end}"
                 ))
             })?;
             if end + len - pos > SECTOR_PAYLOAD_BYTES {
@@ -684,5 +798,87 @@ mod tests {
         );
         j.checkpointed(1);
         assert_eq!(j.room_bytes(&j.state.lock()), empty);
+    }
+
+    fn stored(lbn: u64, object: u64, location: Location) -> Record {
+        Record::NewStored {
+            volume: 3,
+            lbn,
+            object,
+            location: location.encode(),
+            crc: lbn as u32 * 7,
+        }
+    }
+
+    /// Decode a tail of encoded records.
+    fn decoded(bytes: &[u8]) -> Vec<Record> {
+        let mut r = fewerbytes_format::Reader::new("test", bytes);
+        let mut out = Vec::new();
+        while r.pos() < bytes.len() {
+            out.push(Record::decode(&mut r).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn consecutive_whole_blocks_stored_new_are_journalled_as_runs_of_eight() {
+        let j = Journal::new(1, 2, 64, 0, 1);
+        let block = |pbn| Location::Block { pbn };
+        // 19 consecutive blocks, then one whose object is not the next, a map change,
+        // a fragment, and two consecutive blocks of another volume's numbering.
+        let mut records: Vec<Record> = (0..19)
+            .map(|k| stored(100 + k, 500 + k, block(9000 + k)))
+            .collect();
+        records.push(stored(119, 600, block(9019)));
+        records.push(record());
+        let fragment = Location::Fragment {
+            addr_bytes: 4096 * 77,
+            len_bytes: 1000,
+            codec: fewerbytes_format::location::Codec::Lz4,
+        };
+        records.push(stored(120, 601, fragment));
+        records.push(stored(121, 602, block(50)));
+        records.push(stored(122, 603, block(51)));
+        j.append_all(&records);
+        let pending = j.state.lock().pending.clone();
+        let got = decoded(&pending);
+        let run = |k: u64, count: u8| {
+            let mut crcs = [0u32; RUN_BLOCKS_MAX];
+            for (i, c) in crcs.iter_mut().take(usize::from(count)).enumerate() {
+                *c = (100 + k as u32 + i as u32) * 7;
+            }
+            Record::NewStoredRun {
+                volume: 3,
+                lbn: 100 + k,
+                object: 500 + k,
+                pbn: 9000 + k,
+                count,
+                crcs,
+            }
+        };
+        let mut crcs = [0u32; RUN_BLOCKS_MAX];
+        crcs[0] = 121 * 7;
+        crcs[1] = 122 * 7;
+        assert_eq!(
+            got,
+            vec![
+                run(0, 8),
+                run(8, 8),
+                run(16, 3),
+                records[19],
+                records[20],
+                records[21],
+                Record::NewStoredRun {
+                    volume: 3,
+                    lbn: 121,
+                    object: 602,
+                    pbn: 50,
+                    count: 2,
+                    crcs,
+                },
+            ]
+        );
+        // The runs are what replay needs and no more: 22 bytes and 4 a block.
+        assert_eq!(pending.len(), 3 * 22 + 19 * 4 + 27 + 16 + 27 + 22 + 2 * 4);
     }
 }

@@ -2,7 +2,8 @@
 //! every request step holds shared and a checkpoint snapshot or a volume operation
 //! holds exclusively, and the lock stripes that serialize writes to one block.
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::ops::Range;
 
 /// Lock stripes serializing writes to the same logical block, so a read-modify-write
 /// of a partial block never overlaps another write of it (`partial.rs`). 4,096: with
@@ -41,11 +42,31 @@ impl LbnLocks {
 
     /// The stripe of block `lbn` of the volume `volume_id`.
     pub fn stripe(&self, volume_id: u64, lbn: u64) -> &Mutex<()> {
-        let h = (lbn ^ (volume_id.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
-            .wrapping_mul(0xff51_afd7_ed55_8ccd)
-            >> 40;
-        pick(&self.stripes, h as usize)
+        pick(&self.stripes, stripe_of(volume_id, lbn))
     }
+
+    /// The stripes of blocks `lbns` of the volume `volume_id` held, each once, taken
+    /// in the one order every holder of several uses (their place in the table), so
+    /// two holders never wait for each other. A write step holds its blocks' stripes
+    /// while it places them and sets their entries (`volume.rs: write_step`); every
+    /// other holder holds one.
+    pub fn stripes(&self, volume_id: u64, lbns: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
+        let mut at: Vec<usize> = lbns
+            .map(|lbn| stripe_of(volume_id, lbn) % LBN_STRIPES)
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        at.into_iter()
+            .map(|i| pick(&self.stripes, i).lock())
+            .collect()
+    }
+}
+
+/// Where block `lbn` of the volume `volume_id` hashes among the stripes (before
+/// [`pick`] takes it modulo their number).
+fn stripe_of(volume_id: u64, lbn: u64) -> usize {
+    ((lbn ^ (volume_id.wrapping_mul(0x9e37_79b9_7f4a_7c15))).wrapping_mul(0xff51_afd7_ed55_8ccd)
+        >> 40) as usize
 }
 
 /// One of a fixed set picked by a hash or zone number (`n` modulo the set's length).

@@ -29,7 +29,7 @@ use fewerbytes_format::page::{
     FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_HEADER_BYTES, PAGE_PAYLOAD_BYTES,
     REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
-use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_JOURNAL_COMMITS};
+use fewerbytes_format::superblock::{Holder, SuperBlock, FLAG_JOURNAL_COMMITS, FLAG_SLIM_RECORDS};
 use fewerbytes_format::{Reader, BLOCK_BYTES, FORMAT_VERSION, FORMAT_VERSION_1};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -657,7 +657,9 @@ pub(crate) fn load(
     let next_seq = journal.next_seq;
     if sb.generation > 0 && !journal.records.is_empty() {
         tracing::info!("replaying {} journal records", journal.records.len());
-        let unstored = crate::recovery::replay(inner, &journal.records, !journal.lost.is_empty())?;
+        let slim = sb.flags & FLAG_SLIM_RECORDS != 0;
+        let unstored =
+            crate::recovery::replay(inner, &journal.records, slim, !journal.lost.is_empty())?;
         crate::repair::drop_unstored_references(inner, &unstored)?;
     }
     // New sectors follow the replayed ones, which stay: the copy they were replayed
@@ -694,11 +696,13 @@ pub(crate) fn load(
     {
         let mut current = inner.checkpointer.super_block();
         current.open_gen = inner.journal.open_gen();
-        // Sectors of the new generation carry their commit and parity.
-        current.flags |= FLAG_JOURNAL_COMMITS;
+        // Sectors of the new generation carry their commit and parity, and
+        // journal a block stored new as one slim record.
+        current.flags |= FLAG_JOURNAL_COMMITS | FLAG_SLIM_RECORDS;
         current.holder = this_holder();
     }
     crate::checkpoint::checkpoint(inner)?;
+    inner.journal.use_slim_records();
     if upgrade {
         // The other super block copy still holds the old version: one more
         // checkpoint overwrites it, so older code refuses the pool by its version

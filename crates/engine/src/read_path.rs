@@ -85,21 +85,36 @@ fn corrupt_object(inner: &Inner, o: ObjectId, location: u64, reason: String) -> 
     }
 }
 
-pub(crate) fn read_object(inner: &Inner, o: ObjectId, out: &mut [u8], wait: Wait) -> Result<bool> {
+/// The blocks a location touches (at most two), each with the zone whose packer
+/// still holds it open.
+type OpenBlocks = [(u64, Option<usize>); 2];
+
+/// An object's record, and the blocks its location touches.
+fn locate(inner: &Inner, o: ObjectId) -> Result<(ObjRec, OpenBlocks)> {
     let (s, i) = inner.depot.split_object(o);
-    let (rec, open) = {
-        let slab = inner.depot.slab(s).lock();
-        let rec = slab.rec(i);
-        let loc = Location::decode(rec.location)
-            .map_err(|e| corrupt_object(inner, o, rec.location, e.to_string()))?;
-        let (first, count) = loc.blocks();
-        // A location touches at most two blocks: no allocation on the read path.
-        let mut open: [(u64, Option<usize>); 2] = [(first, None), (first + 1, None)];
-        for (b, zone) in open.iter_mut().take(count as usize) {
-            *zone = slab.open_zone((*b - slab.first_pbn()) as u32);
-        }
-        (rec, open)
-    };
+    let slab = inner.depot.slab(s).lock();
+    let rec = slab.rec(i);
+    let loc = Location::decode(rec.location)
+        .map_err(|e| corrupt_object(inner, o, rec.location, e.to_string()))?;
+    let (first, count) = loc.blocks();
+    // A location touches at most two blocks: no allocation on the read path.
+    let mut open: OpenBlocks = [(first, None), (first + 1, None)];
+    for (b, zone) in open.iter_mut().take(count as usize) {
+        *zone = slab.open_zone((*b - slab.first_pbn()) as u32);
+    }
+    Ok((rec, open))
+}
+
+/// Read a stored object's 4,096 bytes without checking them against its
+/// fingerprint: for replay, which computes the fingerprint of a block a
+/// `NewStored` record names from them (`recovery.rs`), after checking their crc.
+pub(crate) fn read_object_unchecked(inner: &Inner, o: ObjectId, out: &mut [u8]) -> Result<()> {
+    let (rec, open) = locate(inner, o)?;
+    read_location(inner, o, &rec, open, out, Wait::Yes).map(|_| ())
+}
+
+pub(crate) fn read_object(inner: &Inner, o: ObjectId, out: &mut [u8], wait: Wait) -> Result<bool> {
+    let (rec, open) = locate(inner, o)?;
     if rec.refcount == 0 {
         return Err(corrupt_object(
             inner,
@@ -143,7 +158,7 @@ fn read_location(
     inner: &Inner,
     o: ObjectId,
     rec: &ObjRec,
-    open: [(u64, Option<usize>); 2],
+    open: OpenBlocks,
     out: &mut [u8],
     wait: Wait,
 ) -> Result<bool> {

@@ -22,21 +22,35 @@ fn corrupt(reason: String) -> EngineError {
     }
 }
 
-/// Apply journal records in order. Returns the objects the maps refer to that were
-/// never stored: only with `records_lost` (an open for repair replaying around lost
-/// journal sectors, where such an object's `NewObject` may have been in a lost
-/// sector); otherwise one is corruption.
-pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> Result<Vec<u64>> {
-    let mut deltas: HashMap<u64, i64> = HashMap::new();
+/// A reference-count change per object, summed over the replay.
+type Deltas = HashMap<u64, i64>;
+
+fn change(deltas: &mut Deltas, old: MapEntry, new: MapEntry) {
+    if let Some(o) = new.object() {
+        *deltas.entry(o.0).or_insert(0) += 1;
+    }
+    if let Some(o) = old.object() {
+        *deltas.entry(o.0).or_insert(0) -= 1;
+    }
+}
+
+/// Apply journal records in order. `slim`: the super block the journal was written
+/// under has `FLAG_SLIM_RECORDS` (a `NewStored` record in a pool without it is
+/// corruption). Returns the objects the maps refer to that were never stored: only
+/// with `records_lost` (an open for repair replaying around lost journal sectors,
+/// where such an object's `NewObject` may have been in a lost sector); otherwise one
+/// is corruption.
+pub(crate) fn replay(
+    inner: &Inner,
+    records: &[Record],
+    slim: bool,
+    records_lost: bool,
+) -> Result<Vec<u64>> {
+    let mut deltas: Deltas = HashMap::new();
+    // Objects a `NewStored` record stored, whose fingerprints are computed from
+    // their data once the records are applied: object id to (location, crc).
+    let mut fresh: HashMap<u64, (u64, u32)> = HashMap::new();
     let vols = inner.volumes.by_slot();
-    let change = |deltas: &mut HashMap<u64, i64>, old: MapEntry, new: MapEntry| {
-        if let Some(o) = new.object() {
-            *deltas.entry(o.0).or_insert(0) += 1;
-        }
-        if let Some(o) = old.object() {
-            *deltas.entry(o.0).or_insert(0) -= 1;
-        }
-    };
     for (n, record) in records.iter().enumerate() {
         match *record {
             Record::NewObject {
@@ -44,55 +58,46 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
                 location,
                 fingerprint,
             } => {
-                let o = ObjectId(object);
-                let loc =
-                    Location::decode(location).map_err(|e| corrupt(format!("record {n}: {e}")))?;
-                let (s, i) = inner.depot.split_object(o);
-                if !inner.depot.valid_object(o) || !inner.depot.valid_location(s, loc) {
-                    return Err(corrupt(format!(
-                        "record {n}: object {object} at {loc:?} is outside the pool"
-                    )));
+                // A block moved by compaction keeps its fingerprint, journalled.
+                fresh.remove(&object);
+                set_stored(inner, n, object, location, Some(fingerprint))?;
+            }
+            Record::NewStored {
+                volume,
+                lbn,
+                object,
+                location,
+                crc,
+            } => {
+                if !slim {
+                    return Err(not_slim(n));
                 }
-                let mut slab = inner.depot.slab(s).lock();
-                if let Some(rec) = slab.rec_mut_stored(i) {
-                    rec.location = location;
-                    rec.fingerprint = fingerprint;
+                set_stored(inner, n, object, location, None)?;
+                fresh.insert(object, (location, crc));
+                let entry = MapEntry::Object(ObjectId(object));
+                map_set(inner, &vols, &mut deltas, n, volume, lbn, entry)?;
+            }
+            Record::NewStoredRun {
+                volume,
+                lbn,
+                object,
+                pbn,
+                count,
+                crcs,
+            } => {
+                if !slim {
+                    return Err(not_slim(n));
+                }
+                for (k, &crc) in (0u64..).zip(crcs.iter().take(usize::from(count))) {
+                    let location = Location::Block { pbn: pbn + k }.encode();
+                    set_stored(inner, n, object + k, location, None)?;
+                    fresh.insert(object + k, (location, crc));
+                    let entry = MapEntry::Object(ObjectId(object + k));
+                    map_set(inner, &vols, &mut deltas, n, volume, lbn + k, entry)?;
                 }
             }
             Record::MapSet { volume, lbn, entry } => {
-                let vol = volume_in(&vols, volume, n)?;
-                if lbn >= vol.size_blocks()
-                    || entry.object().is_some_and(|o| !inner.depot.valid_object(o))
-                {
-                    return Err(corrupt(format!(
-                        "record {n}: block {lbn} of volume '{}' or its entry is out of range",
-                        vol.name()
-                    )));
-                }
-                if vol.damage_in(lbn, lbn + 1).is_some() {
-                    // The page's entries are unknown (`map_damage.rs`): the entry is
-                    // not set (the page stays as its durable copy failed), the new
-                    // entry's reference is added and the old one's, unknown, is not
-                    // dropped. Counts may end too high (a leak), never too low.
-                    if let Some(o) = entry.object() {
-                        *deltas.entry(o.0).or_insert(0) += 1;
-                    }
-                    continue;
-                }
-                let page = vol
-                    .page_for_write(lbn / ENTRIES_PER_PAGE)
-                    .ok_or_else(|| corrupt(format!("record {n}: no map page")))?;
-                let mut page = page.lock();
-                // As the write did: a shared page is made the volume's own first.
-                for o in page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages()) {
-                    *deltas.entry(o.0).or_insert(0) += 1;
-                }
-                let old = page.set(
-                    (lbn % ENTRIES_PER_PAGE) as usize,
-                    entry,
-                    inner.checkpointer.dirty_pages(),
-                )?;
-                change(&mut deltas, old, entry);
+                map_set(inner, &vols, &mut deltas, n, volume, lbn, entry)?;
             }
             Record::RangeSet {
                 volume,
@@ -171,8 +176,152 @@ pub(crate) fn replay(inner: &Inner, records: &[Record], records_lost: bool) -> R
         }
     }
     unstored.sort_unstable();
+    fingerprint_fresh(inner, fresh)?;
     crate::map_damage::untouched_by_replay(inner)?;
     Ok(unstored)
+}
+
+fn not_slim(n: usize) -> EngineError {
+    corrupt(format!(
+        "record {n}: a slim new-block record in a pool whose super block does not allow them"
+    ))
+}
+
+/// A stored object's location (and, from a `NewObject`, its fingerprint), as record
+/// `n` journalled it.
+fn set_stored(
+    inner: &Inner,
+    n: usize,
+    object: u64,
+    location: u64,
+    fingerprint: Option<[u8; 32]>,
+) -> Result<()> {
+    let o = ObjectId(object);
+    let loc = Location::decode(location).map_err(|e| corrupt(format!("record {n}: {e}")))?;
+    let (s, i) = inner.depot.split_object(o);
+    if !inner.depot.valid_object(o) || !inner.depot.valid_location(s, loc) {
+        return Err(corrupt(format!(
+            "record {n}: object {object} at {loc:?} is outside the pool"
+        )));
+    }
+    let mut slab = inner.depot.slab(s).lock();
+    if let Some(rec) = slab.rec_mut_stored(i) {
+        rec.location = location;
+        // Until its data is read back (`fingerprint_fresh`), a block a `NewStored`
+        // record stored has the fingerprint that says so.
+        rec.fingerprint = fingerprint.unwrap_or(UNREAD_FINGERPRINT);
+    }
+    Ok(())
+}
+
+/// The fingerprint a block journalled by a `NewStored` record has until replay
+/// has read it back: no block's keyed BLAKE3 value (odds 2^-256), so a read of it
+/// fails its check like damaged data, and it is never dedup advice.
+const UNREAD_FINGERPRINT: [u8; 32] = [0xff; 32];
+
+/// Set one map entry as record `n` journalled it (a `MapSet`, or a `NewStored`'s).
+fn map_set(
+    inner: &Inner,
+    vols: &[Option<std::sync::Arc<crate::block_map::VolumeState>>],
+    deltas: &mut Deltas,
+    n: usize,
+    volume: u16,
+    lbn: u64,
+    entry: MapEntry,
+) -> Result<()> {
+    let vol = volume_in(vols, volume, n)?;
+    if lbn >= vol.size_blocks() || entry.object().is_some_and(|o| !inner.depot.valid_object(o)) {
+        return Err(corrupt(format!(
+            "record {n}: block {lbn} of volume '{}' or its entry is out of range",
+            vol.name()
+        )));
+    }
+    if vol.damage_in(lbn, lbn + 1).is_some() {
+        // The page's entries are unknown (`map_damage.rs`): the entry is not set
+        // (the page stays as its durable copy failed), the new entry's reference is
+        // added and the old one's, unknown, is not dropped. Counts may end too high
+        // (a leak), never too low.
+        if let Some(o) = entry.object() {
+            *deltas.entry(o.0).or_insert(0) += 1;
+        }
+        return Ok(());
+    }
+    let page = vol
+        .page_for_write(lbn / ENTRIES_PER_PAGE)
+        .ok_or_else(|| corrupt(format!("record {n}: no map page")))?;
+    let mut page = page.lock();
+    // As the write did: a shared page is made the volume's own first.
+    for o in page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages()) {
+        *deltas.entry(o.0).or_insert(0) += 1;
+    }
+    let old = page.set(
+        (lbn % ENTRIES_PER_PAGE) as usize,
+        entry,
+        inner.checkpointer.dirty_pages(),
+    )?;
+    change(deltas, old, entry);
+    Ok(())
+}
+
+/// Compute the fingerprints of the blocks `NewStored` records stored and the maps
+/// still reference, from their data: the commit that named each made its data
+/// durable first, so it is there to read, and its crc says whether it is what was
+/// written. A block that cannot be read or fails its crc keeps the fingerprint no
+/// data has ([`UNREAD_FINGERPRINT`]): its reads and the scrub report it as damaged
+/// data, as for a block that fails its fingerprint, and it is never dedup advice.
+/// Read in location order (new blocks are appended, so mostly one pass).
+fn fingerprint_fresh(inner: &Inner, fresh: HashMap<u64, (u64, u32)>) -> Result<()> {
+    let mut fresh: Vec<(u64, u64, u32)> = fresh
+        .into_iter()
+        .map(|(o, (location, crc))| (location, o, crc))
+        .collect();
+    fresh.sort_unstable();
+    let mut block = vec![0u8; fewerbytes_format::BLOCK_BYTES];
+    let mut damaged = 0u64;
+    for (location, object, crc) in fresh {
+        let o = ObjectId(object);
+        let (s, i) = inner.depot.split_object(o);
+        {
+            // Dropped again later in the journal (its location may hold another
+            // block's data since), or moved: nothing to compute.
+            let slab = inner.depot.slab(s).lock();
+            let rec = slab.rec(i);
+            if rec.refcount == 0 || rec.location != location {
+                continue;
+            }
+        }
+        let read = crate::read_path::read_object_unchecked(inner, o, &mut block);
+        let fingerprint = match read {
+            Ok(()) if crc32c::crc32c(&block) == crc => inner.geometry.fingerprint(&block),
+            Ok(()) => {
+                tracing::error!(
+                    "object {object}: the block a journal record stored does not match \
+                     its crc; its reads fail as damaged data"
+                );
+                damaged += 1;
+                continue;
+            }
+            Err(e) => {
+                tracing::error!(
+                    "object {object}: the block a journal record stored cannot be read \
+                     back ({e}); its reads fail as damaged data"
+                );
+                damaged += 1;
+                continue;
+            }
+        };
+        let mut slab = inner.depot.slab(s).lock();
+        if let Some(rec) = slab.rec_mut_stored(i) {
+            rec.fingerprint = fingerprint;
+        }
+    }
+    if damaged > 0 {
+        tracing::error!(
+            "{damaged} blocks the journal stored did not read back whole: `fewerbytes scrub` \
+             names the volumes and offsets"
+        );
+    }
+    Ok(())
 }
 
 /// Rebuild allocation state and usage counts from the tables.

@@ -14,13 +14,19 @@ use crate::pool::Pool;
 use crate::recovery::range_result;
 use crate::{BlockSource, ChangedExtent, EngineError, Extent, Result};
 use fewerbytes_format::journal::Record;
-use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_OBJECT_BYTES, RANGE_SET_BYTES};
+use fewerbytes_format::journal::{MAP_SET_BYTES, NEW_STORED_BYTES, RANGE_SET_BYTES};
 use fewerbytes_format::location::MapEntry;
 use fewerbytes_format::BLOCK_BYTES;
 use std::sync::Arc;
 
-/// Journal bytes one block may need: a new object and a map change.
-const JOURNAL_BYTES_PER_BLOCK: u64 = (NEW_OBJECT_BYTES + MAP_SET_BYTES) as u64;
+/// Journal bytes one block may need: the larger of a block stored new (`NewStored`;
+/// in a run, less) and a map change (`MapSet`). A block placed and then dropped (a
+/// read-modify-write that lost a race, `partial.rs`) journals nothing.
+const JOURNAL_BYTES_PER_BLOCK: u64 = if NEW_STORED_BYTES > MAP_SET_BYTES {
+    NEW_STORED_BYTES as u64
+} else {
+    MAP_SET_BYTES as u64
+};
 /// Journal bytes one page of a range operation needs.
 const JOURNAL_BYTES_PER_RANGE: u64 = RANGE_SET_BYTES as u64;
 const BLOCK: u64 = BLOCK_BYTES as u64;
@@ -217,10 +223,8 @@ impl Volume {
             let step_end =
                 ((at / BLOCK) * BLOCK + step_bytes as u64).min(offset_bytes + data.len() as u64);
             let n = (step_end - at) as usize;
-            // Blocks touched, plus an abandoned attempt for each partial block at the
-            // step's two ends (see `partial.rs`).
-            let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK
-                + 2 * JOURNAL_BYTES_PER_RMW_RETRY;
+            // Blocks touched (one more: a step not block-aligned touches n/4096 + 1).
+            let reserve = ((n as u64).div_ceil(BLOCK) + 1) * JOURNAL_BYTES_PER_BLOCK;
             inner.journal.reserve(reserve)?;
             let chunk = crate::error::within(data, pos..pos + n, "a write's data");
             let result = chunk.and_then(|chunk| self.write_step_reclaiming(at, chunk));
@@ -291,19 +295,71 @@ impl Volume {
             let at = offset_bytes + pos as u64;
             let lbn = at / BLOCK;
             let within = (at % BLOCK) as usize;
+            let whole = if within == 0 {
+                (data.len() - pos) / BLOCK_BYTES
+            } else {
+                0
+            };
+            if whole > 0 {
+                let src = crate::error::within(data, pos..pos + whole * BLOCK_BYTES, "a step")?;
+                self.write_whole(lbn, src, &hashed, piece)?;
+                pos += whole * BLOCK_BYTES;
+                piece += whole;
+                continue;
+            }
             let n = (BLOCK_BYTES - within).min(data.len() - pos);
             let src = crate::error::within(data, pos..pos + n, "a write step's data")?;
             let stripe = inner.locks.stripe(vol.id(), lbn).lock();
-            if n == BLOCK_BYTES {
-                let fp = hashed.get(piece);
-                let before = fp.and_then(|fp| hashed.before_hook(piece, fp));
-                crate::write_path::write_block_hashed(inner, vol, lbn, src, None, fp, before)?;
-            } else {
-                crate::partial::write_partial(inner, vol, lbn, within, src)?;
-            }
+            crate::partial::write_partial(inner, vol, lbn, within, src)?;
             drop(stripe);
             pos += n;
             piece += 1;
+        }
+        Ok(())
+    }
+
+    /// Write a step's whole blocks `data` from block `lbn` (the step's pieces from
+    /// `piece` on), holding their stripes: each is placed (deduplicated or stored,
+    /// `write_path.rs: place`), then each map page's entries are set and journalled
+    /// together (`write_path.rs: map_placed`), so the step's new blocks are
+    /// consecutive records. Caller holds the gate.
+    fn write_whole(
+        &self,
+        lbn: u64,
+        data: &[u8],
+        hashed: &crate::write_path::StepFingerprints,
+        piece: usize,
+    ) -> Result<()> {
+        use crate::write_path::{map_placed, place, unplace};
+        let inner = self.inner();
+        let vol = &self.h.vol;
+        let blocks = data.len() / BLOCK_BYTES;
+        let _stripes = inner.locks.stripes(vol.id(), lbn..lbn + blocks as u64);
+        let mut placed = Vec::with_capacity(blocks);
+        for (k, src) in data.chunks_exact(BLOCK_BYTES).enumerate() {
+            let fp = hashed.get(piece + k);
+            let before = fp.and_then(|fp| hashed.before_hook(piece + k, fp));
+            match place(inner, vol, src, fp, before, &placed) {
+                Ok(p) => placed.push(p),
+                Err(e) => {
+                    unplace(inner, &placed)?;
+                    return Err(e);
+                }
+            }
+        }
+        let mut k = 0usize;
+        while k < blocks {
+            let at = lbn + k as u64;
+            let in_page = (blocks - k).min((ENTRIES_PER_PAGE - at % ENTRIES_PER_PAGE) as usize);
+            let (this, rest) = placed
+                .get(k..)
+                .unwrap_or_default()
+                .split_at(in_page.min(blocks - k));
+            if let Err(e) = map_placed(inner, vol, at, this, None) {
+                unplace(inner, rest)?;
+                return Err(e);
+            }
+            k += in_page;
         }
         Ok(())
     }
@@ -605,10 +661,6 @@ impl Volume {
         ))
     }
 }
-
-/// Journal bytes an abandoned attempt may leave behind: the `NewObject` record of a
-/// block stored and then dropped because a range operation won the race.
-const JOURNAL_BYTES_PER_RMW_RETRY: u64 = NEW_OBJECT_BYTES as u64;
 
 /// Checkpoints one write takes at most to reclaim space before it reports a full pool.
 const RECLAIM_ROUNDS_MAX: u32 = 64;

@@ -41,14 +41,29 @@ fn is_zero(block: &[u8]) -> bool {
         && suffix.iter().all(|b| *b == 0)
 }
 
-/// Store a new block (compressed or whole) with one reference; journals it.
-/// Counted in the pool's and the writing volume's counters.
+/// A block [`store_new`] stored: its object, and what its `NewStored` record
+/// carries beside the map entry: the encoded location and the block's CRC-32C.
+struct Stored {
+    object: ObjectId,
+    location: u64,
+    crc: u32,
+}
+
+/// Store a new block (compressed or whole) with one reference. Counted in the pool's
+/// and the writing volume's counters. Not journalled or indexed here: its map entry's
+/// record stores it (`NewStored`, [`map_placed`]), and only then is it indexed.
 fn store_new(
     inner: &Inner,
     block: &[u8],
     fp: &[u8; 32],
     vol_counters: &crate::counters::Counters,
-) -> Result<ObjectId> {
+) -> Result<Stored> {
+    if !inner.journal.slim_records() {
+        // Every read-write open sets flags bit 6 before a write is let in.
+        return Err(EngineError::Invariant(
+            "a block was stored before the open allowed slim journal records".into(),
+        ));
+    }
     let zone = my_zone(inner.zones.count());
     let packed = crate::codec::compress(inner.codec.get(), block, |codec, bytes| {
         inner.zones.pack(&inner.space(), zone, bytes, codec, fp)
@@ -71,17 +86,11 @@ fn store_new(
             (object, Location::Block { pbn })
         }
     };
-    // Journalled before anyone can find it in the index, so a reference to it
-    // can never be durable before the object itself.
-    inner.journal.append(&Record::NewObject {
-        object: object.0,
+    Ok(Stored {
+        object,
         location: location.encode(),
-        fingerprint: *fp,
-    });
-    inner
-        .index_build
-        .insert_stored(inner.depot.index(), fp, object);
-    Ok(object)
+        crc: crc32c::crc32c(block),
+    })
 }
 
 /// The fingerprints of a write step's whole, non-zero blocks, hashed side by side
@@ -189,6 +198,14 @@ impl StepFingerprints {
     }
 }
 
+/// Make a block stored new findable as a duplicate: only once the record storing it
+/// is in the journal, so a reference to it can never be durable before the object.
+fn index_stored(inner: &Inner, fp: &[u8; 32], object: ObjectId) {
+    inner
+        .index_build
+        .insert_stored(inner.depot.index(), fp, object);
+}
+
 /// Write one whole block of a volume. Caller holds the gate and the block's stripe.
 ///
 /// With `expect`, the map is updated only if the block's entry still reads like
@@ -201,53 +218,134 @@ pub(crate) fn write_block(
     block: &[u8],
     expect: Option<MapEntry>,
 ) -> Result<bool> {
-    write_block_hashed(inner, vol, lbn, block, expect, None, None)
+    let placed = place(inner, vol, block, None, None, &[])?;
+    map_placed(inner, vol, lbn, std::slice::from_ref(&placed), expect)
 }
 
-/// [`write_block`], with the block's fingerprint when it was already computed
-/// (a non-zero block's, by [`StepFingerprints`]), and where the step found an
-/// earlier copy of it before its first hook ([`StepFingerprints::before_hook`]).
-pub(crate) fn write_block_hashed(
+/// What a whole block of a write becomes before its map entry is set: zeros, an
+/// object it duplicates (a reference taken), or an object stored new with what its
+/// `NewStored` record carries.
+pub(crate) struct Placed {
+    entry: MapEntry,
+    /// A block stored new: its fingerprint (indexed once its record is in the
+    /// journal), encoded location and CRC-32C.
+    new: Option<(Fingerprint, u64, u32)>,
+}
+
+impl Placed {
+    /// The new object's fingerprint, if this block was stored new.
+    pub(crate) fn stored_new(&self) -> Option<(&Fingerprint, ObjectId)> {
+        match (&self.new, self.entry.object()) {
+            (Some((fp, _, _)), Some(o)) => Some((fp, o)),
+            _ => None,
+        }
+    }
+}
+
+/// Zero-check, fingerprint (unless `hashed`), and deduplicate or store one whole
+/// block: against `step`, the blocks stored new earlier in the same write step (not
+/// yet in the index), then the index's advice (and `before`, where the step found an
+/// earlier copy before its first hook, [`StepFingerprints::before_hook`]). Caller
+/// holds the gate.
+pub(crate) fn place(
+    inner: &Inner,
+    vol: &VolumeState,
+    block: &[u8],
+    hashed: Option<&Fingerprint>,
+    before: Option<ObjectId>,
+    step: &[Placed],
+) -> Result<Placed> {
+    add(&inner.counters.blocks_written, 1);
+    add(&vol.counters().blocks_written, 1);
+    if hashed.is_none() && is_zero(block) {
+        add(&inner.counters.zero_blocks_written, 1);
+        add(&vol.counters().zero_blocks_written, 1);
+        return Ok(Placed {
+            entry: MapEntry::Zero,
+            new: None,
+        });
+    }
+    let fp = match hashed {
+        Some(fp) => *fp,
+        None => inner.geometry.fingerprint(block),
+    };
+    let earlier = step
+        .iter()
+        .filter_map(Placed::stored_new)
+        .find(|(f, _)| **f == fp)
+        .map(|(_, o)| o);
+    let found = match earlier {
+        Some(o) => {
+            inner.depot.add_references(&inner.devices, &[o])?;
+            Some(o)
+        }
+        None => {
+            let (found, stale) = crate::advice::take_duplicate(&inner.depot, &fp, before);
+            add(&inner.counters.advice_stale, stale);
+            add(&vol.counters().advice_stale, stale);
+            if found.is_some() {
+                add(&inner.counters.advice_valid, 1);
+                add(&vol.counters().advice_valid, 1);
+            }
+            found
+        }
+    };
+    if let Some(o) = found {
+        add(&inner.counters.dedup_hits, 1);
+        add(&vol.counters().dedup_hits, 1);
+        return Ok(Placed {
+            entry: MapEntry::Object(o),
+            new: None,
+        });
+    }
+    let stored = store_new(inner, block, &fp, vol.counters())?;
+    Ok(Placed {
+        entry: MapEntry::Object(stored.object),
+        new: Some((fp, stored.location, stored.crc)),
+    })
+}
+
+/// Drop the references placed blocks took, when their entries are not set.
+pub(crate) fn unplace(inner: &Inner, placed: &[Placed]) -> Result<()> {
+    for p in placed {
+        if let Some(o) = p.entry.object() {
+            inner.depot.release_object(&inner.devices, o)?;
+        }
+    }
+    Ok(())
+}
+
+/// Set the entries of blocks `lbn..` to `placed` (within one map page), journal them
+/// together under the page's lock (so journal order matches map order per block, and
+/// a step's new blocks are consecutive records, written as runs), then index the new
+/// objects and drop the old entries' references. Caller holds the gate and the
+/// blocks' stripes.
+///
+/// With `expect` (one block only), the map is updated only if the block's entry
+/// still reads like it (`block_map::reads_alike`); otherwise nothing changes and the
+/// result is `false` (a read-modify-write lost a race with a range operation).
+pub(crate) fn map_placed(
     inner: &Inner,
     vol: &VolumeState,
     lbn: u64,
-    block: &[u8],
+    placed: &[Placed],
     expect: Option<MapEntry>,
-    hashed: Option<&Fingerprint>,
-    before: Option<ObjectId>,
 ) -> Result<bool> {
-    add(&inner.counters.blocks_written, 1);
-    add(&vol.counters().blocks_written, 1);
-    let entry = if hashed.is_none() && is_zero(block) {
-        add(&inner.counters.zero_blocks_written, 1);
-        add(&vol.counters().zero_blocks_written, 1);
-        MapEntry::Zero
-    } else {
-        let fp = match hashed {
-            Some(fp) => *fp,
-            None => inner.geometry.fingerprint(block),
-        };
-        let (found, stale) = crate::advice::take_duplicate(&inner.depot, &fp, before);
-        add(&inner.counters.advice_stale, stale);
-        add(&vol.counters().advice_stale, stale);
-        if found.is_some() {
-            add(&inner.counters.advice_valid, 1);
-            add(&vol.counters().advice_valid, 1);
-        }
-        match found {
-            Some(o) => {
-                add(&inner.counters.dedup_hits, 1);
-                add(&vol.counters().dedup_hits, 1);
-                MapEntry::Object(o)
-            }
-            None => MapEntry::Object(store_new(inner, block, &fp, vol.counters())?),
-        }
-    };
-    let old = {
+    let first = (lbn % ENTRIES_PER_PAGE) as usize;
+    let mut olds = [MapEntry::Unmapped; crate::inner::BLOCKS_PER_STEP as usize];
+    if first + placed.len() > ENTRIES_PER_PAGE as usize
+        || placed.len() > olds.len()
+        || (expect.is_some() && placed.len() != 1)
+    {
+        unplace(inner, placed)?;
+        return Err(EngineError::Invariant(format!(
+            "{} entries from block {lbn} set as one page's",
+            placed.len()
+        )));
+    }
+    {
         let Some(slot) = vol.page_for_write(lbn / ENTRIES_PER_PAGE) else {
-            if let Some(o) = entry.object() {
-                inner.depot.release_object(&inner.devices, o)?;
-            }
+            unplace(inner, placed)?;
             return Err(EngineError::VolumeGone(vol.name()));
         };
         let mut page = slot.lock();
@@ -255,21 +353,16 @@ pub(crate) fn write_block_hashed(
             // `Volume::check` refuses requests into a damaged range before this.
             drop(page);
             drop(slot);
-            if let Some(o) = entry.object() {
-                inner.depot.release_object(&inner.devices, o)?;
-            }
+            unplace(inner, placed)?;
             return Err(EngineError::Invariant(format!(
                 "a write reached block {lbn} of volume '{}', in a damaged range",
                 vol.name()
             )));
         }
-        let i = (lbn % ENTRIES_PER_PAGE) as usize;
-        if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(i), e)) {
+        if expect.is_some_and(|e| !crate::block_map::reads_alike(page.get(first), e)) {
             drop(page);
             drop(slot);
-            if let Some(o) = entry.object() {
-                inner.depot.release_object(&inner.devices, o)?;
-            }
+            unplace(inner, placed)?;
             return Ok(false);
         }
         // A page other trees reach becomes this volume's own: a new page, whose
@@ -278,18 +371,45 @@ pub(crate) fn write_block_hashed(
         if !gained.is_empty() {
             inner.depot.add_references(&inner.devices, &gained)?;
         }
-        let old = page.set(i, entry, inner.checkpointer.dirty_pages())?;
-        // Appended under the page lock: journal order matches map order per block.
-        inner.journal.append(&Record::MapSet {
-            volume: vol.slot(),
-            lbn,
-            entry,
-        });
-        old
-    };
-    vol.account(old, entry);
-    if let Some(o) = old.object() {
-        inner.depot.release_object(&inner.devices, o)?;
+        let mut records = Vec::with_capacity(placed.len());
+        for (k, (p, old)) in placed.iter().zip(olds.iter_mut()).enumerate() {
+            let l = lbn + k as u64;
+            match page.set(first + k, p.entry, inner.checkpointer.dirty_pages()) {
+                Ok(was) => *old = was,
+                Err(e) => {
+                    // Journal what was set; the rest is not.
+                    inner.journal.append_all(&records);
+                    drop(page);
+                    drop(slot);
+                    unplace(inner, placed.get(k..).unwrap_or_default())?;
+                    return Err(e);
+                }
+            }
+            records.push(match (p.new, p.entry.object()) {
+                (Some((_, location, crc)), Some(o)) => Record::NewStored {
+                    volume: vol.slot(),
+                    lbn: l,
+                    object: o.0,
+                    location,
+                    crc,
+                },
+                _ => Record::MapSet {
+                    volume: vol.slot(),
+                    lbn: l,
+                    entry: p.entry,
+                },
+            });
+        }
+        inner.journal.append_all(&records);
+    }
+    for (p, old) in placed.iter().zip(olds) {
+        if let Some((fp, o)) = p.stored_new() {
+            index_stored(inner, fp, o);
+        }
+        vol.account(old, p.entry);
+        if let Some(o) = old.object() {
+            inner.depot.release_object(&inner.devices, o)?;
+        }
     }
     Ok(true)
 }

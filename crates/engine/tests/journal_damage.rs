@@ -10,7 +10,7 @@ mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
 use fewerbytes_engine::{EngineError, OpenOptions, Pool, RepairOptions};
-use fewerbytes_format::journal::decode_sector;
+use fewerbytes_format::journal::{decode_sector, Record};
 use fewerbytes_format::superblock::SuperBlock;
 use fewerbytes_format::SECTOR_BYTES;
 use rand::{rngs::StdRng, Rng, RngCore, SeedableRng};
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 const DEVICE_BYTES: u64 = 64 << 20;
 const CHUNK: usize = 256 << 10;
-const CHUNKS: usize = 16;
+const CHUNKS: usize = 64;
 const OPTS: OpenOptions = OpenOptions {
     threads: Some(1),
     index_memory_bytes: Some(1 << 20),
@@ -31,11 +31,11 @@ const OPTS: OpenOptions = OpenOptions {
 /// against an engine without parity sectors, to see it fail there).
 const PARITY_MAGIC: [u8; 4] = *b"FBJP";
 
-/// 16 chunks of 256 KiB of noise written to volume "a", each flushed; then the
+/// 64 chunks of 256 KiB of noise written to volume "a" (every other one a block at a
+/// time), each flushed; then the
 /// process is killed (the pool is never closed): the device image, and the chunks.
 /// With `dup_every` n, every nth block of a chunk repeats its first block (a
-/// duplicate: a MapSet record without a NewObject, so records straddle sectors
-/// differently).
+/// duplicate: a MapSet record, so records straddle sectors differently).
 fn written_and_killed(seed: u64, dup_every: Option<usize>) -> (Vec<u8>, Vec<Vec<u8>>) {
     let t = create(DEVICE_BYTES, None);
     let pool = t.pool().clone();
@@ -52,7 +52,16 @@ fn written_and_killed(seed: u64, dup_every: Option<usize>) -> (Vec<u8>, Vec<Vec<
                 block.copy_from_slice(&first);
             }
         }
-        v.write((i * CHUNK) as u64, &chunk, false).unwrap();
+        if i % 2 == 0 {
+            // Stored new as runs of consecutive blocks (NewStoredRun records).
+            v.write((i * CHUNK) as u64, &chunk, false).unwrap();
+        } else {
+            // A block at a time: a record each.
+            for (b, block) in chunk.chunks(BLOCK).enumerate() {
+                v.write((i * CHUNK + b * BLOCK) as u64, block, false)
+                    .unwrap();
+            }
+        }
         v.flush().unwrap();
         chunks.push(chunk);
     }
@@ -135,12 +144,21 @@ fn two_bad_sectors_of_one_parity_group_refuse_the_open_and_repair_lists_the_loss
     // Live sector k has sequence number replay_seq + k.
     let replay_seq = newest_super_block(&image).journal_replay_seq;
     // Two neighbouring record sectors of one group (its parity rebuilds only one),
-    // from the middle on, the first holding NewObject records (tag 3 first): the
-    // blocks whose MapSet records come after them then name objects never stored.
+    // from the middle on, the first storing a chunk's first block: the duplicates'
+    // MapSet records after them then name an object never stored.
     let record = |at: usize| image[at..at + 4] != PARITY_MAGIC;
+    let nonce = newest_super_block(&image).nonce;
+    let stores_a_first_block = |at: usize| {
+        decode_sector(&image[at..at + SECTOR_BYTES], nonce).is_ok_and(|(_, records)| {
+            records.iter().any(|r| {
+                matches!(r, Record::NewStored { lbn, .. } | Record::NewStoredRun { lbn, .. }
+                    if *lbn % (CHUNK / BLOCK) as u64 == 0)
+            })
+        })
+    };
     let k = (live.len() / 2..live.len() - 1)
-        .find(|&k| record(live[k]) && record(live[k + 1]) && image[live[k] + 32] == 3)
-        .expect("a sector of NewObject records");
+        .find(|&k| record(live[k]) && record(live[k + 1]) && stores_a_first_block(live[k]))
+        .expect("a sector storing a chunk's first block");
     flip(&mut image, live[k], 100, 0xff);
     flip(&mut image, live[k + 1], 100, 0xff);
     let first_seq = replay_seq + k as u64;

@@ -104,11 +104,50 @@ pub enum Record {
         /// Fingerprint.
         fingerprint: [u8; 32],
     },
+    /// A block stored new and mapped (27 bytes; pools with `FLAG_SLIM_RECORDS`): what a
+    /// `NewObject` and a `MapSet` say together, without the fingerprint. The data is
+    /// durable before the commit that names it, so replay reads the block back,
+    /// checks it against `crc`, and computes the fingerprint from it.
+    NewStored {
+        /// Volume slot.
+        volume: u16,
+        /// Logical block.
+        lbn: u64,
+        /// Object id (56 bits), with one reference from this entry.
+        object: u64,
+        /// Encoded location.
+        location: u64,
+        /// CRC-32C of the block's 4,096 bytes before compression.
+        crc: u32,
+    },
+    /// `count` blocks stored new and mapped, as `count` `NewStored` records would say
+    /// (22 + 4 × `count` bytes; pools with `FLAG_SLIM_RECORDS`): block `k` is logical
+    /// block `lbn + k`, object `object + k`, stored whole at PBN `pbn + k`; a write of
+    /// consecutive blocks of new data stores them so.
+    NewStoredRun {
+        /// Volume slot.
+        volume: u16,
+        /// The first logical block.
+        lbn: u64,
+        /// The first object id (56 bits).
+        object: u64,
+        /// The first block's PBN (48 bits).
+        pbn: u64,
+        /// Blocks: 2 to [`RUN_BLOCKS_MAX`].
+        count: u8,
+        /// Each block's CRC-32C; those past `count` are 0.
+        crcs: [u32; RUN_BLOCKS_MAX],
+    },
 }
+
+/// Blocks one `NewStoredRun` record holds at most.
+pub const RUN_BLOCKS_MAX: usize = 8;
 
 const TAG_MAP_SET: u8 = 1;
 const TAG_RANGE_SET: u8 = 2;
 const TAG_NEW_OBJECT: u8 = 3;
+const TAG_NEW_STORED: u8 = 4;
+const TAG_NEW_STORED_RUN: u8 = 5;
 
 /// Encoded size of a `MapSet` record.
 pub const MAP_SET_BYTES: usize = 16;
@@ -116,18 +155,34 @@ pub const MAP_SET_BYTES: usize = 16;
 pub const RANGE_SET_BYTES: usize = 24;
 /// Encoded size of a `NewObject` record.
 pub const NEW_OBJECT_BYTES: usize = 48;
+/// Encoded size of a `NewStored` record.
+pub const NEW_STORED_BYTES: usize = 27;
 
-/// The largest record (`NewObject`): bounds the payload a sector may leave unused.
-pub const RECORD_BYTES_MAX: usize = NEW_OBJECT_BYTES;
+/// Encoded size of a `NewStoredRun` record of `count` blocks.
+pub const fn new_stored_run_bytes(count: usize) -> usize {
+    22 + 4 * count
+}
 
-/// The encoded size of the record whose first byte (its tag) is `tag`, if `tag`
-/// names a record: lets a writer cut a stream of encoded records at record
-/// boundaries without decoding them.
-pub fn record_len_of_tag(tag: u8) -> Option<usize> {
-    match tag {
+/// The largest record (`NewStoredRun` of [`RUN_BLOCKS_MAX`] blocks): bounds the
+/// payload a sector may leave unused.
+pub const RECORD_BYTES_MAX: usize = new_stored_run_bytes(RUN_BLOCKS_MAX);
+const _: () = assert!(RECORD_BYTES_MAX >= NEW_OBJECT_BYTES);
+
+/// The encoded size of the record `bytes` begins with (its tag, and for a run its
+/// count), if they begin a record: lets a writer cut a stream of encoded records at
+/// record boundaries without decoding them.
+pub fn record_len(bytes: &[u8]) -> Option<usize> {
+    match *bytes.first()? {
         TAG_MAP_SET => Some(MAP_SET_BYTES),
         TAG_RANGE_SET => Some(RANGE_SET_BYTES),
         TAG_NEW_OBJECT => Some(NEW_OBJECT_BYTES),
+        TAG_NEW_STORED => Some(NEW_STORED_BYTES),
+        TAG_NEW_STORED_RUN => {
+            let count = usize::from(*bytes.get(1)?);
+            (2..=RUN_BLOCKS_MAX)
+                .contains(&count)
+                .then(|| new_stored_run_bytes(count))
+        }
         _ => None,
     }
 }
@@ -139,6 +194,8 @@ impl Record {
             Record::MapSet { .. } => MAP_SET_BYTES,
             Record::RangeSet { .. } => RANGE_SET_BYTES,
             Record::NewObject { .. } => NEW_OBJECT_BYTES,
+            Record::NewStored { .. } => NEW_STORED_BYTES,
+            Record::NewStoredRun { count, .. } => new_stored_run_bytes(usize::from(*count)),
         }
     }
 
@@ -172,6 +229,38 @@ impl Record {
                 w.uint(object, 7);
                 w.u64(location);
                 w.put(&fingerprint);
+            }
+            Record::NewStored {
+                volume,
+                lbn,
+                object,
+                location,
+                crc,
+            } => {
+                w.u8(TAG_NEW_STORED);
+                w.u16(volume);
+                w.uint(lbn, 5);
+                w.uint(object, 7);
+                w.u64(location);
+                w.u32(crc);
+            }
+            Record::NewStoredRun {
+                volume,
+                lbn,
+                object,
+                pbn,
+                count,
+                crcs,
+            } => {
+                w.u8(TAG_NEW_STORED_RUN);
+                w.u8(count);
+                w.u16(volume);
+                w.uint(lbn, 5);
+                w.uint(object, 7);
+                w.uint(pbn, 6);
+                for crc in crcs.iter().take(usize::from(count)) {
+                    w.u32(*crc);
+                }
             }
         }
     }
@@ -212,6 +301,52 @@ impl Record {
                     object,
                     location,
                     fingerprint,
+                })
+            }
+            TAG_NEW_STORED => {
+                let volume = r.u16()?;
+                let lbn = r.uint(5)?;
+                let object = r.uint(7)?;
+                let location = r.u64()?;
+                let crc = r.u32()?;
+                Ok(Record::NewStored {
+                    volume,
+                    lbn,
+                    object,
+                    location,
+                    crc,
+                })
+            }
+            TAG_NEW_STORED_RUN => {
+                let count = r.u8()?;
+                let volume = r.u16()?;
+                let lbn = r.uint(5)?;
+                let object = r.uint(7)?;
+                let pbn = r.uint(6)?;
+                let n = u64::from(count);
+                if !(2..=RUN_BLOCKS_MAX).contains(&usize::from(count))
+                    || lbn + n - 1 > MAX_LBN
+                    || object + n > 1 << 56
+                    || pbn + n - 1 > crate::location::MAX_PBN
+                {
+                    return Err(FormatError::Invalid {
+                        what: "journal record",
+                        reason: format!(
+                            "a run of {count} blocks from LBN {lbn}, object {object}, PBN {pbn}"
+                        ),
+                    });
+                }
+                let mut crcs = [0u32; RUN_BLOCKS_MAX];
+                for crc in crcs.iter_mut().take(usize::from(count)) {
+                    *crc = r.u32()?;
+                }
+                Ok(Record::NewStoredRun {
+                    volume,
+                    lbn,
+                    object,
+                    pbn,
+                    count,
+                    crcs,
                 })
             }
             t => Err(FormatError::Invalid {
@@ -430,6 +565,29 @@ mod tests {
                 object: (1 << 56) - 1,
                 location: 42,
                 fingerprint: [9; 32],
+            },
+            Record::NewStored {
+                volume: u16::MAX,
+                lbn: MAX_LBN,
+                object: (1 << 56) - 2,
+                location: u64::MAX - 1,
+                crc: 0xdead_beef,
+            },
+            Record::NewStoredRun {
+                volume: 2,
+                lbn: MAX_LBN - 7,
+                object: (1 << 56) - 8,
+                pbn: 77,
+                count: 8,
+                crcs: [1, 2, 3, 4, 5, 6, 7, u32::MAX],
+            },
+            Record::NewStoredRun {
+                volume: 0,
+                lbn: 0,
+                object: 1,
+                pbn: 0,
+                count: 2,
+                crcs: [9, 10, 0, 0, 0, 0, 0, 0],
             },
         ];
         let mut payload = vec![0u8; recs.iter().map(Record::encoded_len).sum()];

@@ -82,6 +82,8 @@ pub enum Location {
 
 const FRAGMENT_BIT: u64 = 1 << 63;
 const ADDR_MASK: u64 = (1 << 48) - 1;
+/// The largest data block number a location holds (48 bits).
+pub const MAX_PBN: u64 = ADDR_MASK;
 
 impl Location {
     /// The 64-bit encoding.

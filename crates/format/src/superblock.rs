@@ -85,11 +85,17 @@ pub const FLAG_JOURNAL_COMMITS: u32 = 32;
 /// (`catalog::CATALOG_MAGIC_V3_LINEAGE`). Set by each checkpoint whose catalog
 /// carries lineages (a snapshot, or a clone of this version, exists) and cleared
 /// by one whose catalog does not, so a pool that never had either stays readable
-/// by engines that do not know the bit. (Bit 6 is kept
-/// for slim new-block records, `docs/format.md`.)
+/// by engines that do not know the bit.
 pub const FLAG_SHARED_MAPS: u32 = 128;
+/// Flag (version 3), bit 6: journal sectors written in this super block's open
+/// generation may hold `NewStored` records (`journal::Record::NewStored`: a block
+/// stored new and mapped, its fingerprint recomputed from the data at replay). Set,
+/// like [`FLAG_JOURNAL_COMMITS`], by the checkpoint each read-write open takes before
+/// it writes a sector, so a reader that does not know the record refuses the pool.
+pub const FLAG_SLIM_RECORDS: u32 = 64;
 /// The flags this version knows; a version-2 super block with any other is refused.
 const FLAGS_KNOWN_V2: u32 = FLAG_SHARED_MAPS
+    | FLAG_SLIM_RECORDS
     | FLAG_SEPARATE_METADATA
     | FLAG_OVERCOMMIT
     | FLAG_UPGRADED_FROM_V1
@@ -341,6 +347,14 @@ impl SuperBlock {
                 what,
                 reason:
                     "a version-2 super block with shared map pages (flag bit 7, version 3 only)"
+                        .into(),
+            });
+        }
+        if version == FORMAT_VERSION_2 && flags & FLAG_SLIM_RECORDS != 0 {
+            return Err(FormatError::Invalid {
+                what,
+                reason:
+                    "a version-2 super block with slim journal records (flag bit 6, version 3 only)"
                         .into(),
             });
         }
