@@ -261,6 +261,14 @@ pub struct PoolInfo {
     /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Blocks this open's journal replay read back to compute their fingerprints
+    /// (`NewStored` records: stored new after the last checkpoint).
+    #[serde(default)]
+    pub replay_blocks_read_back: u64,
+    /// Of those, the blocks that did not read back as written (their reads fail as
+    /// damaged data, and the scrub names them).
+    #[serde(default)]
+    pub replay_blocks_damaged: u64,
     /// Volume ranges whose block-map page (or map directory page) failed its checks
     /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`;
     /// `stats` and `Pool::damaged_ranges` list them).
@@ -520,6 +528,14 @@ pub struct PoolStats {
     /// read-write pool rewrites them).
     #[serde(default)]
     pub metadata_copies_repaired: u64,
+    /// Blocks this open's journal replay read back to compute their fingerprints
+    /// (`NewStored` records: stored new after the last checkpoint).
+    #[serde(default)]
+    pub replay_blocks_read_back: u64,
+    /// Of those, the blocks that did not read back as written (their reads fail as
+    /// damaged data, and the scrub names them).
+    #[serde(default)]
+    pub replay_blocks_damaged: u64,
     /// Volume ranges whose block-map page (or map directory page) failed its checks
     /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
     #[serde(default)]

@@ -55,9 +55,9 @@ pub const CHECKPOINT_RING_PERCENT: u64 = 40;
 pub const STALLED_RETRY: Duration = Duration::from_secs(1);
 /// `NewStored` records since the last checkpoint at which the commit thread takes a
 /// checkpoint: replay reads each such block back to compute its fingerprint, so this
-/// bounds what an open after a crash reads (1 GiB of blocks; twice that when the
+/// bounds what an open after a crash reads (4 GiB of blocks; twice that when the
 /// newest super block copy is lost and the older one replays from further back).
-pub const STORED_RECORDS_PER_CHECKPOINT: u64 = 1 << 18;
+pub const STORED_RECORDS_PER_CHECKPOINT: u64 = 1 << 20;
 
 struct State {
     pending: Vec<u8>,
@@ -113,6 +113,10 @@ pub struct Journal {
     /// The pool's super block has `FLAG_SLIM_RECORDS`: a block stored new is
     /// journalled as one `NewStored` record (set at open, before any append).
     slim: AtomicBool,
+    /// Blocks the open's replay read back for their fingerprints, and of them the
+    /// damaged (`recovery.rs: fingerprint_fresh`).
+    replayed_blocks: AtomicU64,
+    replayed_damaged: AtomicU64,
 }
 
 /// What one commit takes from the tail; only the journal looks inside.
@@ -231,7 +235,24 @@ impl Journal {
             start_bytes: start_block * BLOCK_BYTES as u64,
             sectors,
             slim: AtomicBool::new(false),
+            replayed_blocks: AtomicU64::new(0),
+            replayed_damaged: AtomicU64::new(0),
         }
+    }
+
+    /// The open's replay read back `blocks` blocks stored new for their fingerprints,
+    /// `damaged` of which did not read back as written.
+    pub fn note_replayed_blocks(&self, blocks: u64, damaged: u64) {
+        self.replayed_blocks.store(blocks, Ordering::Relaxed);
+        self.replayed_damaged.store(damaged, Ordering::Relaxed);
+    }
+
+    /// Blocks the open's replay read back, and of them the damaged.
+    pub fn replayed_blocks(&self) -> (u64, u64) {
+        (
+            self.replayed_blocks.load(Ordering::Relaxed),
+            self.replayed_damaged.load(Ordering::Relaxed),
+        )
     }
 
     /// The super block of this open generation has `FLAG_SLIM_RECORDS`: blocks stored

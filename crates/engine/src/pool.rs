@@ -805,6 +805,8 @@ impl Pool {
                 current: !i.devices.opened_read_only(),
             }),
             metadata_copies_repaired: i.checkpointer.copies_repaired(),
+            replay_blocks_read_back: i.journal.replayed_blocks().0,
+            replay_blocks_damaged: i.journal.replayed_blocks().1,
             damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
             shared_map_pages: i.volumes.shares().shared_pages(),
             shared_maps: sb.flags & fewerbytes_format::superblock::FLAG_SHARED_MAPS != 0,

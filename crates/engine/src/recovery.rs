@@ -276,30 +276,37 @@ fn fingerprint_fresh(inner: &Inner, fresh: HashMap<u64, (u64, u32)>) -> Result<(
         .map(|(o, (location, crc))| (location, o, crc))
         .collect();
     fresh.sort_unstable();
-    let mut block = vec![0u8; fewerbytes_format::BLOCK_BYTES];
-    let mut damaged = 0u64;
+    // Blocks that passed their crc, hashed side by side (`fingerprint.rs`) in groups.
+    let mut buf = vec![0u8; FRESH_GROUP * fewerbytes_format::BLOCK_BYTES];
+    let mut group: Vec<ObjectId> = Vec::with_capacity(FRESH_GROUP);
+    let (mut read, mut damaged) = (0u64, 0u64);
     for (location, object, crc) in fresh {
         let o = ObjectId(object);
-        let (s, i) = inner.depot.split_object(o);
         {
             // Dropped again later in the journal (its location may hold another
             // block's data since), or moved: nothing to compute.
+            let (s, i) = inner.depot.split_object(o);
             let slab = inner.depot.slab(s).lock();
             let rec = slab.rec(i);
             if rec.refcount == 0 || rec.location != location {
                 continue;
             }
         }
-        let read = crate::read_path::read_object_unchecked(inner, o, &mut block);
-        let fingerprint = match read {
-            Ok(()) if crc32c::crc32c(&block) == crc => inner.geometry.fingerprint(&block),
+        let at = group.len() * fewerbytes_format::BLOCK_BYTES;
+        let block = crate::error::within_mut(
+            &mut buf,
+            at..at + fewerbytes_format::BLOCK_BYTES,
+            "a replay group",
+        )?;
+        read += 1;
+        match crate::read_path::read_object_unchecked(inner, o, block) {
+            Ok(()) if crc32c::crc32c(block) == crc => group.push(o),
             Ok(()) => {
                 tracing::error!(
                     "object {object}: the block a journal record stored does not match \
                      its crc; its reads fail as damaged data"
                 );
                 damaged += 1;
-                continue;
             }
             Err(e) => {
                 tracing::error!(
@@ -307,14 +314,15 @@ fn fingerprint_fresh(inner: &Inner, fresh: HashMap<u64, (u64, u32)>) -> Result<(
                      back ({e}); its reads fail as damaged data"
                 );
                 damaged += 1;
-                continue;
             }
-        };
-        let mut slab = inner.depot.slab(s).lock();
-        if let Some(rec) = slab.rec_mut_stored(i) {
-            rec.fingerprint = fingerprint;
+        }
+        if group.len() == FRESH_GROUP {
+            set_fingerprints(inner, &group, &buf);
+            group.clear();
         }
     }
+    set_fingerprints(inner, &group, &buf);
+    inner.journal.note_replayed_blocks(read, damaged);
     if damaged > 0 {
         tracing::error!(
             "{damaged} blocks the journal stored did not read back whole: `fewerbytes scrub` \
@@ -322,6 +330,29 @@ fn fingerprint_fresh(inner: &Inner, fresh: HashMap<u64, (u64, u32)>) -> Result<(
         );
     }
     Ok(())
+}
+
+/// Blocks [`fingerprint_fresh`] hashes together.
+const FRESH_GROUP: usize = 16;
+
+/// Set the fingerprints of `group`'s objects from their blocks, in order in `buf`.
+fn set_fingerprints(inner: &Inner, group: &[ObjectId], buf: &[u8]) {
+    let blocks: Vec<&[u8]> = buf
+        .chunks_exact(fewerbytes_format::BLOCK_BYTES)
+        .take(group.len())
+        .collect();
+    let mut fps = [[0u8; 32]; FRESH_GROUP];
+    let Some(out) = fps.get_mut(..blocks.len()) else {
+        return;
+    };
+    inner.geometry.fingerprint_many(&blocks, out);
+    for (&o, fp) in group.iter().zip(out.iter()) {
+        let (s, i) = inner.depot.split_object(o);
+        let mut slab = inner.depot.slab(s).lock();
+        if let Some(rec) = slab.rec_mut_stored(i) {
+            rec.fingerprint = *fp;
+        }
+    }
 }
 
 /// Rebuild allocation state and usage counts from the tables.

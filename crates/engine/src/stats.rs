@@ -108,6 +108,8 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
             .by_region(i.journal.written_bytes()),
         checkpoints: i.checkpointer.taken(),
         metadata_copies_repaired: i.checkpointer.copies_repaired(),
+        replay_blocks_read_back: i.journal.replayed_blocks().0,
+        replay_blocks_damaged: i.journal.replayed_blocks().1,
         damaged_ranges: crate::map_damage::pool_ranges(i),
         journal_commits: i.journal.commits(),
         threads: i.zones.threads(),

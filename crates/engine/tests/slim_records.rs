@@ -52,6 +52,12 @@ fn new_blocks_replay_from_their_data_after_a_kill_and_dedup_again() {
     );
     t.crash(CrashMode::DropAll);
     let pool = t.pool().clone();
+    let info = pool.info();
+    assert_eq!(
+        (info.replay_blocks_read_back, info.replay_blocks_damaged),
+        (BLOCKS, 0),
+        "the replay read every new block back"
+    );
     let mut buf = vec![0u8; BLOCK];
     let v = pool.open_volume("a").unwrap();
     for i in 0..BLOCKS {
@@ -97,6 +103,7 @@ fn a_new_block_damaged_on_the_drive_before_replay_reads_as_damaged() {
         ..OpenOptions::default()
     };
     let pool = Pool::open_devices(dev as Arc<dyn Storage>, None, &opts).expect("the open");
+    assert_eq!(pool.stats().replay_blocks_damaged, 1, "the open counts it");
     let v = pool.open_volume("a").unwrap();
     let mut buf = vec![0u8; BLOCK];
     for i in 0..BLOCKS {

@@ -160,6 +160,9 @@ struct Tally {
     in_rollback: AtomicU64,
     /// Crash points inside the taking or the deleting of a snapshot.
     in_snapshot: AtomicU64,
+    /// Crash points whose open read blocks stored new back from the journal's
+    /// `NewStored` records to compute their fingerprints.
+    read_back: AtomicU64,
     events: AtomicU64,
     coverage: parking_lot::Mutex<Coverage>,
     failures: parking_lot::Mutex<Vec<String>>,
@@ -260,6 +263,9 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
         None => with_rot(format!("open failed: {e}")),
     })?;
     let open_events = open_log.take();
+    if pool.info().replay_blocks_read_back > 0 {
+        tally.read_back.fetch_add(1, Ordering::Relaxed);
+    }
     if pool.index_status().loaded {
         tally.saved_index_loaded.fetch_add(1, Ordering::Relaxed);
     }
@@ -521,7 +527,7 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, {} inside taking or deleting a snapshot, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, {} inside taking or deleting a snapshot, {} reading blocks stored new back at replay, in {:.1} s",
         seeds.len(),
         tally.bad_sectors.load(Ordering::Relaxed),
         tally.bad_copies.load(Ordering::Relaxed),
@@ -529,6 +535,7 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
         tally.saved_index_loaded.load(Ordering::Relaxed),
         tally.in_rollback.load(Ordering::Relaxed),
         tally.in_snapshot.load(Ordering::Relaxed),
+        tally.read_back.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -566,6 +573,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         tally.in_snapshot.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
         "no crash point fell inside taking or deleting a snapshot: they prove nothing about it"
+    );
+    assert!(
+        tally.read_back.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point replayed a block stored new: they prove nothing about slim records"
     );
     assert!(
         tally.bad_sectors.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
