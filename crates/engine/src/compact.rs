@@ -210,6 +210,12 @@ fn find_victims(inner: &Inner, s: u32) -> Vec<Victim> {
             let Some(e) = live.get_mut((b - slab.first_pbn()) as usize) else {
                 continue;
             };
+            // A block stored new whose record a write step has yet to journal
+            // (`slab.rs: FINGERPRINT_IN_FLIGHT`) stays where the record will say.
+            if rec.fingerprint == crate::slab::FINGERPRINT_IN_FLIGHT {
+                e.1 = true;
+                continue;
+            }
             match loc {
                 Location::Block { .. } => e.1 = true,
                 Location::Fragment {

@@ -209,7 +209,8 @@ fn fill(build: &IndexBuild, depot: &SlabDepot, objects_per_slab: u32, device: &s
             let slab = depot.slab(s).lock();
             for i in slab.objects_in_memory() {
                 let rec = slab.rec(i);
-                if rec.refcount == 0 {
+                // One in flight is indexed by its write once journalled.
+                if rec.refcount == 0 || rec.fingerprint == crate::slab::FINGERPRINT_IN_FLIGHT {
                     continue;
                 }
                 let o = ObjectId(u64::from(s) * objects_per_slab + u64::from(i));

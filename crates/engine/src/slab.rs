@@ -18,6 +18,14 @@ use crate::error::{EngineError, Result};
 /// Largest reference count; a duplicate of an object at this count gets a new copy.
 pub const REFCOUNT_MAX: u32 = u32::MAX - 1;
 
+/// The fingerprint an object stored new has while the write step that stored it has
+/// not yet journalled it (`write_path.rs: map_placed` sets the real one under the map
+/// page's lock, after the record): no block hashes to it, so no advice takes the
+/// object and nothing names it in the journal before the record that stores it.
+/// Compaction does not move it, the scrub and the index build pass it by. A
+/// checkpoint never sees it (the step holds the gate).
+pub const FINGERPRINT_IN_FLIGHT: [u8; 32] = [0xfe; 32];
+
 /// One object record in memory (the on-disk form is `format::page::ObjectRecord`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjRec {

@@ -394,6 +394,18 @@ impl SlabDepot {
         )
     }
 
+    /// Set the fingerprint of object `o`, stored new by a write step whose record now
+    /// stores it (it was `slab.rs: FINGERPRINT_IN_FLIGHT`).
+    pub(crate) fn set_fingerprint(&self, o: ObjectId, fp: &[u8; 32]) -> Result<()> {
+        let (s, i) = self.split_object(o);
+        let mut slab = self.slab(s).lock();
+        let rec = slab.rec_mut_stored(i).ok_or_else(|| {
+            EngineError::Invariant(format!("object {} stored new has no record", o.0))
+        })?;
+        rec.fingerprint = *fp;
+        Ok(())
+    }
+
     /// The object of record `index` of slab `slab`.
     pub(crate) fn object_id(&self, slab: u32, index: u32) -> ObjectId {
         ObjectId(u64::from(slab) * u64::from(self.objects_per_slab) + u64::from(index))

@@ -41,23 +41,15 @@ fn is_zero(block: &[u8]) -> bool {
         && suffix.iter().all(|b| *b == 0)
 }
 
-/// A block [`store_new`] stored: its object, and what its `NewStored` record
-/// carries beside the map entry: the encoded location and the block's CRC-32C.
-struct Stored {
-    object: ObjectId,
-    location: u64,
-    crc: u32,
-}
-
 /// Store a new block (compressed or whole) with one reference. Counted in the pool's
 /// and the writing volume's counters. Not journalled or indexed here: its map entry's
-/// record stores it (`NewStored`, [`map_placed`]), and only then is it indexed.
+/// record stores it (`NewStored`, [`map_placed`]), which then sets its fingerprint
+/// (until then `slab.rs: FINGERPRINT_IN_FLIGHT`) and indexes it.
 fn store_new(
     inner: &Inner,
     block: &[u8],
-    fp: &[u8; 32],
     vol_counters: &crate::counters::Counters,
-) -> Result<Stored> {
+) -> Result<(ObjectId, Location)> {
     if !inner.journal.slim_records() {
         // Every read-write open sets flags bit 6 before a write is let in.
         return Err(EngineError::Invariant(
@@ -65,6 +57,7 @@ fn store_new(
         ));
     }
     let zone = my_zone(inner.zones.count());
+    let fp = &crate::slab::FINGERPRINT_IN_FLIGHT;
     let packed = crate::codec::compress(inner.codec.get(), block, |codec, bytes| {
         inner.zones.pack(&inner.space(), zone, bytes, codec, fp)
     });
@@ -73,24 +66,19 @@ fn store_new(
         None | Some(Err(EngineError::NoSpace(_))) => None,
         Some(Err(e)) => return Err(e),
     };
-    let (object, location) = match compressed {
-        Some(v) => {
+    match compressed {
+        Some(stored) => {
             add(&inner.counters.compressed_writes, 1);
             add(&vol_counters.compressed_writes, 1);
-            v
+            Ok(stored)
         }
         None => {
             let (object, pbn) = inner.zones.store_whole(&inner.space(), zone, block, fp)?;
             add(&inner.counters.uncompressed_writes, 1);
             add(&vol_counters.uncompressed_writes, 1);
-            (object, Location::Block { pbn })
+            Ok((object, Location::Block { pbn }))
         }
-    };
-    Ok(Stored {
-        object,
-        location: location.encode(),
-        crc: crc32c::crc32c(block),
-    })
+    }
 }
 
 /// The fingerprints of a write step's whole, non-zero blocks, hashed side by side
@@ -227,8 +215,9 @@ pub(crate) fn write_block(
 /// `NewStored` record carries.
 pub(crate) struct Placed {
     entry: MapEntry,
-    /// A block stored new: its fingerprint (indexed once its record is in the
-    /// journal), encoded location and CRC-32C.
+    /// A block stored new: its fingerprint (set in its record and indexed once the
+    /// record storing it is in the journal), encoded location and CRC-32C. Compaction
+    /// does not move it meanwhile (its record's fingerprint says it is in flight).
     new: Option<(Fingerprint, u64, u32)>,
 }
 
@@ -298,10 +287,10 @@ pub(crate) fn place(
             new: None,
         });
     }
-    let stored = store_new(inner, block, &fp, vol.counters())?;
+    let (object, location) = store_new(inner, block, vol.counters())?;
     Ok(Placed {
-        entry: MapEntry::Object(stored.object),
-        new: Some((fp, stored.location, stored.crc)),
+        entry: MapEntry::Object(object),
+        new: Some((fp, location.encode(), crc32c::crc32c(block))),
     })
 }
 
@@ -401,6 +390,11 @@ pub(crate) fn map_placed(
             });
         }
         inner.journal.append_all(&records);
+        // Now that the journal stores them, the new objects may be found (by advice,
+        // which reads their records) and read (once the page's lock is released).
+        for (fp, o) in placed.iter().filter_map(Placed::stored_new) {
+            inner.depot.set_fingerprint(o, fp)?;
+        }
     }
     for (p, old) in placed.iter().zip(olds) {
         if let Some((fp, o)) = p.stored_new() {
