@@ -38,7 +38,7 @@ fn change(deltas: &mut Deltas, old: MapEntry, new: MapEntry) {
 /// under has `FLAG_SLIM_RECORDS` (a `NewStored` record in a pool without it is
 /// corruption). Returns the objects the maps refer to that were never stored: only
 /// with `records_lost` (an open for repair replaying around lost journal sectors,
-/// where such an object's `NewObject` may have been in a lost sector); otherwise one
+/// where such an object's storing record may have been in a lost sector); otherwise one
 /// is corruption.
 pub(crate) fn replay(
     inner: &Inner,

@@ -209,8 +209,8 @@ pub(crate) fn journal_damage(inner: &Inner, journal: &JournalRead) -> Result<()>
 }
 
 /// At open for repair, after a replay around lost journal sectors: map entries that
-/// name an object whose `NewObject` record was lost (`unstored`) have no data to
-/// read. Each becomes ZERO and is listed, volume, block and bytes, as lost; the
+/// name an object whose storing record (`NewStored` or `NewObject`) was lost
+/// (`unstored`) have no data to read. Each becomes ZERO and is listed, volume, block and bytes, as lost; the
 /// open's checkpoint then holds no entry naming a free object.
 pub(crate) fn drop_unstored_references(inner: &Inner, unstored: &[u64]) -> Result<()> {
     if unstored.is_empty() {
