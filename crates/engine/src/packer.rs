@@ -13,6 +13,14 @@
 //! find it here), and every flush tries it again. While one waits, the zone stores
 //! nothing new (the store fails with the no-space error before anything changes),
 //! so at most the blocks one store closes wait in a zone.
+//!
+//! A run's blocks are written past the page cache (`Storage::write_pages`, from a
+//! page-aligned `PageBuf`): the packer serves them from its buffer until written,
+//! and random data is seldom read back at once, so copying it into the cache only
+//! cost the writing thread a copy and the cache's lock. A packed block is written
+//! through the cache, sector by sector. Each block is written one way while a
+//! packer holds it; a block freed and taken again the other way is safe, since a
+//! direct write writes back and drops the cached pages of its range.
 
 use crate::devices::Devices;
 use crate::error::{within, within_mut};
@@ -23,6 +31,7 @@ use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Codec, Location, ObjectId};
 use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
+use fewerbytes_storage::{PageBuf, PAGE_BYTES};
 use parking_lot::Mutex;
 
 /// The open block of a packer.
@@ -43,6 +52,10 @@ struct OpenBlock {
 /// per run instead of one per block.
 pub const RUN_BLOCKS: u32 = 16;
 
+// A block is whole pages, so a run's blocks start on page boundaries in its buffer
+// and on the device (the data region starts on a block boundary).
+const _: () = assert!(BLOCK_BYTES.is_multiple_of(PAGE_BYTES));
+
 /// A run of consecutive blocks a zone fills with whole (uncompressed) blocks.
 struct OpenRun {
     /// Slab it is in.
@@ -55,8 +68,8 @@ struct OpenRun {
     filled: u32,
     /// Blocks already written to the device.
     written: u32,
-    /// The run's bytes.
-    buf: Vec<u8>,
+    /// The run's bytes, page-aligned for a direct write.
+    buf: PageBuf,
 }
 
 /// One zone's packer: an open block for fragments and an open run for whole blocks.
@@ -72,7 +85,7 @@ struct Packer {
     unwritten_runs: Vec<OpenRun>,
     /// The buffer of the last run closed, for the next run: a fresh zeroed 64 KiB
     /// per run cost a `memset` of 16 blocks on every 16 whole blocks stored.
-    spare_run_buf: Vec<u8>,
+    spare_run_buf: PageBuf,
 }
 
 /// What the packers work with: the slabs they allocate from, the data device they
@@ -366,8 +379,8 @@ impl Zones {
         let to = run.filled as usize * BLOCK_BYTES;
         let offset = space.geometry.data_offset_bytes()
             + space.depot.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
-        let bytes = within(&run.buf, from..to, "an open run's blocks")?;
-        let r = space.devices.data().write_at(bytes, offset);
+        let bytes = within(run.buf.as_bytes(), from..to, "an open run's blocks")?;
+        let r = space.devices.data().write_pages(bytes, offset);
         space.devices.check_write_or_no_space(r)?;
         run.written = run.filled;
         Ok(())
@@ -404,7 +417,7 @@ impl Zones {
     }
 
     /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
-    fn open_run(&self, space: &Space<'_>, zone: usize, spare_buf: &mut Vec<u8>) -> Result<OpenRun> {
+    fn open_run(&self, space: &Space<'_>, zone: usize, spare_buf: &mut PageBuf) -> Result<OpenRun> {
         for s in space.depot.order(zone, self.count()) {
             let mut slab = space.depot.slab(s).lock();
             // A full slab is skipped on its counters: scanning its block bitmap for
@@ -433,7 +446,7 @@ impl Zones {
                 // needs no zeroing, only the run's length.
                 buf: {
                     let mut buf = std::mem::take(spare_buf);
-                    buf.resize(RUN_BLOCKS as usize * BLOCK_BYTES, 0);
+                    buf.resize_pages(RUN_BLOCKS as usize * BLOCK_BYTES / PAGE_BYTES);
                     buf
                 },
             });
@@ -482,7 +495,7 @@ impl Zones {
             let at = run.filled as usize * BLOCK_BYTES;
             // A run's buffer holds its length in blocks and `filled < len`: past it,
             // the block would be lost while its record says it is stored.
-            let copied = within_mut(run.buf.as_mut_slice(), at..at + BLOCK_BYTES, "a run")
+            let copied = within_mut(run.buf.as_bytes_mut(), at..at + BLOCK_BYTES, "a run")
                 .and_then(|dst| {
                     dst.copy_from_slice(within(block, 0..BLOCK_BYTES, "a whole block")?);
                     Ok(())
@@ -525,10 +538,14 @@ impl Zones {
         for run in packer.run.iter().chain(&packer.unwritten_runs) {
             if run.slab == slab && block >= run.first && block < run.first + run.filled {
                 let at = (block - run.first) as usize * BLOCK_BYTES + from;
-                return run.buf.get(at..at + out.len()).is_some_and(|src| {
-                    out.copy_from_slice(src);
-                    true
-                });
+                return run
+                    .buf
+                    .as_bytes()
+                    .get(at..at + out.len())
+                    .is_some_and(|src| {
+                        out.copy_from_slice(src);
+                        true
+                    });
             }
         }
         false
