@@ -32,7 +32,8 @@ use crate::{EngineError, Result};
 use fewerbytes_format::location::{Codec, Location, ObjectId};
 use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
 use fewerbytes_storage::{PageBuf, PAGE_BYTES};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
 
 /// The open block of a packer.
 struct OpenBlock {
@@ -70,8 +71,19 @@ struct OpenRun {
     filled: u32,
     /// Blocks already written to the device.
     written: u32,
-    /// The run's bytes, page-aligned for a direct write.
-    buf: PageBuf,
+    /// The run's bytes, page-aligned for a direct write; shared only while a full
+    /// run is written outside the zone's lock (`Packer::writing`).
+    buf: Arc<PageBuf>,
+}
+
+impl OpenRun {
+    /// The same run, its buffer shared: what reads find while it is written.
+    fn share(&self) -> OpenRun {
+        OpenRun {
+            buf: Arc::clone(&self.buf),
+            ..*self
+        }
+    }
 }
 
 /// One zone's packer: an open block for fragments and an open run for whole blocks.
@@ -85,6 +97,10 @@ struct Packer {
     unwritten_blocks: Vec<OpenBlock>,
     /// Closed runs whose write found the device full: written by the next flush.
     unwritten_runs: Vec<OpenRun>,
+    /// Full runs being written by the thread that filled them, outside the zone's
+    /// lock (a direct write waits for the device): at most one per thread storing in
+    /// the zone. Reads find their blocks here; a flush waits for them.
+    writing: Vec<OpenRun>,
     /// The buffer of the last run closed, for the next run: a fresh zeroed 64 KiB
     /// per run cost a `memset` of 16 blocks on every 16 whole blocks stored.
     spare_run_buf: PageBuf,
@@ -117,6 +133,8 @@ fn stored_rec<'s>(space: &Space<'_>, slab: &'s mut Slab, object: u32) -> Result<
 /// fills, when a fragment spans into the next block, when a block or run closes).
 pub(crate) struct Zones {
     packers: Vec<Mutex<Packer>>,
+    /// Told when a run written outside its zone's lock is done (`Packer::writing`).
+    run_written: Condvar,
     /// The worker threads the pool was opened with.
     threads: usize,
 }
@@ -128,6 +146,7 @@ impl Zones {
         let zones = threads.min(slab_count as usize).max(1);
         Zones {
             packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
+            run_written: Condvar::new(),
             threads,
         }
     }
@@ -357,10 +376,14 @@ impl Zones {
         Ok(())
     }
 
-    /// Write the unwritten part of every open block and run (before a commit's data sync).
+    /// Write the unwritten part of every open block and run, after the runs being
+    /// written are (before a commit's data sync).
     pub(crate) fn flush(&self, space: &Space<'_>) -> Result<()> {
         for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
+            while !packer.writing.is_empty() {
+                self.run_written.wait(&mut packer);
+            }
             self.write_unwritten(space, zone, &mut packer)?;
             if let Some(open) = packer.open.as_mut() {
                 let fill = open.fill;
@@ -399,13 +422,48 @@ impl Zones {
         packer: &mut Packer,
     ) -> Result<()> {
         let written = self.write_run(space, &mut run);
+        Self::closed_run(space, zone, run, written, packer)
+    }
+
+    /// A closed run after its write: waiting in `unwritten_runs` if the device was
+    /// full, otherwise let go (its buffer kept for the next run).
+    fn closed_run(
+        space: &Space<'_>,
+        zone: usize,
+        run: OpenRun,
+        written: Result<()>,
+        packer: &mut Packer,
+    ) -> Result<()> {
         if written.as_ref().is_err_and(|e| e.is_no_space()) {
             packer.unwritten_runs.push(run);
             return Ok(());
         }
         Self::release_run(space, zone, &run)?;
-        packer.spare_run_buf = run.buf;
+        if let Ok(buf) = Arc::try_unwrap(run.buf) {
+            packer.spare_run_buf = buf;
+        }
         written
+    }
+
+    /// Write a full run outside the zone's lock (`guard`, released and taken again):
+    /// the zone's other threads store on meanwhile, and reads find the run in
+    /// `Packer::writing`.
+    fn write_full_run(
+        &self,
+        space: &Space<'_>,
+        zone: usize,
+        mut run: OpenRun,
+        mut guard: parking_lot::MutexGuard<'_, Packer>,
+    ) -> Result<()> {
+        guard.writing.push(run.share());
+        drop(guard);
+        let written = self.write_run(space, &mut run);
+        let mut guard = self.packer(zone).lock();
+        guard.writing.retain(|w| !Arc::ptr_eq(&w.buf, &run.buf));
+        let closed = Self::closed_run(space, zone, run, written, &mut guard);
+        drop(guard);
+        self.run_written.notify_all();
+        closed
     }
 
     /// Drop the zone's hold on every block of a closed run.
@@ -449,7 +507,7 @@ impl Zones {
                 buf: {
                     let mut buf = std::mem::take(spare_buf);
                     buf.resize_pages(RUN_BLOCKS as usize * BLOCK_BYTES / PAGE_BYTES);
-                    buf
+                    Arc::new(buf)
                 },
             });
         }
@@ -470,10 +528,10 @@ impl Zones {
         block: &[u8],
         fingerprint: &[u8; 32],
     ) -> Result<(ObjectId, u64)> {
-        let mut packer = self.packer(zone).lock();
+        let mut guard = self.packer(zone).lock();
         // Nothing new while earlier blocks wait for space: fail before any change.
-        self.write_unwritten(space, zone, &mut packer)?;
-        let packer = &mut *packer;
+        self.write_unwritten(space, zone, &mut guard)?;
+        let packer = &mut *guard;
         for _attempt in 0..4 {
             let mut run = match packer.run.take() {
                 Some(r) => r,
@@ -497,7 +555,9 @@ impl Zones {
             let at = run.filled as usize * BLOCK_BYTES;
             // A run's buffer holds its length in blocks and `filled < len`: past it,
             // the block would be lost while its record says it is stored.
-            let copied = within_mut(run.buf.as_bytes_mut(), at..at + BLOCK_BYTES, "a run")
+            let copied = Arc::get_mut(&mut run.buf)
+                .ok_or_else(|| EngineError::Invariant("an open run's buffer is shared".into()))
+                .and_then(|buf| within_mut(buf.as_bytes_mut(), at..at + BLOCK_BYTES, "a run"))
                 .and_then(|dst| {
                     dst.copy_from_slice(within(block, 0..BLOCK_BYTES, "a whole block")?);
                     Ok(())
@@ -506,7 +566,7 @@ impl Zones {
             run.filled += 1;
             let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {
-                self.close_run(space, zone, run, packer)?;
+                self.write_full_run(space, zone, run, guard)?;
             } else {
                 packer.run = Some(run);
             }
@@ -537,7 +597,8 @@ impl Zones {
                 });
             }
         }
-        for run in packer.run.iter().chain(&packer.unwritten_runs) {
+        let runs = packer.run.iter().chain(&packer.unwritten_runs);
+        for run in runs.chain(&packer.writing) {
             if run.slab == slab && block >= run.first && block < run.first + run.filled {
                 let at = (block - run.first) as usize * BLOCK_BYTES + from;
                 return run
