@@ -28,6 +28,18 @@ const NEIGHBOURS: u64 = 8;
 /// Runs of hits a thread follows at once.
 const RUNS: usize = 4;
 
+/// Objects after a thread's latest hit that its first misses after that hit try
+/// ([`GAP_TRIES`] of them), when the [`NEIGHBOURS`] just after every run found
+/// nothing: a zone's threads each store a step's blocks in one go, so a stream's
+/// next block may lie a few steps of another thread's blocks past its last
+/// (interleaved so in bursts of up to 172 objects when a template was imported by
+/// four threads on two zones: docs/benchmarks.md). Four steps.
+const GAP_OBJECTS: u64 = 4 * crate::inner::BLOCKS_PER_STEP;
+
+/// Misses after a hit that try the [`GAP_OBJECTS`] after it: past the first two,
+/// the data is likely new and the wider look only costs.
+const GAP_TRIES: u8 = 2;
+
 /// Hooks of a write step looked up before its blocks are written, at most: the first
 /// that hits gives the objects before it.
 const HOOKS_TRIED: usize = 4;
@@ -37,6 +49,9 @@ thread_local! {
     /// most recent first: (the depot, by address; the object).
     static RECENT_HITS: std::cell::Cell<[Option<(usize, ObjectId)>; RUNS]> =
         const { std::cell::Cell::new([None; RUNS]) };
+
+    /// Misses this thread has had since its latest hit (saturating), for [`GAP_TRIES`].
+    static MISSES_SINCE_HIT: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
 /// The live records stored just before a write step's first hook hit: where the
@@ -109,7 +124,21 @@ pub(crate) fn take_duplicate(
                 return (Some(o), stale);
             }
         }
+        // A gap in the latest run: the stream's next block lies past other
+        // threads' blocks of the zone.
+        let latest = anchors.first().copied().flatten();
+        if let Some((_, last)) = latest.filter(|(owner, _)| *owner == me) {
+            if MISSES_SINCE_HIT.get() < GAP_TRIES {
+                let from = last.0 + 1 + NEIGHBOURS;
+                if let Some(o) = take_advice(depot, from..last.0 + 1 + GAP_OBJECTS, fp) {
+                    index.count_neighbour_hit();
+                    remember_hit(depot, o);
+                    return (Some(o), stale);
+                }
+            }
+        }
     }
+    MISSES_SINCE_HIT.set(MISSES_SINCE_HIT.get().saturating_add(1));
     (None, stale)
 }
 
@@ -182,6 +211,7 @@ fn remember_hit(depot: &SlabDepot, o: ObjectId) {
         *first = Some((me, o));
     }
     RECENT_HITS.set(anchors);
+    MISSES_SINCE_HIT.set(0);
 }
 
 /// An object of `objects` holding `fp` live, taking no reference (a look ahead;
