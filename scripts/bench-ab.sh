@@ -10,6 +10,7 @@
 # Workloads (fio over NBD, TCP on loopback, end_fsync=1, throughput to the end of
 # the final flush, as in bench.sh):
 #   4k-mix      4k randwrite QD32 x JOBS, 75% dup / 50% compressible
+#   4k-random   4k randwrite QD32 x JOBS, random data (incompressible, unique)
 #   128k-mix    128k write QD8, same mix
 #   512-random  512-byte randwrite QD32, random data (partial blocks: read-modify-write)
 #   128k-random 128k write QD8, random data (incompressible, unique)
@@ -76,6 +77,7 @@ run_fio() {
     local args
     case $1 in
         4k-mix) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" "${mix[@]}") ;;
+        4k-random) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" "${random[@]}") ;;
         128k-mix) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${mix[@]}") ;;
         512-random) args=(--rw=randwrite --bs=512 --iodepth=32 --numjobs=1 "${random[@]}") ;;
         128k-random) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${random[@]}") ;;

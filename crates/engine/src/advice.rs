@@ -29,11 +29,12 @@ const NEIGHBOURS: u64 = 8;
 const RUNS: usize = 4;
 
 /// Objects after a thread's latest hit that its first misses after that hit try
-/// ([`GAP_TRIES`] of them), when the [`NEIGHBOURS`] just after every run found
-/// nothing: a zone's threads each store a step's blocks in one go, so a stream's
-/// next block may lie a few steps of another thread's blocks past its last
-/// (interleaved so in bursts of up to 172 objects when a template was imported by
-/// four threads on two zones: docs/benchmarks.md). Four steps.
+/// ([`GAP_TRIES`] of them), when the [`NEIGHBOURS`] after every run found nothing
+/// and that hit continued a run (a stream written in order, not a lone duplicate):
+/// a zone's threads each store a step's blocks in one go, so a stream's next block
+/// may lie a few steps of other threads' blocks past its last (a template imported
+/// by four threads on two zones: a thread's next block up to 203 objects on,
+/// docs/benchmarks.md). Four steps.
 const GAP_OBJECTS: u64 = 4 * crate::inner::BLOCKS_PER_STEP;
 
 /// Misses after a hit that try the [`GAP_OBJECTS`] after it: past the first two,
@@ -50,8 +51,8 @@ thread_local! {
     static RECENT_HITS: std::cell::Cell<[Option<(usize, ObjectId)>; RUNS]> =
         const { std::cell::Cell::new([None; RUNS]) };
 
-    /// Misses this thread has had since its latest hit (saturating), for [`GAP_TRIES`].
-    static MISSES_SINCE_HIT: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+    /// Misses this thread may still try the [`GAP_OBJECTS`] after its latest hit for.
+    static GAP_TRIES_LEFT: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
 /// The live records stored just before a write step's first hook hit: where the
@@ -128,17 +129,19 @@ pub(crate) fn take_duplicate(
         // threads' blocks of the zone.
         let latest = anchors.first().copied().flatten();
         if let Some((_, last)) = latest.filter(|(owner, _)| *owner == me) {
-            if MISSES_SINCE_HIT.get() < GAP_TRIES {
+            if GAP_TRIES_LEFT.get() > 0 {
                 let from = last.0 + 1 + NEIGHBOURS;
                 if let Some(o) = take_advice(depot, from..last.0 + 1 + GAP_OBJECTS, fp) {
                     index.count_neighbour_hit();
                     remember_hit(depot, o);
+                    // Found past a gap: still a stream written in order.
+                    GAP_TRIES_LEFT.set(GAP_TRIES);
                     return (Some(o), stale);
                 }
             }
         }
     }
-    MISSES_SINCE_HIT.set(MISSES_SINCE_HIT.get().saturating_add(1));
+    GAP_TRIES_LEFT.set(GAP_TRIES_LEFT.get().saturating_sub(1));
     (None, stale)
 }
 
@@ -211,7 +214,7 @@ fn remember_hit(depot: &SlabDepot, o: ObjectId) {
         *first = Some((me, o));
     }
     RECENT_HITS.set(anchors);
-    MISSES_SINCE_HIT.set(0);
+    GAP_TRIES_LEFT.set(if continues.is_some() { GAP_TRIES } else { 0 });
 }
 
 /// An object of `objects` holding `fp` live, taking no reference (a look ahead;
