@@ -2,7 +2,8 @@
 # A/B benchmark of two fewerbytes binaries in one run, alternating A B, B A, A B, ...
 # so a machine whose load changes (shared CPUs) weighs on both alike; prints each run
 # and the ratio B/A per workload. With QEMU_NBD=1, qemu-nbd on a raw file (O_DIRECT, as in
-# bench.sh) takes a turn in each round too.
+# bench.sh) takes a turn in each round too. SERVE_ARGS are passed to both servers' `serve`
+# (e.g. "--threads 8").
 #
 #   A=/path/to/old/fewerbytes B=target/release/fewerbytes scripts/bench-ab.sh
 #   ROUNDS=3 RUNTIME=20 WORKLOADS="4k-mix 128k-mix 512-random" QEMU_NBD=1 scripts/bench-ab.sh
@@ -27,6 +28,7 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 PORT=${PORT:-10898}
 WORKLOADS=${WORKLOADS:-4k-mix 128k-mix 512-random}
 QEMU_NBD=${QEMU_NBD:-0}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
 
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-ab.XXXXXX")
 server_pid=
@@ -51,7 +53,7 @@ start_fewerbytes() {
     rm -f "$dir/pool"*
     "$bin" pool create "$dir/pool" --size $((volume_bytes * 2)) >/dev/null
     "$bin" --pool "$dir/pool" volume create vol --size "$volume_bytes" >/dev/null
-    "$bin" --pool "$dir/pool" serve --listen "127.0.0.1:$PORT" >"$dir/serve.log" 2>&1 &
+    "$bin" --pool "$dir/pool" serve --listen "127.0.0.1:$PORT" "${serve_args[@]}" >"$dir/serve.log" 2>&1 &
     server_pid=$!
     uri="nbd://127.0.0.1:$PORT/vol"
     wait_ready "$uri"
