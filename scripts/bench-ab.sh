@@ -2,7 +2,8 @@
 # A/B benchmark of two fewerbytes binaries in one run, alternating A B, B A, A B, ...
 # so a machine whose load changes (shared CPUs) weighs on both alike; prints each run
 # and the ratio B/A per workload. With QEMU_NBD=1, qemu-nbd on a raw file (O_DIRECT, as in
-# bench.sh) takes a turn in each round too.
+# bench.sh) takes a turn in each round too. SERVE_ARGS are passed to both servers' `serve`
+# (e.g. "--threads 8").
 #
 #   A=/path/to/old/fewerbytes B=target/release/fewerbytes scripts/bench-ab.sh
 #   ROUNDS=3 RUNTIME=20 WORKLOADS="4k-mix 128k-mix 512-random" QEMU_NBD=1 scripts/bench-ab.sh
@@ -10,6 +11,7 @@
 # Workloads (fio over NBD, TCP on loopback, end_fsync=1, throughput to the end of
 # the final flush, as in bench.sh):
 #   4k-mix      4k randwrite QD32 x JOBS, 75% dup / 50% compressible
+#   4k-random   4k randwrite QD32 x JOBS, random data (incompressible, unique)
 #   128k-mix    128k write QD8, same mix
 #   512-random  512-byte randwrite QD32, random data (partial blocks: read-modify-write)
 #   128k-random 128k write QD8, random data (incompressible, unique)
@@ -26,6 +28,7 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 PORT=${PORT:-10898}
 WORKLOADS=${WORKLOADS:-4k-mix 128k-mix 512-random}
 QEMU_NBD=${QEMU_NBD:-0}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
 
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-ab.XXXXXX")
 server_pid=
@@ -50,7 +53,7 @@ start_fewerbytes() {
     rm -f "$dir/pool"*
     "$bin" pool create "$dir/pool" --size $((volume_bytes * 2)) >/dev/null
     "$bin" --pool "$dir/pool" volume create vol --size "$volume_bytes" >/dev/null
-    "$bin" --pool "$dir/pool" serve --listen "127.0.0.1:$PORT" >"$dir/serve.log" 2>&1 &
+    "$bin" --pool "$dir/pool" serve --listen "127.0.0.1:$PORT" "${serve_args[@]}" >"$dir/serve.log" 2>&1 &
     server_pid=$!
     uri="nbd://127.0.0.1:$PORT/vol"
     wait_ready "$uri"
@@ -76,6 +79,7 @@ run_fio() {
     local args
     case $1 in
         4k-mix) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" "${mix[@]}") ;;
+        4k-random) args=(--rw=randwrite --bs=4k --iodepth=32 --numjobs="$JOBS" "${random[@]}") ;;
         128k-mix) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${mix[@]}") ;;
         512-random) args=(--rw=randwrite --bs=512 --iodepth=32 --numjobs=1 "${random[@]}") ;;
         128k-random) args=(--rw=write --bs=128k --iodepth=8 --numjobs=1 "${random[@]}") ;;

@@ -28,6 +28,19 @@ const NEIGHBOURS: u64 = 8;
 /// Runs of hits a thread follows at once.
 const RUNS: usize = 4;
 
+/// Objects after a thread's latest hit that its first misses after that hit try
+/// ([`GAP_TRIES`] of them), when the [`NEIGHBOURS`] after every run found nothing
+/// and that hit continued a run (a stream written in order, not a lone duplicate):
+/// a zone's threads each store a step's blocks in one go, so a stream's next block
+/// may lie a few steps of other threads' blocks past its last (a template imported
+/// by four threads on two zones: a thread's next block up to 203 objects on,
+/// docs/benchmarks.md). Four steps.
+const GAP_OBJECTS: u64 = 4 * crate::inner::BLOCKS_PER_STEP;
+
+/// Misses after a hit that try the [`GAP_OBJECTS`] after it: past the first two,
+/// the data is likely new and the wider look only costs.
+const GAP_TRIES: u8 = 2;
+
 /// Hooks of a write step looked up before its blocks are written, at most: the first
 /// that hits gives the objects before it.
 const HOOKS_TRIED: usize = 4;
@@ -37,6 +50,9 @@ thread_local! {
     /// most recent first: (the depot, by address; the object).
     static RECENT_HITS: std::cell::Cell<[Option<(usize, ObjectId)>; RUNS]> =
         const { std::cell::Cell::new([None; RUNS]) };
+
+    /// Misses this thread may still try the [`GAP_OBJECTS`] after its latest hit for.
+    static GAP_TRIES_LEFT: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
 /// The live records stored just before a write step's first hook hit: where the
@@ -109,7 +125,23 @@ pub(crate) fn take_duplicate(
                 return (Some(o), stale);
             }
         }
+        // A gap in the latest run: the stream's next block lies past other
+        // threads' blocks of the zone.
+        let latest = anchors.first().copied().flatten();
+        if let Some((_, last)) = latest.filter(|(owner, _)| *owner == me) {
+            if GAP_TRIES_LEFT.get() > 0 {
+                let from = last.0 + 1 + NEIGHBOURS;
+                if let Some(o) = take_advice(depot, from..last.0 + 1 + GAP_OBJECTS, fp) {
+                    index.count_neighbour_hit();
+                    remember_hit(depot, o);
+                    // Found past a gap: still a stream written in order.
+                    GAP_TRIES_LEFT.set(GAP_TRIES);
+                    return (Some(o), stale);
+                }
+            }
+        }
     }
+    GAP_TRIES_LEFT.set(GAP_TRIES_LEFT.get().saturating_sub(1));
     (None, stale)
 }
 
@@ -182,6 +214,7 @@ fn remember_hit(depot: &SlabDepot, o: ObjectId) {
         *first = Some((me, o));
     }
     RECENT_HITS.set(anchors);
+    GAP_TRIES_LEFT.set(if continues.is_some() { GAP_TRIES } else { 0 });
 }
 
 /// An object of `objects` holding `fp` live, taking no reference (a look ahead;

@@ -13,6 +13,14 @@
 //! find it here), and every flush tries it again. While one waits, the zone stores
 //! nothing new (the store fails with the no-space error before anything changes),
 //! so at most the blocks one store closes wait in a zone.
+//!
+//! A run's blocks are written past the page cache (`Storage::write_pages`, from a
+//! page-aligned `PageBuf`): the packer serves them from its buffer until written,
+//! and random data is seldom read back at once, so copying it into the cache only
+//! cost the writing thread a copy and the cache's lock. A packed block is written
+//! through the cache, sector by sector. Each block is written one way while a
+//! packer holds it; a block freed and taken again the other way is safe, since a
+//! direct write writes back and drops the cached pages of its range.
 
 use crate::devices::Devices;
 use crate::error::{within, within_mut};
@@ -23,7 +31,9 @@ use crate::slab_depot::SlabDepot;
 use crate::{EngineError, Result};
 use fewerbytes_format::location::{Codec, Location, ObjectId};
 use fewerbytes_format::{BLOCK_BYTES, SECTOR_BYTES};
-use parking_lot::Mutex;
+use fewerbytes_storage::{PageBuf, PAGE_BYTES};
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
 
 /// The open block of a packer.
 struct OpenBlock {
@@ -40,8 +50,14 @@ struct OpenBlock {
 }
 
 /// Whole blocks a zone gathers into one write: random data costs one system call
-/// per run instead of one per block.
-pub const RUN_BLOCKS: u32 = 16;
+/// per run instead of one per block. A direct write waits for the device, so a run
+/// holds a 128 KiB write's 32 blocks: one wait per such write, not two (16 blocks ran
+/// 128k random writes ~1.36x slower, 64 no faster: docs/benchmarks.md).
+pub const RUN_BLOCKS: u32 = 32;
+
+// A block is whole pages, so a run's blocks start on page boundaries in its buffer
+// and on the device (the data region starts on a block boundary).
+const _: () = assert!(BLOCK_BYTES.is_multiple_of(PAGE_BYTES));
 
 /// A run of consecutive blocks a zone fills with whole (uncompressed) blocks.
 struct OpenRun {
@@ -55,8 +71,19 @@ struct OpenRun {
     filled: u32,
     /// Blocks already written to the device.
     written: u32,
-    /// The run's bytes.
-    buf: Vec<u8>,
+    /// The run's bytes, page-aligned for a direct write; shared only while a full
+    /// run is written outside the zone's lock (`Packer::writing`).
+    buf: Arc<PageBuf>,
+}
+
+impl OpenRun {
+    /// The same run, its buffer shared: what reads find while it is written.
+    fn share(&self) -> OpenRun {
+        OpenRun {
+            buf: Arc::clone(&self.buf),
+            ..*self
+        }
+    }
 }
 
 /// One zone's packer: an open block for fragments and an open run for whole blocks.
@@ -70,9 +97,13 @@ struct Packer {
     unwritten_blocks: Vec<OpenBlock>,
     /// Closed runs whose write found the device full: written by the next flush.
     unwritten_runs: Vec<OpenRun>,
+    /// Full runs being written by the thread that filled them, outside the zone's
+    /// lock (a direct write waits for the device): at most one per thread storing in
+    /// the zone. Reads find their blocks here; a flush waits for them.
+    writing: Vec<OpenRun>,
     /// The buffer of the last run closed, for the next run: a fresh zeroed 64 KiB
     /// per run cost a `memset` of 16 blocks on every 16 whole blocks stored.
-    spare_run_buf: Vec<u8>,
+    spare_run_buf: PageBuf,
 }
 
 /// What the packers work with: the slabs they allocate from, the data device they
@@ -102,6 +133,8 @@ fn stored_rec<'s>(space: &Space<'_>, slab: &'s mut Slab, object: u32) -> Result<
 /// fills, when a fragment spans into the next block, when a block or run closes).
 pub(crate) struct Zones {
     packers: Vec<Mutex<Packer>>,
+    /// Told when a run written outside its zone's lock is done (`Packer::writing`).
+    run_written: Condvar,
     /// The worker threads the pool was opened with.
     threads: usize,
 }
@@ -113,6 +146,7 @@ impl Zones {
         let zones = threads.min(slab_count as usize).max(1);
         Zones {
             packers: (0..zones).map(|_| Mutex::new(Packer::default())).collect(),
+            run_written: Condvar::new(),
             threads,
         }
     }
@@ -342,10 +376,14 @@ impl Zones {
         Ok(())
     }
 
-    /// Write the unwritten part of every open block and run (before a commit's data sync).
+    /// Write the unwritten part of every open block and run, after the runs being
+    /// written are (before a commit's data sync).
     pub(crate) fn flush(&self, space: &Space<'_>) -> Result<()> {
         for zone in 0..self.count() {
             let mut packer = self.packer(zone).lock();
+            while !packer.writing.is_empty() {
+                self.run_written.wait(&mut packer);
+            }
             self.write_unwritten(space, zone, &mut packer)?;
             if let Some(open) = packer.open.as_mut() {
                 let fill = open.fill;
@@ -366,8 +404,8 @@ impl Zones {
         let to = run.filled as usize * BLOCK_BYTES;
         let offset = space.geometry.data_offset_bytes()
             + space.depot.pbn(run.slab, run.first + run.written) * BLOCK_BYTES as u64;
-        let bytes = within(&run.buf, from..to, "an open run's blocks")?;
-        let r = space.devices.data().write_at(bytes, offset);
+        let bytes = within(run.buf.as_bytes(), from..to, "an open run's blocks")?;
+        let r = space.devices.data().write_pages(bytes, offset);
         space.devices.check_write_or_no_space(r)?;
         run.written = run.filled;
         Ok(())
@@ -384,13 +422,48 @@ impl Zones {
         packer: &mut Packer,
     ) -> Result<()> {
         let written = self.write_run(space, &mut run);
+        Self::closed_run(space, zone, run, written, packer)
+    }
+
+    /// A closed run after its write: waiting in `unwritten_runs` if the device was
+    /// full, otherwise let go (its buffer kept for the next run).
+    fn closed_run(
+        space: &Space<'_>,
+        zone: usize,
+        run: OpenRun,
+        written: Result<()>,
+        packer: &mut Packer,
+    ) -> Result<()> {
         if written.as_ref().is_err_and(|e| e.is_no_space()) {
             packer.unwritten_runs.push(run);
             return Ok(());
         }
         Self::release_run(space, zone, &run)?;
-        packer.spare_run_buf = run.buf;
+        if let Ok(buf) = Arc::try_unwrap(run.buf) {
+            packer.spare_run_buf = buf;
+        }
         written
+    }
+
+    /// Write a full run outside the zone's lock (`guard`, released and taken again):
+    /// the zone's other threads store on meanwhile, and reads find the run in
+    /// `Packer::writing`.
+    fn write_full_run(
+        &self,
+        space: &Space<'_>,
+        zone: usize,
+        mut run: OpenRun,
+        mut guard: parking_lot::MutexGuard<'_, Packer>,
+    ) -> Result<()> {
+        guard.writing.push(run.share());
+        drop(guard);
+        let written = self.write_run(space, &mut run);
+        let mut guard = self.packer(zone).lock();
+        guard.writing.retain(|w| !Arc::ptr_eq(&w.buf, &run.buf));
+        let closed = Self::closed_run(space, zone, run, written, &mut guard);
+        drop(guard);
+        self.run_written.notify_all();
+        closed
     }
 
     /// Drop the zone's hold on every block of a closed run.
@@ -404,7 +477,7 @@ impl Zones {
     }
 
     /// Allocate a run of up to `RUN_BLOCKS` consecutive blocks in a slab with free objects.
-    fn open_run(&self, space: &Space<'_>, zone: usize, spare_buf: &mut Vec<u8>) -> Result<OpenRun> {
+    fn open_run(&self, space: &Space<'_>, zone: usize, spare_buf: &mut PageBuf) -> Result<OpenRun> {
         for s in space.depot.order(zone, self.count()) {
             let mut slab = space.depot.slab(s).lock();
             // A full slab is skipped on its counters: scanning its block bitmap for
@@ -433,8 +506,8 @@ impl Zones {
                 // needs no zeroing, only the run's length.
                 buf: {
                     let mut buf = std::mem::take(spare_buf);
-                    buf.resize(RUN_BLOCKS as usize * BLOCK_BYTES, 0);
-                    buf
+                    buf.resize_pages(RUN_BLOCKS as usize * BLOCK_BYTES / PAGE_BYTES);
+                    Arc::new(buf)
                 },
             });
         }
@@ -455,10 +528,10 @@ impl Zones {
         block: &[u8],
         fingerprint: &[u8; 32],
     ) -> Result<(ObjectId, u64)> {
-        let mut packer = self.packer(zone).lock();
+        let mut guard = self.packer(zone).lock();
         // Nothing new while earlier blocks wait for space: fail before any change.
-        self.write_unwritten(space, zone, &mut packer)?;
-        let packer = &mut *packer;
+        self.write_unwritten(space, zone, &mut guard)?;
+        let packer = &mut *guard;
         for _attempt in 0..4 {
             let mut run = match packer.run.take() {
                 Some(r) => r,
@@ -482,7 +555,9 @@ impl Zones {
             let at = run.filled as usize * BLOCK_BYTES;
             // A run's buffer holds its length in blocks and `filled < len`: past it,
             // the block would be lost while its record says it is stored.
-            let copied = within_mut(run.buf.as_mut_slice(), at..at + BLOCK_BYTES, "a run")
+            let copied = Arc::get_mut(&mut run.buf)
+                .ok_or_else(|| EngineError::Invariant("an open run's buffer is shared".into()))
+                .and_then(|buf| within_mut(buf.as_bytes_mut(), at..at + BLOCK_BYTES, "a run"))
                 .and_then(|dst| {
                     dst.copy_from_slice(within(block, 0..BLOCK_BYTES, "a whole block")?);
                     Ok(())
@@ -491,7 +566,7 @@ impl Zones {
             run.filled += 1;
             let object_id = space.depot.object_id(run.slab, object);
             if run.filled == run.len {
-                self.close_run(space, zone, run, packer)?;
+                self.write_full_run(space, zone, run, guard)?;
             } else {
                 packer.run = Some(run);
             }
@@ -522,13 +597,18 @@ impl Zones {
                 });
             }
         }
-        for run in packer.run.iter().chain(&packer.unwritten_runs) {
+        let runs = packer.run.iter().chain(&packer.unwritten_runs);
+        for run in runs.chain(&packer.writing) {
             if run.slab == slab && block >= run.first && block < run.first + run.filled {
                 let at = (block - run.first) as usize * BLOCK_BYTES + from;
-                return run.buf.get(at..at + out.len()).is_some_and(|src| {
-                    out.copy_from_slice(src);
-                    true
-                });
+                return run
+                    .buf
+                    .as_bytes()
+                    .get(at..at + out.len())
+                    .is_some_and(|src| {
+                        out.copy_from_slice(src);
+                        true
+                    });
             }
         }
         false

@@ -20,16 +20,35 @@
 //! the blocks; the length stays) and the `BLKDISCARD` ioctl on a block device (the
 //! drive, thin volume or loop device below frees them). A file system or device
 //! that cannot discard says so once (`EOPNOTSUPP`), and later discards are not tried.
+//!
+//! Whole pages of data go past the page cache ([`Storage::write_pages`]): a second
+//! descriptor on the same open file (reopened through `/proc/self/fd`, so the same
+//! inode whatever became of the path, and without `O_EXCL`, which a block device
+//! grants once) carries `O_DIRECT`. The kernel writes back and drops any cached page
+//! of the range before such a write and drops them again after it, so a buffered
+//! read afterwards reads the new bytes, and a page dirtied earlier by a buffered
+//! write of the same range cannot be written back over them later; the one hazard,
+//! a buffered write racing a direct one over the same range, the engine never makes
+//! (a block is written by the one packer that holds it). `fdatasync` on the first
+//! descriptor makes both kinds durable: it syncs the inode (its data, the extents a
+//! direct write allocated) and flushes the drive's cache, whichever descriptor wrote.
+//! A file system that refuses `O_DIRECT` (at the open, or `EINVAL` at the first
+//! write) is said once in the log, and its pages are written through the cache as
+//! every other write is. The direct descriptor is closed only with the storage:
+//! closing any descriptor of a file drops the process's record locks on it.
 
 use crate::loop_device::{backing_of, same_device};
-use crate::{check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, Storage, StorageError};
+use crate::{
+    check_bounds, discard_pages, DiscardOutcome, IoCounters, IoOp, Storage, StorageError,
+    PAGE_BYTES,
+};
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Who holds a device's lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +114,12 @@ pub struct FileStorage {
     identities: Vec<(u64, u64)>,
     counters: IoCounters,
     /// Whether the kernel takes `RWF_NOWAIT` reads on this file (cleared if refused).
-    nowait: std::sync::atomic::AtomicBool,
+    nowait: AtomicBool,
+    /// The same file opened again with `O_DIRECT`, for [`Storage::write_pages`]; `None`
+    /// where the open was refused (or the storage was opened to read).
+    direct: Option<File>,
+    /// Whether whole pages go through `direct` (cleared, once, if a write is refused).
+    direct_on: AtomicBool,
 }
 
 impl std::fmt::Debug for FileStorage {
@@ -158,7 +182,9 @@ impl FileStorage {
             discard: AtomicU8::new(DISCARD_OFF),
             identities: Vec::new(),
             counters: IoCounters::default(),
-            nowait: std::sync::atomic::AtomicBool::new(true),
+            nowait: AtomicBool::new(true),
+            direct: None,
+            direct_on: AtomicBool::new(false),
         };
         storage.refresh_len()?;
         Ok(storage)
@@ -176,6 +202,7 @@ impl FileStorage {
                 return Err(e);
             }
         }
+        let direct = open_direct(&file, &name);
         let storage = FileStorage {
             file,
             held,
@@ -185,7 +212,9 @@ impl FileStorage {
             discard: AtomicU8::new(DISCARD_ON),
             identities,
             counters: IoCounters::default(),
-            nowait: std::sync::atomic::AtomicBool::new(true),
+            nowait: AtomicBool::new(true),
+            direct_on: AtomicBool::new(direct.is_some()),
+            direct,
         };
         if let (Some(want), false) = (create_len, is_block) {
             if meta.len() < want {
@@ -197,6 +226,42 @@ impl FileStorage {
         }
         storage.refresh_len()?;
         Ok(storage)
+    }
+
+    /// Whether whole pages are written past the page cache (`O_DIRECT`): false where
+    /// the file system refused it, and on a storage opened to read.
+    pub fn writes_pages_direct(&self) -> bool {
+        self.direct_on.load(Relaxed)
+    }
+
+    /// Write `buf` at `offset_bytes` through the `O_DIRECT` descriptor, if there is
+    /// one and the write is of whole, aligned pages: `Ok(false)` when it was not
+    /// tried, or was refused (`EINVAL`: from then on, never tried again).
+    fn write_direct(&self, buf: &[u8], offset_bytes: u64) -> std::io::Result<bool> {
+        let Some(direct) = self
+            .direct
+            .as_ref()
+            .filter(|_| self.direct_on.load(Relaxed))
+        else {
+            return Ok(false);
+        };
+        if !is_page_aligned(buf, offset_bytes) {
+            return Ok(false);
+        }
+        match direct.write_all_at(buf, offset_bytes) {
+            Ok(()) => Ok(true),
+            // Nothing is known of what landed: the caller writes all of it again.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if self.direct_on.swap(false, Relaxed) {
+                    tracing::warn!(
+                        "{}: the file system refused a direct write ({e}); data is written through the page cache",
+                        self.name
+                    );
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Punch a hole (a file) or issue `BLKDISCARD` (a block device) over
@@ -285,6 +350,33 @@ fn open_locked(
             .map_err(|e| io_err(name, IoOp::Open, 0, 0, e))?;
     }
     Ok((file, meta))
+}
+
+/// `file` opened again with `O_DIRECT` (same access, no `O_EXCL`, no lock of its own),
+/// or `None`, said once in the log, where the file system refuses it.
+fn open_direct(file: &File, name: &str) -> Option<File> {
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path);
+    match opened {
+        Ok(direct) => Some(direct),
+        Err(e) => {
+            tracing::warn!("{name}: cannot open it for direct writes ({e}); data is written through the page cache");
+            None
+        }
+    }
+}
+
+/// Whether a write of `buf` at `offset_bytes` is of whole pages from page-aligned
+/// memory, as `O_DIRECT` wants it (on any logical block size up to 4 KiB).
+fn is_page_aligned(buf: &[u8], offset_bytes: u64) -> bool {
+    !buf.is_empty()
+        && (buf.as_ptr() as usize).is_multiple_of(PAGE_BYTES)
+        && buf.len().is_multiple_of(PAGE_BYTES)
+        && offset_bytes.is_multiple_of(PAGE_BYTES as u64)
 }
 
 /// If `device` is a loop device (or a partition of one), open and lock its backing
@@ -475,6 +567,23 @@ impl Storage for FileStorage {
         Ok(())
     }
 
+    /// Through the `O_DIRECT` descriptor when the write is of whole aligned pages and
+    /// the file system takes it; otherwise as [`FileStorage::write_at`].
+    fn write_pages(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
+        self.check_bounds(IoOp::Write, offset_bytes, buf.len())?;
+        let direct = self
+            .write_direct(buf, offset_bytes)
+            .map_err(|e| io_err(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, e))?;
+        if !direct {
+            self.file
+                .write_all_at(buf, offset_bytes)
+                .map_err(|e| io_err(&self.name, IoOp::Write, offset_bytes, buf.len() as u64, e))?;
+        }
+        self.counters.count_write(buf.len());
+        Ok(())
+    }
+
+    /// `fdatasync` of the first descriptor: the inode's, so it covers direct writes too.
     fn flush(&self) -> Result<(), StorageError> {
         self.file
             .sync_data()

@@ -334,6 +334,63 @@ impl IoCounters {
     }
 }
 
+/// The page [`Storage::write_pages`] aligns to: the largest logical block size a
+/// direct write must be aligned to on the devices a pool sits on.
+pub const PAGE_BYTES: usize = 4096;
+
+/// One page of memory on a [`PAGE_BYTES`] boundary.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([u8; PAGE_BYTES]);
+
+const _: () = assert!(std::mem::align_of::<Page>() == PAGE_BYTES);
+const _: () = assert!(std::mem::size_of::<Page>() == PAGE_BYTES);
+
+/// A buffer of whole pages that starts on a page boundary: what
+/// [`Storage::write_pages`] can write past the device's cache.
+#[derive(Default)]
+pub struct PageBuf {
+    pages: Vec<Page>,
+}
+
+impl PageBuf {
+    /// `pages` pages of zeros.
+    pub fn zeroed(pages: usize) -> PageBuf {
+        PageBuf {
+            pages: vec![Page([0; PAGE_BYTES]); pages],
+        }
+    }
+
+    /// Make it `pages` pages long; pages added are zeros, the others keep their bytes.
+    pub fn resize_pages(&mut self, pages: usize) {
+        self.pages.resize(pages, Page([0; PAGE_BYTES]));
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `Page` is `repr(C)` around a byte array, with no padding (its size
+        // is its array's, asserted above), so the vector's pages are
+        // `len * PAGE_BYTES` initialised bytes in one allocation, borrowed as `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.pages.as_ptr().cast::<u8>(),
+                self.pages.len() * PAGE_BYTES,
+            )
+        }
+    }
+
+    /// Its bytes, to fill.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_bytes`, borrowed mutably as `self`; any byte is a valid `u8`.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.pages.as_mut_ptr().cast::<u8>(),
+                self.pages.len() * PAGE_BYTES,
+            )
+        }
+    }
+}
+
 /// The unit of a discard: only the whole 4 KiB pages inside a range asked for are
 /// discarded (the range is rounded inward), so a discard never touches a byte
 /// outside the range, and every device (512-byte or 4 KiB sectors) takes it.
@@ -378,6 +435,17 @@ pub trait Storage: Send + Sync {
     }
     /// Write all of `buf` at `offset_bytes`.
     fn write_at(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError>;
+    /// Write whole pages of data as [`Storage::write_at`] would, with the same contract,
+    /// but past the device's cache where it can (a file's `O_DIRECT`): for bytes the
+    /// caller keeps and serves itself until written, and reads seldom soon after. It
+    /// goes past the cache only when `buf` starts on a [`PAGE_BYTES`] boundary in
+    /// memory ([`PageBuf`]) and `offset_bytes` and `buf.len()` are multiples of it;
+    /// any other write is an ordinary one. A later read of the range, through either
+    /// kind of write, returns the new bytes; `flush` makes it durable as any write.
+    /// Default: `write_at`.
+    fn write_pages(&self, buf: &[u8], offset_bytes: u64) -> Result<(), StorageError> {
+        self.write_at(buf, offset_bytes)
+    }
     /// Write each `(offset_bytes, bytes)` of `writes` as [`Storage::write_at`] would,
     /// possibly several at once and in any order, and return once all have. The
     /// ranges must not overlap. Every range is checked against the device's end

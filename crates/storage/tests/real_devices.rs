@@ -1,6 +1,9 @@
 //! `FileStorage` on what the kernel really gives it: a file's blocks freed by a
 //! discard, a loop device's discards counted by the block layer, a full file system
-//! saying so as its own error, and a file or loop device that grew.
+//! saying so as its own error, a file or loop device that grew, and whole pages
+//! written past the page cache (`O_DIRECT`) mixed with ordinary writes of the same
+//! pages, on a disk's file system, a loop device, tmpfs, and ramfs (which refuses
+//! `O_DIRECT`: the pages go through the cache).
 //!
 //! These tests need root (loop devices, mounts) and `losetup` and `mount`
 //! (util-linux, mount: `scripts/test.sh` installs them). Every loop device and
@@ -8,8 +11,9 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
-use fewerbytes_storage::{DiscardOutcome, FileStorage, Storage};
-use std::os::unix::fs::MetadataExt;
+use fewerbytes_storage::{DiscardOutcome, FileStorage, PageBuf, Storage, PAGE_BYTES};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -316,4 +320,167 @@ fn a_grown_file_or_loop_device_is_seen_after_refresh() {
     assert_eq!(dev.refresh_len().unwrap(), 8 * MIB);
     dev.write_at(&[2; 4096], 7 * MIB).unwrap();
     dev.flush().unwrap();
+}
+
+/// Pages of the range the direct-write tests write.
+const MIXED_PAGES: usize = 16;
+
+/// `bytes` in a page-aligned buffer.
+fn page_buf(bytes: &[u8]) -> PageBuf {
+    let mut buf = PageBuf::zeroed(bytes.len().div_ceil(PAGE_BYTES));
+    buf.as_bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+    buf
+}
+
+/// Writes the first `MIXED_PAGES` pages of `dev` with direct and ordinary writes over
+/// the same pages in turn, checking after each that a read returns what was written
+/// last; then flushes, drops the device's cached pages and reads them from the device
+/// itself (`O_DIRECT`, where `path` takes it): a page dirtied by an ordinary write
+/// and then written direct must not have been written back over the direct bytes.
+fn mix_direct_and_cached_writes(dev: &FileStorage, path: &Path) {
+    let len = MIXED_PAGES * PAGE_BYTES;
+    let page = PAGE_BYTES as u64;
+    let mut model = vec![0u8; len];
+    let mut write = |dev: &FileStorage, offset: usize, bytes: &[u8], direct: bool| {
+        if direct {
+            dev.write_pages(bytes, offset as u64).unwrap();
+        } else {
+            dev.write_at(bytes, offset as u64).unwrap();
+        }
+        model[offset..offset + bytes.len()].copy_from_slice(bytes);
+        let mut back = vec![0u8; len];
+        dev.read_at(&mut back, 0).unwrap();
+        assert!(
+            back == model,
+            "after a {} write of {} bytes at {offset}, a read returned other bytes",
+            if direct { "direct" } else { "cached" },
+            bytes.len()
+        );
+    };
+    // Cached pages, dirty, then direct writes over some of them.
+    write(dev, 0, &data(len as u64, 1), false);
+    write(
+        dev,
+        4 * PAGE_BYTES,
+        page_buf(&data(8 * page, 2)).as_bytes(),
+        true,
+    );
+    // A sector and a page written through the cache inside what was written direct,
+    // then direct again over both.
+    write(dev, 6 * PAGE_BYTES + 512, &data(512, 3), false);
+    write(dev, 10 * PAGE_BYTES, &data(page, 4), false);
+    write(
+        dev,
+        6 * PAGE_BYTES,
+        page_buf(&data(6 * page, 5)).as_bytes(),
+        true,
+    );
+    // Pages from memory that is not page-aligned: written through the cache.
+    let offset_buf = page_buf(&data(3 * page, 6));
+    write(
+        dev,
+        12 * PAGE_BYTES,
+        &offset_buf.as_bytes()[512..512 + 2 * PAGE_BYTES],
+        true,
+    );
+    write(dev, 0, page_buf(&data(2 * page, 7)).as_bytes(), true);
+    dev.flush().unwrap();
+
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; the call only advises the kernel. Clean pages (after
+    // the flush) leave the cache.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
+    let mut back = PageBuf::zeroed(MIXED_PAGES);
+    let uncached = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    match uncached {
+        Ok(f) => f.read_exact_at(back.as_bytes_mut(), 0).unwrap(),
+        Err(_) => file.read_exact_at(back.as_bytes_mut(), 0).unwrap(),
+    }
+    assert!(
+        back.as_bytes() == model.as_slice(),
+        "after the flush, the device holds other bytes than were written last"
+    );
+}
+
+/// Pages written direct leave no copy in the page cache (the point of writing them
+/// so): a read that may not wait for the device finds none.
+fn direct_pages_are_not_cached(dev: &FileStorage) {
+    let at = (MIXED_PAGES * PAGE_BYTES) as u64;
+    dev.write_pages(page_buf(&data(4 * PAGE_BYTES as u64, 8)).as_bytes(), at)
+        .unwrap();
+    let mut buf = vec![0u8; 4 * PAGE_BYTES];
+    assert!(
+        !dev.read_at_cached(&mut buf, at).unwrap(),
+        "pages written direct were found in the page cache"
+    );
+    dev.read_at(&mut buf, at).unwrap();
+    assert!(
+        buf == data(4 * PAGE_BYTES as u64, 8),
+        "direct pages read back wrong"
+    );
+}
+
+#[test]
+fn direct_and_cached_writes_of_the_same_pages_read_back_the_last_on_a_disk() {
+    let dir = Scratch::new("direct-file");
+    let path = dir.join("pool");
+    let dev = FileStorage::create(&path, 4 * MIB).unwrap();
+    assert!(
+        dev.writes_pages_direct(),
+        "the build's disk file system took no O_DIRECT open"
+    );
+    mix_direct_and_cached_writes(&dev, &path);
+    direct_pages_are_not_cached(&dev);
+}
+
+#[test]
+fn direct_and_cached_writes_of_the_same_pages_read_back_the_last_on_a_loop_device() {
+    let dir = Scratch::new("direct-loop");
+    let backing = dir.join("backing");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    let loop_dev = LoopDevice::attach(&backing);
+    let path = Path::new(&loop_dev.0);
+    // Opened with O_EXCL, as a pool's device is: the direct descriptor opens without it.
+    let dev = FileStorage::open(path).unwrap();
+    assert!(
+        dev.writes_pages_direct(),
+        "a loop device took no O_DIRECT open"
+    );
+    mix_direct_and_cached_writes(&dev, path);
+    direct_pages_are_not_cached(&dev);
+}
+
+#[test]
+fn a_pool_file_on_tmpfs_takes_direct_and_cached_writes() {
+    // tmpfs takes O_DIRECT since Linux 6.6 (as an ordinary write), and refused it
+    // before: either way every write must read back.
+    let dir = Path::new("/dev/shm").join(format!("fewerbytes-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pool");
+    let dev = FileStorage::create(&path, 4 * MIB).unwrap();
+    mix_direct_and_cached_writes(&dev, &path);
+    drop(dev);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_file_system_that_refuses_direct_writes_gets_them_through_the_cache() {
+    // ramfs has no direct I/O at all: the open with O_DIRECT fails (EINVAL).
+    let dir = Scratch::new("direct-ramfs");
+    let _mount = Mount::new(&["-t", "ramfs", "none"], &dir.join("mnt"));
+    let path = dir.join("mnt/pool");
+    let dev = FileStorage::create(&path, 4 * MIB).unwrap();
+    assert!(
+        !dev.writes_pages_direct(),
+        "ramfs took an O_DIRECT open: this test no longer tests the fallback"
+    );
+    mix_direct_and_cached_writes(&dev, &path);
+    drop(dev);
 }
