@@ -391,15 +391,15 @@ pub(crate) fn map_placed(
         }
         inner.journal.append_all(&records);
         // Now that the journal stores them, the new objects may be found (by advice,
-        // which reads their records) and read (once the page's lock is released).
+        // which reads their records, and the index) and read (once the page's lock
+        // is released). Indexed under the lock: a trim of the block after it frees
+        // the object, and the free takes it out of the index again.
         for (fp, o) in placed.iter().filter_map(Placed::stored_new) {
             inner.depot.set_fingerprint(o, fp)?;
+            index_stored(inner, fp, o);
         }
     }
     for (p, old) in placed.iter().zip(olds) {
-        if let Some((fp, o)) = p.stored_new() {
-            index_stored(inner, fp, o);
-        }
         vol.account(old, p.entry);
         if let Some(o) = old.object() {
             inner.depot.release_object(&inner.devices, o)?;
