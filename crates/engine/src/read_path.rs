@@ -96,6 +96,16 @@ fn locate(inner: &Inner, o: ObjectId) -> Result<(ObjRec, OpenBlocks)> {
     let rec = slab.rec(i);
     let loc = Location::decode(rec.location)
         .map_err(|e| corrupt_object(inner, o, rec.location, e.to_string()))?;
+    // Live records were checked at open; a map entry naming a free one (whose
+    // location nothing checked) is found damaged here, not read off its slab.
+    if !inner.depot.valid_location(s, loc) {
+        return Err(corrupt_object(
+            inner,
+            o,
+            rec.location,
+            format!("its location lies outside slab {s}"),
+        ));
+    }
     let (first, count) = loc.blocks();
     // A location touches at most two blocks: no allocation on the read path.
     let mut open: OpenBlocks = [(first, None), (first + 1, None)];
