@@ -294,6 +294,20 @@ pub(crate) fn place(
     })
 }
 
+/// Append the records of `placed`, whose entries are set, and then make their new
+/// objects findable: by advice, which reads their records, and by the index; and
+/// readable, once the caller releases the map page's lock. Called under that lock,
+/// so a trim of a block right after frees its object after it is indexed (and the
+/// free takes it out of the index again).
+fn journalled(inner: &Inner, records: &[Record], placed: &[Placed]) -> Result<()> {
+    inner.journal.append_all(records);
+    for (fp, o) in placed.iter().filter_map(Placed::stored_new) {
+        inner.depot.set_fingerprint(o, fp)?;
+        index_stored(inner, fp, o);
+    }
+    Ok(())
+}
+
 /// Drop the references placed blocks took, when their entries are not set.
 pub(crate) fn unplace(inner: &Inner, placed: &[Placed]) -> Result<()> {
     for p in placed {
@@ -367,7 +381,8 @@ pub(crate) fn map_placed(
                 Ok(was) => *old = was,
                 Err(e) => {
                     // Journal what was set; the rest is not.
-                    inner.journal.append_all(&records);
+                    let set = placed.get(..k).unwrap_or_default();
+                    journalled(inner, &records, set)?;
                     drop(page);
                     drop(slot);
                     unplace(inner, placed.get(k..).unwrap_or_default())?;
@@ -389,15 +404,7 @@ pub(crate) fn map_placed(
                 },
             });
         }
-        inner.journal.append_all(&records);
-        // Now that the journal stores them, the new objects may be found (by advice,
-        // which reads their records, and the index) and read (once the page's lock
-        // is released). Indexed under the lock: a trim of the block after it frees
-        // the object, and the free takes it out of the index again.
-        for (fp, o) in placed.iter().filter_map(Placed::stored_new) {
-            inner.depot.set_fingerprint(o, fp)?;
-            index_stored(inner, fp, o);
-        }
+        journalled(inner, &records, placed)?;
     }
     for (p, old) in placed.iter().zip(olds) {
         vol.account(old, p.entry);
