@@ -20,7 +20,7 @@ use common::*;
 use fewerbytes_engine::storage::{
     CrashMode, FaultPlan, FaultStorage, IoCounters, Storage, StorageError,
 };
-use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool, ScrubState};
+use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool};
 use fewerbytes_format::page::{decode_page, encode_page, PageHeader, PageKind};
 use fewerbytes_format::superblock::SuperBlock;
 use parking_lot::Mutex;
@@ -220,14 +220,7 @@ fn check_case(fault_name: &str, fault: impl Fn(u64) -> FaultPlan, k: u64) -> Opt
             if is_page && damaged.is_empty() && pool.stats().metadata_copies_repaired == 0 {
                 // The open reads a directory page's first copy only: a lost write of
                 // its second copy is found by the scrub, which rewrites the page.
-                pool.scrub_start(0).unwrap();
-                let s = loop {
-                    let s = pool.scrub_status();
-                    if s.state == ScrubState::Done {
-                        break s;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                };
+                let s = scrub_to_end(&pool);
                 assert!(
                     s.findings.iter().any(|f| f.region == "directory"
                         && f.what.contains("its second copy")

@@ -14,9 +14,7 @@
 mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
-use fewerbytes_engine::{
-    Compression, EngineError, OpenOptions, Pool, RepairOptions, ScrubState, BLOCK_BYTES,
-};
+use fewerbytes_engine::{Compression, EngineError, OpenOptions, Pool, RepairOptions, BLOCK_BYTES};
 use fewerbytes_format::page::{decode_page, PageKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -261,14 +259,7 @@ fn a_bad_map_page_both_copies_share_loses_only_the_blocks_it_maps() {
     );
     // A scrub finds the page and cannot rewrite it (its entries are unknown): it
     // leaves it as it is, and the pool keeps serving.
-    pool.scrub_start(0).unwrap();
-    let scrub = loop {
-        let s = pool.scrub_status();
-        if s.state == ScrubState::Done {
-            break s;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let scrub = scrub_to_end(&pool);
     assert_eq!(scrub.errors_found, 1, "{scrub:#?}");
     assert_eq!(scrub.repaired, 0, "{scrub:#?}");
     assert!(pool.latched_reason().is_none());

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use fewerbytes_engine::storage::{CrashMode, FaultStorage, Storage};
-use fewerbytes_engine::{EngineError, OpenOptions, Pool, ScrubState};
+use fewerbytes_engine::{EngineError, OpenOptions, Pool};
 use std::sync::Arc;
 
 const BLOCKS: u64 = 256;
@@ -119,14 +119,7 @@ fn a_new_block_damaged_on_the_drive_before_replay_reads_as_damaged() {
         }
     }
     // The scrub names it with the volume's bytes.
-    pool.scrub_start(0).unwrap();
-    let s = loop {
-        let s = pool.scrub_status();
-        if s.state == ScrubState::Done {
-            break s;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let s = scrub_to_end(&pool);
     assert_eq!(s.errors_found, 1, "{s:#?}");
     assert_eq!(
         s.findings[0].volumes,

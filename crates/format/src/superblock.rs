@@ -342,20 +342,13 @@ impl SuperBlock {
                 ),
             });
         }
-        if version == FORMAT_VERSION_2 && flags & FLAG_SHARED_MAPS != 0 {
+        if version == FORMAT_VERSION_2 && flags & (FLAG_SHARED_MAPS | FLAG_SLIM_RECORDS) != 0 {
             return Err(FormatError::Invalid {
                 what,
-                reason:
-                    "a version-2 super block with shared map pages (flag bit 7, version 3 only)"
-                        .into(),
-            });
-        }
-        if version == FORMAT_VERSION_2 && flags & FLAG_SLIM_RECORDS != 0 {
-            return Err(FormatError::Invalid {
-                what,
-                reason:
-                    "a version-2 super block with slim journal records (flag bit 6, version 3 only)"
-                        .into(),
+                reason: format!(
+                    "a version-2 super block with flags {flags:#x}: bit 6 (slim journal \
+                     records) and bit 7 (shared map pages) are version 3's"
+                ),
             });
         }
         check_compression(what, compression, compression_level)?;
@@ -851,6 +844,19 @@ mod tests {
         assert_invalid(decode_with(|sb| sb.flags |= 1 << 20), "flags 0x100002");
         let upgraded = decode_with(|sb| sb.flags |= FLAG_UPGRADED_FROM_V1);
         assert!(upgraded.is_ok(), "{upgraded:?}");
+    }
+
+    #[test]
+    fn slim_records_and_shared_maps_are_version_3_flags() {
+        for bit in [FLAG_SLIM_RECORDS, FLAG_SHARED_MAPS] {
+            let v3 = decode_with(|sb| sb.flags |= bit);
+            assert!(v3.is_ok_and(|sb| sb.flags & bit != 0));
+            let v2 = decode_with(|sb| {
+                sb.version = FORMAT_VERSION_2;
+                sb.flags |= bit;
+            });
+            assert_invalid(v2, "are version 3's");
+        }
     }
 
     #[test]

@@ -199,3 +199,16 @@ pub fn read_all(pool: &Arc<Pool>, volume: &str) -> Vec<u8> {
     vol.read(0, &mut bytes).expect("read");
     bytes
 }
+
+/// Start a scrub of `pool` (no rate limit) and wait for it to end (no timing
+/// asserted: it always ends); its report.
+pub fn scrub_to_end(pool: &Pool) -> fewerbytes_engine::ScrubStatus {
+    pool.scrub_start(0).expect("a scrub starts");
+    loop {
+        let s = pool.scrub_status();
+        if s.state == fewerbytes_engine::ScrubState::Done {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
