@@ -26,7 +26,10 @@ fi
 dir=$(mktemp -d "$BENCH_DIR/fewerbytes-replay.XXXXXX")
 server_pid=''
 cleanup() {
-    [[ -n $server_pid ]] && kill -9 "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+    if [[ -n $server_pid ]]; then
+        kill -9 "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+    fi
     rm -rf "$dir"
 }
 trap cleanup EXIT
