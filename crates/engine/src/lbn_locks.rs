@@ -2,6 +2,7 @@
 //! every request step holds shared and a checkpoint snapshot or a volume operation
 //! holds exclusively, and the lock stripes that serialize writes to one block.
 
+use crate::{EngineError, Result};
 use parking_lot::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::ops::Range;
 
@@ -45,21 +46,47 @@ impl LbnLocks {
         pick(&self.stripes, stripe_of(volume_id, lbn))
     }
 
-    /// The stripes of blocks `lbns` of the volume `volume_id` held, each once, taken
-    /// in the one order every holder of several uses (their place in the table), so
-    /// two holders never wait for each other. A write step holds its blocks' stripes
-    /// while it places them and sets their entries (`volume.rs: write_step`); every
-    /// other holder holds one.
-    pub fn stripes(&self, volume_id: u64, lbns: Range<u64>) -> Vec<MutexGuard<'_, ()>> {
-        let mut at: Vec<usize> = lbns
-            .map(|lbn| stripe_of(volume_id, lbn) % LBN_STRIPES)
-            .collect();
+    /// The stripes of blocks `lbns` (at most [`STRIPES_HELD_MAX`]) of the volume
+    /// `volume_id` held, each once, taken in the one order every holder of several
+    /// uses (their place in the table), so two holders never wait for each other. A
+    /// write step holds its blocks' stripes while it places them and sets their
+    /// entries (`volume.rs: write_whole`); every other holder holds one. No allocation:
+    /// this is on every write's path.
+    pub fn stripes(&self, volume_id: u64, lbns: Range<u64>) -> Result<HeldStripes<'_>> {
+        if lbns.end.saturating_sub(lbns.start) > STRIPES_HELD_MAX as u64 {
+            return Err(EngineError::Invariant(format!(
+                "the stripes of {} blocks held at once (at most {STRIPES_HELD_MAX})",
+                lbns.end.saturating_sub(lbns.start)
+            )));
+        }
+        let mut at = [0usize; STRIPES_HELD_MAX];
+        let mut n = 0usize;
+        for (slot, lbn) in at.iter_mut().zip(lbns) {
+            *slot = stripe_of(volume_id, lbn) % LBN_STRIPES;
+            n += 1;
+        }
+        let at = at.get_mut(..n).unwrap_or_default();
         at.sort_unstable();
-        at.dedup();
-        at.into_iter()
-            .map(|i| pick(&self.stripes, i).lock())
-            .collect()
+        let mut held = HeldStripes {
+            _guards: std::array::from_fn(|_| None),
+        };
+        let mut last = None;
+        for (guard, &i) in held._guards.iter_mut().zip(at.iter()) {
+            if last != Some(i) {
+                *guard = Some(pick(&self.stripes, i).lock());
+                last = Some(i);
+            }
+        }
+        Ok(held)
     }
+}
+
+/// Stripes one holder holds at most: a write step's blocks.
+pub const STRIPES_HELD_MAX: usize = crate::inner::BLOCKS_PER_STEP as usize;
+
+/// Stripes held together ([`LbnLocks::stripes`]), released when dropped.
+pub(crate) struct HeldStripes<'a> {
+    _guards: [Option<MutexGuard<'a, ()>>; STRIPES_HELD_MAX],
 }
 
 /// Where block `lbn` of the volume `volume_id` hashes among the stripes (before

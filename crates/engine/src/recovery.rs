@@ -62,38 +62,18 @@ pub(crate) fn replay(
                 fresh.remove(&object);
                 set_stored(inner, n, object, location, Some(fingerprint))?;
             }
-            Record::NewStored {
-                volume,
-                lbn,
-                object,
-                location,
-                crc,
-            } => {
+            Record::NewStored { .. } | Record::NewStoredRun { .. } => {
                 if !slim {
-                    return Err(not_slim(n));
+                    return Err(corrupt(format!(
+                        "record {n}: a slim new-block record in a pool whose super block \
+                         does not allow them"
+                    )));
                 }
-                set_stored(inner, n, object, location, None)?;
-                fresh.insert(object, (location, crc));
-                let entry = MapEntry::Object(ObjectId(object));
-                map_set(inner, &vols, &mut deltas, n, volume, lbn, entry)?;
-            }
-            Record::NewStoredRun {
-                volume,
-                lbn,
-                object,
-                pbn,
-                count,
-                crcs,
-            } => {
-                if !slim {
-                    return Err(not_slim(n));
-                }
-                for (k, &crc) in (0u64..).zip(crcs.iter().take(usize::from(count))) {
-                    let location = Location::Block { pbn: pbn + k }.encode();
-                    set_stored(inner, n, object + k, location, None)?;
-                    fresh.insert(object + k, (location, crc));
-                    let entry = MapEntry::Object(ObjectId(object + k));
-                    map_set(inner, &vols, &mut deltas, n, volume, lbn + k, entry)?;
+                for b in record.stored_blocks() {
+                    set_stored(inner, n, b.object, b.location, None)?;
+                    fresh.insert(b.object, (b.location, b.crc));
+                    let entry = MapEntry::Object(ObjectId(b.object));
+                    map_set(inner, &vols, &mut deltas, n, b.volume, b.lbn, entry)?;
                 }
             }
             Record::MapSet { volume, lbn, entry } => {
@@ -179,12 +159,6 @@ pub(crate) fn replay(
     fingerprint_fresh(inner, fresh)?;
     crate::map_damage::untouched_by_replay(inner)?;
     Ok(unstored)
-}
-
-fn not_slim(n: usize) -> EngineError {
-    corrupt(format!(
-        "record {n}: a slim new-block record in a pool whose super block does not allow them"
-    ))
 }
 
 /// A stored object's location (and, from a `NewObject`, its fingerprint), as record

@@ -330,23 +330,36 @@ impl Volume {
         hashed: &crate::write_path::StepFingerprints,
         piece: usize,
     ) -> Result<()> {
-        use crate::write_path::{map_placed, place, unplace};
+        use crate::write_path::{map_placed, place, unplace, Placed};
         let inner = self.inner();
         let vol = &self.h.vol;
         let blocks = data.len() / BLOCK_BYTES;
-        let _stripes = inner.locks.stripes(vol.id(), lbn..lbn + blocks as u64);
-        let mut placed = Vec::with_capacity(blocks);
+        let _stripes = inner.locks.stripes(vol.id(), lbn..lbn + blocks as u64)?;
+        // No allocation per step: at most BLOCKS_PER_STEP blocks (the stripes refused more).
+        let mut all = [Placed::NOTHING; BLOCKS_PER_STEP as usize];
         for (k, src) in data.chunks_exact(BLOCK_BYTES).enumerate() {
+            let (earlier, rest) = all.split_at_mut(k.min(BLOCKS_PER_STEP as usize));
             let fp = hashed.get(piece + k);
             let before = fp.and_then(|fp| hashed.before_hook(piece + k, fp));
-            match place(inner, vol, src, fp, before, &placed) {
-                Ok(p) => placed.push(p),
-                Err(e) => {
-                    unplace(inner, &placed)?;
+            match (
+                rest.first_mut(),
+                place(inner, vol, src, fp, before, earlier),
+            ) {
+                (Some(slot), Ok(p)) => *slot = p,
+                (None, Ok(p)) => {
+                    unplace(inner, earlier)?;
+                    unplace(inner, &[p])?;
+                    return Err(EngineError::Invariant(format!(
+                        "a step of {blocks} whole blocks"
+                    )));
+                }
+                (_, Err(e)) => {
+                    unplace(inner, earlier)?;
                     return Err(e);
                 }
             }
         }
+        let placed = all.get(..blocks).unwrap_or_default();
         let mut k = 0usize;
         while k < blocks {
             let at = lbn + k as u64;

@@ -213,6 +213,7 @@ pub(crate) fn write_block(
 /// What a whole block of a write becomes before its map entry is set: zeros, an
 /// object it duplicates (a reference taken), or an object stored new with what its
 /// `NewStored` record carries.
+#[derive(Clone, Copy)]
 pub(crate) struct Placed {
     entry: MapEntry,
     /// A block stored new: its fingerprint (set in its record and indexed once the
@@ -222,6 +223,12 @@ pub(crate) struct Placed {
 }
 
 impl Placed {
+    /// A block not placed (yet): it holds no reference.
+    pub(crate) const NOTHING: Placed = Placed {
+        entry: MapEntry::Unmapped,
+        new: None,
+    };
+
     /// The new object's fingerprint, if this block was stored new.
     pub(crate) fn stored_new(&self) -> Option<(&Fingerprint, ObjectId)> {
         match (&self.new, self.entry.object()) {
@@ -308,6 +315,13 @@ fn journalled(inner: &Inner, records: &[Record], placed: &[Placed]) -> Result<()
     Ok(())
 }
 
+/// What the unused part of a step's record array holds (never appended).
+const NO_RECORD: Record = Record::MapSet {
+    volume: 0,
+    lbn: 0,
+    entry: MapEntry::Unmapped,
+};
+
 /// Drop the references placed blocks took, when their entries are not set.
 pub(crate) fn unplace(inner: &Inner, placed: &[Placed]) -> Result<()> {
     for p in placed {
@@ -374,7 +388,9 @@ pub(crate) fn map_placed(
         if !gained.is_empty() {
             inner.depot.add_references(&inner.devices, &gained)?;
         }
-        let mut records = Vec::with_capacity(placed.len());
+        // No allocation per step: at most BLOCKS_PER_STEP records (`olds` holds as many).
+        let mut records = [NO_RECORD; crate::inner::BLOCKS_PER_STEP as usize];
+        let mut n = 0usize;
         for (k, (p, old)) in placed.iter().zip(olds.iter_mut()).enumerate() {
             let l = lbn + k as u64;
             match page.set(first + k, p.entry, inner.checkpointer.dirty_pages()) {
@@ -382,14 +398,18 @@ pub(crate) fn map_placed(
                 Err(e) => {
                     // Journal what was set; the rest is not.
                     let set = placed.get(..k).unwrap_or_default();
-                    journalled(inner, &records, set)?;
+                    journalled(inner, records.get(..n).unwrap_or_default(), set)?;
                     drop(page);
                     drop(slot);
                     unplace(inner, placed.get(k..).unwrap_or_default())?;
                     return Err(e);
                 }
             }
-            records.push(match (p.new, p.entry.object()) {
+            let Some(record) = records.get_mut(k) else {
+                unreachable!("{} entries fit `olds`, as long as `records`", placed.len())
+            };
+            n += 1;
+            *record = match (p.new, p.entry.object()) {
                 (Some((_, location, crc)), Some(o)) => Record::NewStored {
                     volume: vol.slot(),
                     lbn: l,
@@ -402,9 +422,9 @@ pub(crate) fn map_placed(
                     lbn: l,
                     entry: p.entry,
                 },
-            });
+            };
         }
-        journalled(inner, &records, placed)?;
+        journalled(inner, records.get(..n).unwrap_or_default(), placed)?;
     }
     for (p, old) in placed.iter().zip(olds) {
         vol.account(old, p.entry);

@@ -143,6 +143,69 @@ pub enum Record {
 /// Blocks one `NewStoredRun` record holds at most.
 pub const RUN_BLOCKS_MAX: usize = 8;
 
+/// One block a `NewStored` or `NewStoredRun` record stores and maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// Volume slot.
+    pub volume: u16,
+    /// Logical block.
+    pub lbn: u64,
+    /// Object id.
+    pub object: u64,
+    /// Encoded location.
+    pub location: u64,
+    /// CRC-32C of the block's 4,096 bytes.
+    pub crc: u32,
+}
+
+impl Record {
+    /// The blocks this record stores new, in order: one for a `NewStored`, `count`
+    /// for a `NewStoredRun` (block `k` at LBN, object and PBN + `k`), none for any
+    /// other record.
+    pub fn stored_blocks(&self) -> impl Iterator<Item = StoredBlock> {
+        let (volume, lbn, object, first, crcs, count, run) = match *self {
+            Record::NewStored {
+                volume,
+                lbn,
+                object,
+                location,
+                crc,
+            } => (
+                volume,
+                lbn,
+                object,
+                location,
+                [crc; RUN_BLOCKS_MAX],
+                1,
+                false,
+            ),
+            Record::NewStoredRun {
+                volume,
+                lbn,
+                object,
+                pbn,
+                count,
+                crcs,
+            } => (volume, lbn, object, pbn, crcs, usize::from(count), true),
+            _ => (0, 0, 0, 0, [0; RUN_BLOCKS_MAX], 0, false),
+        };
+        (0u64..)
+            .zip(crcs)
+            .take(count)
+            .map(move |(k, crc)| StoredBlock {
+                volume,
+                lbn: lbn + k,
+                object: object + k,
+                location: if run {
+                    crate::location::Location::Block { pbn: first + k }.encode()
+                } else {
+                    first
+                },
+                crc,
+            })
+    }
+}
+
 const TAG_MAP_SET: u8 = 1;
 const TAG_RANGE_SET: u8 = 2;
 const TAG_NEW_OBJECT: u8 = 3;
@@ -607,6 +670,45 @@ mod tests {
         let (h, decoded) = decode_sector(&sector, 5).unwrap();
         assert_eq!(h, header);
         assert_eq!(decoded, recs);
+    }
+
+    #[test]
+    fn a_run_stores_its_blocks_in_order_and_other_records_none() {
+        let run = Record::NewStoredRun {
+            volume: 4,
+            lbn: 10,
+            object: 20,
+            pbn: 30,
+            count: 3,
+            crcs: [7, 8, 9, 0, 0, 0, 0, 0],
+        };
+        let blocks: Vec<_> = run.stored_blocks().collect();
+        let want = |k: u64, crc| StoredBlock {
+            volume: 4,
+            lbn: 10 + k,
+            object: 20 + k,
+            location: crate::location::Location::Block { pbn: 30 + k }.encode(),
+            crc,
+        };
+        assert_eq!(blocks, vec![want(0, 7), want(1, 8), want(2, 9)]);
+        let one = Record::NewStored {
+            volume: 1,
+            lbn: 2,
+            object: 3,
+            location: 1 << 63 | 5,
+            crc: 6,
+        };
+        assert_eq!(one.stored_blocks().count(), 1);
+        assert_eq!(
+            one.stored_blocks().next().map(|b| b.location),
+            Some(1 << 63 | 5)
+        );
+        let map_set = Record::MapSet {
+            volume: 0,
+            lbn: 0,
+            entry: MapEntry::Zero,
+        };
+        assert_eq!(map_set.stored_blocks().count(), 0);
     }
 
     fn record_sector(seq: u64, index: u16, fill: u8) -> [u8; SECTOR_BYTES] {
