@@ -261,14 +261,17 @@ pub enum VolumeCommand {
     },
     /// Make a new volume from a send stream on stdin.
     ///
-    /// The volume is built as NAME:receiving and renamed to NAME once the stream's end
-    /// record checked out; a cut-short or damaged stream leaves that partial volume
-    /// and its progress (`<pool>.receive.NAME.json`) for --resume, or --abandon. An
-    /// incremental stream starts from a clone of its base, refused unless the base is
-    /// the sender's (a snapshot: the same identity; a volume: the same size and content
-    /// digest). A stream from one of NAME's snapshots updates an existing NAME in
-    /// place; a snapshot's stream makes NAME@SNAPSHOT with the sender's identity. A
-    /// served pool takes the stream through its server's control socket.
+    /// The volume is built as a hidden partial volume (no client can list, open or
+    /// write it) that becomes NAME once the stream's end record checked out; a
+    /// cut-short or damaged stream leaves it and its progress
+    /// (`<pool>.receive.NAME.json`) for --resume, or --abandon. An incremental stream
+    /// starts from a frozen copy of its base, taken when the receive begins and
+    /// refused unless the base is the sender's (a snapshot named by --from or of NAME:
+    /// the same identity; a volume, or a base only the stream names: the same size
+    /// and content digest). A stream from one of NAME's snapshots updates an existing
+    /// NAME in place, refused at the last step when NAME was written since that
+    /// snapshot; a snapshot's stream makes NAME@SNAPSHOT with the sender's identity.
+    /// A served pool takes the stream through its server's control socket.
     Receive {
         /// The new volume's name (or an existing one, updated in place by a stream
         /// from one of its snapshots).
@@ -293,7 +296,8 @@ pub enum VolumeCommand {
         )]
         negotiate_with: Vec<String>,
         /// Into an existing NAME (a stream from one of its snapshots): discard what
-        /// was written to NAME since that snapshot, instead of refusing.
+        /// was written to NAME since that snapshot, instead of refusing (never what
+        /// is written while the receive runs).
         #[arg(long, conflicts_with = "abandon")]
         force: bool,
         #[command(flatten)]

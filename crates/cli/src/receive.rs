@@ -1,16 +1,21 @@
 //! `volume receive`: a send stream (docs/stream.md) from stdin into a new volume.
 //!
-//! The volume is made under a partial name, `NAME:receiving` (a full stream: a new
-//! volume of the stream's size; an incremental one: a clone of the base, after its
-//! size and content digest matched the stream's), and renamed to NAME only after the
-//! end record checked out: no half-made volume is ever visible under NAME. Progress
-//! lives in a small file beside the pool, `<pool>.receive.NAME.json` (for a pool that
-//! is not a file, in the state directory): the stream's header and the first record
-//! not yet durable. It is rewritten (written aside, synced, renamed over) only after
-//! a pool flush made every record before it durable, so a crash or a cut stream
-//! leaves a record count that is true; records are absolute (each writes its own
-//! blocks), so those applied again after it are harmless. `--resume` reads the same
-//! stream again, or a resumed send's, skipping the records already held.
+//! The volume is made as an internal volume (`%receive.NAME`, `internal.rs` of the
+//! engine: no client can list, open or write it): a full stream's a new volume of
+//! the stream's size, an incremental one's a clone of a frozen copy of the base
+//! (`%receivebase.NAME`, taken when the receive begins, after its size and identity
+//! or content digest matched the stream's), which base references read too. It
+//! becomes NAME only after the end record checked out, so no half-made volume is
+//! ever visible under NAME; an in-place update rolls NAME to it in one engine step
+//! that refuses NAME written since the receive's base (or, forced, since it began).
+//! Progress lives in a small file beside the pool (`progress.rs`): the stream's
+//! header and the first record not yet durable. It is rewritten only after a pool
+//! flush made every record before it durable, so a crash or a cut stream leaves a
+//! record count that is true; records are absolute (each writes its own blocks), so
+//! those applied again after it are harmless. `--resume` reads the same stream
+//! again, or a resumed send's, skipping the records already held.
+
+mod progress;
 
 use anyhow::{anyhow, bail, Context, Result};
 use fewerbytes_engine::{BlockSource, OpenOptions, Pool, Provisioning, Volume, BLOCK_BYTES};
@@ -19,121 +24,31 @@ use fewerbytes_format::stream::{
     Answer, PayloadCodec, Record, RecordBody, RecordHead, StreamHeader, HEADER_BYTES,
     OFFER_DIGEST_BYTES, RECORD_HEAD_BYTES,
 };
-use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::control::{served_or_local, with_local_pool};
-use crate::homes;
 use crate::send::{content_digest, hex, ResumeToken};
 use crate::size::format_size;
 pub use crate::stream_request::ReceiveRequest;
+use progress::{progress_path, read_saved, write_saved, Names, Saved, SavedSnapshot};
 
 const BLOCK: u64 = BLOCK_BYTES as u64;
-/// The suffix of the partial volume's name.
+/// The suffix of the partial volume's name an earlier version made (a user name):
+/// resumed only when the progress file names it.
 pub const PARTIAL_SUFFIX: &str = ":receiving";
 /// Stream bytes applied between two durable progress records: what a crash may
 /// make a resumed receive apply again (a pool flush and a small file each).
 const SAVE_EVERY_BYTES: u64 = 64 << 20;
 /// Blocks a reference record copies per read and write (1 MiB).
 const REF_CHUNK_BLOCKS: u64 = 256;
-
-/// The progress file: which stream, and how far it is durable.
-#[derive(Serialize, Deserialize, Clone)]
-struct Saved {
-    /// The stream's header, hex: a resumed receive takes only this stream.
-    header: String,
-    /// The partial volume's name.
-    partial: String,
-    /// The first record not yet durable.
-    next_position: u64,
-    /// The first block the next record may cover (records go in block order).
-    next_lbn: u64,
-    /// Counts of the records before `next_position`, checked by the end record.
-    data_records: u64,
-    ref_blocks: u64,
-    base_ref_blocks: u64,
-    #[serde(default)]
-    pool_ref_blocks: u64,
-    zero_blocks: u64,
-    /// The local base of an incremental stream: base references read it, and a
-    /// resume checks it again.
-    base: Option<String>,
-    /// The stream updates the existing volume NAME (its base is one of NAME's
-    /// snapshots): at the end NAME is rolled to the partial volume, not made.
-    #[serde(default)]
-    onto: bool,
-    /// The snapshot the stream carries (record 0): made of NAME at the end.
-    #[serde(default)]
-    snapshot: Option<SavedSnapshot>,
-}
-
-/// A snapshot a stream carries: its name within the volume and its identity.
-#[derive(Serialize, Deserialize, Clone)]
-struct SavedSnapshot {
-    name: String,
-    guid: u64,
-}
-
-/// Where a receive into `name` keeps its progress.
-fn progress_path(pool_path: &Path, name: &str) -> Result<PathBuf> {
-    let suffix = format!(".receive.{name}.json");
-    Ok(match homes::state_file(pool_path, &suffix)? {
-        Some(path) => path,
-        None => homes::with_suffix(pool_path, &suffix),
-    })
-}
-
-fn read_saved(path: &Path) -> Result<Option<Saved>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-            format!(
-                "the receive progress file {} does not parse",
-                path.display()
-            )
-        })?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("could not read {}", path.display())),
-    }
-}
-
-/// Write the progress file durably: beside itself, synced, renamed over, the
-/// directory synced.
-fn write_saved(pool_path: &Path, path: &Path, saved: &Saved) -> Result<()> {
-    homes::make_home(pool_path, path)?;
-    let aside = homes::with_suffix(path, ".new");
-    let mut file = std::fs::File::create(&aside)
-        .with_context(|| format!("could not write {}", aside.display()))?;
-    file.write_all(&serde_json::to_vec(saved)?)?;
-    file.sync_all()?;
-    std::fs::rename(&aside, path).with_context(|| {
-        format!(
-            "could not rename {} over {}",
-            aside.display(),
-            path.display()
-        )
-    })?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
-/// The partial volume's name for a receive into `name`.
-fn partial_name(name: &str) -> Result<String> {
-    fewerbytes_format::catalog::validate_name(name).map_err(|e| anyhow!(e))?;
-    let partial = format!("{name}{PARTIAL_SUFFIX}");
-    if partial.len() > fewerbytes_format::catalog::MAX_NAME_BYTES {
-        bail!(
-            "volume name '{name}' is too long to receive into: the partial volume \
-             '{partial}' must fit {} bytes",
-            fewerbytes_format::catalog::MAX_NAME_BYTES
-        );
-    }
-    Ok(partial)
-}
+/// The most digests a two-way receive takes as offers. Each costs about 72 bytes
+/// while the receive runs (16 in the list of offers, a set entry of 16 and a table
+/// entry of 32, with the hash tables' slack): 4 Mi offers, 16 GiB of distinct
+/// blocks, keep a server's receive under ~300 MiB. A larger volume goes one-way.
+const OFFERS_MAX: u64 = 4 << 20;
 
 /// Receive a stream from stdin into a new volume: through the server's control
 /// socket when a server holds the pool (`stream_socket`), else in this process.
@@ -160,6 +75,53 @@ pub fn receive(pool_path: &Path, request: &ReceiveRequest) -> Result<()> {
     Ok(())
 }
 
+/// What a receive works on: the pool, its path, the request, and where progress goes.
+struct Target<'a> {
+    pool: &'a Arc<Pool>,
+    pool_path: &'a Path,
+    request: &'a ReceiveRequest,
+    names: Names,
+    saved_path: std::path::PathBuf,
+}
+
+impl Target<'_> {
+    fn name(&self) -> &str {
+        self.request.name.as_str()
+    }
+
+    /// Whether user volume `name` exists.
+    fn exists(&self, name: &str) -> bool {
+        self.pool.volume_sizes().iter().any(|(v, _)| v == name)
+    }
+
+    /// Delete the internal volumes a receive into NAME makes (leftovers of one whose
+    /// progress file is gone, or of one discarded), and `partial` when an earlier
+    /// version's progress file names it.
+    fn discard_volumes(&self, partial: Option<&str>) -> Result<()> {
+        let internal = self.pool.internal();
+        let names = &self.names;
+        let ours = [&names.partial, &names.frozen_base, &names.frozen_target].map(|n| n.as_str());
+        for volume in partial.into_iter().chain(ours) {
+            if internal.exists(volume) {
+                internal
+                    .delete(volume, false)
+                    .with_context(|| format!("could not delete the receive's volume '{volume}'"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop an interrupted receive: its volumes and its progress file.
+    fn abandon(&self, saved: Option<&Saved>) -> Result<String> {
+        self.discard_volumes(saved.map(|s| s.partial.as_str()))?;
+        if saved.is_some() {
+            std::fs::remove_file(&self.saved_path)
+                .with_context(|| format!("could not remove {}", self.saved_path.display()))?;
+        }
+        Ok(format!("Interrupted receive of '{}' discarded.", self.name()))
+    }
+}
+
 /// Receive the stream read from `input` into a new volume of an open pool (this
 /// process's, or a server's, `pool_path` the path it was opened by); in two-way mode
 /// the answer goes to `answer_out`. Returns the summary line.
@@ -171,184 +133,131 @@ pub fn receive_into_pool(
     answer_out: &mut dyn Write,
 ) -> Result<String> {
     let name = request.name.as_str();
-    let from = request.from.as_deref();
-    let (resume, abandon) = (request.resume, request.abandon);
-    let provisioning = request.provisioning;
-    let negotiate_with = &request.negotiate_with;
-    let partial = partial_name(name)?;
-    let saved_path = progress_path(pool_path, name)?;
-    let saved = read_saved(&saved_path)?;
-    {
-        let exists = |n: &str| pool.volume_sizes().iter().any(|(v, _)| v == n);
-        if abandon {
-            if exists(&partial) {
-                pool.delete_volume(&partial, false)?;
-            }
-            if saved.is_some() {
-                std::fs::remove_file(&saved_path)
-                    .with_context(|| format!("could not remove {}", saved_path.display()))?;
-            }
-            return Ok(format!("Interrupted receive of '{name}' discarded."));
-        }
-        if !resume && (saved.is_some() || exists(&partial)) {
-            bail!(
-                "an interrupted receive of '{name}' is waiting (partial volume '{partial}'): \
-                 continue it with `volume receive {name} --resume`, or discard it with \
-                 `volume receive {name} --abandon`"
-            );
-        }
-        if resume && saved.is_none() {
-            bail!("no interrupted receive of '{name}' to resume");
-        }
-        // Dedup against what the pool held before the open, as an import does.
-        pool.wait_index_built();
-        let mut input = StreamInput {
-            reader: BufReader::with_capacity(1 << 20, input),
-            offset_bytes: 0,
-        };
-        let header_bytes = input.header()?;
-        let header = StreamHeader::decode(&header_bytes)
-            .map_err(|e| anyhow!("not a fewerbytes send stream: {e}"))?;
-        if header.negotiated && saved.is_some() {
-            bail!(
-                "a two-way stream cannot resume an interrupted receive: discard it with \
-                 `volume receive {name} --abandon`, then send again"
-            );
-        }
-        let saved = match saved {
-            Some(saved) if saved.header != hex(&header_bytes) => bail!(
-                "this stream is not the one the interrupted receive of '{name}' began with \
-                 (another stream key): feed it the same stream, or a send resumed with \
-                 --resume-token {}",
-                ResumeToken::text(&stream_key_of(&saved)?, saved.next_position)
-            ),
-            Some(saved) if exists(&saved.partial) => {
-                // The base is read by base references: it must still be the sender's.
-                check_base(pool, &header, saved.base.as_deref(), name)?;
-                if !saved.onto && exists(name) {
-                    bail!("a volume named '{name}' was made since the receive began");
-                }
-                saved
-            }
-            // The progress file was written before the volume was made, or the
-            // volume was deleted since: begin again.
-            _ => {
-                let base = check_base(pool, &header, from, name)?;
-                let onto = exists(name);
-                if onto {
-                    check_onto(pool, name, base.as_deref(), request.force)?;
-                }
-                let saved = Saved {
-                    header: hex(&header_bytes),
-                    partial: partial.clone(),
-                    next_position: 0,
-                    next_lbn: 0,
-                    data_records: 0,
-                    ref_blocks: 0,
-                    base_ref_blocks: 0,
-                    pool_ref_blocks: 0,
-                    zero_blocks: 0,
-                    base: base.clone(),
-                    onto,
-                    snapshot: None,
-                };
-                // The progress file first: a crash before the volume exists leaves a
-                // file that a resume begins again from (and --abandon removes).
-                write_saved(pool_path, &saved_path, &saved)?;
-                if let Err(e) = make_partial(pool, &header, &partial, base.as_deref(), provisioning)
-                {
-                    if exists(&partial) {
-                        let _ = pool.delete_volume(&partial, true);
-                    }
-                    let _ = std::fs::remove_file(&saved_path);
-                    return Err(e);
-                }
-                saved
-            }
-        };
-        let volume = pool.open_volume(&saved.partial)?;
-        let base_volume = saved
-            .base
-            .as_deref()
-            .map(|b| pool.open_volume(b))
-            .transpose()?;
-        let negotiation = if header.negotiated {
-            let candidates = negotiate_with
-                .iter()
-                .map(|v| {
-                    pool.open_volume(v)
-                        .with_context(|| format!("--negotiate-with names volume '{v}'"))
-                })
-                .collect::<Result<Vec<_>>>();
-            match candidates {
-                Ok(candidates) => Some(Negotiation {
-                    candidates,
-                    offered: Vec::new(),
-                    table: HashMap::new(),
-                    answered: false,
-                }),
-                Err(e) => {
-                    drop(volume);
-                    let _ = pool.delete_volume(&partial, true);
-                    let _ = std::fs::remove_file(&saved_path);
-                    return Err(e);
-                }
-            }
-        } else {
-            None
-        };
-        let mut apply = Apply {
-            name,
-            pool,
-            pool_path,
-            saved_path: &saved_path,
-            volume: &volume,
-            base: base_volume.as_ref(),
-            negotiation,
-            answer_out,
-            header,
-            incremental: header.base.is_some(),
-            saved,
-            applied_since_save: 0,
-        };
-        let result = apply.run(&mut input);
-        let saved = apply.saved.clone();
-        drop(apply);
-        drop(volume);
-        drop(base_volume);
-        match result {
-            Err(e) if header.negotiated => {
-                // Its records depend on the answer: a two-way receive is not resumed.
-                let _ = pool.delete_volume(&partial, true);
-                let _ = std::fs::remove_file(&saved_path);
-                Err(e.context(format!(
-                    "the two-way receive of '{name}' stopped and was discarded; send again"
-                )))
-            }
-            Ok(()) => {
-                let made = finish(pool, name, &partial, &saved)?;
-                std::fs::remove_file(&saved_path)
-                    .with_context(|| format!("could not remove {}", saved_path.display()))?;
-                Ok(format!(
-                    "Received volume '{name}'{made}: {} ({} blocks of data, {} by reference, \
-                     {} by reference to the base), {} of stream.",
-                    format_size(header.volume_size_bytes),
-                    saved.data_records,
-                    saved.ref_blocks,
-                    saved.base_ref_blocks,
-                    format_size(input.offset_bytes)
-                ))
-            }
-            Err(e) => Err(e.context(format!(
-                "the receive of '{name}' stopped; the partial volume '{partial}' holds \
-                 records 0..{} durably. Continue with `volume receive {name} --resume` fed \
-                 the same stream, or fed `volume send VOLUME --resume-token {}` (with the \
-                 same --from); discard it with `volume receive {name} --abandon`",
-                saved.next_position,
-                ResumeToken::text(&header.stream_key, saved.next_position)
-            ))),
-        }
+    let target = Target {
+        pool,
+        pool_path,
+        request,
+        names: Names::of(name)?,
+        saved_path: progress_path(pool_path, name)?,
+    };
+    let saved = read_saved(&target.saved_path, name, &target.names)?;
+    if request.abandon {
+        return target.abandon(saved.as_ref());
     }
+    if !request.resume && saved.is_some() {
+        bail!(
+            "an interrupted receive of '{name}' is waiting: continue it with `volume \
+             receive {name} --resume`, or discard it with `volume receive {name} --abandon`"
+        );
+    }
+    if request.resume && saved.is_none() {
+        bail!("no interrupted receive of '{name}' to resume");
+    }
+    // Dedup against what the pool held before the open, as an import does.
+    pool.wait_index_built();
+    let mut input = StreamInput {
+        reader: BufReader::with_capacity(1 << 20, input),
+        offset_bytes: 0,
+    };
+    let header_bytes = input.header()?;
+    let header = StreamHeader::decode(&header_bytes)
+        .map_err(|e| anyhow!("not a fewerbytes send stream: {e}"))?;
+    if header.negotiated && saved.is_some() {
+        bail!(
+            "a two-way stream cannot resume an interrupted receive: discard it with \
+             `volume receive {name} --abandon`, then send again"
+        );
+    }
+    let saved = match saved {
+        Some(saved) if saved.header != hex(&header_bytes) => bail!(
+            "this stream is not the one the interrupted receive of '{name}' began with \
+             (another stream key): feed it the same stream, or a send resumed with \
+             --resume-token {}",
+            ResumeToken::text(&stream_key_of(&saved)?, saved.next_position)
+        ),
+        Some(saved) if pool.internal().exists(&saved.partial) => {
+            resume_checks(&target, &header, saved)?
+        }
+        // The progress file was written before the volumes were made: begin again.
+        _ => begin(&target, &header, &header_bytes)?,
+    };
+    let (result, saved) = apply_stream(&target, header, saved, &mut input, answer_out);
+    match result {
+        Err(e) if header.negotiated => {
+            // Its records depend on the answer: a two-way receive is not resumed.
+            let _ = target.abandon(Some(&saved));
+            Err(e.context(format!(
+                "the two-way receive of '{name}' stopped and was discarded; send again"
+            )))
+        }
+        Ok(()) => {
+            let made = finish(&target, &saved)?;
+            std::fs::remove_file(&target.saved_path)
+                .with_context(|| format!("could not remove {}", target.saved_path.display()))?;
+            Ok(format!(
+                "Received volume '{name}'{made}: {} ({} blocks of data, {} by reference, \
+                 {} by reference to the base), {} of stream.",
+                format_size(header.volume_size_bytes),
+                saved.data_records,
+                saved.ref_blocks,
+                saved.base_ref_blocks,
+                format_size(input.offset_bytes)
+            ))
+        }
+        Err(e) => Err(e.context(format!(
+            "the receive of '{name}' stopped; records 0..{} are held durably. Continue \
+             with `volume receive {name} --resume` fed the same stream, or fed `volume \
+             send VOLUME --resume-token {}` (with the same --from); discard it with \
+             `volume receive {name} --abandon`",
+            saved.next_position,
+            ResumeToken::text(&header.stream_key, saved.next_position)
+        ))),
+    }
+}
+
+/// Open the volumes a receive reads and writes, and apply the stream's records.
+/// Returns how it ended and the progress as it then stands.
+fn apply_stream<R: Read>(
+    target: &Target,
+    header: StreamHeader,
+    saved: Saved,
+    input: &mut StreamInput<R>,
+    answer_out: &mut dyn Write,
+) -> (Result<()>, Saved) {
+    let internal = target.pool.internal();
+    let opened = (|| {
+        let volume = internal.open(&saved.partial)?;
+        let base = saved
+            .frozen_base
+            .as_deref()
+            .map(|b| internal.open(b))
+            .transpose()?;
+        let negotiation = match header.negotiated {
+            true => Some(Negotiation::open(target.pool, &target.request.negotiate_with)?),
+            false => None,
+        };
+        Ok::<_, anyhow::Error>((volume, base, negotiation))
+    })();
+    let (volume, base, negotiation) = match opened {
+        Ok(opened) => opened,
+        Err(e) => return (Err(e), saved),
+    };
+    let mut apply = Apply {
+        name: target.name(),
+        pool: target.pool,
+        pool_path: target.pool_path,
+        saved_path: &target.saved_path,
+        volume: &volume,
+        base: base.as_ref(),
+        negotiation,
+        answer_out,
+        header,
+        incremental: header.base.is_some(),
+        saved,
+        applied_since_save: 0,
+    };
+    let result = apply.run(input);
+    (result, apply.saved)
 }
 
 fn stream_key_of(saved: &Saved) -> Result<[u8; 32]> {
@@ -361,17 +270,157 @@ fn stream_key_of(saved: &Saved) -> Result<[u8; 32]> {
     Ok(header.stream_key)
 }
 
-/// For an incremental stream, the local base, refused unless it is the sender's:
-/// `from` (a short name is NAME's snapshot when NAME exists, as `volume diff` takes
-/// it), else the snapshot of NAME with the stream's base identity, else the name the
-/// stream carries. A base named by identity must be a snapshot of that identity (a
-/// lookup, no read); another base must match the stream's size and content digest.
-fn check_base(
+/// A fresh receive: the progress file first (a crash before the volumes exist
+/// leaves a file that a resume begins again from, and --abandon removes), then the
+/// frozen copy of the base, checked against the stream, the in-place checks, and
+/// the partial volume. Anything made is deleted again when a step is refused.
+fn begin(target: &Target, header: &StreamHeader, header_bytes: &[u8]) -> Result<Saved> {
+    let name = target.name();
+    target.discard_volumes(None)?;
+    let base = resolve_base(target.pool, header, target.request.from.as_deref(), name)?;
+    let onto = target.exists(name);
+    let names = &target.names;
+    let saved = Saved {
+        header: hex(header_bytes),
+        partial: names.partial.as_str().to_string(),
+        next_position: 0,
+        next_lbn: 0,
+        data_records: 0,
+        ref_blocks: 0,
+        base_ref_blocks: 0,
+        pool_ref_blocks: 0,
+        zero_blocks: 0,
+        base: base.as_ref().map(|b| b.name.clone()),
+        frozen_base: base.as_ref().map(|_| names.frozen_base.as_str().to_string()),
+        frozen_target: (onto && target.request.force)
+            .then(|| names.frozen_target.as_str().to_string()),
+        onto,
+        snapshot: None,
+    };
+    write_saved(target.pool_path, &target.saved_path, &saved)?;
+    let made = (|| {
+        let internal = target.pool.internal();
+        if let Some(base) = &base {
+            internal
+                .clone(&base.name, &names.frozen_base, Provisioning::THIN)
+                .with_context(|| format!("could not take a frozen copy of the base '{}'", base.name))?;
+            base.verify(target.pool, header, names.frozen_base.as_str())?;
+        }
+        if onto {
+            check_onto(target.pool, name, saved.base.as_deref(), target.request.force)?;
+            if target.request.force {
+                internal.clone(name, &names.frozen_target, Provisioning::THIN)?;
+            }
+        }
+        make_partial(
+            target.pool,
+            header,
+            &names.partial,
+            saved.frozen_base.as_deref(),
+            target.request.provisioning,
+        )
+    })();
+    if let Err(e) = made {
+        let _ = target.discard_volumes(None);
+        let _ = std::fs::remove_file(&target.saved_path);
+        return Err(e);
+    }
+    Ok(saved)
+}
+
+/// A resumed receive: the base its references read is still the sender's, NAME
+/// was not made meanwhile, and an in-place target was not written since the point
+/// the final step will hold it to (with `--force`: that point moves to now).
+fn resume_checks(target: &Target, header: &StreamHeader, mut saved: Saved) -> Result<Saved> {
+    let name = target.name();
+    let internal = target.pool.internal();
+    match saved.frozen_base.as_deref() {
+        Some(frozen) if !internal.exists(frozen) => bail!(
+            "the frozen copy of the base of the interrupted receive of '{name}' is gone: \
+             discard it with `volume receive {name} --abandon` and receive again"
+        ),
+        Some(_) => {}
+        None => {
+            // An earlier version's receive read the live base: it must still be
+            // the sender's, and from now on a frozen copy of it is read.
+            if let Some(base) = resolve_base(target.pool, header, saved.base.as_deref(), name)? {
+                let frozen = target.names.frozen_base.as_str().to_string();
+                saved.frozen_base = Some(frozen.clone());
+                write_saved(target.pool_path, &target.saved_path, &saved)?;
+                internal.clone(&base.name, &target.names.frozen_base, Provisioning::THIN)?;
+                base.verify(target.pool, header, &frozen)?;
+            }
+        }
+    }
+    if !saved.onto && target.exists(name) {
+        bail!("a volume named '{name}' was made since the receive began");
+    }
+    if saved.onto && target.request.force {
+        let frozen = &target.names.frozen_target;
+        if internal.exists(frozen.as_str()) {
+            internal.delete(frozen.as_str(), false)?;
+        }
+        saved.frozen_target = Some(frozen.as_str().to_string());
+        write_saved(target.pool_path, &target.saved_path, &saved)?;
+        internal.clone(name, frozen, Provisioning::THIN)?;
+    } else if saved.onto && internal.written_since(name, unchanged_since(&saved)?)? {
+        bail!(written_since_message(name, &saved));
+    }
+    Ok(saved)
+}
+
+/// The volume an in-place target must read alike at the final step: its copy taken
+/// when a forced receive began, else the base's frozen copy (NAME's snapshot, which
+/// NAME matched when the receive began), else (an earlier version's file) the base.
+fn unchanged_since(saved: &Saved) -> Result<&str> {
+    saved
+        .frozen_target
+        .as_deref()
+        .or(saved.frozen_base.as_deref())
+        .or(saved.base.as_deref())
+        .ok_or_else(|| anyhow!("an in-place receive's progress file names no base"))
+}
+
+fn written_since_message(name: &str, saved: &Saved) -> String {
+    let since = match (&saved.frozen_target, &saved.base) {
+        (None, Some(base)) => format!("since its snapshot '{base}', the stream's base"),
+        _ => "since the receive began".to_string(),
+    };
+    format!(
+        "volume '{name}' was written {since}, so the receive did not update it (what was \
+         written is kept; the received records wait). Discard them with `volume receive \
+         {name} --abandon`, or apply them over what was written with `volume receive \
+         {name} --resume --force` fed the same stream"
+    )
+}
+
+/// How a local base is shown to be the sender's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proof {
+    /// Named by the user (`--from`, or a snapshot of the in-place target NAME): a
+    /// snapshot by its identity, a volume by its content digest.
+    Named,
+    /// Found by the name the stream carries: only its content digest proves it (an
+    /// identity alone is a guess any stream can carry).
+    Content,
+}
+
+/// The local base of an incremental stream, before it is checked.
+struct LocalBase {
+    name: String,
+    proof: Proof,
+}
+
+/// For an incremental stream, the local base: `from` (a short name is NAME's
+/// snapshot when NAME exists, as `volume diff` takes it), else the snapshot of NAME
+/// with the stream's base identity, else the name the stream carries; and the one
+/// it exists. Refused when the pool lacks it.
+fn resolve_base(
     pool: &Arc<Pool>,
     header: &StreamHeader,
     from: Option<&str>,
     name: &str,
-) -> Result<Option<String>> {
+) -> Result<Option<LocalBase>> {
     let Some(base) = &header.base else {
         return Ok(None);
     };
@@ -379,61 +428,97 @@ fn check_base(
         .name_str()
         .ok_or_else(|| anyhow!("the stream's base has no name"))?;
     let name_exists = pool.volume_sizes().iter().any(|(v, _)| v == name);
-    let base_name = match (from, base.guid) {
-        (Some(from), _) if name_exists => pool.base_name(name, from)?,
-        (Some(from), _) => from.to_string(),
-        (None, Some(guid)) if name_exists => pool
+    let own_snapshot = |guid: u64| -> Result<Option<String>> {
+        Ok(pool
             .snapshots(name)?
             .into_iter()
             .find(|s| s.guid.as_deref() == Some(&format!("{guid:016x}")))
-            .map_or_else(|| carried.to_string(), |s| s.name),
-        (None, _) => carried.to_string(),
+            .map(|s| s.name))
     };
-    let volume = match pool.open_volume(&base_name) {
-        Ok(volume) => volume,
-        Err(_) => bail!(
+    let (base_name, proof) = match (from, base.guid) {
+        (Some(from), _) if name_exists => (pool.base_name(name, from)?, Proof::Named),
+        (Some(from), _) => (from.to_string(), Proof::Named),
+        (None, Some(guid)) if name_exists => match own_snapshot(guid)? {
+            Some(own) => (own, Proof::Named),
+            None => (carried.to_string(), Proof::Content),
+        },
+        (None, _) => (carried.to_string(), Proof::Content),
+    };
+    if pool.open_volume(&base_name).is_err() {
+        bail!(
             "the stream is incremental from {}, which this pool does not hold: receive a \
              full stream first (or name the base here with --from)",
             match base.guid {
                 Some(guid) => format!("snapshot '{carried}' (identity {guid:016x})"),
                 None => format!("volume '{base_name}'"),
             }
-        ),
-    };
-    if volume.size_bytes() != base.size_bytes {
-        bail!(
-            "the stream is incremental from a base of {} bytes, but volume '{base_name}' \
-             holds {} bytes: it is not the sender's base",
-            base.size_bytes,
-            volume.size_bytes()
         );
     }
-    if let Some(guid) = base.guid {
-        if !base_name.contains('@') {
+    Ok(Some(LocalBase {
+        name: base_name,
+        proof,
+    }))
+}
+
+impl LocalBase {
+    /// Refuse the base unless it is the sender's: the stream's size, and its
+    /// identity (a snapshot the user named) or its content digest, read from
+    /// `frozen`, the copy base references will read.
+    fn verify(&self, pool: &Arc<Pool>, header: &StreamHeader, frozen: &str) -> Result<()> {
+        let Some(base) = &header.base else {
+            return Ok(());
+        };
+        let base_name = &self.name;
+        let volume = pool.internal().open(frozen)?;
+        if volume.size_bytes() != base.size_bytes {
             bail!(
-                "the stream is incremental from snapshot '{carried}' (identity {guid:016x}), \
-                 and '{base_name}' is a volume, not a snapshot of that identity"
+                "the stream is incremental from a base of {} bytes, but volume \
+                 '{base_name}' holds {} bytes: it is not the sender's base",
+                base.size_bytes,
+                volume.size_bytes()
             );
         }
-        let here = crate::send::snapshot_guid(pool, &base_name)?;
-        if here != guid {
-            bail!(
-                "snapshot '{base_name}' is not the sender's base: its identity is {here:016x} \
-                 here, {guid:016x} in the stream (another snapshot of the same name)"
-            );
+        match (base.guid, self.proof) {
+            (Some(guid), Proof::Named) => {
+                if !base_name.contains('@') {
+                    bail!(
+                        "the stream is incremental from snapshot '{}' (identity \
+                         {guid:016x}), and '{base_name}' is a volume, not a snapshot of \
+                         that identity",
+                        base.name_str().unwrap_or("?")
+                    );
+                }
+                let here = crate::send::snapshot_guid(pool, base_name)?;
+                if here != guid {
+                    bail!(
+                        "snapshot '{base_name}' is not the sender's base: its identity is \
+                         {here:016x} here, {guid:016x} in the stream (another snapshot of \
+                         the same name)"
+                    );
+                }
+                Ok(())
+            }
+            (Some(guid), Proof::Content) => bail!(
+                "the stream is incremental from snapshot '{base_name}' (identity \
+                 {guid:016x}), and nothing named it here: a base found by the identity a \
+                 stream carries is not taken on its word. Name it with --from {base_name} \
+                 if it is the sender's base"
+            ),
+            (None, _) => {
+                let digest = content_digest(&volume, "base")?;
+                if digest != base.content_digest {
+                    bail!(
+                        "volume '{base_name}' differs from the sender's base (content \
+                         digest {}… here, {}… in the stream): it was written since, or is \
+                         another volume",
+                        hex(&digest[..8]),
+                        hex(&base.content_digest[..8])
+                    );
+                }
+                Ok(())
+            }
         }
-        return Ok(Some(base_name));
     }
-    let digest = content_digest(&volume, "base")?;
-    if digest != base.content_digest {
-        bail!(
-            "volume '{base_name}' differs from the sender's base (content digest {}… here, \
-             {}… in the stream): it was written since, or is another volume",
-            hex(&digest[..8]),
-            hex(&base.content_digest[..8])
-        );
-    }
-    Ok(Some(base_name))
 }
 
 /// A receive into an existing volume NAME updates it in place, as `zfs receive`
@@ -450,10 +535,7 @@ fn check_onto(pool: &Arc<Pool>, name: &str, base: Option<&str>, force: bool) -> 
     if force {
         return Ok(());
     }
-    let size_bytes = |n: &str| pool.open_volume(n).map(|v| v.size_bytes());
-    let written = size_bytes(name)? != size_bytes(base)?
-        || pool.changed_extents(name, base)?.iter().any(|e| e.changed);
-    if written {
+    if pool.internal().written_since(name, base)? {
         bail!(
             "volume '{name}' was written since its snapshot '{base}', the stream's base: \
              receive with --force to discard what was written since"
@@ -463,17 +545,22 @@ fn check_onto(pool: &Arc<Pool>, name: &str, base: Option<&str>, force: bool) -> 
 }
 
 /// The end of a receive whose records all checked out: the partial volume becomes
-/// NAME (renamed, or NAME rolled to it and it deleted, when the stream updates NAME
-/// in place), then the stream's snapshot of NAME is made with the sender's
-/// identity. Returns what it made, for the summary.
-fn finish(pool: &Arc<Pool>, name: &str, partial: &str, saved: &Saved) -> Result<String> {
+/// NAME (renamed; or, when the stream updates NAME in place, NAME rolled to it in
+/// one step refused when NAME was written since `unchanged_since`, and the partial
+/// deleted), the frozen copies are deleted, then the stream's snapshot of NAME is
+/// made with the sender's identity. Returns what it made, for the summary.
+fn finish(target: &Target, saved: &Saved) -> Result<String> {
+    let (pool, name, partial) = (target.pool, target.name(), saved.partial.as_str());
+    let internal = pool.internal();
     if saved.onto {
-        pool.rollback_volume(name, partial)
-            .with_context(|| format!("could not update volume '{name}' to what it received"))?;
-        pool.delete_volume(partial, false)?;
+        internal
+            .rollback(name, partial, Some(unchanged_since(saved)?))
+            .with_context(|| written_since_message(name, saved))?;
+        internal.delete(partial, false)?;
     } else {
-        pool.rename_volume(partial, name)?;
+        internal.rename(partial, name)?;
     }
+    target.discard_volumes(None)?;
     let mut made = String::new();
     if saved.onto {
         made.push_str(" (updated in place)");
@@ -496,24 +583,27 @@ fn finish(pool: &Arc<Pool>, name: &str, partial: &str, saved: &Saved) -> Result<
 }
 
 /// Make the partial volume: a new volume for a full stream; for an incremental one,
-/// a clone of the base, resized to the stream's size; each reserving as asked (thick
-/// by default, as `volume create` and `volume clone`).
+/// a clone of the base's frozen copy, resized to the stream's size; each reserving
+/// as asked (thick by default, as `volume create` and `volume clone`).
 fn make_partial(
     pool: &Arc<Pool>,
     header: &StreamHeader,
-    partial: &str,
-    base: Option<&str>,
+    partial: &fewerbytes_engine::InternalName,
+    frozen_base: Option<&str>,
     provisioning: Provisioning,
 ) -> Result<()> {
-    let Some(base) = base else {
-        pool.create_volume_with(partial, header.volume_size_bytes, provisioning)
-            .with_context(|| format!("could not create the partial volume '{partial}'"))?;
+    let internal = pool.internal();
+    let Some(base) = frozen_base else {
+        internal
+            .create(partial, header.volume_size_bytes, provisioning)
+            .context("could not create the partial volume")?;
         return Ok(());
     };
-    pool.clone_volume_with(base, partial, provisioning)
-        .with_context(|| format!("could not clone '{base}' to '{partial}'"))?;
-    if pool.open_volume(partial)?.size_bytes() != header.volume_size_bytes {
-        pool.resize_volume(partial, header.volume_size_bytes, true)?;
+    internal
+        .clone(base, partial, provisioning)
+        .context("could not clone the base to the partial volume")?;
+    if internal.open(partial.as_str())?.size_bytes() != header.volume_size_bytes {
+        internal.resize(partial.as_str(), header.volume_size_bytes)?;
     }
     Ok(())
 }
@@ -595,6 +685,23 @@ struct Negotiation {
 const TABLE_CHUNK_BLOCKS: usize = 256;
 
 impl Negotiation {
+    /// The candidates `--negotiate-with` names, opened for the answer.
+    fn open(pool: &Arc<Pool>, names: &[String]) -> Result<Self> {
+        let candidates = names
+            .iter()
+            .map(|v| {
+                pool.open_volume(v)
+                    .with_context(|| format!("--negotiate-with names volume '{v}'"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            candidates,
+            offered: Vec::new(),
+            table: HashMap::new(),
+            answered: false,
+        })
+    }
+
     /// Hash the candidates' stored blocks under the stream key (each object once),
     /// keep those offered, and write the answer to stdout.
     fn answer(&mut self, stream_key: &[u8; 32], out: &mut dyn Write) -> Result<()> {
@@ -617,9 +724,7 @@ impl Negotiation {
                             continue;
                         }
                         let block = &bytes[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
-                        let full = blake3::keyed_hash(stream_key, block);
-                        let mut digest = [0u8; OFFER_DIGEST_BYTES];
-                        digest.copy_from_slice(&full.as_bytes()[..OFFER_DIGEST_BYTES]);
+                        let digest = offer_digest(stream_key, block);
                         if wanted.contains(&digest) {
                             self.table.entry(digest).or_insert((index, lbn + i as u64));
                         }
@@ -644,6 +749,14 @@ impl Negotiation {
         self.answered = true;
         Ok(())
     }
+}
+
+/// What an offer carries for `block`: its keyed hash under the stream key, cut short.
+fn offer_digest(stream_key: &[u8; 32], block: &[u8]) -> [u8; OFFER_DIGEST_BYTES] {
+    let full = blake3::keyed_hash(stream_key, block);
+    let mut digest = [0u8; OFFER_DIGEST_BYTES];
+    digest.copy_from_slice(&full.as_bytes()[..OFFER_DIGEST_BYTES]);
+    digest
 }
 
 /// The block ranges of `volume` that hold data, in order.
@@ -776,10 +889,8 @@ impl Apply<'_> {
                         input.offset_bytes - 1
                     );
                 }
-                self.pool
-                    .flush()
-                    .context("could not flush the pool after the receive")?;
-                return Ok(());
+                // Durable, and said so: a final step refused resumes at the end record.
+                return self.save();
             }
             if record.lbn < self.saved.next_lbn {
                 bail!(
@@ -888,6 +999,15 @@ impl Apply<'_> {
                 let mut block = vec![0u8; BLOCK_BYTES];
                 from.read(source_lbn * BLOCK, &mut block)
                     .with_context(|| at("read a held block for"))?;
+                // The candidate is a live volume: what it holds now must still be
+                // what was offered, or the sender's block is not what is copied.
+                if offer_digest(&self.header.stream_key, &block) != *digest {
+                    bail!(
+                        "volume '{}' was written since this pool answered the offers: its                          block {source_lbn} no longer holds the block record {} refers to",
+                        from.name(),
+                        record.position
+                    );
+                }
                 self.volume
                     .write(offset, &block, false)
                     .with_context(|| at("write"))?;
@@ -910,6 +1030,20 @@ impl Apply<'_> {
         };
         match &record.body {
             RecordBody::Offer { digests } if !negotiation.answered => {
+                // A sender offers each distinct block once: never more than the
+                // volume's blocks, nor than the receive keeps in memory.
+                let blocks = self.header.volume_size_bytes / BLOCK;
+                let limit = blocks.min(OFFERS_MAX);
+                let total = (negotiation.offered.len() + digests.len()) as u64;
+                if total > limit {
+                    bail!(
+                        "the sender offers more than {limit} digests (record {}): at most one \
+                         a block of the {blocks}-block volume, and {OFFERS_MAX} at most, the \
+                         memory a two-way receive may take; send this volume one-way \
+                         (without --negotiate-with)",
+                        record.position
+                    );
+                }
                 negotiation.offered.extend_from_slice(digests);
                 Ok(true)
             }

@@ -35,6 +35,7 @@ mod index_build;
 mod index_mode;
 mod index_save;
 mod inner;
+mod internal;
 mod journal;
 mod journal_read;
 mod lbn_locks;
@@ -77,6 +78,7 @@ pub use devices::{LatchListener, Latched};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
+pub use internal::{is_internal_name, InternalName, InternalVolumes, INTERNAL_PREFIX};
 pub use index_mode::{IndexMode, SPARSE_SAMPLE_SHIFT};
 pub use index_save::{state_dir, STATE_DIR};
 /// Blocks in a run of whole blocks a zone writes at once (what a packer may hold

@@ -900,12 +900,22 @@ impl Pool {
     /// Names and sizes of all volumes, cheaply (no per-block work): for frontends
     /// that list exports on every connection.
     pub fn volume_sizes(&self) -> Vec<(String, u64)> {
-        crate::volume_ops::sizes(&self.inner)
+        let mut sizes = crate::volume_ops::sizes(&self.inner);
+        sizes.retain(|(name, _)| crate::internal::refuse_internal(name).is_ok());
+        sizes
     }
 
     /// All volumes, with their usage (walks every block map: for management, not per request).
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        crate::volume_ops::list(&self.inner)
+        let mut volumes = crate::volume_ops::list(&self.inner);
+        volumes.retain(|v| !crate::internal::is_internal_name(&v.name));
+        volumes
+    }
+
+    /// The calls that reach internal volumes, which every other call answers as
+    /// unknown (`internal.rs`).
+    pub fn internal(self: &Arc<Self>) -> crate::InternalVolumes<'_> {
+        crate::InternalVolumes::new(self)
     }
 
     /// Create a thick volume (it reserves its size); refused when the pool cannot
@@ -927,6 +937,7 @@ impl Pool {
 
     /// Delete a volume; refused while handles are open unless `force`.
     pub fn delete_volume(&self, name: &str, force: bool) -> Result<()> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::delete(&self.inner, name, force)
     }
 
@@ -937,6 +948,7 @@ impl Pool {
         size_bytes: u64,
         allow_shrink: bool,
     ) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::resize(&self.inner, name, size_bytes, allow_shrink)
     }
 
@@ -949,6 +961,7 @@ impl Pool {
     /// Clone a volume reserving as `p` says. The clone maps what its source maps,
     /// so it has used that much of its reservation already (`reservation.rs`).
     pub fn clone_volume_with(&self, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(src)?;
         crate::volume_ops::clone(&self.inner, src, dst, p)
     }
 
@@ -956,13 +969,16 @@ impl Pool {
     /// clone taken earlier): `name` then holds what `from` holds, at its size. One
     /// durable step (a crash leaves one or the other); refused while `name` is open.
     pub fn rollback_volume(&self, name: &str, from: &str) -> Result<VolumeInfo> {
-        crate::volume_ops::rollback(&self.inner, name, from)
+        crate::internal::refuse_internal(name)?;
+        crate::internal::refuse_internal(from)?;
+        crate::volume_ops::rollback(&self.inner, name, from, None)
     }
 
     /// Take snapshot `snapshot` of volume `name` (`name@snapshot` from then on): a
     /// read-only point in time sharing every map page of the volume, so it costs the
     /// same at any size; durable on return (`volume_ops::snapshot`).
     pub fn snapshot_volume(&self, name: &str, snapshot: &str) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::snapshot(&self.inner, name, snapshot, None)
     }
 
@@ -974,11 +990,13 @@ impl Pool {
                 "a snapshot's identity is never 0".into(),
             ));
         }
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::snapshot(&self.inner, name, snapshot, Some(guid))
     }
 
     /// The snapshots of volume `name`, oldest first.
     pub fn snapshots(&self, name: &str) -> Result<Vec<VolumeInfo>> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::snapshots(&self.inner, name)
     }
 
@@ -991,6 +1009,8 @@ impl Pool {
     /// The full name of the base volume `name` is compared with when `from` is
     /// given: its snapshot `name@from` when it has one, else `from`.
     pub fn base_name(&self, name: &str, from: &str) -> Result<String> {
+        crate::internal::refuse_internal(name)?;
+        crate::internal::refuse_internal(from)?;
         let i = &self.inner;
         let base = i.volumes.base_of(name, from)?;
         Ok(i.volumes.full_name(&base))
@@ -1001,6 +1021,8 @@ impl Pool {
     /// changed or not, in order): [`Volume::changed_extents`] by names, for
     /// `volume diff`.
     pub fn changed_extents(&self, name: &str, from: &str) -> Result<Vec<ChangedExtent>> {
+        crate::internal::refuse_internal(name)?;
+        crate::internal::refuse_internal(from)?;
         let i = &self.inner;
         let _gate = i.locks.shared();
         let (vol, old) = (i.volumes.by_name(name)?, i.volumes.base_of(name, from)?);
@@ -1011,6 +1033,7 @@ impl Pool {
     /// Change what a volume reserves (`volume set`): refused, with nothing changed,
     /// when the pool cannot honour it. Durable on return, as every volume change.
     pub fn set_provisioning(&self, name: &str, p: Provisioning) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::set_provisioning(&self.inner, name, p)
     }
 
@@ -1018,12 +1041,14 @@ impl Pool {
     /// limit; the catalog records it (a volume flag), so a server that cannot read
     /// the list still knows to keep the volume closed. Durable on return.
     pub fn set_volume_limited(&self, name: &str, limited: bool) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::set_limited(&self.inner, name, limited)
     }
 
     /// Whether volume `name` is limited (`None`: no such volume); cheap, for every
     /// client's access check.
     pub fn volume_limited(&self, name: &str) -> Option<bool> {
+        crate::internal::refuse_internal(name).ok()?;
         self.inner.volumes.by_name(name).ok().map(|v| v.limited())
     }
 
@@ -1032,11 +1057,13 @@ impl Pool {
     /// leaves the old name or the new one, never both. A volume with open handles
     /// (NBD clients) is refused: they attached it by the old name.
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::rename(&self.inner, name, new_name)
     }
 
     /// Open a handle on a volume.
     pub fn open_volume(self: &Arc<Self>, name: &str) -> Result<Volume> {
+        crate::internal::refuse_internal(name)?;
         let vol = self.inner.volumes.by_name(name)?;
         Ok(Volume::new(self.clone(), vol))
     }

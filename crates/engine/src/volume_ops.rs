@@ -160,6 +160,17 @@ pub(crate) fn create(
     p: Provisioning,
 ) -> Result<VolumeInfo> {
     validate_name(name).map_err(EngineError::Refused)?;
+    create_named(inner, name, size_bytes, p)
+}
+
+/// [`create`] under a name the caller checked (a user's, or an internal one:
+/// `internal.rs`).
+pub(crate) fn create_named(
+    inner: &Inner,
+    name: &str,
+    size_bytes: u64,
+    p: Provisioning,
+) -> Result<VolumeInfo> {
     let size_blocks = size_blocks_of(size_bytes)?;
     let i = inner;
     i.devices.ensure_writable()?;
@@ -321,6 +332,17 @@ pub(crate) fn resize(
 /// already (`reservation.rs`).
 pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Result<VolumeInfo> {
     validate_name(dst).map_err(EngineError::Refused)?;
+    clone_named(inner, src, dst, p)
+}
+
+/// [`clone`] to a name the caller checked (a user's, or an internal one:
+/// `internal.rs`).
+pub(crate) fn clone_named(
+    inner: &Inner,
+    src: &str,
+    dst: &str,
+    p: Provisioning,
+) -> Result<VolumeInfo> {
     let i = inner;
     i.devices.ensure_writable()?;
     let _ck = i.checkpointer.serialize();
@@ -360,8 +382,16 @@ pub(crate) fn clone(inner: &Inner, src: &str, dst: &str, p: Provisioning) -> Res
 /// durable step (one checkpoint): a crash leaves the volume as it was or as `from`,
 /// never without it. Refused while `name` has open handles. The volume keeps its
 /// name, id, snapshots, reservation's kind and limit; it takes `from`'s map pages
-/// as a clone does (`page_share.rs`), so the step costs the same at any size.
-pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeInfo> {
+/// as a clone does (`page_share.rs`), so the step costs the same at any size. With
+/// `unchanged_since`, refused in the same step when `name` reads differently from
+/// that volume ([`written_since`]): a write acknowledged before the step is never
+/// discarded by it.
+pub(crate) fn rollback(
+    inner: &Inner,
+    name: &str,
+    from: &str,
+    unchanged_since: Option<&str>,
+) -> Result<VolumeInfo> {
     let i = inner;
     i.devices.ensure_writable()?;
     let _ck = i.checkpointer.serialize();
@@ -386,6 +416,13 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
         return Err(EngineError::Refused(format!(
             "volume '{name}' is open by {users} client(s): disconnect them to roll it back"
         )));
+    }
+    if let Some(since) = unchanged_since {
+        if differs(&vol, &*i.volumes.by_name(since)?) {
+            return Err(EngineError::Refused(format!(
+                "volume '{name}' was written since '{since}' was taken of it"
+            )));
+        }
     }
     let size_blocks = source.size_blocks();
     let p = i.volumes.reservations().of(vol.id());
@@ -420,6 +457,23 @@ pub(crate) fn rollback(inner: &Inner, name: &str, from: &str) -> Result<VolumeIn
     i.depot.release_objects(&i.devices, &released)?;
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
+}
+
+/// Whether `vol` reads differently from `since`: another size, or a block whose
+/// entry reads otherwise (`map_diff.rs`; the caller holds the gate).
+fn differs(vol: &VolumeState, since: &VolumeState) -> bool {
+    let end = vol.size_blocks() * BLOCK_BYTES as u64;
+    vol.size_blocks() != since.size_blocks()
+        || crate::map_diff::changed_extents(vol, since, 0, end)
+            .iter()
+            .any(|e| e.changed)
+}
+
+/// Whether volume `name` reads differently from volume `since` (any two volumes).
+pub(crate) fn written_since(inner: &Inner, name: &str, since: &str) -> Result<bool> {
+    let _gate = inner.locks.shared();
+    let (vol, old) = (inner.volumes.by_name(name)?, inner.volumes.by_name(since)?);
+    Ok(differs(&vol, &old))
 }
 
 /// Take snapshot `snapshot` of volume `name`: a read-only point in time, reached
