@@ -118,7 +118,10 @@ impl Target<'_> {
             std::fs::remove_file(&self.saved_path)
                 .with_context(|| format!("could not remove {}", self.saved_path.display()))?;
         }
-        Ok(format!("Interrupted receive of '{}' discarded.", self.name()))
+        Ok(format!(
+            "Interrupted receive of '{}' discarded.",
+            self.name()
+        ))
     }
 }
 
@@ -233,7 +236,10 @@ fn apply_stream<R: Read>(
             .map(|b| internal.open(b))
             .transpose()?;
         let negotiation = match header.negotiated {
-            true => Some(Negotiation::open(target.pool, &target.request.negotiate_with)?),
+            true => Some(Negotiation::open(
+                target.pool,
+                &target.request.negotiate_with,
+            )?),
             false => None,
         };
         Ok::<_, anyhow::Error>((volume, base, negotiation))
@@ -291,7 +297,9 @@ fn begin(target: &Target, header: &StreamHeader, header_bytes: &[u8]) -> Result<
         pool_ref_blocks: 0,
         zero_blocks: 0,
         base: base.as_ref().map(|b| b.name.clone()),
-        frozen_base: base.as_ref().map(|_| names.frozen_base.as_str().to_string()),
+        frozen_base: base
+            .as_ref()
+            .map(|_| names.frozen_base.as_str().to_string()),
         frozen_target: (onto && target.request.force)
             .then(|| names.frozen_target.as_str().to_string()),
         onto,
@@ -303,11 +311,18 @@ fn begin(target: &Target, header: &StreamHeader, header_bytes: &[u8]) -> Result<
         if let Some(base) = &base {
             internal
                 .clone(&base.name, &names.frozen_base, Provisioning::THIN)
-                .with_context(|| format!("could not take a frozen copy of the base '{}'", base.name))?;
+                .with_context(|| {
+                    format!("could not take a frozen copy of the base '{}'", base.name)
+                })?;
             base.verify(target.pool, header, names.frozen_base.as_str())?;
         }
         if onto {
-            check_onto(target.pool, name, saved.base.as_deref(), target.request.force)?;
+            check_onto(
+                target.pool,
+                name,
+                saved.base.as_deref(),
+                target.request.force,
+            )?;
             if target.request.force {
                 internal.clone(name, &names.frozen_target, Provisioning::THIN)?;
             }
@@ -435,14 +450,20 @@ fn resolve_base(
             .find(|s| s.guid.as_deref() == Some(&format!("{guid:016x}")))
             .map(|s| s.name))
     };
+    // A snapshot of NAME, the volume the user named, is named by the user too.
+    let of_target = name_exists && carried.split_once('@').is_some_and(|(of, _)| of == name);
+    let carried_proof = match of_target {
+        true => Proof::Named,
+        false => Proof::Content,
+    };
     let (base_name, proof) = match (from, base.guid) {
         (Some(from), _) if name_exists => (pool.base_name(name, from)?, Proof::Named),
         (Some(from), _) => (from.to_string(), Proof::Named),
         (None, Some(guid)) if name_exists => match own_snapshot(guid)? {
             Some(own) => (own, Proof::Named),
-            None => (carried.to_string(), Proof::Content),
+            None => (carried.to_string(), carried_proof),
         },
-        (None, _) => (carried.to_string(), Proof::Content),
+        (None, _) => (carried.to_string(), carried_proof),
     };
     if pool.open_volume(&base_name).is_err() {
         bail!(

@@ -421,3 +421,189 @@ fn an_increment_into_a_volume_written_since_its_base_is_refused_unless_forced() 
     assert_same(&a.unix_uri("vm@s2"), &b.unix_uri("vm"));
     assert_eq!(snapshot_ids(&a, "vm"), snapshot_ids(&b, "vm"));
 }
+
+/// `volume receive ARGS` fed `stream` in two parts: its header, then (once the
+/// receive's progress file `progress` exists: the receive began) `between` runs,
+/// then the rest. What a client does while a receive runs, at a point it has surely
+/// reached.
+fn receive_around(
+    pool: &Path,
+    args: &[&str],
+    stream: &Path,
+    progress: &Path,
+    between: impl FnOnce(),
+) -> Ran {
+    let bytes = std::fs::read(stream).expect("stream");
+    let header = fewerbytes_format::stream::HEADER_BYTES;
+    let mut cmd = Command::new(fewerbytes_bin());
+    cmd.arg("--pool")
+        .arg(pool)
+        .args(["volume", "receive"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start the receive");
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(&bytes[..header]).expect("feed the header");
+    input.flush().expect("flush");
+    let started = Instant::now();
+    while !progress.exists() {
+        assert!(started.elapsed() < CLIENT_LIMIT, "the receive never began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    between();
+    // The receive may have stopped already (refused); what it says is below.
+    let _ = input.write_all(&bytes[header..]);
+    drop(input);
+    let out = child.wait_with_output().expect("wait for the receive");
+    Ran {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        command: format!("volume receive {}", args.join(" ")),
+    }
+}
+
+/// qemu-io reads `byte` in every byte of block `lbn` over NBD.
+fn assert_block(uri: &str, lbn: usize, byte: usize) {
+    qemu_io(uri, &[format!("read -P {byte} {} 4096", lbn * BLOCK)]);
+}
+
+/// b holds vm and vm@s1 as a's; `s2.fbs` is a's increment vm@s2 --from s1.
+fn in_place_pair(dir: &TempDir, seed: u64) -> (Server, Server, PathBuf) {
+    let a = served_pool(dir, "a", &[("vm", &image(seed))]);
+    let b = served_pool(dir, "b", &[]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s1"]);
+    assert!(pipe(&a, "vm@s1", &b, "vm").status.success());
+    write_blocks(&a.unix_uri("vm"), 1, &[10]);
+    a.cli_ok(&["volume", "snapshot", "vm", "s2"]);
+    let stream = dir.join("s2.fbs");
+    send_to_file(&a.pool, "vm@s2 --from s1", &stream);
+    (a, b, stream)
+}
+
+// An in-place receive checked "written since its base" only when it began: a
+// client's write (4 KiB, flushed, disconnected) while it ran, or between a cut
+// and --resume, was discarded by the final rollback, which reported success.
+#[test]
+fn an_in_place_receive_refuses_a_target_written_while_it_runs_or_before_its_resume() {
+    let dir = TempDir::new("servedracing");
+    let (a, b, stream) = in_place_pair(&dir, 25);
+    let progress = dir.join("b").join("b.pool.receive.vm.json");
+    let vm = b.unix_uri("vm");
+    let ran = receive_around(&b.pool, &["vm"], &stream, &progress, || {
+        write_blocks(&vm, 9, &[20]);
+    });
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("was written since"), "{}", ran.report());
+    assert_block(&vm, 20, 9 * 16);
+    fewerbytes_ok(&b.pool, &["volume", "receive", "vm", "--abandon"]);
+    assert_block(&vm, 20, 9 * 16);
+    assert_eq!(volume_names(&b.pool), ["vm"]);
+
+    // Cut, then written, then resumed: refused again.
+    b.cli_ok(&["volume", "rollback", "vm", "s1"]);
+    let bytes = std::fs::read(&stream).expect("stream");
+    let cut = dir.join("cut.fbs");
+    // Inside the end record (its head and 40-byte payload): every block applied.
+    std::fs::write(&cut, &bytes[..bytes.len() - 36]).expect("cut");
+    let ran = receive_from_file(&b.pool, "vm", &cut);
+    assert!(ran.stderr.contains("truncated"), "{}", ran.report());
+    write_blocks(&vm, 8, &[30]);
+    let ran = receive_from_file(&b.pool, "vm --resume", &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(ran.stderr.contains("was written since"), "{}", ran.report());
+    assert_block(&vm, 30, 8 * 16);
+    // Forced, the resume applies the stream over what was written.
+    let ran = receive_from_file(&b.pool, "vm --resume --force", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm@s2"), &vm);
+    assert_check_clean(&b.pool);
+}
+
+// Base references read the live base: a client rewriting the base while a receive
+// ran put its bytes into the received volume, and the receive said it checked out.
+#[test]
+fn base_references_read_the_base_as_it_was_when_the_receive_began() {
+    let dir = TempDir::new("servedfrozen");
+    let template = image(27);
+    let mut vm = template.clone();
+    // Block 900 of vm holds what block 3 of the base holds: a base reference.
+    vm.copy_within(3 * BLOCK..4 * BLOCK, 900 * BLOCK);
+    let a = served_pool(&dir, "a", &[("base", &template), ("vm", &vm)]);
+    let b = served_pool(&dir, "b", &[("base", &template)]);
+    let stream = dir.join("inc.fbs");
+    send_to_file(&a.pool, "vm --from base", &stream);
+    let progress = dir.join("b").join("b.pool.receive.x.json");
+    let base = b.unix_uri("base");
+    let ran = receive_around(
+        &b.pool,
+        &["x", "--from", "base"],
+        &stream,
+        &progress,
+        || {
+            write_blocks(&base, 7, &[3]);
+        },
+    );
+    assert_block(&base, 3, 7 * 16);
+    if ran.status.success() {
+        assert!(
+            count_before(&ran, " by reference to the base") > 0,
+            "{}",
+            ran.report()
+        );
+        assert_same(&a.unix_uri("vm"), &b.unix_uri("x"));
+    } else {
+        // The write landed before the frozen copy was taken: the base is not the
+        // sender's, and nothing was made.
+        assert!(
+            ran.stderr.contains("differs from the sender's base"),
+            "{}",
+            ran.report()
+        );
+        assert_eq!(volume_names(&b.pool), ["base"]);
+    }
+    assert_check_clean(&b.pool);
+}
+
+// The partial volume was an export: listed by `nbdinfo --list`, writable, and a
+// user's own volume named `x:receiving` was taken for an interrupted receive and
+// deleted by --abandon.
+#[test]
+fn the_partial_volume_is_no_export_and_no_user_name_is_taken_for_it() {
+    let dir = TempDir::new("servedhidden");
+    let bytes = image(29);
+    let a = served_pool(&dir, "a", &[("vm", &bytes)]);
+    let b = served_pool(&dir, "b", &[("vm:receiving", &image(31))]);
+    let stream = dir.join("vm.fbs");
+    send_to_file(&a.pool, "vm", &stream);
+    let whole = std::fs::read(&stream).expect("stream");
+    let cut = dir.join("cut.fbs");
+    std::fs::write(&cut, &whole[..whole.len() / 2]).expect("cut");
+    let ran = receive_from_file(&b.pool, "vm", &cut);
+    assert!(!ran.status.success(), "{}", ran.report());
+    let listed = common::nbdinfo::listed_exports(&b.unix_uri(""));
+    assert_eq!(
+        listed.keys().collect::<Vec<_>>(),
+        ["vm:receiving"],
+        "{listed:?}"
+    );
+    assert!(
+        !tool("nbdinfo")
+            .arg(b.unix_uri("%25receive.vm"))
+            .output()
+            .expect("nbdinfo")
+            .status
+            .success(),
+        "the partial volume opened as an export"
+    );
+    let ran = receive_from_file(&b.pool, "vm --resume", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert_same(&a.unix_uri("vm"), &b.unix_uri("vm"));
+    // No receive waits: --abandon deletes nothing, the user's volume stays.
+    fewerbytes_ok(&b.pool, &["volume", "receive", "vm", "--abandon"]);
+    assert_eq!(volume_names(&b.pool), ["vm:receiving", "vm"]);
+    let ran = receive_from_file(&b.pool, "vm2", &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+}

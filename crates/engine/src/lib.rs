@@ -78,9 +78,9 @@ pub use devices::{LatchListener, Latched};
 pub use error::{EngineError, Result};
 pub use fewerbytes_format::BLOCK_BYTES;
 pub use fewerbytes_storage as storage;
-pub use internal::{is_internal_name, InternalName, InternalVolumes, INTERNAL_PREFIX};
 pub use index_mode::{IndexMode, SPARSE_SAMPLE_SHIFT};
 pub use index_save::{state_dir, STATE_DIR};
+pub use internal::{is_internal_name, InternalName, InternalVolumes, INTERNAL_PREFIX};
 /// Blocks in a run of whole blocks a zone writes at once (what a packer may hold
 /// open beside one fragment block).
 pub use packer::RUN_BLOCKS;

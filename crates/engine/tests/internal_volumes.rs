@@ -16,7 +16,8 @@ const BLOCKS: u64 = 256;
 fn internal_volumes_are_unknown_to_every_user_call() {
     let t = create(64 << 20, None);
     let p = t.pool().clone();
-    p.create_volume("vm", BLOCKS * BLOCK as u64).expect("create");
+    p.create_volume("vm", BLOCKS * BLOCK as u64)
+        .expect("create");
     let hidden = InternalName::new("receive", "vm").expect("internal name");
     assert!(is_internal_name(hidden.as_str()));
     assert_eq!(InternalName::parse(hidden.as_str()), Some(hidden.clone()));
@@ -44,7 +45,8 @@ fn internal_volumes_are_unknown_to_every_user_call() {
 fn a_rollback_refuses_a_volume_written_since_its_point() {
     let t = create(64 << 20, None);
     let p = t.pool().clone();
-    p.create_volume("vm", BLOCKS * BLOCK as u64).expect("create");
+    p.create_volume("vm", BLOCKS * BLOCK as u64)
+        .expect("create");
     write_blocks(&p, "vm", 0, 8, 1);
     p.snapshot_volume("vm", "s0").expect("snapshot");
     let since = InternalName::new("since", "vm").expect("name");
@@ -79,7 +81,8 @@ fn a_rollback_refuses_a_volume_written_since_its_point() {
 fn a_racing_writer_never_loses_a_write_to_the_checked_rollback() {
     let t = create(64 << 20, None);
     let p = t.pool().clone();
-    p.create_volume("vm", BLOCKS * BLOCK as u64).expect("create");
+    p.create_volume("vm", BLOCKS * BLOCK as u64)
+        .expect("create");
     p.snapshot_volume("vm", "s0").expect("snapshot");
     let (started, done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let writer = {
