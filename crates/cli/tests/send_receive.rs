@@ -477,7 +477,7 @@ fn an_incremental_receive_resumes_from_the_base_as_it_was_when_it_began() {
         "vm2 differs from the source"
     );
     assert!(exported(&r.b, "base", &r.dir) == other);
-    assert_eq!(volume_names(&r.b), ["base", "vm2"]);
+    assert_eq!(volume_names(&r.b), ["vm", "base", "vm2"]);
     assert_check_clean(&r.b);
 }
 
@@ -555,4 +555,136 @@ fn a_two_way_send_sends_only_the_blocks_the_receiver_lacks() {
         volume_names(&b),
         vec!["template".to_string(), "vm".to_string()]
     );
+}
+
+// The progress file was written through `<pool>.receive.NAME.json.new` with a plain
+// create: a symlink planted there overwrote the file it pointed to.
+#[test]
+fn a_link_planted_beside_the_pool_is_never_written_or_read_through() {
+    let dir = TempDir::new("sendlink");
+    let a = new_pool(&dir, "a.pool");
+    let b = new_pool(&dir, "b.pool");
+    let (image, _) = image_with_duplicates(13);
+    let raw = write_image(&dir, "vm.raw", &image);
+    fewerbytes_ok(
+        &a,
+        &["volume", "import", "vm", raw.to_str().expect("utf-8")],
+    );
+    let stream = dir.join("vm.fbs");
+    send(&a, &["vm"], &stream);
+    let bytes = std::fs::read(&stream).expect("stream");
+    let cut = write_image(&dir, "cut.fbs", &bytes[..bytes.len() / 2]);
+    let victim = write_image(&dir, "victim", b"precious");
+    std::os::unix::fs::symlink(&victim, dir.join("b.pool.receive.vm.json.new")).expect("link");
+
+    let ran = receive(&b, &["vm"], &cut);
+    assert!(ran.stderr.contains("truncated"), "{}", ran.report());
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+    let progress = std::fs::metadata(dir.join("b.pool.receive.vm.json")).expect("progress");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&progress.permissions()) & 0o777,
+        0o600
+    );
+    let ran = receive(&b, &["vm", "--resume"], &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(exported(&b, "vm", &dir) == image);
+
+    // A link in the progress file's place is refused, not followed.
+    std::os::unix::fs::symlink(&victim, dir.join("b.pool.receive.vm5.json")).expect("link");
+    let ran = piped(&b, &["volume", "receive", "vm5", "--abandon"], None, None);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"precious");
+}
+
+// A stream "incremental from tenantA@daily", received into a new name without
+// --from, was taken by the identity it carries (a guess away): a copy of another
+// volume's snapshot.
+#[test]
+fn a_snapshot_base_found_only_by_its_identity_is_refused_until_named() {
+    let dir = TempDir::new("sendguid");
+    let a = new_pool(&dir, "a.pool");
+    let b = new_pool(&dir, "b.pool");
+    let (image, _) = image_with_duplicates(17);
+    let raw = write_image(&dir, "vm.raw", &image);
+    fewerbytes_ok(
+        &a,
+        &["volume", "import", "tenant", raw.to_str().expect("utf-8")],
+    );
+    fewerbytes_ok(&a, &["volume", "snapshot", "tenant", "daily"]);
+    let full = dir.join("full.fbs");
+    send(&a, &["tenant@daily"], &full);
+    let ran = receive(&b, &["tenant"], &full);
+    assert!(ran.status.success(), "{}", ran.report());
+    let (other, _) = image_with_duplicates(19);
+    let raw = write_image(&dir, "other.raw", &other);
+    fewerbytes_ok(
+        &a,
+        &[
+            "volume",
+            "import",
+            "tenant",
+            raw.to_str().expect("utf-8"),
+            "--force",
+        ],
+    );
+    fewerbytes_ok(&a, &["volume", "snapshot", "tenant", "s2"]);
+    let stream = dir.join("inc.fbs");
+    send(&a, &["tenant@s2", "--from", "daily"], &stream);
+
+    let ran = receive(&b, &["copy"], &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("--from tenant@daily"),
+        "{}",
+        ran.report()
+    );
+    assert_eq!(volume_names(&b), ["tenant"]);
+    let ran = receive(&b, &["copy", "--from", "tenant@daily"], &stream);
+    assert!(ran.status.success(), "{}", ran.report());
+    assert!(exported(&b, "copy", &dir) == other);
+}
+
+// A two-way receive kept every offer: 1 GiB of offers took a server to 1.19 GB.
+#[test]
+fn offers_past_the_volume_s_blocks_are_refused() {
+    use fewerbytes_format::stream::{Record, RecordBody, StreamHeader, OFFER_DIGESTS_MAX};
+    let dir = TempDir::new("sendoffers");
+    let b = new_pool(&dir, "b.pool");
+    fewerbytes_ok(&b, &["volume", "create", "cand", "--size", "1M"]);
+    let header = StreamHeader {
+        volume_size_bytes: 1 << 20,
+        source_pool_id: 1,
+        stream_key: [7; 32],
+        base: None,
+        negotiated: true,
+        source_map_digest: 0,
+        snapshot: false,
+    };
+    let mut bytes = header.encode().to_vec();
+    // 256 blocks: two full offer records are 512 digests.
+    for position in 0..2u64 {
+        let digests = (0..OFFER_DIGESTS_MAX)
+            .map(|i| {
+                let mut d = [0u8; 16];
+                d[..8].copy_from_slice(&((position << 32) + i as u64).to_le_bytes());
+                d
+            })
+            .collect::<Vec<_>>();
+        let record = Record {
+            position,
+            lbn: 0,
+            count: digests.len() as u32,
+            body: RecordBody::Offer { digests },
+        };
+        record.encode(&header.stream_key, &mut bytes);
+    }
+    let stream = write_image(&dir, "offers.fbs", &bytes);
+    let ran = receive(&b, &["vm", "--negotiate-with", "cand"], &stream);
+    assert!(!ran.status.success(), "{}", ran.report());
+    assert!(
+        ran.stderr.contains("offers more than 256"),
+        "{}",
+        ran.report()
+    );
+    assert_eq!(volume_names(&b), ["cand"]);
 }
