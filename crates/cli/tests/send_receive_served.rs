@@ -543,7 +543,8 @@ fn base_references_read_the_base_as_it_was_when_the_receive_began() {
         &stream,
         &progress,
         || {
-            write_blocks(&base, 7, &[3]);
+            // Every copy of that block in the base (image() repeats it every 32).
+            write_blocks(&base, 7, &(0..16).map(|k| 3 + 32 * k).collect::<Vec<_>>());
         },
     );
     assert_block(&base, 3, 7 * 16);
