@@ -76,11 +76,28 @@ fn drive(pool: &PoolHandle, action: ScrubAction, args: &ScrubArgs) -> Result<Exi
         ScrubAction::Resume => Request::ScrubResume,
         ScrubAction::Status => Request::ScrubStatus,
     };
+    // This process's own open ends with the command: the scrub must finish first,
+    // unless a signal stops it (the pool's close ends the scrub thread).
+    let local_wait = !served && matches!(action, ScrubAction::Start);
+    if local_wait {
+        crate::interrupt::install_for_command()?;
+    }
     let mut status = call(pool, &request)?;
-    // This process's own open ends with the command: the scrub must finish first.
-    let wait = args.wait || (!served && matches!(action, ScrubAction::Start));
+    let wait = args.wait || local_wait;
     if wait {
         while matches!(status.state, ScrubState::Running | ScrubState::Paused) {
+            if local_wait {
+                crate::interrupt::explain(crate::interrupt::check().map_err(Into::into), || {
+                    format!(
+                        "the scrub stopped at {} of {} verified with {} errors found so far \
+                         (stopping it changed nothing; `fewerbytes scrub` starts again from \
+                         the beginning)",
+                        format_size(status.bytes_verified),
+                        format_size(status.bytes_total),
+                        status.errors_found
+                    )
+                })?;
+            }
             std::thread::sleep(POLL_INTERVAL);
             status = call(pool, &Request::ScrubStatus)?;
         }
