@@ -151,14 +151,15 @@ impl Interrupted {
         exit_codes::interrupted(self.signal)
     }
 
-    /// How the pool's close went, for the end of the line.
-    pub fn closed_sentence(&self) -> String {
+    /// How the pool's close went, for the end of the line (none: this process did
+    /// not hold the pool).
+    pub fn closed_sentence(&self) -> Option<String> {
         match &self.closed {
-            None => "no pool was open".to_string(),
-            Some((pool, Ok(()))) => format!("pool {pool} closed cleanly"),
-            Some((pool, Err(e))) => {
-                format!("pool {pool} could not be closed ({e}): its next open replays its journal")
-            }
+            None => None,
+            Some((pool, Ok(()))) => Some(format!("pool {pool} closed cleanly")),
+            Some((pool, Err(e))) => Some(format!(
+                "pool {pool} could not be closed ({e}): its next open replays its journal"
+            )),
         }
     }
 }

@@ -292,7 +292,10 @@ fn interrupted_sentence(error: &anyhow::Error, interrupted: &interrupt::Interrup
         out.push_str(": ");
         out.push_str(&cause.to_string());
     }
-    format!("{out}; {}.", interrupted.closed_sentence())
+    match interrupted.closed_sentence() {
+        Some(closed) => format!("{out}; {closed}."),
+        None => format!("{out}."),
+    }
 }
 
 fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {
