@@ -98,7 +98,11 @@ fn signal_midway(mut child: Child, signal: libc::c_int, midway: impl Fn() -> boo
     }
     let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill({pid}, {signal})");
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "kill({pid}, {signal})"
+    );
     let stopped = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("poll the CLI") {
@@ -150,7 +154,11 @@ fn assert_stopped(ran: &Ran, signal: libc::c_int, says: &[&str]) {
         .find(|l| l.contains(&format!("interrupted by {name}")))
         .unwrap_or_else(|| panic!("no line says {name} stopped it:\n{}", ran.report()));
     for part in says.iter().chain(&["closed cleanly"]) {
-        assert!(line.contains(part), "the line lacks {part:?}:\n{}", ran.report());
+        assert!(
+            line.contains(part),
+            "the line lacks {part:?}:\n{}",
+            ran.report()
+        );
     }
 }
 
@@ -203,7 +211,11 @@ fn import_stopped(label: &str, signal: libc::c_int) -> (TempDir, PathBuf, PathBu
         None,
     );
     let ran = signal_midway(child, signal, || allocated(&pool) > before + MIDWAY_BYTES);
-    assert_stopped(&ran, signal, &["import of", "marked incomplete", "--resume"]);
+    assert_stopped(
+        &ran,
+        signal,
+        &["import of", "marked incomplete", "--resume"],
+    );
     (dir, pool, image)
 }
 
@@ -249,8 +261,15 @@ fn an_import_stopped_by_sigint_closes_the_pool_and_resumes_to_the_right_bytes() 
             "--resume",
         ],
     );
-    assert!(resumed.stdout.contains("held already"), "{}", resumed.report());
-    assert!(!incomplete(&pool, "v"), "the resumed import is still marked");
+    assert!(
+        resumed.stdout.contains("held already"),
+        "{}",
+        resumed.report()
+    );
+    assert!(
+        !incomplete(&pool, "v"),
+        "the resumed import is still marked"
+    );
     let compare = serve_and_probe(dir.path(), &pool, "v", |server| {
         let mut compare = tool("qemu-img");
         compare
@@ -268,7 +287,11 @@ fn an_import_stopped_by_sigterm_is_taken_as_it_is_with_force() {
     assert_closed(&pool);
     assert!(incomplete(&pool, "v"));
     let taken = fewerbytes_ok(&pool, &["volume", "import", "v", "--force"]);
-    assert!(taken.stdout.contains("taken as it is"), "{}", taken.report());
+    assert!(
+        taken.stdout.contains("taken as it is"),
+        "{}",
+        taken.report()
+    );
     assert!(!incomplete(&pool, "v"));
     let probe = serve_and_probe(dir.path(), &pool, "v", |_| {});
     assert!(probe.status.success(), "{}", probe.report());
@@ -323,8 +346,14 @@ fn an_export_stopped_by_a_signal_leaves_no_partial_file() {
         None,
         None,
     );
-    let ran = signal_midway(child, libc::SIGTERM, || allocated_in(&out_dir) > MIDWAY_BYTES);
-    assert_stopped(&ran, libc::SIGTERM, &["export of volume 'v' stopped", "not made"]);
+    let ran = signal_midway(child, libc::SIGTERM, || {
+        allocated_in(&out_dir) > MIDWAY_BYTES
+    });
+    assert_stopped(
+        &ran,
+        libc::SIGTERM,
+        &["export of volume 'v' stopped", "not made"],
+    );
     let left: Vec<_> = std::fs::read_dir(&out_dir).expect("list").collect();
     assert!(left.is_empty(), "the export left {left:?}");
     assert_closed(&pool);
@@ -361,7 +390,12 @@ fn a_receive_stopped_by_a_signal_keeps_what_it_applied_and_resumes() {
     assert_stopped(&ran, libc::SIGTERM, &["receive of 'r' stopped", "--resume"]);
     assert_closed(&pool);
 
-    let resumed = spawn(&pool, &["volume", "receive", "r", "--resume"], Some(&stream), None);
+    let resumed = spawn(
+        &pool,
+        &["volume", "receive", "r", "--resume"],
+        Some(&stream),
+        None,
+    );
     let output = resumed.wait_with_output().expect("wait for the resume");
     assert!(
         output.status.success(),
