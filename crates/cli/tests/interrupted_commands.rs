@@ -428,3 +428,29 @@ fn a_scrub_stopped_by_a_signal_closes_the_pool() {
     assert_stopped(&ran, libc::SIGINT, &["the scrub stopped at"]);
     assert_closed(&pool);
 }
+
+#[test]
+fn the_man_pages_list_the_interrupted_exit_code() {
+    let dir = TempDir::new("man-int");
+    let pool = create_pool(dir.path(), &[]);
+    let man_dir = dir.join("man1");
+    fewerbytes_ok(&pool, &["man", man_dir.to_str().expect("utf-8 path")]);
+    for command in [
+        "volume-import",
+        "volume-export",
+        "volume-send",
+        "volume-receive",
+        "scrub",
+        "check",
+    ] {
+        let page = std::fs::read_to_string(man_dir.join(format!("fewerbytes-{command}.1")))
+            .expect("a man page");
+        let exit_status = &page[page.find("EXIT STATUS").expect("EXIT STATUS")..];
+        for code in ["\n130\n", "143 for SIGTERM"] {
+            assert!(
+                exit_status.contains(code),
+                "{command}'s page lacks the interrupted exit code {code:?}:\n{page}"
+            );
+        }
+    }
+}
