@@ -65,6 +65,19 @@ fn allocated_in(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Whether process `pid` catches SIGINT (its handler is installed): `SigCgt` in
+/// /proc/PID/status, a hex mask whose bit n - 1 is signal n.
+fn catches_sigint(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0)
+}
+
 /// The CLI on `pool`, not yet waited for; stdin from `input` if given.
 fn spawn(pool: &Path, args: &[&str], input: Option<&Path>, output: Option<&Path>) -> Child {
     let mut cmd = Command::new(fewerbytes_bin());
@@ -421,12 +434,27 @@ fn a_scrub_stopped_by_a_signal_closes_the_pool() {
     let (pool, _) = pool_with_volume(&dir);
     // At 8 MiB/s the 256 MiB of data take half a minute: the signal lands mid-way.
     let child = spawn(&pool, &["scrub", "--rate", "8M"], None, None);
+    let pid = child.id();
     let started = Instant::now();
     let ran = signal_midway(child, libc::SIGINT, || {
-        started.elapsed() > Duration::from_secs(2)
+        catches_sigint(pid) && started.elapsed() > Duration::from_secs(2)
     });
     assert_stopped(&ran, libc::SIGINT, &["the scrub stopped at"]);
     assert_closed(&pool);
+}
+
+#[test]
+fn a_repair_signalled_runs_to_its_end_then_says_so_and_closes_the_pool() {
+    let dir = TempDir::new("int-repair");
+    let (pool, _) = pool_with_volume(&dir);
+    let child = spawn(&pool, &["check", "--repair", "--verify-data"], None, None);
+    let pid = child.id();
+    // Wherever it is then (opening the pool, or repairing), the stop is the same: a
+    // repair is never stopped part-way.
+    let ran = signal_midway(child, libc::SIGINT, || catches_sigint(pid));
+    assert_stopped(&ran, libc::SIGINT, &["check --repair"]);
+    assert_closed(&pool);
+    common::assert_check_clean(&pool);
 }
 
 #[test]
