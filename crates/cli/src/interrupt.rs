@@ -108,9 +108,13 @@ pub fn install() -> io::Result<Stop> {
     Ok(Stop { read_fd: fds[0] })
 }
 
-/// Install the handlers for a command that polls [`check`]; the pipe is unused.
+/// Install the handlers for a command that polls [`check`] (the pipe is unused), once
+/// however many of its steps ask.
 pub fn install_for_command() -> anyhow::Result<()> {
     use anyhow::Context;
+    if INSTALLED.load(Ordering::SeqCst) {
+        return Ok(());
+    }
     install().context("could not install the SIGINT/SIGTERM handlers")?;
     Ok(())
 }

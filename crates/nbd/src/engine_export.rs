@@ -143,9 +143,9 @@ impl ExportProvider for PoolExports {
 pub fn incomplete_refusal(name: &str) -> String {
     format!(
         "volume '{name}' is not served: it is marked incomplete (an import into it was \
-         cut short, so it may hold only part of its image); finish it with `fewerbytes \
-         volume import {name} FILE --resume`, or take it as it is with `fewerbytes volume \
-         import {name} --force`"
+         cut short, so it may hold only part of its image); stop the server, then finish \
+         it with `fewerbytes volume import {name} FILE --resume` or take it as it is with \
+         `fewerbytes volume import {name} --force`"
     )
 }
 
