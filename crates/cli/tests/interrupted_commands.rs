@@ -240,6 +240,10 @@ fn assert_served_refused(dir: &Path, pool: &Path) {
             log.contains("volume 'v' is not served: it is marked incomplete"),
             "the server does not say why it refuses 'v':\n{log}"
         );
+        assert!(
+            log.contains("Volume 'v': not served, marked incomplete"),
+            "the banner offers the incomplete volume:\n{log}"
+        );
     });
     assert!(
         !probe.status.success(),
