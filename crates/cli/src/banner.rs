@@ -106,6 +106,14 @@ pub fn print(banner: &Banner<'_>) {
     }
     let tcp = banner.tcp.map(|(bound, tls)| (client_address(bound), tls));
     for volume in &volumes {
+        if volume.incomplete {
+            println!(
+                "Volume '{}': not served, marked incomplete (an import was cut short; the \
+                 log says what to do).",
+                volume.name
+            );
+            continue;
+        }
         println!(
             "Volume '{}' ({}):",
             volume.name,

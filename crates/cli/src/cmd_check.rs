@@ -123,6 +123,8 @@ fn repair(args: &CheckArgs, pool_path: &Path) -> Result<ExitCode> {
         apply: args.repair,
         verify_data: args.verify_data,
     };
+    // Before the open: a signal during it is seen before the repair begins.
+    crate::interrupt::install_for_command()?;
     let progress = PhaseProgress::new();
     let opened = if args.repair {
         open_pool_for_repair(pool_path, &OpenOptions::default())
@@ -132,6 +134,9 @@ fn repair(args: &CheckArgs, pool_path: &Path) -> Result<ExitCode> {
     let report = opened
         .and_then(|pool| {
             run_and_close(pool_path, pool, |pool| {
+                crate::interrupt::explain(crate::interrupt::check().map_err(Into::into), || {
+                    format!("the `check {what}` stopped before it began: nothing was checked or changed")
+                })?;
                 pool.repair(&options, &|phase, done, total| {
                     progress.show(phase, done, total)
                 })
@@ -150,7 +155,21 @@ fn repair(args: &CheckArgs, pool_path: &Path) -> Result<ExitCode> {
         });
     progress.finish();
     let report = report?;
-    Ok(print_repair(&report, args.repair, pool_path))
+    let code = print_repair(&report, args.repair, pool_path);
+    if let Err(interrupted) = crate::interrupt::check() {
+        // A repair changes the pool in memory and makes it durable in one checkpoint
+        // at its end: stopped part-way, the close would checkpoint half of it.
+        eprintln!(
+            "{}fewerbytes: {interrupted}: `check {what}` is not stopped part-way (a repair \
+             is made durable as one step at its end), so it ran to its end and its report \
+             above is whole (a second signal exits at once, before that step, leaving the \
+             pool as it was); pool {} closed cleanly.",
+            crate::logging::warning_line_prefix(),
+            pool_path.display()
+        );
+        return Ok(ExitCode::from(interrupted.exit_code()));
+    }
+    Ok(code)
 }
 
 /// Print what a repair found and did; the exit code it means.

@@ -54,6 +54,10 @@ pub fn run(args: ScrubArgs, pool_path: &Path) -> Result<ExitCode> {
     if args.rate.is_some() && !matches!(action, ScrubAction::Start) {
         bail!("--rate applies to `scrub start` only");
     }
+    if matches!(action, ScrubAction::Start) || args.wait {
+        // Before the open: a signal during it is seen by the first poll.
+        crate::interrupt::install_for_command()?;
+    }
     // A status needs no write: a pool no server holds is opened read-only for it.
     match action {
         ScrubAction::Status => inspect_pool(pool_path, |pool| drive(pool, action, &args)),
@@ -76,11 +80,14 @@ fn drive(pool: &PoolHandle, action: ScrubAction, args: &ScrubArgs) -> Result<Exi
         ScrubAction::Resume => Request::ScrubResume,
         ScrubAction::Status => Request::ScrubStatus,
     };
+    // This process's own open ends with the command: the scrub must finish first,
+    // unless a signal stops it (the pool's close ends the scrub thread).
     let mut status = call(pool, &request)?;
-    // This process's own open ends with the command: the scrub must finish first.
     let wait = args.wait || (!served && matches!(action, ScrubAction::Start));
     if wait {
         while matches!(status.state, ScrubState::Running | ScrubState::Paused) {
+            let result = crate::interrupt::check().map_err(Into::into);
+            crate::interrupt::explain(result, || stopped_sentence(&status, served))?;
             std::thread::sleep(POLL_INTERVAL);
             status = call(pool, &Request::ScrubStatus)?;
         }
@@ -98,6 +105,23 @@ fn drive(pool: &PoolHandle, action: ScrubAction, args: &ScrubArgs) -> Result<Exi
         } else {
             ExitCode::SUCCESS
         },
+    )
+}
+
+/// What a signal during the wait left: a scrub of this process's pool stops with
+/// it; a server's goes on.
+fn stopped_sentence(status: &ScrubStatus, served: bool) -> String {
+    if served {
+        return "stopped waiting for the scrub, which goes on in the server \
+                (`fewerbytes scrub status`)"
+            .into();
+    }
+    format!(
+        "the scrub stopped at {} of {} verified with {} errors found so far (stopping it \
+         changed nothing; `fewerbytes scrub` starts again from the beginning)",
+        format_size(status.bytes_verified),
+        format_size(status.bytes_total),
+        status.errors_found
     )
 }
 

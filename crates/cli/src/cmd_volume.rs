@@ -201,15 +201,24 @@ pub enum VolumeCommand {
     /// Write a raw image into a volume (created, sized to the file, if missing).
     ///
     /// qcow2, VMDK, VHD, VHDX and VDI files are refused, naming the qemu-img command
-    /// that converts them.
+    /// that converts them. The volume is marked incomplete while the import runs: one
+    /// cut short (Ctrl-C, SIGTERM, an error, a crash) leaves it marked, and `serve`
+    /// refuses to export it until --resume finishes it or --force takes it.
     Import {
         /// Volume name.
         name: String,
-        /// Raw image file (or block device).
-        file: PathBuf,
-        /// Overwrite a volume that already holds data.
+        /// Raw image file (or block device); without it, --force takes a cut-short
+        /// import's volume as it is.
+        #[arg(required_unless_present = "force")]
+        file: Option<PathBuf>,
+        /// Overwrite a volume that already holds data (or is marked incomplete);
+        /// without FILE, take a cut-short import's volume as it is.
         #[arg(long)]
         force: bool,
+        /// Continue a cut-short import from the same FILE: only the chunks the volume
+        /// does not hold yet are written.
+        #[arg(long, conflicts_with = "force", requires = "file")]
+        resume: bool,
     },
     /// Write a volume out as a raw image (sparse where the volume has holes).
     ///
@@ -611,9 +620,22 @@ pub fn run(command: VolumeCommand, pool_path: &Path) -> Result<ExitCode> {
             identities,
             anyone,
         } => allow(pool_path, &name, identities, anyone)?,
-        VolumeCommand::Import { name, file, force } => {
-            transfer::import(pool_path, &name, &file, force)?
-        }
+        VolumeCommand::Import {
+            name,
+            file,
+            force,
+            resume,
+        } => match file {
+            None => transfer::take_as_is(pool_path, &name)?,
+            Some(file) => {
+                let mode = match (force, resume) {
+                    (true, _) => transfer::ImportMode::Overwrite,
+                    (false, true) => transfer::ImportMode::Resume,
+                    (false, false) => transfer::ImportMode::Fresh,
+                };
+                transfer::import(pool_path, &name, &file, mode)?
+            }
+        },
         VolumeCommand::Export {
             name,
             file,
@@ -722,12 +744,20 @@ fn volume_table(volumes: &[VolumeInfo], bytes: bool) -> Table {
             size(volume.zero_bytes),
             size(volume.exclusive_stored_bytes),
             volume.users.to_string(),
-            match (volume.thin, volume.reserved_bytes) {
-                (false, _) => "thick",
-                (true, 0) => "thin",
-                (true, _) => "reserve",
-            }
-            .to_string(),
+            format!(
+                "{}{}",
+                match (volume.thin, volume.reserved_bytes) {
+                    (false, _) => "thick",
+                    (true, 0) => "thin",
+                    (true, _) => "reserve",
+                },
+                // A cut-short import: `serve` refuses it (`volume import --resume`).
+                if volume.incomplete {
+                    ", incomplete"
+                } else {
+                    ""
+                }
+            ),
             size(volume.reserved_bytes),
             size(volume.reserved_unused_bytes),
         ]);

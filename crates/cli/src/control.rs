@@ -792,7 +792,9 @@ impl PoolHandle {
 }
 
 /// The server holding the pool at `pool_path`, if one answers; `None` when this
-/// process may open the pool itself (refused under `--require-server`).
+/// process may open the pool itself (refused under `--require-server`), and then
+/// stops at SIGINT or SIGTERM where its stream loop polls (`interrupt`), closing the
+/// pool. For the stream commands (send, receive).
 pub fn served_or_local(pool_path: &Path) -> Result<Option<ControlClient>> {
     if let Some(client) = ControlClient::probe(pool_path)? {
         tracing::debug!("using the server on {}", client.path().display());
@@ -806,6 +808,7 @@ pub fn served_or_local(pool_path: &Path) -> Result<Option<ControlClient>> {
             control_path(pool_path)?.display()
         );
     }
+    crate::interrupt::install_for_command()?;
     Ok(None)
 }
 
@@ -924,10 +927,17 @@ pub fn run_and_close<T>(
     pool: Arc<Pool>,
     body: impl FnOnce(&Arc<Pool>) -> Result<T>,
 ) -> Result<T> {
-    let result = body(&pool);
+    let mut result = body(&pool);
     let closed = pool
         .close()
         .with_context(|| format!("could not close pool {}", pool_path.display()));
+    if let Err(e) = &mut result {
+        // The line a stopped command ends with says how the close went.
+        if let Some(interrupted) = e.downcast_mut::<crate::interrupt::Interrupted>() {
+            let how = closed.as_ref().map(|_| ()).map_err(|c| format!("{c:#}"));
+            interrupted.closed = Some((pool_path.display().to_string(), how));
+        }
+    }
     match (result, closed) {
         (Ok(value), Ok(())) => Ok(value),
         (Err(e), _) => Err(e),

@@ -143,7 +143,8 @@ pub fn export(
         }
         _ => file,
     };
-    with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
+    crate::interrupt::install_for_command()?;
+    let exported = with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
         let volume = pool.open_volume(name)?;
         let volume_bytes = volume.size_bytes();
         let damage = Damage::default();
@@ -251,6 +252,22 @@ pub fn export(
         }
         eprintln!("{}", how_to_clear(damage.first(name)));
         Ok(ExitCode::from(DAMAGE_FOUND))
+    });
+    crate::interrupt::explain(exported, || match (staged, &existing) {
+        (true, None) => format!(
+            "the export of volume '{name}' stopped; {} was not made (its partial copy \
+             was removed)",
+            file.display()
+        ),
+        (true, Some(_)) => format!(
+            "the export of volume '{name}' stopped; {} is as it was before (the partial \
+             copy was removed)",
+            file.display()
+        ),
+        (false, _) => format!(
+            "the export of volume '{name}' stopped; {} holds part of the volume at most",
+            file.display()
+        ),
     })
 }
 
@@ -378,6 +395,7 @@ fn export_stream(
     let mut out = target;
     let mut offset = 0u64;
     while offset < volume_bytes {
+        crate::interrupt::check()?;
         let len = CHUNK_BYTES.min(volume_bytes - offset);
         let chunk = &mut buffer[..len as usize];
         let data_bytes: u64 = volume
@@ -453,6 +471,7 @@ fn copy_chunks_worker(
 ) -> Result<()> {
     let mut buffer = vec![0u8; CHUNK_BYTES as usize];
     while !first_error.is_set() {
+        crate::interrupt::check()?;
         let chunk_offset = next_chunk.fetch_add(1, Ordering::SeqCst) * CHUNK_BYTES;
         if chunk_offset >= volume_bytes {
             return Ok(());

@@ -77,6 +77,17 @@ pub fn error_line_prefix() -> &'static str {
     }
 }
 
+/// What starts the line a command stopped by a signal writes last (not an error: the
+/// user asked for the stop): the journal's priority for warnings, `<4>`, when stderr
+/// goes there, else nothing.
+pub fn warning_line_prefix() -> &'static str {
+    if TO_JOURNAL.load(Ordering::Relaxed) {
+        "<4>"
+    } else {
+        ""
+    }
+}
+
 /// Install the logger for this process.
 pub fn init(level: Option<LogLevel>, format: LogFormat, default_level: &str) {
     let filter = match level {

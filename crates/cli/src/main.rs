@@ -21,6 +21,7 @@ mod exit_codes;
 mod export;
 mod homes;
 mod image_format;
+mod interrupt;
 mod logging;
 mod low_water;
 mod man_extra;
@@ -199,6 +200,14 @@ fn main() -> ExitCode {
     match pool.and_then(|pool| run(cli.command, &pool)) {
         Ok(code) => code,
         Err(error) => {
+            if let Some(interrupted) = interrupt::find(&error) {
+                eprintln!(
+                    "{}fewerbytes: {}",
+                    logging::warning_line_prefix(),
+                    interrupted_sentence(&error, interrupted)
+                );
+                return ExitCode::from(interrupted.exit_code());
+            }
             eprintln!(
                 "{}fewerbytes: error: {}",
                 logging::error_line_prefix(),
@@ -270,6 +279,23 @@ fn one_sentence(error: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// The one line of a command a signal stopped: the signal, what stopped and what it
+/// left (the context the command gave), and how the pool's close went.
+fn interrupted_sentence(error: &anyhow::Error, interrupted: &interrupt::Interrupted) -> String {
+    let mut out = interrupted.to_string();
+    for cause in error.chain() {
+        if cause.is::<interrupt::Interrupted>() {
+            break;
+        }
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+    }
+    match interrupted.closed_sentence() {
+        Some(closed) => format!("{out}; {closed}."),
+        None => format!("{out}."),
+    }
 }
 
 fn run(command: Command, pool: &PoolPath) -> Result<ExitCode> {

@@ -1,6 +1,8 @@
 //! The EXIT STATUS and EXAMPLES sections of each man page: what `--help` has no place
 //! for. `cmd_generate` refuses to write the pages while a command lacks them.
 
+use crate::exit_codes::INTERRUPTED_BY_SIGINT;
+
 /// Exit codes and what each means.
 type ExitCodes = &'static [(u8, &'static str)];
 /// A sentence saying what an example does, and the example.
@@ -25,6 +27,44 @@ const PLAIN: &[(u8, &str)] = &[
     ),
 ];
 
+/// What a command that stops at SIGINT or SIGTERM exits with (exit_codes.rs).
+const STOPPED: &str = "Stopped by SIGINT (Ctrl-C) before its end: the pool was closed, and \
+     the line \"fewerbytes: interrupted by SIGINT: ...\" says what stopped and what it left \
+     (143 for SIGTERM). A second signal exits at once with the same code.";
+
+/// A command that does its work, fails, or stops at a signal.
+const STOPPABLE: &[(u8, &str)] = &[
+    (0, "Done."),
+    (
+        1,
+        "Failed: the reason is on stderr, as \"fewerbytes: error: ...\".",
+    ),
+    (
+        2,
+        "The command line was not understood (a usage message says why).",
+    ),
+    (INTERRUPTED_BY_SIGINT, STOPPED),
+];
+
+/// `volume export`: [`STOPPABLE`], and damage found.
+const EXPORT: &[(u8, &str)] = &[
+    (0, "Done."),
+    (
+        1,
+        "Failed: the reason is on stderr, as \"fewerbytes: error: ...\".",
+    ),
+    (
+        2,
+        "The command line was not understood (a usage message says why).",
+    ),
+    (
+        4,
+        "Damaged blocks: refused (nothing written), or written as zeros with \
+         --skip-damaged; each is named on stderr.",
+    ),
+    (INTERRUPTED_BY_SIGINT, STOPPED),
+];
+
 /// `check`'s codes, as fsck's (exit_codes.rs).
 const CHECK: &[(u8, &str)] = &[
     (0, "No damage found."),
@@ -41,6 +81,12 @@ const CHECK: &[(u8, &str)] = &[
         "Not checked: no pool, the pool held by another process, --repair on a served \
          pool, or an I/O error.",
     ),
+    (
+        INTERRUPTED_BY_SIGINT,
+        "SIGINT (Ctrl-C) during --repair or --verify-data: the repair ran to its end (it is \
+         made durable in one step there), its report was printed, the pool closed (143 for \
+         SIGTERM). A second signal exits at once, the pool as before the repair.",
+    ),
 ];
 
 const SCRUB: &[(u8, &str)] = &[
@@ -55,6 +101,11 @@ const SCRUB: &[(u8, &str)] = &[
          the command failed: stderr says which.",
     ),
     (2, "The command line was not understood."),
+    (
+        INTERRUPTED_BY_SIGINT,
+        "SIGINT (Ctrl-C) while it waited: a scrub of a pool no server holds stopped and \
+         the pool was closed; a server's scrub goes on (143 for SIGTERM).",
+    ),
 ];
 
 const SERVE: &[(u8, &str)] = &[
@@ -69,7 +120,7 @@ const SERVE: &[(u8, &str)] = &[
     ),
     (2, "The command line was not understood."),
     (
-        130,
+        INTERRUPTED_BY_SIGINT,
         "A second SIGINT during a stop: exited at once (143 for SIGTERM). What clients \
          flushed is in the journal and replayed at the next start.",
     ),
@@ -203,15 +254,18 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             &[("Delete vm2, freeing the blocks only it held:", "fewerbytes --pool vms.pool volume delete vm2")],
         ),
         "volume import" => (
-            PLAIN,
-            &[("A raw image into an empty volume (pool not served):", "fewerbytes --pool vms.pool volume import vm1 disk.raw")],
+            STOPPABLE,
+            &[
+                ("A raw image into an empty volume (pool not served):", "fewerbytes --pool vms.pool volume import vm1 disk.raw"),
+                ("Continue an import Ctrl-C cut short (its volume is marked incomplete):", "fewerbytes --pool vms.pool volume import vm1 disk.raw --resume"),
+            ],
         ),
         "volume export" => (
-            PLAIN,
+            EXPORT,
             &[("A volume out to a sparse raw file (pool not served):", "fewerbytes --pool vms.pool volume export vm1 vm1.raw")],
         ),
         "volume send" => (
-            PLAIN,
+            STOPPABLE,
             &[
                 ("vm1 to another host's pool (neither pool served):", "fewerbytes --pool vms.pool volume send vm1 | ssh host2 fewerbytes --pool vms.pool volume receive vm1"),
                 ("Only what changed since the clone vm1-base both pools hold:", "fewerbytes --pool vms.pool volume send vm1 --from vm1-base > vm1.fbs"),
@@ -222,7 +276,7 @@ pub fn for_command(path: &str) -> Option<ManExtra> {
             ],
         ),
         "volume receive" => (
-            PLAIN,
+            STOPPABLE,
             &[
                 ("A stream saved to a file:", "fewerbytes --pool vms.pool volume receive vm1 < vm1.fbs"),
                 ("Continue a receive the stream cut short:", "fewerbytes --pool vms.pool volume receive vm1 --resume < vm1.fbs"),

@@ -830,6 +830,7 @@ impl Apply<'_> {
 
     fn apply_all<R: Read>(&mut self, input: &mut StreamInput<R>) -> Result<()> {
         loop {
+            crate::interrupt::check()?;
             let Some(record) = input.record(&self.header, self.saved.next_position)? else {
                 bail!(
                     "the stream is truncated: it ends after record {} (stream byte {}) without \

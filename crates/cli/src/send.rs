@@ -146,16 +146,25 @@ pub fn send(
     };
     let result = match served_or_local(pool_path)? {
         Some(client) => crate::stream_socket::send_through(&client, &request, sink, answers),
-        None => with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
-            let mut sink = sink;
-            let mut answers = answers;
-            send_from_pool(
-                pool,
-                &request,
-                &mut sink,
-                answers.as_mut().map(|a| a as &mut dyn Read),
-            )
-        }),
+        None => {
+            let sent = with_local_pool_read_only(pool_path, &OpenOptions::default(), |pool| {
+                let mut sink = sink;
+                let mut answers = answers;
+                send_from_pool(
+                    pool,
+                    &request,
+                    &mut sink,
+                    answers.as_mut().map(|a| a as &mut dyn Read),
+                )
+            });
+            crate::interrupt::explain(sent, || {
+                format!(
+                    "the send of volume '{name}' stopped part-way: the receiver got a \
+                     cut-short stream (a receive keeps what it applied and prints the \
+                     --resume-token that sends the rest)"
+                )
+            })
+        }
     };
     let result = result.map(|summary| eprintln!("{summary}"));
     if let Some(mut child) = receiver {
@@ -163,7 +172,9 @@ pub fn send(
         // error): it ends, and its status tells whether it made the volume.
         drop(child.stdin.take());
         let status = child.wait().context("could not wait for the receiver")?;
-        if !status.success() {
+        // A stop by signal is what the user asked for; the receiver's failure follows.
+        let stopped = matches!(&result, Err(e) if crate::interrupt::find(e).is_some());
+        if !status.success() && !stopped {
             bail!("the receiver failed ({status}); its error is above");
         }
         return result;
@@ -353,6 +364,7 @@ impl Emitter<'_> {
     }
 
     fn drain(&mut self) -> Result<()> {
+        crate::interrupt::check()?;
         self.out
             .write_all(&self.buffer)
             .context("could not write the stream")?;

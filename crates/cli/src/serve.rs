@@ -8,7 +8,8 @@
 //! SIGINT or SIGTERM stops accepting, closes connections, takes the final checkpoint
 //! (none when read-only) and removes the sockets; a second signal exits at once. The stop never goes through
 //! a socket's path (a signal writes to a pipe the main thread reads, and the accept
-//! loops are woken by shutdown(2) on their listening descriptors), so it works even
+//! loops are woken by shutdown(2) on their listening descriptors; `interrupt` holds the
+//! handler), so it works even
 //! when the socket files were deleted. Under a service manager, `READY=1` is sent once
 //! every socket accepts and `STOPPING=1` when the stop begins (see `notify`).
 
@@ -196,7 +197,8 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
     if !path.exists() && !pool_path.explicit {
         create_default_pool(path)?;
     }
-    let stop = signals::install().context("could not install the SIGINT/SIGTERM handlers")?;
+    let stop =
+        crate::interrupt::install().context("could not install the SIGINT/SIGTERM handlers")?;
     let options = OpenOptions {
         threads: args.threads,
         index_memory_bytes: args.index_memory,
@@ -232,7 +234,7 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
             if let Ok(mut why) = told.lock() {
                 why.clone_from(&latched.reason);
             }
-            signals::wake_fenced();
+            crate::interrupt::wake_fenced();
         }
     }));
     crate::homes::remember_id(path, pool.id());
@@ -263,8 +265,8 @@ pub fn run(args: ServeArgs, pool_path: &PoolPath) -> Result<ExitCode> {
         notifier.ready(&ready_status(path, &pool, &socket, tcp.as_deref()));
     }
     let signal = match stop.wait() {
-        signals::Woken::Signal(signal) => signal,
-        signals::Woken::Fenced => {
+        crate::interrupt::Woken::Signal(signal) => signal,
+        crate::interrupt::Woken::Fenced => {
             let why = fenced_why.lock().map(|why| why.clone()).unwrap_or_default();
             return stop_fenced(&pool, &why, server, control, watcher);
         }
@@ -441,6 +443,9 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
             bail!("--default-volume names '{name}', which is not a volume of this pool");
         }
     }
+    for volume in pool.list_volumes().iter().filter(|v| v.incomplete) {
+        tracing::warn!("{}", fewerbytes_nbd::incomplete_refusal(&volume.name));
+    }
     let tls = tls_settings(args)?;
     let tls_tcp = tls.as_ref().map_or(TlsMode::Off, |t| t.tcp);
     let config = ServerConfig {
@@ -573,112 +578,4 @@ fn clear_stale_socket(path: &Path) -> Result<()> {
     }
     std::fs::remove_file(path)
         .with_context(|| format!("could not remove stale socket {}", path.display()))
-}
-
-/// SIGINT and SIGTERM, turned into a byte on a pipe the main thread waits on.
-mod signals {
-    use std::io;
-    use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
-
-    /// The pipe's write end, for the handler (which may touch nothing but atomics
-    /// and async-signal-safe calls).
-    static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
-    /// Signals received; the second one exits at once.
-    static RECEIVED: AtomicU32 = AtomicU32::new(0);
-    /// Exit code of a second signal: 128 + its number, as a shell reports a death by
-    /// that signal (130 for SIGINT, 143 for SIGTERM).
-    const FORCED_EXIT_CODE_BASE: i32 = 128;
-
-    /// The byte `wake_fenced` writes: no signal has number 0.
-    const FENCED_BYTE: u8 = 0;
-
-    /// The read end of the self-pipe.
-    pub struct Stop {
-        read_fd: i32,
-    }
-
-    /// What woke the main thread.
-    pub enum Woken {
-        /// SIGINT or SIGTERM, by name.
-        Signal(&'static str),
-        /// The pool was taken over by another server.
-        Fenced,
-    }
-
-    /// Wake the main thread: the pool was taken over (called from the pool's latch).
-    pub fn wake_fenced() {
-        let fd = WAKE_FD.load(Ordering::SeqCst);
-        if fd >= 0 {
-            // SAFETY: one valid byte written to our own pipe; a full pipe means the
-            // main thread is already being woken.
-            unsafe { libc::write(fd, (&FENCED_BYTE as *const u8).cast(), 1) };
-        }
-    }
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        if RECEIVED.fetch_add(1, Ordering::SeqCst) >= 1 {
-            // A second signal while the clean stop is under way: the user wants out now.
-            // Nothing acknowledged is lost: flushed writes are in the journal.
-            // SAFETY: _exit(2) is async-signal-safe and takes no pointers.
-            unsafe { libc::_exit(FORCED_EXIT_CODE_BASE + signal) };
-        }
-        let fd = WAKE_FD.load(Ordering::SeqCst);
-        if fd >= 0 {
-            // The signal number fits a byte (SIGINT 2, SIGTERM 15).
-            let byte = signal as u8;
-            // SAFETY: write(2) is async-signal-safe; the buffer is one valid byte. A
-            // full pipe (signals faster than the reader) loses nothing that matters.
-            unsafe { libc::write(fd, (&byte as *const u8).cast(), 1) };
-        }
-    }
-
-    /// Install the handlers.
-    pub fn install() -> io::Result<Stop> {
-        let mut fds = [0i32; 2];
-        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        WAKE_FD.store(fds[1], Ordering::SeqCst);
-        for signal in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: a zeroed sigaction is a valid starting point; the handler is an
-            // `extern "C" fn(c_int)` as sa_sigaction expects without SA_SIGINFO.
-            let rc = unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-                action.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(signal, &action, std::ptr::null_mut())
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        Ok(Stop { read_fd: fds[0] })
-    }
-
-    impl Stop {
-        /// Block until SIGINT or SIGTERM arrives, or the pool is taken over.
-        pub fn wait(&self) -> Woken {
-            let mut byte = 0u8;
-            loop {
-                // SAFETY: reading one byte into a valid one-byte buffer from our own fd.
-                let n = unsafe { libc::read(self.read_fd, (&mut byte as *mut u8).cast(), 1) };
-                if n == 1 {
-                    return match i32::from(byte) {
-                        _ if byte == FENCED_BYTE => Woken::Fenced,
-                        libc::SIGINT => Woken::Signal("SIGINT"),
-                        libc::SIGTERM => Woken::Signal("SIGTERM"),
-                        _ => Woken::Signal("a signal"),
-                    };
-                }
-                if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                // EOF or an error on our own pipe cannot happen while WAKE_FD is open;
-                // treat it as a stop rather than spin.
-                return Woken::Signal("a stop");
-            }
-        }
-    }
 }

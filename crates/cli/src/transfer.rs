@@ -9,12 +9,13 @@
 
 use self::first_error::FirstError;
 use anyhow::{anyhow, bail, Context, Result};
-use fewerbytes_engine::{OpenOptions, Volume, BLOCK_BYTES};
+use fewerbytes_engine::{OpenOptions, Pool, Volume, BLOCK_BYTES};
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::control::{with_local_pool, Answer, ControlClient, Request};
 use crate::image_format;
@@ -37,9 +38,23 @@ pub(crate) enum Direction {
     Export,
 }
 
-/// Import `file` into volume `name`, creating the volume if it does not exist. A
-/// volume that holds data is overwritten only with `force`.
-pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<()> {
+/// What `volume import` was asked to do with a volume that exists.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ImportMode {
+    /// Into a new volume, or one that holds no data and is not marked incomplete.
+    Fresh,
+    /// Overwrite whatever the volume holds (`--force`).
+    Overwrite,
+    /// Continue a cut-short import (`--resume`): write only the chunks the volume
+    /// does not hold yet.
+    Resume,
+}
+
+/// Import `file` into volume `name`, creating the volume if it does not exist. The
+/// volume is marked incomplete (durably) before the first write and unmarked after
+/// the last flush, so an import stopped any way (a signal, an error, kill -9) leaves
+/// it marked, and `serve` refuses it until `--resume` or `--force`.
+pub fn import(pool_path: &Path, name: &str, file: &Path, mode: ImportMode) -> Result<()> {
     refuse_if_served(pool_path, name, file, Direction::Import)?;
     let source = File::open(file).with_context(|| format!("could not open {}", file.display()))?;
     let image_bytes =
@@ -47,7 +62,66 @@ pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<
     if image_bytes == 0 {
         bail!("{} is empty: there is nothing to import", file.display());
     }
-    if let Some(format) = image_format::detect(&source, image_bytes)
+    refuse_image_format(&source, image_bytes, file, name)?;
+    crate::interrupt::install_for_command()?;
+    with_local_pool(pool_path, &OpenOptions::default(), |pool| {
+        // An import is a batch job: it waits for the index the open rebuilds in the
+        // background, so every block stored before the open is found.
+        pool.wait_index_built();
+        let volume_is_zero = prepare_volume(pool, name, file, image_bytes, mode)?;
+        pool.set_volume_incomplete(name, true)
+            .with_context(|| format!("could not mark volume '{name}' incomplete"))?;
+        let source = ImportSource {
+            file: &source,
+            image_bytes,
+            volume_is_zero,
+            resume: mode == ImportMode::Resume,
+        };
+        let progress = Progress::new(image_bytes, &format!("import {name}"));
+        let counts = ImportCounts::default();
+        if let Err(e) = write_image(pool, name, &source, &progress, &counts) {
+            progress.finish_quietly();
+            return Err(e.context(format!(
+                "the import of {} into volume '{name}' stopped with {} of {} done; the \
+                 volume stays marked incomplete (serve refuses it): continue with \
+                 `fewerbytes volume import {name} {} --resume`, or take it as it is with \
+                 `fewerbytes volume import {name} --force`",
+                file.display(),
+                format_size(counts.done_bytes.load(Ordering::SeqCst)),
+                format_size(image_bytes),
+                file.display()
+            )));
+        }
+        pool.flush()
+            .context("could not flush the pool after the import")?;
+        pool.set_volume_incomplete(name, false)
+            .with_context(|| format!("could not mark volume '{name}' complete"))?;
+        // The rate is over the bytes read: holes cost no reading.
+        let read_bytes = counts.read_bytes.load(Ordering::SeqCst);
+        let kept = match mode {
+            ImportMode::Resume => format!(
+                ", {} of it held already",
+                format_size(counts.held_bytes.load(Ordering::SeqCst))
+            ),
+            _ => String::new(),
+        };
+        progress.finish(
+            &format!(
+                "Imported {} into volume '{name}' (a {} image, {} of it holes{kept})",
+                file.display(),
+                format_size(image_bytes),
+                format_size(image_bytes - read_bytes.min(image_bytes))
+            ),
+            read_bytes,
+        );
+        Ok(())
+    })
+}
+
+/// Refuse an image in a format qemu-img converts (imported raw, the volume would
+/// hold the file, not its disk).
+fn refuse_image_format(source: &File, image_bytes: u64, file: &Path, name: &str) -> Result<()> {
+    if let Some(format) = image_format::detect(source, image_bytes)
         .with_context(|| format!("could not read {}", file.display()))?
     {
         bail!(
@@ -64,78 +138,121 @@ pub fn import(pool_path: &Path, name: &str, file: &Path, force: bool) -> Result<
             file.display(),
         );
     }
+    Ok(())
+}
+
+/// Create the volume, or check that the existing one may take the image in `mode`.
+/// Returns whether it reads as zeros everywhere (so the image's holes need no writes).
+fn prepare_volume(
+    pool: &Arc<Pool>,
+    name: &str,
+    file: &Path,
+    image_bytes: u64,
+    mode: ImportMode,
+) -> Result<bool> {
+    let existing = pool.list_volumes().into_iter().find(|v| v.name == name);
+    let Some(volume) = existing else {
+        if mode == ImportMode::Resume {
+            bail!("there is no volume '{name}': no cut-short import into it to resume");
+        }
+        let size_bytes = round_up(image_bytes, BLOCK_BYTES as u64);
+        pool.create_volume(name, size_bytes)
+            .with_context(|| format!("could not create volume '{name}' for the image"))?;
+        println!("Volume '{name}' created: {}.", format_size(size_bytes));
+        return Ok(true);
+    };
+    match mode {
+        ImportMode::Resume if !volume.incomplete => bail!(
+            "volume '{name}' is not marked incomplete: no cut-short import into it to \
+             resume (pass --force instead of --resume to overwrite it)"
+        ),
+        ImportMode::Fresh if volume.incomplete => bail!(
+            "volume '{name}' is marked incomplete: an import into it was cut short. \
+             Continue it with `fewerbytes volume import {name} {} --resume`, overwrite it \
+             with --force, or take it as it is with `fewerbytes volume import {name} --force`",
+            file.display()
+        ),
+        ImportMode::Fresh if volume.logical_used_bytes > 0 => bail!(
+            "volume '{name}' already holds {} of data, which the import would \
+             overwrite; pass --force to overwrite it, or import into a new volume",
+            format_size(volume.logical_used_bytes)
+        ),
+        _ => {}
+    }
+    if volume.size_bytes < image_bytes {
+        bail!(
+            "volume '{name}' ({} bytes) is smaller than {} ({} bytes); \
+             resize it first with `fewerbytes volume resize {name} --size {}`",
+            volume.size_bytes,
+            file.display(),
+            image_bytes,
+            round_up(image_bytes, BLOCK_BYTES as u64)
+        );
+    }
+    Ok(volume.logical_used_bytes == 0)
+}
+
+/// `volume import NAME --force` with no file: take a cut-short import's volume as
+/// it is (what the import did not write reads as before it, zeros in a new volume).
+pub fn take_as_is(pool_path: &Path, name: &str) -> Result<()> {
+    if ControlClient::probe(pool_path)?.is_some() {
+        bail!(
+            "pool {} is being served: stop the server, then take volume '{name}' as it is \
+             with `fewerbytes volume import {name} --force`",
+            pool_path.display()
+        );
+    }
     with_local_pool(pool_path, &OpenOptions::default(), |pool| {
-        // An import is a batch job: it waits for the index the open rebuilds in the
-        // background, so every block stored before the open is found.
-        pool.wait_index_built();
-        // A volume that maps nothing reads as zeros everywhere: the image's holes need
-        // no writes. Otherwise (--force) they are written as zeros.
-        let mut fresh = true;
-        match pool.list_volumes().into_iter().find(|v| v.name == name) {
-            Some(volume) if volume.logical_used_bytes > 0 && !force => bail!(
-                "volume '{name}' already holds {} of data, which the import would \
-                 overwrite; pass --force to overwrite it, or import into a new volume",
-                format_size(volume.logical_used_bytes)
-            ),
-            None => {
-                let size_bytes = round_up(image_bytes, BLOCK_BYTES as u64);
-                pool.create_volume(name, size_bytes)
-                    .with_context(|| format!("could not create volume '{name}' for the image"))?;
-                println!("Volume '{name}' created: {}.", format_size(size_bytes));
-            }
-            Some(volume) if volume.size_bytes < image_bytes => bail!(
-                "volume '{name}' ({} bytes) is smaller than {} ({} bytes); \
-                 resize it first with `fewerbytes volume resize {name} --size {}`",
-                volume.size_bytes,
-                file.display(),
-                image_bytes,
-                round_up(image_bytes, BLOCK_BYTES as u64)
-            ),
-            Some(volume) => fresh = volume.logical_used_bytes == 0,
+        if pool.volume_incomplete(name) != Some(true) {
+            bail!(
+                "volume '{name}' is not marked incomplete: `volume import {name} --force` \
+                 without a FILE only takes a cut-short import as it is; name the image to \
+                 import"
+            );
         }
-        let progress = Progress::new(image_bytes, &format!("import {name}"));
-        let read_bytes = AtomicU64::new(0);
-        {
-            // The handle counts as a user of the volume: it lives only while writing.
-            let volume = pool.open_volume(name)?;
-            let next_chunk = AtomicU64::new(0);
-            let first_error = FirstError::default();
-            std::thread::scope(|scope| {
-                for _ in 0..TRANSFER_THREADS {
-                    scope.spawn(|| {
-                        let result = import_chunks(
-                            &ImportSource {
-                                file: &source,
-                                image_bytes,
-                                volume_is_zero: fresh,
-                            },
-                            &volume,
-                            &next_chunk,
-                            &first_error,
-                            &progress,
-                            &read_bytes,
-                        );
-                        first_error.record(result);
-                    });
-                }
-            });
-            first_error.into_result()?;
-        }
-        pool.flush()
-            .context("could not flush the pool after the import")?;
-        // The rate is over the bytes read: holes cost no reading.
-        let read_bytes = read_bytes.load(Ordering::SeqCst);
-        progress.finish(
-            &format!(
-                "Imported {} into volume '{name}' (a {} image, {} of it holes)",
-                file.display(),
-                format_size(image_bytes),
-                format_size(image_bytes - read_bytes.min(image_bytes))
-            ),
-            read_bytes,
+        pool.set_volume_incomplete(name, false)
+            .with_context(|| format!("could not mark volume '{name}' complete"))?;
+        println!(
+            "Volume '{name}' taken as it is: no longer marked incomplete (what the \
+             cut-short import did not write reads as it did before the import)."
         );
         Ok(())
     })
+}
+
+/// Figures the import workers share.
+#[derive(Default)]
+struct ImportCounts {
+    /// Bytes of the image read (not holes).
+    read_bytes: AtomicU64,
+    /// Bytes of the image done (written, zeroed, skipped as holes or held).
+    done_bytes: AtomicU64,
+    /// Bytes a resume found the volume held already.
+    held_bytes: AtomicU64,
+}
+
+/// Write the image with [`TRANSFER_THREADS`] workers; the first error stops them all.
+fn write_image(
+    pool: &Arc<Pool>,
+    name: &str,
+    source: &ImportSource,
+    progress: &Progress,
+    counts: &ImportCounts,
+) -> Result<()> {
+    // The handle counts as a user of the volume: it lives only while writing.
+    let volume = pool.open_volume(name)?;
+    let next_chunk = AtomicU64::new(0);
+    let first_error = FirstError::default();
+    std::thread::scope(|scope| {
+        for _ in 0..TRANSFER_THREADS {
+            scope.spawn(|| {
+                let result =
+                    import_chunks(source, &volume, &next_chunk, &first_error, progress, counts);
+                first_error.record(result);
+            });
+        }
+    });
+    first_error.into_result()
 }
 
 /// The image an import reads.
@@ -144,6 +261,8 @@ struct ImportSource<'a> {
     image_bytes: u64,
     /// The volume reads as zeros everywhere, so holes need no writes.
     volume_is_zero: bool,
+    /// A resume: a chunk the volume holds already is not written again.
+    resume: bool,
 }
 
 fn import_chunks(
@@ -152,20 +271,41 @@ fn import_chunks(
     next_chunk: &AtomicU64,
     first_error: &FirstError,
     progress: &Progress,
-    read_bytes: &AtomicU64,
+    counts: &ImportCounts,
 ) -> Result<()> {
     let mut buffer = vec![0u8; CHUNK_BYTES as usize];
+    let mut held = if source.resume {
+        vec![0u8; CHUNK_BYTES as usize]
+    } else {
+        Vec::new()
+    };
     let image_bytes = source.image_bytes;
     while !first_error.is_set() {
+        crate::interrupt::check()?;
         let offset = next_chunk.fetch_add(1, Ordering::SeqCst) * CHUNK_BYTES;
         if offset >= image_bytes {
             return Ok(());
         }
         let len = CHUNK_BYTES.min(image_bytes - offset);
-        if is_hole(source.file, offset, len) {
+        let padded = round_up(len, SECTOR_BYTES) as usize;
+        let hole = is_hole(source.file, offset, len);
+        let chunk = &mut buffer[..padded];
+        if hole {
+            chunk.fill(0);
+        } else {
+            source
+                .file
+                .read_exact_at(&mut chunk[..len as usize], offset)
+                .with_context(|| format!("could not read the image at offset {offset}"))?;
+            counts.read_bytes.fetch_add(len, Ordering::Relaxed);
+            chunk[len as usize..].fill(0);
+        }
+        if source.resume && holds(volume, offset, &mut held[..padded], chunk)? {
+            counts.held_bytes.fetch_add(len, Ordering::Relaxed);
+        } else if hole {
             if !source.volume_is_zero {
                 volume
-                    .write_zeroes(offset, round_up(len, SECTOR_BYTES), false)
+                    .write_zeroes(offset, padded as u64, false)
                     .with_context(|| {
                         format!(
                             "could not zero volume '{}' at offset {offset}",
@@ -173,26 +313,29 @@ fn import_chunks(
                         )
                     })?;
             }
-            progress.advance(len);
-            continue;
+        } else {
+            volume.write(offset, chunk, false).with_context(|| {
+                format!(
+                    "could not write volume '{}' at offset {offset}",
+                    volume.name()
+                )
+            })?;
         }
-        let padded = round_up(len, SECTOR_BYTES) as usize;
-        let chunk = &mut buffer[..padded];
-        source
-            .file
-            .read_exact_at(&mut chunk[..len as usize], offset)
-            .with_context(|| format!("could not read the image at offset {offset}"))?;
-        read_bytes.fetch_add(len, Ordering::Relaxed);
-        chunk[len as usize..].fill(0);
-        volume.write(offset, chunk, false).with_context(|| {
-            format!(
-                "could not write volume '{}' at offset {offset}",
-                volume.name()
-            )
-        })?;
+        counts.done_bytes.fetch_add(len, Ordering::Relaxed);
         progress.advance(len);
     }
     Ok(())
+}
+
+/// Whether the volume holds `chunk` at `offset` already (read into `held`).
+fn holds(volume: &Volume, offset: u64, held: &mut [u8], chunk: &[u8]) -> Result<bool> {
+    volume.read(offset, held).with_context(|| {
+        format!(
+            "could not read volume '{}' at offset {offset} to compare it with the image",
+            volume.name()
+        )
+    })?;
+    Ok(held == chunk)
 }
 
 /// Whether `len` bytes of `file` at `offset` are a hole, by `SEEK_DATA`: the next data

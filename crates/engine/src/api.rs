@@ -345,6 +345,10 @@ pub struct VolumeInfo {
     /// Limited to the TLS identities of the pool's allow list (`volume allow`).
     #[serde(default)]
     pub limited: bool,
+    /// An import into it began and has not ended: it may hold part of its image,
+    /// and `serve` refuses to export it (`volume import --resume` or `--force`).
+    #[serde(default)]
+    pub incomplete: bool,
     /// Writes to it refused with the no-space error (ENOSPC) since the pool was
     /// opened (0 from a pool opened only to look).
     #[serde(default)]

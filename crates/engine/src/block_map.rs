@@ -65,6 +65,9 @@ pub struct VolumeState {
     /// Limited to the TLS identities of the allow list (the catalog's flag, for
     /// the server's access check; the engine does not enforce it).
     limited: AtomicBool,
+    /// An import into it began and has not ended (the catalog's flag, for the
+    /// server's refusal to export it; the engine does not enforce it).
+    incomplete: AtomicBool,
     /// Entries mapped to objects.
     mapped: AtomicI64,
     /// Entries mapped to zero.
@@ -110,6 +113,16 @@ impl VolumeState {
         self.limited.store(limited, Ordering::Release);
     }
 
+    /// Whether an import into the volume began and has not ended.
+    pub fn incomplete(&self) -> bool {
+        self.incomplete.load(Ordering::Acquire)
+    }
+
+    /// Mark the volume incomplete (or not), in memory; a checkpoint makes it durable.
+    pub fn set_incomplete(&self, incomplete: bool) {
+        self.incomplete.store(incomplete, Ordering::Release);
+    }
+
     /// A volume with an empty map of `size_blocks`.
     pub fn new(slot: u16, id: u64, name: String, size_blocks: u64) -> Self {
         VolumeState {
@@ -126,6 +139,7 @@ impl VolumeState {
             users: AtomicU32::new(0),
             deleted: AtomicBool::new(false),
             limited: AtomicBool::new(false),
+            incomplete: AtomicBool::new(false),
             mapped: AtomicI64::new(0),
             zeros: AtomicI64::new(0),
             counters: Counters::default(),

@@ -704,6 +704,7 @@ fn snapshot(inner: &Inner) -> Result<Snapshot> {
             reservation_bytes,
             thin,
             limited: vol.limited(),
+            incomplete: vol.incomplete(),
             lineage: vol.lineage(),
             origin: vol.origin().unwrap_or(0),
             snapshot: vol.is_snapshot(),

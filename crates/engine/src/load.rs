@@ -609,6 +609,7 @@ pub(crate) fn load(
                 record.size_bytes / BLOCK_BYTES as u64,
             ));
             vol.set_limited(record.limited);
+            vol.set_incomplete(record.incomplete);
             vol.set_lineage(record.lineage);
             let vol = Arc::into_inner(vol)
                 .ok_or_else(|| corrupt("a volume loaded is held elsewhere".into()))?

@@ -1052,6 +1052,23 @@ impl Pool {
         self.inner.volumes.by_name(name).ok().map(|v| v.limited())
     }
 
+    /// Mark a volume incomplete while an import writes it, or complete again; the
+    /// catalog records it (a volume flag), so an import killed part-way leaves its
+    /// volume marked, and a server refuses to export it. Durable on return.
+    pub fn set_volume_incomplete(&self, name: &str, incomplete: bool) -> Result<VolumeInfo> {
+        crate::volume_ops::set_incomplete(&self.inner, name, incomplete)
+    }
+
+    /// Whether volume `name` is marked incomplete (`None`: no such volume); cheap,
+    /// for every export a client opens.
+    pub fn volume_incomplete(&self, name: &str) -> Option<bool> {
+        self.inner
+            .volumes
+            .by_name(name)
+            .ok()
+            .map(|v| v.incomplete())
+    }
+
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a
     /// checkpoint taken with the gate held, as every volume operation is, so a crash
     /// leaves the old name or the new one, never both. A volume with open handles

@@ -582,6 +582,7 @@ mod tests {
             reservation_bytes,
             thin,
             limited: false,
+            incomplete: false,
             lineage: id,
             origin: 0,
             snapshot: false,

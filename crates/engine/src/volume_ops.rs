@@ -55,6 +55,7 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         map_pages,
         map_memory_bytes,
         limited: v.limited(),
+        incomplete: v.incomplete(),
         no_space_refusals: v.counters().no_space_refusals(),
         damaged_ranges: v.damaged_ranges(),
         snapshot_of: v.origin().map(|_| {
@@ -369,6 +370,7 @@ pub(crate) fn clone_named(
     let vol = i.volumes.make(dst, size_blocks)?;
     // The copy holds the same bytes: it keeps its source's limit.
     vol.set_limited(source.limited());
+    vol.set_incomplete(source.incomplete());
     let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &copied)?;
     i.volumes.reservations().set(vol.id(), p);
@@ -513,6 +515,7 @@ pub(crate) fn snapshot(
         .volumes
         .make_snapshot(snapshot, source.size_blocks(), source.id(), guid)?;
     vol.set_limited(source.limited());
+    vol.set_incomplete(source.incomplete());
     let copied = vol.share_map_from(&source, i.volumes.shares(), i.checkpointer.dirty_pages());
     i.depot.add_references(&i.devices, &copied)?;
     i.volumes.reservations().set(vol.id(), Provisioning::THIN);
@@ -585,6 +588,30 @@ pub(crate) fn set_limited(inner: &Inner, name: &str, limited: bool) -> Result<Vo
     vol.set_limited(limited);
     if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
         vol.set_limited(before);
+        return Err(e);
+    }
+    Ok(info(inner, &vol))
+}
+
+/// Mark a volume incomplete (an import into it begins), or complete (the import
+/// ended, or is taken as it is). Durable on return, as every volume change, so a
+/// killed import leaves the mark; on a failed checkpoint the flag is as before.
+pub(crate) fn set_incomplete(inner: &Inner, name: &str, incomplete: bool) -> Result<VolumeInfo> {
+    let i = inner;
+    i.devices.ensure_writable()?;
+    let _ck = i.checkpointer.serialize();
+    let gate = i.locks.exclusive();
+    let vol = i.volumes.by_name(name)?;
+    if incomplete {
+        refuse_snapshot(inner, &vol, "imported into")?;
+    }
+    let before = vol.incomplete();
+    if before == incomplete {
+        return Ok(info(inner, &vol));
+    }
+    vol.set_incomplete(incomplete);
+    if let Err(e) = crate::checkpoint::checkpoint_locked(i, gate, true) {
+        vol.set_incomplete(before);
         return Err(e);
     }
     Ok(info(inner, &vol))

@@ -32,6 +32,12 @@ pub const VOLUME_FLAG_LIMITED: u32 = 2;
 /// Volume flag (lineage streams only): the volume is a snapshot of its origin, a
 /// point in time that is never written.
 pub const VOLUME_FLAG_SNAPSHOT: u32 = 4;
+/// Volume flag (version 2 and later): an import into the volume began and has not
+/// ended (`volume import`), so it may hold part of its image; a server refuses to
+/// export it until the import is resumed or taken as it is. Set durably before the
+/// import writes, cleared after its last flush. Older readers refuse the bit
+/// (unknown flags), so they cannot serve the half-written disk.
+pub const VOLUME_FLAG_INCOMPLETE: u32 = 8;
 /// Longest volume name in bytes.
 pub const MAX_NAME_BYTES: usize = 64;
 /// Most volumes a pool holds (a volume slot is a u16 in journal records).
@@ -54,6 +60,8 @@ pub struct VolumeRecord {
     pub thin: bool,
     /// Limited to some TLS identities (version 2; version 1: false).
     pub limited: bool,
+    /// An import into it began and has not ended (version 2; version 1: false).
+    pub incomplete: bool,
     /// The owner its map pages name: its own id for a volume made empty, its
     /// source's lineage for a clone, a snapshot or a rollback, whose map pages it
     /// shares (lineage streams; otherwise its id).
@@ -257,7 +265,12 @@ impl Catalog {
                 let thin = if v.thin { VOLUME_FLAG_THIN } else { 0 };
                 let limited = if v.limited { VOLUME_FLAG_LIMITED } else { 0 };
                 let snapshot = if v.snapshot { VOLUME_FLAG_SNAPSHOT } else { 0 };
-                w.u32(thin | limited | snapshot);
+                let incomplete = if v.incomplete {
+                    VOLUME_FLAG_INCOMPLETE
+                } else {
+                    0
+                };
+                w.u32(thin | limited | snapshot | incomplete);
             }
             if lineage {
                 w.u64(v.lineage);
@@ -355,11 +368,12 @@ impl Catalog {
             })?;
             let id = r.u64()?;
             let size_bytes = r.u64()?;
-            let (reservation_bytes, thin, limited, snapshot) = if v2 {
+            let (reservation_bytes, flags) = if v2 {
                 let reservation_bytes = r.u64()?;
                 let flags = r.u32()?;
                 let known = VOLUME_FLAG_THIN
                     | VOLUME_FLAG_LIMITED
+                    | VOLUME_FLAG_INCOMPLETE
                     | if lineage { VOLUME_FLAG_SNAPSHOT } else { 0 };
                 if flags & !known != 0 {
                     return Err(FormatError::Invalid {
@@ -367,15 +381,17 @@ impl Catalog {
                         reason: format!("volume '{name}' has unknown flags {flags:#x}"),
                     });
                 }
-                (
-                    reservation_bytes,
-                    flags & VOLUME_FLAG_THIN != 0,
-                    flags & VOLUME_FLAG_LIMITED != 0,
-                    flags & VOLUME_FLAG_SNAPSHOT != 0,
-                )
+                (reservation_bytes, flags)
             } else {
-                (size_bytes, false, false, false)
+                // Version 1 has no flags: thick, open to all, complete.
+                (size_bytes, 0)
             };
+            let flag = |bit: u32| flags & bit != 0;
+            let (thin, limited, snapshot) = (
+                flag(VOLUME_FLAG_THIN),
+                flag(VOLUME_FLAG_LIMITED),
+                flag(VOLUME_FLAG_SNAPSHOT),
+            );
             let (lineage_id, origin, created, guid) = if lineage {
                 (r.u64()?, r.u64()?, r.u32()?, r.u64()?)
             } else {
@@ -396,6 +412,7 @@ impl Catalog {
                 reservation_bytes,
                 thin,
                 limited,
+                incomplete: flag(VOLUME_FLAG_INCOMPLETE),
                 lineage: lineage_id,
                 origin,
                 snapshot,
@@ -459,6 +476,7 @@ mod tests {
                 reservation_bytes: if v2 { 1 << 20 } else { 1 << 30 },
                 thin: v2,
                 limited: v2,
+                incomplete: v2,
                 lineage: 4,
                 origin: 0,
                 snapshot: false,
@@ -488,8 +506,11 @@ mod tests {
         let mut bytes = c.encode();
         // The volume's flags: after its slot, name, id, size and reservation.
         let at = bytes.len() - (8 + TWIN_REF_BYTES) - 4;
-        assert_eq!(bytes[at], (VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED) as u8);
-        bytes[at] |= 4;
+        assert_eq!(
+            bytes[at],
+            (VOLUME_FLAG_THIN | VOLUME_FLAG_LIMITED | VOLUME_FLAG_INCOMPLETE) as u8
+        );
+        bytes[at] |= 16;
         assert!(matches!(
             Catalog::decode(&bytes),
             Err(FormatError::Invalid { .. })
@@ -534,6 +555,7 @@ mod tests {
                     reservation_bytes: 0,
                     thin: false,
                     limited: true,
+                    incomplete: true,
                     lineage: i as u64,
                     origin: 0,
                     snapshot: false,

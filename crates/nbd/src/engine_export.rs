@@ -122,6 +122,12 @@ impl ExportProvider for PoolExports {
     }
 
     fn open(&self, name: &str) -> Result<Arc<dyn Export>, String> {
+        if self.pool.volume_incomplete(name) == Some(true) {
+            // A cut-short import: a guest booted from it would read part of a disk.
+            let why = incomplete_refusal(name);
+            tracing::warn!("{why}");
+            return Err(why);
+        }
         match self.pool.open_volume(name) {
             Ok(volume) => Ok(Arc::new(VolumeExport {
                 volume: Arc::new(volume),
@@ -131,6 +137,16 @@ impl ExportProvider for PoolExports {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// Why a volume marked incomplete is not served, and what makes it servable.
+pub fn incomplete_refusal(name: &str) -> String {
+    format!(
+        "volume '{name}' is not served: it is marked incomplete (an import into it was \
+         cut short, so it may hold only part of its image); stop the server, then finish \
+         it with `fewerbytes volume import {name} FILE --resume` or take it as it is with \
+         `fewerbytes volume import {name} --force`"
+    )
 }
 
 /// One connection's handle on a volume.

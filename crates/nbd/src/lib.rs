@@ -48,7 +48,7 @@ pub use config::{
     PAYLOAD_COMPLETION_RESERVE_BYTES, PAYLOAD_PIECE_BYTES, PAYLOAD_TIMEOUT, REPLY_WRITE_TIMEOUT,
     SHUTDOWN_GRACE, WORKERS_PER_CONNECTION_MAX,
 };
-pub use engine_export::pool_exports;
+pub use engine_export::{incomplete_refusal, pool_exports};
 pub use export::{
     Bitmap, Export, ExportDesc, ExportProvider, EINVAL, EIO, ENOMEM, ENOSPC, ENOTSUP, EOVERFLOW,
     EPERM, ESHUTDOWN,
