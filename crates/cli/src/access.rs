@@ -6,7 +6,8 @@
 //! `{"volumes": {"vm1": ["alice", "bob"]}}`: a volume limited or named there opens
 //! only for a client whose TLS identity (PSK identity, or the subject CN of a client
 //! certificate `serve --tls-verify-peer` verified) is in its list; any other volume
-//! opens for any client the server lets in. `volume create --allow`, `volume allow`,
+//! opens for any client the server lets in. A snapshot `VOLUME@SNAP` has no rule of
+//! its own: it opens exactly for whom VOLUME does now. `volume create --allow`, `volume allow`,
 //! `rename`, `clone` and `delete` keep both up to date; `serve` reads the file again
 //! whenever it changes, so a change holds for the next client without a restart.
 //!
@@ -39,7 +40,7 @@ use std::sync::OnceLock;
 use crate::homes::with_suffix;
 
 mod policy;
-pub use policy::{check_at_start, AllowFile};
+pub use policy::{check_at_start, ruled_by, AllowFile};
 
 /// The file's contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
