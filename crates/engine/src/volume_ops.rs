@@ -451,10 +451,11 @@ pub(crate) fn snapshot(
     }
     settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
-    // A snapshot taken here gets an identity no other pool's can have: from the
-    // pool's nonce and the snapshot's id. A received one keeps the sender's.
+    // A snapshot taken here gets an identity no other pool's can have, which no one
+    // can compute without the pool's secret (`PoolGeometry::snapshot_guid`). A
+    // received one keeps the sender's.
     let id = i.volumes.next_id();
-    let guid = guid.unwrap_or_else(|| snapshot_guid(inner.geometry.nonce(), id));
+    let guid = guid.unwrap_or_else(|| inner.geometry.snapshot_guid(id));
     let vol = i
         .volumes
         .make_snapshot(snapshot, source.size_blocks(), source.id(), guid)?;
@@ -465,18 +466,6 @@ pub(crate) fn snapshot(
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
-}
-
-/// A new snapshot's identity: a keyed hash of the pool's nonce and the snapshot's
-/// volume id (never 0, which means none).
-fn snapshot_guid(nonce: u64, id: u64) -> u64 {
-    let mut input = [0u8; 16];
-    input[..8].copy_from_slice(&nonce.to_le_bytes());
-    input[8..].copy_from_slice(&id.to_le_bytes());
-    let hash = blake3::hash(&input);
-    let mut low = [0u8; 8];
-    low.copy_from_slice(&hash.as_bytes()[..8]);
-    u64::from_le_bytes(low).max(1)
 }
 
 /// The snapshots of volume `name`, oldest first.
