@@ -276,6 +276,11 @@ fn a_snapshot_is_limited_exactly_as_its_volume_is_now() {
     assert!(!opens(&server, "bob", "secret@s1", &keys));
     let shown = server.cli_ok(&["volume", "allow", "secret@s1"]);
     assert!(shown.stdout.contains("alice"), "{}", shown.report());
+    let listed = server.cli_ok(&["volume", "snapshot", "list", "secret", "--json"]);
+    let snapshots: serde_json::Value = serde_json::from_str(&listed.stdout).expect("JSON");
+    for snapshot in snapshots.as_array().expect("a list") {
+        assert_eq!(snapshot["limited"], true, "{snapshot}");
+    }
     // Lifting the volume's limit opens its snapshots too.
     server.cli_ok(&["volume", "allow", "secret", "--anyone"]);
     assert!(

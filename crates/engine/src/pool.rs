@@ -1022,9 +1022,15 @@ impl Pool {
     }
 
     /// Whether volume `name` is limited (`None`: no such volume); cheap, for every
-    /// client's access check.
+    /// client's access check. A snapshot `VOLUME@SNAP` is limited exactly as VOLUME is
+    /// now, whenever either the snapshot or the limit was made.
     pub fn volume_limited(&self, name: &str) -> Option<bool> {
-        self.inner.volumes.by_name(name).ok().map(|v| v.limited())
+        let volumes = &self.inner.volumes;
+        let found = volumes.by_name(name).ok()?;
+        match name.split_once('@') {
+            Some((of, _)) => volumes.by_name(of).ok().map(|v| v.limited()),
+            None => Some(found.limited()),
+        }
     }
 
     /// Rename a volume. Nothing moves: the catalog names it anew, made durable by a

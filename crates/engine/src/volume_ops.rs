@@ -41,6 +41,16 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
     let (reserved_bytes, reserved_unused_bytes, thin) =
         crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
     let (map_pages, map_memory_bytes) = v.map_memory();
+    let snapshot_of = v.origin().map(|_| {
+        let full = inner.volumes.full_name(v);
+        full.split_once('@')
+            .map_or(full.clone(), |(of, _)| of.to_string())
+    });
+    // A snapshot is limited exactly as its volume is now (`Pool::volume_limited`).
+    let limited = snapshot_of
+        .as_deref()
+        .and_then(|of| inner.volumes.by_name(of).ok())
+        .map_or(v.limited(), |of| of.limited());
     VolumeInfo {
         name: inner.volumes.full_name(v),
         id: v.id(),
@@ -54,14 +64,10 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         thin,
         map_pages,
         map_memory_bytes,
-        limited: v.limited(),
+        limited,
         no_space_refusals: v.counters().no_space_refusals(),
         damaged_ranges: v.damaged_ranges(),
-        snapshot_of: v.origin().map(|_| {
-            let full = inner.volumes.full_name(v);
-            full.split_once('@')
-                .map_or(full.clone(), |(of, _)| of.to_string())
-        }),
+        snapshot_of,
         created: u64::from(v.created()),
         guid: (v.guid() != 0).then(|| format!("{:016x}", v.guid())),
     }
