@@ -6,7 +6,8 @@
 //! `{"volumes": {"vm1": ["alice", "bob"]}}`: a volume limited or named there opens
 //! only for a client whose TLS identity (PSK identity, or the subject CN of a client
 //! certificate `serve --tls-verify-peer` verified) is in its list; any other volume
-//! opens for any client the server lets in. `volume create --allow`, `volume allow`,
+//! opens for any client the server lets in. A snapshot `VOLUME@SNAP` has no rule of
+//! its own: it opens exactly for whom VOLUME does now. `volume create --allow`, `volume allow`,
 //! `rename`, `clone` and `delete` keep both up to date; `serve` reads the file again
 //! whenever it changes, so a change holds for the next client without a restart.
 //!
@@ -31,15 +32,15 @@
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::homes::with_suffix;
 
 mod policy;
-pub use policy::{check_at_start, AllowFile};
+pub use policy::{check_at_start, ruled_by, AllowFile};
 
 /// The file's contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,53 +262,15 @@ pub fn update(path: &Path, pool_id: &str, change: impl FnOnce(&mut AllowList)) -
     }
     let mut text = serde_json::to_vec_pretty(&list)?;
     text.push(b'\n');
-    let (staging, mut file) = create_staging(path)?;
-    let written = file.write_all(&text).and_then(|()| file.sync_all());
-    let replaced = written
-        .with_context(|| format!("could not write {}", staging.display()))
-        .and_then(|()| {
-            std::fs::rename(&staging, path)
-                .with_context(|| format!("could not replace {}", path.display()))
-        });
-    if let Err(e) = replaced {
-        let _ = std::fs::remove_file(&staging);
-        return Err(e);
-    }
-    dir_file
-        .sync_all()
-        .with_context(|| format!("could not sync {}", dir.display()))?;
-    Ok(())
+    fewerbytes_engine::companion::replace_file(path, &text)
+        .with_context(|| format!("could not change the allow file {}", path.display()))
 }
 
-/// A new file beside `path` to stage its next contents: a random name, created with
-/// `O_EXCL | O_NOFOLLOW` (a file or link someone placed there is never opened) and
-/// mode 0600. Retries a few names, in case one was taken.
+/// A new file beside `path` to stage its next contents
+/// (`fewerbytes_engine::companion::create_staging`: a random name, `O_EXCL |
+/// O_NOFOLLOW`, mode 0600).
 pub(crate) fn create_staging(path: &Path) -> Result<(PathBuf, std::fs::File)> {
-    use std::hash::{BuildHasher, Hasher};
-    let mut last = None;
-    for attempt in 0..8u32 {
-        // RandomState is seeded from the OS's random source: the name cannot be
-        // guessed before it is made.
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u32(attempt);
-        hasher.write_u32(std::process::id());
-        let staging = with_suffix(path, &format!(".{:016x}.new", hasher.finish()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&staging)
-        {
-            Ok(file) => return Ok((staging, file)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => {
-                return Err(e).with_context(|| format!("could not create {}", staging.display()))
-            }
-        }
-    }
-    Err(last.unwrap_or_else(|| std::io::Error::other("no attempt made")))
-        .with_context(|| format!("could not create a new file beside {}", path.display()))
+    Ok(fewerbytes_engine::companion::create_staging(path)?)
 }
 
 /// TLS identities as a command line gives them (`alice,bob`).
@@ -327,6 +290,8 @@ pub fn parse_identities(text: &str) -> Result<Identities, String> {
 mod tests {
     use super::*;
     use fewerbytes_nbd::AccessPolicy;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
 
     const POOL: &str = "00000000000000a1";
     const OTHER_POOL: &str = "00000000000000b3";

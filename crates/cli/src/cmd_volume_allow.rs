@@ -17,6 +17,20 @@ pub(crate) fn allow(
     anyone: bool,
 ) -> Result<()> {
     let identities = identities.map(|i| i.0);
+    let volume = access::ruled_by(name);
+    if volume != name {
+        if identities.is_some() || anyone {
+            bail!(
+                "'{name}' is a snapshot: it opens exactly for whom volume '{volume}' does, \
+                 so change the volume's limit (`volume allow {volume} ID,…` or `--anyone`)"
+            );
+        }
+        if !snapshot_exists(pool_path, name)? {
+            bail!("no snapshot named '{name}' in this pool");
+        }
+        println!("Snapshot '{name}' opens exactly for whom volume '{volume}' does:");
+        return allow(pool_path, volume, None, false);
+    }
     let pool_id = access::pool_id(pool_path)?;
     let path = match identities {
         Some(_) => access::allow_path_to_write(pool_path)?,
@@ -75,6 +89,26 @@ pub(crate) fn allow(
         }
     }
     Ok(())
+}
+
+/// Whether the pool holds the snapshot `VOLUME@SNAPSHOT` `full_name` names.
+fn snapshot_exists(pool_path: &Path, full_name: &str) -> Result<bool> {
+    let Some((volume, _)) = full_name.split_once('@') else {
+        return Ok(false);
+    };
+    if !volume_exists(pool_path, volume) {
+        return Ok(false);
+    }
+    let request = Request::ListSnapshots {
+        name: volume.to_string(),
+    };
+    let answer = crate::control::inspect_pool(pool_path, |pool| pool.call(&request))?;
+    match answer {
+        crate::control::Answer::Volumes(snapshots) => {
+            Ok(snapshots.iter().any(|s| s.name == full_name))
+        }
+        other => bail!("unexpected answer to snapshot list: {other:?}"),
+    }
 }
 
 /// Set or lift the pool's own mark that `name` is limited.

@@ -33,6 +33,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+use crate::socket_trust::{check_owner, check_peer, trusted_uids};
+
 /// Which pool a name leads to: device and inode of a regular file, or `u64::MAX` and
 /// the device number of a block device (whatever node names it); for a pool that is
 /// not a file (an RBD image), its id from its super block, with `dev` and `ino` 0.
@@ -588,6 +590,10 @@ pub fn control_path(pool_path: &Path) -> Result<PathBuf> {
 pub struct ControlClient {
     path: PathBuf,
     pool: PoolIdentity,
+    /// The pool's name, for the words of a refusal.
+    pool_path: PathBuf,
+    /// Who may answer on the socket (`socket_trust`): checked on every connection.
+    trusted: Vec<u32>,
 }
 
 impl ControlClient {
@@ -595,15 +601,16 @@ impl ControlClient {
     /// `pool_path`. A socket file that nobody answers on is stale (a server that was
     /// killed): it is removed. A server of another pool (the one that was at this
     /// path before it was renamed) is left alone, and `None` returned: the command
-    /// then opens the pool at the path itself.
+    /// then opens the pool at the path itself. A server that runs as neither root
+    /// nor the pool's owner, or a stale socket file of another user, is refused
+    /// (`socket_trust`) before anything is sent or removed.
     pub fn probe(pool_path: &Path) -> Result<Option<ControlClient>> {
         let path = control_path(pool_path)?;
-        match UnixStream::connect(&path) {
-            Ok(_) => {}
+        let stream = match UnixStream::connect(&path) {
+            Ok(stream) => stream,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::info!("removing stale control socket {}", path.display());
-                remove_stale_socket(&path)?;
+                remove_stale_socket(&path, pool_path)?;
                 return Ok(None);
             }
             Err(e) => {
@@ -611,12 +618,20 @@ impl ControlClient {
                     format!("could not reach the control socket {}", path.display())
                 })
             }
-        }
+        };
         // No file at the path: no pool there, whoever answers on the socket.
         let Ok(pool) = PoolIdentity::of(pool_path) else {
             return Ok(None);
         };
-        let client = ControlClient { path, pool };
+        let trusted = trusted_uids(pool_path)?;
+        check_peer(&stream, &path, pool_path, &trusted)?;
+        drop(stream);
+        let client = ControlClient {
+            path,
+            pool,
+            pool_path: pool_path.to_path_buf(),
+            trusted,
+        };
         match client.call(&Request::Ping) {
             Ok(_) => Ok(Some(client)),
             Err(e) if e.downcast_ref::<WrongPool>().is_some() => {
@@ -637,10 +652,8 @@ impl ControlClient {
     /// (`stream_socket`). Returns the connection's reading side (which may hold
     /// the first frames already) and its writing side.
     pub fn open_stream(&self, request: &Request) -> Result<(BufReader<UnixStream>, UnixStream)> {
-        let stream = UnixStream::connect(&self.path)
-            .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
         let stream = send_envelope(
-            stream,
+            self.connect()?,
             &Envelope {
                 pool: Some(self.pool.clone()),
                 request: request.clone(),
@@ -661,16 +674,25 @@ impl ControlClient {
 
     /// Send one request and wait for its reply.
     pub fn call(&self, request: &Request) -> Result<Answer> {
-        let stream = UnixStream::connect(&self.path)
-            .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
         exchange(
-            stream,
+            self.connect()?,
             &self.path,
             &Envelope {
                 pool: Some(self.pool.clone()),
                 request: request.clone(),
             },
         )
+    }
+}
+
+impl ControlClient {
+    /// A new connection to the server, whose user is checked before anything is
+    /// sent: the socket may have been replaced since the probe.
+    fn connect(&self) -> Result<UnixStream> {
+        let stream = UnixStream::connect(&self.path)
+            .with_context(|| format!("the server on {} stopped answering", self.path.display()))?;
+        check_peer(&stream, &self.path, &self.pool_path, &self.trusted)?;
+        Ok(stream)
     }
 }
 
@@ -730,6 +752,9 @@ pub fn served_pool(socket: &Path) -> Result<ServedPool> {
             socket.display()
         )
     })?;
+    let peer = stream
+        .try_clone()
+        .context("could not duplicate the control connection")?;
     let envelope = Envelope {
         pool: None,
         request: Request::WhichPool,
@@ -746,6 +771,9 @@ pub fn served_pool(socket: &Path) -> Result<ServedPool> {
             socket.display()
         );
     };
+    // Asking which pool carries nothing; what follows goes only to a server run by
+    // root or the owner of the pool it names.
+    check_peer(&peer, socket, &served.path, &trusted_uids(&served.path)?)?;
     match PoolIdentity::of(&served.path) {
         Ok(identity) if identity == served.identity => Ok(served),
         found => bail!(
@@ -762,7 +790,18 @@ pub fn served_pool(socket: &Path) -> Result<ServedPool> {
     }
 }
 
-fn remove_stale_socket(path: &Path) -> Result<()> {
+/// Remove a control socket nobody answers on (a server that was killed), if root or
+/// the pool's owner made it (without a pool to ask, this user).
+fn remove_stale_socket(path: &Path, pool_path: &Path) -> Result<()> {
+    let trusted = trusted_uids(pool_path).unwrap_or_else(|_| {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        vec![0, unsafe { libc::geteuid() }]
+    });
+    if std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+        return Ok(());
+    }
+    check_owner(path, pool_path, &trusted)?;
+    tracing::info!("removing stale control socket {}", path.display());
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

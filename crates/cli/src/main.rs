@@ -31,6 +31,7 @@ mod receive;
 mod send;
 mod serve;
 mod size;
+mod socket_trust;
 mod stream_request;
 mod stream_serve;
 mod stream_socket;

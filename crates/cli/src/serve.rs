@@ -19,6 +19,8 @@ use fewerbytes_engine::{CreateOptions, EngineError, OpenOptions, Pool, SavedInde
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
+
+use crate::socket_trust::trusted_uids;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -401,24 +403,6 @@ struct Started {
     low_water: Arc<LowWater>,
 }
 
-/// The uids whose connections take the slots kept for trusted peers: root, and the
-/// pool file's owner (who can read the pool anyway); for a pool that is not a file (an
-/// RBD image), the server's own user (whose Ceph key reaches the image).
-fn trusted_uids(pool_path: &Path) -> Result<Vec<u32>> {
-    use std::os::unix::fs::MetadataExt;
-    let owner = if crate::homes::is_elsewhere(pool_path) {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() }
-    } else {
-        std::fs::metadata(pool_path)
-            .with_context(|| format!("could not read the owner of {}", pool_path.display()))?
-            .uid()
-    };
-    let mut uids = vec![0, owner];
-    uids.dedup();
-    Ok(uids)
-}
-
 /// Who may open which volume: the pool's flags and its allow file, checked now (the
 /// log names each limited volume that stays closed, and why). The policy holds the
 /// pool weakly: the server must not keep it open past its close; a pool gone is closed.
@@ -470,7 +454,7 @@ fn start(args: &ServeArgs, pool_path: &Path, pool: &Arc<Pool>) -> Result<Started
     )
     .context("could not resolve the socket path")?;
     crate::homes::make_home(pool_path, &socket)?;
-    clear_stale_socket(&socket)?;
+    clear_stale_socket(&socket, pool_path)?;
     server
         .listen_unix(&socket)
         .with_context(|| format!("could not listen on {}", socket.display()))?;
@@ -557,8 +541,9 @@ fn create_default_pool(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Remove a socket file nobody listens on; refuse one a live server answers on.
-fn clear_stale_socket(path: &Path) -> Result<()> {
+/// Remove a socket file nobody listens on, made by root or the pool's owner; refuse
+/// one a live server answers on, and one another user made (`socket_trust`).
+fn clear_stale_socket(path: &Path, pool_path: &Path) -> Result<()> {
     let metadata = match std::fs::symlink_metadata(path) {
         Ok(metadata) => metadata,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -570,12 +555,15 @@ fn clear_stale_socket(path: &Path) -> Result<()> {
             path.display()
         );
     }
-    if UnixStream::connect(path).is_ok() {
+    let trusted = trusted_uids(pool_path)?;
+    if let Ok(live) = UnixStream::connect(path) {
+        crate::socket_trust::check_peer(&live, path, pool_path, &trusted)?;
         bail!(
             "another server already listens on {}; stop it or choose another --socket",
             path.display()
         );
     }
+    crate::socket_trust::check_owner(path, pool_path, &trusted)?;
     std::fs::remove_file(path)
         .with_context(|| format!("could not remove stale socket {}", path.display()))
 }

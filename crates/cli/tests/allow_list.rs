@@ -158,3 +158,134 @@ fn a_list_naming_no_pool_opens_nothing_until_volume_allow_records_the_pool() {
         server.log_text()
     );
 }
+
+/// Whether a client in clear opens the export `uri` names (nbdinfo's
+/// answer), running as uid and gid `as_uid` (root: as this test).
+fn opens_in_clear(uri: &str, as_uid: u32) -> bool {
+    let mut cmd = if as_uid == 0 {
+        tool("nbdinfo")
+    } else {
+        let mut cmd = tool("setpriv");
+        cmd.arg(format!("--reuid={as_uid}"))
+            .arg(format!("--regid={as_uid}"))
+            .arg("--clear-groups")
+            .arg(common::require_tool("nbdinfo"));
+        cmd
+    };
+    run_with_limit(cmd.arg(uri), Duration::from_secs(60))
+        .status
+        .success()
+}
+
+/// The exports `nbdinfo --list` shows the TLS-PSK identity `who`.
+fn listed_for(server: &Server, who: &str, keys: &Path) -> Vec<String> {
+    let uri = format!(
+        "nbds://{who}@127.0.0.1:{}/?tls-psk-file={}",
+        server.port,
+        keys.display()
+    );
+    common::nbdinfo::listed_exports(&uri).into_keys().collect()
+}
+
+/// What `nbdinfo` says when the TLS-PSK identity `who` asks for `export`, with the
+/// export's name taken out (to compare the refusal of a hidden name with the answer
+/// for a name that does not exist).
+fn refusal_for(server: &Server, who: &str, export: &str, keys: &Path) -> String {
+    let uri = format!(
+        "nbds://{who}@127.0.0.1:{}/{export}?tls-psk-file={}",
+        server.port,
+        keys.display()
+    );
+    let ran = run_with_limit(tool("nbdinfo").arg(uri), Duration::from_secs(60));
+    assert!(!ran.status.success(), "{who} opened {export}");
+    ran.all_output().replace(export, "NAME")
+}
+
+// Regression: a snapshot kept the limit its volume had when it was taken, so
+// `volume snapshot secret s1` then `volume allow secret alice` left `secret@s1` open to
+// a client in clear, to identity bob and to user nobody; and a snapshot taken after
+// the limit opened for no one, alice included. A snapshot is limited as its volume
+// is now, and a name a client may not open answers as one that does not exist.
+#[test]
+fn a_snapshot_is_limited_exactly_as_its_volume_is_now() {
+    let dir = TempDir::new("allow-snap");
+    let keys = psk_file(&dir.join("keys.psk"), &["alice", "bob"]);
+    let keys_arg = keys.to_str().expect("utf-8 path").to_string();
+    let pool = create_pool(dir.path(), &[("secret", "16M"), ("open", "16M")]);
+    fewerbytes_ok(&pool, &["volume", "snapshot", "secret", "s1"]);
+    fewerbytes_ok(&pool, &["volume", "allow", "secret", "alice"]);
+    fewerbytes_ok(&pool, &["volume", "snapshot", "secret", "s2"]);
+    // TLS required on TCP, the unix socket in clear (serve's default with a PSK file).
+    let server = Server::start(dir.path(), &pool, &["--tls-psk", &keys_arg]);
+    // The other user reaches the socket as a local client would.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod the directory");
+    std::fs::set_permissions(
+        &server.socket,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod the socket");
+    assert!(opens_in_clear(&server.unix_uri("open"), 0));
+    for snapshot in ["secret@s1", "secret@s2"] {
+        assert!(
+            !opens_in_clear(&server.unix_uri(snapshot), 0),
+            "a client in clear opened '{snapshot}':\n{}",
+            server.log_text()
+        );
+        assert!(
+            !opens(&server, "bob", snapshot, &keys),
+            "bob opened '{snapshot}', limited to alice:\n{}",
+            server.log_text()
+        );
+        assert!(
+            opens(&server, "alice", snapshot, &keys),
+            "alice could not open '{snapshot}':\n{}",
+            server.log_text()
+        );
+        assert_eq!(
+            refusal_for(&server, "bob", snapshot, &keys),
+            refusal_for(&server, "bob", "nothing@here", &keys),
+            "a hidden snapshot answers otherwise than a name that does not exist"
+        );
+    }
+    // SAFETY: geteuid(2) reads the caller's id and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(opens_in_clear(&server.unix_uri("open"), 65534));
+        assert!(
+            !opens_in_clear(&server.unix_uri("secret@s1"), 65534),
+            "user nobody opened 'secret@s1':\n{}",
+            server.log_text()
+        );
+    }
+    // Snapshots are not listed (they are reached by name); the volume is hidden from
+    // whoever may not open it.
+    let for_bob = listed_for(&server, "bob", &keys);
+    assert_eq!(for_bob, ["open"], "bob's list shows what he may not open");
+    assert_eq!(listed_for(&server, "alice", &keys), ["open", "secret"]);
+    // A snapshot has no limit of its own to set.
+    let refused = server.cli(&["volume", "allow", "secret@s1", "bob"]);
+    assert!(!refused.status.success(), "{}", refused.report());
+    assert!(
+        refused.all_output().contains("volume allow secret"),
+        "{}",
+        refused.report()
+    );
+    assert!(!opens(&server, "bob", "secret@s1", &keys));
+    let shown = server.cli_ok(&["volume", "allow", "secret@s1"]);
+    assert!(shown.stdout.contains("alice"), "{}", shown.report());
+    let listed = server.cli_ok(&["volume", "snapshot", "list", "secret", "--json"]);
+    let snapshots: serde_json::Value = serde_json::from_str(&listed.stdout).expect("JSON");
+    for snapshot in snapshots.as_array().expect("a list") {
+        assert_eq!(snapshot["limited"], true, "{snapshot}");
+    }
+    // Lifting the volume's limit opens its snapshots too.
+    server.cli_ok(&["volume", "allow", "secret", "--anyone"]);
+    assert!(
+        opens_in_clear(&server.unix_uri("secret@s1"), 0),
+        "'secret@s1' stayed closed once its volume opened to anyone:\n{}",
+        server.log_text()
+    );
+}

@@ -342,7 +342,8 @@ pub struct VolumeInfo {
     /// clone count in neither: `PoolInfo::shared_map_pages`, 4,032 bytes each).
     #[serde(default)]
     pub map_memory_bytes: u64,
-    /// Limited to the TLS identities of the pool's allow list (`volume allow`).
+    /// Limited to the TLS identities of the pool's allow list (`volume allow`); a
+    /// snapshot, as its volume is now.
     #[serde(default)]
     pub limited: bool,
     /// An import into it began and has not ended: it may hold part of its image,

@@ -273,6 +273,10 @@ impl Geometry {
     }
 }
 
+/// BLAKE3 `derive_key` context of the snapshot-identity key (docs/format.md,
+/// "Snapshot"): a key of its own, so identities say nothing of fingerprints.
+const SNAPSHOT_GUID_CONTEXT: &str = "fewerbytes 2026-12 snapshot identity v1";
+
 /// An open pool's layout and identity as its super block fixed them at format time.
 /// Read-only once the pool is open, but for the size of the data region, which
 /// `pool grow` extends (`grow.rs`: `grow_to`, under the gate, before the checkpoint
@@ -330,6 +334,22 @@ impl PoolGeometry {
     /// The pool's identity in every page header and journal sector.
     pub(crate) fn nonce(&self) -> u64 {
         self.nonce
+    }
+    /// A new snapshot's identity: the low 64 bits of BLAKE3 keyed by a key derived
+    /// from the pool's secret fingerprint key (which no stream, answer or file but
+    /// the pool carries) of the pool's nonce and the snapshot's volume id; never 0,
+    /// which means none. Keyed, so that knowing the nonce (every stream carries it)
+    /// and guessing the small id does not give the identity: a forged stream
+    /// naming it as its base cannot be made.
+    pub(crate) fn snapshot_guid(&self, id: u64) -> u64 {
+        let key = blake3::derive_key(SNAPSHOT_GUID_CONTEXT, &self.fingerprint_key);
+        let mut input = [0u8; 16];
+        input[..8].copy_from_slice(&self.nonce.to_le_bytes());
+        input[8..].copy_from_slice(&id.to_le_bytes());
+        let hash = blake3::keyed_hash(&key, &input);
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&hash.as_bytes()[..8]);
+        u64::from_le_bytes(low).max(1)
     }
     /// A block's fingerprint: keyed BLAKE3-256 under the pool's key.
     pub(crate) fn fingerprint(&self, block: &[u8]) -> [u8; 32] {

@@ -115,22 +115,15 @@ fn remove(path: &Path, why: &str) {
     }
 }
 
-/// Write the table to a new file beside `path`, made durable, then renamed over it.
+/// Write the table to a new file beside `path` (`companion.rs`), made durable, then
+/// renamed over it.
 fn write(index: &DedupIndex, path: &Path, nonce: u64, generation: u64) -> std::io::Result<u64> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.new", std::process::id()));
-    let tmp = PathBuf::from(tmp);
     // The state directory of a pool on a block device may not exist yet.
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    // A new file only (never one another user made), readable by its owner alone.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
+    // A new file of a name no one can take beforehand, its owner's alone.
+    let (tmp, file) = crate::companion::create_staging(path)?;
     let written = (|| {
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let mut header = Vec::with_capacity(HEADER_BYTES + 4);

@@ -20,6 +20,7 @@ mod checkpointer;
 mod codec;
 mod compact;
 mod compactor;
+pub mod companion;
 mod counters;
 mod damage;
 mod damaged_range;

@@ -1046,16 +1046,23 @@ impl Pool {
     }
 
     /// Whether volume `name` is limited (`None`: no such volume); cheap, for every
-    /// client's access check.
+    /// client's access check. A snapshot `VOLUME@SNAP` is limited exactly as VOLUME is
+    /// now, whenever either the snapshot or the limit was made.
     pub fn volume_limited(&self, name: &str) -> Option<bool> {
         crate::internal::refuse_internal(name).ok()?;
-        self.inner.volumes.by_name(name).ok().map(|v| v.limited())
+        let volumes = &self.inner.volumes;
+        let found = volumes.by_name(name).ok()?;
+        match name.split_once('@') {
+            Some((of, _)) => volumes.by_name(of).ok().map(|v| v.limited()),
+            None => Some(found.limited()),
+        }
     }
 
     /// Mark a volume incomplete while an import writes it, or complete again; the
     /// catalog records it (a volume flag), so an import killed part-way leaves its
     /// volume marked, and a server refuses to export it. Durable on return.
     pub fn set_volume_incomplete(&self, name: &str, incomplete: bool) -> Result<VolumeInfo> {
+        crate::internal::refuse_internal(name)?;
         crate::volume_ops::set_incomplete(&self.inner, name, incomplete)
     }
 

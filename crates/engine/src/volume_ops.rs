@@ -41,6 +41,16 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
     let (reserved_bytes, reserved_unused_bytes, thin) =
         crate::reservation::volume_figures(inner.volumes.reservations().of(v.id()), v);
     let (map_pages, map_memory_bytes) = v.map_memory();
+    let snapshot_of = v.origin().map(|_| {
+        let full = inner.volumes.full_name(v);
+        full.split_once('@')
+            .map_or(full.clone(), |(of, _)| of.to_string())
+    });
+    // A snapshot is limited exactly as its volume is now (`Pool::volume_limited`).
+    let limited = snapshot_of
+        .as_deref()
+        .and_then(|of| inner.volumes.by_name(of).ok())
+        .map_or(v.limited(), |of| of.limited());
     VolumeInfo {
         name: inner.volumes.full_name(v),
         id: v.id(),
@@ -54,15 +64,11 @@ pub(crate) fn info(inner: &Inner, v: &VolumeState) -> VolumeInfo {
         thin,
         map_pages,
         map_memory_bytes,
-        limited: v.limited(),
+        limited,
         incomplete: v.incomplete(),
         no_space_refusals: v.counters().no_space_refusals(),
         damaged_ranges: v.damaged_ranges(),
-        snapshot_of: v.origin().map(|_| {
-            let full = inner.volumes.full_name(v);
-            full.split_once('@')
-                .map_or(full.clone(), |(of, _)| of.to_string())
-        }),
+        snapshot_of,
         created: u64::from(v.created()),
         guid: (v.guid() != 0).then(|| format!("{:016x}", v.guid())),
     }
@@ -507,10 +513,11 @@ pub(crate) fn snapshot(
     }
     settle_pages(inner, &source)?;
     room_for_new_volume(inner, written_pages(&source))?;
-    // A snapshot taken here gets an identity no other pool's can have: from the
-    // pool's nonce and the snapshot's id. A received one keeps the sender's.
+    // A snapshot taken here gets an identity no other pool's can have, which no one
+    // can compute without the pool's secret (`PoolGeometry::snapshot_guid`). A
+    // received one keeps the sender's.
     let id = i.volumes.next_id();
-    let guid = guid.unwrap_or_else(|| snapshot_guid(inner.geometry.nonce(), id));
+    let guid = guid.unwrap_or_else(|| inner.geometry.snapshot_guid(id));
     let vol = i
         .volumes
         .make_snapshot(snapshot, source.size_blocks(), source.id(), guid)?;
@@ -522,18 +529,6 @@ pub(crate) fn snapshot(
     i.volumes.insert(vol.clone());
     crate::checkpoint::checkpoint_locked(i, gate, true)?;
     Ok(info(inner, &vol))
-}
-
-/// A new snapshot's identity: a keyed hash of the pool's nonce and the snapshot's
-/// volume id (never 0, which means none).
-fn snapshot_guid(nonce: u64, id: u64) -> u64 {
-    let mut input = [0u8; 16];
-    input[..8].copy_from_slice(&nonce.to_le_bytes());
-    input[8..].copy_from_slice(&id.to_le_bytes());
-    let hash = blake3::hash(&input);
-    let mut low = [0u8; 8];
-    low.copy_from_slice(&hash.as_bytes()[..8]);
-    u64::from_le_bytes(low).max(1)
 }
 
 /// The snapshots of volume `name`, oldest first.

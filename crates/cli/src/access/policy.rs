@@ -71,8 +71,16 @@ fn missing_entry(path: &Path, listed: &Listed) -> String {
     }
 }
 
+/// The volume whose rule an export follows: `VOLUME@SNAPSHOT` is limited exactly as
+/// VOLUME is now, whenever either the snapshot or the limit was made (volume names
+/// never hold `@`), so a snapshot taken before `volume allow` holds no older rule.
+pub fn ruled_by(export: &str) -> &str {
+    export.split_once('@').map_or(export, |(volume, _)| volume)
+}
+
 impl AccessPolicy for AllowFile {
     fn allowed(&self, export: &str) -> Option<Vec<String>> {
+        let export = ruled_by(export);
         let stamp = self.stamp();
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
         if cached.read.as_ref().is_none_or(|(seen, _)| *seen != stamp) {
