@@ -4,7 +4,9 @@
 //! likewise, clones, snapshots (taken, rolled back to, deleted, written to and
 //! refused), deletes, flushes, compaction, clean reopens and crashes that
 //! keep none, all or a random subset of the unflushed writes (some torn at 512-byte
-//! boundaries). Each case ends with a reference-count audit.
+//! boundaries). Each case ends with a reference-count audit. A second model runs a
+//! receive's engine steps (frozen internal bases, hidden partial volumes, the checked
+//! in-place final step) interleaved with writes to the target and the live base.
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -391,5 +393,343 @@ proptest! {
     #[test]
     fn engine_matches_model_with_zstd(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, fewerbytes_engine::Compression::Zstd { level: 3 });
+    }
+}
+
+/// A receive's engine steps beside ordinary writers (`volume receive` in
+/// crates/cli/src/receive.rs): an in-place receive into `v0` from its snapshot
+/// `v0@s` and a receive of a new `v2` from the live volume `v1`, each reading a
+/// frozen internal clone of its base and writing a hidden partial volume, while
+/// `v0` and `v1` are written. Interleaved with these, in any order.
+#[derive(Debug, Clone)]
+enum RecvOp {
+    /// A client writes the in-place target `v0` (`true`) or the live base `v1`.
+    Write {
+        target: bool,
+        offset: u64,
+        len: u64,
+        data: Data,
+    },
+    /// A stream record lands in the in-place receive's partial (`true`) or the
+    /// new volume's.
+    Record {
+        in_place: bool,
+        offset: u64,
+        len: u64,
+        data: Data,
+    },
+    /// A stream record naming blocks of the base: the receive reads them from its
+    /// frozen copy (never the live base) into its partial volume.
+    BaseRef {
+        in_place: bool,
+        lbn: u64,
+        blocks: u64,
+    },
+    /// The in-place receive's checked final step.
+    FinishInPlace,
+    /// The new volume's final step (the partial renamed to `v2`).
+    FinishNew,
+    Flush,
+    Reopen,
+}
+
+fn recv_op() -> impl Strategy<Value = RecvOp> {
+    let data = prop_oneof![
+        Just(Data::Zero),
+        (0u8..4).prop_map(Data::Dup),
+        any::<u64>().prop_map(Data::Compressible),
+        any::<u64>().prop_map(Data::Random),
+    ];
+    prop_oneof![
+        4 => (any::<bool>(), byte_range(), data.clone()).prop_map(|(target, (offset, len), data)| RecvOp::Write { target, offset, len, data }),
+        4 => (any::<bool>(), byte_range(), data).prop_map(|(in_place, (offset, len), data)| RecvOp::Record { in_place, offset, len, data }),
+        3 => (any::<bool>(), 0..VOL_BLOCKS, 1u64..=8).prop_map(|(in_place, lbn, blocks)| RecvOp::BaseRef { in_place, lbn, blocks: blocks.min(VOL_BLOCKS - lbn) }),
+        1 => Just(RecvOp::FinishInPlace),
+        1 => Just(RecvOp::FinishNew),
+        1 => Just(RecvOp::Flush),
+        1 => Just(RecvOp::Reopen),
+    ]
+}
+
+/// The two receives' hidden volumes, as receive.rs names them.
+struct RecvNames {
+    frozen_target_base: fewerbytes_engine::InternalName,
+    partial_target: fewerbytes_engine::InternalName,
+    frozen_new_base: fewerbytes_engine::InternalName,
+    partial_new: fewerbytes_engine::InternalName,
+}
+
+/// What the receive model expects: the user volumes' bytes, and the partial
+/// volumes' while their receives run.
+struct RecvModel {
+    vols: BTreeMap<String, Vec<u8>>,
+    partial_target: Option<Vec<u8>>,
+    partial_new: Option<Vec<u8>>,
+    /// `v1` when the new volume's receive froze it.
+    frozen_new: Vec<u8>,
+    /// Whether `v0` was written since the in-place receive froze its base.
+    target_written: bool,
+}
+
+impl RecvModel {
+    /// The internal volumes that must exist now.
+    fn internal(&self, n: &RecvNames) -> Vec<String> {
+        let mut names = Vec::new();
+        if self.partial_target.is_some() {
+            names.push(n.frozen_target_base.as_str().to_string());
+            names.push(n.partial_target.as_str().to_string());
+        }
+        if self.partial_new.is_some() {
+            names.push(n.frozen_new_base.as_str().to_string());
+            names.push(n.partial_new.as_str().to_string());
+        }
+        names.sort();
+        names
+    }
+}
+
+fn put(bytes: &mut [u8], offset: u64, new: &[u8]) {
+    bytes[offset as usize..offset as usize + new.len()].copy_from_slice(new);
+}
+
+/// Before the ops: `v0` written and snapshotted as `v0@s` (the stream's base),
+/// `v1` written; then both receives begin as receive.rs's `begin` does: the base
+/// frozen as an internal clone, the partial cloned from the frozen copy.
+fn begin_receives(
+    p: &std::sync::Arc<fewerbytes_engine::Pool>,
+    seed: u64,
+) -> (RecvNames, RecvModel) {
+    use fewerbytes_engine::{InternalName, Provisioning};
+    let mut vols = BTreeMap::new();
+    for (v, salt) in [(0u8, 1u64), (1, 2)] {
+        let bytes = bytes_of(
+            &Data::Compressible(seed ^ salt),
+            VOL_BLOCKS as usize * BLOCK,
+        );
+        p.create_volume(&name(v), VOL_BLOCKS * BLOCK as u64)
+            .unwrap();
+        p.open_volume(&name(v))
+            .unwrap()
+            .write(0, &bytes, false)
+            .unwrap();
+        vols.insert(name(v), bytes);
+    }
+    p.snapshot_volume("v0", "s").unwrap();
+    vols.insert("v0@s".to_string(), vols["v0"].clone());
+    let n = RecvNames {
+        frozen_target_base: InternalName::new("base", "v0").unwrap(),
+        partial_target: InternalName::new("receiving", "v0").unwrap(),
+        frozen_new_base: InternalName::new("base", "v2").unwrap(),
+        partial_new: InternalName::new("receiving", "v2").unwrap(),
+    };
+    let internal = p.internal();
+    for (base, frozen, partial) in [
+        ("v0@s", &n.frozen_target_base, &n.partial_target),
+        ("v1", &n.frozen_new_base, &n.partial_new),
+    ] {
+        internal.clone(base, frozen, Provisioning::THIN).unwrap();
+        internal
+            .clone(frozen.as_str(), partial, Provisioning::THIN)
+            .unwrap();
+    }
+    let model = RecvModel {
+        partial_target: Some(vols["v0@s"].clone()),
+        partial_new: Some(vols["v1"].clone()),
+        frozen_new: vols["v1"].clone(),
+        vols,
+        target_written: false,
+    };
+    (n, model)
+}
+
+/// A base reference of either receive: blocks `lbns` read from its frozen base
+/// and written to its partial, as receive.rs copies a base-referenced block.
+fn base_ref(
+    p: &std::sync::Arc<fewerbytes_engine::Pool>,
+    n: &RecvNames,
+    m: &mut RecvModel,
+    in_place: bool,
+    lbns: std::ops::Range<u64>,
+) {
+    let (frozen, partial, base, bytes) = match in_place {
+        true => (
+            &n.frozen_target_base,
+            &n.partial_target,
+            &m.vols["v0@s"],
+            m.partial_target.as_mut(),
+        ),
+        false => (
+            &n.frozen_new_base,
+            &n.partial_new,
+            &m.frozen_new,
+            m.partial_new.as_mut(),
+        ),
+    };
+    let Some(bytes) = bytes else { return };
+    let (at, len) = (
+        lbns.start as usize * BLOCK,
+        (lbns.end - lbns.start) as usize * BLOCK,
+    );
+    let mut copy = vec![0u8; len];
+    let internal = p.internal();
+    internal
+        .open(frozen.as_str())
+        .unwrap()
+        .read(at as u64, &mut copy)
+        .unwrap();
+    assert!(
+        copy == base[at..at + len],
+        "the frozen base '{}' reads otherwise than its base did when frozen",
+        frozen.as_str()
+    );
+    internal
+        .open(partial.as_str())
+        .unwrap()
+        .write(at as u64, &copy, false)
+        .unwrap();
+    bytes[at..at + len].copy_from_slice(&copy);
+}
+
+/// The in-place receive's final step: `v0` rolled to its partial in one call that
+/// refuses when `v0` was written since the frozen base. A write since is never
+/// lost: when `v0` reads otherwise than the base, the step must refuse (and `v0`
+/// keep what was written); with no write since, it must be taken. Either way the
+/// receive's hidden volumes are then removed (finished, or abandoned).
+fn finish_in_place(p: &std::sync::Arc<fewerbytes_engine::Pool>, n: &RecvNames, m: &mut RecvModel) {
+    let Some(received) = m.partial_target.take() else {
+        return;
+    };
+    let internal = p.internal();
+    let step = internal.rollback(
+        "v0",
+        n.partial_target.as_str(),
+        Some(n.frozen_target_base.as_str()),
+    );
+    let differs = m.vols["v0"] != m.vols["v0@s"];
+    match step {
+        Ok(_) => {
+            assert!(
+                !differs,
+                "the final step was taken over writes made to v0 after the receive froze its base"
+            );
+            m.vols.insert("v0".to_string(), received);
+        }
+        Err(e) => assert!(
+            m.target_written,
+            "the final step refused a target nobody wrote since the base: {e}"
+        ),
+    }
+    internal.delete(n.partial_target.as_str(), false).unwrap();
+    internal
+        .delete(n.frozen_target_base.as_str(), false)
+        .unwrap();
+}
+
+/// The new volume's final step: its partial renamed to `v2`, the frozen base gone.
+fn finish_new(p: &std::sync::Arc<fewerbytes_engine::Pool>, n: &RecvNames, m: &mut RecvModel) {
+    let Some(received) = m.partial_new.take() else {
+        return;
+    };
+    let internal = p.internal();
+    internal.rename(n.partial_new.as_str(), "v2").unwrap();
+    internal.delete(n.frozen_new_base.as_str(), false).unwrap();
+    m.vols.insert("v2".to_string(), received);
+}
+
+/// No internal volume is a user's: unlisted, unopenable; exactly those the
+/// receives under way made exist.
+fn check_hidden(p: &std::sync::Arc<fewerbytes_engine::Pool>, n: &RecvNames, m: &RecvModel) {
+    let listed: Vec<String> = p.list_volumes().into_iter().map(|v| v.name).collect();
+    let sized: Vec<String> = p.volume_sizes().into_iter().map(|(name, _)| name).collect();
+    for name in listed.iter().chain(&sized) {
+        assert!(
+            !fewerbytes_engine::is_internal_name(name),
+            "internal volume '{name}' is listed as a user volume"
+        );
+    }
+    let mut internal = p.internal().names();
+    internal.sort();
+    let expected = m.internal(n);
+    assert_eq!(internal, expected, "the pool's internal volumes");
+    for name in &expected {
+        assert!(p.open_volume(name).is_err(), "a user opened '{name}'");
+    }
+}
+
+fn run_receive(seed: u64, ops: Vec<RecvOp>) {
+    let mut t = create(64 << 20, None);
+    let (n, mut m) = begin_receives(t.pool(), seed);
+    check_hidden(t.pool(), &n, &m);
+    let ops = ops
+        .into_iter()
+        .chain([RecvOp::FinishInPlace, RecvOp::FinishNew]);
+    for op in ops {
+        let p = t.pool().clone();
+        match op {
+            RecvOp::Write {
+                target,
+                offset,
+                len,
+                data,
+            } => {
+                let bytes = bytes_of(&data, len as usize);
+                let vol = if target { "v0" } else { "v1" };
+                p.open_volume(vol)
+                    .unwrap()
+                    .write(offset, &bytes, false)
+                    .unwrap();
+                put(m.vols.get_mut(vol).unwrap(), offset, &bytes);
+                m.target_written |= target && m.partial_target.is_some();
+            }
+            RecvOp::Record {
+                in_place,
+                offset,
+                len,
+                data,
+            } => {
+                let (partial, bytes) = match in_place {
+                    true => (&n.partial_target, m.partial_target.as_mut()),
+                    false => (&n.partial_new, m.partial_new.as_mut()),
+                };
+                let Some(bytes) = bytes else { continue };
+                let record = bytes_of(&data, len as usize);
+                let volume = p.internal().open(partial.as_str()).unwrap();
+                volume.write(offset, &record, false).unwrap();
+                put(bytes, offset, &record);
+            }
+            RecvOp::BaseRef {
+                in_place,
+                lbn,
+                blocks,
+            } => base_ref(&p, &n, &mut m, in_place, lbn..lbn + blocks),
+            RecvOp::FinishInPlace => finish_in_place(&p, &n, &mut m),
+            RecvOp::FinishNew => finish_new(&p, &n, &mut m),
+            RecvOp::Flush => p.flush().unwrap(),
+            RecvOp::Reopen => {
+                drop(p);
+                t.reopen();
+            }
+        }
+        check_hidden(t.pool(), &n, &m);
+    }
+    for (vol, bytes) in &m.vols {
+        assert!(
+            read_all(t.pool(), vol) == *bytes,
+            "volume {vol} differs from the model"
+        );
+    }
+    let audit = t.pool().audit();
+    assert!(audit.problems.is_empty(), "audit: {:?}", audit.problems);
+}
+
+proptest! {
+    // 48 cases by default (a few seconds); `FEWERBYTES_SOAK=1` runs 1,024.
+    #![proptest_config(ProptestConfig {
+        cases: if std::env::var("FEWERBYTES_SOAK").is_ok_and(|v| v == "1") { 1024 } else { 48 },
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn receives_beside_writers_match_model(seed in any::<u64>(), ops in proptest::collection::vec(recv_op(), 0..24)) {
+        run_receive(seed, ops);
     }
 }

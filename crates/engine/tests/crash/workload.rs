@@ -302,6 +302,9 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         for name in ["v0", "v1"] {
             w.create(&pool, name, VOL_BLOCKS);
         }
+        if seed % 8 == crate::receive::RECEIVE_SEED_CLASS {
+            w.receive(&mut rng, &pool);
+        }
     }
     let ops = rng.gen_range(OPS_MIN..=OPS_MAX);
     for _ in 0..ops {
@@ -387,7 +390,7 @@ impl Workload<'_> {
 
     /// Note an operation that began at log position `start` and returned at `end`;
     /// its index.
-    fn note(&mut self, what: &str, start: usize, end: usize, barrier: bool) -> usize {
+    pub(crate) fn note(&mut self, what: &str, start: usize, end: usize, barrier: bool) -> usize {
         self.model.ops.push(OpRecord {
             what: what.to_string(),
             start,
