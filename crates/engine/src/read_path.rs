@@ -133,20 +133,24 @@ pub(crate) fn read_object(inner: &Inner, o: ObjectId, out: &mut [u8], wait: Wait
             "mapped but has no references".into(),
         ));
     }
-    if !read_location(inner, o, &rec, open, out, wait)? {
-        return Ok(false);
-    }
-    // Every stored block keeps its fingerprint: a block that no longer matches it
-    // is reported, never returned (1.8 µs per block on these machines).
-    if inner.geometry.fingerprint(out) != rec.fingerprint {
-        return Err(corrupt_object(
+    let read = match read_location(inner, o, &rec, open, out, wait) {
+        Ok(false) => return Ok(false),
+        Ok(true) if inner.geometry.fingerprint(out) == rec.fingerprint => return Ok(true),
+        // Every stored block keeps its fingerprint: a block that no longer matches it
+        // is reported, never returned (1.8 µs per block on these machines).
+        Ok(true) => corrupt_object(
             inner,
             o,
             rec.location,
             "stored data does not match its fingerprint".into(),
-        ));
+        ),
+        Err(e) => e,
+    };
+    if let EngineError::Corrupt { reason, .. } = &read {
+        // Known damaged now: a write of its good data heals it (`heal.rs`).
+        inner.depot.damaged().note(o, reason.clone());
     }
-    Ok(true)
+    Err(read)
 }
 
 /// Read data-device bytes; with `Wait::No`, only if they are cached (false if not).
