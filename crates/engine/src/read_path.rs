@@ -261,8 +261,10 @@ fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
             region: "data",
             block,
             device,
+            // What clears it, for the server's log and the client's error message
+            // (`heal.rs`: this read made the block known damaged).
             reason: format!(
-                "{}: {}",
+                "{}: {} (writing this block's good data back heals it in every volume)",
                 crate::damage::volume_range(
                     &vol.name(),
                     lbn * BLOCK,
