@@ -1,4 +1,4 @@
-//! Damage heals, with the real binary and real clients (issue 37): a stored block
+//! Damage heals, with the real binary and real clients: a stored block
 //! damaged in the pool file fails its reads over NBD; once the server has found it
 //! (a read, or `scrub`), writing the good data back (`nbdcopy` of the good image,
 //! or a corrective `volume receive` of a good stream) makes every volume naming the

@@ -5,7 +5,7 @@
 //! the object reads good at once.
 //!
 //! Why a set and not a check on every dedup hit: dedup advice is verified without
-//! reading data (DESIGN.md §2, step 4), so a damaged object keeps taking references
+//! reading data (ARCHITECTURE.md, "The life of a write"), so a damaged object keeps taking references
 //! from writes of its good data. Only objects a read found damaged are looked at,
 //! and the look is one atomic load while none is known.
 //!

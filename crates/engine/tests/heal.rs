@@ -1,4 +1,4 @@
-//! Damage heals (issue 37): a stored block whose bytes fail their fingerprint reads
+//! Damage heals: a stored block whose bytes fail their fingerprint reads
 //! as an error until its good data is written back; then every volume block naming
 //! it reads good, across a reopen, and the scrub finds nothing. Before, the good
 //! data deduplicated onto the damaged object (dedup advice reads no data), so the
@@ -104,8 +104,8 @@ fn a_write_of_the_good_data_heals_every_volume_block_naming_a_damaged_block() {
             &format!("{name}'s block {lbn} after a reopen"),
         );
     }
-    // Data only: the scrub's view of a clone's shared map pages is another
-    // question (issue 37, "Scrub and check follow lineage").
+    // Data only: whether the scrub accepts a clone's shared map pages is not
+    // what this test is about.
     let s = scrub_to_end(&pool);
     assert!(s.findings.iter().all(|f| f.region != "data"), "{s:#?}");
 }
