@@ -30,7 +30,7 @@ use fewerbytes_format::journal::{Record, NEW_OBJECT_BYTES};
 use fewerbytes_format::location::{Location, ObjectId};
 use fewerbytes_format::BLOCK_BYTES;
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Damaged objects remembered at once. Each entry is an object id and the reason
@@ -45,44 +45,73 @@ pub(crate) const DAMAGED_OBJECTS_MAX: usize = 4096;
 pub(crate) struct DamagedObjects {
     /// Entries in `objects`: read without the lock on every dedup hit.
     known: AtomicUsize,
-    /// Object id to the reason its read failed.
-    objects: Mutex<BTreeMap<u64, String>>,
+    /// Object id to its record's fingerprint and the reason its read failed, and
+    /// fingerprint to object id (a write finds the object by its data even where the
+    /// dedup index would not: being built, sparse, or past its window).
+    objects: Mutex<Known>,
     /// Objects healed by a write (or by a repair) since open.
     healed: AtomicU64,
     /// Damaged objects met while the set was full.
     unremembered: AtomicU64,
 }
 
+/// The damaged objects, both ways.
+#[derive(Default)]
+struct Known {
+    by_object: BTreeMap<u64, (Fingerprint, String)>,
+    by_fingerprint: HashMap<Fingerprint, u64>,
+}
+
 impl DamagedObjects {
-    /// A read found object `o` damaged for `reason`.
-    pub(crate) fn note(&self, o: ObjectId, reason: String) {
-        let mut objects = self.objects.lock();
-        if objects.contains_key(&o.0) {
+    /// A read found object `o`, whose record holds `fp`, damaged for `reason`.
+    pub(crate) fn note(&self, o: ObjectId, fp: &Fingerprint, reason: String) {
+        let mut known = self.objects.lock();
+        if known.by_object.contains_key(&o.0) {
             return;
         }
-        if objects.len() >= DAMAGED_OBJECTS_MAX {
+        if known.by_object.len() >= DAMAGED_OBJECTS_MAX {
             self.unremembered.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        objects.insert(o.0, reason);
-        self.known.store(objects.len(), Ordering::Release);
+        known.by_object.insert(o.0, (*fp, reason));
+        known.by_fingerprint.insert(*fp, o.0);
+        self.known.store(known.by_object.len(), Ordering::Release);
     }
 
     /// Whether object `o` is known damaged.
     pub(crate) fn contains(&self, o: ObjectId) -> bool {
-        self.known.load(Ordering::Acquire) > 0 && self.objects.lock().contains_key(&o.0)
+        self.known.load(Ordering::Acquire) > 0 && self.objects.lock().by_object.contains_key(&o.0)
     }
 
-    /// Take object `o` out of the set (a heal claims it, a free forgets it): its
-    /// reason, if it was known.
-    pub(crate) fn take(&self, o: ObjectId) -> Option<String> {
+    /// A damaged object whose record holds `fp`, if one is known (advice: its
+    /// record is checked when a reference is taken).
+    pub(crate) fn find(&self, fp: &Fingerprint) -> Option<ObjectId> {
         if self.known.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let mut objects = self.objects.lock();
-        let reason = objects.remove(&o.0);
-        self.known.store(objects.len(), Ordering::Release);
-        reason
+        self.objects
+            .lock()
+            .by_fingerprint
+            .get(fp)
+            .copied()
+            .map(ObjectId)
+    }
+
+    /// Take object `o` out of the set (a heal claims it, a free forgets it): its
+    /// fingerprint and reason, if it was known.
+    pub(crate) fn take(&self, o: ObjectId) -> Option<(Fingerprint, String)> {
+        if self.known.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut known = self.objects.lock();
+        let taken = known.by_object.remove(&o.0);
+        if let Some((fp, _)) = &taken {
+            if known.by_fingerprint.get(fp) == Some(&o.0) {
+                known.by_fingerprint.remove(fp);
+            }
+        }
+        self.known.store(known.by_object.len(), Ordering::Release);
+        taken
     }
 
     /// Objects known damaged now.
@@ -115,14 +144,14 @@ pub(crate) fn heal_object(
 ) -> Result<bool> {
     // A writer that finds it taken dedups onto an object being healed: its reads
     // are good once the heal ends.
-    let Some(reason) = inner.depot.damaged().take(o) else {
+    let Some((noted, reason)) = inner.depot.damaged().take(o) else {
         return Ok(true);
     };
     // The write step's reservation covers its own records, not this one; waiting
     // for room under the gate would wait for a checkpoint that needs the gate.
     let bytes = NEW_OBJECT_BYTES as u64;
     if !inner.journal.try_reserve(bytes) {
-        inner.depot.damaged().note(o, reason);
+        inner.depot.damaged().note(o, &noted, reason);
         return Ok(false);
     }
     let moved = move_to_fresh_block(inner, o, block, fp);
@@ -134,7 +163,7 @@ pub(crate) fn heal_object(
             Ok(true)
         }
         other => {
-            inner.depot.damaged().note(o, reason);
+            inner.depot.damaged().note(o, &noted, reason);
             other
         }
     }

@@ -148,7 +148,10 @@ pub(crate) fn read_object(inner: &Inner, o: ObjectId, out: &mut [u8], wait: Wait
     };
     if let EngineError::Corrupt { reason, .. } = &read {
         // Known damaged now: a write of its good data heals it (`heal.rs`).
-        inner.depot.damaged().note(o, reason.clone());
+        inner
+            .depot
+            .damaged()
+            .note(o, &rec.fingerprint, reason.clone());
     }
     Err(read)
 }

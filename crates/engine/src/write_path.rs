@@ -286,6 +286,12 @@ pub(crate) fn place(
             found
         }
     };
+    // A known damaged object holding this data, which the index did not name
+    // (still being built, sparse, or past its window): healed below all the same.
+    let found = found.or_else(|| {
+        let o = inner.depot.damaged().find(&fp)?;
+        crate::advice::take_object(&inner.depot, o, &fp)
+    });
     let found = match found {
         Some(o) if inner.depot.damaged().contains(o) => {
             // A write of a damaged object's data heals it for every map naming it;
