@@ -348,3 +348,42 @@ fn a_block_found_damaged_stays_reported_until_its_own_data_is_written() {
     c.write(0, &good, false).unwrap();
     assert_reads(&c, 0, &good, "c's block 0 written back");
 }
+
+#[test]
+fn a_damaged_block_heals_while_the_index_is_still_being_built() {
+    // Right after an open the dedup index is built in the background: a write of
+    // the good data finds the damaged block among those known damaged, not in the
+    // index, and heals it all the same.
+    let mut t = create(64 << 20, None);
+    t.pool().create_volume("a", 4 << 20).unwrap();
+    t.pool().create_volume("b", 4 << 20).unwrap();
+    let good = random_block(41);
+    let a = t.pool().open_volume("a").unwrap();
+    a.write(B, &good, false).unwrap();
+    a.flush().unwrap();
+    drop(a);
+    t.close();
+    let mut image = t.dev.crash_image(CrashMode::KeepAll);
+    let at = image
+        .windows(BLOCK)
+        .position(|w| w == good.as_slice())
+        .expect("the stored block");
+    image[at + 9] ^= 0x80;
+    t.dev = Arc::new(FaultStorage::from_image("data", image));
+    t.open_with(&OpenOptions {
+        threads: Some(2),
+        hold_index_build: true,
+        ..OpenOptions::default()
+    });
+    let a = t.pool().open_volume("a").unwrap();
+    assert_damaged(&a, 1, "a's block 1");
+    let b = t.pool().open_volume("b").unwrap();
+    b.write(7 * B, &good, false).unwrap();
+    assert_reads(&a, 1, &good, "a's block 1 after b was written");
+    assert_eq!(t.pool().stats().damaged_objects_healed, 1);
+    assert_eq!(
+        t.pool().object_of("a", 1).unwrap(),
+        t.pool().object_of("b", 7).unwrap()
+    );
+    t.pool().release_index_build();
+}
