@@ -208,8 +208,10 @@ fn print_repair(report: &RepairReport, applied: bool, pool_path: &Path) -> ExitC
     }
     if !report.damage_left.is_empty() {
         eprintln!(
-            "fewerbytes: error: {} stored block(s) in pool {} fail their fingerprint; a repair \
-             leaves them as they are (the volume bytes named above read as errors); {}",
+            "fewerbytes: error: {} stored block(s) in pool {} fail their fingerprint and no \
+             other stored block holds their data (`check --repair --verify-data` heals a block \
+             from one that does); they are left as they are (the volume bytes named above read \
+             as errors); {}",
             report.damage_left.len(),
             pool_path.display(),
             crate::export::how_to_clear(None)

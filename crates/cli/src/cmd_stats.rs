@@ -55,6 +55,9 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
             println!("Scrub: {}", crate::cmd_scrub::summary(&stats.pool.scrub));
         }
         println!("Index: {}", stats.pool.index);
+        if stats.pool.damaged_objects_known + stats.pool.damaged_objects_healed > 0 {
+            println!("Damaged blocks: {}", damaged_blocks_summary(&stats.pool));
+        }
         if !stats.pool.damaged_ranges.is_empty() {
             println!(
                 "Damaged ranges: {}",
@@ -72,6 +75,15 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The stored blocks found damaged and healed since open, for the text summary.
+fn damaged_blocks_summary(pool: &PoolStats) -> String {
+    format!(
+        "{} known damaged (reads of them fail; writing their good data back heals them), \
+         {} healed since open",
+        pool.damaged_objects_known, pool.damaged_objects_healed
+    )
 }
 
 /// The verbose lines: with no metadata device of its own, the pool's one device is

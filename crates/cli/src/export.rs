@@ -82,17 +82,24 @@ impl Damage {
 
 /// What clears damaged blocks, for every message that names them (export, check,
 /// scrub): the real command for `example` (volume, offset, length), else with
-/// placeholders.
+/// placeholders. Writing the good data back heals the stored block itself (every
+/// volume naming it reads good, `engine/src/heal.rs`), once the server has found it
+/// damaged; trimming or other data only drops this volume's reference.
 pub fn how_to_clear(example: Option<(&str, u64, u64)>) -> String {
     let (volume, offset, len) = match example {
         Some((volume, offset, len)) => (volume.to_string(), offset.to_string(), len.to_string()),
         None => ("VOLUME".into(), "OFFSET".into(), "LENGTH".into()),
     };
+    let uri = format!("'nbd+unix:///{volume}?socket=SOCKET'");
     format!(
-        "writing or trimming a damaged range over NBD clears it (its data is lost either \
-         way; restore it from a copy if there is one): while `fewerbytes serve` serves \
-         the pool, `qemu-io -f raw -c 'discard {offset} {len}' \
-         'nbd+unix:///{volume}?socket=SOCKET'`"
+        "writing the good data back over NBD heals a damaged block in every volume that \
+         maps it, once the server has found it damaged (a read of it, or `fewerbytes scrub` \
+         since the server started): while `fewerbytes serve` serves the pool, `qemu-io -f \
+         raw -c 'write -s GOOD {offset} {len}' {uri}` (GOOD: a file of those bytes' good \
+         data), or `nbdcopy` of a whole good image to {uri}; with no good copy, trimming \
+         the range (`qemu-io -f raw -c 'discard {offset} {len}' {uri}`) or writing other \
+         data clears it in that volume only (its data there is lost; other volumes that \
+         map the block still read an error)"
     )
 }
 

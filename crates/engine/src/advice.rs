@@ -233,6 +233,12 @@ fn find_stored(
     })
 }
 
+/// Take a reference to object `o` if it still holds `fp` and can take one more
+/// (advice from elsewhere than the index: `heal.rs`, a known damaged object).
+pub(crate) fn take_object(depot: &SlabDepot, o: ObjectId, fp: &[u8; 32]) -> Option<ObjectId> {
+    take_advice(depot, o.0..o.0 + 1, fp)
+}
+
 /// Take a reference to an object of `objects` that still holds `fp` and can
 /// take one more.
 fn take_advice(

@@ -545,6 +545,14 @@ pub struct PoolStats {
     /// at open: refused (EIO) until `check --repair` clears them (`map_damage.rs`).
     #[serde(default)]
     pub damaged_ranges: Vec<crate::DamagedRange>,
+    /// Stored objects a read, the scrub or `check --verify-data` found damaged since
+    /// open and not healed yet: a write of their good data heals them (`heal.rs`).
+    #[serde(default)]
+    pub damaged_objects_known: u64,
+    /// Damaged objects healed since open: a write of their good data stored it
+    /// afresh, and every volume block naming them reads it.
+    #[serde(default)]
+    pub damaged_objects_healed: u64,
     /// Journal commits since open (group commits).
     pub journal_commits: u64,
     /// Worker threads (and zones).

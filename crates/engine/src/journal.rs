@@ -318,6 +318,18 @@ impl Journal {
         }
     }
 
+    /// Reserve `bytes` only if the ring has room now, without waiting: for a caller
+    /// holding the gate (a heal inside a write step), which a checkpoint freeing the
+    /// ring would need. False: nothing reserved.
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        let mut s = self.state.lock();
+        if s.failed.is_some() || s.shutdown || self.room_bytes(&s) < bytes {
+            return false;
+        }
+        s.reserved_bytes += bytes;
+        true
+    }
+
     /// End a reservation. Records appended under it are counted as pending from the
     /// moment they are appended (counted twice until here, which only errs on the
     /// safe side), so the whole reservation is given back.

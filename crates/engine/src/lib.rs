@@ -31,6 +31,7 @@ mod error;
 mod fingerprint;
 pub mod geometry;
 mod grow;
+mod heal;
 mod index;
 mod index_build;
 mod index_mode;

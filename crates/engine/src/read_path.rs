@@ -133,20 +133,27 @@ pub(crate) fn read_object(inner: &Inner, o: ObjectId, out: &mut [u8], wait: Wait
             "mapped but has no references".into(),
         ));
     }
-    if !read_location(inner, o, &rec, open, out, wait)? {
-        return Ok(false);
-    }
-    // Every stored block keeps its fingerprint: a block that no longer matches it
-    // is reported, never returned (1.8 µs per block on these machines).
-    if inner.geometry.fingerprint(out) != rec.fingerprint {
-        return Err(corrupt_object(
+    let read = match read_location(inner, o, &rec, open, out, wait) {
+        Ok(false) => return Ok(false),
+        Ok(true) if inner.geometry.fingerprint(out) == rec.fingerprint => return Ok(true),
+        // Every stored block keeps its fingerprint: a block that no longer matches it
+        // is reported, never returned (1.8 µs per block on these machines).
+        Ok(true) => corrupt_object(
             inner,
             o,
             rec.location,
             "stored data does not match its fingerprint".into(),
-        ));
+        ),
+        Err(e) => e,
+    };
+    if let EngineError::Corrupt { reason, .. } = &read {
+        // Known damaged now: a write of its good data heals it (`heal.rs`).
+        inner
+            .depot
+            .damaged()
+            .note(o, &rec.fingerprint, reason.clone());
     }
-    Ok(true)
+    Err(read)
 }
 
 /// Read data-device bytes; with `Wait::No`, only if they are cached (false if not).
@@ -257,8 +264,10 @@ fn in_volume(e: EngineError, vol: &VolumeState, lbn: u64) -> EngineError {
             region: "data",
             block,
             device,
+            // What clears it, for the server's log and the client's error message
+            // (`heal.rs`: this read made the block known damaged).
             reason: format!(
-                "{}: {}",
+                "{}: {} (writing this block's good data back heals it in every volume)",
                 crate::damage::volume_range(
                     &vol.name(),
                     lbn * BLOCK,

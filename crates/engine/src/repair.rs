@@ -99,7 +99,7 @@ pub(crate) fn repair(
     let mut refs = count_references(i, options.apply, progress, &mut report);
     repair_records(i, &mut refs, options.apply, progress, &mut report);
     if options.verify_data {
-        verify_data(i, progress, &mut report)?;
+        verify_data(i, options.apply, progress, &mut report)?;
     }
     if options.apply && !report.repairs.is_empty() {
         progress(RepairPhase::Writing, 0, 1);
@@ -490,9 +490,11 @@ fn check_holders(inner: &Inner, apply: bool, report: &mut RepairReport) {
 }
 
 /// Read every stored object back and check it against its fingerprint; each one
-/// that fails is damage left in place, named with the volume bytes it backs.
+/// that fails is healed from another object holding the same data (with `apply`),
+/// or is damage left in place, named with the volume bytes it backs.
 fn verify_data(
     inner: &Inner,
+    apply: bool,
     progress: &dyn Fn(RepairPhase, u64, u64),
     report: &mut RepairReport,
 ) -> Result<()> {
@@ -522,6 +524,7 @@ fn verify_data(
         }
     }
     progress(RepairPhase::VerifyingData, total, total);
+    heal_from_copies(inner, &mut bad, apply, report)?;
     if bad.is_empty() {
         return Ok(());
     }
@@ -556,6 +559,56 @@ fn verify_data(
         }
         for range in named {
             report.damage_left.push(format!("{range}: {cause}"));
+        }
+    }
+    Ok(())
+}
+
+/// Heal each damaged object of `bad` that another live object holding the same
+/// fingerprint (so the same data: a copy the index did not find, stored by a
+/// later write) can heal, from that copy's bytes (`heal.rs`), each said in
+/// `report.repairs`; healed objects leave `bad`. Without `apply`, only says so.
+fn heal_from_copies(
+    inner: &Inner,
+    bad: &mut BTreeMap<u64, (u64, String)>,
+    apply: bool,
+    report: &mut RepairReport,
+) -> Result<()> {
+    let mut wanted: HashMap<[u8; 32], u64> = HashMap::new();
+    for &id in bad.keys() {
+        let (s, idx) = inner.depot.split_object(ObjectId(id));
+        wanted.insert(inner.depot.slab(s).lock().rec(idx).fingerprint, id);
+    }
+    // (damaged object, a live copy of its data): records only, no data read.
+    let mut copies: Vec<(u64, u64, [u8; 32])> = Vec::new();
+    for (s, slab) in inner.depot.touched() {
+        let slab = slab.lock();
+        for idx in slab.objects_in_memory() {
+            let rec = slab.rec(idx);
+            let id = inner.depot.object_id(s, idx).0;
+            if rec.refcount == 0 || bad.contains_key(&id) {
+                continue;
+            }
+            if let Some(damaged) = wanted.remove(&rec.fingerprint) {
+                copies.push((damaged, id, rec.fingerprint));
+            }
+        }
+    }
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    for (damaged, copy, fp) in copies {
+        // Read back a moment ago, and good: read again for its bytes.
+        crate::read_path::read_object(inner, ObjectId(copy), &mut buf, Wait::Yes)?;
+        if !apply {
+            report.repairs.push(format!(
+                "object {damaged}: its damaged data would be healed from object {copy},                  which holds the same data"
+            ));
+            continue;
+        }
+        if crate::heal::heal_object(inner, ObjectId(damaged), &buf, &fp)? {
+            bad.remove(&damaged);
+            report.repairs.push(format!(
+                "object {damaged}: its damaged data was healed from object {copy}, which                  holds the same data: every volume block naming it reads good"
+            ));
         }
     }
     Ok(())

@@ -51,6 +51,8 @@ pub(crate) struct SlabDepot {
     /// meets it midway counts its blocks at worst as not free.
     touched_blocks: AtomicU64,
     touched_headroom: AtomicU64,
+    /// Objects reads found damaged, which a write of their data heals (`heal.rs`).
+    damaged: crate::heal::DamagedObjects,
 }
 
 impl SlabDepot {
@@ -86,6 +88,7 @@ impl SlabDepot {
             metadata_headroom: AtomicU64::new(0),
             touched_blocks: AtomicU64::new(0),
             touched_headroom: AtomicU64::new(0),
+            damaged: crate::heal::DamagedObjects::default(),
         };
         depot.grow(geometry.data_blocks());
         depot
@@ -451,6 +454,11 @@ impl SlabDepot {
         &self.index
     }
 
+    /// The objects known damaged (`heal.rs`).
+    pub(crate) fn damaged(&self) -> &crate::heal::DamagedObjects {
+        &self.damaged
+    }
+
     /// Fragments freed since the last call (the compactor's cue).
     pub(crate) fn take_fragment_frees(&self) -> u64 {
         self.fragment_frees.swap(0, Ordering::AcqRel)
@@ -556,6 +564,8 @@ impl SlabDepot {
     /// dead fragment may leave its packed block mostly empty (the compactor's cue).
     fn forget_freed(&self, o: ObjectId, rec: &ObjRec) {
         self.index.remove(&rec.fingerprint, o);
+        // Its id may hold other data next.
+        self.damaged.take(o);
         if rec.location & (1 << 63) != 0 {
             self.fragment_frees.fetch_add(1, Ordering::Relaxed);
         }

@@ -111,6 +111,8 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         replay_blocks_read_back: i.journal.replayed_blocks().0,
         replay_blocks_damaged: i.journal.replayed_blocks().1,
         damaged_ranges: crate::map_damage::pool_ranges(i),
+        damaged_objects_known: i.depot.damaged().known(),
+        damaged_objects_healed: i.depot.damaged().healed(),
         journal_commits: i.journal.commits(),
         threads: i.zones.threads(),
         limits: vec![
@@ -147,6 +149,14 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
                 i.depot.index().neighbour_hits(),
             ),
             ("index memory bytes".into(), i.depot.index().memory_bytes()),
+            (
+                "damaged objects remembered".into(),
+                crate::heal::DAMAGED_OBJECTS_MAX as u64,
+            ),
+            (
+                "damaged objects not remembered (past the limit)".into(),
+                i.depot.damaged().unremembered(),
+            ),
             ("page store slots".into(), i.geometry.page_slots()),
             (
                 "pages held for the older super block copy".into(),

@@ -286,6 +286,24 @@ pub(crate) fn place(
             found
         }
     };
+    // A known damaged object holding this data, which the index did not name
+    // (still being built, sparse, or past its window): healed below all the same.
+    let found = found.or_else(|| {
+        let o = inner.depot.damaged().find(&fp)?;
+        crate::advice::take_object(&inner.depot, o, &fp)
+    });
+    let found = match found {
+        Some(o) if inner.depot.damaged().contains(o) => {
+            // A write of a damaged object's data heals it for every map naming it;
+            // when it cannot, this block is stored anew, so this map reads good.
+            let healed = crate::heal::heal_object(inner, o, block, &fp);
+            if !matches!(healed, Ok(true)) {
+                inner.depot.release_object(&inner.devices, o)?;
+            }
+            healed?.then_some(o)
+        }
+        other => other,
+    };
     if let Some(o) = found {
         add(&inner.counters.dedup_hits, 1);
         add(&vol.counters().dedup_hits, 1);
