@@ -432,7 +432,7 @@ pub(crate) fn load_map(
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
-    crate::map_damage::record_lost(inner, vol, lost, pages_len);
+    crate::map_damage::record_lost(vol, lost, pages_len);
     vol.tree_written();
     Ok(())
 }
@@ -660,6 +660,7 @@ pub(crate) fn load(
             }
         }
         crate::load::share_loaded_pages(inner);
+        crate::map_damage::warn_lost(inner);
     }
     if let (Some(older), false) = (older, inner.devices.opened_read_only()) {
         crate::older_copy::hold_older_pages(inner, older)?;
