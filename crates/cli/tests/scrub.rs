@@ -222,7 +222,7 @@ fn assert_scrubs_clean(pool: &std::path::Path) {
     assert_check_clean(pool);
 }
 
-/// Regression (issue 37): `volume clone src c1` on a clean pool, then `scrub`: "133
+/// Regression: `volume clone src c1` on a clean pool, then `scrub`: "133
 /// errors found", exit 1, "the page names owner 1 … expected owner 2", and advice to
 /// trim the ranges, while reads and `check --verify-data` were clean. A clone's,
 /// snapshot's and rollback's map pages are their source's, named by its lineage.
