@@ -243,3 +243,62 @@ fn a_bad_map_page_loses_only_its_range_and_check_repair_clears_it() {
     export_equals(&pool, &dir, "a", &expected_a(true));
     export_equals(&pool, &dir, "b", &expected_b());
 }
+
+/// A bad map page a snapshot shares with its volume is one copy: `check` names the
+/// range of both (the snapshot as `VOLUME@SNAPSHOT`, as every command takes it),
+/// the export of each fails naming it, and `check --repair` clears both.
+#[test]
+fn a_bad_map_page_a_snapshot_shares_is_named_for_both() {
+    let dir = TempDir::new("map-damage-shared");
+    let mut server = Server::start_new(dir.path(), &[("sv", "8M")], &[]);
+    qemu_io(
+        &server.unix_uri("sv"),
+        &["write -P 17 0 8388608".into(), "flush".into()],
+    );
+    server.stop();
+    let pool = server.pool.clone();
+    fewerbytes_ok(&pool, &["volume", "snapshot", "sv", "s"]);
+    // Checkpoints that do not touch the page: both super block copies reach it.
+    fewerbytes_ok(&pool, &["volume", "create", "t", "--size", "4M"]);
+    fewerbytes_ok(&pool, &["volume", "delete", "t"]);
+    let block = map_page_block(&pool, volume_id(&pool, "sv"), 1);
+    let mut page = read_block(&pool, block);
+    page[1000] ^= 0x40;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pool)
+        .unwrap()
+        .write_all_at(&page, block * BLOCK)
+        .unwrap();
+    let named = |volume: &str| format!("volume '{volume}' bytes {FIRST}..{}", END - 1);
+
+    let check = fewerbytes(&pool, &["check"]);
+    assert_eq!(check.status.code(), Some(4), "{}", check.report());
+    for volume in ["sv", "sv@s"] {
+        assert!(
+            check.stdout.contains(&named(volume)),
+            "check names {volume}:\n{}",
+            check.report()
+        );
+    }
+    for volume in ["sv", "sv@s"] {
+        let out = dir.join(&format!("{volume}.raw"));
+        let export = fewerbytes(&pool, &["volume", "export", volume, out.to_str().unwrap()]);
+        assert!(!export.status.success(), "{}", export.report());
+        assert!(
+            export.all_output().contains(&named(volume)),
+            "the export of {volume} names its range:\n{}",
+            export.report()
+        );
+    }
+    let repair = fewerbytes(&pool, &["check", "--repair"]);
+    assert_eq!(repair.status.code(), Some(1), "{}", repair.report());
+    for volume in ["sv", "sv@s"] {
+        assert!(
+            repair.stdout.contains(&named(volume)),
+            "the repair names {volume}:\n{}",
+            repair.report()
+        );
+    }
+    assert_check_clean(&pool);
+}

@@ -636,7 +636,9 @@ pub struct ScrubFinding {
     pub what: String,
     /// Each volume byte range that maps a damaged data block, one entry each, named as
     /// every report of damage names it (`volume 'b' bytes 12288..16383 (pool block
-    /// 1380)`); empty for metadata, or when no volume maps it.
+    /// 1380)`); for a damaged block-map page, each volume and snapshot whose map
+    /// reaches it, with the bytes it maps (`volume 'sv@s' bytes 2064384..4128767`);
+    /// empty for other metadata, or when no volume maps it.
     #[serde(default)]
     pub volumes: Vec<String>,
     /// Rewritten from the good copy (the in-memory state, or the other super block copy).

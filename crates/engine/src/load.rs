@@ -18,14 +18,14 @@ use crate::inner::Inner;
 use crate::journal_read::{read_journal, Ring};
 use crate::map_damage::LostPage;
 use crate::map_pages::Entries;
-use crate::page_read::{page_place, read_page};
+use crate::page_read::{check_names, page_place, read_page, tree_page_owner};
 use crate::slab::ObjTable;
 use crate::{EngineError, Result};
 use fewerbytes_format::catalog::{Catalog, TableRoot, VolumeRecord};
 use fewerbytes_format::counters::decode_counters;
 use fewerbytes_format::dir_tree::{level_sizes, level_sizes_of, MAX_DEPTH, MAX_VOLUME_BYTES};
 use fewerbytes_format::page::{
-    refs_per_dir_page, CountRecord, ObjectRecord, PageKind, PageRef, COUNTS_PER_PAGE,
+    refs_per_dir_page, CountRecord, ObjectRecord, PageHeader, PageKind, PageRef, COUNTS_PER_PAGE,
     FINGERPRINTS_PER_PAGE, OBJECTS_PER_PAGE, PAGE_HEADER_BYTES, PAGE_PAYLOAD_BYTES,
     REFS_PER_DIR_PAGE, SLOTS_PER_DIR_PAGE,
 };
@@ -370,34 +370,47 @@ fn load_objects_v1(inner: &Inner, objects: &TableRoot) -> Result<()> {
 /// `map_damage.rs`), a map page or map directory page that fails its checks marks
 /// the volume range it maps damaged, and the load goes on.
 ///
-/// A map page another tree loaded already (`loaded`, by address) is not read
-/// again: the volumes share its entries in memory, and the caller counts the
-/// trees reaching each page once every map is loaded ([`share_loaded_pages`]).
+/// A map page another tree loaded already (`loaded`, by address, with its header) is
+/// not read again: the volumes share its entries in memory, and the
+/// caller counts the trees reaching each page once every map is loaded
+/// ([`share_loaded_pages`]). Its header must name this tree's owner and index as its
+/// own read would check them (`page_read::check_names`): a page reached from two
+/// lines is misplaced.
 pub(crate) fn load_map(
     inner: &Inner,
     record: &VolumeRecord,
     vol: &VolumeState,
     tolerate_damage: bool,
-    loaded: &mut HashMap<u64, Entries>,
+    loaded: &mut HashMap<u64, (Entries, PageHeader)>,
 ) -> Result<()> {
     let pages_len = vol.map_pages().len();
     let mut lost = Vec::new();
     let (tree, refs) = read_tree(
         inner,
         &record.map,
-        record.id,
+        tree_page_owner(PageKind::Directory, record.id, record.lineage),
         pages_len,
         tolerate_damage.then_some(&mut lost),
     )?;
     let mut buf = Box::new([0u8; BLOCK_BYTES]);
+    let owner = tree_page_owner(PageKind::Map, record.id, record.lineage);
     for (p, r) in &refs {
-        if let Some(entries) = loaded.get(&r.address) {
-            vol.load_page(*p, entries.clone(), *r);
-            continue;
-        }
-        // A map page names the lineage of the volumes that share it.
-        let payload = match read_page(inner, &mut buf, PageKind::Map, r, record.lineage, *p) {
-            Ok((_, payload)) => payload,
+        let read = match loaded.get(&r.address) {
+            Some((entries, header)) => check_names(header, owner, *p, None)
+                .or_else(|reason| {
+                    let (_, _, corrupt) = page_place(inner, PageKind::Map, r.address)?;
+                    Err(corrupt(format!("{reason} (another tree reaches it)")))
+                })
+                .map(|()| Loaded::Shared(entries.clone())),
+            None => read_page(inner, &mut buf, PageKind::Map, r, owner, *p)
+                .map(|(header, payload)| Loaded::Read(header, payload)),
+        };
+        let (header, payload) = match read {
+            Ok(Loaded::Shared(entries)) => {
+                vol.load_page(*p, entries, *r);
+                continue;
+            }
+            Ok(Loaded::Read(header, payload)) => (header, payload),
             Err(EngineError::Corrupt {
                 block,
                 device,
@@ -415,13 +428,20 @@ pub(crate) fn load_map(
             *e = reader.u64()?;
         }
         let entries = Entries::new(entries);
-        loaded.insert(r.address, entries.clone());
+        loaded.insert(r.address, (entries.clone(), header));
         vol.load_page(*p, entries, *r);
     }
     *vol.dirs() = tree;
-    crate::map_damage::record_lost(inner, vol, lost, pages_len);
+    crate::map_damage::record_lost(vol, lost, pages_len);
     vol.tree_written();
     Ok(())
+}
+
+/// A map page as [`load_map`] found it: read now (its header and payload), or
+/// loaded by another tree already.
+enum Loaded<'a> {
+    Read(PageHeader, &'a [u8]),
+    Shared(Entries),
 }
 
 /// Once every map is loaded: the durable map pages more than one tree reaches,
@@ -641,6 +661,7 @@ pub(crate) fn load(
             }
         }
         crate::load::share_loaded_pages(inner);
+        crate::map_damage::warn_lost(inner);
     }
     if let (Some(older), false) = (older, inner.devices.opened_read_only()) {
         crate::older_copy::hold_older_pages(inner, older)?;

@@ -37,23 +37,35 @@ pub(crate) use crate::volume_damage::Damage;
 use crate::{EngineError, Result};
 use fewerbytes_format::page::{PageKind, PageRef};
 
-/// Every damaged range of every volume, by volume name.
+/// Every damaged range of every volume and snapshot, by the name a person uses
+/// (`VOLUME@SNAPSHOT` for a snapshot). A map page shared along a lineage fails for
+/// every tree that reaches it: each is listed, so the report names them all.
 pub(crate) fn pool_ranges(inner: &Inner) -> Vec<DamagedRange> {
     let mut ranges: Vec<DamagedRange> = inner
         .volumes
         .all()
         .iter()
-        .flat_map(|v| v.damaged_ranges())
+        .flat_map(|v| named_ranges(inner, v))
         .collect();
     ranges.sort_by(|a, b| (&a.volume, a.offset_bytes).cmp(&(&b.volume, b.offset_bytes)));
     ranges
 }
 
+/// The damaged ranges of `vol`, named as a person names it.
+fn named_ranges(inner: &Inner, vol: &VolumeState) -> Vec<DamagedRange> {
+    let name = inner.volumes.full_name(vol);
+    let mut ranges = vol.damaged_ranges();
+    for range in &mut ranges {
+        range.volume.clone_from(&name);
+    }
+    ranges
+}
+
 /// Mark volume `vol` (a map of `pages_len` pages) damaged where the pages in `lost`
-/// failed at open, each named in a warning.
-pub(crate) fn record_lost(inner: &Inner, vol: &VolumeState, lost: Vec<LostPage>, pages_len: u64) {
+/// failed at open ([`warn_lost`] names them once every volume is loaded).
+pub(crate) fn record_lost(vol: &VolumeState, lost: Vec<LostPage>, pages_len: u64) {
     for page in lost {
-        let damage = Damage {
+        vol.add_damage(Damage {
             first_page: page.first_page.min(pages_len),
             end_page: page.first_page.saturating_add(page.pages).min(pages_len),
             level: page.level,
@@ -61,15 +73,20 @@ pub(crate) fn record_lost(inner: &Inner, vol: &VolumeState, lost: Vec<LostPage>,
             block: page.block,
             device: page.device,
             reason: page.reason,
-        };
-        let range = damage.range(&vol.name(), vol.size_blocks());
+        });
+    }
+}
+
+/// A warning for each damaged range the open found, once every volume is loaded
+/// (a snapshot is named with its origin's name, `VOLUME@SNAPSHOT`).
+pub(crate) fn warn_lost(inner: &Inner) {
+    for range in pool_ranges(inner) {
         tracing::warn!(
             "{}: {}; the rest of the pool is served, and the range is refused (EIO) \
              until `fewerbytes check --repair` clears it",
             inner.devices.meta().name(),
             range.describe()
         );
-        vol.add_damage(damage);
     }
 }
 
@@ -158,7 +175,7 @@ pub(crate) fn clear_for_repair(
     report: &mut RepairReport,
 ) -> Result<()> {
     for vol in inner.volumes.all() {
-        let ranges = vol.damaged_ranges();
+        let ranges = named_ranges(inner, &vol);
         if ranges.is_empty() {
             continue;
         }

@@ -4,6 +4,10 @@
 //! owner and index it must have, and from version 2 the crc and generation its parent
 //! holds). `load.rs` reads the tables through it, `dir_copies.rs` a directory page's
 //! second copy, `map_damage.rs` asks where a lost page lay.
+//!
+//! What a page's header must name is decided here for every reader (the load, so
+//! `check`, repair, `list-metadata` and `send`, which read what it loaded; and the
+//! scrub, which reads the device again): [`tree_page_owner`] and [`check_names`].
 
 use crate::inner::Inner;
 use crate::page_store::address_block;
@@ -69,12 +73,7 @@ pub(crate) fn read_page_at(
             header.version
         )));
     }
-    if header.owner != owner || header.index != index {
-        return Err(corrupt(format!(
-            "page names owner {} index {}, expected owner {owner} index {index}",
-            header.owner, header.index
-        )));
-    }
+    check_names(&header, owner, index, None).map_err(&corrupt)?;
     if header.generation > generation {
         return Err(corrupt(format!(
             "page generation {} is newer than the super block's",
@@ -86,6 +85,49 @@ pub(crate) fn read_page_at(
         store.mark_address(a);
     }
     Ok(header)
+}
+
+/// The owner a page of volume `id`'s block-map tree names in its header (docs/format.md,
+/// "Lineage"). A map page (`PageKind::Map`) names the volume's `lineage`: the id of the
+/// volume the line began with, made empty. A clone, a snapshot or a rollback takes its
+/// source's pages and its source's lineage whole, and every page a checkpoint writes
+/// for it names that lineage too, so a page shared along a line names the same owner
+/// in every tree that reaches it, and a tree's pages all name one owner. Volume ids
+/// are never reused, so no volume outside the line has that id: a map page naming any
+/// other owner is misplaced. A directory page names the volume's own `id` (each tree
+/// has its own directory pages).
+pub(crate) fn tree_page_owner(kind: PageKind, id: u64, lineage: u64) -> u64 {
+    match kind {
+        PageKind::Map => lineage,
+        _ => id,
+    }
+}
+
+/// Whether `header` names the place it was read for: `owner` (for a volume's map
+/// tree, [`tree_page_owner`]), `index`, and `level` when the reader knows it. The one
+/// comparison of a page's owner: every reader calls it, so a page one reader takes is
+/// a page every reader takes.
+pub(crate) fn check_names(
+    header: &PageHeader,
+    owner: u64,
+    index: u64,
+    level: Option<u8>,
+) -> std::result::Result<(), String> {
+    let level_differs = level.is_some_and(|l| l != header.level);
+    if header.owner == owner && header.index == index && !level_differs {
+        return Ok(());
+    }
+    Err(match level {
+        Some(level) => format!(
+            "the page names owner {} index {} level {}, expected owner {owner} index \
+             {index} level {level}",
+            header.owner, header.index, header.level
+        ),
+        None => format!(
+            "the page names owner {} index {}, expected owner {owner} index {index}",
+            header.owner, header.index
+        ),
+    })
 }
 
 /// Where the page at `address` lies: its device, the block there, and the

@@ -11,7 +11,11 @@
 //! shared (as every request step holds it). Requests never wait for the scrub's
 //! reads but for one 4 KiB read at a time.
 //!
-//! Both copies of a directory page (format version 3) are read and verified.
+//! Both copies of a directory page (format version 3) are read and verified. A
+//! map page several trees share (a clone's, a snapshot's, a rollback's: format
+//! flag bit 7) is one durable copy: it is read once, checked against the owner its
+//! lineage names (`page_read::tree_page_owner`, as the load checks it), and a
+//! failure is reported once, naming every volume and snapshot that reaches it.
 //!
 //! Repairs: while a pool is open its memory holds every page's content, loaded
 //! verified at open and changed since only by the engine. A damaged page is
@@ -27,6 +31,7 @@ use crate::block_map::{VolumeState, ENTRIES_PER_PAGE};
 use crate::checkpoint::{FINGERPRINT_TABLE_OWNER, OBJECT_TABLE_OWNER};
 use crate::dir_tree::DirTree;
 use crate::inner::{Inner, Wait};
+use crate::page_read::{check_names, tree_page_owner};
 use crate::slab::ObjTable;
 use crate::Result;
 use fewerbytes_format::location::{Location, MapEntry, ObjectId};
@@ -36,6 +41,7 @@ use fewerbytes_format::page::{
 use fewerbytes_format::superblock::SuperBlock;
 use fewerbytes_format::{BLOCK_BYTES, FORMAT_VERSION_1};
 use parking_lot::MutexGuard;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -80,7 +86,12 @@ impl Site {
             Site::Table(ObjTable::Fingerprints, s, k) => {
                 (PageKind::Fingerprints, u64::from(*s), *k as u64, 0)
             }
-            Site::Map(vol, p) => (PageKind::Map, vol.id(), *p, 0),
+            Site::Map(vol, p) => (
+                PageKind::Map,
+                tree_page_owner(PageKind::Map, vol.id(), vol.lineage()),
+                *p,
+                0,
+            ),
         }
     }
 
@@ -97,22 +108,24 @@ impl Site {
     }
 
     /// The page in words, for the report.
-    fn describe(&self) -> String {
+    fn describe(&self, inner: &Inner) -> String {
         match self {
             Site::Catalog(i) => format!("catalog page {i}"),
             Site::Counters => "counters page".into(),
             Site::Dir(tree, l, _, k) => {
-                format!("{} directory page {k} of level {}", tree.describe(), l + 1)
+                format!(
+                    "{} directory page {k} of level {}",
+                    tree.describe(inner),
+                    l + 1
+                )
             }
             Site::Table(ObjTable::Counts, s, k) => format!("count page {k} of slab {s}"),
             Site::Table(ObjTable::Fingerprints, s, k) => {
                 format!("fingerprint page {k} of slab {s}")
             }
             Site::Map(vol, p) => format!(
-                "block-map page {p} of volume '{}' (bytes {}..{})",
-                vol.name(),
-                p * ENTRIES_PER_PAGE * BLOCK,
-                (p + 1) * ENTRIES_PER_PAGE * BLOCK - 1
+                "block-map page {p} of {}",
+                map_range(&inner.volumes.full_name(vol), *p)
             ),
         }
     }
@@ -156,15 +169,15 @@ impl Tree {
         match self {
             Tree::Counts => OBJECT_TABLE_OWNER,
             Tree::Fingerprints => FINGERPRINT_TABLE_OWNER,
-            Tree::Map(vol) => vol.id(),
+            Tree::Map(vol) => tree_page_owner(PageKind::Directory, vol.id(), vol.lineage()),
         }
     }
 
-    fn describe(&self) -> String {
+    fn describe(&self, inner: &Inner) -> String {
         match self {
             Tree::Counts => "count table".into(),
             Tree::Fingerprints => "fingerprint table".into(),
-            Tree::Map(vol) => format!("volume '{}' block-map", vol.name()),
+            Tree::Map(vol) => format!("volume '{}' block-map", inner.volumes.full_name(vol)),
         }
     }
 
@@ -237,11 +250,14 @@ fn walk(inner: &Inner) -> Result<bool> {
             }
         }
     }
+    let mut met = MetPages::default();
     for vol in inner.volumes.all() {
         let mut next = 0u64;
         while let Some(p) = next_written_page(&vol, next) {
             step!();
-            check_site(inner, &Site::Map(vol.clone(), p));
+            if met.first_meeting(&vol, p) {
+                check_site(inner, &Site::Map(vol.clone(), p));
+            }
             next = p + 1;
         }
     }
@@ -279,6 +295,36 @@ fn pool_sites(inner: &Inner) -> Vec<Site> {
         }
     }
     sites
+}
+
+/// The shared map pages a walk has met: a page several trees reach (a clone's, a
+/// snapshot's, a rollback's) is one durable copy, read and reported once.
+#[derive(Default)]
+struct MetPages {
+    seen: HashSet<(u64, u32, u32)>,
+}
+
+impl MetPages {
+    /// Whether page `p` of `vol` is met for the first time: a page only this tree
+    /// reaches always is; a shared one, the first time its durable copy is met.
+    fn first_meeting(&mut self, vol: &VolumeState, p: u64) -> bool {
+        let pages = vol.map_pages();
+        let Some(page) = pages.get(p) else {
+            return true;
+        };
+        let page = page.lock();
+        let d = page.durable();
+        !page.is_shared() || self.seen.insert((d.address, d.crc, d.generation))
+    }
+}
+
+/// `volume 'NAME' bytes A..B`: the bytes map page `p` maps, as a person names them.
+fn map_range(name: &str, p: u64) -> String {
+    format!(
+        "volume '{name}' bytes {}..{}",
+        p * ENTRIES_PER_PAGE * BLOCK,
+        (p + 1) * ENTRIES_PER_PAGE * BLOCK - 1
+    )
 }
 
 /// The first page at or after `p` with a durable copy.
@@ -335,12 +381,13 @@ fn bytes_to_verify(inner: &Inner) -> u64 {
             }
         }
     }
+    let mut met = MetPages::default();
     for vol in inner.volumes.all() {
-        let map = vol.map_pages();
-        pages += map
-            .iter()
-            .filter(|(_, page)| !page.lock().durable().is_none())
-            .count() as u64;
+        let mut next = 0u64;
+        while let Some(p) = next_written_page(&vol, next) {
+            pages += u64::from(met.first_meeting(&vol, p));
+            next = p + 1;
+        }
     }
     (2 + pages) * BLOCK + stored
 }
@@ -428,13 +475,7 @@ fn verify_copy(
             header.version
         ));
     }
-    if header.owner != owner || header.index != index || header.level != level {
-        return Err(format!(
-            "{at}: the page names owner {} index {} level {}, expected owner {owner} \
-             index {index} level {level}",
-            header.owner, header.index, header.level
-        ));
-    }
+    check_names(&header, owner, index, Some(level)).map_err(|e| format!("{at}: {e}"))?;
     if header.generation > generation {
         return Err(format!(
             "{at}: page generation {} is newer than the super block's {generation}",
@@ -444,7 +485,9 @@ fn verify_copy(
     Ok(())
 }
 
-/// Verify one page; report, and repair, a failure.
+/// Verify one page; report, and repair, a failure. A damaged map page is reported
+/// once with every volume and snapshot whose tree reaches it: each loses the bytes
+/// it maps until the page is rewritten.
 fn check_site(inner: &Inner, site: &Site) {
     match verify_page(inner, site) {
         Ok(copies) => {
@@ -454,20 +497,57 @@ fn check_site(inner: &Inner, site: &Site) {
         }
         Err((copies, reason)) => {
             inner.scrubber.verified(copies * BLOCK, true);
-            let what = format!("{}: {reason}", site.describe());
-            tracing::error!("scrub: {what}");
-            let repaired = repair_page(inner, site);
-            if repaired {
-                tracing::info!("scrub: rewrote {} from memory", site.describe());
+            let sharers = sharers(inner, site);
+            let mut what = format!("{}: {reason}", site.describe(inner));
+            if sharers.len() > 1 {
+                what.push_str(&format!(
+                    " (one copy {} volumes and snapshots share: each maps these bytes \
+                     through it)",
+                    sharers.len()
+                ));
             }
+            tracing::error!("scrub: {what}");
+            let repaired = repair_page(inner, &sharers);
+            if repaired {
+                tracing::info!("scrub: rewrote {} from memory", site.describe(inner));
+            }
+            let volumes = sharers
+                .iter()
+                .filter_map(|s| match s {
+                    Site::Map(vol, p) => Some(map_range(&inner.volumes.full_name(vol), *p)),
+                    _ => None,
+                })
+                .collect();
             inner.scrubber.found(ScrubFinding {
                 region: site.region().to_string(),
                 what,
-                volumes: Vec::new(),
+                volumes,
                 repaired,
             });
         }
     }
+}
+
+/// The sites that reach the page `site` names: for a map page, page `p` of every
+/// tree whose durable reference is the same copy (a clone, a snapshot or a
+/// rollback shares its source's page `p` as its own page `p`); else `site` alone.
+fn sharers(inner: &Inner, site: &Site) -> Vec<Site> {
+    let Site::Map(vol, p) = site else {
+        return vec![site.clone()];
+    };
+    let _ck = inner.checkpointer.serialize();
+    let reference = site.reference(inner);
+    let mut found = vec![site.clone()];
+    if reference.is_none() {
+        return found;
+    }
+    for other in inner.volumes.all() {
+        let at = Site::Map(other.clone(), *p);
+        if other.id() != vol.id() && at.reference(inner) == reference {
+            found.push(at);
+        }
+    }
+    found
 }
 
 /// Whether the pool may be written (a repair is a checkpoint).
@@ -475,13 +555,33 @@ fn writable(inner: &Inner) -> bool {
     !inner.devices.opened_read_only() && inner.devices.latched().is_none()
 }
 
-/// Mark the page dirty, take a checkpoint, and read it again: true if it now
-/// reads back good.
-fn repair_page(inner: &Inner, site: &Site) -> bool {
+/// Mark the page dirty in every tree that reaches it (`sites`), take a checkpoint,
+/// and read each again: true if every one now reads back good.
+fn repair_page(inner: &Inner, sites: &[Site]) -> bool {
     if !writable(inner) {
         return false;
     }
-    let marked = match site {
+    // Every site marked, even past one that cannot be: each marked one is rewritten.
+    let marked = sites.iter().filter(|site| mark_page(inner, site)).count();
+    if marked < sites.len() {
+        return false;
+    }
+    if let Err(e) = crate::checkpoint::checkpoint(inner) {
+        tracing::error!(
+            "scrub: the checkpoint that rewrites {} failed: {e}",
+            sites.first().map(|s| s.describe(inner)).unwrap_or_default()
+        );
+        return false;
+    }
+    sites
+        .iter()
+        .all(|site| matches!(verify_page(inner, site), Ok(n) if n > 0))
+}
+
+/// Mark the page `site` names for the next checkpoint to rewrite; false if it
+/// cannot be (no longer written, or gone).
+fn mark_page(inner: &Inner, site: &Site) -> bool {
+    match site {
         // The catalog is rewritten whole by every checkpoint.
         Site::Catalog(_) => true,
         Site::Counters => {
@@ -501,18 +601,7 @@ fn repair_page(inner: &Inner, site: &Site) -> bool {
             }
             _ => false,
         },
-    };
-    if !marked {
-        return false;
     }
-    if let Err(e) = crate::checkpoint::checkpoint(inner) {
-        tracing::error!(
-            "scrub: the checkpoint that rewrites {} failed: {e}",
-            site.describe()
-        );
-        return false;
-    }
-    matches!(verify_page(inner, site), Ok(n) if n > 0)
 }
 
 fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
@@ -523,8 +612,9 @@ fn mark_map_page(inner: &Inner, vol: &VolumeState, p: u64) -> bool {
             if !page.is_written() {
                 return false;
             }
-            // A page other trees reach is made this volume's own (each tree's
-            // copy is rewritten as the scrub meets it).
+            // A page other trees reach is made this volume's own: `repair_page`
+            // marks each tree that reaches it, and the last one left holds the
+            // durable copy alone, so its page is rewritten in place of it.
             let gained = page.make_own(inner.volumes.shares(), inner.checkpointer.dirty_pages());
             if inner.depot.add_references(&inner.devices, &gained).is_err() {
                 return false;
@@ -654,7 +744,7 @@ fn mapped_by(inner: &Inner, o: ObjectId, at: crate::damage::DamagedAt) -> Vec<St
         });
         for (a, b) in ranges {
             found.push(crate::damage::volume_range(
-                &vol.name(),
+                &inner.volumes.full_name(&vol),
                 a * BLOCK,
                 (b - a) * BLOCK,
                 at,

@@ -453,3 +453,72 @@ fn a_damaged_volume_rolled_back_to_a_snapshot_reads_the_snapshot_whole() {
     assert_no_count_below_its_references(&pool.audit().problems, "reopened");
     pool.close().unwrap();
 }
+
+/// A bad map page a snapshot shares is one copy: the volume and its snapshot both
+/// lose the range it maps, and both are named, the snapshot as `VOLUME@SNAPSHOT`
+/// (before, as its bare name, which no command takes); the repair clears both and
+/// the rest of each reads back.
+#[test]
+fn a_bad_map_page_a_snapshot_shares_damages_and_names_both() {
+    let (mut t, model) = two_volumes();
+    let id = volume_id(t.pool(), "a");
+    t.pool().snapshot_volume("a", "s").unwrap();
+    let (image, block) = image_with_a_bad_page(&mut t, id);
+    let (dev, pool) = open_image(image);
+    let ranges = pool.damaged_ranges();
+    let names: Vec<&str> = ranges.iter().map(|r| r.volume.as_str()).collect();
+    assert_eq!(names, ["a", "a@s"], "{ranges:#?}");
+    for r in &ranges {
+        assert_eq!(r.offset_bytes, DAMAGED.start * BLOCK as u64);
+        assert_eq!(r.block, block, "one page, one block: {r:#?}");
+    }
+    let problems = pool.audit().problems;
+    for name in ["a", "a@s"] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(&format!("volume '{name}' bytes {}", DAMAGED.start * 4096))),
+            "{problems:?}"
+        );
+    }
+    let snapshot = pool.open_volume("a@s").unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    assert!(matches!(
+        snapshot.read(DAMAGED.start * BLOCK as u64, &mut buf),
+        Err(EngineError::Damaged { .. })
+    ));
+    drop(snapshot);
+    pool.close().unwrap();
+    let dev = Arc::new(FaultStorage::from_image(
+        "data",
+        dev.crash_image(CrashMode::KeepAll),
+    ));
+    let pool = Pool::open_devices_for_repair(dev.clone() as Arc<dyn Storage>, None, &OPTS).unwrap();
+    let report = pool
+        .repair(
+            &RepairOptions {
+                apply: true,
+                verify_data: false,
+            },
+            &|_, _, _| {},
+        )
+        .unwrap();
+    for name in ["a", "a@s"] {
+        assert!(
+            report
+                .repairs
+                .iter()
+                .any(|r| r.starts_with(&format!("volume '{name}' bytes"))
+                    && r.contains("now reads as zeros")),
+            "{:?}",
+            report.repairs
+        );
+    }
+    pool.close().unwrap();
+    let (_dev, pool) = open_image(dev.crash_image(CrashMode::KeepAll));
+    assert!(pool.damaged_ranges().is_empty());
+    verify(&pool, &model, DAMAGED, "repaired");
+    let audit = pool.audit();
+    assert!(audit.problems.is_empty(), "{:?}", audit.problems);
+    pool.close().unwrap();
+}

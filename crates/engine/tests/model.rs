@@ -4,9 +4,10 @@
 //! likewise, clones, snapshots (taken, rolled back to, deleted, written to and
 //! refused), deletes, flushes, compaction, clean reopens and crashes that
 //! keep none, all or a random subset of the unflushed writes (some torn at 512-byte
-//! boundaries). Each case ends with a reference-count audit. A second model runs a
-//! receive's engine steps (frozen internal bases, hidden partial volumes, the checked
-//! in-place final step) interleaved with writes to the target and the live base.
+//! boundaries). Each case ends with a reference-count audit and a scrub. A second
+//! model runs a receive's engine steps (frozen internal bases, hidden partial
+//! volumes, the checked in-place final step) interleaved with writes to the target
+//! and the live base.
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -369,6 +370,10 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
     }
     let audit = p.audit();
     assert!(audit.problems.is_empty(), "audit: {:?}", audit.problems);
+    // The pages the clones, snapshots and rollbacks share, read back from the device
+    // and checked as the load checks them: a healthy pool scrubs clean.
+    let scrub = scrub_to_end(p);
+    assert_eq!(scrub.errors_found, 0, "scrub: {:#?}", scrub.findings);
 }
 
 proptest! {
