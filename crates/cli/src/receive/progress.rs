@@ -1,16 +1,15 @@
 //! A receive's progress file, `<pool>.receive.NAME.json` (for a pool that is not a
 //! file, in the state directory): which stream, how far it is durable, and the
 //! volumes the receive made. It lies in a directory other users may write (a pool
-//! beside other files), so it is written through a new file under a random name,
-//! made `O_EXCL | O_NOFOLLOW` and mode 0600, then renamed over; it is read only when
-//! it is a regular file of this user; and the volumes it names must be the ones a
-//! receive into NAME makes, so a planted file can neither overwrite another file
-//! nor make `--abandon` delete a volume the receive did not make.
+//! beside other files), so it is written through `companion::replace_file` (a new
+//! file of a random name made `O_EXCL | O_NOFOLLOW`, mode 0600, renamed over); it is
+//! read only when it is a regular file of this user; and the volumes it names must be
+//! the ones a receive into NAME makes, so a planted file can neither overwrite another
+//! file nor make `--abandon` delete a volume the receive did not make.
 
 use anyhow::{bail, Context, Result};
 use fewerbytes_engine::InternalName;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -146,28 +145,11 @@ pub(super) fn read_saved(path: &Path, name: &str, names: &Names) -> Result<Optio
     Ok(Some(saved))
 }
 
-/// Write the progress file durably: a new file under a random name beside it
-/// (`O_EXCL | O_NOFOLLOW`, mode 0600), synced, renamed over, the directory synced.
+/// Write the progress file durably, through the one writer of a pool's companion
+/// files (`companion::replace_file`: a new file of a random name made `O_EXCL |
+/// O_NOFOLLOW`, mode 0600, synced, renamed over, the directory synced).
 pub(super) fn write_saved(pool_path: &Path, path: &Path, saved: &Saved) -> Result<()> {
     homes::make_home(pool_path, path)?;
-    let aside = homes::with_suffix(path, &format!(".{:016x}.new", rand::random::<u64>()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&aside)
-        .with_context(|| format!("could not create {}", aside.display()))?;
-    let written = file
-        .write_all(&serde_json::to_vec(saved)?)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| std::fs::rename(&aside, path));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&aside);
-        return Err(e).with_context(|| format!("could not write {}", path.display()));
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    fewerbytes_engine::companion::replace_file(path, &serde_json::to_vec(saved)?)
+        .with_context(|| format!("could not write {}", path.display()))
 }
