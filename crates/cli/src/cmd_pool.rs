@@ -426,6 +426,14 @@ fn print_info(info: &PoolInfo) {
             "Damaged ranges",
             crate::cmd_stats::damaged_summary(info.damaged_range_count),
         ),
+        (
+            "Damaged blocks",
+            format!(
+                "{} known (writing their good data back heals them), {} of them carried \
+                 over from the last open",
+                info.damaged_objects_known, info.damaged_objects_carried_over
+            ),
+        ),
         ("Scrub", crate::cmd_scrub::summary(&info.scrub)),
         (
             "Open by",

@@ -80,9 +80,9 @@ pub fn stats(args: StatsArgs, pool_path: &Path) -> Result<ExitCode> {
 /// The stored blocks found damaged and healed since open, for the text summary.
 fn damaged_blocks_summary(pool: &PoolStats) -> String {
     format!(
-        "{} known damaged (reads of them fail; writing their good data back heals them), \
-         {} healed since open",
-        pool.damaged_objects_known, pool.damaged_objects_healed
+        "{} known damaged (reads of them fail; writing their good data back heals them; \
+         {} of them carried over from the last open), {} healed since open",
+        pool.damaged_objects_known, pool.damaged_objects_carried_over, pool.damaged_objects_healed
     )
 }
 

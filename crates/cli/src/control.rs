@@ -1009,7 +1009,12 @@ pub fn open_pool_read_only(pool_path: &Path, options: &OpenOptions) -> Result<Ar
 /// Open a pool to repair it ([`Pool::open_for_repair`]), saying which pool when it fails.
 pub fn open_pool_for_repair(pool_path: &Path, options: &OpenOptions) -> Result<Arc<Pool>> {
     require_pool(pool_path)?;
-    Pool::open_for_repair(pool_path, options)
+    // The damaged-block hint beside the pool (a repair open keeps no saved index).
+    let options = OpenOptions {
+        saved_index: SavedIndex::Beside,
+        ..options.clone()
+    };
+    Pool::open_for_repair(pool_path, &options)
         .with_context(|| format!("could not open pool {}", pool_path.display()))
 }
 

@@ -219,3 +219,65 @@ fn a_corrective_receive_of_a_good_stream_heals_a_damaged_block() {
     let ran = fewerbytes(&pool, &["check", "--verify-data"]);
     assert_eq!(ran.status.code(), Some(0), "{}", ran.report());
 }
+
+/// The damaged blocks a server knew, carried over a restart: `nbdcopy` of the good
+/// image after the restart heals, with no read of the block in between. Before, the
+/// restarted server knew nothing, and the good data deduplicated onto the damaged
+/// block: every read still failed.
+#[test]
+fn nbdcopy_of_the_good_image_after_a_restart_heals_a_block_a_read_found_damaged_before_it() {
+    require_tool("nbdcopy");
+    require_tool("qemu-io");
+    let dir = TempDir::new("heal-restart");
+    let (pool, image, good) = pool_with_two_copies(&dir);
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    damage_block(&pool, &image);
+    assert_read_fails(&server, "vm");
+    assert!(server.stop().success(), "{}", server.log_text());
+
+    server.spawn();
+    let stats = server.stats();
+    assert_eq!(stats["damaged_objects_carried_over"], 1, "{stats:#}");
+    assert_eq!(stats["damaged_objects_known"], 1, "{stats:#}");
+    run_ok(tool("nbdcopy").arg(&good).arg(server.unix_uri("vm")));
+    assert_volumes_read(&server, &dir, &image, "after nbdcopy after a restart");
+    assert_eq!(server.stats()["damaged_objects_healed"], 1);
+    let ran = server.cli(&["scrub", "--wait"]);
+    assert_eq!(ran.status.code(), Some(0), "{}", ran.report());
+    assert!(server.stop().success(), "{}", server.log_text());
+}
+
+/// `check --verify-data` with no server running finds the damaged block; the server
+/// started after it knows it, and `nbdcopy` of the good image heals it.
+#[test]
+fn an_offline_check_verify_data_s_finding_heals_when_the_good_image_is_written_over_nbd() {
+    require_tool("nbdcopy");
+    let dir = TempDir::new("heal-offline-check");
+    let (pool, image, good) = pool_with_two_copies(&dir);
+    damage_block(&pool, &image);
+    let ran = fewerbytes(&pool, &["check", "--verify-data"]);
+    assert_ne!(ran.status.code(), Some(0), "{}", ran.report());
+    let info = fewerbytes_ok(&pool, &["pool", "info"]);
+    assert!(info.stdout.contains("Damaged blocks"), "{}", info.report());
+
+    let mut server = Server::start(dir.path(), &pool, &[]);
+    let text = server.cli_ok(&["stats"]);
+    assert!(
+        text.stdout
+            .contains("1 of them carried over from the last open"),
+        "{}",
+        text.report()
+    );
+    run_ok(tool("nbdcopy").arg(&good).arg(server.unix_uri("vm")));
+    assert_volumes_read(
+        &server,
+        &dir,
+        &image,
+        "after nbdcopy after check --verify-data",
+    );
+    let ran = server.cli(&["scrub", "--wait"]);
+    assert_eq!(ran.status.code(), Some(0), "{}", ran.report());
+    assert!(server.stop().success(), "{}", server.log_text());
+    let ran = fewerbytes(&pool, &["check", "--verify-data"]);
+    assert_eq!(ran.status.code(), Some(0), "{}", ran.report());
+}

@@ -75,8 +75,9 @@ pub struct OpenOptions {
     /// while the index is known to be rebuilding.
     pub hold_index_build: bool,
     /// Where the dedup index is saved at a clean close and loaded from at the next
-    /// read-write open (`index_save.rs`). Default: not saved (the command line
-    /// saves it beside the pool).
+    /// read-write open (`index_save.rs`); the damaged blocks known are kept beside
+    /// it as a hint for the next open, `<...>.damaged` (`damage_hint.rs`). Default:
+    /// neither is kept (the command line keeps both beside the pool).
     pub saved_index: SavedIndex,
     /// Take the pool's devices over from a holder that died or was cut off (a pool
     /// on RBD images: the holder is blocklisted and its lock broken, then the pool
@@ -274,6 +275,13 @@ pub struct PoolInfo {
     /// `stats` and `Pool::damaged_ranges` list them).
     #[serde(default)]
     pub damaged_range_count: u64,
+    /// Stored objects known damaged now (`PoolStats::damaged_objects_known`).
+    #[serde(default)]
+    pub damaged_objects_known: u64,
+    /// Of those, the ones the last open knew and this open found still damaged
+    /// (`PoolStats::damaged_objects_carried_over`).
+    #[serde(default)]
+    pub damaged_objects_carried_over: u64,
     /// Block-map pages more than one volume's tree reaches (clones and snapshots
     /// share their source's pages until either writes below them).
     #[serde(default)]
@@ -553,6 +561,11 @@ pub struct PoolStats {
     /// afresh, and every volume block naming them reads it.
     #[serde(default)]
     pub damaged_objects_healed: u64,
+    /// Of the damaged objects the last open knew (its hint beside the pool,
+    /// `damage_hint.rs`), those this open read at open and found still damaged:
+    /// known damaged from the start, so a write of their good data heals them.
+    #[serde(default)]
+    pub damaged_objects_carried_over: u64,
     /// Journal commits since open (group commits).
     pub journal_commits: u64,
     /// Worker threads (and zones).

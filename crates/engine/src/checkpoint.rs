@@ -864,6 +864,9 @@ pub(crate) fn commit_loop(inner: &Inner) {
                     tracing::error!("checkpoint failed: {e}");
                 }
             }
+            Work::Idle => {}
         }
+        // The damaged blocks known, if they changed, about once a second.
+        crate::damage_hint::save(inner, false);
     }
 }

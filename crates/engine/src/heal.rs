@@ -20,8 +20,9 @@
 //! at the good copy. The data sync before every journal write (`journal.rs:
 //! commit`) makes the block durable before the record.
 //!
-//! The set lives in memory: a restarted server knows no damaged object until a
-//! read or the scrub meets one again.
+//! The set lives in memory, and is kept as a hint beside the pool
+//! (`damage_hint.rs`): the next read-write open reads each object it names again and
+//! knows those that still fail, so a write of good data after a restart heals too.
 
 use crate::fingerprint::Fingerprint;
 use crate::inner::Inner;
@@ -53,6 +54,12 @@ pub(crate) struct DamagedObjects {
     healed: AtomicU64,
     /// Damaged objects met while the set was full.
     unremembered: AtomicU64,
+    /// Changes to `objects` since open: the hint is written again when they moved.
+    changes: AtomicU64,
+    /// Objects the hint named at open that failed their read again then.
+    carried_over: AtomicU64,
+    /// Where the hint is kept and when it was last written (`damage_hint.rs`).
+    pub(crate) hint: Mutex<crate::damage_hint::HintState>,
 }
 
 /// The damaged objects, both ways.
@@ -76,6 +83,7 @@ impl DamagedObjects {
         known.by_object.insert(o.0, (*fp, reason));
         known.by_fingerprint.insert(*fp, o.0);
         self.known.store(known.by_object.len(), Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// Whether object `o` is known damaged.
@@ -109,9 +117,35 @@ impl DamagedObjects {
             if known.by_fingerprint.get(fp) == Some(&o.0) {
                 known.by_fingerprint.remove(fp);
             }
+            self.changes.fetch_add(1, Ordering::Release);
         }
         self.known.store(known.by_object.len(), Ordering::Release);
         taken
+    }
+
+    /// Every known damaged object: id, fingerprint and reason, by id.
+    pub(crate) fn entries(&self) -> Vec<(u64, Fingerprint, String)> {
+        let known = self.objects.lock();
+        known
+            .by_object
+            .iter()
+            .map(|(o, (fp, reason))| (*o, *fp, reason.clone()))
+            .collect()
+    }
+
+    /// Changes to the set since open.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Count an object the hint named that is still damaged.
+    pub(crate) fn count_carried_over(&self) {
+        self.carried_over.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Objects the hint named at open that were still damaged then.
+    pub(crate) fn carried_over(&self) -> u64 {
+        self.carried_over.load(Ordering::Relaxed)
     }
 
     /// Objects known damaged now.

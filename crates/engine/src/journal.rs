@@ -135,6 +135,8 @@ pub enum Work {
     Commit,
     /// Take a checkpoint.
     Checkpoint,
+    /// Nothing asked for a second: the commit thread's chance for periodic work.
+    Idle,
     /// Stop.
     Shutdown,
 }
@@ -450,7 +452,13 @@ impl Journal {
                     return Work::Commit;
                 }
             }
-            self.wake.wait_for(&mut s, Duration::from_secs(1));
+            if self
+                .wake
+                .wait_for(&mut s, Duration::from_secs(1))
+                .timed_out()
+            {
+                return Work::Idle;
+            }
         }
     }
 

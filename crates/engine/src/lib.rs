@@ -23,6 +23,7 @@ mod compactor;
 pub mod companion;
 mod counters;
 mod damage;
+mod damage_hint;
 mod damaged_range;
 mod devices;
 mod dir_copies;

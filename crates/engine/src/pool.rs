@@ -726,6 +726,12 @@ impl Pool {
             inner.devices.meta().set_discard_enabled(false);
         }
         crate::load::load(&inner, &sb, copies.older.as_ref(), tolerate_map_damage)?;
+        if mode != OpenMode::ReadOnly {
+            let index = crate::index_save::resolve(&opts.saved_index, meta_dev.name(), nonce);
+            if let Some(index) = index {
+                crate::damage_hint::load(&inner, crate::damage_hint::path_for(&index));
+            }
+        }
         if let Some((copy, _)) = &copies.damaged {
             if !inner.devices.opened_read_only() {
                 // The open's checkpoint (generation + 1) went to the damaged copy.
@@ -808,6 +814,8 @@ impl Pool {
             replay_blocks_read_back: i.journal.replayed_blocks().0,
             replay_blocks_damaged: i.journal.replayed_blocks().1,
             damaged_range_count: crate::map_damage::pool_ranges(i).len() as u64,
+            damaged_objects_known: i.depot.damaged().known(),
+            damaged_objects_carried_over: i.depot.damaged().carried_over(),
             shared_map_pages: i.volumes.shares().shared_pages(),
             shared_maps: sb.flags & fewerbytes_format::superblock::FLAG_SHARED_MAPS != 0,
         }
@@ -1281,6 +1289,8 @@ impl Pool {
             }
             closed
         };
+        // The damaged blocks this open knew, for the next (a latched pool's too).
+        crate::damage_hint::save(i, true);
         i.journal.shutdown();
         if let Some(h) = self.commit_thread.lock().take() {
             let _ = h.join();

@@ -113,6 +113,7 @@ pub(crate) fn pool_stats(i: &Inner, info: PoolInfo, mode: Mode) -> PoolStats {
         damaged_ranges: crate::map_damage::pool_ranges(i),
         damaged_objects_known: i.depot.damaged().known(),
         damaged_objects_healed: i.depot.damaged().healed(),
+        damaged_objects_carried_over: i.depot.damaged().carried_over(),
         journal_commits: i.journal.commits(),
         threads: i.zones.threads(),
         limits: vec![

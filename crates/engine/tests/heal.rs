@@ -387,3 +387,124 @@ fn a_damaged_block_heals_while_the_index_is_still_being_built() {
     );
     t.pool().release_index_build();
 }
+
+/// Open options keeping the saved index and the damaged-block hint in `dir`.
+fn hinted(dir: &std::path::Path) -> OpenOptions {
+    OpenOptions {
+        threads: Some(2),
+        saved_index: fewerbytes_engine::SavedIndex::At(dir.join("pool.index")),
+        ..OpenOptions::default()
+    }
+}
+
+fn hint_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fb-heal-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `a` and `b` each map `good` (one stored object), clone `c` shares a's map, and a
+/// read of a's block found it damaged; the pool is then closed.
+fn damaged_then_closed(dir: &std::path::Path, good: &[u8]) -> TestPool {
+    let mut t = create(64 << 20, None);
+    for name in ["a", "b"] {
+        t.pool().create_volume(name, 4 << 20).unwrap();
+    }
+    write_blocks(t.pool(), "a", 0, 8, 100);
+    let a = t.pool().open_volume("a").unwrap();
+    a.write(3 * B, good, false).unwrap();
+    let b = t.pool().open_volume("b").unwrap();
+    b.write(5 * B, good, false).unwrap();
+    a.flush().unwrap();
+    drop((a, b));
+    t.pool().clone_volume("a", "c").unwrap();
+    t.close();
+    t.open_with(&hinted(dir));
+    flip_stored(&t, good);
+    let a = t.pool().open_volume("a").unwrap();
+    assert_damaged(&a, 3, "a's block 3");
+    drop(a);
+    t.close();
+    t
+}
+
+#[test]
+fn a_write_of_the_good_data_after_a_restart_heals_a_block_found_damaged_before_it() {
+    let dir = hint_dir("restart");
+    let good = random_block(11);
+    let mut t = damaged_then_closed(&dir, &good);
+    assert!(dir.join("pool.damaged").exists(), "no hint beside the pool");
+
+    // The restarted pool: no read of the block before the good data comes back.
+    t.open_with(&hinted(&dir));
+    let pool = t.pool().clone();
+    let stats = pool.stats();
+    assert_eq!(stats.damaged_objects_carried_over, 1);
+    assert_eq!(stats.damaged_objects_known, 1);
+    assert_eq!(pool.info().damaged_objects_carried_over, 1);
+    let a = pool.open_volume("a").unwrap();
+    a.write(3 * B, &good, false).unwrap();
+    a.flush().unwrap();
+    for (name, lbn) in [("a", 3), ("b", 5), ("c", 3)] {
+        let v = pool.open_volume(name).unwrap();
+        assert_reads(&v, lbn, &good, &format!("{name}'s block {lbn}, healed"));
+    }
+    assert_eq!(pool.stats().damaged_objects_healed, 1);
+    assert_eq!(scrub_to_end(&pool).errors_found, 0);
+    drop((a, pool));
+    // Healed: the hint is gone, the next open carries nothing over.
+    t.close();
+    assert!(
+        !dir.join("pool.damaged").exists(),
+        "the healed block left in the hint"
+    );
+    t.open_with(&hinted(&dir));
+    assert_eq!(t.pool().stats().damaged_objects_carried_over, 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_stale_forged_or_writable_by_others_hint_marks_nothing_damaged() {
+    let dir = hint_dir("forged");
+    let good = random_block(12);
+    let mut t = damaged_then_closed(&dir, &good);
+    let hint = dir.join("pool.damaged");
+    let text = std::fs::read_to_string(&hint).unwrap();
+    // Group-writable: refused, so the block is not known.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&hint, std::fs::Permissions::from_mode(0o664)).unwrap();
+    t.open_with(&hinted(&dir));
+    assert_eq!(t.pool().stats().damaged_objects_known, 0);
+    // Healed the slow way (another block's data first, so the write does not dedup).
+    let a = t.pool().open_volume("a").unwrap();
+    for v in ["a", "b", "c"] {
+        t.pool()
+            .open_volume(v)
+            .unwrap()
+            .trim(0, 4 << 20, false)
+            .unwrap();
+    }
+    a.write(3 * B, &good, false).unwrap();
+    a.flush().unwrap();
+    drop(a);
+    t.close();
+
+    // The old hint again (stale: its object is freed or holds good data), and
+    // forged lines naming every object with a made-up fingerprint.
+    let mut forged = text.clone();
+    for o in 0..64u64 {
+        forged.push_str(&format!("{o} {} forged\n", "ab".repeat(32)));
+    }
+    std::fs::write(&hint, forged).unwrap();
+    std::fs::set_permissions(&hint, std::fs::Permissions::from_mode(0o600)).unwrap();
+    t.open_with(&hinted(&dir));
+    let pool = t.pool().clone();
+    let stats = pool.stats();
+    assert_eq!(stats.damaged_objects_known, 0);
+    assert_eq!(stats.damaged_objects_carried_over, 0);
+    let a = pool.open_volume("a").unwrap();
+    assert_reads(&a, 3, &good, "a's block 3");
+    drop((a, pool));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
