@@ -5,7 +5,7 @@
 //! (by a signal or by kill -9) leaves its volume marked incomplete, which `serve`
 //! refuses to export until `--resume` completes it or `--force` takes it as it is.
 //!
-//! Regression (issue 37): Ctrl-C during an import exited 130 with no message, left
+//! Regression: Ctrl-C during an import exited 130 with no message, left
 //! the pool marked open and half a disk written with nothing marking it.
 //!
 //! Each command is signalled once it is seen mid-way (the pool file or its output
