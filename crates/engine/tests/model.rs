@@ -7,7 +7,9 @@
 //! boundaries). Each case ends with a reference-count audit and a scrub. A second
 //! model runs a receive's engine steps (frozen internal bases, hidden partial
 //! volumes, the checked in-place final step) interleaved with writes to the target
-//! and the live base.
+//! and the live base. A third interleaves the first's operations with damaged
+//! blocks healed by writes (stored bytes flipped on the device, every block holding
+//! them reading as damage until the good data is written through any volume).
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
