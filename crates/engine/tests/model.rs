@@ -7,7 +7,9 @@
 //! boundaries). Each case ends with a reference-count audit and a scrub. A second
 //! model runs a receive's engine steps (frozen internal bases, hidden partial
 //! volumes, the checked in-place final step) interleaved with writes to the target
-//! and the live base.
+//! and the live base. A third interleaves the first's operations with damaged
+//! blocks healed by writes (stored bytes flipped on the device, every block holding
+//! them reading as damage until the good data is written through any volume).
 //!
 //! After a crash, a block written since the last flush may read as its flushed
 //! content or as any content written since (the journal may have been committed in
@@ -193,11 +195,20 @@ fn name(v: u8) -> String {
 }
 
 fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
+    let (mut t, mut model) = start(compression);
+    for op in ops {
+        apply(&mut t, &mut model, op);
+    }
+    check_end(&t, &model);
+}
+
+/// A pool holding `v0` and `v1`, zeros, and its model.
+fn start(compression: fewerbytes_engine::Compression) -> (TestPool, Model) {
     let options = fewerbytes_engine::CreateOptions {
         compression,
         ..Default::default()
     };
-    let mut t = create_with(64 << 20, None, &options);
+    let t = create_with(64 << 20, None, &options);
     let mut model = Model {
         vols: BTreeMap::new(),
         snaps: BTreeMap::new(),
@@ -209,140 +220,147 @@ fn run(ops: Vec<Op>, compression: fewerbytes_engine::Compression) {
             .unwrap();
         model.vols.insert(v, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
     }
-    for op in ops {
-        let p = t.pool().clone();
-        match op {
-            Op::ReadCached { vol, offset, len } if model.vols.contains_key(&vol) => {
-                let mut got = vec![0u8; len as usize];
-                let done = p
+    (t, model)
+}
+
+/// One operation on the pool and the model.
+fn apply(t: &mut TestPool, model: &mut Model, op: Op) {
+    let p = t.pool().clone();
+    match op {
+        Op::ReadCached { vol, offset, len } if model.vols.contains_key(&vol) => {
+            let mut got = vec![0u8; len as usize];
+            let done = p
+                .open_volume(&name(vol))
+                .unwrap()
+                .read_cached(offset, &mut got)
+                .unwrap();
+            // In memory nothing waits, and no checkpoint holds the pool here.
+            assert!(done, "a read of memory-backed storage would have waited");
+            let at = offset as usize;
+            assert!(
+                got == model.vols[&vol][at..at + got.len()],
+                "volume {vol}: a cached read of bytes {offset}+{len} differs from the model"
+            );
+        }
+        Op::Write {
+            vol,
+            offset,
+            len,
+            data,
+        } if model.vols.contains_key(&vol) => {
+            let bytes = bytes_of(&data, len as usize);
+            p.open_volume(&name(vol))
+                .unwrap()
+                .write(offset, &bytes, false)
+                .unwrap();
+            model.change(vol, offset, &bytes);
+        }
+        Op::Trim { vol, offset, len } | Op::WriteZeroes { vol, offset, len }
+            if model.vols.contains_key(&vol) =>
+        {
+            let v = p.open_volume(&name(vol)).unwrap();
+            match op {
+                Op::Trim { .. } => v.trim(offset, len, false),
+                _ => v.write_zeroes(offset, len, false),
+            }
+            .unwrap();
+            // Both read as zeros afterwards, to the byte (a partial block's other
+            // bytes kept; the pool here is never full, where a trim may leave a
+            // partial block as it was).
+            model.change(vol, offset, &vec![0; len as usize]);
+        }
+        Op::Clone { src, dst }
+            if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) =>
+        {
+            p.clone_volume(&name(src), &name(dst)).unwrap();
+            let copy = model.vols[&src].clone();
+            model.vols.insert(dst, copy);
+            model.durable(); // volume operations checkpoint everything
+        }
+        Op::Delete { vol } if model.snaps.keys().any(|(v, _)| *v == vol) => {
+            let refused = p.delete_volume(&name(vol), false);
+            assert!(refused.is_err(), "a volume with snapshots was deleted");
+        }
+        Op::Delete { vol } if model.vols.contains_key(&vol) => {
+            p.delete_volume(&name(vol), false).unwrap();
+            model.vols.remove(&vol);
+            model.durable();
+        }
+        Op::Snapshot { vol, snap }
+            if model.vols.contains_key(&vol) && !model.snaps.contains_key(&(vol, snap)) =>
+        {
+            p.snapshot_volume(&name(vol), &format!("s{snap}")).unwrap();
+            model.snaps.insert((vol, snap), model.vols[&vol].clone());
+            model.durable(); // volume operations checkpoint everything
+                             // A snapshot is never written.
+            let s = p.open_volume(&snap_name(vol, snap)).unwrap();
+            assert!(s.write(0, &[1u8; 512], false).is_err());
+            assert!(s.trim(0, BLOCK as u64, false).is_err());
+        }
+        Op::Rollback { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
+            p.rollback_volume(&name(vol), &format!("s{snap}")).unwrap();
+            model.vols.insert(vol, model.snaps[&(vol, snap)].clone());
+            model.durable();
+        }
+        Op::DeleteSnapshot { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
+            p.delete_volume(&snap_name(vol, snap), false).unwrap();
+            model.snaps.remove(&(vol, snap));
+            model.durable();
+        }
+        Op::Create { vol } if !model.vols.contains_key(&vol) => {
+            p.create_volume(&name(vol), VOL_BLOCKS * BLOCK as u64)
+                .unwrap();
+            model
+                .vols
+                .insert(vol, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
+            model.durable();
+        }
+        Op::Flush => {
+            p.flush().unwrap();
+            model.durable();
+        }
+        Op::Compact => {
+            // Moves live fragments; must change no byte and survive a later crash.
+            p.compact().unwrap();
+        }
+        Op::Reopen => {
+            drop(p);
+            t.reopen();
+            model.durable();
+        }
+        Op::Crash(seed) => {
+            drop(p);
+            t.crash(match seed % 3 {
+                0 => CrashMode::DropAll,
+                1 => CrashMode::KeepAll,
+                _ => CrashMode::Random(seed),
+            });
+            // Each block: the flushed content or a later one; adopt what is there.
+            for ((vol, b), allowed) in std::mem::take(&mut model.maybe) {
+                if !model.vols.contains_key(&vol) {
+                    continue;
+                }
+                let mut got = vec![0u8; BLOCK];
+                t.pool()
                     .open_volume(&name(vol))
                     .unwrap()
-                    .read_cached(offset, &mut got)
+                    .read(b * BLOCK as u64, &mut got)
                     .unwrap();
-                // In memory nothing waits, and no checkpoint holds the pool here.
-                assert!(done, "a read of memory-backed storage would have waited");
-                let at = offset as usize;
                 assert!(
-                    got == model.vols[&vol][at..at + got.len()],
-                    "volume {vol}: a cached read of bytes {offset}+{len} differs from the model"
+                    allowed.contains(&got),
+                    "volume {vol} block {b} after crash holds none of its {} possible contents",
+                    allowed.len()
                 );
+                let at = (b as usize) * BLOCK;
+                model.vols.get_mut(&vol).unwrap()[at..at + BLOCK].copy_from_slice(&got);
             }
-            Op::Write {
-                vol,
-                offset,
-                len,
-                data,
-            } if model.vols.contains_key(&vol) => {
-                let bytes = bytes_of(&data, len as usize);
-                p.open_volume(&name(vol))
-                    .unwrap()
-                    .write(offset, &bytes, false)
-                    .unwrap();
-                model.change(vol, offset, &bytes);
-            }
-            Op::Trim { vol, offset, len } | Op::WriteZeroes { vol, offset, len }
-                if model.vols.contains_key(&vol) =>
-            {
-                let v = p.open_volume(&name(vol)).unwrap();
-                match op {
-                    Op::Trim { .. } => v.trim(offset, len, false),
-                    _ => v.write_zeroes(offset, len, false),
-                }
-                .unwrap();
-                // Both read as zeros afterwards, to the byte (a partial block's other
-                // bytes kept; the pool here is never full, where a trim may leave a
-                // partial block as it was).
-                model.change(vol, offset, &vec![0; len as usize]);
-            }
-            Op::Clone { src, dst }
-                if model.vols.contains_key(&src) && !model.vols.contains_key(&dst) =>
-            {
-                p.clone_volume(&name(src), &name(dst)).unwrap();
-                let copy = model.vols[&src].clone();
-                model.vols.insert(dst, copy);
-                model.durable(); // volume operations checkpoint everything
-            }
-            Op::Delete { vol } if model.snaps.keys().any(|(v, _)| *v == vol) => {
-                let refused = p.delete_volume(&name(vol), false);
-                assert!(refused.is_err(), "a volume with snapshots was deleted");
-            }
-            Op::Delete { vol } if model.vols.contains_key(&vol) => {
-                p.delete_volume(&name(vol), false).unwrap();
-                model.vols.remove(&vol);
-                model.durable();
-            }
-            Op::Snapshot { vol, snap }
-                if model.vols.contains_key(&vol) && !model.snaps.contains_key(&(vol, snap)) =>
-            {
-                p.snapshot_volume(&name(vol), &format!("s{snap}")).unwrap();
-                model.snaps.insert((vol, snap), model.vols[&vol].clone());
-                model.durable(); // volume operations checkpoint everything
-                                 // A snapshot is never written.
-                let s = p.open_volume(&snap_name(vol, snap)).unwrap();
-                assert!(s.write(0, &[1u8; 512], false).is_err());
-                assert!(s.trim(0, BLOCK as u64, false).is_err());
-            }
-            Op::Rollback { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
-                p.rollback_volume(&name(vol), &format!("s{snap}")).unwrap();
-                model.vols.insert(vol, model.snaps[&(vol, snap)].clone());
-                model.durable();
-            }
-            Op::DeleteSnapshot { vol, snap } if model.snaps.contains_key(&(vol, snap)) => {
-                p.delete_volume(&snap_name(vol, snap), false).unwrap();
-                model.snaps.remove(&(vol, snap));
-                model.durable();
-            }
-            Op::Create { vol } if !model.vols.contains_key(&vol) => {
-                p.create_volume(&name(vol), VOL_BLOCKS * BLOCK as u64)
-                    .unwrap();
-                model
-                    .vols
-                    .insert(vol, vec![0; (VOL_BLOCKS as usize) * BLOCK]);
-                model.durable();
-            }
-            Op::Flush => {
-                p.flush().unwrap();
-                model.durable();
-            }
-            Op::Compact => {
-                // Moves live fragments; must change no byte and survive a later crash.
-                p.compact().unwrap();
-            }
-            Op::Reopen => {
-                drop(p);
-                t.reopen();
-                model.durable();
-            }
-            Op::Crash(seed) => {
-                drop(p);
-                t.crash(match seed % 3 {
-                    0 => CrashMode::DropAll,
-                    1 => CrashMode::KeepAll,
-                    _ => CrashMode::Random(seed),
-                });
-                // Each block: the flushed content or a later one; adopt what is there.
-                for ((vol, b), allowed) in std::mem::take(&mut model.maybe) {
-                    if !model.vols.contains_key(&vol) {
-                        continue;
-                    }
-                    let mut got = vec![0u8; BLOCK];
-                    t.pool()
-                        .open_volume(&name(vol))
-                        .unwrap()
-                        .read(b * BLOCK as u64, &mut got)
-                        .unwrap();
-                    assert!(
-                        allowed.contains(&got),
-                        "volume {vol} block {b} after crash holds none of its {} possible contents",
-                        allowed.len()
-                    );
-                    let at = (b as usize) * BLOCK;
-                    model.vols.get_mut(&vol).unwrap()[at..at + BLOCK].copy_from_slice(&got);
-                }
-            }
-            _ => {}
         }
+        _ => {}
     }
+}
+
+/// Every volume and snapshot reads as the model's; the audit and a scrub are clean.
+fn check_end(t: &TestPool, model: &Model) {
     let p = t.pool();
     for (vol, bytes) in &model.vols {
         let mut got = vec![0u8; bytes.len()];
@@ -398,6 +416,235 @@ proptest! {
     #[test]
     fn engine_matches_model_with_zstd(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, fewerbytes_engine::Compression::Zstd { level: 3 });
+    }
+}
+
+/// A step of the healing model: one of the model's operations, or a damaged block
+/// healed by a write ([`heal_step`]).
+#[derive(Debug, Clone)]
+enum HealStep {
+    Op(Op),
+    /// Damage the block `pick` chooses (or a random block `plant`ed first), find it
+    /// damaged (after a reopen too, if `reopen`), and write its good data to block
+    /// `at` of volume `via`.
+    Heal {
+        pick: u64,
+        plant: bool,
+        via: u8,
+        at: u64,
+        reopen: bool,
+    },
+}
+
+fn heal_step_strategy() -> impl Strategy<Value = HealStep> {
+    prop_oneof![
+        8 => op().prop_map(HealStep::Op),
+        2 => (any::<u64>(), any::<bool>(), 0u8..3, 0..VOL_BLOCKS, any::<bool>()).prop_map(|(pick, plant, via, at, reopen)| HealStep::Heal { pick, plant, via, at, reopen }),
+    ]
+}
+
+/// Every block of a volume or snapshot the model holds `data` in.
+fn holders(model: &Model, data: &[u8]) -> Vec<(String, u64)> {
+    let vols = model.vols.iter().map(|(v, b)| (name(*v), b));
+    let snaps = model.snaps.iter().map(|((v, s), b)| (snap_name(*v, *s), b));
+    let mut out = Vec::new();
+    for (n, bytes) in vols.chain(snaps) {
+        for (lbn, block) in bytes.chunks(BLOCK).enumerate() {
+            if block == data {
+                out.push((n.clone(), lbn as u64));
+            }
+        }
+    }
+    out
+}
+
+/// The good data of a block the model knows that is stored whole (nonzero and
+/// incompressible, so its bytes can be found on the device), chosen by `pick`; or,
+/// with none or `plant`, a fresh random block written to a volume first.
+fn heal_target(t: &TestPool, model: &mut Model, pick: u64, plant: bool) -> Vec<u8> {
+    let zeros = vec![0u8; BLOCK];
+    let whole: Vec<&[u8]> = model
+        .vols
+        .values()
+        .flat_map(|bytes| bytes.chunks(BLOCK))
+        .filter(|b| *b != zeros.as_slice())
+        .filter(|b| {
+            fewerbytes_engine::compress_block(fewerbytes_engine::Compression::Lz4, b).is_none()
+        })
+        .collect();
+    if !plant && !whole.is_empty() {
+        return whole[(pick % whole.len() as u64) as usize].to_vec();
+    }
+    let vols: Vec<u8> = model.vols.keys().copied().collect();
+    let vol = vols[(pick % vols.len() as u64) as usize];
+    let lbn = (pick >> 8) % VOL_BLOCKS;
+    let good = random_block(pick);
+    t.pool()
+        .open_volume(&name(vol))
+        .unwrap()
+        .write(lbn * BLOCK as u64, &good, false)
+        .unwrap();
+    model.change(vol, lbn * BLOCK as u64, &good);
+    good
+}
+
+/// Flip a bit of every copy of `good` on the device (a drive returning bad bytes):
+/// the live object's, and any stale copy of it in a freed block.
+fn flip_stored_copies(t: &TestPool, good: &[u8]) {
+    use fewerbytes_engine::storage::Storage as _;
+    let image = t.dev.crash_image(CrashMode::KeepAll);
+    let mut flipped = 0;
+    for (i, block) in image.chunks_exact(BLOCK).enumerate() {
+        if block == good {
+            let mut bad = block.to_vec();
+            bad[BLOCK / 2] ^= 0x10;
+            t.dev.write_at(&bad, (i * BLOCK) as u64).unwrap();
+            flipped += 1;
+        }
+    }
+    assert!(
+        flipped > 0,
+        "the block's stored bytes are not on the device"
+    );
+}
+
+/// Read block `lbn` of `vol`: it must fail as damage, never return bytes.
+fn assert_reads_damaged(p: &std::sync::Arc<fewerbytes_engine::Pool>, vol: &str, lbn: u64) {
+    let mut got = vec![0u8; BLOCK];
+    match p
+        .open_volume(vol)
+        .unwrap()
+        .read(lbn * BLOCK as u64, &mut got)
+    {
+        Err(e) => assert!(
+            fewerbytes_engine::read_damage(&e).is_some(),
+            "{vol} block {lbn}: the read failed, but not as damage: {e}"
+        ),
+        Ok(()) => panic!("{vol} block {lbn}: a damaged block read without an error"),
+    }
+}
+
+/// A damaged block healed by a write (ARCHITECTURE.md, "Healing a damaged block"):
+/// every volume and snapshot block holding the data reads as damage (never other
+/// bytes) until the good data is written through any volume (one mapping it, a
+/// clone, another); then, the write flushed, every one reads good. The damaged-object
+/// set lives in memory (heal.rs): after a reopen no damage is known until a read
+/// meets it again.
+fn heal_step(
+    t: &mut TestPool,
+    model: &mut Model,
+    pick: u64,
+    plant: bool,
+    via: u8,
+    at: u64,
+    reopen: bool,
+) {
+    if model.vols.is_empty() {
+        return;
+    }
+    let good = heal_target(t, model, pick, plant);
+    t.pool().flush().unwrap();
+    model.durable();
+    let holding = holders(model, &good);
+    // One stored object holds the data (a write while the dedup index was still
+    // being built after an open may have stored another copy: not this case).
+    let objects: std::collections::BTreeSet<Option<u64>> = holding
+        .iter()
+        .map(|(n, lbn)| t.pool().object_of(n, *lbn).unwrap())
+        .collect();
+    if objects.len() != 1 {
+        return;
+    }
+    // Reopened first, as heal.rs's tests do: a block written since the open may
+    // still be read from memory, which no drive's bad bytes reach.
+    t.reopen();
+    flip_stored_copies(t, &good);
+    for (n, lbn) in &holding {
+        assert_reads_damaged(t.pool(), n, *lbn);
+    }
+    assert_eq!(
+        t.pool().stats().damaged_objects_known,
+        1,
+        "the damage found"
+    );
+    if reopen {
+        t.reopen();
+        model.durable();
+        assert_eq!(
+            t.pool().stats().damaged_objects_known,
+            0,
+            "a reopened pool knows no damage"
+        );
+        let (n, lbn) = &holding[(pick % holding.len() as u64) as usize];
+        assert_reads_damaged(t.pool(), n, *lbn);
+        assert_eq!(
+            t.pool().stats().damaged_objects_known,
+            1,
+            "the damage found again"
+        );
+    }
+    let vols: Vec<u8> = model.vols.keys().copied().collect();
+    let via = if model.vols.contains_key(&via) {
+        via
+    } else {
+        vols[(pick % vols.len() as u64) as usize]
+    };
+    let healed = t.pool().stats().damaged_objects_healed;
+    t.pool()
+        .open_volume(&name(via))
+        .unwrap()
+        .write(at * BLOCK as u64, &good, false)
+        .unwrap();
+    model.change(via, at * BLOCK as u64, &good);
+    t.pool().flush().unwrap();
+    model.durable();
+    let stats = t.pool().stats();
+    assert_eq!(
+        stats.damaged_objects_healed,
+        healed + 1,
+        "the write healed the object"
+    );
+    assert_eq!(stats.damaged_objects_known, 0);
+    for (n, lbn) in holders(model, &good) {
+        let mut got = vec![0u8; BLOCK];
+        t.pool()
+            .open_volume(&n)
+            .unwrap()
+            .read(lbn * BLOCK as u64, &mut got)
+            .unwrap_or_else(|e| panic!("{n} block {lbn} after the heal: {e}"));
+        assert!(
+            got == good,
+            "{n} block {lbn} after the heal reads other bytes"
+        );
+    }
+}
+
+fn run_heal(steps: Vec<HealStep>) {
+    let (mut t, mut model) = start(fewerbytes_engine::Compression::Lz4);
+    for step in steps {
+        match step {
+            HealStep::Op(op) => apply(&mut t, &mut model, op),
+            HealStep::Heal {
+                pick,
+                plant,
+                via,
+                at,
+                reopen,
+            } => heal_step(&mut t, &mut model, pick, plant, via, at, reopen),
+        }
+    }
+    check_end(&t, &model);
+}
+
+proptest! {
+    // 8 cases by default (a few seconds); `FEWERBYTES_SOAK=1` runs 256.
+    #![proptest_config(ProptestConfig {
+        cases: if std::env::var("FEWERBYTES_SOAK").is_ok_and(|v| v == "1") { 256 } else { 8 },
+        ..ProptestConfig::default()
+    })]
+    #[test]
+    fn damaged_blocks_heal_by_writes_beside_model_ops(steps in proptest::collection::vec(heal_step_strategy(), 1..24)) {
+        run_heal(steps);
     }
 }
 

@@ -34,12 +34,14 @@
 //! `FEWERBYTES_CRASH_SEEDS=<count>` (from `FEWERBYTES_CRASH_FIRST_SEED`, default 0);
 //! `FEWERBYTES_CRASH_SOAK=1` runs 2,000 from a random first seed. docs/testing.md,
 //! "Crash simulation", says more. One seed in eight runs a receive beside writers
-//! first (`receive.rs`).
+//! first (`receive.rs`), another a damaged block healed by a write beside writers
+//! (`heal.rs`).
 
 mod bad_copy;
 mod bad_sector;
 #[path = "../common/mod.rs"]
 mod common;
+mod heal;
 mod model;
 mod receive;
 mod workload;
@@ -114,6 +116,9 @@ impl Recorded {
     /// see that it takes new writes.
     fn verify(&self, pool: &Arc<Pool>, at: usize) -> Result<(), String> {
         self.model.check_volumes(pool, at)?;
+        if let Some(healed) = &self.healed {
+            healed.check(pool, at)?;
+        }
         let audit = pool.audit();
         if !audit.problems.is_empty() {
             return Err(format!("the audit found {:?}", audit.problems));
@@ -169,6 +174,10 @@ struct Tally {
     in_snapshot: AtomicU64,
     /// Crash points whose pool held shared map pages and was scrubbed clean.
     scrubbed: AtomicU64,
+    /// Reads after a crash of a block the heal workload damaged: damaged (the heal
+    /// not yet durable), and good.
+    heal_damaged: AtomicU64,
+    heal_good: AtomicU64,
     /// Crash points whose open read blocks stored new back from the journal's
     /// `NewStored` records to compute their fingerprints.
     read_back: AtomicU64,
@@ -278,7 +287,9 @@ fn crash_point(rec: &Recorded, replay: &LogReplay, tally: &Tally) -> Result<(), 
     if pool.index_status().loaded {
         tally.saved_index_loaded.fetch_add(1, Ordering::Relaxed);
     }
-    let healthy = bad.is_none() && rotted.is_none();
+    let healthy = bad.is_none()
+        && rotted.is_none()
+        && !rec.healed.as_ref().is_some_and(|h| h.may_be_damaged(at));
     let first = rec
         .verify(&pool, at)
         .and_then(|()| scrub_shared(&pool, healthy, mix(rec.seed, at as u64 + 11), tally))
@@ -493,6 +504,7 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
         }))
         .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_text(&*panic))));
         if let Err(why) = outcome {
+            tally_heal(&rec, tally);
             let op = rec
                 .model
                 .ops
@@ -510,6 +522,17 @@ fn crash_workload(seed: u64, pool_bytes: u64, only: Option<(usize, Option<u64>)>
             // One failure per workload: later points of it would mostly repeat it.
             return;
         }
+    }
+    tally_heal(&rec, tally);
+}
+
+/// Add what the crash points of `rec` read of its healed block.
+fn tally_heal(rec: &Recorded, tally: &Tally) {
+    if let Some(h) = &rec.healed {
+        let damaged = h.read_damaged.load(Ordering::Relaxed);
+        tally.heal_damaged.fetch_add(damaged, Ordering::Relaxed);
+        let good = h.read_good.load(Ordering::Relaxed);
+        tally.heal_good.fetch_add(good, Ordering::Relaxed);
     }
 }
 
@@ -571,7 +594,7 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     // Written past the test harness's capture, for scripts/test.sh's summary.
     let _ = writeln!(
         std::io::stdout(),
-        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, {} inside taking or deleting a snapshot, {} scrubbed with shared map pages, {} reading blocks stored new back at replay, in {:.1} s",
+        "crash points: {points} across {} workloads, {second} second crashes during recovery, {rotted} with a rotted journal sector, {} with a super block copy reading back flipped, {} with a directory page copy reading back flipped, {} with a saved dedup index beside the pool ({} loaded it), {} inside a volume rollback, {} inside taking or deleting a snapshot, {} scrubbed with shared map pages, {} reading blocks stored new back at replay, {} reading a block damaged before its heal's flush ({} reading it good), in {:.1} s",
         seeds.len(),
         tally.bad_sectors.load(Ordering::Relaxed),
         tally.bad_copies.load(Ordering::Relaxed),
@@ -581,6 +604,8 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
         tally.in_snapshot.load(Ordering::Relaxed),
         tally.scrubbed.load(Ordering::Relaxed),
         tally.read_back.load(Ordering::Relaxed),
+        tally.heal_damaged.load(Ordering::Relaxed),
+        tally.heal_good.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );
     let c = *tally.coverage.lock();
@@ -638,6 +663,10 @@ fn a_crash_at_every_write_keeps_what_was_acknowledged() {
     assert!(
         tally.saved_index_loaded.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
         "no crash point loaded a saved dedup index: they prove nothing about loading one"
+    );
+    assert!(
+        tally.heal_damaged.load(Ordering::Relaxed) > 0 || seeds.len() < 8,
+        "no crash point found a damaged block before its heal: they prove nothing about heals"
     );
     let failures = tally.failures.into_inner();
     assert!(

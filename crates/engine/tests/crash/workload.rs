@@ -188,6 +188,8 @@ pub(crate) struct Recorded {
     /// at: a crash point at or past it opens with the latest such file beside the
     /// pool, as a host that crashed then would.
     pub(crate) saved_indexes: Vec<(usize, Vec<u8>)>,
+    /// The block a heal workload damaged and healed.
+    pub(crate) healed: Option<crate::heal::Healed>,
 }
 
 /// A file of its own for the saved index of workload `seed` (`what`: its use).
@@ -293,6 +295,7 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         capacity_blocks: 0,
         full,
         saved_indexes: Vec::new(),
+        healed: None,
     };
     let mut pool = w.run("open", true, |_| devices.open().expect("open"));
     w.capacity_blocks = pool.info().addressable_bytes / BLOCK as u64;
@@ -304,6 +307,9 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         }
         if seed % 8 == crate::receive::RECEIVE_SEED_CLASS {
             w.receive(&mut rng, &pool);
+        }
+        if seed % 8 == crate::heal::HEAL_SEED_CLASS {
+            pool = w.heal(&mut rng, pool, &devices);
         }
     }
     let ops = rng.gen_range(OPS_MIN..=OPS_MAX);
@@ -320,6 +326,7 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
     let _ = std::fs::remove_file(&index_path);
     let coverage = w.coverage;
     let saved_indexes = w.saved_indexes;
+    let healed = w.healed;
     Recorded {
         seed,
         bases,
@@ -327,6 +334,7 @@ pub(crate) fn record(seed: u64, pool_bytes: u64) -> Recorded {
         model,
         coverage,
         saved_indexes,
+        healed,
     }
 }
 
@@ -363,12 +371,14 @@ pub(crate) struct Workload<'a> {
     pub(crate) full: bool,
     /// What each clean close saved of the index, at its log position.
     pub(crate) saved_indexes: Vec<(usize, Vec<u8>)>,
+    /// The block the heal workload damaged and healed, if it ran.
+    pub(crate) healed: Option<crate::heal::Healed>,
 }
 
 impl Workload<'_> {
     /// After a clean close: keep what it saved of the index (nothing, when the
     /// index was not ready), for the crash points past it.
-    fn keep_saved_index(&mut self, devices: &Devices) {
+    pub(crate) fn keep_saved_index(&mut self, devices: &Devices) {
         if let Some(bytes) = devices
             .saved_index
             .as_ref()
@@ -538,6 +548,9 @@ impl Workload<'_> {
             "after a crash in the workload at {at}, the audit found {:?}",
             audit.problems
         );
+        if let Some(why) = self.healed.as_ref().and_then(|h| h.check(&pool, at).err()) {
+            panic!("after a crash in the workload at {at}: {why}");
+        }
         self.model.adopt(&pool, op);
         pool
     }
