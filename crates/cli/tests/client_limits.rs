@@ -12,7 +12,6 @@ use fewerbytes_nbd::DEFAULT_MAX_CONNECTIONS_PER_SOURCE;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// The unprivileged user the attacking connections run as.
@@ -54,7 +53,7 @@ sys.stdin.read()
 /// Starts [`ATTACKER`] against `target` as [`NOBODY_UID`]: the process (holding its
 /// connections) and how many of them the server kept.
 fn attack(server: &Server, target: &str) -> (std::process::Child, usize) {
-    let mut attacker = Command::new(python3())
+    let mut attacker = Command::new(default_python3())
         .args(["-c", ATTACKER, target])
         .arg(ATTACK_CONNECTIONS.to_string())
         .arg(NOBODY_UID.to_string())
@@ -74,20 +73,6 @@ fn attack(server: &Server, target: &str) -> (std::process::Child, usize) {
     });
     eprintln!("the server kept {kept} of {ATTACK_CONNECTIONS} connections on {target} from uid {NOBODY_UID}");
     (attacker, kept)
-}
-
-/// The system's python3 (`command -v -p`: the default PATH, not a user's).
-fn python3() -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", "command -v -p python3"])
-        .output()
-        .expect("run sh");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        !path.is_empty(),
-        "no python3 on the default PATH; .ci/run installs it"
-    );
-    PathBuf::from(path)
 }
 
 #[test]

@@ -63,23 +63,9 @@ while True:
     conn.close()
 "#;
 
-/// The system's python3 (`command -v -p`: the default PATH, not a user's).
-fn python3() -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", "command -v -p python3"])
-        .output()
-        .expect("run sh");
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        !path.is_empty(),
-        "no python3 on the default PATH; .ci/run installs it"
-    );
-    PathBuf::from(path)
-}
-
 /// The other user's socket at `path`, in `mode` (see [`FAKE_SERVER`]), once bound.
 fn fake_server(path: &Path, caught: &Path, mode: &str) -> Child {
-    let mut child = Command::new(python3())
+    let mut child = Command::new(default_python3())
         .args(["-c", FAKE_SERVER])
         .arg(path)
         .arg(caught)

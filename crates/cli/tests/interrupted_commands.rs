@@ -210,8 +210,9 @@ fn serve_and_probe(dir: &Path, pool: &Path, name: &str, check: impl FnOnce(&Serv
     ran
 }
 
-/// An import of a fresh image into `v`, stopped by `signal` mid-way.
-fn import_stopped(label: &str, signal: libc::c_int) -> (TempDir, PathBuf, PathBuf) {
+/// An import of a fresh image into `v`, sent `signal` mid-way: what it left, and how
+/// it ended.
+fn import_signalled(label: &str, signal: libc::c_int) -> (TempDir, PathBuf, PathBuf, Ran) {
     let dir = TempDir::new(label);
     let pool = create_pool(dir.path(), &[]);
     let image = dir.join("src.raw");
@@ -224,6 +225,12 @@ fn import_stopped(label: &str, signal: libc::c_int) -> (TempDir, PathBuf, PathBu
         None,
     );
     let ran = signal_midway(child, signal, || allocated(&pool) > before + MIDWAY_BYTES);
+    (dir, pool, image, ran)
+}
+
+/// An import of a fresh image into `v`, stopped by `signal` mid-way.
+fn import_stopped(label: &str, signal: libc::c_int) -> (TempDir, PathBuf, PathBuf) {
+    let (dir, pool, image, ran) = import_signalled(label, signal);
     assert_stopped(
         &ran,
         signal,
@@ -319,20 +326,7 @@ fn an_import_stopped_by_sigterm_is_taken_as_it_is_with_force() {
 
 #[test]
 fn a_killed_import_leaves_its_volume_marked_incomplete() {
-    let dir = TempDir::new("kill-import");
-    let pool = create_pool(dir.path(), &[]);
-    let image = dir.join("src.raw");
-    write_image(&image, 38);
-    let before = allocated(&pool);
-    let child = spawn(
-        &pool,
-        &["volume", "import", "v", image.to_str().expect("utf-8")],
-        None,
-        None,
-    );
-    let ran = signal_midway(child, libc::SIGKILL, || {
-        allocated(&pool) > before + MIDWAY_BYTES
-    });
+    let (dir, pool, _, ran) = import_signalled("kill-import", libc::SIGKILL);
     assert_eq!(ran.status.code(), None, "{}", ran.report());
     assert!(incomplete(&pool, "v"), "a killed import left no mark");
     assert_served_refused(dir.path(), &pool);

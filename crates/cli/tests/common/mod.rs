@@ -79,6 +79,20 @@ fn package_of(tool: &str) -> &'static str {
     }
 }
 
+/// The system's python3 (`command -v -p`: the default PATH, not a user's).
+pub fn default_python3() -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", "command -v -p python3"])
+        .output()
+        .expect("run sh");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        !path.is_empty(),
+        "no python3 on the default PATH; .ci/run installs it"
+    );
+    PathBuf::from(path)
+}
+
 /// Panics (fails the test) unless `tool` is on PATH or is an absolute path that exists.
 pub fn require_tool(tool: &str) -> PathBuf {
     if tool.starts_with('/') {
